@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/scaled_dot_product.hpp: the shared kernel, softmax(Q K^T * scale + mask) V,
+// with a materialised path (returns weights; the reference) and a streaming path.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include "attn/attention/detail/kernel.hpp"
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/nn/dropout.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/parallel.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn/workspace.hpp"
+
+namespace attn {
+
+/// Which algorithm computes the attention. Both give the same result within rounding
+/// (see the README's tolerance table); kAuto picks streaming unless weights are requested.
+enum class AttentionPath {
+  kAuto,
+  /// Scores (T_q, T_k) per head, softmax, weights times V. Can return the weights.
+  kMaterialized,
+  /// Tiles of K/V with an online softmax: O(T * head_dim) extra memory, causal tiles above
+  /// the diagonal skipped. Cannot return weights.
+  kStreaming,
+};
+
+/// Options of scaled_dot_product_attention().
+struct AttentionOptions {
+  /// Multiplies Q K^T; unset means 1/sqrt(head_dim). Set 1.0 for unscaled attention.
+  std::optional<double> scale;
+  /// Inverted dropout on the attention weights with this probability (0 = off). The
+  /// keep decisions are a hash of (dropout_seed, dropout_call, batch, head, query, key).
+  double dropout = 0.0;
+  std::uint64_t dropout_seed = kDefaultDropoutSeed;
+  std::uint64_t dropout_call = 0;
+  AttentionPath path = AttentionPath::kAuto;
+};
+
+namespace detail {
+
+template <class Scalar>
+void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
+                TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
+                TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask,
+                const AttentionOptions& options) {
+  const Index b = q.extent(0), h = q.extent(1), tq = q.extent(2), d = q.extent(3);
+  const Index tk = k.extent(2), dv = v.extent(3);
+  const auto shapes = [&] {
+    return "q " + to_string(q.shape()) + ", k " + to_string(k.shape()) + ", v " +
+           to_string(v.shape());
+  };
+  require(!q.empty() && !k.empty() && !v.empty(), where,
+          [&] { return "empty input: " + shapes() + " (every extent must be positive)"; });
+  require(k.extent(0) == b && v.extent(0) == b, where,
+          [&] { return "batch sizes differ: " + shapes(); });
+  require(k.extent(1) == h && v.extent(1) == h, where,
+          [&] { return "head counts differ: " + shapes(); });
+  require(k.extent(3) == d, where,
+          [&] { return "q and k head dimensions differ: " + shapes(); });
+  require(v.extent(2) == tk, where,
+          [&] { return "k and v sequence lengths differ: " + shapes(); });
+  const Shape<4> out_shape{b, h, tq, dv};
+  require(out.shape() == out_shape, where, [&] {
+    return "out has shape " + to_string(out.shape()) + ", expected " + to_string(out_shape) +
+           " for " + shapes();
+  });
+  require(weights.data() == nullptr || weights.shape() == Shape<4>{b, h, tq, tk}, where, [&] {
+    return "weights has shape " + to_string(weights.shape()) + ", expected " +
+           to_string(Shape<4>{b, h, tq, tk});
+  });
+  const auto unit = [](const auto& view) { return view.stride(3) == 1 || view.extent(3) == 1; };
+  require(unit(q) && unit(k) && unit(v) && unit(out) && (weights.data() == nullptr || unit(weights)),
+          where, [&] {
+            return "the last axis of q, k, v, out and weights must have stride 1 (got q " +
+                   to_string(q.strides()) + ", k " + to_string(k.strides()) + ", v " +
+                   to_string(v.strides()) + ", out " + to_string(out.strides()) +
+                   "); pass contiguous() copies";
+          });
+  require_arg(options.dropout >= 0.0 && options.dropout < 1.0, where, [&] {
+    return "dropout=" + number(options.dropout) + " must be in [0, 1)";
+  });
+  require_arg(!options.scale || std::isfinite(*options.scale), where,
+              [&] { return "scale=" + number(*options.scale) + " must be finite"; });
+  require(!(options.path == AttentionPath::kStreaming && weights.data() != nullptr), where, [] {
+    return std::string("the streaming path cannot return attention weights; use kMaterialized");
+  });
+  mask.check(where, b, h, tq, tk);
+}
+
+/// Checks, then runs the kernel. `module_causal` adds a module's own causal bound to `mask`
+/// without copying the mask.
+template <class Scalar>
+void attend(const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
+            TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
+            const AttentionMask<Scalar>& mask, const AttentionOptions& options,
+            TensorView<Scalar, 4> weights, Workspace& workspace, bool module_causal = false,
+            CausalAlignment module_alignment = CausalAlignment::kSquare) {
+  check_sdpa(where, q, k, v, out, weights, mask, options);
+  if (module_causal && module_alignment == CausalAlignment::kSquare) {
+    require(q.extent(2) == k.extent(2), where, [&] {
+      return "causal attention with T_q=" + std::to_string(q.extent(2)) +
+             " != T_k=" + std::to_string(k.extent(2)) +
+             ": set a causal alignment (kTopLeft or kBottomRight) explicitly";
+    });
+  }
+  KernelParams<Scalar> params;
+  params.q = q;
+  params.k = k;
+  params.v = v;
+  params.out = out;
+  params.weights = weights;
+  params.mask = &mask;
+  params.module_causal = module_causal;
+  params.module_alignment = module_alignment;
+  params.scale = static_cast<Scalar>(
+      options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(q.extent(3))));
+  params.dropout = options.dropout;
+  params.dropout_seed = options.dropout_seed;
+  params.dropout_call = options.dropout_call;
+  const bool materialize =
+      weights.data() != nullptr || options.path == AttentionPath::kMaterialized;
+  run_attention(params, materialize, workspace);
+}
+
+}  // namespace detail
+
+/// Scaled dot-product attention on strided views, writing into `out`:
+/// out = softmax(q k^T * scale + mask) v, per (batch, head), with optional inverted dropout
+/// on the weights. Vaswani et al., "Attention Is All You Need" (2017).
+///
+/// Shapes: q (B, H, T_q, d), k (B, H, T_k, d), v (B, H, T_k, d_v) -> out (B, H, T_q, d_v);
+/// weights, if given (non-null), (B, H, T_q, T_k) receives the attention weights (after
+/// dropout) and forces the materialised path. The last axis of every view must have
+/// stride 1; the other strides are free (heads split by view work directly). `out` must
+/// not overlap the inputs.
+///
+/// A query row with no visible key (fully masked) gives zeros in `out` and `weights`.
+/// Runs in parallel over (batch, head, query tile) when built with OpenMP; results are
+/// bit-identical for any thread count. With a workspace, a steady-state call does not
+/// allocate.
+///
+/// @throws ShapeError on mismatched or empty shapes, a misfitting mask, or non-unit inner
+///         strides; std::invalid_argument on dropout outside [0, 1) or a non-finite scale.
+template <class Scalar>
+void scaled_dot_product_attention(TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
+                                  TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
+                                  const AttentionMask<Scalar>& mask = {},
+                                  const AttentionOptions& options = {},
+                                  TensorView<Scalar, 4> weights = {},
+                                  Workspace* workspace = nullptr) {
+  static_assert(std::is_floating_point_v<Scalar>,
+                "attn::scaled_dot_product_attention: Scalar must be float or double");
+  Workspace local;
+  detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, weights,
+                 workspace != nullptr ? *workspace : local);
+}
+
+/// The result of the convenience overloads that return weights.
+template <class Scalar, std::size_t Rank>
+struct AttentionResult {
+  Tensor<Scalar, Rank> output;      // (..., T_q, d_v)
+  Tensor<Scalar, Rank> weights;     // (..., T_q, T_k)
+};
+
+namespace detail {
+
+template <class Scalar, std::size_t Rank>
+TensorView<Scalar, 4> to_rank4(TensorView<Scalar, Rank> x) {
+  static_assert(Rank >= 2 && Rank <= 4,
+                "attn::scaled_dot_product_attention: inputs have rank 2 (T, d), 3 (B, T, d) "
+                "or 4 (B, H, T, d)");
+  if constexpr (Rank == 4) {
+    return x;
+  } else if constexpr (Rank == 3) {
+    return unsqueeze(x, 1);
+  } else {
+    return unsqueeze(unsqueeze(x, 0), 0);
+  }
+}
+
+template <class Scalar, std::size_t Rank>
+AttentionResult<Scalar, Rank> sdpa_allocating(TensorView<const Scalar, Rank> q,
+                                              TensorView<const Scalar, Rank> k,
+                                              TensorView<const Scalar, Rank> v,
+                                              const AttentionMask<Scalar>& mask,
+                                              const AttentionOptions& options, bool need_weights) {
+  Shape<Rank> out_shape = q.shape(), weights_shape = q.shape();
+  out_shape[Rank - 1] = v.extent(Rank - 1);
+  weights_shape[Rank - 1] = k.extent(Rank - 2);
+  // Validate with the caller's rank first so messages show the shapes the caller passed.
+  require(k.extent(Rank - 2) == v.extent(Rank - 2) && q.extent(Rank - 1) == k.extent(Rank - 1),
+          "scaled_dot_product_attention", [&] {
+            return "q " + to_string(q.shape()) + ", k " + to_string(k.shape()) + ", v " +
+                   to_string(v.shape()) + " do not fit (..., T_q, d), (..., T_k, d), (..., T_k, d_v)";
+          });
+  AttentionResult<Scalar, Rank> result;
+  result.output = Tensor<Scalar, Rank>(out_shape);
+  if (need_weights) result.weights = Tensor<Scalar, Rank>(weights_shape);
+  TensorView<Scalar, 4> weights4{};
+  if (need_weights) weights4 = to_rank4(result.weights.view());
+  scaled_dot_product_attention<Scalar>(to_rank4(q), to_rank4(k), to_rank4(v),
+                                       to_rank4(result.output.view()), mask, options, weights4);
+  return result;
+}
+
+}  // namespace detail
+
+/// Allocating form for rank 2 (T, d), 3 (B, T, d; one head) or 4 (B, H, T, d) inputs.
+/// Masks broadcast as described in AttentionMask.
+template <class Scalar, std::size_t Rank>
+Tensor<std::remove_const_t<Scalar>, Rank> scaled_dot_product_attention(
+    TensorView<Scalar, Rank> q, TensorView<Scalar, Rank> k, TensorView<Scalar, Rank> v,
+    const AttentionMask<std::remove_const_t<Scalar>>& mask = {},
+    const AttentionOptions& options = {}) {
+  using S = std::remove_const_t<Scalar>;
+  return detail::sdpa_allocating<S, Rank>(q, k, v, mask, options, false).output;
+}
+
+template <class Scalar, std::size_t Rank>
+Tensor<Scalar, Rank> scaled_dot_product_attention(const Tensor<Scalar, Rank>& q,
+                                                  const Tensor<Scalar, Rank>& k,
+                                                  const Tensor<Scalar, Rank>& v,
+                                                  const AttentionMask<Scalar>& mask = {},
+                                                  const AttentionOptions& options = {}) {
+  return detail::sdpa_allocating<Scalar, Rank>(q.view(), k.view(), v.view(), mask, options, false)
+      .output;
+}
+
+/// Allocating form that also returns the attention weights (..., T_q, T_k), computed on
+/// the materialised path.
+template <class Scalar, std::size_t Rank>
+AttentionResult<std::remove_const_t<Scalar>, Rank> scaled_dot_product_attention_with_weights(
+    TensorView<Scalar, Rank> q, TensorView<Scalar, Rank> k, TensorView<Scalar, Rank> v,
+    const AttentionMask<std::remove_const_t<Scalar>>& mask = {},
+    const AttentionOptions& options = {}) {
+  using S = std::remove_const_t<Scalar>;
+  return detail::sdpa_allocating<S, Rank>(q, k, v, mask, options, true);
+}
+
+template <class Scalar, std::size_t Rank>
+AttentionResult<Scalar, Rank> scaled_dot_product_attention_with_weights(
+    const Tensor<Scalar, Rank>& q, const Tensor<Scalar, Rank>& k, const Tensor<Scalar, Rank>& v,
+    const AttentionMask<Scalar>& mask = {}, const AttentionOptions& options = {}) {
+  return detail::sdpa_allocating<Scalar, Rank>(q.view(), k.view(), v.view(), mask, options, true);
+}
+
+}  // namespace attn

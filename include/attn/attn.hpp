@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: MIT
+// attn/attn.hpp: the umbrella header; includes every public part of attn.
+#pragma once
+
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/parallel.hpp"
+#include "attn/version.hpp"
+#include "attn/workspace.hpp"
+
+#include "attn/tensor/eigen.hpp"
+#include "attn/tensor/shape.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+
+#include "attn/nn/dropout.hpp"
+#include "attn/nn/linear.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/nn/random.hpp"
+#include "attn/nn/softmax.hpp"
+
+#include "attn/attention/causal_attention.hpp"
+#include "attn/attention/cross_attention.hpp"
+#include "attn/attention/multi_head_attention.hpp"
+#include "attn/attention/multi_head_attention_wrapper.hpp"
+#include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/self_attention.hpp"
+#include "attn/attention/simple_self_attention.hpp"

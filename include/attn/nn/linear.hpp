@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// attn/nn/linear.hpp: Linear<Scalar>, torch.nn.Linear's layout, init and maths.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "attn/config.hpp"
+#include "attn/detail/gemm.hpp"
+#include "attn/error.hpp"
+#include "attn/nn/random.hpp"
+#include "attn/tensor/shape.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+
+namespace attn {
+
+namespace detail {
+
+/// torch.nn.init.kaiming_uniform_(w, a=sqrt(5)) as nn.Linear calls it: the bound is
+/// computed with Python's double arithmetic, step by step, so draws match bit for bit.
+inline double linear_weight_bound(Index fan_in) {
+  if (fan_in <= 0) return 0.0;
+  const double a = std::sqrt(5.0);
+  const double gain = std::sqrt(2.0 / (1.0 + a * a));
+  const double std_dev = gain / std::sqrt(static_cast<double>(fan_in));
+  return std::sqrt(3.0) * std_dev;
+}
+
+/// nn.Linear's bias bound 1/sqrt(fan_in) (0 when fan_in is 0).
+inline double linear_bias_bound(Index fan_in) {
+  return fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+}
+
+}  // namespace detail
+
+/// A fully connected layer in PyTorch's layout: weight (out_features, in_features),
+/// optional bias (out_features), y = x W^T + b over the last axis.
+///
+/// Initialised like torch.nn.Linear: weight ~ U(-b, b) with kaiming_uniform's bound
+/// (a = sqrt(5)), then bias ~ U(-1/sqrt(in), 1/sqrt(in)), drawn from a TorchGenerator.
+/// The constructors without a generator draw from the global one, so after
+/// `attn::manual_seed(123)` they produce exactly the weights
+/// `torch.manual_seed(123); nn.Linear(...)` produces.
+///
+/// Shapes: x (..., in_features) -> (..., out_features).
+/// @tparam Scalar float or double.
+template <class Scalar = float>
+class Linear {
+  static_assert(std::is_floating_point_v<Scalar>, "attn::Linear: Scalar must be float or double");
+
+ public:
+  /// An empty 0 x 0 layer (assign a real one before use).
+  Linear() = default;
+
+  /// @throws std::invalid_argument if a feature count is negative.
+  Linear(Index in_features, Index out_features, bool bias = true)
+      : Linear(in_features, out_features, bias, nullptr) {}
+
+  Linear(Index in_features, Index out_features, bool bias, TorchGenerator& gen)
+      : Linear(in_features, out_features, bias, &gen) {}
+
+  /// Redraws weight and bias like nn.Linear.reset_parameters().
+  void reset_parameters(TorchGenerator& gen) {
+    gen.fill_uniform(weight_.view(), -detail::linear_weight_bound(in_features()),
+                     detail::linear_weight_bound(in_features()));
+    if (has_bias()) {
+      gen.fill_uniform(bias_.view(), -detail::linear_bias_bound(in_features()),
+                       detail::linear_bias_bound(in_features()));
+    }
+  }
+
+  Index in_features() const noexcept { return weight_.extent(1); }
+  Index out_features() const noexcept { return weight_.extent(0); }
+  bool has_bias() const noexcept { return has_bias_; }
+
+  /// (out_features, in_features), writable in place.
+  TensorView<Scalar, 2> weight() noexcept { return weight_.view(); }
+  TensorView<const Scalar, 2> weight() const noexcept { return weight_.view(); }
+  /// (out_features); an empty view when the layer has no bias.
+  TensorView<Scalar, 1> bias() noexcept { return bias_.view(); }
+  TensorView<const Scalar, 1> bias() const noexcept { return bias_.view(); }
+
+  /// Copies new weights in (any strides).
+  /// @throws ShapeError if the shape is not (out_features, in_features).
+  void set_weight(TensorView<const Scalar, 2> weight) {
+    detail::require(weight.shape() == weight_.shape(), "Linear::set_weight", [&] {
+      return "weight has shape " + detail::to_string(weight.shape()) + ", expected " +
+             detail::to_string(weight_.shape());
+    });
+    copy(weight, weight_.view());
+  }
+
+  /// Copies a new bias in.
+  /// @throws ShapeError if the layer has no bias or the shape is not (out_features).
+  void set_bias(TensorView<const Scalar, 1> bias) {
+    detail::require(has_bias_ && bias.shape() == bias_.shape(), "Linear::set_bias", [&] {
+      return has_bias_ ? "bias has shape " + detail::to_string(bias.shape()) + ", expected " +
+                             detail::to_string(bias_.shape())
+                       : std::string("this layer was built with bias=false");
+    });
+    copy(bias, bias_.view());
+  }
+
+  /// y = x W^T + b into a preallocated output (any leading shape).
+  /// @throws ShapeError if x's last extent is not in_features or y's shape does not match.
+  template <std::size_t Rank>
+  void forward(TensorView<const Scalar, Rank> x, TensorView<Scalar, Rank> y) const {
+    Shape<Rank> expected = x.shape();
+    expected[Rank - 1] = out_features();
+    detail::require(x.extent(Rank - 1) == in_features() && y.shape() == expected,
+                    "Linear::forward", [&] {
+                      return "x has shape " + detail::to_string(x.shape()) + " and y " +
+                             detail::to_string(y.shape()) + ", expected x (..., " +
+                             std::to_string(in_features()) + ") and y (..., " +
+                             std::to_string(out_features()) + ")";
+                    });
+    const Index rows = x.size() / std::max<Index>(in_features(), 1);
+    if (x.is_contiguous() && y.is_contiguous()) {
+      project(x.data(), rows, y.data());
+      return;
+    }
+    const Tensor<Scalar, Rank> xc(x);
+    Tensor<Scalar, Rank> yc(y.shape());
+    project(xc.data(), rows, yc.data());
+    copy(yc.view(), y);
+  }
+
+  /// y = x W^T + b, allocating y.
+  template <std::size_t Rank>
+  Tensor<Scalar, Rank> forward(TensorView<const Scalar, Rank> x) const {
+    Shape<Rank> shape = x.shape();
+    shape[Rank - 1] = out_features();
+    Tensor<Scalar, Rank> y(shape);
+    forward(x, y.view());
+    return y;
+  }
+  template <std::size_t Rank>
+  Tensor<Scalar, Rank> forward(const Tensor<Scalar, Rank>& x) const {
+    return forward(x.view());
+  }
+
+ private:
+  Linear(Index in_features, Index out_features, bool bias, TorchGenerator* gen)
+      : has_bias_(bias) {
+    detail::require_arg(in_features >= 0 && out_features >= 0, "Linear", [&] {
+      return "in_features=" + std::to_string(in_features) +
+             " and out_features=" + std::to_string(out_features) + " must be non-negative";
+    });
+    weight_ = Tensor<Scalar, 2>({out_features, in_features});
+    if (bias) bias_ = Tensor<Scalar, 1>({out_features});
+    if (gen != nullptr) {
+      reset_parameters(*gen);
+    } else {
+      with_global_generator([&](TorchGenerator& global) { reset_parameters(global); });
+    }
+  }
+
+  // y (rows, out) = x (rows, in) W^T + b, all contiguous.
+  void project(const Scalar* x, Index rows, Scalar* y) const {
+    detail::gemm_nt(rows, out_features(), in_features(), x, in_features(), weight_.data(),
+                    in_features(), y, out_features(), has_bias_ ? bias_.data() : nullptr);
+  }
+
+  Tensor<Scalar, 2> weight_;
+  Tensor<Scalar, 1> bias_;
+  bool has_bias_ = false;
+};
+
+/// A non-owning (weight, bias) pair in Linear's layout: what a module whose projections
+/// share one buffer hands out for a single projection (e.g. MultiHeadAttention::w_query()).
+/// Writes go straight into the module.
+///
+/// @tparam Scalar float or double, optionally const.
+template <class Scalar>
+class LinearView {
+ public:
+  using value_type = std::remove_const_t<Scalar>;
+
+  /// `bias` may be an empty view (no bias).
+  LinearView(TensorView<Scalar, 2> weight, TensorView<Scalar, 1> bias)
+      : weight_(weight), bias_(bias) {}
+
+  Index in_features() const noexcept { return weight_.extent(1); }
+  Index out_features() const noexcept { return weight_.extent(0); }
+  bool has_bias() const noexcept { return bias_.data() != nullptr; }
+  TensorView<Scalar, 2> weight() const noexcept { return weight_; }
+  TensorView<Scalar, 1> bias() const noexcept { return bias_; }
+
+  /// @throws ShapeError if the shape is not (out_features, in_features).
+  void set_weight(TensorView<const value_type, 2> weight) const {
+    detail::require(weight.shape() == weight_.shape(), "LinearView::set_weight", [&] {
+      return "weight has shape " + detail::to_string(weight.shape()) + ", expected " +
+             detail::to_string(weight_.shape());
+    });
+    copy(weight, weight_);
+  }
+  /// @throws ShapeError if there is no bias or its shape is not (out_features).
+  void set_bias(TensorView<const value_type, 1> bias) const {
+    detail::require(has_bias() && bias.shape() == bias_.shape(), "LinearView::set_bias", [&] {
+      return has_bias() ? "bias has shape " + detail::to_string(bias.shape()) + ", expected " +
+                              detail::to_string(bias_.shape())
+                        : std::string("this projection has no bias");
+    });
+    copy(bias, bias_);
+  }
+
+ private:
+  TensorView<Scalar, 2> weight_;
+  TensorView<Scalar, 1> bias_;
+};
+
+}  // namespace attn

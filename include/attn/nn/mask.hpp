@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: MIT
+// attn/nn/mask.hpp: AttentionMask (causal, boolean with explicit polarity, additive, key
+// padding; broadcast and combinable) and the notebooks' mask helpers.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/tensor/shape.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+
+namespace attn {
+
+/// Where the causal diagonal sits when the query and key lengths differ.
+enum class CausalAlignment {
+  /// Only valid when T_q == T_k; a length mismatch throws and asks for one of the two below.
+  kSquare,
+  /// Query i sees keys j <= i (PyTorch SDPA's is_causal).
+  kTopLeft,
+  /// Query i sees keys j <= i + (T_k - T_q): the last query sees every key. This is what a
+  /// KV cache needs (FlashAttention >= 2.1, ONNX). Queries with i + T_k - T_q < 0 see nothing.
+  kBottomRight,
+};
+
+/// What a query may attend to, built from any combination of:
+/// - `causal(alignment)`: a loop bound in the kernels, never -inf then exp;
+/// - `allowed(m)` / `blocked(m)`: a boolean mask whose polarity is in the name
+///   (`allowed`: true = may attend, like PyTorch SDPA and ONNX; `blocked`: true = masked,
+///   like nn.MultiheadAttention's attn_mask);
+/// - `additive(m)`: added to the scaled scores (-inf blocks), like a float attn_mask;
+/// - `key_lengths({...})`: per-batch count of valid keys (key padding by lengths);
+/// - `key_padding(m)`: (B, T_k) boolean, true = padding (nn.MultiheadAttention's
+///   key_padding_mask).
+/// Boolean and additive masks broadcast: (T_q, T_k), (B, T_q, T_k) or (B, H, T_q, T_k), where
+/// any B or H extent may also be 1. All parts combine (a key is visible only if every part
+/// allows it). A query row with no visible key gives zero output and zero weights, never NaN.
+///
+/// The mask stores views of the caller's mask tensors (not copies): they must outlive it.
+///
+/// @tparam Scalar element type of the additive mask (the attention's scalar type).
+template <class Scalar = float>
+class AttentionMask {
+ public:
+  AttentionMask() = default;
+
+  /// Adds a causal bound.
+  AttentionMask& causal(CausalAlignment alignment = CausalAlignment::kSquare) {
+    causal_ = true;
+    alignment_ = alignment;
+    return *this;
+  }
+  /// Adds a boolean mask where true means "may attend".
+  template <class Element, std::size_t Rank>
+  AttentionMask& allowed(TensorView<Element, Rank> mask) {
+    bool_ = broadcast_view<bool>(mask, "AttentionMask::allowed");
+    bool_allows_ = true;
+    return *this;
+  }
+  /// Adds a boolean mask where true means "masked out".
+  template <class Element, std::size_t Rank>
+  AttentionMask& blocked(TensorView<Element, Rank> mask) {
+    bool_ = broadcast_view<bool>(mask, "AttentionMask::blocked");
+    bool_allows_ = false;
+    return *this;
+  }
+  /// Adds a float mask added to the scaled scores; -inf blocks a key.
+  template <class Element, std::size_t Rank>
+  AttentionMask& additive(TensorView<Element, Rank> mask) {
+    additive_ = broadcast_view<Scalar>(mask, "AttentionMask::additive");
+    return *this;
+  }
+  // Tensor overloads; a temporary tensor would dangle, so those are deleted.
+  template <std::size_t Rank>
+  AttentionMask& allowed(const Tensor<bool, Rank>& mask) { return allowed(mask.view()); }
+  template <std::size_t Rank>
+  AttentionMask& blocked(const Tensor<bool, Rank>& mask) { return blocked(mask.view()); }
+  template <std::size_t Rank>
+  AttentionMask& additive(const Tensor<Scalar, Rank>& mask) { return additive(mask.view()); }
+  template <std::size_t Rank>
+  AttentionMask& allowed(Tensor<bool, Rank>&&) = delete;
+  template <std::size_t Rank>
+  AttentionMask& blocked(Tensor<bool, Rank>&&) = delete;
+  template <std::size_t Rank>
+  AttentionMask& additive(Tensor<Scalar, Rank>&&) = delete;
+
+  /// Batch item b attends to its first lengths[b] keys only.
+  /// @throws std::invalid_argument if a length is negative.
+  AttentionMask& key_lengths(std::vector<Index> lengths) {
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      detail::require_arg(lengths[b] >= 0, "AttentionMask::key_lengths", [&] {
+        return "length " + std::to_string(lengths[b]) + " of batch item " + std::to_string(b) +
+               " is negative";
+      });
+    }
+    lengths_ = std::move(lengths);
+    has_lengths_ = true;
+    return *this;
+  }
+  /// (B, T_k) boolean, true = padding (blocked), like key_padding_mask in PyTorch.
+  template <class Element>
+  AttentionMask& key_padding(TensorView<Element, 2> padding) {
+    static_assert(std::is_same_v<std::remove_const_t<Element>, bool>,
+                  "attn::AttentionMask::key_padding: the mask holds bool");
+    detail::require(padding.data() != nullptr || padding.empty(), "AttentionMask::key_padding",
+                    [] { return std::string("null mask data"); });
+    padding_ = TensorView<const bool, 4>(padding.data(), {padding.extent(0), 1, 1, padding.extent(1)},
+                                         {padding.stride(0), 0, 0, padding.stride(1)});
+    has_padding_ = true;
+    return *this;
+  }
+  AttentionMask& key_padding(const Tensor<bool, 2>& padding) { return key_padding(padding.view()); }
+  AttentionMask& key_padding(Tensor<bool, 2>&&) = delete;
+
+  bool is_causal() const noexcept { return causal_; }
+  CausalAlignment alignment() const noexcept { return alignment_; }
+  bool empty() const noexcept {
+    return !causal_ && bool_.data() == nullptr && additive_.data() == nullptr && !has_lengths_ &&
+           !has_padding_;
+  }
+  /// The parts as rank-4 broadcast views (null data when absent); for kernels and tests.
+  const TensorView<const bool, 4>& bool_mask() const noexcept { return bool_; }
+  bool bool_allows() const noexcept { return bool_allows_; }
+  const TensorView<const Scalar, 4>& additive_mask() const noexcept { return additive_; }
+  const TensorView<const bool, 4>& padding_mask() const noexcept { return padding_; }
+  bool has_key_lengths() const noexcept { return has_lengths_; }
+  bool has_key_padding() const noexcept { return has_padding_; }
+  const std::vector<Index>& lengths() const noexcept { return lengths_; }
+
+  /// Checks every part against an attention of shape (B, H, T_q, T_k).
+  /// @throws ShapeError naming `where`, the part and both shapes on a mismatch.
+  void check(const char* where, Index batch, Index heads, Index tq, Index tk) const {
+    const Shape<4> target{batch, heads, tq, tk};
+    const auto fits = [&](const Shape<4>& s) {
+      for (std::size_t r = 0; r < 4; ++r) {
+        if (s[r] != target[r] && !(r < 2 && s[r] == 1)) return false;
+      }
+      return true;
+    };
+    const auto fail = [&](const char* part, const Shape<4>& s) {
+      return std::string(part) + " mask has (broadcast) shape " + detail::to_string(s) +
+             ", which does not fit attention of shape (B, H, T_q, T_k) = " +
+             detail::to_string(target);
+    };
+    if (bool_.data() != nullptr) {
+      detail::require(fits(bool_.shape()), where, [&] {
+        return fail(bool_allows_ ? "allowed" : "blocked", bool_.shape());
+      });
+    }
+    if (additive_.data() != nullptr) {
+      detail::require(fits(additive_.shape()), where,
+                      [&] { return fail("additive", additive_.shape()); });
+    }
+    if (has_padding_) {
+      const Shape<4> s = padding_.shape();
+      detail::require(s[0] == batch && s[3] == tk, where, [&] {
+        return "key_padding mask has shape " + detail::to_string(Shape<2>{s[0], s[3]}) +
+               ", expected (B, T_k) = " + detail::to_string(Shape<2>{batch, tk});
+      });
+    }
+    if (has_lengths_) {
+      detail::require(static_cast<Index>(lengths_.size()) == batch, where, [&] {
+        return "key_lengths has " + std::to_string(lengths_.size()) +
+               " entries, expected one per batch item (B=" + std::to_string(batch) + ")";
+      });
+      for (std::size_t b = 0; b < lengths_.size(); ++b) {
+        detail::require(lengths_[b] <= tk, where, [&] {
+          return "key_lengths[" + std::to_string(b) + "]=" + std::to_string(lengths_[b]) +
+                 " exceeds T_k=" + std::to_string(tk);
+        });
+      }
+    }
+    if (causal_ && alignment_ == CausalAlignment::kSquare) {
+      detail::require(tq == tk, where, [&] {
+        return "causal mask with T_q=" + std::to_string(tq) + " != T_k=" + std::to_string(tk) +
+               ": choose CausalAlignment::kTopLeft or kBottomRight explicitly";
+      });
+    }
+  }
+
+ private:
+  template <class Element, class ViewElement, std::size_t Rank>
+  static TensorView<const Element, 4> broadcast_view(TensorView<ViewElement, Rank> m,
+                                                     const char* where) {
+    static_assert(std::is_same_v<std::remove_const_t<ViewElement>, Element>,
+                  "attn::AttentionMask: boolean masks hold bool, additive masks hold Scalar");
+    static_assert(Rank >= 2 && Rank <= 4,
+                  "attn::AttentionMask: a mask has rank 2 (T_q, T_k), 3 (B, T_q, T_k) or 4 "
+                  "(B, H, T_q, T_k)");
+    detail::require(m.data() != nullptr || m.empty(), where,
+                    [] { return std::string("null mask data"); });
+    Shape<4> shape{1, 1, 1, 1}, strides{0, 0, 0, 0};
+    // Right-align the mask's axes into (B, H, T_q, T_k); a 3-D mask is (B, T_q, T_k).
+    if constexpr (Rank == 2) {
+      shape = {1, 1, m.extent(0), m.extent(1)};
+      strides = {0, 0, m.stride(0), m.stride(1)};
+    } else if constexpr (Rank == 3) {
+      shape = {m.extent(0), 1, m.extent(1), m.extent(2)};
+      strides = {m.stride(0), 0, m.stride(1), m.stride(2)};
+    } else {
+      shape = m.shape();
+      strides = m.strides();
+    }
+    for (std::size_t r = 0; r < 2; ++r) {
+      if (shape[r] == 1) strides[r] = 0;  // broadcast
+    }
+    return {m.data(), shape, strides};
+  }
+
+  TensorView<const bool, 4> bool_{};
+  TensorView<const Scalar, 4> additive_{};
+  TensorView<const bool, 4> padding_{};
+  std::vector<Index> lengths_;
+  CausalAlignment alignment_ = CausalAlignment::kSquare;
+  bool causal_ = false;
+  bool bool_allows_ = false;
+  bool has_lengths_ = false;
+  bool has_padding_ = false;
+};
+
+/// `torch.triu(torch.ones(tq, tk), diagonal=1).bool()`: true strictly above the diagonal
+/// (the future positions a causal mask blocks), top-left aligned.
+inline Tensor<bool, 2> causal_blocked_mask(Index tq, Index tk) {
+  Tensor<bool, 2> mask({tq, tk});
+  for (Index i = 0; i < tq; ++i) {
+    for (Index j = i + 1; j < tk; ++j) mask(i, j) = true;
+  }
+  return mask;
+}
+inline Tensor<bool, 2> causal_blocked_mask(Index n) { return causal_blocked_mask(n, n); }
+
+/// `torch.triu(torch.full((n, n), -inf), diagonal=1)`: 0 on and below the diagonal and
+/// -inf above it, the additive form of the causal mask (notebook 004).
+template <class Scalar = float>
+Tensor<Scalar, 2> causal_additive_mask(Index n) {
+  Tensor<Scalar, 2> mask({n, n});
+  for (Index i = 0; i < n; ++i) {
+    for (Index j = i + 1; j < n; ++j) mask(i, j) = -std::numeric_limits<Scalar>::infinity();
+  }
+  return mask;
+}
+
+/// `x.masked_fill(mask, value)` for a (broadcast-free) boolean mask of the same shape,
+/// returning a new tensor. True entries of `mask` are replaced by `value`.
+/// @throws ShapeError if the shapes differ.
+template <class Scalar, std::size_t Rank>
+Tensor<std::remove_const_t<Scalar>, Rank> masked_fill(TensorView<Scalar, Rank> x,
+                                                      TensorView<const bool, Rank> mask,
+                                                      std::remove_const_t<Scalar> value) {
+  detail::require(x.shape() == mask.shape(), "masked_fill", [&] {
+    return "x has shape " + detail::to_string(x.shape()) + " but mask has shape " +
+           detail::to_string(mask.shape());
+  });
+  Tensor<std::remove_const_t<Scalar>, Rank> result(x);
+  auto* out = result.data();
+  const bool* m = mask.data();
+  detail::for_each_offset(x.shape(), row_major_strides(x.shape()), mask.strides(),
+                          [&](Index o, Index i) {
+                            if (m[i]) out[o] = value;
+                          });
+  return result;
+}
+
+}  // namespace attn

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: MIT
+// attn/tensor/eigen.hpp: RowMatrix and the view -> Eigen::Map bridge.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+
+namespace attn {
+
+static_assert(std::is_same_v<Index, Eigen::Index>, "attn::Index must equal Eigen::Index");
+
+/// Row-major dynamic matrix: attn never uses Eigen's column-major default for data that
+/// came from a view.
+template <class Scalar>
+using RowMatrix =
+    Eigen::Matrix<std::remove_const_t<Scalar>, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// Row-major dynamic vector (a 1 x n row).
+template <class Scalar>
+using RowVector = Eigen::Matrix<std::remove_const_t<Scalar>, 1, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// The Map type as_matrix() returns: const-correct, unaligned, with a run-time outer stride.
+template <class Scalar>
+using MatrixMap = Eigen::Map<std::conditional_t<std::is_const_v<Scalar>, const RowMatrix<Scalar>,
+                                                RowMatrix<Scalar>>,
+                             Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// The Map type as_vector() returns.
+template <class Scalar>
+using VectorMap = Eigen::Map<std::conditional_t<std::is_const_v<Scalar>, const RowVector<Scalar>,
+                                                RowVector<Scalar>>>;
+
+/// A 2-D view with unit inner stride as an Eigen matrix (the outer stride is kept).
+/// A dynamic inner stride is refused rather than accepted, because it kills
+/// vectorisation; take contiguous() of such a view first.
+/// @throws ShapeError if stride(1) != 1 (for more than one column).
+template <class Scalar>
+MatrixMap<Scalar> as_matrix(TensorView<Scalar, 2> v) {
+  static_assert(std::is_floating_point_v<std::remove_const_t<Scalar>>,
+                "attn::as_matrix: Scalar must be float or double");
+  detail::require(v.stride(1) == 1 || v.extent(1) <= 1, "as_matrix", [&] {
+    return "view of shape " + detail::to_string(v.shape()) + " has inner stride " +
+           std::to_string(v.stride(1)) + ", expected 1";
+  });
+  const Index outer = v.extent(0) <= 1 ? std::max<Index>(v.extent(1), 1) : v.stride(0);
+  return MatrixMap<Scalar>(v.data(), v.extent(0), v.extent(1), Eigen::OuterStride<>(outer));
+}
+
+template <class Scalar>
+MatrixMap<Scalar> as_matrix(Tensor<Scalar, 2>& t) {
+  return as_matrix(t.view());
+}
+template <class Scalar>
+MatrixMap<const Scalar> as_matrix(const Tensor<Scalar, 2>& t) {
+  return as_matrix(t.view());
+}
+
+/// A 1-D view with unit stride as an Eigen row vector.
+/// @throws ShapeError if stride(0) != 1.
+template <class Scalar>
+VectorMap<Scalar> as_vector(TensorView<Scalar, 1> v) {
+  static_assert(std::is_floating_point_v<std::remove_const_t<Scalar>>,
+                "attn::as_vector: Scalar must be float or double");
+  detail::require(v.stride(0) == 1 || v.extent(0) <= 1, "as_vector", [&] {
+    return "view of shape " + detail::to_string(v.shape()) + " has stride " +
+           std::to_string(v.stride(0)) + ", expected 1";
+  });
+  return VectorMap<Scalar>(v.data(), v.extent(0));
+}
+
+template <class Scalar>
+VectorMap<Scalar> as_vector(Tensor<Scalar, 1>& t) {
+  return as_vector(t.view());
+}
+template <class Scalar>
+VectorMap<const Scalar> as_vector(const Tensor<Scalar, 1>& t) {
+  return as_vector(t.view());
+}
+
+}  // namespace attn

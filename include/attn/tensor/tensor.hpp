@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: MIT
+// attn/tensor/tensor.hpp: Tensor<Scalar, Rank>, owning, 64-byte aligned, contiguous row-major.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/tensor/shape.hpp"
+#include "attn/tensor/tensor_view.hpp"
+
+namespace attn {
+namespace detail {
+
+/// Alignment of every buffer attn allocates: one cache line, which is also a full
+/// AVX-512 register.
+inline constexpr std::size_t kAlignment = 64;
+
+struct AlignedDelete {
+  void operator()(void* p) const noexcept { ::operator delete[](p, std::align_val_t{kAlignment}); }
+};
+
+/// Uninitialised, 64-byte aligned storage for `count` trivially copyable T.
+template <class T>
+class AlignedBuffer {
+  static_assert(std::is_trivially_copyable_v<T>, "attn::AlignedBuffer: T must be trivial");
+
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(std::size_t count) { reserve(count); }
+
+  /// Ensures room for `count` elements. Grows geometrically; the old contents are
+  /// not kept (callers use it as scratch or fill it right after).
+  void reserve(std::size_t count) {
+    if (count <= capacity_) return;
+    const std::size_t grown = std::max(count, capacity_ + capacity_ / 2);
+    ptr_.reset(static_cast<T*>(
+        ::operator new[](grown * sizeof(T), std::align_val_t{kAlignment})));
+    capacity_ = grown;
+  }
+  T* data() const noexcept { return ptr_.get(); }
+  std::size_t capacity() const noexcept { return capacity_; }
+
+ private:
+  std::unique_ptr<T, AlignedDelete> ptr_;
+  std::size_t capacity_ = 0;
+};
+
+}  // namespace detail
+
+/// An owning tensor: contiguous row-major storage, 64-byte aligned, deep-copied on copy.
+/// Arithmetic goes through views and Eigen maps (attn/tensor/eigen.hpp); there are no
+/// expression templates.
+///
+/// @tparam Scalar  float, double, or bool (masks).
+/// @tparam Rank    number of dimensions.
+template <class Scalar, std::size_t Rank>
+class Tensor {
+  static_assert(!std::is_const_v<Scalar>, "attn::Tensor: Scalar must not be const");
+  static_assert(std::is_arithmetic_v<Scalar>, "attn::Tensor: Scalar must be arithmetic");
+
+ public:
+  using value_type = Scalar;
+
+  /// An empty tensor (every extent 0).
+  Tensor() = default;
+
+  /// A zero-filled tensor of the given shape.
+  /// @throws ShapeError if an extent is negative.
+  explicit Tensor(const Shape<Rank>& shape) : Tensor(shape, Scalar(0)) {}
+
+  /// A tensor of the given shape with every element equal to `fill`.
+  Tensor(const Shape<Rank>& shape, Scalar fill) {
+    resize(shape);
+    std::fill_n(data(), size(), fill);
+  }
+
+  /// A tensor of the given shape filled row-major from `values`.
+  /// @throws ShapeError if the counts differ.
+  Tensor(const Shape<Rank>& shape, std::initializer_list<Scalar> values) {
+    resize(shape);
+    detail::require(static_cast<Index>(values.size()) == size(), "Tensor", [&] {
+      return "shape " + detail::to_string(shape) + " holds " + std::to_string(size()) +
+             " elements, got " + std::to_string(values.size()) + " values";
+    });
+    std::copy(values.begin(), values.end(), data());
+  }
+
+  /// A deep, contiguous copy of any view (of the same or const element type).
+  template <class ViewScalar,
+            class = std::enable_if_t<std::is_same_v<std::remove_const_t<ViewScalar>, Scalar>>>
+  explicit Tensor(TensorView<ViewScalar, Rank> source) {
+    resize(source.shape());
+    Scalar* out = data();
+    const ViewScalar* in = source.data();
+    detail::for_each_offset(shape_, row_major_strides(shape_), source.strides(),
+                            [&](Index o, Index i) { out[o] = in[i]; });
+  }
+
+  /// A rank-2 tensor from nested rows, e.g. the notebooks' 6x3 `inputs`.
+  /// @throws ShapeError if the rows have different lengths.
+  template <std::size_t R = Rank, class = std::enable_if_t<R == 2>>
+  static Tensor from_rows(std::initializer_list<std::initializer_list<Scalar>> rows) {
+    const Index n_rows = static_cast<Index>(rows.size());
+    const Index n_cols = n_rows == 0 ? 0 : static_cast<Index>(rows.begin()->size());
+    Tensor result(Shape<2>{n_rows, n_cols});
+    Index i = 0;
+    for (const auto& row : rows) {
+      detail::require(static_cast<Index>(row.size()) == n_cols, "Tensor::from_rows", [&] {
+        return "row " + std::to_string(i) + " has " + std::to_string(row.size()) +
+               " values, row 0 has " + std::to_string(n_cols);
+      });
+      std::copy(row.begin(), row.end(), result.data() + i * n_cols);
+      ++i;
+    }
+    return result;
+  }
+
+  Tensor(const Tensor& other) : Tensor(other.view()) {}
+  Tensor& operator=(const Tensor& other) {
+    if (this != &other) {
+      resize(other.shape());
+      std::copy_n(other.data(), other.size(), data());
+    }
+    return *this;
+  }
+  Tensor(Tensor&& other) noexcept
+      : storage_(std::move(other.storage_)), shape_(std::exchange(other.shape_, Shape<Rank>{})) {}
+  Tensor& operator=(Tensor&& other) noexcept {
+    storage_ = std::move(other.storage_);
+    shape_ = std::exchange(other.shape_, Shape<Rank>{});
+    return *this;
+  }
+  ~Tensor() = default;
+
+  /// Changes the shape. Reallocates only when the new size exceeds the capacity, so a
+  /// tensor reused as a workspace stops allocating. Element values are unspecified after
+  /// a resize that changes the size (call fill() if needed).
+  /// @throws ShapeError if an extent is negative.
+  void resize(const Shape<Rank>& shape) {
+    for (const Index extent : shape) {
+      detail::require(extent >= 0, "Tensor::resize", [&] {
+        return "shape " + detail::to_string(shape) + " has a negative extent";
+      });
+    }
+    storage_.reserve(static_cast<std::size_t>(shape_size(shape)));
+    shape_ = shape;
+  }
+
+  void fill(Scalar value) { std::fill_n(data(), size(), value); }
+
+  TensorView<Scalar, Rank> view() noexcept { return {data(), shape_, row_major_strides(shape_)}; }
+  TensorView<const Scalar, Rank> view() const noexcept {
+    return {data(), shape_, row_major_strides(shape_)};
+  }
+  // Implicit conversions make `module.forward(tensor)` read like PyTorch. A view of a
+  // temporary dangles once the full expression ends: do not store one.
+  operator TensorView<Scalar, Rank>() noexcept { return view(); }  // NOLINT
+  operator TensorView<const Scalar, Rank>() const noexcept { return view(); }  // NOLINT
+
+  static constexpr std::size_t rank() noexcept { return Rank; }
+  Index extent(std::size_t r) const noexcept { return shape_[r]; }
+  const Shape<Rank>& shape() const noexcept { return shape_; }
+  Shape<Rank> strides() const noexcept { return row_major_strides(shape_); }
+  Index size() const noexcept { return shape_size(shape_); }
+  bool empty() const noexcept { return size() == 0; }
+  Scalar* data() noexcept { return storage_.data(); }
+  const Scalar* data() const noexcept { return storage_.data(); }
+
+  template <class... Indices>
+  Scalar& operator()(Indices... idx) noexcept {
+    return view()(idx...);
+  }
+  template <class... Indices>
+  const Scalar& operator()(Indices... idx) const noexcept {
+    return view()(idx...);
+  }
+  /// @throws std::out_of_range naming the axis and its extent.
+  template <class... Indices>
+  Scalar& at(Indices... idx) {
+    return view().at(idx...);
+  }
+  template <class... Indices>
+  const Scalar& at(Indices... idx) const {
+    return view().at(idx...);
+  }
+
+  /// The elements in row-major order (handy in tests and examples).
+  std::vector<Scalar> to_vector() const { return std::vector<Scalar>(data(), data() + size()); }
+
+ private:
+  detail::AlignedBuffer<Scalar> storage_;
+  Shape<Rank> shape_{};
+};
+
+}  // namespace attn

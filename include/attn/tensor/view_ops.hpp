@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: MIT
+// attn/tensor/view_ops.hpp: slice, select, permute/transpose, reshape, split/merge heads.
+// Every function here changes extents and strides only; none copies data except
+// contiguous() and copy(), which say so.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/tensor/shape.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+
+namespace attn {
+
+/// Elements [begin, end) along `axis`; same rank. Like PyTorch's `x.narrow(axis, begin,
+/// end - begin)` or `x[..., begin:end, ...]`.
+/// @throws ShapeError if axis >= Rank or the range is outside [0, extent].
+template <class Scalar, std::size_t Rank>
+TensorView<Scalar, Rank> slice(TensorView<Scalar, Rank> v, std::size_t axis, Index begin,
+                               Index end) {
+  detail::require(axis < Rank && 0 <= begin && begin <= end && end <= v.extent(axis), "slice",
+                  [&] {
+                    return "range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                           ") on axis " + std::to_string(axis) + " of a view of shape " +
+                           detail::to_string(v.shape()) + " is out of bounds";
+                  });
+  Shape<Rank> shape = v.shape();
+  shape[axis] = end - begin;
+  return {v.data() + begin * v.stride(axis), shape, v.strides()};
+}
+
+/// The sub-view at `index` along `axis`; rank drops by one. Like `x.select(axis, index)`.
+/// @throws ShapeError if axis >= Rank or index is out of bounds.
+template <class Scalar, std::size_t Rank>
+TensorView<Scalar, Rank - 1> select(TensorView<Scalar, Rank> v, std::size_t axis, Index index) {
+  static_assert(Rank >= 2, "attn::select: the view must have rank 2 or more");
+  detail::require(axis < Rank && 0 <= index && index < v.extent(axis), "select", [&] {
+    return "index " + std::to_string(index) + " on axis " + std::to_string(axis) +
+           " of a view of shape " + detail::to_string(v.shape()) + " is out of bounds";
+  });
+  Shape<Rank - 1> shape{}, strides{};
+  for (std::size_t r = 0, o = 0; r < Rank; ++r) {
+    if (r == axis) continue;
+    shape[o] = v.extent(r);
+    strides[o++] = v.stride(r);
+  }
+  return {v.data() + index * v.stride(axis), shape, strides};
+}
+
+/// Reorders the axes: result axis r is input axis `axes[r]` (PyTorch's `permute`).
+/// @throws ShapeError if `axes` is not a permutation of 0..Rank-1.
+template <class Scalar, std::size_t Rank>
+TensorView<Scalar, Rank> permute(TensorView<Scalar, Rank> v,
+                                 const std::array<std::size_t, Rank>& axes) {
+  std::array<bool, Rank> seen{};
+  bool ok = true;
+  for (const std::size_t a : axes) {
+    if (a >= Rank || seen[a]) ok = false;
+    if (a < Rank) seen[a] = true;
+  }
+  detail::require(ok, "permute", [&] {
+    std::string text = "axes (";
+    for (std::size_t r = 0; r < Rank; ++r) text += (r ? ", " : "") + std::to_string(axes[r]);
+    return text + ") are not a permutation of the " + std::to_string(Rank) +
+           " axes of a view of shape " + detail::to_string(v.shape());
+  });
+  Shape<Rank> shape{}, strides{};
+  for (std::size_t r = 0; r < Rank; ++r) {
+    shape[r] = v.extent(axes[r]);
+    strides[r] = v.stride(axes[r]);
+  }
+  return {v.data(), shape, strides};
+}
+
+/// Swaps two axes (PyTorch's `transpose(a, b)`).
+/// @throws ShapeError if an axis is out of range.
+template <class Scalar, std::size_t Rank>
+TensorView<Scalar, Rank> transpose(TensorView<Scalar, Rank> v, std::size_t a, std::size_t b) {
+  detail::require(a < Rank && b < Rank, "transpose", [&] {
+    return "axes " + std::to_string(a) + " and " + std::to_string(b) +
+           " do not exist in a view of shape " + detail::to_string(v.shape());
+  });
+  std::array<std::size_t, Rank> axes{};
+  for (std::size_t r = 0; r < Rank; ++r) axes[r] = r;
+  std::swap(axes[a], axes[b]);
+  return permute(v, axes);
+}
+
+/// The matrix transpose of a rank-2 view (`x.T`).
+template <class Scalar>
+TensorView<Scalar, 2> transpose(TensorView<Scalar, 2> v) {
+  return transpose(v, 0, 1);
+}
+
+/// Inserts an axis of extent 1 at `axis` (PyTorch's `unsqueeze`).
+/// @throws ShapeError if axis > Rank.
+template <class Scalar, std::size_t Rank>
+TensorView<Scalar, Rank + 1> unsqueeze(TensorView<Scalar, Rank> v, std::size_t axis) {
+  detail::require(axis <= Rank, "unsqueeze", [&] {
+    return "axis " + std::to_string(axis) + " is out of range for a view of shape " +
+           detail::to_string(v.shape());
+  });
+  Shape<Rank + 1> shape{}, strides{};
+  for (std::size_t r = 0, i = 0; r <= Rank; ++r) {
+    if (r == axis) {
+      shape[r] = 1;
+      strides[r] = (i < Rank) ? v.stride(i) * v.extent(i) : 1;
+    } else {
+      shape[r] = v.extent(i);
+      strides[r] = v.stride(i);
+      ++i;
+    }
+  }
+  return {v.data(), shape, strides};
+}
+
+namespace detail {
+
+/// PyTorch's view rule (ATen computeStride): new strides for `new_shape` over the same
+/// memory, or false when the existing strides cannot express it without a copy.
+template <std::size_t Rank, std::size_t NewRank>
+bool compute_view_strides(const Shape<Rank>& shape, const Shape<Rank>& strides,
+                          const Shape<NewRank>& new_shape, Shape<NewRank>& new_strides) {
+  if (shape_size(shape) == 0) {
+    new_strides = row_major_strides(new_shape);
+    return true;
+  }
+  // Walk the old axes from the last, grouping runs that are contiguous with each other;
+  // each run must be covered exactly by a run of new axes.
+  std::ptrdiff_t view_d = static_cast<std::ptrdiff_t>(NewRank) - 1;
+  Index chunk_base_stride = strides[Rank - 1];
+  Index tensor_numel = 1, view_numel = 1;
+  for (std::ptrdiff_t d = static_cast<std::ptrdiff_t>(Rank) - 1; d >= 0; --d) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        new_strides[view_d] = view_numel * chunk_base_stride;
+        view_numel *= new_shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base_stride = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+}  // namespace detail
+
+/// The same elements with a new shape, as a view (PyTorch's `view`): works whenever the
+/// existing strides allow it (always for contiguous views). One extent may be -1 and is
+/// then inferred.
+/// @throws ShapeError if the element counts differ, or if the strides make a copy
+///         necessary (call contiguous() first).
+template <class Scalar, std::size_t Rank, std::size_t NewRank>
+TensorView<Scalar, NewRank> reshape(TensorView<Scalar, Rank> v, Shape<NewRank> new_shape) {
+  const auto describe = [&] {
+    return "cannot view shape " + detail::to_string(v.shape()) + " as " +
+           detail::to_string(new_shape);
+  };
+  Index known = 1;
+  std::size_t inferred = NewRank;
+  for (std::size_t r = 0; r < NewRank; ++r) {
+    if (new_shape[r] == -1) {
+      detail::require(inferred == NewRank, "reshape", [&] {
+        return describe() + ": only one extent may be -1";
+      });
+      inferred = r;
+    } else {
+      detail::require(new_shape[r] >= 0, "reshape", [&] {
+        return describe() + ": extents must be non-negative";
+      });
+      known *= new_shape[r];
+    }
+  }
+  if (inferred != NewRank) {
+    detail::require(known != 0 && v.size() % known == 0, "reshape", [&] {
+      return describe() + ": the -1 extent cannot be inferred";
+    });
+    new_shape[inferred] = v.size() / known;
+  }
+  detail::require(shape_size(new_shape) == v.size(), "reshape", [&] {
+    return describe() + ": " + std::to_string(v.size()) + " elements vs " +
+           std::to_string(shape_size(new_shape));
+  });
+  Shape<NewRank> new_strides{};
+  detail::require(detail::compute_view_strides(v.shape(), v.strides(), new_shape, new_strides),
+                  "reshape", [&] {
+                    return describe() + " with strides " + detail::to_string(v.strides()) +
+                           " without a copy; call attn::contiguous() first";
+                  });
+  return {v.data(), new_shape, new_strides};
+}
+
+/// (B, T, D) -> (B, H, T, D/H) by changing strides only; no data moves. This is the
+/// correct `x.view(b, t, h, hd).transpose(1, 2)`.
+/// @throws ShapeError if num_heads <= 0 or D is not divisible by num_heads.
+template <class Scalar>
+TensorView<Scalar, 4> split_heads(TensorView<Scalar, 3> x, Index num_heads) {
+  const Index batch = x.extent(0), tokens = x.extent(1), dim = x.extent(2);
+  detail::require(num_heads > 0 && dim % num_heads == 0, "split_heads", [&] {
+    return "x has shape " + detail::to_string(x.shape()) +
+           "; its last extent is not divisible by num_heads=" + std::to_string(num_heads);
+  });
+  const Index head_dim = dim / num_heads;
+  return {x.data(),
+          {batch, num_heads, tokens, head_dim},
+          {x.stride(0), head_dim * x.stride(2), x.stride(1), x.stride(2)}};
+}
+
+/// (B, H, T, hd) -> (B, T, H * hd), the inverse of split_heads, as a view. Works on any
+/// view produced by split_heads (and on every layout where heads sit side by side in
+/// memory); otherwise the merge needs a copy.
+/// @throws ShapeError if the strides do not allow a merge without a copy.
+template <class Scalar>
+TensorView<Scalar, 3> merge_heads(TensorView<Scalar, 4> x) {
+  const auto moved = permute(x, {0, 2, 1, 3});  // (B, T, H, hd)
+  return reshape(moved, Shape<3>{x.extent(0), x.extent(2), x.extent(1) * x.extent(3)});
+}
+
+/// Copies `source` into `destination` element by element (any strides).
+/// @throws ShapeError if the shapes differ.
+template <class SourceScalar, class Scalar, std::size_t Rank>
+void copy(TensorView<SourceScalar, Rank> source, TensorView<Scalar, Rank> destination) {
+  static_assert(std::is_same_v<std::remove_const_t<SourceScalar>, Scalar>,
+                "attn::copy: element types must match");
+  detail::require(source.shape() == destination.shape(), "copy", [&] {
+    return "source has shape " + detail::to_string(source.shape()) + ", destination " +
+           detail::to_string(destination.shape());
+  });
+  Scalar* out = destination.data();
+  const SourceScalar* in = source.data();
+  detail::for_each_offset(source.shape(), destination.strides(), source.strides(),
+                          [&](Index o, Index i) { out[o] = in[i]; });
+}
+
+/// A contiguous row-major copy of any view (PyTorch's `contiguous()`, always copying).
+template <class Scalar, std::size_t Rank>
+Tensor<std::remove_const_t<Scalar>, Rank> contiguous(TensorView<Scalar, Rank> v) {
+  return Tensor<std::remove_const_t<Scalar>, Rank>(v);
+}
+
+}  // namespace attn

@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: MIT
+// attn/version.hpp: library version (CMake parses these three lines).
+#pragma once
+
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+
+namespace attn {
+
+/// The library version as "major.minor.patch".
+inline constexpr const char* version() noexcept { return "0.1.0"; }
+
+}  // namespace attn

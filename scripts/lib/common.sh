@@ -1,0 +1,26 @@
+# Shared by the scripts in scripts/: package installation and build helpers.
+# shellcheck shell=bash
+
+ATTN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ATTN_JOBS="${ATTN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+log() { printf '\n==> %s\n' "$*"; }
+
+# ensure_packages pkg...: apt-get installs the Debian packages that are not installed yet.
+ensure_packages() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq || true
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# The packages every build needs.
+ATTN_BASE_PACKAGES=(cmake g++ make libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev)

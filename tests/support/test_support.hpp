@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: MIT
+// tests/support/test_support.hpp: helpers shared by the tests (views to vectors, rows,
+// tolerances, a tiny deterministic random source).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "attn/attn.hpp"
+
+namespace attn::test {
+
+/// The elements of any view in row-major index order.
+template <class Scalar, std::size_t Rank>
+std::vector<std::remove_const_t<Scalar>> to_vector(TensorView<Scalar, Rank> v) {
+  std::vector<std::remove_const_t<Scalar>> out;
+  out.reserve(static_cast<std::size_t>(v.size()));
+  detail::for_each_offset(v.shape(), v.strides(), v.strides(),
+                          [&](Index o, Index) { out.push_back(v.data()[o]); });
+  return out;
+}
+template <class Scalar, std::size_t Rank>
+std::vector<Scalar> to_vector(const Tensor<Scalar, Rank>& t) {
+  return to_vector(t.view());
+}
+
+/// Row i of a rank-2 tensor, or row (b, i) of a rank-3 tensor, as a vector.
+template <class Scalar>
+std::vector<Scalar> row(const Tensor<Scalar, 2>& t, Index i) {
+  return to_vector(select(t.view(), 0, i));
+}
+template <class Scalar>
+std::vector<Scalar> row(const Tensor<Scalar, 3>& t, Index b, Index i) {
+  return to_vector(select(select(t.view(), 0, b), 0, i));
+}
+
+/// A tensor of uniform values in [lo, hi) from a seeded std::mt19937_64 (independent of
+/// attn's own generators, so tests do not test the generator with itself).
+template <class Scalar, std::size_t Rank>
+Tensor<Scalar, Rank> random_tensor(const Shape<Rank>& shape, std::uint64_t seed,
+                                   double lo = -1.0, double hi = 1.0) {
+  Tensor<Scalar, Rank> t(shape);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (Index i = 0; i < t.size(); ++i) t.data()[i] = static_cast<Scalar>(dist(gen));
+  return t;
+}
+
+/// Largest |a - b| over two views of the same shape (infinity if the shapes differ).
+template <class A, class B, std::size_t Rank>
+double max_abs_diff(TensorView<A, Rank> a, TensorView<B, Rank> b) {
+  if (a.shape() != b.shape()) return std::numeric_limits<double>::infinity();
+  const auto va = to_vector(a);
+  const auto vb = to_vector(b);
+  double worst = 0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const double d = std::abs(static_cast<double>(va[i]) - static_cast<double>(vb[i]));
+    if (!(d <= worst)) worst = d;  // NaN propagates as the worst
+  }
+  return worst;
+}
+
+/// Tolerance for comparing two computations of a reduction of length n in Scalar:
+/// abs + rel * |ref| with both ~ n * epsilon (llm.c's validate_result style).
+template <class Scalar>
+constexpr double reduction_tolerance(Index n) {
+  return 8.0 * static_cast<double>(n) * std::numeric_limits<Scalar>::epsilon();
+}
+
+}  // namespace attn::test
