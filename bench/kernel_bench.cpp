@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: MIT
+// bench/kernel_bench.cpp: the attention kernel alone, attn::scaled_dot_product_attention on
+// (B, H, T, hd) views, streaming vs materialised, causal and not, against the naive loop.
+// Glossary: B = batch, T = tokens (T_q queries, T_k keys), D = H * hd, H = heads.
+//
+// The views are laid out as MultiHeadAttention lays them out: Q, K, V are strided views
+// into one packed (B, T, 3, H, hd) projection (cross: Q (B, T_q, H, hd) and K/V in a
+// (B, T_k, 2, H, hd) buffer) and the output is written into (B, T_q, H, hd), which is the
+// (B, T_q, D) input of out_proj. FLOPS counts 4 * B * H * pairs * hd (bench_support.hpp).
+//
+// Run:
+//   OMP_NUM_THREADS=1 build/bench/bench/kernel_bench --benchmark_filter=Streaming
+//   build/bench/bench/kernel_bench --benchmark_repetitions=5 \
+//       --benchmark_report_aggregates_only=true
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "bench_support.hpp"
+#include "reference/naive_attention.hpp"  // llm.c-style attention_forward, same binary
+
+namespace {
+
+using attn::Index;
+using attn::bench::MhaShape;
+
+// Packed inputs and the output of one kernel call, as MultiHeadAttention builds them.
+template <class Scalar>
+struct KernelInputs {
+  attn::Tensor<Scalar, 3> q_buf, kv_buf, out_buf;
+  attn::TensorView<const Scalar, 4> q, k, v;
+  attn::TensorView<Scalar, 4> out;
+  Index q_ld = 0, kv_ld = 0;  // row strides of the packed buffers, for the naive loop
+  const Scalar* k_ptr = nullptr;
+  const Scalar* v_ptr = nullptr;
+};
+
+template <class Scalar>
+KernelInputs<Scalar> make_inputs(Index b, Index tq, Index tk, Index d, Index h, bool cross) {
+  KernelInputs<Scalar> in;
+  const Index hd = d / h;
+  if (!cross) {
+    in.q_buf = attn::bench::random_tensor<Scalar, 3>({b, tq, 3 * d}, /*seed=*/7);
+    const Scalar* qkv = in.q_buf.data();
+    const attn::Shape<4> shape{b, h, tq, hd}, strides{tq * 3 * d, hd, 3 * d, 1};
+    in.q = {qkv, shape, strides};
+    in.k = {qkv + d, shape, strides};
+    in.v = {qkv + 2 * d, shape, strides};
+    in.q_ld = in.kv_ld = 3 * d;
+    in.k_ptr = qkv + d;
+    in.v_ptr = qkv + 2 * d;
+  } else {
+    in.q_buf = attn::bench::random_tensor<Scalar, 3>({b, tq, d}, /*seed=*/7);
+    in.kv_buf = attn::bench::random_tensor<Scalar, 3>({b, tk, 2 * d}, /*seed=*/8);
+    const Scalar* kv = in.kv_buf.data();
+    in.q = {in.q_buf.data(), {b, h, tq, hd}, {tq * d, hd, d, 1}};
+    const attn::Shape<4> shape{b, h, tk, hd}, strides{tk * 2 * d, hd, 2 * d, 1};
+    in.k = {kv, shape, strides};
+    in.v = {kv + d, shape, strides};
+    in.q_ld = d;
+    in.kv_ld = 2 * d;
+    in.k_ptr = kv;
+    in.v_ptr = kv + d;
+  }
+  in.out_buf = attn::Tensor<Scalar, 3>({b, tq, d});
+  in.out = {in.out_buf.data(), {b, h, tq, hd}, {tq * d, hd, d, 1}};
+  return in;
+}
+
+MhaShape shape_of(const benchmark::State& state, bool causal, bool cross) {
+  MhaShape s{};
+  s.b = state.range(0);
+  s.tq = state.range(1);
+  s.tk = cross ? state.range(2) : s.tq;
+  s.d = state.range(cross ? 3 : 2);
+  s.h = state.range(cross ? 4 : 3);
+  s.causal = causal;
+  s.cross = cross;
+  return s;
+}
+
+void set_counters(benchmark::State& state, const MhaShape& s) {
+  state.counters["FLOPS"] =
+      benchmark::Counter(attn::bench::attention_flops(s.b, s.h, s.tq, s.tk, s.d / s.h, s.causal),
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = attn::num_threads();
+}
+
+template <class Scalar>
+void run_sdpa(benchmark::State& state, attn::AttentionPath path, bool causal, bool cross) {
+  const MhaShape s = shape_of(state, causal, cross);
+  auto in = make_inputs<Scalar>(s.b, s.tq, s.tk, s.d, s.h, cross);
+  const auto mask = attn::bench::make_mask<Scalar>(causal);
+  attn::AttentionOptions options;
+  options.path = path;
+  attn::Workspace ws;
+  attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, in.out, mask, options, {}, &ws);
+
+  for (auto _ : state) {
+    attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, in.out, mask, options, {}, &ws);
+    benchmark::DoNotOptimize(in.out.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, s);
+}
+
+template <class Scalar>
+void run_naive(benchmark::State& state, bool causal, bool cross) {
+  const MhaShape s = shape_of(state, causal, cross);
+  auto in = make_inputs<Scalar>(s.b, s.tq, s.tk, s.d, s.h, cross);
+  std::vector<Scalar> scratch(
+      static_cast<std::size_t>(attn::bench::reference::max_threads() * s.tk));
+  for (auto _ : state) {
+    attn::bench::reference::attention_forward(in.out_buf.data(), in.q_buf.data(), in.q_ld,
+                                              in.k_ptr, in.v_ptr, in.kv_ld, s.b, s.tq, s.tk, s.d,
+                                              s.h, causal, scratch.data());
+    benchmark::DoNotOptimize(in.out_buf.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, s);
+}
+
+constexpr auto kStreaming = attn::AttentionPath::kStreaming;
+constexpr auto kMaterialized = attn::AttentionPath::kMaterialized;
+
+// Args: B, T, D, H.
+template <class Scalar>
+void BM_ScaledDotProduct_Streaming(benchmark::State& state) {
+  run_sdpa<Scalar>(state, kStreaming, /*causal=*/false, /*cross=*/false);
+}
+template <class Scalar>
+void BM_ScaledDotProduct_StreamingCausal(benchmark::State& state) {
+  run_sdpa<Scalar>(state, kStreaming, /*causal=*/true, /*cross=*/false);
+}
+template <class Scalar>
+void BM_ScaledDotProduct_Materialized(benchmark::State& state) {
+  run_sdpa<Scalar>(state, kMaterialized, /*causal=*/false, /*cross=*/false);
+}
+template <class Scalar>
+void BM_ScaledDotProduct_MaterializedCausal(benchmark::State& state) {
+  run_sdpa<Scalar>(state, kMaterialized, /*causal=*/true, /*cross=*/false);
+}
+template <class Scalar>
+void BM_NaiveScaledDotProduct(benchmark::State& state) {
+  run_naive<Scalar>(state, /*causal=*/false, /*cross=*/false);
+}
+template <class Scalar>
+void BM_NaiveScaledDotProduct_Causal(benchmark::State& state) {
+  run_naive<Scalar>(state, /*causal=*/true, /*cross=*/false);
+}
+// Args: B, Tq, Tk, D, H.
+template <class Scalar>
+void BM_ScaledDotProduct_StreamingCross(benchmark::State& state) {
+  run_sdpa<Scalar>(state, kStreaming, /*causal=*/false, /*cross=*/true);
+}
+template <class Scalar>
+void BM_ScaledDotProduct_MaterializedCross(benchmark::State& state) {
+  run_sdpa<Scalar>(state, kMaterialized, /*causal=*/false, /*cross=*/true);
+}
+template <class Scalar>
+void BM_NaiveScaledDotProduct_Cross(benchmark::State& state) {
+  run_naive<Scalar>(state, /*causal=*/false, /*cross=*/true);
+}
+
+// Every self-attention shape of the issue and the reference list, each run causal and not.
+void add_shapes(benchmark::internal::Benchmark* bm, bool cross, bool issue, bool reference) {
+  if (cross) {
+    bm->ArgNames({"B", "Tq", "Tk", "D", "H"});
+  } else {
+    bm->ArgNames({"B", "T", "D", "H"});
+  }
+  std::vector<std::vector<std::int64_t>> added;
+  const auto add = [&](const std::vector<MhaShape>& shapes) {
+    for (const MhaShape& s : shapes) {
+      if (s.cross != cross) continue;
+      std::vector<std::int64_t> args =
+          cross ? std::vector<std::int64_t>{s.b, s.tq, s.tk, s.d, s.h}
+                : std::vector<std::int64_t>{s.b, s.tq, s.d, s.h};
+      if (std::find(added.begin(), added.end(), args) != added.end()) continue;
+      added.push_back(args);
+      bm->Args(args);
+    }
+  };
+  if (reference) add(attn::bench::reference_shapes());
+  if (issue) add(attn::bench::issue_shapes());
+}
+void SelfShapes(benchmark::internal::Benchmark* bm) { add_shapes(bm, false, true, true); }
+void CrossShapes(benchmark::internal::Benchmark* bm) { add_shapes(bm, true, true, true); }
+void NaiveSelfShapes(benchmark::internal::Benchmark* bm) { add_shapes(bm, false, false, true); }
+void NaiveCrossShapes(benchmark::internal::Benchmark* bm) { add_shapes(bm, true, false, true); }
+
+#define ATTN_KERNEL_BENCH(name, shapes) \
+  BENCHMARK_TEMPLATE(name, float)->Apply(shapes)->UseRealTime()->Unit(benchmark::kMillisecond)
+
+ATTN_KERNEL_BENCH(BM_ScaledDotProduct_Streaming, SelfShapes);
+ATTN_KERNEL_BENCH(BM_ScaledDotProduct_Materialized, SelfShapes);
+ATTN_KERNEL_BENCH(BM_NaiveScaledDotProduct, NaiveSelfShapes);
+ATTN_KERNEL_BENCH(BM_ScaledDotProduct_StreamingCausal, SelfShapes);
+ATTN_KERNEL_BENCH(BM_ScaledDotProduct_MaterializedCausal, SelfShapes);
+ATTN_KERNEL_BENCH(BM_NaiveScaledDotProduct_Causal, NaiveSelfShapes);
+ATTN_KERNEL_BENCH(BM_ScaledDotProduct_StreamingCross, CrossShapes);
+ATTN_KERNEL_BENCH(BM_ScaledDotProduct_MaterializedCross, CrossShapes);
+ATTN_KERNEL_BENCH(BM_NaiveScaledDotProduct_Cross, NaiveCrossShapes);
+
+}  // namespace
+
+BENCHMARK_MAIN();
