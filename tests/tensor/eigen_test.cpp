@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: MIT
+// tests/tensor/eigen_test.cpp: the view -> Eigen::Map bridge (as_matrix, as_vector): layout,
+// outer strides, refusal of non-unit inner strides, writes through maps.
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "attn/attn.hpp"
+#include "support/scalar_types.hpp"
+#include "support/test_support.hpp"
+
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+using attn::Index;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+
+template <class Scalar, std::size_t Rank>
+Tensor<Scalar, Rank> arange(const Shape<Rank>& shape) {
+  Tensor<Scalar, Rank> t(shape);
+  for (Index i = 0; i < t.size(); ++i) t.data()[i] = Scalar(i);
+  return t;
+}
+
+template <class Scalar>
+class EigenBridgeTest : public ::testing::Test {};
+TYPED_TEST_SUITE(EigenBridgeTest, attn::test::ScalarTypes, attn::test::ScalarTypeNames);
+
+TYPED_TEST(EigenBridgeTest, ContiguousViewMapsRowMajor) {
+  auto t = arange<TypeParam>(Shape<2>{3, 4});
+  const auto m = attn::as_matrix(t.view());
+  EXPECT_EQ(m.rows(), 3);
+  EXPECT_EQ(m.cols(), 4);
+  EXPECT_EQ(m.outerStride(), 4);
+  EXPECT_EQ(m.data(), t.data());
+  for (Index i = 0; i < 3; ++i) {
+    for (Index j = 0; j < 4; ++j) EXPECT_EQ(m(i, j), t(i, j));
+  }
+  // Not Eigen's column-major default: (0, 1) is the second element in memory.
+  EXPECT_EQ(&m(0, 1), t.data() + 1);
+}
+
+TYPED_TEST(EigenBridgeTest, ColumnSliceKeepsTheOuterStride) {
+  auto t = arange<TypeParam>(Shape<2>{3, 6});
+  const auto block = attn::slice(t.view(), 1, 2, 5);  // t[:, 2:5]
+  const auto m = attn::as_matrix(block);
+  EXPECT_EQ(m.rows(), 3);
+  EXPECT_EQ(m.cols(), 3);
+  EXPECT_EQ(m.outerStride(), 6);
+  EXPECT_EQ(m(2, 0), TypeParam(14));
+  EXPECT_EQ(m(1, 2), TypeParam(10));
+  EXPECT_EQ(m.sum(), TypeParam((2 + 3 + 4) + (8 + 9 + 10) + (14 + 15 + 16)));
+}
+
+TYPED_TEST(EigenBridgeTest, BatchAndHeadSlicesMap) {
+  // One head of one batch item of (B, H, T, hd) from split_heads: rows T, stride D.
+  auto x = arange<TypeParam>(Shape<3>{2, 5, 6});
+  const auto heads = attn::split_heads(x.view(), 3);              // (2, 3, 5, 2)
+  const auto head = attn::select(attn::select(heads, 0, 1), 0, 2);  // batch 1, head 2: (5, 2)
+  const auto m = attn::as_matrix(head);
+  EXPECT_EQ(m.outerStride(), 6);
+  for (Index t = 0; t < 5; ++t) {
+    for (Index d = 0; d < 2; ++d) EXPECT_EQ(m(t, d), x(1, t, 4 + d));
+  }
+}
+
+TYPED_TEST(EigenBridgeTest, RefusesNonUnitInnerStride) {
+  auto t = arange<TypeParam>(Shape<2>{2, 3});
+  const auto transposed = attn::transpose(t.view());  // (3, 2), strides (1, 3)
+  EXPECT_THAT([&] { attn::as_matrix(transposed); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("as_matrix"), HasSubstr("(3, 2)"),
+                                                    HasSubstr("inner stride 3"))));
+  auto wide = arange<TypeParam>(Shape<2>{2, 8});
+  const TensorView<TypeParam, 2> every_other(wide.data(), {2, 4}, {8, 2});
+  EXPECT_THAT([&] { attn::as_matrix(every_other); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 4)"), HasSubstr("inner stride 2"))));
+}
+
+TYPED_TEST(EigenBridgeTest, SingleColumnNeedsNoUnitInnerStride) {
+  auto t = arange<TypeParam>(Shape<2>{3, 4});
+  const auto col = attn::slice(attn::transpose(t.view()), 0, 1, 2);  // (1, 3), strides (1, 4)
+  EXPECT_THAT(col.strides(), ElementsAre(1, 4));
+  EXPECT_THAT([&] { attn::as_matrix(col); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(1, 3)")));
+  const auto column = attn::slice(t.view(), 1, 3, 4);  // t[:, 3:4]: (3, 1), strides (4, 1)
+  const auto m = attn::as_matrix(column);
+  EXPECT_EQ(m(0, 0), TypeParam(3));
+  EXPECT_EQ(m(2, 0), TypeParam(11));
+}
+
+TYPED_TEST(EigenBridgeTest, WritesGoThroughTheMap) {
+  Tensor<TypeParam, 2> t({3, 6});
+  auto block = attn::as_matrix(attn::slice(t.view(), 1, 1, 3));
+  block.setConstant(TypeParam(2));
+  block(2, 1) = TypeParam(9);
+  EXPECT_THAT(attn::test::row(t, 0), ElementsAre(0, 2, 2, 0, 0, 0));
+  EXPECT_THAT(attn::test::row(t, 2), ElementsAre(0, 2, 9, 0, 0, 0));
+
+  auto whole = attn::as_matrix(t);  // Tensor& overload
+  whole.row(1).setLinSpaced(6, TypeParam(0), TypeParam(5));
+  EXPECT_THAT(attn::test::row(t, 1), ElementsAre(0, 1, 2, 3, 4, 5));
+}
+
+TYPED_TEST(EigenBridgeTest, ProductIntoAStridedOutput) {
+  // C[:, 1:3] = A B^T with A and B column blocks of wider tensors: GEMM on outer strides.
+  auto a_storage = arange<TypeParam>(Shape<2>{2, 5});
+  auto b_storage = arange<TypeParam>(Shape<2>{2, 4});
+  Tensor<TypeParam, 2> c({2, 4}, TypeParam(-1));
+  const auto a = attn::slice(TensorView<const TypeParam, 2>(a_storage.view()), 1, 1, 4);  // (2, 3)
+  const auto b = attn::slice(TensorView<const TypeParam, 2>(b_storage.view()), 1, 0, 3);  // (2, 3)
+  attn::as_matrix(attn::slice(c.view(), 1, 1, 3)).noalias() =
+      attn::as_matrix(a) * attn::as_matrix(b).transpose();
+  for (Index i = 0; i < 2; ++i) {
+    for (Index j = 0; j < 2; ++j) {
+      TypeParam expected = 0;
+      for (Index k = 0; k < 3; ++k) expected += a(i, k) * b(j, k);
+      EXPECT_EQ(c(i, 1 + j), expected);
+    }
+    EXPECT_EQ(c(i, 0), TypeParam(-1));
+    EXPECT_EQ(c(i, 3), TypeParam(-1));
+  }
+}
+
+TYPED_TEST(EigenBridgeTest, ConstTensorGivesAConstMap) {
+  const auto t = arange<TypeParam>(Shape<2>{2, 2});
+  const auto m = attn::as_matrix(t);
+  static_assert(std::is_same_v<decltype(m), const attn::MatrixMap<const TypeParam>>);
+  EXPECT_EQ(m(1, 0), TypeParam(2));
+  const attn::RowMatrix<TypeParam> copy = m;  // an owning row-major copy
+  EXPECT_TRUE(attn::RowMatrix<TypeParam>::IsRowMajor);
+  EXPECT_EQ(copy(1, 1), TypeParam(3));
+}
+
+TYPED_TEST(EigenBridgeTest, VectorMapsAndWrites) {
+  Tensor<TypeParam, 1> v({5});
+  auto m = attn::as_vector(v);
+  m.setLinSpaced(5, TypeParam(1), TypeParam(5));
+  EXPECT_THAT(v.to_vector(), ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_EQ(m.size(), 5);
+
+  auto t = arange<TypeParam>(Shape<2>{3, 4});
+  const auto row = attn::as_vector(attn::select(t.view(), 0, 2));
+  EXPECT_EQ(row.sum(), TypeParam(8 + 9 + 10 + 11));
+  const auto sub = attn::as_vector(attn::slice(attn::select(t.view(), 0, 1), 0, 1, 3));
+  EXPECT_EQ(sub(0), TypeParam(5));
+  EXPECT_EQ(sub(1), TypeParam(6));
+
+  const Tensor<TypeParam, 1>& cv = v;
+  EXPECT_EQ(attn::as_vector(cv)(4), TypeParam(5));
+}
+
+TYPED_TEST(EigenBridgeTest, VectorRefusesNonUnitStride) {
+  auto t = arange<TypeParam>(Shape<2>{3, 4});
+  const auto column = attn::select(t.view(), 1, 2);  // t[:, 2]: stride 4
+  EXPECT_THAT([&] { attn::as_vector(column); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("as_vector"), HasSubstr("(3)"),
+                                                    HasSubstr("stride 4"))));
+  // A single element has no stride to speak of.
+  EXPECT_EQ(attn::as_vector(attn::slice(column, 0, 2, 3))(0), TypeParam(10));
+}
+
+TYPED_TEST(EigenBridgeTest, EmptyViewsMapToEmptyMatrices) {
+  Tensor<TypeParam, 2> t({0, 4});
+  EXPECT_EQ(attn::as_matrix(t).size(), 0);
+  Tensor<TypeParam, 1> v;
+  EXPECT_EQ(attn::as_vector(v).size(), 0);
+}
+
+}  // namespace
