@@ -1,0 +1,342 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+# scripts/parity_vs_pytorch.py: end-to-end parity of tools/attn_run with PyTorch's
+# nn.MultiheadAttention (Debian's python3-torch 1.13), through safetensors files.
+#
+#   /usr/bin/python3 scripts/parity_vs_pytorch.py --attn-run build/io/tools/attn_run \
+#       [--report docs/parity.md] [--fixtures tests/fixtures/io] [--seed 20240607]
+#
+# For each case: a random nn.MultiheadAttention (random biases too), random inputs and
+# masks; the state_dict and the inputs are written as safetensors, attn_run runs them, and
+# its output (and averaged weights) are compared with the module's. A case passes when
+#   max |attn - torch| / max |torch|  <= 1e-5 (float32)  or  1e-12 (float64)
+# for the output, and max |attn - torch| <= the same bound for the weights.
+# PyTorch returns NaN for fully masked rows where attn returns zeros (by design): the
+# cases that have such rows compare the other rows and report how many were skipped.
+#
+# Also usable as a module: save_torch_state_dict(module, path) writes module.state_dict()
+# as safetensors (with the `safetensors` package if importable, else the writer below).
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+try:  # not packaged in Debian 12; used when present
+    from safetensors.numpy import load_file as _st_load, save_file as _st_save
+except ImportError:  # pragma: no cover
+    _st_load = _st_save = None
+
+# ---- minimal safetensors (de)serialiser (the format: u64 LE header length, JSON, data) ----
+
+_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BOOL": np.bool_,
+           "U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+def save_file(tensors, path, metadata=None):
+    """Writes {name: numpy array} as a safetensors file."""
+    if _st_save is not None:
+        _st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path, metadata)
+        return
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for data in blobs:
+            f.write(data)
+
+
+def load_file(path):
+    """Reads a safetensors file as {name: numpy array}."""
+    if _st_load is not None:
+        return _st_load(path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        dt = np.dtype(_DTYPES[e["dtype"]]).newbyteorder("<")
+        b, end = e["data_offsets"]
+        out[name] = np.frombuffer(raw[base + b:base + end], dtype=dt).reshape(e["shape"])
+    return out
+
+
+def save_torch_state_dict(module, path):
+    """module.state_dict() -> safetensors (what docs/io.md's recipe calls)."""
+    save_file({k: v.detach().cpu().contiguous().numpy() for k, v in module.state_dict().items()},
+              path)
+
+
+# ---- cases ----
+
+def make_cases(rng):
+    """At least 50 configurations covering self/cross, bias, kdim/vdim, masks, dtypes."""
+    cases = []
+    masks = ["none", "bool2d", "bool3d", "float2d", "float3d", "padding", "causal",
+             "bool2d+padding", "causal+padding", "float2d+padding", "causal+bool3d"]
+    for dtype in ("float32", "float64"):
+        for i, mask in enumerate(masks):
+            for cross in (False, True):
+                e, h = [(8, 2), (16, 4), (32, 4), (64, 8), (24, 3)][(i + cross) % 5]
+                cases.append(dict(
+                    dtype=dtype, embed=e, heads=h, bias=bool((i + cross) % 2 == 0),
+                    cross=cross, kdim=(e + 4 if cross and i % 3 == 1 else e),
+                    vdim=(e // 2 if cross and i % 3 == 2 else e),
+                    batch=1 + (i % 3), tq=3 + (i % 5), tk=(2 + ((i * 3) % 7)) if cross else None,
+                    mask=mask, need_weights=(i % 2 == 1), unbatched=False, nan_rows=False))
+    # extras: unbatched, fully masked rows, longer sequences, no-bias self with weights
+    for dtype in ("float32", "float64"):
+        cases.append(dict(dtype=dtype, embed=16, heads=2, bias=True, cross=False, kdim=16,
+                          vdim=16, batch=1, tq=5, tk=None, mask="bool2d", need_weights=True,
+                          unbatched=True, nan_rows=False))
+        cases.append(dict(dtype=dtype, embed=16, heads=4, bias=True, cross=True, kdim=12,
+                          vdim=20, batch=2, tq=4, tk=6, mask="bool3d", need_weights=True,
+                          unbatched=False, nan_rows=True))
+        cases.append(dict(dtype=dtype, embed=32, heads=4, bias=False, cross=False, kdim=32,
+                          vdim=32, batch=2, tq=40, tk=None, mask="causal+padding",
+                          need_weights=False, unbatched=False, nan_rows=False))
+        cases.append(dict(dtype=dtype, embed=64, heads=8, bias=True, cross=True, kdim=64,
+                          vdim=64, batch=2, tq=33, tk=70, mask="float3d", need_weights=True,
+                          unbatched=False, nan_rows=False))
+    return cases
+
+
+def build_case(torch, case, rng):
+    """Returns (module, inputs dict of numpy arrays, run flags, torch kwargs)."""
+    tdtype = getattr(torch, case["dtype"])
+    e, h = case["embed"], case["heads"]
+    kdim, vdim = case["kdim"], case["vdim"]
+    mha = torch.nn.MultiheadAttention(e, h, dropout=0.0, bias=case["bias"], kdim=kdim,
+                                      vdim=vdim, batch_first=True).to(tdtype)
+    # NOTES.md: torch 1.13's eval fast path raises with bias=False; train() with dropout=0.0
+    # runs the regular path, which computes the same maths.
+    mha.train()
+    with torch.no_grad():
+        for name, p in mha.named_parameters():
+            if "bias" in name:  # default init zeroes them: make them matter
+                p.copy_(torch.from_numpy(rng.normal(0, 0.2, p.shape)).to(tdtype))
+    b, tq = case["batch"], case["tq"]
+    tk = case["tk"] if case["cross"] else tq
+    nd = np.float32 if case["dtype"] == "float32" else np.float64
+    q = rng.normal(0, 1, (b, tq, e)).astype(nd)
+    inputs = {"query": q}
+    if case["cross"]:
+        inputs["key"] = rng.normal(0, 1, (b, tk, kdim)).astype(nd)
+        inputs["value"] = rng.normal(0, 1, (b, tk, vdim)).astype(nd)
+    flags, mask = [], case["mask"]
+    attn_mask = None  # numpy, PyTorch's form
+    # column 0 stays visible in every random mask and key 0 is never padding, so no row is
+    # fully masked unless the case asks for it (nan_rows).
+    if "bool2d" in mask:
+        attn_mask = rng.random((tq, tk)) < 0.35
+        attn_mask[:, 0] = False
+    if "bool3d" in mask:
+        attn_mask = rng.random((b * h, tq, tk)) < 0.35
+        attn_mask[:, :, 0] = False
+        if case["nan_rows"]:
+            attn_mask[1, 2, :] = True   # batch 0, head 1, query 2 -> NaN rows in torch
+            attn_mask[h, 0, :] = True   # batch 1, head 0, query 0
+    if "float2d" in mask or "float3d" in mask:
+        shape = (tq, tk) if "float2d" in mask else (b * h, tq, tk)
+        attn_mask = rng.normal(0, 1, shape).astype(nd)
+        blocked = rng.random(shape) < 0.2
+        blocked[..., 0] = False
+        attn_mask[blocked] = -np.inf
+    padding = None
+    if "padding" in mask:
+        padding = rng.random((b, tk)) < 0.3
+        padding[:, 0] = False
+        inputs["key_padding_mask"] = padding
+    if mask.startswith("causal"):
+        flags.append("--causal")
+        causal = np.triu(np.ones((tq, tk), dtype=bool), 1)
+        if attn_mask is None:
+            torch_mask = causal
+        else:
+            torch_mask = attn_mask | causal  # (B*H, T_q, T_k) | (T_q, T_k)
+    else:
+        torch_mask = attn_mask
+    if attn_mask is not None:
+        inputs["attn_mask"] = attn_mask
+    if case["need_weights"]:
+        flags.append("--need-weights")
+    if case["dtype"] == "float64":
+        flags.append("--double")
+    if case["unbatched"]:
+        for name in ("query", "key", "value", "key_padding_mask"):  # batch of 1 -> none
+            if name in inputs:
+                inputs[name] = inputs[name][0]
+    kwargs = {}
+    if torch_mask is not None:
+        kwargs["attn_mask"] = torch.from_numpy(np.ascontiguousarray(torch_mask))
+    if "key_padding_mask" in inputs:
+        kwargs["key_padding_mask"] = torch.from_numpy(inputs["key_padding_mask"])
+    return mha, inputs, flags, kwargs
+
+
+def describe(case):
+    parts = ["cross" if case["cross"] else "self"]
+    if case["cross"] and (case["kdim"] != case["embed"] or case["vdim"] != case["embed"]):
+        parts.append(f"kdim={case['kdim']},vdim={case['vdim']}")
+    parts.append("bias" if case["bias"] else "no-bias")
+    parts.append(case["mask"])
+    if case["need_weights"]:
+        parts.append("weights")
+    if case["unbatched"]:
+        parts.append("unbatched")
+    if case["nan_rows"]:
+        parts.append("fully-masked-rows")
+    return " ".join(parts)
+
+
+def run_case(torch, attn_run, case, rng, workdir, index, fixtures_dir=None):
+    mha, inputs, flags, kwargs = build_case(torch, case, rng)
+    tdtype = getattr(torch, case["dtype"])
+    q = torch.from_numpy(inputs["query"])
+    k = torch.from_numpy(inputs["key"]) if "key" in inputs else q
+    v = torch.from_numpy(inputs["value"]) if "value" in inputs else q
+    with torch.no_grad():
+        y, w = mha(q, k, v, need_weights=case["need_weights"], **kwargs)
+    y = y.to(tdtype).numpy()
+    stem = os.path.join(workdir, f"case{index:03d}")
+    save_torch_state_dict(mha, stem + ".weights.safetensors")
+    save_file(inputs, stem + ".input.safetensors")
+    cmd = [attn_run, "--weights", stem + ".weights.safetensors", "--input",
+           stem + ".input.safetensors", "--output", stem + ".output.safetensors",
+           "--num-heads", str(case["heads"])] + flags
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return dict(ok=False, error=proc.stderr.strip(), out_abs=float("nan"),
+                    out_rel=float("nan"), w_abs=float("nan"), nan_rows=0)
+    got = load_file(stem + ".output.safetensors")
+    finite_rows = ~np.isnan(y).any(axis=-1)
+    nan_rows = int((~finite_rows).sum())
+    scale = float(np.abs(y[finite_rows]).max()) if finite_rows.any() else 1.0
+    out_abs = float(np.abs(got["output"][finite_rows] - y[finite_rows]).max())
+    out_rel = out_abs / max(scale, 1e-30)
+    w_abs = 0.0
+    if case["need_weights"]:
+        w = w.numpy()
+        wrows = ~np.isnan(w).any(axis=-1)
+        w_abs = float(np.abs(got["weights"][wrows] - w[wrows]).max())
+    tol = 1e-5 if case["dtype"] == "float32" else 1e-12
+    ok = out_rel <= tol and w_abs <= tol and bool(np.isfinite(got["output"]).all())
+    if fixtures_dir is not None:
+        name = f"case{index:03d}"
+        save_torch_state_dict(mha, os.path.join(fixtures_dir, name + ".weights.safetensors"))
+        save_file(inputs, os.path.join(fixtures_dir, name + ".input.safetensors"))
+        expected = {"output": np.nan_to_num(y, nan=0.0), "finite_rows": finite_rows}
+        if case["need_weights"]:
+            expected["weights"] = np.nan_to_num(w, nan=0.0)
+        save_file(expected, os.path.join(fixtures_dir, name + ".expected.safetensors"),
+                  metadata={"flags": " ".join(flags), "num_heads": str(case["heads"]),
+                            "case": describe(case), "torch": torch.__version__})
+    return dict(ok=ok, error="", out_abs=out_abs, out_rel=out_rel, w_abs=w_abs,
+                nan_rows=nan_rows)
+
+
+# Small cases (a few KB each) committed as tests/fixtures/io/ for the C++ suite.
+FIXTURE_CASES = {0, 3, 7, 12, 15, 20, 22, 25, 44, 45}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--attn-run", required=True, help="path of the attn_run executable")
+    ap.add_argument("--report", help="write the markdown table and summary here")
+    ap.add_argument("--fixtures", help="also write the small fixture cases to this directory")
+    ap.add_argument("--seed", type=int, default=20240607)
+    args = ap.parse_args()
+
+    import torch  # Debian: python3-torch (1.13)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    cases = make_cases(rng)
+    if args.fixtures:
+        os.makedirs(args.fixtures, exist_ok=True)
+    rows, start = [], time.time()
+    with tempfile.TemporaryDirectory(prefix="attn_parity_") as work:
+        for i, case in enumerate(cases):
+            fixtures = args.fixtures if (args.fixtures and i in FIXTURE_CASES) else None
+            r = run_case(torch, args.attn_run, case, rng, work, i, fixtures)
+            rows.append((i, case, r))
+            status = "ok" if r["ok"] else "FAIL"
+            print(f"{i:3d} {case['dtype']:7s} {describe(case):55s} out rel {r['out_rel']:.2e}"
+                  f"  weights abs {r['w_abs']:.2e}  nan rows {r['nan_rows']}  {status}"
+                  + (f"  {r['error']}" if r["error"] else ""), flush=True)
+    elapsed = time.time() - start
+
+    failed = [i for i, _, r in rows if not r["ok"]]
+    def worst(dtype, key):
+        vals = [r[key] for _, c, r in rows if c["dtype"] == dtype and r["error"] == ""]
+        return max(vals) if vals else float("nan")
+    summary = [
+        f"cases: {len(rows)} ({sum(c['dtype'] == 'float32' for _, c, _ in rows)} float32, "
+        f"{sum(c['dtype'] == 'float64' for _, c, _ in rows)} float64); "
+        f"passed: {len(rows) - len(failed)}; failed: {len(failed)} {failed if failed else ''}",
+        f"float32: max output error {worst('float32', 'out_rel'):.2e} relative "
+        f"(max abs {worst('float32', 'out_abs'):.2e}), max weights error "
+        f"{worst('float32', 'w_abs'):.2e}; tolerance 1e-5",
+        f"float64: max output error {worst('float64', 'out_rel'):.2e} relative "
+        f"(max abs {worst('float64', 'out_abs'):.2e}), max weights error "
+        f"{worst('float64', 'w_abs'):.2e}; tolerance 1e-12",
+        f"fully masked rows skipped (NaN in PyTorch, zeros in attn): "
+        f"{sum(r['nan_rows'] for _, _, r in rows)} rows in "
+        f"{sum(1 for _, _, r in rows if r['nan_rows'])} cases",
+        f"torch {torch.__version__}, numpy {np.__version__}, safetensors writer: "
+        f"{'safetensors package' if _st_save else 'built-in'}; {elapsed:.1f} s",
+    ]
+    print("\n".join(summary))
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write("# Parity of attn_run with PyTorch's nn.MultiheadAttention\n\n")
+            f.write("Generated by `scripts/parity_vs_pytorch.sh` (runs "
+                    "`scripts/parity_vs_pytorch.py`); do not edit by hand.\n\n")
+            f.write("Each case builds a random `torch.nn.MultiheadAttention(batch_first=True, "
+                    "dropout=0.0)` (random biases), random inputs and masks, saves the "
+                    "state_dict and inputs as safetensors, runs `attn_run`, and compares. "
+                    "Output error is `max|attn - torch| / max|torch|`; weights error is "
+                    "`max|attn - torch|` of the head-averaged weights. Masks: `bool` = "
+                    "PyTorch's boolean attn_mask (true = blocked), 2d = (T_q, T_k), 3d = "
+                    "(B*H, T_q, T_k); `float` = additive (with some -inf); `padding` = "
+                    "key_padding_mask; `causal` = `--causal` vs `triu(ones, 1)` in torch. "
+                    "Fully masked rows are NaN in PyTorch and zeros in attn; those rows are "
+                    "skipped and counted.\n\n")
+            f.write("## Summary\n\n")
+            for line in summary:
+                f.write(f"- {line}\n")
+            f.write("\n## Cases\n\n")
+            f.write("| # | dtype | case | B | T_q | T_k | E | H | output rel. error "
+                    "| output abs. error | weights abs. error | NaN rows skipped | result |\n")
+            f.write("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            for i, c, r in rows:
+                tk = c["tk"] if c["cross"] else c["tq"]
+                w = f"{r['w_abs']:.2e}" if c["need_weights"] else "-"
+                f.write(f"| {i} | {c['dtype']} | {describe(c)} | "
+                        f"{'-' if c['unbatched'] else c['batch']} | {c['tq']} | {tk} | "
+                        f"{c['embed']} | {c['heads']} | {r['out_rel']:.2e} | {r['out_abs']:.2e} "
+                        f"| {w} | {r['nan_rows']} | {'pass' if r['ok'] else 'FAIL'} |\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
