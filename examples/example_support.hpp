@@ -353,6 +353,14 @@ inline attn::Tensor<float, 3> stack2(const attn::Tensor<float, 2>& a,
   return batch;
 }
 
+/// `torch.arange(n).float().reshape(shape)`: element i (row-major) holds i.
+template <std::size_t Rank>
+attn::Tensor<float, Rank> arange(const attn::Shape<Rank>& shape) {
+  attn::Tensor<float, Rank> t(shape);
+  for (Index i = 0; i < t.size(); ++i) t.data()[i] = static_cast<float>(i);
+  return t;
+}
+
 /// Uniform values in [lo, hi) from an attn::TorchGenerator with the given seed, for the
 /// notebooks' unseeded `torch.randn` inputs (only their shapes are reproducible).
 template <std::size_t Rank>
