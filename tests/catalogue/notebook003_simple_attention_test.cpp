@@ -52,8 +52,7 @@ TYPED_TEST(Notebook003Simple, In169InputsAndSelectedRowsMatchNotebook) {
   const auto x = cat::journey_inputs<Scalar>();
   EXPECT_EQ(x.shape(), cat::shape_of(nb::in169::printed_inputs));
   EXPECT_THAT(cat::values(x), cat::Near(nb::in169::printed_inputs, nb::in169::atol_vs_expected));
-  EXPECT_THAT(cat::values(x),
-              cat::Near(nb::in169::full_inputs, nb::in169::atol_vs_expected_full));
+  EXPECT_THAT(cat::values(x), cat::Near(nb::in169::full_inputs, nb::in169::atol_vs_expected_full));
   for (Index i = 0; i < x.extent(0); ++i) {
     SCOPED_TRACE(i);
     EXPECT_THAT(cat::values(attn::select(x.view(), 0, i)),
@@ -88,7 +87,8 @@ TYPED_TEST(Notebook003Simple, In177ScoresOfSecondTokenMatchNotebook) {
   using Scalar = TypeParam;
   const auto x = cat::tensor<Scalar>(nb::in177::input_inputs);
   const auto scores = scores_of_query(x, nb::in177::input_query_index);
-  EXPECT_THAT(cat::values(scores), cat::Near(nb::in177::printed_scores, nb::in177::atol_vs_expected));
+  EXPECT_THAT(cat::values(scores),
+              cat::Near(nb::in177::printed_scores, nb::in177::atol_vs_expected));
   EXPECT_THAT(cat::values(scores),
               cat::Near(nb::in177::full_scores, nb::in177::atol_vs_expected_full));
 }
@@ -145,8 +145,8 @@ TYPED_TEST(Notebook003Simple, In183FullPrecisionWeightsAndContextMatchNotebook) 
   using Scalar = TypeParam;
   const auto x = cat::tensor<Scalar>(nb::in183::input_inputs);
   const auto weights = attn::softmax(scores_of_query(x, nb::in183::input_query_index));
-  EXPECT_THAT(cat::values(weights), cat::Near(nb::in183::printed_weights_full,
-                                              nb::in183::tolerance_weights_full_atol));
+  EXPECT_THAT(cat::values(weights),
+              cat::Near(nb::in183::printed_weights_full, nb::in183::tolerance_weights_full_atol));
   Tensor<Scalar, 1> context({x.extent(1)});
   attn::as_vector(context).noalias() = attn::as_vector(weights) * attn::as_matrix(x);
   EXPECT_THAT(cat::values(context),
@@ -173,7 +173,8 @@ TYPED_TEST(Notebook003Simple, In185LoopScoresMatchNotebook) {
                          .dot(attn::as_vector(attn::select(x.view(), 0, j)));
     }
   }
-  EXPECT_THAT(cat::values(scores), cat::Near(nb::in185::printed_scores, nb::in185::atol_vs_expected));
+  EXPECT_THAT(cat::values(scores),
+              cat::Near(nb::in185::printed_scores, nb::in185::atol_vs_expected));
   EXPECT_THAT(cat::values(scores),
               cat::Near(nb::in185::full_scores, nb::in185::atol_vs_expected_full));
 }
@@ -198,7 +199,8 @@ TYPED_TEST(Notebook003Simple, In187MatrixProductScoresMatchNotebook) {
   const auto xt = attn::contiguous(attn::transpose(x.view()));
   Tensor<Scalar, 2> scores({x.extent(0), xt.extent(1)});
   attn::as_matrix(scores).noalias() = attn::as_matrix(x) * attn::as_matrix(xt);
-  EXPECT_THAT(cat::values(scores), cat::Near(nb::in187::printed_scores, nb::in187::atol_vs_expected));
+  EXPECT_THAT(cat::values(scores),
+              cat::Near(nb::in187::printed_scores, nb::in187::atol_vs_expected));
   EXPECT_THAT(cat::values(scores),
               cat::Near(nb::in187::full_scores, nb::in187::atol_vs_expected_full));
 }
