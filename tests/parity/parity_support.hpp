@@ -206,36 +206,41 @@ template <class T, std::size_t Rank, class S>
   return ::testing::AssertionFailure() << msg.str();
 }
 
-/// Bit-exact equality with a fixture array (initial weights from the same seed).
-template <class T, std::size_t Rank, class S>
-::testing::AssertionResult bit_equal(TensorView<T, Rank> actual, const Array<S>& reference,
+/// Bit-exact equality of two views (initial weights drawn from the same seed).
+template <class T, class S, std::size_t Rank>
+::testing::AssertionResult bit_equal(TensorView<T, Rank> actual, TensorView<const S, Rank> reference,
                                      const std::string& what) {
-  using Value = std::remove_const_t<T>;
-  static_assert(std::is_same_v<Value, S>, "bit_equal: scalar types differ");
-  bool shape_ok = reference.rank == static_cast<int>(Rank);
-  for (std::size_t r = 0; shape_ok && r < Rank; ++r) {
-    shape_ok = actual.extent(r) == reference.shape[r];
-  }
-  if (!shape_ok) {
+  static_assert(std::is_same_v<std::remove_const_t<T>, S>, "bit_equal: scalar types differ");
+  if (actual.shape() != reference.shape()) {
     return ::testing::AssertionFailure() << what << ": attn has shape "
                                          << detail::to_string(actual.shape()) << ", PyTorch "
-                                         << shape_string(reference);
+                                         << detail::to_string(reference.shape());
   }
-  const std::vector<Value> got = to_vector(actual);
+  const std::vector<S> got = to_vector(actual), want = to_vector(reference);
   Index mismatches = 0, first = -1;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    if (!(got[i] == reference.values[i])) {
-      if (mismatches++ == 0) first = static_cast<Index>(i);
-    }
+    if (!(got[i] == want[i]) && mismatches++ == 0) first = static_cast<Index>(i);
   }
   if (mismatches == 0) return ::testing::AssertionSuccess();
   const auto f = static_cast<std::size_t>(first);
   char buffer[160];
   std::snprintf(buffer, sizeof buffer, "attn %a, PyTorch %a", static_cast<double>(got[f]),
-                static_cast<double>(reference.values[f]));
+                static_cast<double>(want[f]));
   return ::testing::AssertionFailure() << what << ": " << mismatches << " of " << got.size()
                                        << " values differ; first at flat index " << first << ": "
                                        << buffer;
+}
+
+/// Bit-exact equality with a whole fixture array.
+template <class T, std::size_t Rank, class S>
+::testing::AssertionResult bit_equal(TensorView<T, Rank> actual, const Array<S>& reference,
+                                     const std::string& what) {
+  if (reference.rank != static_cast<int>(Rank)) {
+    return ::testing::AssertionFailure() << what << ": attn has shape "
+                                         << detail::to_string(actual.shape()) << ", PyTorch "
+                                         << shape_string(reference);
+  }
+  return bit_equal(actual, view<Rank>(reference), what);
 }
 
 }  // namespace attn::test::pytorch
