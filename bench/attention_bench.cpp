@@ -4,8 +4,7 @@
 // Glossary: B = batch, T = tokens (T_q queries, T_k keys), D = embedding width, H = heads.
 //
 // Run (one thread / all threads; FLOPS is "useful FLOP/s", see bench_support.hpp):
-//   OMP_NUM_THREADS=1 build/bench/bench/attention_bench --benchmark_repetitions=5 \
-//       --benchmark_report_aggregates_only=true
+//   OMP_NUM_THREADS=1 build/bench/bench/attention_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //   OMP_WAIT_POLICY=ACTIVE build/bench/bench/attention_bench --benchmark_filter=Causal
 // The naive reference (BM_NaiveAttention*) runs only on bench_support.hpp's
 // reference_shapes(); compare it with the BM_MultiHeadAttention* row of the same shape.

@@ -10,8 +10,7 @@
 //
 // Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/kernel_bench --benchmark_filter=Streaming
-//   build/bench/bench/kernel_bench --benchmark_repetitions=5 \
-//       --benchmark_report_aggregates_only=true
+//   build/bench/bench/kernel_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 #include <benchmark/benchmark.h>
 

@@ -8,8 +8,7 @@
 // FMA-bound, so it has no FLOPS counter.
 //
 // Run:
-//   build/bench/bench/softmax_bench --benchmark_repetitions=5 \
-//       --benchmark_report_aggregates_only=true
+//   build/bench/bench/softmax_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 #include <benchmark/benchmark.h>
 

@@ -79,7 +79,7 @@ fi
 
 BUILD="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}"
 TARGETS=(fma_peak mha_timer)
-[ "$QUICK" -eq 1 ] || TARGETS+=(attention_bench kernel_bench softmax_bench)
+[ "$QUICK" -eq 1 ] || TARGETS+=(attention_bench kernel_bench softmax_bench tensor_view_bench)
 log "building ${TARGETS[*]} in $BUILD (Release)"
 cmake -S "$ATTN_ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
   -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_INSTALL=OFF >/dev/null
