@@ -53,10 +53,33 @@ double weights_tolerance(const MhaCase<S>& c) {
 
 // ---- loading a fixture into attn ----
 
+/// How the boolean attn_mask reaches attn: the stored mask (`blocked`, PyTorch's
+/// polarity); for causal cases also AttentionMask::causal(alignment) instead of it, or the
+/// module's own causal option (MultiHeadAttentionOptions::causal + causal_alignment).
+enum class MaskForm { kStored, kCausalBound, kModuleCausal };
+
 template <class S>
-attn::MultiHeadAttention<S> load_module(const MhaCase<S>& c) {
-  attn::MultiHeadAttention<S> mha(
-      attn::MultiHeadAttentionOptions::pytorch(c.embed_dim, c.num_heads, c.bias, c.kdim, c.vdim));
+std::vector<MaskForm> mask_forms(const MhaCase<S>& c) {
+  if (c.causal == Causal::kNone) return {MaskForm::kStored};
+  return {MaskForm::kStored, MaskForm::kCausalBound, MaskForm::kModuleCausal};
+}
+inline const char* form_name(MaskForm f) {
+  switch (f) {
+    case MaskForm::kCausalBound: return "AttentionMask::causal()";
+    case MaskForm::kModuleCausal: return "MultiHeadAttentionOptions::causal";
+    default: return "stored attn_mask";
+  }
+}
+
+template <class S>
+attn::MultiHeadAttention<S> load_module(const MhaCase<S>& c, MaskForm form = MaskForm::kStored) {
+  auto options =
+      attn::MultiHeadAttentionOptions::pytorch(c.embed_dim, c.num_heads, c.bias, c.kdim, c.vdim);
+  if (form == MaskForm::kModuleCausal) {
+    options.causal = true;
+    options.causal_alignment = attn::test::pytorch::alignment(c.causal);
+  }
+  attn::MultiHeadAttention<S> mha(options);
   mha.eval();
   if (c.in_proj_weight.present()) {
     mha.set_in_proj(view<2>(c.in_proj_weight),
@@ -87,25 +110,12 @@ Inputs<S> inputs_of(const MhaCase<S>& c) {
   return in;
 }
 
-/// How the boolean attn_mask reaches attn: the stored mask (`blocked`, PyTorch's
-/// polarity), or for causal cases AttentionMask::causal(alignment) instead.
-enum class MaskForm { kStored, kCausalBound };
-
-template <class S>
-std::vector<MaskForm> mask_forms(const MhaCase<S>& c) {
-  if (c.causal == Causal::kNone) return {MaskForm::kStored};
-  return {MaskForm::kStored, MaskForm::kCausalBound};
-}
-inline const char* form_name(MaskForm f) {
-  return f == MaskForm::kStored ? "stored attn_mask" : "AttentionMask::causal()";
-}
-
 template <class S>
 attn::AttentionMask<S> make_mask(const MhaCase<S>& c, MaskForm form) {
   attn::AttentionMask<S> mask;
   if (form == MaskForm::kCausalBound) {
     mask.causal(attn::test::pytorch::alignment(c.causal));
-  } else if (c.attn_mask_bool.present()) {
+  } else if (form == MaskForm::kStored && c.attn_mask_bool.present()) {
     with_view(c.attn_mask_bool, [&](auto m) { mask.blocked(m); });
   }
   if (c.attn_mask_float.present()) {
@@ -128,12 +138,12 @@ Expected expected_output(const MhaCase<S>& c) {
 
 template <class S>
 void check_forward(const MhaCase<S>& c) {
-  const auto mha = load_module(c);
   const Inputs<S> in = inputs_of(c);
   const Expected expected = expected_output(c);
   const double tol = output_tolerance(c);
   for (const MaskForm form : mask_forms(c)) {
     SCOPED_TRACE(form_name(form));
+    const auto mha = load_module(c, form);
     const auto mask = make_mask(c, form);
     // Allocating forward: the module's default (streaming) path.
     const attn::Tensor<S, 3> out = mha.forward(in.query, in.key, in.value, mask);
@@ -151,13 +161,13 @@ void check_forward(const MhaCase<S>& c) {
 
 template <class S>
 void check_forward_with_weights(const MhaCase<S>& c) {
-  const auto mha = load_module(c);
   const Inputs<S> in = inputs_of(c);
   const Expected output = expected_output(c);
   const Expected per_head = expected_values(c.weights_per_head);
   const Expected averaged = expected_values(c.weights_averaged);
   for (const MaskForm form : mask_forms(c)) {
     SCOPED_TRACE(form_name(form));
+    const auto mha = load_module(c, form);
     // forward_with_weights runs the materialised path.
     const auto r = mha.forward_with_weights(in.query, in.key, in.value, make_mask(c, form));
     const std::string name = c.name;
