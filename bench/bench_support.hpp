@@ -79,7 +79,7 @@ constexpr double mha_flops(Index b, Index t, Index d, Index h, bool causal) {
 
 // ---------------------------------------------------------------------------------------
 // Shapes (the GitHub issue "Fast attention on the CPU", item 5). float, self-attention
-// unless marked.
+// unless marked. scripts/bench_vs_pytorch.sh lists the same shapes (and its T sweep).
 // ---------------------------------------------------------------------------------------
 
 struct MhaShape {
@@ -108,12 +108,6 @@ inline const std::vector<MhaShape>& reference_shapes() {
       {1, 128, 512, 512, 8, false, true},
   };
   return shapes;
-}
-
-/// Sequence lengths of the GFLOP/s-vs-T sweep (B1 D512 H8, self, not causal).
-inline const std::vector<Index>& sweep_lengths() {
-  static const std::vector<Index> lengths = {128, 256, 512, 1024, 2048, 4096, 8192};
-  return lengths;
 }
 
 // ---------------------------------------------------------------------------------------

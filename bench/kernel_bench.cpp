@@ -15,7 +15,9 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -113,14 +115,34 @@ void run_naive(benchmark::State& state, bool causal, bool cross) {
   auto in = make_inputs<Scalar>(s.b, s.tq, s.tk, s.d, s.h, cross);
   std::vector<Scalar> scratch(
       static_cast<std::size_t>(attn::bench::reference::max_threads() * s.tk));
-  for (auto _ : state) {
+  const auto call = [&] {
     attn::bench::reference::attention_forward(in.out_buf.data(), in.q_buf.data(), in.q_ld,
                                               in.k_ptr, in.v_ptr, in.kv_ld, s.b, s.tq, s.tk, s.d,
                                               s.h, causal, scratch.data());
+  };
+
+  // The reference must agree with attn's kernel before its time means anything.
+  call();
+  const attn::Tensor<Scalar, 3> naive_out(in.out_buf);
+  attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, in.out,
+                                             attn::bench::make_mask<Scalar>(causal));
+  double max_err = 0;
+  for (Index i = 0; i < naive_out.size(); ++i) {
+    max_err = std::max(
+        max_err, std::abs(static_cast<double>(naive_out.data()[i] - in.out_buf.data()[i])));
+  }
+  if (!(max_err < 1e-4)) {
+    state.SkipWithError(("naive kernel and attn differ by " + std::to_string(max_err)).c_str());
+    return;
+  }
+
+  for (auto _ : state) {
+    call();
     benchmark::DoNotOptimize(in.out_buf.data());
     benchmark::ClobberMemory();
   }
   set_counters(state, s);
+  state.counters["max_err"] = max_err;
 }
 
 constexpr auto kStreaming = attn::AttentionPath::kStreaming;
