@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+// tests/compile/fail/misuse.cpp: code that must NOT compile, one case per ATTN_MISUSE_CASE.
+// tests/cmake/CMakeLists.txt builds each case and checks the compiler's message; case 0 is the
+// control and must compile. (Not in tests/compile/*.cpp, which must all compile.)
+// Only the headers the cases need, so each case compiles in a second or two.
+#include "attn/nn/linear.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+
+namespace {
+
+[[maybe_unused]] void misuse() {
+  float data[6] = {0, 1, 2, 3, 4, 5};
+  const attn::TensorView<float, 2> mutable_view(data, {2, 3});
+  const attn::TensorView<const float, 2> const_view = mutable_view;
+  const attn::Tensor<float, 2> const_tensor({2, 3});
+#if ATTN_MISUSE_CASE == 0
+  mutable_view(1, 2) = const_view(0, 0) + const_tensor(0, 0);  // the control: all fine
+#elif ATTN_MISUSE_CASE == 1
+  const_view(0, 0) = 1.0f;  // a read-only view hands out const elements
+#elif ATTN_MISUSE_CASE == 2
+  attn::TensorView<float, 2> back = const_view;  // never read-only -> mutable
+  back(0, 0) = 1.0f;
+#elif ATTN_MISUSE_CASE == 3
+  attn::TensorView<float, 2> from_const = const_tensor;  // a const tensor gives read-only views
+  from_const(0, 0) = 1.0f;
+#elif ATTN_MISUSE_CASE == 4
+  mutable_view(1) = 1.0f;  // rank 2 takes two indices
+#elif ATTN_MISUSE_CASE == 5
+  attn::Tensor<const float, 2> t;
+  (void)t;
+#elif ATTN_MISUSE_CASE == 6
+  attn::Linear<int> layer;
+  (void)layer;
+#elif ATTN_MISUSE_CASE == 7
+  const attn::TensorView<float, 1> line(data, {6});
+  (void)attn::select(line, 0, 1);
+#endif
+}
+
+}  // namespace
