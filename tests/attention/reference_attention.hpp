@@ -274,8 +274,10 @@ template <class A, class B, std::size_t Rank>
 }
 
 /// True when both views hold the same bytes element by element (NaN-safe, -0 != +0).
-template <class Scalar, std::size_t Rank>
-::testing::AssertionResult same_bits(TensorView<Scalar, Rank> a, TensorView<Scalar, Rank> b) {
+template <class A, class B, std::size_t Rank>
+::testing::AssertionResult same_bits(TensorView<A, Rank> a, TensorView<B, Rank> b) {
+  static_assert(std::is_same_v<std::remove_const_t<A>, std::remove_const_t<B>>,
+                "same_bits compares views of one element type");
   if (a.shape() != b.shape()) return ::testing::AssertionFailure() << "shapes differ";
   const auto va = to_vector(a);
   const auto vb = to_vector(b);
