@@ -152,7 +152,7 @@ measure() {
     echo "kind=$kind round=$round $line" >> "$RAW"
     sed -n 's/.* median_ms=\([^ ]*\).*/\1/p' <<< "$line"
   else
-    { echo "# FAILED: ${cmd[*]}"; echo "$out" | sed 's/^/#   /'; } >> "$RAW"
+    printf '# FAILED: %s\n#   %s\n' "${cmd[*]}" "${out//$'\n'/$'\n#   '}" >> "$RAW"
     echo failed
   fi
 }
