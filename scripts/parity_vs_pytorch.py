@@ -256,7 +256,7 @@ def run_case(torch, attn_run, case, rng, workdir, index, fixtures_dir=None):
 
 
 # Small cases (a few KB each) committed as tests/fixtures/io/ for the C++ suite.
-FIXTURE_CASES = {0, 3, 7, 12, 15, 20, 22, 25, 44, 45}
+FIXTURE_CASES = {0, 3, 7, 10, 12, 17, 20, 22, 25, 44, 45}
 
 
 def main():

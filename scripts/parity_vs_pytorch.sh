@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# End-to-end parity of tools/attn_run with PyTorch's nn.MultiheadAttention: installs what is
+# missing (Debian's python3-torch 1.13, numpy), builds attn_run, runs
+# scripts/parity_vs_pytorch.py (52 random cases) and writes docs/parity.md.
+#   scripts/parity_vs_pytorch.sh                  # report to docs/parity.md
+#   scripts/parity_vs_pytorch.sh --fixtures tests/fixtures/io   # also regenerate fixtures
+set -euo pipefail
+source "$(dirname "$0")/lib/common.sh"
+
+ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+
+build="$ATTN_ROOT/build/parity"
+log "building attn_run in $build"
+cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPLES=ON \
+  -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_BUILD_IO=ON >/dev/null
+cmake --build "$build" --target attn_run -j "$ATTN_JOBS"
+
+log "comparing with PyTorch"
+# Debian's torch is only visible to the system interpreter (NOTES.md).
+/usr/bin/python3 "$ATTN_ROOT/scripts/parity_vs_pytorch.py" \
+  --attn-run "$build/tools/attn_run" --report "$ATTN_ROOT/docs/parity.md" "$@"

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: MIT
+// tests/io/state_dict_test.cpp: loading and saving modules under PyTorch's state_dict names.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "attn/io/state_dict.hpp"
+#include "support/test_support.hpp"
+
+namespace {
+
+using attn::io::SafetensorsFile;
+using attn::io::SafetensorsWriter;
+using attn::io::StateDictError;
+using attn::io::StateDictNames;
+using attn::io::Strict;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+template <class Scalar>
+attn::MultiHeadAttention<Scalar> make_mha(attn::Index e, attn::Index h, bool bias,
+                                          attn::Index kdim, attn::Index vdim,
+                                          std::uint64_t seed) {
+  attn::TorchGenerator gen(seed);
+  attn::MultiHeadAttention<Scalar> m(attn::MultiHeadAttentionOptions::pytorch(e, h, bias, kdim, vdim),
+                                     gen);
+  m.eval();
+  // pytorch() zeroes the biases: give them values so a lost bias shows.
+  if (bias) {
+    auto b = m.in_proj_bias();
+    for (attn::Index i = 0; i < b.extent(0); ++i) b(i) = Scalar(0.01) * Scalar(i % 7 - 3);
+    auto ob = m.out_proj().bias();
+    for (attn::Index i = 0; i < ob.extent(0); ++i) ob(i) = Scalar(0.02) * Scalar(i % 5 - 2);
+  }
+  return m;
+}
+
+SafetensorsFile reopen(const SafetensorsWriter& w) { return SafetensorsFile::from_bytes(w.to_bytes()); }
+
+template <class Scalar>
+void expect_same_forward(const attn::MultiHeadAttention<Scalar>& a,
+                         const attn::MultiHeadAttention<Scalar>& b) {
+  const auto q = attn::test::random_tensor<Scalar, 3>({2, 4, a.d_in()}, 11);
+  const auto k = attn::test::random_tensor<Scalar, 3>({2, 5, a.kdim()}, 12);
+  const auto v = attn::test::random_tensor<Scalar, 3>({2, 5, a.vdim()}, 13);
+  const auto ya = a.forward(q.view(), k.view(), v.view());
+  const auto yb = b.forward(q.view(), k.view(), v.view());
+  EXPECT_EQ(ya.to_vector(), yb.to_vector());
+}
+
+TEST(StateDict, MultiheadAttentionFusedRoundTrip) {
+  const auto source = make_mha<float>(8, 2, true, 0, 0, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(),
+              ElementsAre("in_proj_bias", "in_proj_weight", "out_proj.bias", "out_proj.weight"));
+  EXPECT_THAT(file.shape("in_proj_weight"), ElementsAre(24, 8));
+  auto target = make_mha<float>(8, 2, true, 0, 0, 2);
+  attn::io::load_state_dict(target, file, "", Strict::kYes);
+  expect_same_forward(source, target);
+}
+
+TEST(StateDict, MultiheadAttentionSeparateProjectionsWithKdimVdim) {
+  const auto source = make_mha<double>(8, 4, false, 6, 10, 3);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, "layer.attn.");
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(), ElementsAre("layer.attn.k_proj_weight", "layer.attn.out_proj.weight",
+                                        "layer.attn.q_proj_weight", "layer.attn.v_proj_weight"));
+  auto target = make_mha<double>(8, 4, false, 6, 10, 4);
+  attn::io::load_state_dict(target, file, "layer.attn.", Strict::kYes);
+  expect_same_forward(source, target);
+}
+
+TEST(StateDict, NotebookNamesRoundTripWithMaskBuffer) {
+  attn::manual_seed(123);
+  const attn::MultiHeadAttention<float> source(3, 4, 6, 0.0, 2, /*qkv_bias=*/true);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, "", StateDictNames::kNotebook);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(), ElementsAre("W_key.bias", "W_key.weight", "W_query.bias",
+                                        "W_query.weight", "W_value.bias", "W_value.weight", "mask",
+                                        "out_proj.bias", "out_proj.weight"));
+  EXPECT_EQ((file.get<float, 2>("mask"))(0, 1), 1.0f);
+  attn::manual_seed(7);
+  attn::MultiHeadAttention<float> target(3, 4, 6, 0.0, 2, true);
+  attn::io::load_state_dict(target, file, "", Strict::kYes);
+  const auto x = attn::test::random_tensor<float, 3>({1, 6, 3}, 5);
+  EXPECT_EQ(source.forward(x.view()).to_vector(), target.forward(x.view()).to_vector());
+}
+
+TEST(StateDict, MissingTensorIsNamed) {
+  auto m = make_mha<float>(8, 2, true, 0, 0, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w);
+  SafetensorsWriter partial;
+  const auto file = reopen(w);
+  partial.add("in_proj_weight", (file.get<float, 2>("in_proj_weight")));
+  partial.add("out_proj.weight", (file.get<float, 2>("out_proj.weight")));
+  partial.add("out_proj.bias", (file.get<float, 1>("out_proj.bias")));
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(partial)); },
+              ThrowsMessage<StateDictError>(HasSubstr("has no tensor 'in_proj_bias'")));
+}
+
+TEST(StateDict, MisshapedTensorIsNamedAndModuleUnchanged) {
+  auto m = make_mha<float>(8, 2, false, 0, 0, 1);
+  const auto before = m.in_proj_weight().data()[0];
+  SafetensorsWriter w;
+  w.add("in_proj_weight", attn::Tensor<float, 2>({24, 8}, 0.5f));
+  w.add("out_proj.weight", attn::Tensor<float, 2>({8, 9}));
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
+              ThrowsMessage<StateDictError>(
+                  HasSubstr("tensor 'out_proj.weight' has shape [8, 9], expected [8, 8]")));
+  EXPECT_EQ(m.in_proj_weight().data()[0], before);
+}
+
+TEST(StateDict, UnexpectedTensorsOnlyFailInStrictMode) {
+  auto m = make_mha<float>(8, 2, false, 0, 0, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w, "attn.");
+  w.add("attn.extra", attn::Tensor<float, 1>({2}));
+  w.add("other.weight", attn::Tensor<float, 1>({2}));  // outside the prefix: never unexpected
+  const auto file = reopen(w);
+  attn::io::load_state_dict(m, file, "attn.");
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, file, "attn.", Strict::kYes); },
+              ThrowsMessage<StateDictError>(
+                  HasSubstr("unexpected tensor(s) 'attn.extra' under prefix 'attn.'")));
+}
+
+TEST(StateDict, BiasTheModuleLacksAndBiasKvAreErrors) {
+  auto with_bias = make_mha<float>(8, 2, true, 0, 0, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(with_bias, w);
+  auto without = make_mha<float>(8, 2, false, 0, 0, 1);
+  EXPECT_THAT([&] { attn::io::load_state_dict(without, reopen(w)); },
+              ThrowsMessage<StateDictError>(
+                  HasSubstr("has 'in_proj_bias' but this module was built without that bias")));
+  w.add("bias_k", attn::Tensor<float, 3>({1, 1, 8}));
+  EXPECT_THAT([&] { attn::io::load_state_dict(with_bias, reopen(w)); },
+              ThrowsMessage<StateDictError>(HasSubstr("'bias_k': add_bias_kv=True is not supported")));
+}
+
+TEST(StateDict, WrongPrefixSaysWhatIsThere) {
+  auto m = make_mha<float>(8, 2, false, 0, 0, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w, "encoder.");
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w), "decoder."); },
+              ThrowsMessage<StateDictError>(HasSubstr("no tensor starts with prefix 'decoder.'")));
+}
+
+TEST(StateDict, OptionsFromStateDictReadShapes) {
+  const auto m = make_mha<float>(16, 4, true, 12, 20, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w);
+  const auto o = attn::io::options_from_state_dict(reopen(w), 4);
+  EXPECT_EQ(o.d_in, 16);
+  EXPECT_EQ(o.d_out, 16);
+  EXPECT_EQ(o.kdim, 12);
+  EXPECT_EQ(o.vdim, 20);
+  EXPECT_TRUE(o.qkv_bias);
+  EXPECT_TRUE(o.out_bias);
+  EXPECT_THAT([&] { attn::io::options_from_state_dict(reopen(w), 4, "x."); },
+              ThrowsMessage<StateDictError>(HasSubstr("has none of 'x.in_proj_weight'")));
+}
+
+TEST(StateDict, HalfPrecisionWeightsLoadIntoFloat) {
+  auto m = make_mha<float>(2, 1, false, 0, 0, 1);
+  SafetensorsWriter w;
+  std::vector<unsigned char> ones;  // F16 1.0 = 0x3c00
+  for (int i = 0; i < 12; ++i) {
+    ones.push_back(0x00);
+    ones.push_back(0x3c);
+  }
+  w.add_raw("in_proj_weight", attn::io::DType::kF16, {6, 2}, ones);
+  w.add_raw("out_proj.weight", attn::io::DType::kF16, {2, 2},
+            std::vector<unsigned char>(ones.begin(), ones.begin() + 8));
+  attn::io::load_state_dict(m, reopen(w));
+  EXPECT_EQ(m.in_proj_weight()(5, 1), 1.0f);
+}
+
+TEST(StateDict, SelfAttentionRawParametersAreTransposed) {
+  // SelfAttention_v1 stores nn.Parameter(torch.rand(d_in, d_out)), applied as x @ W.
+  attn::Tensor<float, 2> wq({3, 2}, {1, 2, 3, 4, 5, 6});
+  SafetensorsWriter w;
+  w.add("W_query", wq).add("W_key", wq).add("W_value", wq);
+  attn::SelfAttention<float> sa(3, 2);
+  attn::io::load_state_dict(sa, reopen(w), "", Strict::kYes);
+  EXPECT_EQ(sa.w_query().weight()(0, 1), 3.0f);  // (d_out, d_in) = W^T
+  const auto reference =
+      attn::SelfAttention<float>::from_parameters(wq.view(), wq.view(), wq.view());
+  const auto x = attn::test::random_tensor<float, 2>({4, 3}, 1);
+  EXPECT_EQ(sa.forward(x.view()).to_vector(), reference.forward(x.view()).to_vector());
+}
+
+TEST(StateDict, CausalAttentionAndWrapperUseNotebookNames) {
+  attn::manual_seed(123);
+  const attn::MultiHeadAttentionWrapper<float> source(3, 2, 6, 0.0, 2, true);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, "mha.");
+  const auto file = reopen(w);
+  EXPECT_TRUE(file.contains("mha.heads.1.W_value.bias"));
+  EXPECT_THAT(file.shape("mha.heads.0.mask"), ElementsAre(6, 6));
+  attn::manual_seed(9);
+  attn::MultiHeadAttentionWrapper<float> target(3, 2, 6, 0.0, 2, true);
+  attn::io::load_state_dict(target, file, "mha.", Strict::kYes);
+  const auto x = attn::test::random_tensor<float, 3>({2, 6, 3}, 4);
+  EXPECT_EQ(source.forward(x.view()).to_vector(), target.forward(x.view()).to_vector());
+
+  attn::CausalAttention<float> head(3, 2, 6, 0.0, true);
+  attn::io::load_state_dict(head, file, "mha.heads.1.", Strict::kYes);
+  EXPECT_EQ(head.w_key().bias()(1), source.head(1).w_key().bias()(1));
+}
+
+TEST(StateDict, SavesAndLoadsWholeFiles) {
+  const auto source = make_mha<float>(8, 2, true, 0, 0, 5);
+  const std::string path = ::testing::TempDir() + "attn_state_dict.safetensors";
+  attn::io::save_state_dict(source, path);
+  auto target = make_mha<float>(8, 2, true, 0, 0, 6);
+  attn::io::load_state_dict(target, path);
+  expect_same_forward(source, target);
+}
+
+}  // namespace
