@@ -110,9 +110,10 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// num_heads, qkv_bias), and (through MultiHeadAttentionOptions) torch.nn.MultiheadAttention
 /// with kdim/vdim. Vaswani et al., "Attention Is All You Need" (2017).
 ///
-/// Self-attention runs one GEMM with the fused [W_q; W_k; W_v] into a (B, T, 3, H, hd)
-/// buffer; Q, K and V are strided views of it (no copies); the kernel writes each head's
-/// context straight into a (B, T, H, hd) buffer, which *is* (B, T, D) for out_proj.
+/// Self-attention runs one GEMM with the fused [W_q; W_k; W_v] that writes a head-major
+/// (B, 3H, T, hd) buffer; Q, K and V are strided views of it (no copies, no split step);
+/// the kernel writes each head's context straight into a (B, T, H, hd) buffer, which *is*
+/// (B, T, D) for out_proj.
 /// Cross-attention projects the query with W_q and the key/value with one fused [W_k; W_v]
 /// GEMM when key and value are the same tensor.
 ///
@@ -462,18 +463,33 @@ class MultiHeadAttention {
     const Index d = d_out_, hd = head_dim(), h = num_heads_;
     const bool self = detail::same_view(query, key) && detail::same_view(key, value);
     const bool kv_same = detail::same_view(key, value);
+    // Projections write straight into a head-major layout (B, P*H, T, hd) for P stacked
+    // projections: every head's Q, K and V rows are then contiguous (T, hd) blocks, the
+    // kernel's favourite access pattern; no copy and no separate split step.
+    const auto head_major = [&](Scalar* buffer, Index tokens, Index stacked) {
+      detail::GemmOutput<Scalar> o;
+      o.data = buffer;
+      o.ldc = hd;
+      o.rows_per_batch = tokens;
+      o.batch_stride = stacked * tokens * d;
+      o.segment = hd;
+      o.segment_stride = tokens * hd;
+      return o;
+    };
+    const auto heads_view = [&](const Scalar* base, Index tokens, Index stacked) {
+      return TensorView<const Scalar, 4>(base, {batch, h, tokens, hd},
+                                         {stacked * tokens * d, tokens * hd, hd, 1});
+    };
     TensorView<const Scalar, 4> q4, k4, v4;
-    // ---- projections: one GEMM per distinct input, written in head-split layout ----
     if (self && same_dims_) {
-      // qkv (B*T, 3D) = x [W_q; W_k; W_v]^T + b, i.e. (B, T, 3, H, hd).
+      // One GEMM: x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, 3H, T, hd).
       const auto x = detail::as_rows(query, ws, Workspace::kStaging);
       Scalar* qkv = ws.get<Scalar>(Workspace::kProjection, x.rows * 3 * d);
-      detail::gemm_nt(x.rows, 3 * d, d_in_, x.data, x.ld, w_a_.data(), d_in_, qkv, 3 * d,
-                      bias_ptr(0));
-      const Shape<4> shape{batch, h, tq, hd}, strides{tq * 3 * d, hd, 3 * d, 1};
-      q4 = {qkv, shape, strides};
-      k4 = {qkv + d, shape, strides};
-      v4 = {qkv + 2 * d, shape, strides};
+      detail::gemm_nt(x.rows, 3 * d, d_in_, x.data, x.ld, w_a_.data(), d_in_,
+                      head_major(qkv, tq, 3), bias_ptr(0));
+      q4 = heads_view(qkv, tq, 3);
+      k4 = heads_view(qkv + tq * d, tq, 3);
+      v4 = heads_view(qkv + 2 * tq * d, tq, 3);
     } else {
       const auto xq = detail::as_rows(query, ws, Workspace::kStaging);
       const Index q_rows = xq.rows, kv_rows = batch * tk;
@@ -481,28 +497,26 @@ class MultiHeadAttention {
       Scalar* kvbuf = qbuf + q_rows * d;
       const TensorView<const Scalar, 2> wq = cproj_weight(0), wk = cproj_weight(1),
                                         wv = cproj_weight(2);
-      detail::gemm_nt(q_rows, d, d_in_, xq.data, xq.ld, wq.data(), d_in_, qbuf, d, bias_ptr(0));
-      q4 = {qbuf, {batch, h, tq, hd}, {tq * d, hd, d, 1}};
+      detail::gemm_nt(q_rows, d, d_in_, xq.data, xq.ld, wq.data(), d_in_, head_major(qbuf, tq, 1),
+                      bias_ptr(0));
+      q4 = heads_view(qbuf, tq, 1);
       const bool kv_contiguous = wv.data() == wk.data() + d * kdim_;
+      const auto xk = detail::as_rows(key, ws, Workspace::kKeyValue);
       if (kv_same && kdim_ == vdim_ && kv_contiguous) {
-        // kv (B*T_k, 2D) = key [W_k; W_v]^T + b, i.e. (B, T_k, 2, H, hd).
-        const auto xk = detail::as_rows(key, ws, Workspace::kKeyValue);
-        detail::gemm_nt(kv_rows, 2 * d, kdim_, xk.data, xk.ld, wk.data(), kdim_, kvbuf, 2 * d,
-                        bias_ptr(1));
-        const Shape<4> shape{batch, h, tk, hd}, strides{tk * 2 * d, hd, 2 * d, 1};
-        k4 = {kvbuf, shape, strides};
-        v4 = {kvbuf + d, shape, strides};
+        // One GEMM for K and V: key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2H, T_k, hd).
+        detail::gemm_nt(kv_rows, 2 * d, kdim_, xk.data, xk.ld, wk.data(), kdim_,
+                        head_major(kvbuf, tk, 2), bias_ptr(1));
+        k4 = heads_view(kvbuf, tk, 2);
+        v4 = heads_view(kvbuf + tk * d, tk, 2);
       } else {
-        const auto xk = detail::as_rows(key, ws, Workspace::kKeyValue);
-        detail::gemm_nt(kv_rows, d, kdim_, xk.data, xk.ld, wk.data(), kdim_, kvbuf, d,
-                        bias_ptr(1));
-        const auto xv = detail::as_rows(value, ws, Workspace::kWeights);
         Scalar* vbuf = kvbuf + kv_rows * d;
-        detail::gemm_nt(kv_rows, d, vdim_, xv.data, xv.ld, wv.data(), vdim_, vbuf, d,
-                        bias_ptr(2));
-        const Shape<4> shape{batch, h, tk, hd}, strides{tk * d, hd, d, 1};
-        k4 = {kvbuf, shape, strides};
-        v4 = {vbuf, shape, strides};
+        detail::gemm_nt(kv_rows, d, kdim_, xk.data, xk.ld, wk.data(), kdim_,
+                        head_major(kvbuf, tk, 1), bias_ptr(1));
+        const auto xv = detail::as_rows(value, ws, Workspace::kWeights);
+        detail::gemm_nt(kv_rows, d, vdim_, xv.data, xv.ld, wv.data(), vdim_,
+                        head_major(vbuf, tk, 1), bias_ptr(2));
+        k4 = heads_view(kvbuf, tk, 1);
+        v4 = heads_view(vbuf, tk, 1);
       }
     }
     // ---- attention: context written into (B, T_q, H, hd) == (B, T_q, D) ----

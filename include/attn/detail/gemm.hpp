@@ -1,30 +1,158 @@
 // SPDX-License-Identifier: MIT
-// attn/detail/gemm.hpp: the matrix products behind Linear and the projections.
+// attn/detail/gemm.hpp: the packed, threaded, allocation-free GEMM behind Linear and the
+// Q/K/V and output projections.
 #pragma once
 
-#include <Eigen/Core>
+#include <algorithm>
+#include <cstddef>
 
 #include "attn/config.hpp"
-#include "attn/tensor/eigen.hpp"
+#include "attn/detail/microkernel.hpp"
+#include "attn/parallel.hpp"
+#include "attn/tensor/tensor.hpp"
 
 namespace attn {
 namespace detail {
 
-/// C (m, n) = A (m, k) * B (n, k)^T [+ bias (n) on every row]; all row-major with the
-/// given leading dimensions. This is y = x W^T + b with W in torch.nn.Linear's layout.
+/// Cache blocking of gemm_nt (BLIS's loop order): a packed B panel of depth x kGemmCols
+/// stays in L2 while row blocks of kGemmRows stream past, each depth x micro_cols() slice
+/// of it in L1 while the micro-kernel walks down a row block.
+inline constexpr Index kGemmRows = 96;
+inline constexpr Index kGemmCols = 256;
+template <class Scalar>
+constexpr Index gemm_depth() noexcept {
+  // ~16 KiB micro-panel (half of L1), but at least 128 deep so C is not reloaded too often.
+  return std::clamp<Index>(Index{16384} / (micro_cols<Scalar>() * Index{sizeof(Scalar)}), 128, 256);
+}
+
+/// Per-thread packing buffer, kept for the thread's lifetime: after the first call no
+/// product allocates.
+template <class Scalar>
+Scalar* gemm_pack_buffer(Index count) {
+  thread_local AlignedBuffer<Scalar> buffer;
+  buffer.reserve(static_cast<std::size_t>(count));
+  return buffer.data();
+}
+
+/// Packs B^T for columns [j0, j0 + cols) and depth [p0, p0 + depth) of C = A B^T, where B
+/// is (n, k) row-major with leading dimension ldb: out (depth x cols), row-major.
+template <class Scalar>
+inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, Index p0,
+                            Index depth, Scalar* out) noexcept {
+  constexpr Index kBlock = 16;
+  for (Index jb = 0; jb < cols; jb += kBlock) {
+    const Index je = std::min(cols, jb + kBlock);
+    for (Index pb = 0; pb < depth; pb += kBlock) {
+      const Index pe = std::min(depth, pb + kBlock);
+      for (Index j = jb; j < je; ++j) {
+        const Scalar* src = b + (j0 + j) * ldb + p0;
+        for (Index p = pb; p < pe; ++p) out[p * cols + j] = src[p];
+      }
+    }
+  }
+}
+
+/// Where gemm_nt writes C. Row i = b * rows_per_batch + t and column j = s * segment + e
+/// go to data[b * batch_stride + t * ldc + s * segment_stride + e]. The plain row-major
+/// layout is one batch and one segment; the head-split layout of the Q/K/V projection,
+/// (B, 3H, T, hd), is rows_per_batch = T, segment = hd, segment_stride = T * hd, ldc = hd.
+template <class Scalar>
+struct GemmOutput {
+  Scalar* data = nullptr;
+  Index ldc = 0;
+  Index rows_per_batch = 0;  // 0: all rows in one batch
+  Index batch_stride = 0;
+  Index segment = 0;         // 0: all columns in one segment
+  Index segment_stride = 0;
+
+  static GemmOutput row_major(Scalar* c, Index ldc) noexcept {
+    GemmOutput out;
+    out.data = c;
+    out.ldc = ldc;
+    return out;
+  }
+  Scalar* row(Index i) const noexcept {
+    if (rows_per_batch <= 0) return data + i * ldc;
+    return data + (i / rows_per_batch) * batch_stride + (i % rows_per_batch) * ldc;
+  }
+};
+
+/// C = A (m, k) * B (n, k)^T [+ bias (n) on every row], A and B row-major with the given
+/// leading dimensions, C written through `out` (see GemmOutput). This is y = x W^T + b with
+/// W in torch.nn.Linear's layout.
+///
+/// BLIS's loop order: tasks are column tiles of kGemmCols (each packs its B^T panel once
+/// per depth block), split by rows only when there are too few to feed the threads; a
+/// row block of kGemmRows streams past the panel. Each element of C is computed by one
+/// thread in a fixed order, so the result does not depend on the thread count. Does not
+/// allocate after the first call on each thread.
+template <class Scalar>
+void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
+             const GemmOutput<Scalar>& out, const Scalar* bias) {
+  if (m <= 0 || n <= 0) return;
+  const Index segment = out.segment > 0 ? out.segment : n;
+  const auto col = [&](Index j) { return (j / segment) * out.segment_stride + j % segment; };
+  if (k <= 0) {
+    for (Index i = 0; i < m; ++i) {
+      for (Index j = 0; j < n; ++j) out.row(i)[col(j)] = bias != nullptr ? bias[j] : Scalar(0);
+    }
+    return;
+  }
+  const Index depth_block = gemm_depth<Scalar>();
+  const Index col_tiles = (n + kGemmCols - 1) / kGemmCols;
+  const Index want = 2 * static_cast<Index>(num_threads());
+  const Index row_chunks = std::max<Index>(
+      1, std::min<Index>((want + col_tiles - 1) / col_tiles, (m + kGemmRows - 1) / kGemmRows));
+  const Index chunk_rows =
+      ((m + row_chunks - 1) / row_chunks + kMicroRows - 1) / kMicroRows * kMicroRows;
+  const Index tasks = col_tiles * row_chunks;
+  const Index group_cols = micro_cols<Scalar>();
+  const auto run_task = [&](Index task) {
+    const Index jt = task % col_tiles, rt = task / col_tiles;
+    const Index j0 = jt * kGemmCols, cols = std::min(kGemmCols, n - j0);
+    const Index r0 = rt * chunk_rows, r1 = std::min(m, r0 + chunk_rows);
+    Scalar* packed = gemm_pack_buffer<Scalar>(depth_block * kGemmCols);
+    Scalar* crow[kMicroRows];
+    for (Index p0 = 0; p0 < k; p0 += depth_block) {
+      const Index depth = std::min(depth_block, k - p0);
+      const bool first = p0 == 0;
+      pack_transposed(b, ldb, j0, cols, p0, depth, packed);
+      for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
+        const Index rows = std::min(kGemmRows, r1 - i0);
+        // Column groups never straddle a segment, so each group is contiguous in C.
+        for (Index j = 0; j < cols;) {
+          const Index jj = j0 + j;
+          const Index width = std::min({group_cols, cols - j, segment - jj % segment});
+          const Index offset = col(jj);
+          const Scalar* bias_j = first && bias != nullptr ? bias + jj : nullptr;
+          for (Index i = 0; i < rows; i += kMicroRows) {
+            const Index group = std::min<Index>(kMicroRows, rows - i);
+            for (Index r = 0; r < group; ++r) crow[r] = out.row(i0 + i + r) + offset;
+            micro_tile_rows(group, depth, a + (i0 + i) * lda + p0, lda, 1, packed + j, cols,
+                            crow, width, Scalar(1), !first, bias_j);
+          }
+          j += width;
+        }
+      }
+    }
+  };
+#if ATTN_HAS_OPENMP
+  const int threads = static_cast<int>(std::min<Index>(num_threads(), tasks));
+  if (threads > 1 && 2.0 * static_cast<double>(m) * static_cast<double>(n) *
+                             static_cast<double>(k) > 1e6) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (Index task = 0; task < tasks; ++task) run_task(task);
+    return;
+  }
+#endif
+  for (Index task = 0; task < tasks; ++task) run_task(task);
+}
+
+/// Row-major C (m, n) with leading dimension ldc: C = A B^T [+ bias].
 template <class Scalar>
 void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
              Scalar* c, Index ldc, const Scalar* bias) {
-  if (m <= 0 || n <= 0) return;
-  MatrixMap<Scalar> cm(c, m, n, Eigen::OuterStride<>(ldc));
-  if (k <= 0) {
-    cm.setZero();
-  } else {
-    MatrixMap<const Scalar> am(a, m, k, Eigen::OuterStride<>(lda));
-    MatrixMap<const Scalar> bm(b, n, k, Eigen::OuterStride<>(ldb));
-    cm.noalias() = am * bm.transpose();
-  }
-  if (bias != nullptr) cm.rowwise() += Eigen::Map<const RowVector<Scalar>>(bias, n);
+  gemm_nt(m, n, k, a, lda, b, ldb, GemmOutput<Scalar>::row_major(c, ldc), bias);
 }
 
 }  // namespace detail

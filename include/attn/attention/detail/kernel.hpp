@@ -11,14 +11,15 @@
 #include <cstdint>
 #include <limits>
 
-#include <Eigen/Core>
 
 #include "attn/config.hpp"
+#include "attn/detail/gemm.hpp"
+#include "attn/detail/microkernel.hpp"
+#include "attn/detail/simd.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/softmax.hpp"
 #include "attn/nn/random.hpp"
 #include "attn/parallel.hpp"
-#include "attn/tensor/eigen.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/workspace.hpp"
 
@@ -122,36 +123,35 @@ HeadMask<Scalar> resolve_mask(const AttentionMask<Scalar>& mask, bool module_cau
   return m;
 }
 
+/// Materialised path for query rows [i0, i1) of head (b, h): the full score rows, an
+/// exact (two-pass, scalar-exp) softmax, then weights times V. Straightforward on purpose:
+/// it is the reference the streaming path is tested against, and what returns weights.
+/// scratch: materialized_scratch_size() elements.
 template <class Scalar>
-using ConstMap = MatrixMap<const Scalar>;
-template <class Scalar>
-using MutMap = MatrixMap<Scalar>;
-
-template <class Scalar>
-ConstMap<Scalar> block(const TensorView<const Scalar, 4>& x, Index b, Index h, Index row0,
-                       Index rows) {
-  return ConstMap<Scalar>(x.data() + b * x.stride(0) + h * x.stride(1) + row0 * x.stride(2), rows,
-                          x.extent(3), Eigen::OuterStride<>(std::max<Index>(x.stride(2), 1)));
-}
-template <class Scalar>
-MutMap<Scalar> block(const TensorView<Scalar, 4>& x, Index b, Index h, Index row0, Index rows) {
-  return MutMap<Scalar>(x.data() + b * x.stride(0) + h * x.stride(1) + row0 * x.stride(2), rows,
-                        x.extent(3), Eigen::OuterStride<>(std::max<Index>(x.stride(2), 1)));
+constexpr Index materialized_scratch_size(Index head_dim, Index keys) noexcept {
+  return kQueryBlock * keys + head_dim * keys + 64;
 }
 
-/// Materialised path for query rows [i0, i1) of head (b, h). scratch: (i1 - i0) x T_k.
 template <class Scalar>
 void materialized_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
                        const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
                        Scalar* scratch) {
-  const Index rows = i1 - i0, tk = p.k.extent(2);
-  MutMap<Scalar> scores(scratch, rows, tk, Eigen::OuterStride<>(tk));
-  // pass 1: scores (rows, T_k) = q k^T * scale.
-  scores.noalias() = (block(p.q, b, h, i0, rows) * block(p.k, b, h, 0, tk).transpose()) * p.scale;
-  const Scalar keep_scale = drop.active ? Scalar(1) / static_cast<Scalar>(1.0 - p.dropout) : Scalar(1);
+  const Index rows = i1 - i0, tk = p.k.extent(2), d = p.q.extent(3), dv = p.v.extent(3);
+  Scalar* scores = scratch;                // (rows, T_k)
+  Scalar* kt = scratch + kQueryBlock * tk;  // K^T (d, T_k)
+  const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
+  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  // pass 1: scores (rows, T_k) = q k^T * scale (the micro-kernel never threads, so the
+  // result does not depend on the thread count).
+  pack_transposed(k, p.k.stride(2), 0, tk, 0, d, kt);
+  micro_gemm<Scalar>(rows, tk, d, q, p.q.stride(2), 1, kt, tk, scores, tk, p.scale, false,
+                     nullptr);
+  const Scalar keep_scale =
+      drop.active ? Scalar(1) / static_cast<Scalar>(1.0 - p.dropout) : Scalar(1);
   for (Index r = 0; r < rows; ++r) {
     const Index i = i0 + r;
-    Scalar* s = scratch + r * tk;
+    Scalar* s = scores + r * tk;
     // pass 2: masks (a loop bound, then element-wise parts) and a stable softmax over
     // the visible keys; invisible keys get weight 0.
     const Index end = mask.row_end(i);
@@ -166,76 +166,174 @@ void materialized_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& ma
     }
   }
   // pass 3: out (rows, d_v) = weights (rows, T_k) v (T_k, d_v).
-  block(p.out, b, h, i0, rows).noalias() = scores * block(p.v, b, h, 0, tk);
-  if (p.weights.data() != nullptr) block(p.weights, b, h, i0, rows) = scores;
+  Scalar* out = p.out.data() + b * p.out.stride(0) + h * p.out.stride(1) + i0 * p.out.stride(2);
+  micro_gemm<Scalar>(rows, dv, tk, scores, tk, 1, v, p.v.stride(2), out, p.out.stride(2),
+                     Scalar(1), false, nullptr);
+  if (p.weights.data() != nullptr) {
+    Scalar* w = p.weights.data() + b * p.weights.stride(0) + h * p.weights.stride(1) +
+                i0 * p.weights.stride(2);
+    for (Index r = 0; r < rows; ++r) {
+      std::copy(scores + r * tk, scores + (r + 1) * tk, w + r * p.weights.stride(2));
+    }
+  }
+}
+
+// ---- vectorised row operations of the online softmax ----
+
+/// x[j] *= factor for j < n.
+template <class Scalar>
+inline void scale_row(Scalar* x, Index n, Scalar factor) noexcept {
+  using V = simd::Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  const auto f = V::set1(factor);
+  Index j = 0;
+  for (; j + W <= n; j += W) V::store(x + j, V::mul(V::load(x + j), f));
+  for (; j < n; ++j) x[j] *= factor;
+}
+
+/// Scratch elements streaming_tile() needs.
+template <class Scalar>
+constexpr Index stream_scratch_size(Index head_dim, Index value_dim) noexcept {
+  return head_dim * kQueryBlock + kKeyBlock * kQueryBlock + kQueryBlock * value_dim +
+         4 * kQueryBlock + 64;
 }
 
 /// Streaming path for query rows [i0, i1) of head (b, h): tiles of K/V with an online
-/// softmax (running max m and sum l per row). scratch: rows x (kKeyBlock + d_v + 2).
+/// softmax (running max m and sum l per query). It works on transposed scores
+/// S^T (keys x queries), so
+///  - Q^T is packed once per task and K, V are read in place (no per-tile packing);
+///  - the softmax statistics of all queries are vectors: max, exp and sums run across
+///    queries with no horizontal reductions;
+///  - causal tiles wholly above the diagonal are never visited, and inside the diagonal
+///    tile each group of keys is multiplied only with the queries that can see it.
 template <class Scalar>
 void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
                     const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
                     Scalar* scratch) {
+  using V = simd::Vec<Scalar>;
+  constexpr Index W = V::kWidth;
   constexpr Scalar kNegInf = -std::numeric_limits<Scalar>::infinity();
-  const Index rows = i1 - i0, dv = p.v.extent(3);
-  MutMap<Scalar> acc(scratch, rows, dv, Eigen::OuterStride<>(dv));
-  Scalar* s_buf = scratch + rows * dv;
-  Scalar* m = s_buf + rows * kKeyBlock;
-  Scalar* l = m + rows;
-  acc.setZero();
+  constexpr Index ld = kQueryBlock;  // row stride of s^T
+  const Index rows = i1 - i0, d = p.q.extent(3), dv = p.v.extent(3);
+  Scalar* qt = scratch;                    // Q^T (d, rows)
+  Scalar* st = qt + d * kQueryBlock;       // s^T, then p^T (keys, queries)
+  Scalar* acc = st + kKeyBlock * ld;       // unnormalised output (rows, d_v)
+  Scalar* m = acc + kQueryBlock * dv;      // running max per query
+  Scalar* l = m + kQueryBlock;             // running sum per query
+  Scalar* shift = l + kQueryBlock;         // this tile's exp shift per query
+  Scalar* corr = shift + kQueryBlock;      // rescale factor per query
+  std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + rows, kNegInf);
   std::fill(l, l + rows, Scalar(0));
-  // Keys at or past the largest row bound are invisible to every row of the tile: causal
-  // tiles wholly above the diagonal are skipped here, not masked.
+
+  const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
+  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
+  pack_transposed(q, q_rs, 0, rows, 0, d, qt);
+
+  // Key j is visible to query i iff j < row_end(i); row_end is non-decreasing in i for
+  // causal and key-length bounds, so query i sees j iff i >= first_query(j).
   Index key_end = 0;
   for (Index i = i0; i < i1; ++i) key_end = std::max(key_end, mask.row_end(i));
+  const auto first_row = [&](Index j) -> Index {  // first local row that may see key j
+    if (!mask.causal) return 0;
+    return std::clamp<Index>(j - mask.causal_offset - i0, 0, rows);
+  };
+  const bool elementwise = mask.elementwise();
+  const Index col_group = micro_cols<Scalar>();
+
   for (Index j0 = 0; j0 < key_end; j0 += kKeyBlock) {
     const Index width = std::min(kKeyBlock, key_end - j0);
-    MutMap<Scalar> s(s_buf, rows, width, Eigen::OuterStride<>(width));
-    // pass 1: s (rows, width) = q k[j0:j0+width]^T * scale.
-    s.noalias() = (block(p.q, b, h, i0, rows) * block(p.k, b, h, j0, width).transpose()) * p.scale;
-    // pass 2: online softmax; p = exp(s - m_new) replaces s, acc and l are rescaled.
+    // pass 1: s^T (width, rows) = k[j0:j0+width] q^T * scale; each group of keys only
+    // against the queries that can see its first key.
+    for (Index g = 0; g < width; g += kMicroRows) {
+      const Index group = std::min<Index>(kMicroRows, width - g);
+      const Index c0 = first_row(j0 + g) / col_group * col_group;
+      if (c0 >= rows) continue;
+      micro_gemm<Scalar>(group, rows - c0, d, k + (j0 + g) * k_rs, k_rs, 1, qt + c0, rows,
+                         st + g * ld + c0, ld, p.scale, false, nullptr);
+    }
+    // pass 2: masks. Causal / key-length bounds: -inf before each key's first query.
+    // Element-wise parts (boolean, additive, padding) where present.
+    for (Index j = 0; j < width; ++j) {
+      const Index c = first_row(j0 + j);
+      std::fill(st + j * ld, st + j * ld + c, kNegInf);
+    }
+    if (elementwise) {
+      alignas(64) Scalar column[kKeyBlock];
+      for (Index r = 0; r < rows; ++r) {
+        const Index visible = std::clamp<Index>(mask.row_end(i0 + r) - j0, 0, width);
+        for (Index j = 0; j < visible; ++j) column[j] = st[j * ld + r];
+        mask.apply(i0 + r, j0, column, visible);
+        for (Index j = 0; j < visible; ++j) st[j * ld + r] = column[j];
+      }
+    }
+    // pass 3: per-query tile max -> new running max m, the exp shift, and the factor
+    // corr = exp(m_old - shift) that rescales l and acc. A query with no visible key so
+    // far keeps m = -inf and uses shift 0, so its exps are 0, never NaN.
+    for (Index c = 0; c < rows; c += W) {
+      const Index n = std::min(W, rows - c);
+      auto tmax = V::set1(kNegInf);
+      for (Index j = 0; j < width; ++j) tmax = V::max(tmax, V::load_partial(st + j * ld + c, n));
+      alignas(64) Scalar lanes[W];
+      V::store(lanes, tmax);
+      for (Index t = 0; t < n; ++t) {
+        const Scalar m_old = m[c + t], m_new = std::max(m_old, lanes[t]);
+        shift[c + t] = m_new == kNegInf ? Scalar(0) : m_new;
+        corr[c + t] = m_old == kNegInf ? Scalar(0) : std::exp(m_old - m_new);
+        m[c + t] = m_new;
+      }
+    }
+    // pass 4: p^T = exp(s^T - shift), column sums into l (before dropout, which only
+    // zeroes entries of the numerator), acc rows rescaled.
+    for (Index c = 0; c < rows; c += W) {
+      const Index n = std::min(W, rows - c);
+      const auto sh = V::load_partial(shift + c, n);
+      auto sum = V::zero();
+      for (Index j = 0; j < width; ++j) {
+        Scalar* x = st + j * ld + c;
+        const auto e = V::exp(V::sub(V::load_partial(x, n), sh));
+        V::store_partial(x, e, n);
+        sum = V::add(sum, e);
+      }
+      alignas(64) Scalar lanes[W];
+      V::store(lanes, sum);
+      for (Index t = 0; t < n; ++t) l[c + t] = l[c + t] * corr[c + t] + lanes[t];
+    }
     for (Index r = 0; r < rows; ++r) {
-      const Index i = i0 + r;
-      Scalar* row = s_buf + r * width;
-      const Index visible = std::clamp<Index>(mask.row_end(i) - j0, 0, width);
-      if (mask.elementwise()) mask.apply(i, j0, row, visible);
-      Scalar tile_max = kNegInf;
-      for (Index j = 0; j < visible; ++j) tile_max = std::max(tile_max, row[j]);
-      if (tile_max == kNegInf) {  // nothing visible in this tile for this row
-        std::fill(row, row + width, Scalar(0));
-        continue;
-      }
-      const Scalar m_new = std::max(m[r], tile_max);
-      const Scalar correction = m[r] == kNegInf ? Scalar(0) : std::exp(m[r] - m_new);
-      Scalar sum = 0;
-      for (Index j = 0; j < visible; ++j) {
-        const Scalar e = std::exp(row[j] - m_new);
-        row[j] = e;
-        sum += e;
-      }
-      std::fill(row + visible, row + width, Scalar(0));
-      if (drop.active) {
-        const std::uint64_t key = drop.row_key(i);
-        for (Index j = 0; j < visible; ++j) {
-          if (!DropoutStream::keep(key, j0 + j, drop.threshold)) row[j] = Scalar(0);
+      if (corr[r] != Scalar(1)) scale_row(acc + r * dv, dv, corr[r]);
+    }
+    if (drop.active) {
+      for (Index r = 0; r < rows; ++r) {
+        const std::uint64_t key = drop.row_key(i0 + r);
+        for (Index j = 0; j < width; ++j) {
+          if (!DropoutStream::keep(key, j0 + j, drop.threshold)) st[j * ld + r] = Scalar(0);
         }
       }
-      l[r] = l[r] * correction + sum;
-      if (correction != Scalar(1)) acc.row(r) *= correction;
-      m[r] = m_new;
     }
-    // pass 3: acc (rows, d_v) += p (rows, width) v[j0:j0+width].
-    acc.noalias() += s * block(p.v, b, h, j0, width);
+    // pass 5: acc (rows, d_v) += p (rows, width) v[j0:j0+width]; p is read transposed out
+    // of p^T, and each group of queries stops at its last visible key.
+    for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
+      const Index group = std::min<Index>(kMicroRows, rows - r0);
+      const Index need =
+          std::clamp<Index>(mask.row_end(i0 + r0 + group - 1) - j0, 0, width);
+      if (need > 0) {
+        micro_gemm<Scalar>(group, dv, need, st + r0, 1, ld, v + j0 * v_rs, v_rs, acc + r0 * dv,
+                           dv, Scalar(1), true, nullptr);
+      }
+    }
   }
-  // pass 4: normalise; a row that saw no key stays zero.
-  auto out = block(p.out, b, h, i0, rows);
+  // pass 6: normalise into out; a query that saw no key stays zero.
+  Scalar* out = p.out.data() + b * p.out.stride(0) + h * p.out.stride(1) + i0 * p.out.stride(2);
   const double keep = 1.0 - (drop.active ? p.dropout : 0.0);
   for (Index r = 0; r < rows; ++r) {
+    Scalar* o = out + r * p.out.stride(2);
     if (l[r] > Scalar(0)) {
-      out.row(r) = acc.row(r) * static_cast<Scalar>(1.0 / (static_cast<double>(l[r]) * keep));
+      const Scalar inv = static_cast<Scalar>(1.0 / (static_cast<double>(l[r]) * keep));
+      for (Index e = 0; e < dv; ++e) o[e] = acc[r * dv + e] * inv;
     } else {
-      out.row(r).setZero();
+      std::fill(o, o + dv, Scalar(0));
     }
   }
 }
@@ -249,7 +347,8 @@ void run_attention(const KernelParams<Scalar>& p, bool materialize, Workspace& w
   const Index tk = p.k.extent(2), dv = p.v.extent(3);
   const Index tiles = (tq + kQueryBlock - 1) / kQueryBlock;
   const Index tasks = batch * heads * tiles;
-  const Index scratch = materialize ? kQueryBlock * tk : kQueryBlock * (kKeyBlock + dv + 2);
+  const Index scratch = materialize ? materialized_scratch_size<Scalar>(p.q.extent(3), tk)
+                                    : stream_scratch_size<Scalar>(p.q.extent(3), dv);
   const int threads = static_cast<int>(std::min<Index>(num_threads(), tasks));
   for (int t = 0; t < threads; ++t) ws.get<Scalar>(Workspace::kThreadBase + t, scratch);
 

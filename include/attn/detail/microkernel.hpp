@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: MIT
+// attn/detail/microkernel.hpp: the register-blocked product C (rows x cols) (+)= alpha *
+// A (rows x k) * B (k x cols), A and B row-major with leading dimensions; every product in
+// attn (projections, Q K^T, P V) is a loop over this kernel.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "attn/config.hpp"
+#include "attn/detail/simd.hpp"
+
+namespace attn {
+namespace detail {
+
+/// Rows and register-columns of one micro-tile: kMicroRows rows x kMicroVecs vectors.
+/// AVX-512: 6 x 4 zmm = 24 accumulators + 4 B registers + 1 broadcast of 32 registers
+/// (24 FMAs per 10 loads). AVX2: 6 x 2 ymm = 12 accumulators + 2 + 1 of 16 registers.
+#if defined(__AVX512F__)
+inline constexpr int kMicroRows = 6;
+inline constexpr int kMicroVecs = 4;
+#elif defined(__AVX2__) && defined(__FMA__)
+inline constexpr int kMicroRows = 6;
+inline constexpr int kMicroVecs = 2;
+#else
+inline constexpr int kMicroRows = 4;
+inline constexpr int kMicroVecs = 4;
+#endif
+
+template <class Scalar>
+constexpr Index micro_cols() noexcept {
+  return Index{kMicroVecs} * simd::Vec<Scalar>::kWidth;
+}
+
+/// One micro-tile: C[r, c] = (accumulate ? C[r, c] : 0) + alpha * sum_p A[r, p] B[p, c]
+/// (+ bias[c] when bias is given), for r < Rows and c < cols (cols <= micro_cols()).
+/// A element (r, p) is a[r * ars + p * acs] (A is only ever broadcast, so any strides
+/// work: acs = 1 is row-major A, ars = 1 is A stored transposed); B element (p, c) is
+/// b[p * ldb + c]. Reads of B beyond `cols` are masked off (no memory touched).
+/// Row r of C starts at crow[r] (rows need not be evenly spaced).
+template <class Scalar, int Rows>
+inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Scalar* b,
+                       Index ldb, Scalar* const* crow, Index cols, Scalar alpha,
+                       bool accumulate, const Scalar* bias) noexcept {
+  using V = simd::Vec<Scalar>;
+  using Reg = typename V::Reg;
+  constexpr int W = V::kWidth;
+  constexpr int NV = kMicroVecs;
+  Reg acc[Rows][NV];
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+  for (int r = 0; r < Rows; ++r) {
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+    for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
+  }
+  if (cols >= NV * W) {
+    for (Index p = 0; p < k; ++p) {
+      const Scalar* bp = b + p * ldb;
+      Reg bv[NV];
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+      for (int v = 0; v < NV; ++v) bv[v] = V::load(bp + v * W);
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+      for (int r = 0; r < Rows; ++r) {
+        const Reg av = V::set1(a[r * ars + p * acs]);
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+        for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(av, bv[v], acc[r][v]);
+      }
+    }
+  } else {
+    for (Index p = 0; p < k; ++p) {
+      const Scalar* bp = b + p * ldb;
+      Reg bv[NV];
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+      for (int v = 0; v < NV; ++v) bv[v] = V::load_partial(bp + v * W, cols - v * W);
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+      for (int r = 0; r < Rows; ++r) {
+        const Reg av = V::set1(a[r * ars + p * acs]);
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+        for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(av, bv[v], acc[r][v]);
+      }
+    }
+  }
+  // Store: scale, add the previous C and/or the bias, write the valid columns only.
+  const Reg alpha_v = V::set1(alpha);
+  for (int v = 0; v < NV; ++v) {
+    const Index n = cols - v * W;
+    if (n <= 0) break;
+    Reg bias_v = V::zero();
+    if (bias != nullptr) bias_v = n >= W ? V::load(bias + v * W) : V::load_partial(bias + v * W, n);
+    for (int r = 0; r < Rows; ++r) {
+      Scalar* cp = crow[r] + v * W;
+      Reg out = V::fmadd(acc[r][v], alpha_v, bias_v);
+      if (accumulate) out = V::add(out, n >= W ? V::load(cp) : V::load_partial(cp, n));
+      if (n >= W) {
+        V::store(cp, out);
+      } else {
+        V::store_partial(cp, out, n);
+      }
+    }
+  }
+}
+
+/// micro_tile for a run-time row count 1..Rows (Rows = kMicroRows by default).
+template <class Scalar, int Rows = kMicroRows>
+inline void micro_tile_rows(Index rows, Index k, const Scalar* a, Index ars, Index acs,
+                            const Scalar* b, Index ldb, Scalar* const* crow, Index cols,
+                            Scalar alpha, bool accumulate, const Scalar* bias) noexcept {
+  if (rows == Rows) {
+    micro_tile<Scalar, Rows>(k, a, ars, acs, b, ldb, crow, cols, alpha, accumulate, bias);
+  } else if constexpr (Rows > 1) {
+    micro_tile_rows<Scalar, Rows - 1>(rows, k, a, ars, acs, b, ldb, crow, cols, alpha,
+                                      accumulate, bias);
+  }
+}
+
+/// C (m x n) (+)= alpha * A (m x k) B (k x n) [+ bias], looping micro-tiles; rows in groups
+/// of kMicroRows (the last group smaller), columns in groups of micro_cols(). A element
+/// (r, p) is a[r * ars + p * acs]; B and C are row-major with leading dimensions.
+template <class Scalar>
+inline void micro_gemm(Index m, Index n, Index k, const Scalar* a, Index ars, Index acs,
+                       const Scalar* b, Index ldb, Scalar* c, Index ldc, Scalar alpha,
+                       bool accumulate, const Scalar* bias) noexcept {
+  const Index nc = micro_cols<Scalar>();
+  Scalar* crow[kMicroRows];
+  for (Index j = 0; j < n; j += nc) {
+    const Index cols = std::min(nc, n - j);
+    const Scalar* bj = b + j;
+    const Scalar* bias_j = bias != nullptr ? bias + j : nullptr;
+    for (Index i = 0; i < m; i += kMicroRows) {
+      const Index rows = std::min<Index>(kMicroRows, m - i);
+      for (Index r = 0; r < rows; ++r) crow[r] = c + (i + r) * ldc + j;
+      micro_tile_rows(rows, k, a + i * ars, ars, acs, bj, ldb, crow, cols, alpha, accumulate,
+                      bias_j);
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace attn
