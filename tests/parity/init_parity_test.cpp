@@ -7,6 +7,15 @@
 #include "fixtures/pytorch/init_cases.hpp"
 #include "parity/parity_support.hpp"
 
+// Known failures (library issues, reported; not worked around here):
+// - MhaInitDouble: attn's xavier bound sqrt(6 / (fan_in + fan_out)) differs in the last bit
+//   from torch's sqrt(3) * sqrt(2 / (fan_in + fan_out)) for some sizes (e.g. 48, 64), so most
+//   double draws differ by an ulp.
+// - Every double case in a build without FMA contraction (Debug -O0, or no -march=native):
+//   torch's AVX2 uniform_ kernel evaluates x * (to - from) + from with an FMA, and
+//   TorchGenerator::uniform<double> matches it only when the compiler contracts the same
+//   expression.
+
 namespace {
 
 using attn::test::pytorch::bit_equal;
