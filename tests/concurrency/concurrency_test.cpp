@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: MIT
+// tests/concurrency/concurrency_test.cpp: const forward() on one module from several
+// std::threads at once (each with its own Workspace) gives the single-threaded result, bit
+// for bit.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "support/test_support.hpp"
+
+namespace {
+
+constexpr int kThreads = 4;
+constexpr int kRepeats = 5;
+
+template <class Scalar>
+void check_mha_threads() {
+  attn::TorchGenerator gen(42);
+  auto options = attn::MultiHeadAttentionOptions::pytorch(32, 4, true, 24, 40);
+  const attn::MultiHeadAttention<Scalar> mha(options, gen);
+  // a different query per thread, keys/values shared; masks shared too (read-only)
+  const auto key = attn::test::random_tensor<Scalar, 3>({2, 9, 24}, 1);
+  const auto value = attn::test::random_tensor<Scalar, 3>({2, 9, 40}, 2);
+  attn::Tensor<bool, 2> padding({2, 9});
+  padding(1, 7) = padding(1, 8) = true;
+  attn::AttentionMask<Scalar> mask;
+  mask.key_padding(padding).causal(attn::CausalAlignment::kBottomRight);
+  std::vector<attn::Tensor<Scalar, 3>> queries, expected;
+  for (int t = 0; t < kThreads; ++t) {
+    queries.push_back(attn::test::random_tensor<Scalar, 3>({2, 7, 32}, 100 + t));
+    expected.push_back(mha.forward(queries.back().view(), key.view(), value.view(), mask));
+  }
+  const auto expected_weights =
+      mha.forward_with_weights(queries[0].view(), key.view(), value.view(), mask);
+
+  std::vector<std::vector<Scalar>> outputs(kThreads), weights(kThreads);
+  std::vector<char> stable(kThreads, 1);  // not vector<bool>: threads write neighbours
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      attn::Workspace ws;  // one per thread
+      attn::Tensor<Scalar, 3> out({2, 7, 32});
+      for (int r = 0; r < kRepeats; ++r) {
+        mha.forward(queries[t].view(), key.view(), value.view(), out.view(), ws, mask);
+        if (r > 0 && out.to_vector() != outputs[t]) stable[t] = 0;
+        outputs[t] = out.to_vector();
+      }
+      weights[t] = mha.forward_with_weights(queries[0].view(), key.view(), value.view(), mask)
+                       .weights.to_vector();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(stable[t]) << "thread " << t;
+    EXPECT_EQ(outputs[t], expected[t].to_vector()) << "thread " << t;
+    EXPECT_EQ(weights[t], expected_weights.weights.to_vector()) << "thread " << t;
+  }
+}
+
+TEST(Concurrency, ConstMultiHeadAttentionForwardFromThreadsMatchesSingleThreadFloat) {
+  check_mha_threads<float>();
+}
+
+TEST(Concurrency, ConstMultiHeadAttentionForwardFromThreadsMatchesSingleThreadDouble) {
+  check_mha_threads<double>();
+}
+
+TEST(Concurrency, ConstSelfAttentionForwardFromThreadsMatchesSingleThread) {
+  attn::manual_seed(123);
+  attn::CausalAttention<float> ca(16, 8, 12, 0.0, true);
+  ca.eval();
+  const attn::CausalAttention<float>& shared = ca;
+  const auto x = attn::test::random_tensor<float, 3>({3, 12, 16}, 7);
+  const auto expected = shared.forward(x.view()).to_vector();
+  std::vector<std::vector<float>> outputs(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      attn::Workspace ws;
+      attn::Tensor<float, 3> out({3, 12, 8});
+      for (int r = 0; r < kRepeats; ++r) shared.forward(x.view(), out.view(), ws);
+      outputs[t] = out.to_vector();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(outputs[t], expected) << "thread " << t;
+}
+
+}  // namespace
