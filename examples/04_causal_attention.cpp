@@ -55,6 +55,7 @@ int main() {
   using example::note;
   using example::print;
   constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr double kNegInf = -HUGE_VAL;  // -inf in the expected values
 
   example::Checker check("04_causal_attention");
   const Tensor<float, 2> inputs = example::journey_inputs();
@@ -118,6 +119,15 @@ int main() {
   cell("In [209] corrected", "softmax(attn_scores.masked_fill(triu(ones, 1).bool(), -inf) / d_k**0.5)");
   const Tensor<float, 2> masked = attn::masked_fill(attn_scores.view(), future.view(), -kInf);
   print(masked);
+  check.close("In [209] corrected: the masked scores (In [208]'s lower triangle, -inf above)",
+              masked,
+              {0.3111, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf,  //
+               0.1655, 0.2602,  kNegInf, kNegInf, kNegInf, kNegInf,  //
+               0.1667, 0.2602,  0.2577,  kNegInf, kNegInf, kNegInf,  //
+               0.0510, 0.1080,  0.1064,  0.0643,  kNegInf, kNegInf,  //
+               0.1415, 0.1875,  0.1863,  0.0987,  0.1121,  kNegInf,  //
+               0.0476, 0.1192,  0.1171,  0.0731,  0.0477,  0.0966},
+              kPrinted4dp);
   Tensor<float, 2> masked_scaled = masked;
   as_matrix(masked_scaled) /= std::sqrt(d_k);
   const Tensor<float, 2> causal_weights = attn::softmax(masked_scaled);
@@ -180,8 +190,8 @@ int main() {
   const Tensor<float, 2> scores_masked = attn::masked_fill(scores.view(), mask.view(), -kInf);
   print(scores_masked);
   check.close("000 In [88] masked_fill", scores_masked,  // notebook 000 In [88]
-              {0.1000, -HUGE_VAL, -HUGE_VAL, -HUGE_VAL, 0.2000, 0.4000, -HUGE_VAL, -HUGE_VAL,
-               0.9000, 0.1000, 0.2000, -HUGE_VAL, 0.3000, 0.4000, 0.5000, 0.6000},
+              {0.1000, kNegInf, kNegInf, kNegInf, 0.2000, 0.4000, kNegInf, kNegInf,
+               0.9000, 0.1000, 0.2000, kNegInf, 0.3000, 0.4000, 0.5000, 0.6000},
               kPrinted4dp);
   const Tensor<float, 2> scores_softmax = attn::softmax(scores_masked);
   print(scores_softmax);
@@ -209,8 +219,8 @@ int main() {
   const Tensor<float, 2> additive = attn::causal_additive_mask<float>(4);
   print(additive);
   check.close("004 In [66] causal_additive_mask(4)", additive,
-              {0, -HUGE_VAL, -HUGE_VAL, -HUGE_VAL, 0, 0, -HUGE_VAL, -HUGE_VAL,  //
-               0, 0, 0, -HUGE_VAL, 0, 0, 0, 0},
+              {0, kNegInf, kNegInf, kNegInf, 0, 0, kNegInf, kNegInf,  //
+               0, 0, 0, kNegInf, 0, 0, 0, 0},
               kExact);
   Tensor<float, 2> scores_plus_mask({4, 4});
   as_matrix(scores_plus_mask) = as_matrix(scores) + as_matrix(additive);
