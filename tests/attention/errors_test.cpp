@@ -1,0 +1,349 @@
+// SPDX-License-Identifier: MIT
+// tests/attention/errors_test.cpp: bad input to the kernel and the modules, one test per
+// kind. Wrong shapes throw attn::ShapeError, bad configuration std::invalid_argument (and
+// not ShapeError); every message names the function and the offending shapes or values.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "attention/reference_attention.hpp"
+#include "attn/attn.hpp"
+#include "support/test_support.hpp"
+
+namespace {
+
+using attn::AttentionMask;
+using attn::AttentionOptions;
+using attn::AttentionPath;
+using attn::CausalAlignment;
+using attn::Index;
+using attn::MultiHeadAttention;
+using attn::MultiHeadAttentionOptions;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+namespace ref = attn::test::ref;
+
+/// Passes when `fn` throws std::invalid_argument that is *not* a ShapeError and whose
+/// message contains every one of `parts`.
+::testing::AssertionResult throws_config_error(const std::function<void()>& fn,
+                                               const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const attn::ShapeError& e) {
+    return ::testing::AssertionFailure() << "threw ShapeError, expected a configuration error: "
+                                         << e.what();
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    for (const std::string& part : parts) {
+      if (what.find(part) == std::string::npos) {
+        return ::testing::AssertionFailure() << "message \"" << what << "\" lacks \"" << part << "\"";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  } catch (...) {
+    return ::testing::AssertionFailure() << "threw something other than std::invalid_argument";
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+template <class Scalar>
+class AttentionErrors : public ::testing::Test {
+ protected:
+  // A valid kernel call: q (2, 2, 5, 4), k (2, 2, 7, 4), v (2, 2, 7, 3) -> out (2, 2, 5, 3).
+  Tensor<Scalar, 4> q = attn::test::random_tensor<Scalar>(Shape<4>{2, 2, 5, 4}, 1);
+  Tensor<Scalar, 4> k = attn::test::random_tensor<Scalar>(Shape<4>{2, 2, 7, 4}, 2);
+  Tensor<Scalar, 4> v = attn::test::random_tensor<Scalar>(Shape<4>{2, 2, 7, 3}, 3);
+  Tensor<Scalar, 4> out{Shape<4>{2, 2, 5, 3}};
+
+  void sdpa(const AttentionMask<Scalar>& mask = {}, const AttentionOptions& options = {},
+            TensorView<Scalar, 4> weights = {}) {
+    attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), v.view(), out.view(), mask,
+                                               options, weights);
+  }
+};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(AttentionErrors, Scalars);
+
+const char* const kSdpa = "attn::scaled_dot_product_attention";
+const char* const kMhaForward = "attn::MultiHeadAttention::forward";
+
+TYPED_TEST(AttentionErrors, ValidCallDoesNotThrowAndIsFinite) {
+  // The baseline the other tests break one thing of.
+  EXPECT_NO_THROW(this->sdpa());
+  EXPECT_TRUE(ref::all_finite(this->out.view()));
+}
+
+TYPED_TEST(AttentionErrors, MismatchedEmbeddingSizeIsAShapeError) {
+  using Scalar = TypeParam;
+  const MultiHeadAttention<Scalar> mha(/*d_in=*/3, /*d_out=*/2, /*context_length=*/6, 0.0, /*num_heads=*/2);
+  const Tensor<Scalar, 3> x({2, 6, 4});
+  EXPECT_THAT([&] { mha.forward(x.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("(2, 6, 4)"),
+                                                    HasSubstr("d_in=3"))));
+  const attn::SelfAttention<Scalar> sa(3, 2);
+  EXPECT_THAT([&] { sa.forward(x.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::SelfAttention::forward"),
+                                                    HasSubstr("(2, 6, 4)"))));
+  const attn::CausalAttention<Scalar> ca(3, 2, 6, 0.0);
+  EXPECT_THAT([&] { ca.forward(x.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::CausalAttention::forward"),
+                                                    HasSubstr("(2, 6, 4)"))));
+  const attn::MultiHeadAttentionWrapper<Scalar> wrapper(3, 2, 6, 0.0, 2);
+  EXPECT_THAT([&] { wrapper.forward(x.view()); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
+  const attn::CrossAttention<Scalar> cross(/*d_q=*/4, /*d_kv=*/5, /*d_out=*/4, 2);
+  EXPECT_THAT([&] { cross.forward(x.view(), x.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("key has shape (2, 6, 4)"),
+                                                    HasSubstr("kdim=5"))));
+  // The kernel: q and k head dims differ.
+  const Tensor<Scalar, 4> k5({2, 2, 7, 5});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k5.view(), this->v.view(), this->out.view());
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("q (2, 2, 5, 4)"),
+                                            HasSubstr("k (2, 2, 7, 5)"))));
+}
+
+TYPED_TEST(AttentionErrors, DOutNotDivisibleByNumHeadsIsAConfigurationError) {
+  using Scalar = TypeParam;
+  EXPECT_TRUE(throws_config_error([] { MultiHeadAttention<Scalar>(3, 6, 6, 0.0, 4); },
+                                  {"attn::MultiHeadAttention", "d_out=6", "num_heads=4"}));
+  EXPECT_TRUE(throws_config_error(
+      [] { MultiHeadAttention<Scalar> m(MultiHeadAttentionOptions::pytorch(10, 3)); },
+      {"attn::MultiHeadAttention", "d_out=10", "num_heads=3"}));
+  EXPECT_TRUE(throws_config_error([] { attn::CrossAttention<Scalar>(4, 5, 6, 4); },
+                                  {"d_out=6", "num_heads=4"}));
+}
+
+TYPED_TEST(AttentionErrors, DropoutOutsideZeroOneIsAConfigurationError) {
+  using Scalar = TypeParam;
+  for (const double p : {-0.1, 1.0, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    const std::string value = "dropout=" + attn::detail::number(p);
+    SCOPED_TRACE(value);
+    EXPECT_TRUE(throws_config_error([&] { MultiHeadAttention<Scalar>(4, 4, 6, p, 2); },
+                                    {"attn::MultiHeadAttention", value}));
+    EXPECT_TRUE(throws_config_error([&] { attn::CausalAttention<Scalar>(4, 4, 6, p); },
+                                    {"attn::CausalAttention", value}));
+    EXPECT_TRUE(throws_config_error([&] { attn::MultiHeadAttentionWrapper<Scalar>(4, 4, 6, p, 2); },
+                                    {value}));
+    EXPECT_TRUE(throws_config_error([&] { attn::CrossAttention<Scalar>(4, 5, 4, 2, false, p); },
+                                    {"attn::MultiHeadAttention", value}));
+    EXPECT_TRUE(throws_config_error([&] { attn::Dropout<Scalar>{p}; }, {"attn::Dropout", value}));
+    AttentionOptions options;
+    options.dropout = p;
+    EXPECT_TRUE(throws_config_error([&] { this->sdpa({}, options); }, {kSdpa, value}));
+  }
+}
+
+TYPED_TEST(AttentionErrors, SequenceLongerThanContextLengthIsAConfigurationError) {
+  using Scalar = TypeParam;
+  const Tensor<Scalar, 3> x({2, 7, 3});
+  const MultiHeadAttention<Scalar> mha(3, 2, /*context_length=*/6, 0.0, 2);
+  EXPECT_TRUE(throws_config_error([&] { mha.forward(x.view()); },
+                                  {kMhaForward, "7 tokens", "context_length=6"}));
+  const attn::CausalAttention<Scalar> ca(3, 2, /*context_length=*/6, 0.0);
+  EXPECT_TRUE(throws_config_error([&] { ca.forward(x.view()); },
+                                  {"attn::CausalAttention::forward", "7 tokens", "context_length=6"}));
+  const attn::MultiHeadAttentionWrapper<Scalar> wrapper(3, 2, /*context_length=*/6, 0.0, 2);
+  EXPECT_TRUE(throws_config_error([&] { wrapper.forward(x.view()); }, {"7 tokens", "context_length=6"}));
+  // The key of a cross-attention call counts too.
+  auto options = MultiHeadAttentionOptions::pytorch(3, 1);
+  options.context_length = 6;
+  const MultiHeadAttention<Scalar> cross(options);
+  const Tensor<Scalar, 3> query({2, 4, 3});
+  EXPECT_TRUE(throws_config_error([&] { cross.forward(query.view(), x.view(), x.view()); },
+                                  {kMhaForward, "key has 7 tokens", "context_length=6"}));
+}
+
+TYPED_TEST(AttentionErrors, BatchMismatchBetweenQueryAndKeyValueIsAShapeError) {
+  using Scalar = TypeParam;
+  const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
+  const Tensor<Scalar, 3> query({2, 5, 8}), kv({3, 7, 8});
+  EXPECT_THAT([&] { mha.forward(query.view(), kv.view(), kv.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("batch"),
+                                                    HasSubstr("(2, 5, 8)"), HasSubstr("(3, 7, 8)"))));
+  const Tensor<Scalar, 4> k3({3, 2, 7, 4});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k3.view(), this->v.view(), this->out.view());
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("batch"), HasSubstr("(3, 2, 7, 4)"))));
+}
+
+TYPED_TEST(AttentionErrors, KeyAndValueOfDifferentLengthsAreAShapeError) {
+  using Scalar = TypeParam;
+  const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
+  const Tensor<Scalar, 3> query({2, 5, 8}), key({2, 7, 8}), value({2, 6, 8});
+  EXPECT_THAT([&] { mha.forward(query.view(), key.view(), value.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("(2, 7, 8)"),
+                                                    HasSubstr("(2, 6, 8)"))));
+  const Tensor<Scalar, 4> v6({2, 2, 6, 3});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), v6.view(), this->out.view());
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("v (2, 2, 6, 3)"))));
+}
+
+TYPED_TEST(AttentionErrors, MaskOfTheWrongShapeIsAShapeErrorForEveryKind) {
+  using Scalar = TypeParam;
+  // Attention shape (B, H, T_q, T_k) = (2, 2, 5, 7).
+  const auto target = HasSubstr("(2, 2, 5, 7)");
+  const Tensor<bool, 2> bool2({5, 6});
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().allowed(bool2.view())); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("allowed"),
+                                                    HasSubstr("(1, 1, 5, 6)"), target)));
+  const Tensor<bool, 3> bool3({3, 5, 7});
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().blocked(bool3.view())); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("blocked"),
+                                                    HasSubstr("(3, 1, 5, 7)"), target)));
+  const Tensor<bool, 4> bool4({2, 2, 7, 5});  // transposed by mistake
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().allowed(bool4.view())); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 2, 7, 5)"), target)));
+  const Tensor<Scalar, 4> add4({2, 3, 5, 7});
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().additive(add4.view())); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("additive"),
+                                                    HasSubstr("(2, 3, 5, 7)"), target)));
+  const Tensor<bool, 2> padding({2, 6});
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().key_padding(padding.view())); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("key_padding"),
+                                                    HasSubstr("(2, 6)"), HasSubstr("(2, 7)"))));
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().key_lengths({7, 7, 7})); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("key_lengths has 3"),
+                                                    HasSubstr("B=2"))));
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().key_lengths({7, 8})); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("key_lengths[1]=8"),
+                                                    HasSubstr("T_k=7"))));
+  EXPECT_TRUE(throws_config_error([] { AttentionMask<Scalar>().key_lengths({3, -1}); },
+                                  {"attn::AttentionMask::key_lengths", "-1"}));
+  // Through a module: the mask is checked against (B, H, T_q, T_k) of the call.
+  const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
+  const Tensor<Scalar, 3> x({2, 5, 8});
+  EXPECT_THAT([&] { mha.forward(x.view(), AttentionMask<Scalar>().allowed(bool2.view())); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("(1, 1, 5, 6)"),
+                                                    HasSubstr("(2, 2, 5, 5)"))));
+}
+
+TYPED_TEST(AttentionErrors, EmptyTensorsAreAShapeError) {
+  using Scalar = TypeParam;
+  const Tensor<Scalar, 4> q0({2, 2, 0, 4});
+  Tensor<Scalar, 4> out0({2, 2, 0, 3});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(q0.view(), this->k.view(), this->v.view(), out0.view());
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("empty"), HasSubstr("(2, 2, 0, 4)"))));
+  const Tensor<Scalar, 4> k0({2, 2, 0, 4}), v0({2, 2, 0, 3});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k0.view(), v0.view(), this->out.view());
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("empty"), HasSubstr("(2, 2, 0, 4)"))));
+  const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
+  for (const Shape<3>& shape : {Shape<3>{0, 5, 8}, Shape<3>{2, 0, 8}}) {
+    const Tensor<Scalar, 3> x(shape);
+    EXPECT_THAT([&] { mha.forward(x.view()); },
+                ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("empty"),
+                                                      HasSubstr(attn::detail::to_string(shape)))));
+  }
+  const attn::CausalAttention<Scalar> ca(3, 2, 6, 0.0);
+  const Tensor<Scalar, 3> x0({1, 0, 3});
+  EXPECT_THAT([&] { ca.forward(x0.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::CausalAttention::forward"),
+                                                    HasSubstr("(1, 0, 3)"))));
+  const Tensor<Scalar, 2> t0({0, 3});
+  EXPECT_THAT([&] { attn::SimpleSelfAttention<Scalar>().forward(t0); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("empty"))));
+}
+
+TYPED_TEST(AttentionErrors, CausalSquareWithDifferentLengthsIsAShapeError) {
+  using Scalar = TypeParam;
+  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().causal(CausalAlignment::kSquare)); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("T_q=5"),
+                                                    HasSubstr("T_k=7"), HasSubstr("kBottomRight"))));
+  EXPECT_NO_THROW(this->sdpa(AttentionMask<Scalar>().causal(CausalAlignment::kTopLeft)));
+  // The notebook module is causal (square): as a cross-attention with T_q != T_k it throws.
+  const MultiHeadAttention<Scalar> mha(8, 8, 10, 0.0, 2);
+  const Tensor<Scalar, 3> query({2, 5, 8}), kv({2, 7, 8});
+  EXPECT_THAT([&] { mha.forward(query.view(), kv.view(), kv.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("T_q=5"),
+                                                    HasSubstr("T_k=7"))));
+}
+
+TYPED_TEST(AttentionErrors, OutputOfTheWrongShapeIsAShapeError) {
+  using Scalar = TypeParam;
+  Tensor<Scalar, 4> wrong({2, 2, 5, 4});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), this->v.view(), wrong.view());
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("out has shape (2, 2, 5, 4)"),
+                                            HasSubstr("expected (2, 2, 5, 3)"))));
+  Tensor<Scalar, 4> weights({2, 2, 5, 5});
+  EXPECT_THAT([&] { this->sdpa({}, {}, weights.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("weights has shape (2, 2, 5, 5)"),
+                                                    HasSubstr("expected (2, 2, 5, 7)"))));
+  const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
+  const Tensor<Scalar, 3> x({2, 5, 8});
+  Tensor<Scalar, 3> out({2, 5, 6});
+  attn::Workspace ws;
+  EXPECT_THAT([&] { mha.forward(x.view(), out.view(), ws); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("out has shape (2, 5, 6)"),
+                                                    HasSubstr("expected (2, 5, 8)"))));
+  const attn::MultiHeadAttentionWrapper<Scalar> wrapper(8, /*d_out=*/4, 10, 0.0, /*num_heads=*/2);
+  EXPECT_THAT([&] { wrapper.forward(x.view(), out.view(), ws); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::MultiHeadAttentionWrapper::forward"),
+                                                    HasSubstr("out has shape (2, 5, 6)"),
+                                                    HasSubstr("expected (2, 5, 8)"))));
+}
+
+TYPED_TEST(AttentionErrors, NonUnitInnerStrideIsAShapeError) {
+  using Scalar = TypeParam;
+  // Every other element of a (2, 2, 5, 8) tensor: shape (2, 2, 5, 4), strides (80, 40, 8, 2).
+  const Tensor<Scalar, 4> storage = attn::test::random_tensor<Scalar>(Shape<4>{2, 2, 5, 8}, 4);
+  const TensorView<const Scalar, 4> strided(storage.data(), {2, 2, 5, 4}, {80, 40, 8, 2});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(strided, this->k.view(), this->v.view(), this->out.view());
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("stride 1"),
+                                            HasSubstr("(80, 40, 8, 2)"))));
+  Tensor<Scalar, 4> out_storage({2, 2, 5, 6});
+  const TensorView<Scalar, 4> strided_out(out_storage.data(), {2, 2, 5, 3}, {60, 30, 6, 2});
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), this->v.view(), strided_out);
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("stride 1"))));
+}
+
+TYPED_TEST(AttentionErrors, StreamingPathCannotReturnWeights) {
+  using Scalar = TypeParam;
+  Tensor<Scalar, 4> weights({2, 2, 5, 7});
+  AttentionOptions options;
+  options.path = AttentionPath::kStreaming;
+  EXPECT_THAT([&] { this->sdpa({}, options, weights.view()); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("streaming"))));
+}
+
+TYPED_TEST(AttentionErrors, NonFiniteScaleIsAConfigurationError) {
+  for (const double scale : {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    AttentionOptions options;
+    options.scale = scale;
+    EXPECT_TRUE(throws_config_error([&] { this->sdpa({}, options); },
+                                    {kSdpa, "scale=" + attn::detail::number(scale)}));
+  }
+}
+
+}  // namespace
