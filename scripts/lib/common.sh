@@ -23,4 +23,5 @@ ensure_packages() {
 }
 
 # The packages every build needs.
-ATTN_BASE_PACKAGES=(cmake g++ make libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev)
+ATTN_BASE_PACKAGES=(cmake g++ make libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
+                    nlohmann-json3-dev)  # nlohmann: the attn::io component and its tests

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Hardening steps of the test command (scripts/run_tests.sh runs them after the suites):
+#   1. libFuzzer (clang, ASan + UBSan): fuzz/safetensors_fuzz and fuzz/mask_api_fuzz, each for
+#      ATTN_FUZZ_SECONDS (default 30) from the committed seeds in fuzz/corpus/<target>/;
+#   2. valgrind memcheck (--error-exitcode=1) of attn_run on a committed fixture and of the
+#      first notebook example, built without -march=native (valgrind lacks AVX-512).
+# Longer fuzzing on demand:  ATTN_FUZZ_SECONDS=3600 scripts/run_hardening.sh fuzz
+# Usage: scripts/run_hardening.sh [fuzz|valgrind]...   (default: both)
+set -euo pipefail
+source "$(dirname "$0")/lib/common.sh"
+
+fuzz_seconds="${ATTN_FUZZ_SECONDS:-30}"
+
+run_fuzzers() {
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}" clang libfuzzer-14-dev libclang-rt-14-dev
+  local build="$ATTN_ROOT/build/fuzz"
+  log "[fuzz] building (clang, -fsanitize=fuzzer,address,undefined)"
+  cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DATTN_BUILD_FUZZERS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
+    -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build "$build" -j "$ATTN_JOBS"
+  for target in safetensors_fuzz mask_api_fuzz; do
+    # New inputs go to build/fuzz/corpus/<target>; the committed seeds are read only.
+    local work="$build/corpus/$target"
+    mkdir -p "$work"
+    log "[fuzz] $target for ${fuzz_seconds} s"
+    if ! "$build/fuzz/$target" "$work" "$ATTN_ROOT/fuzz/corpus/$target" \
+        -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$build/" >"$build/$target.log" 2>&1; then
+      tail -n 60 "$build/$target.log"
+      echo "fuzz target $target failed; the crashing input is in $build/ (crash-*)" >&2
+      return 1
+    fi
+    grep -E "stat::(number_of_executed_units|new_units_added)" "$build/$target.log" || true
+  done
+}
+
+run_valgrind() {
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}" valgrind
+  local build="$ATTN_ROOT/build/valgrind"
+  local example
+  example="$(cd "$ATTN_ROOT/examples" && ls [0-9]*.cpp 2>/dev/null | head -n 1 || true)"
+  log "[valgrind] building attn_run ${example:+and $example} (no -march=native, no OpenMP)"
+  cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_NATIVE=OFF \
+    -DATTN_OPENMP=OFF -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
+    -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
+  local targets=(attn_run)
+  [ -n "$example" ] && targets+=("example_${example%.cpp}")
+  cmake --build "$build" -j "$ATTN_JOBS" --target "${targets[@]}"
+  local memcheck=(valgrind --tool=memcheck --error-exitcode=1 --leak-check=full
+                  --errors-for-leak-kinds=definite -q)
+  local fixtures="$ATTN_ROOT/tests/fixtures/io"
+  log "[valgrind] attn_run on tests/fixtures/io/case045 (cross, bool mask, weights)"
+  "${memcheck[@]}" "$build/tools/attn_run" --weights "$fixtures/case045.weights.safetensors" \
+    --input "$fixtures/case045.input.safetensors" --output "$build/case045.output.safetensors" \
+    --num-heads 4 --need-weights
+  if [ -n "$example" ]; then
+    log "[valgrind] examples/$example"
+    "${memcheck[@]}" "$build/examples/${example%.cpp}" >/dev/null
+  fi
+}
+
+steps=("$@")
+[ "${#steps[@]}" -eq 0 ] && steps=(fuzz valgrind)
+start=$(date +%s)
+for step in "${steps[@]}"; do
+  case "$step" in
+    fuzz) run_fuzzers ;;
+    valgrind) run_valgrind ;;
+    *) echo "unknown step '$step' (fuzz, valgrind)" >&2; exit 2 ;;
+  esac
+done
+log "hardening steps (${steps[*]}) passed in $(( $(date +%s) - start )) s"
