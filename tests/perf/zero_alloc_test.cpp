@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: MIT
+// tests/perf/zero_alloc_test.cpp: after one warm-up call with the same shapes and the same
+// Workspace, the forward passes make no heap allocation, with 1 and 2 threads.
+//
+// This executable replaces the global operator new/delete (every form: plain, array,
+// nothrow, aligned, sized) with counting versions. Eigen allocates through std::malloc,
+// not operator new, so the malloc family is counted too: in a plain build by interposing
+// malloc/calloc/realloc/aligned_alloc/posix_memalign/memalign (forwarding to glibc's
+// __libc_* entry points), under AddressSanitizer (which owns malloc) through its
+// malloc hook. Allocations on every thread count, including OpenMP workers.
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "attn/attn.hpp"
+#include "support/test_support.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ATTN_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ATTN_TEST_ASAN 1
+#endif
+#endif
+#ifndef ATTN_TEST_ASAN
+#define ATTN_TEST_ASAN 0
+#endif
+
+namespace {
+
+std::atomic<bool> g_counting{false};
+std::atomic<long> g_new_calls{0};
+std::atomic<long> g_malloc_calls{0};
+std::atomic<long> g_malloc_bytes{0};
+
+void note_new() noexcept {
+  if (g_counting.load(std::memory_order_relaxed)) g_new_calls.fetch_add(1, std::memory_order_relaxed);
+}
+void note_malloc(std::size_t bytes) noexcept {
+  if (g_counting.load(std::memory_order_relaxed)) {
+    g_malloc_calls.fetch_add(1, std::memory_order_relaxed);
+    g_malloc_bytes.fetch_add(static_cast<long>(bytes), std::memory_order_relaxed);
+  }
+}
+
+void* allocate(std::size_t size) {
+  note_new();
+  void* p = std::malloc(size == 0 ? 1 : size);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void* allocate_aligned(std::size_t size, std::align_val_t align) {
+  note_new();
+  const auto a = static_cast<std::size_t>(align);
+  const std::size_t rounded = (size + a - 1) / a * a;
+  void* p = std::aligned_alloc(a, rounded == 0 ? a : rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+// ---- the replaced global allocation functions ----
+void* operator new(std::size_t size) { return allocate(size); }
+void* operator new[](std::size_t size) { return allocate(size); }
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return allocate(size);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return allocate(size);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new(std::size_t size, std::align_val_t align) { return allocate_aligned(size, align); }
+void* operator new[](std::size_t size, std::align_val_t align) { return allocate_aligned(size, align); }
+void* operator new(std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
+  try {
+    return allocate_aligned(size, align);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
+  try {
+    return allocate_aligned(size, align);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+
+// ---- the malloc family ----
+#if ATTN_TEST_ASAN
+extern "C" int __sanitizer_install_malloc_and_free_hooks(
+    void (*malloc_hook)(const volatile void*, std::size_t), void (*free_hook)(const volatile void*));
+namespace {
+void asan_malloc_hook(const volatile void*, std::size_t size) { note_malloc(size); }
+void asan_free_hook(const volatile void*) {}
+const int kHooksInstalled = __sanitizer_install_malloc_and_free_hooks(asan_malloc_hook, asan_free_hook);
+}  // namespace
+#else
+extern "C" {
+void* __libc_malloc(std::size_t) noexcept;
+void __libc_free(void*) noexcept;
+void* __libc_calloc(std::size_t, std::size_t) noexcept;
+void* __libc_realloc(void*, std::size_t) noexcept;
+void* __libc_memalign(std::size_t, std::size_t) noexcept;
+
+void* malloc(std::size_t size) noexcept {
+  note_malloc(size);
+  return __libc_malloc(size);
+}
+void free(void* p) noexcept { __libc_free(p); }
+void* calloc(std::size_t count, std::size_t size) noexcept {
+  note_malloc(count * size);
+  return __libc_calloc(count, size);
+}
+void* realloc(void* p, std::size_t size) noexcept {
+  note_malloc(size);
+  return __libc_realloc(p, size);
+}
+void* memalign(std::size_t align, std::size_t size) noexcept {
+  note_malloc(size);
+  return __libc_memalign(align, size);
+}
+void* aligned_alloc(std::size_t align, std::size_t size) noexcept {
+  note_malloc(size);
+  return __libc_memalign(align, size);
+}
+int posix_memalign(void** out, std::size_t align, std::size_t size) noexcept {
+  note_malloc(size);
+  void* p = __libc_memalign(align, size);
+  if (p == nullptr) return ENOMEM;
+  *out = p;
+  return 0;
+}
+}  // extern "C"
+namespace {
+const int kHooksInstalled = 1;
+}  // namespace
+#endif
+
+namespace {
+
+using attn::AttentionMask;
+using attn::AttentionOptions;
+using attn::AttentionPath;
+using attn::Index;
+using attn::MultiHeadAttention;
+using attn::MultiHeadAttentionOptions;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+
+struct Counts {
+  long news = 0, mallocs = 0, malloc_bytes = 0;
+};
+
+template <class Fn>
+Counts count_allocations(Fn&& fn) {
+  g_new_calls = 0;
+  g_malloc_calls = 0;
+  g_malloc_bytes = 0;
+  g_counting = true;
+  fn();
+  g_counting = false;
+  return {g_new_calls.load(), g_malloc_calls.load(), g_malloc_bytes.load()};
+}
+
+/// Restores the thread count when the test ends.
+class ThreadCountGuard {
+ public:
+  ThreadCountGuard() : saved_(attn::num_threads()) {}
+  ~ThreadCountGuard() { attn::set_num_threads(saved_); }
+  ThreadCountGuard(const ThreadCountGuard&) = delete;
+  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+
+ private:
+  int saved_;
+};
+
+/// For 1 and 2 threads: one warm-up call, then two counted calls that must not allocate.
+template <class Fn>
+void expect_steady_state_without_allocation(Fn&& call) {
+  ThreadCountGuard guard;
+  for (const int threads : {1, 2}) {
+    attn::set_num_threads(threads);
+    call();  // warm-up: workspace buffers grow, OpenMP starts its threads
+    const Counts counts = count_allocations([&] {
+      call();
+      call();
+    });
+    EXPECT_EQ(counts.news, 0) << threads << " thread(s): operator new calls in two steady-state calls";
+    EXPECT_EQ(counts.mallocs, 0) << threads << " thread(s): malloc-family calls in two steady-state calls ("
+                                 << counts.malloc_bytes << " bytes)";
+  }
+}
+
+// A shape big enough to matter: B=2, T=256, D=128, H=4 (key/value of cross-attention: 200).
+constexpr Index kBatch = 2, kTokens = 256, kDim = 128, kHeads = 4, kKeyTokens = 200;
+
+TEST(ZeroAllocation, CountersSeeEveryKindOfAllocation) {
+  // The instrumentation itself: without it every test below would pass trivially.
+  ASSERT_NE(kHooksInstalled, 0);
+  Counts c = count_allocations([] { delete new int(1); });
+  EXPECT_EQ(c.news, 1);
+  c = count_allocations([] { const std::vector<float> v(1000); });
+  EXPECT_EQ(c.news, 1);
+  c = count_allocations([] { const Tensor<float, 2> t({64, 64}); });  // aligned operator new
+  EXPECT_EQ(c.news, 1);
+  c = count_allocations([] {
+    Eigen::MatrixXf m(300, 300);  // Eigen's aligned_malloc -> std::malloc
+    m.setZero();
+  });
+  EXPECT_GE(c.mallocs, 1);
+  c = count_allocations([] { std::free(std::malloc(100)); });
+  EXPECT_EQ(c.mallocs, 1);
+  // Allocations on OpenMP worker threads count too (the first region starts the team).
+  ThreadCountGuard guard;
+  attn::set_num_threads(2);
+  const auto two_threads_allocate = [] {
+#if ATTN_HAS_OPENMP
+#pragma omp parallel num_threads(2)
+    { std::free(std::malloc(64)); }
+#else
+    std::free(std::malloc(64));
+    std::free(std::malloc(64));
+#endif
+  };
+  two_threads_allocate();
+  c = count_allocations(two_threads_allocate);
+  EXPECT_EQ(c.mallocs, 2);
+}
+
+template <class Scalar>
+class ZeroAllocation : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(ZeroAllocation, Scalars);
+
+TYPED_TEST(ZeroAllocation, MultiHeadSelfAttentionForward) {
+  using Scalar = TypeParam;
+  attn::manual_seed(1);
+  MultiHeadAttention<Scalar> mha(kDim, kDim, kTokens, /*dropout=*/0.1, kHeads, /*qkv_bias=*/true);
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 2);
+  Tensor<Scalar, 3> out({kBatch, kTokens, kDim});
+  attn::Workspace ws;
+  for (const bool training : {false, true}) {
+    SCOPED_TRACE(training ? "train (dropout 0.1)" : "eval");
+    mha.train(training);
+    expect_steady_state_without_allocation([&] { mha.forward(x.view(), out.view(), ws); });
+  }
+}
+
+TYPED_TEST(ZeroAllocation, MultiHeadCrossAttentionForwardWithMask) {
+  using Scalar = TypeParam;
+  attn::TorchGenerator gen(3);
+  const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(kDim, kHeads), gen);
+  const auto query = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 4);
+  const auto key = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kKeyTokens, kDim}, 5);
+  const auto value = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kKeyTokens, kDim}, 6);
+  Tensor<bool, 2> padding({kBatch, kKeyTokens});
+  for (Index j = 150; j < kKeyTokens; ++j) padding(1, j) = true;
+  AttentionMask<Scalar> mask;  // built before the loop
+  mask.key_padding(padding.view());
+  Tensor<Scalar, 3> out({kBatch, kTokens, kDim});
+  attn::Workspace ws;
+  {
+    SCOPED_TRACE("key and value distinct");
+    expect_steady_state_without_allocation(
+        [&] { mha.forward(query.view(), key.view(), value.view(), out.view(), ws, mask); });
+  }
+  {
+    SCOPED_TRACE("key is value");
+    expect_steady_state_without_allocation(
+        [&] { mha.forward(query.view(), key.view(), key.view(), out.view(), ws, mask); });
+  }
+}
+
+TYPED_TEST(ZeroAllocation, CausalAttentionForward) {
+  using Scalar = TypeParam;
+  attn::manual_seed(7);
+  const attn::CausalAttention<Scalar> ca(kDim, kDim, kTokens, 0.0);
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 8);
+  Tensor<Scalar, 3> out({kBatch, kTokens, kDim});
+  attn::Workspace ws;
+  expect_steady_state_without_allocation([&] { ca.forward(x.view(), out.view(), ws); });
+}
+
+TYPED_TEST(ZeroAllocation, ScaledDotProductAttentionWithWorkspace) {
+  using Scalar = TypeParam;
+  const Index hd = kDim / kHeads;
+  const auto q = attn::test::random_tensor<Scalar>(Shape<4>{kBatch, kHeads, kTokens, hd}, 9);
+  const auto k = attn::test::random_tensor<Scalar>(Shape<4>{kBatch, kHeads, kTokens, hd}, 10);
+  const auto v = attn::test::random_tensor<Scalar>(Shape<4>{kBatch, kHeads, kTokens, hd}, 11);
+  Tensor<Scalar, 4> out({kBatch, kHeads, kTokens, hd});
+  AttentionMask<Scalar> mask;
+  mask.causal();
+  attn::Workspace ws;
+  for (const AttentionPath path : {AttentionPath::kStreaming, AttentionPath::kMaterialized}) {
+    SCOPED_TRACE(path == AttentionPath::kStreaming ? "streaming" : "materialized");
+    AttentionOptions options;
+    options.path = path;
+    expect_steady_state_without_allocation([&] {
+      attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), v.view(), out.view(), mask,
+                                                 options, {}, &ws);
+    });
+  }
+}
+
+}  // namespace
