@@ -362,7 +362,12 @@ class MultiHeadAttention {
       } else {
         out_proj_ = Linear<Scalar>(d_out_, d_out_, o.out_bias, g);
         const auto xavier = [&](TensorView<Scalar, 2> w) {
-          const double bound = std::sqrt(6.0 / static_cast<double>(w.extent(0) + w.extent(1)));
+          // torch.nn.init.xavier_uniform_ (gain 1), step by step as PyTorch computes it so
+          // the bound matches to the last bit: std = gain * sqrt(2 / (fan_in + fan_out)),
+          // bound = sqrt(3) * std.
+          const double std_dev =
+              1.0 * std::sqrt(2.0 / static_cast<double>(w.extent(0) + w.extent(1)));
+          const double bound = std::sqrt(3.0) * std_dev;
           g.fill_uniform(w, -bound, bound);
         };
         if (same_dims_) {

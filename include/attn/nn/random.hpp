@@ -19,7 +19,9 @@ namespace attn {
 
 /// The random stream of PyTorch's CPU generator, bit for bit: a 32-bit Mersenne Twister
 /// seeded like `torch.manual_seed(seed)`, with `uniform` drawing exactly as
-/// `Tensor.uniform_` does (24 random bits per float, 53 per double). So
+/// `Tensor.uniform_` does (24 random bits per float, 53 per double) in PyTorch builds whose
+/// CPU kernels use FMA (AVX2 or AVX-512 capability, i.e. any x86-64 machine of the last
+/// decade; see uniform()). So
 /// `attn::manual_seed(123)` followed by the notebook's constructors gives the notebook's
 /// weights. Not thread-safe; the global generator behind manual_seed() is locked.
 class TorchGenerator {
@@ -52,7 +54,10 @@ class TorchGenerator {
       unit = static_cast<double>(random() & ((std::uint32_t{1} << 24) - 1)) *
              std::ldexp(1.0, -24);
     }
-    return static_cast<Scalar>(unit * (hi - lo) + lo);
+    // PyTorch's CPU kernels are compiled per instruction set; on AVX2/AVX-512 machines the
+    // compiler fuses `unit * (hi - lo) + lo` into one FMA, so std::fma reproduces those
+    // draws bit for bit whatever flags attn itself is compiled with.
+    return static_cast<Scalar>(std::fma(unit, hi - lo, lo));
   }
 
   /// Fills a view in row-major index order, like `tensor.uniform_(from, to)`.
