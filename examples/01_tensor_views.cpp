@@ -39,11 +39,15 @@ int main() {
   const Tensor<float, 2> inputs = example::journey_inputs();
   print(inputs);
   std::printf("shape %s, strides %s, contiguous: %s\n", format_shape(inputs.shape()).c_str(),
-              format_shape(inputs.strides()).c_str(),
-              inputs.view().is_contiguous() ? "yes" : "no");
-  check.close("In [169] inputs", inputs,  // notebook 003 In [169]
-              {0.4300, 0.1500, 0.8900, 0.5500, 0.8700, 0.6600, 0.5700, 0.8500, 0.6400,
-               0.2200, 0.5800, 0.3300, 0.7700, 0.2500, 0.1000, 0.0500, 0.8000, 0.5500},
+              format_shape(inputs.strides()).c_str(), inputs.view().is_contiguous() ? "yes" : "no");
+  // notebook 003 In [169]
+  check.close("In [169] inputs", inputs,
+              {0.4300, 0.1500, 0.8900,  //
+               0.5500, 0.8700, 0.6600,  //
+               0.5700, 0.8500, 0.6400,  //
+               0.2200, 0.5800, 0.3300,  //
+               0.7700, 0.2500, 0.1000,  //
+               0.0500, 0.8000, 0.5500},
               kPrinted4dp);
   check.shape("In [175] inputs.shape", inputs.shape(), {6, 3});
   check.shape("row-major strides", inputs.strides(), {3, 1});
@@ -71,7 +75,8 @@ int main() {
   print(inputs_T);
   std::printf("shape %s, strides %s, contiguous: %s\n", format_shape(inputs_T.shape()).c_str(),
               format_shape(inputs_T.strides()).c_str(), inputs_T.is_contiguous() ? "yes" : "no");
-  check.close("In [186] inputs.T", inputs_T,  // notebook 003 In [186]
+  // notebook 003 In [186]
+  check.close("In [186] inputs.T", inputs_T,
               {0.4300, 0.5500, 0.5700, 0.2200, 0.7700, 0.0500,  //
                0.1500, 0.8700, 0.8500, 0.5800, 0.2500, 0.8000,  //
                0.8900, 0.6600, 0.6400, 0.3300, 0.1000, 0.5500},
@@ -80,13 +85,13 @@ int main() {
              inputs_T.data() == inputs.data() && inputs_T.strides() == Shape<2>{1, 3});
 
   cell("at()", "bounds-checked access: inputs.view().at(7, 0)");
-  check.throws<std::out_of_range>("at() names the axis and its size",
-                                  [&] { inputs.view().at(7, 0); },
-                                  "index 7 is out of bounds for axis 0 with size 6");
+  check.throws<std::out_of_range>(
+      "at() names the axis and its size", [&] { inputs.view().at(7, 0); },
+      "index 7 is out of bounds for axis 0 with size 6");
 
   // ---- the Eigen bridge ----
   cell("Eigen", "attn::as_matrix(view): an Eigen::Map with the view's row stride, no copy");
-  Tensor<float, 2> x = inputs;  // a mutable copy
+  Tensor<float, 2> x = inputs;                      // a mutable copy
   const auto first_two = slice(x.view(), 1, 0, 2);  // x[:, 0:2], strides (3, 1)
   auto map = attn::as_matrix(first_two);
   std::printf("x[:, 0:2] as Eigen: %td x %td, outerStride %td\n", map.rows(), map.cols(),
@@ -95,32 +100,47 @@ int main() {
   map *= 2.f;  // writes through to x
   print(x);
   check.close("x[:, 0:2] *= 2 through the Map; column 2 untouched", x,
-              {0.8600, 0.3000, 0.8900, 1.1000, 1.7400, 0.6600, 1.1400, 1.7000, 0.6400,
-               0.4400, 1.1600, 0.3300, 1.5400, 0.5000, 0.1000, 0.1000, 1.6000, 0.5500},
+              {0.8600, 0.3000, 0.8900,  //
+               1.1000, 1.7400, 0.6600,  //
+               1.1400, 1.7000, 0.6400,  //
+               0.4400, 1.1600, 0.3300,  //
+               1.5400, 0.5000, 0.1000,  //
+               0.1000, 1.6000, 0.5500},
               kPrinted4dp);
   note("Eigen needs unit inner stride: inputs.T (strides (1, 3)) is refused, not silently slow");
-  check.throws<attn::ShapeError>("as_matrix(inputs.T) refuses inner stride 3",
-                                 [&] { attn::as_matrix(inputs_T); }, "inner stride 3");
+  check.throws<attn::ShapeError>(
+      "as_matrix(inputs.T) refuses inner stride 3", [&] { attn::as_matrix(inputs_T); },
+      "inner stride 3");
   note("take a contiguous copy, or use Eigen's own lazy .transpose() of the Map");
   const Tensor<float, 2> inputs_T_copy = attn::contiguous(inputs_T);  // one copy
   Tensor<float, 2> inputs_T_eigen({3, 6});
   attn::as_matrix(inputs_T_eigen) = attn::as_matrix(inputs).transpose();
-  check.close("as_matrix(contiguous(inputs.T)) == as_matrix(inputs).transpose()",
-              inputs_T_copy, inputs_T_eigen, kExact);
+  check.close("as_matrix(contiguous(inputs.T)) == as_matrix(inputs).transpose()", inputs_T_copy,
+              inputs_T_eigen, kExact);
 
   // ---- batches: stack, transpose of the last two axes ----
-  cell("In [216]/[221]", "batch = torch.stack((inputs, inputs), dim=0)   # copy into select() views");
+  cell("In [216]/[221]",
+       "batch = torch.stack((inputs, inputs), dim=0)   # copy into select() views");
   const Tensor<float, 3> batch = example::stack2(inputs, inputs);
   print(batch);
   check.shape("In [216] batch.shape", batch.shape(), {2, 6, 3});
-  check.close("In [221] batch", batch,  // notebook 003 In [221]
-              {0.4300, 0.1500, 0.8900, 0.5500, 0.8700, 0.6600, 0.5700, 0.8500, 0.6400,
-               0.2200, 0.5800, 0.3300, 0.7700, 0.2500, 0.1000, 0.0500, 0.8000, 0.5500,
-               0.4300, 0.1500, 0.8900, 0.5500, 0.8700, 0.6600, 0.5700, 0.8500, 0.6400,
-               0.2200, 0.5800, 0.3300, 0.7700, 0.2500, 0.1000, 0.0500, 0.8000, 0.5500},
+  // notebook 003 In [221]
+  check.close("In [221] batch", batch, {0.4300, 0.1500, 0.8900,  //
+                                        0.5500, 0.8700, 0.6600,  //
+                                        0.5700, 0.8500, 0.6400,  //
+                                        0.2200, 0.5800, 0.3300,  //
+                                        0.7700, 0.2500, 0.1000,  //
+                                        0.0500, 0.8000, 0.5500,  //
+                                        0.4300, 0.1500, 0.8900,  //
+                                        0.5500, 0.8700, 0.6600,  //
+                                        0.5700, 0.8500, 0.6400,  //
+                                        0.2200, 0.5800, 0.3300,  //
+                                        0.7700, 0.2500, 0.1000,  //
+                                        0.0500, 0.8000, 0.5500},
               kPrinted4dp);
 
-  cell("In [217]", "x = torch.randn(2, 3, 4); x_transposed = x.transpose(1, 2); x_fin = x_transposed @ x");
+  cell("In [217]",
+       "x = torch.randn(2, 3, 4); x_transposed = x.transpose(1, 2); x_fin = x_transposed @ x");
   const Tensor<float, 3> x3 = example::random_input<3>({2, 3, 4}, /*seed=*/217);
   const auto x_transposed = attn::transpose(x3.view(), 1, 2);
   Tensor<float, 3> x_fin({2, 4, 4});
@@ -140,7 +160,8 @@ int main() {
   note("values: unseeded torch.randn in the notebook, so only the shapes are comparable");
 
   // ---- reshape, and heads ----
-  cell("000 In [16]", "input_data = torch.arange(n * seq_len * embed_dim).float().reshape(n, seq_len, embed_dim)");
+  cell("000 In [16]",
+       "input_data = torch.arange(n * seq_len * embed_dim).float().reshape(n, seq_len, embed_dim)");
   const Tensor<float, 1> flat = example::arange<1>({20 * 10 * 8});
   const auto input_data = attn::reshape(flat.view(), Shape<3>{20, 10, 8});  // a view
   std::printf("%s strides %s\n", format_shape(input_data.shape()).c_str(),
@@ -149,7 +170,8 @@ int main() {
   check.that("reshape of a contiguous tensor is a view", input_data.data() == flat.data());
   check.close("input_data[1, 2, 3] = 80*1 + 8*2 + 3", input_data(1, 2, 3), 99.0, kExact);
 
-  cell("000 In [22]", "q.reshape(batch, no_head, seq_len, embed_dim / no_head)   # the notebook's split");
+  cell("000 In [22]",
+       "q.reshape(batch, no_head, seq_len, embed_dim / no_head)   # the notebook's split");
   const Index no_head = 2;
   const auto q = slice(input_data, 0, 0, 2);  // input_data[:2], (2, 10, 8); stands in for wq(...)
   const auto q_reshaped = attn::reshape(q, Shape<4>{2, no_head, 10, 4});
@@ -176,8 +198,9 @@ int main() {
   check.close("head 1, token 1 = features 4-7 of token 1",
               select(select(select(q_heads, 0, 0), 0, 1), 0, 1), {12, 13, 14, 15}, kExact);
   note("the notebook's `assert embed_dim / no_head` passes for 8 / 3; attn checks divisibility");
-  check.throws<attn::ShapeError>("split_heads(q, 3) with embed_dim 8",
-                                 [&] { attn::split_heads(q, 3); }, "not divisible by num_heads=3");
+  check.throws<attn::ShapeError>(
+      "split_heads(q, 3) with embed_dim 8", [&] { attn::split_heads(q, 3); },
+      "not divisible by num_heads=3");
 
   cell("000 In [41]", "attention.transpose(2, 1).reshape(batch, seq_len, embed_dim)   # merge");
   const auto merged = attn::merge_heads(q_heads);
@@ -189,9 +212,12 @@ int main() {
   const auto after_transpose = attn::transpose(q_reshaped, 2, 1);  // the notebook's order
   check.shape("000 In [41] after transpose(2, 1)", after_transpose.shape(), {2, 10, 2, 4});
   note("after the notebook's reshape-split this transpose cannot be viewed as (2, 10, 8):");
-  check.throws<attn::ShapeError>("reshape needs a copy here, and says so",
-                                 [&] { attn::reshape(after_transpose, Shape<3>{2, 10, 8}); },
-                                 "without a copy");
+  check.throws<attn::ShapeError>(
+      "reshape needs a copy here, and says so",
+      [&] {
+        attn::reshape(after_transpose, Shape<3>{2, 10, 8});
+      },
+      "without a copy");
   const Tensor<float, 4> after_transpose_copy = attn::contiguous(after_transpose);
   const auto notebook_merged = attn::reshape(after_transpose_copy.view(), Shape<3>{2, 10, 8});
   std::printf("notebook's split + merge, token 0: %s\n",

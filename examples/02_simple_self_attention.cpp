@@ -12,9 +12,9 @@
 #include "example_support.hpp"
 
 int main() {
-  using attn::Index;
   using attn::as_matrix;
   using attn::as_vector;
+  using attn::Index;
   using attn::select;
   using example::cell;
   using example::kFullPrecision;
@@ -29,9 +29,14 @@ int main() {
   cell("In [169]", "inputs");
   const attn::Tensor<float, 2> inputs = example::journey_inputs();
   print(inputs);
-  check.close("In [169] inputs", inputs,  // notebook 003 In [169]
-              {0.4300, 0.1500, 0.8900, 0.5500, 0.8700, 0.6600, 0.5700, 0.8500, 0.6400,
-               0.2200, 0.5800, 0.3300, 0.7700, 0.2500, 0.1000, 0.0500, 0.8000, 0.5500},
+  // notebook 003 In [169]
+  check.close("In [169] inputs", inputs,
+              {0.4300, 0.1500, 0.8900,  //
+               0.5500, 0.8700, 0.6600,  //
+               0.5700, 0.8500, 0.6400,  //
+               0.2200, 0.5800, 0.3300,  //
+               0.7700, 0.2500, 0.1000,  //
+               0.0500, 0.8000, 0.5500},
               kPrinted4dp);
 
   cell("In [170]", "input_query = inputs[1]   # \"journey\" (x^2), a view: no copy");
@@ -69,14 +74,16 @@ int main() {
     attn_scores_2(i) = as_vector(query).dot(as_vector(select(inputs.view(), 0, i)));
   }
   print(attn_scores_2);
-  check.close("In [177] attn_scores_2", attn_scores_2,  // notebook 003 In [177]
+  // notebook 003 In [177]
+  check.close("In [177] attn_scores_2", attn_scores_2,
               {0.9544, 1.4950, 1.4754, 0.8434, 0.7070, 1.0865}, kPrinted4dp);
 
   cell("In [178]", "attn_weights_2_tmp = attn_scores_2 / torch.sum(attn_scores_2)");
   attn::Tensor<float, 1> attn_weights_2_tmp({attn_scores_2.extent(0)});
   as_vector(attn_weights_2_tmp) = as_vector(attn_scores_2) / as_vector(attn_scores_2).sum();
   print(attn_weights_2_tmp);
-  check.close("In [178] attn_weights_2_tmp", attn_weights_2_tmp,  // notebook 003 In [178]
+  // notebook 003 In [178]
+  check.close("In [178] attn_weights_2_tmp", attn_weights_2_tmp,
               {0.1455, 0.2278, 0.2249, 0.1285, 0.1077, 0.1656}, kPrinted4dp);
 
   cell("In [179]", "attn_weights_2_tmp.sum()");
@@ -89,8 +96,9 @@ int main() {
   as_vector(naive) = as_vector(attn_scores_2).array().exp();
   as_vector(naive) /= as_vector(naive).sum();
   print(naive);
-  check.close("In [180] softmax_naive", naive,  // notebook 003 In [180]
-              {0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581}, kPrinted4dp);
+  // notebook 003 In [180]
+  check.close("In [180] softmax_naive", naive, {0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581},
+              kPrinted4dp);
   note("naive: exp(1000) overflows; attn::softmax subtracts the row max first");
 
   cell("In [181]", "attn_weights_2 = torch.softmax(attn_scores_2, dim=0)   # attn::softmax");
@@ -99,7 +107,8 @@ int main() {
   std::printf("(%s, %s)\n", example::format_scalar(weights_sum).c_str(),
               example::format(attn_weights_2).c_str());
   check.close("In [181] attn_weights_2.sum()", weights_sum, 1.0, kPrinted4dp);
-  check.close("In [181] attn_weights_2", attn_weights_2,  // notebook 003 In [181]
+  // notebook 003 In [181]
+  check.close("In [181] attn_weights_2", attn_weights_2,
               {0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581}, kPrinted4dp);
   note("In [182] prints attn_weights_2 again");
 
@@ -114,7 +123,7 @@ int main() {
   std::printf("\nContext Vector of second Token:  %s\n", example::format(context_vec_2).c_str());
   // notebook 003 In [183]: the weights printed with 17 significant digits
   check.close("In [183] attn_weights_2 (full precision)", attn_weights_2,
-              {0.13854756951332092, 0.2378913015127182, 0.23327402770519257,
+              {0.13854756951332092, 0.2378913015127182, 0.23327402770519257,  //
                0.12399158626794815, 0.10818186402320862, 0.15811361372470856},
               kFullPrecision);
   check.close("In [183] context_vec_2", context_vec_2, {0.4419, 0.6515, 0.5683}, kPrinted4dp);
@@ -124,19 +133,18 @@ int main() {
   attn::Tensor<float, 2> attn_scores({6, 6});
   for (Index i = 0; i < 6; ++i) {
     for (Index j = 0; j < 6; ++j) {
-      attn_scores(i, j) = as_vector(select(inputs.view(), 0, i))
-                              .dot(as_vector(select(inputs.view(), 0, j)));
+      attn_scores(i, j) =
+          as_vector(select(inputs.view(), 0, i)).dot(as_vector(select(inputs.view(), 0, j)));
     }
   }
   print(attn_scores);
   // notebook 003 In [185] (and In [187])
-  const std::initializer_list<double> kScores = {
-      0.9995, 0.9544, 0.9422, 0.4753, 0.4576, 0.6310,  //
-      0.9544, 1.4950, 1.4754, 0.8434, 0.7070, 1.0865,  //
-      0.9422, 1.4754, 1.4570, 0.8296, 0.7154, 1.0605,  //
-      0.4753, 0.8434, 0.8296, 0.4937, 0.3474, 0.6565,  //
-      0.4576, 0.7070, 0.7154, 0.3474, 0.6654, 0.2935,  //
-      0.6310, 1.0865, 1.0605, 0.6565, 0.2935, 0.9450};
+  const std::initializer_list<double> kScores = {0.9995, 0.9544, 0.9422, 0.4753, 0.4576, 0.6310,  //
+                                                 0.9544, 1.4950, 1.4754, 0.8434, 0.7070, 1.0865,  //
+                                                 0.9422, 1.4754, 1.4570, 0.8296, 0.7154, 1.0605,  //
+                                                 0.4753, 0.8434, 0.8296, 0.4937, 0.3474, 0.6565,  //
+                                                 0.4576, 0.7070, 0.7154, 0.3474, 0.6654, 0.2935,  //
+                                                 0.6310, 1.0865, 1.0605, 0.6565, 0.2935, 0.9450};
   check.close("In [185] attn_scores (loop)", attn_scores, kScores, kPrinted4dp);
 
   cell("In [186]", "inputs.T   # attn::transpose: a view with swapped strides, no copy");
@@ -144,7 +152,8 @@ int main() {
   print(inputs_T);
   note("inputs.T has shape " + example::format_shape(inputs_T.shape()) + " and strides " +
        example::format_shape(inputs_T.strides()) + " over the same memory");
-  check.close("In [186] inputs.T", inputs_T,  // notebook 003 In [186]
+  // notebook 003 In [186]
+  check.close("In [186] inputs.T", inputs_T,
               {0.4300, 0.5500, 0.5700, 0.2200, 0.7700, 0.0500,  //
                0.1500, 0.8700, 0.8500, 0.5800, 0.2500, 0.8000,  //
                0.8900, 0.6600, 0.6400, 0.3300, 0.1000, 0.5500},
@@ -176,13 +185,12 @@ int main() {
   as_matrix(all_context_vecs).noalias() = as_matrix(attn_weights) * as_matrix(inputs);
   print(all_context_vecs);
   // notebook 003 In [190] (and In [191])
-  const std::initializer_list<double> kContext = {
-      0.4421, 0.5931, 0.5790,  //
-      0.4419, 0.6515, 0.5683,  //
-      0.4431, 0.6496, 0.5671,  //
-      0.4304, 0.6298, 0.5510,  //
-      0.4671, 0.5910, 0.5266,  //
-      0.4177, 0.6503, 0.5645};
+  const std::initializer_list<double> kContext = {0.4421, 0.5931, 0.5790,  //
+                                                  0.4419, 0.6515, 0.5683,  //
+                                                  0.4431, 0.6496, 0.5671,  //
+                                                  0.4304, 0.6298, 0.5510,  //
+                                                  0.4671, 0.5910, 0.5266,  //
+                                                  0.4177, 0.6503, 0.5645};
   check.close("In [190] all_context_vecs", all_context_vecs, kContext, kPrinted4dp);
 
   cell("In [191]", "putting it all together   # attn::SimpleSelfAttention (unscaled, as here)");

@@ -86,7 +86,8 @@ int main() {
   Tensor<float, 1> attn_scores_2({6});
   as_vector(attn_scores_2).noalias() = as_vector(query_2) * as_matrix(keys).transpose();
   print(attn_scores_2);
-  check.close("In [199] attn_scores_2", attn_scores_2,  // notebook 003 In [199]
+  // notebook 003 In [199]
+  check.close("In [199] attn_scores_2", attn_scores_2,
               {1.2705, 1.8524, 1.8111, 1.0795, 0.5577, 1.5440}, kPrinted4dp);
 
   cell("In [200]", "d_k = keys.shape[1]; attn_weights_2 = softmax(attn_scores_2 / d_k**0.5)");
@@ -98,7 +99,8 @@ int main() {
   std::printf("(%s, %s)\n", example::format_scalar(weights_sum).c_str(),
               format(attn_weights_2).c_str());
   check.close("In [200] attn_weights_2.sum()", weights_sum, 1.0, kPrinted4dp);
-  check.close("In [200] attn_weights_2", attn_weights_2,  // notebook 003 In [200]
+  // notebook 003 In [200]
+  check.close("In [200] attn_weights_2", attn_weights_2,
               {0.1500, 0.2264, 0.2199, 0.1311, 0.0906, 0.1820}, kPrinted4dp);
 
   cell("In [201]", "context_vec_2 = attn_weights_2 @ values");
@@ -108,12 +110,14 @@ int main() {
   check.close("In [201] context_vec_2", context_vec_2, {0.3061, 0.8210}, kPrinted4dp);
 
   // ---- the whole sequence with a module ----
-  cell("In [202]", "torch.manual_seed(123); sa_v1 = SelfAttention_v1(d_in=3, d_out=2); sa_v1(inputs)");
+  cell("In [202]",
+       "torch.manual_seed(123); sa_v1 = SelfAttention_v1(d_in=3, d_out=2); sa_v1(inputs)");
   attn::manual_seed(123);
   const attn::SelfAttention<float> sa_v1(3, 2, attn::kRandInit);  // torch.rand parameters
   const Tensor<float, 2> context_v1 = sa_v1.forward(inputs);
   print(context_v1);
-  check.close("In [202] SelfAttention_v1(inputs)", context_v1,  // notebook 003 In [202]
+  // notebook 003 In [202]
+  check.close("In [202] SelfAttention_v1(inputs)", context_v1,
               {0.2996, 0.8053, 0.3061, 0.8210, 0.3058, 0.8203,  //
                0.2948, 0.7939, 0.2927, 0.7891, 0.2990, 0.8040},
               kPrinted4dp);
@@ -126,11 +130,12 @@ int main() {
   const attn::Linear<float> m(2, 3);
   std::printf("weight:\n%s\nbias:\n%s\n", format(m.weight()).c_str(), format(m.bias()).c_str());
   // notebook 003 In [204]: drawn after In [202]'s 18 rand() draws
-  check.close("In [204] m.weight", m.weight(),
-              {-0.1668, 0.2270, 0.5000, 0.1317, 0.1934, 0.6825}, kPrinted4dp);
+  check.close("In [204] m.weight", m.weight(), {-0.1668, 0.2270, 0.5000, 0.1317, 0.1934, 0.6825},
+              kPrinted4dp);
   check.close("In [204] m.bias", m.bias(), {-0.3189, 0.2240, -0.3146}, kPrinted4dp);
 
-  cell("In [205]", "torch.manual_seed(123); sa_v1 = SelfAttention_v1(3, 2) with nn.Linear; sa_v1(inputs)");
+  cell("In [205]",
+       "torch.manual_seed(123); sa_v1 = SelfAttention_v1(3, 2) with nn.Linear; sa_v1(inputs)");
   attn::manual_seed(123);
   const attn::SelfAttention<float> sa_linear(3, 2);  // three nn.Linear(3, 2, bias=False)
   const auto result = sa_linear.forward_with_weights(inputs);
@@ -153,7 +158,8 @@ int main() {
               kPrinted4dp);
 
   // ---- the attention weights of the nn.Linear module ----
-  cell("In [206]", "queries, keys = sa_v1.W_query(inputs), sa_v1.W_key(inputs); softmax(q k^T / d_k**0.5)");
+  cell("In [206]",
+       "queries, keys = sa_v1.W_query(inputs), sa_v1.W_key(inputs); softmax(q k^T / d_k**0.5)");
   const Tensor<float, 2> queries_l = sa_linear.w_query().forward(inputs);  // x W^T, (6, 2)
   const Tensor<float, 2> keys_l = sa_linear.w_key().forward(inputs);
   Tensor<float, 2> attn_scores({6, 6});
@@ -172,8 +178,8 @@ int main() {
       0.1624, 0.1709, 0.1706, 0.1654, 0.1625, 0.1682};
   check.close("In [206] attn_weights (by hand)", attn_weights, kWeights206, kPrinted4dp);
   check.shape("In [206] attn_weights.shape", attn_weights.shape(), {6, 6});
-  check.close("In [206] attn_weights == sa_v1.forward_with_weights(inputs).weights",
-              result.weights, attn_weights, kSameMaths);
+  check.close("In [206] attn_weights == sa_v1.forward_with_weights(inputs).weights", result.weights,
+              attn_weights, kSameMaths);
 
   return check.finish();
 }

@@ -61,7 +61,8 @@ int main() {
   const Tensor<float, 2> inputs = example::journey_inputs();
 
   // ---- the unmasked weights of 003 In [206], from the seed-123 nn.Linear module ----
-  cell("In [206]", "attn_scores = queries @ keys.T; attn_weights = softmax(attn_scores / d_k**0.5)");
+  cell("In [206]",
+       "attn_scores = queries @ keys.T; attn_weights = softmax(attn_scores / d_k**0.5)");
   attn::manual_seed(123);
   const attn::SelfAttention<float> sa_v1(3, 2);
   const Tensor<float, 2> queries = sa_v1.w_query().forward(inputs);
@@ -84,15 +85,20 @@ int main() {
   const Tensor<bool, 2> future = attn::causal_blocked_mask(context_length);
   const Tensor<float, 2> mask_simple = to_float(future, /*invert=*/true);
   print(mask_simple);
-  check.pattern("In [207] mask_simple", mask_simple,  // notebook 003 In [207]
-                {1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0,
-                 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1});
+  // notebook 003 In [207]
+  check.pattern("In [207] mask_simple", mask_simple, {1, 0, 0, 0, 0, 0,  //
+                                                      1, 1, 0, 0, 0, 0,  //
+                                                      1, 1, 1, 0, 0, 0,  //
+                                                      1, 1, 1, 1, 0, 0,  //
+                                                      1, 1, 1, 1, 1, 0,  //
+                                                      1, 1, 1, 1, 1, 1});
 
   cell("In [208]", "masked_simple = attn_scores * mask_simple   # the RAW scores (notebook bug)");
   Tensor<float, 2> masked_simple({6, 6});
   as_matrix(masked_simple) = as_matrix(attn_scores).cwiseProduct(as_matrix(mask_simple));
   print(masked_simple);
-  check.close("In [208] masked_simple", masked_simple,  // notebook 003 In [208]
+  // notebook 003 In [208]
+  check.close("In [208] masked_simple", masked_simple,
               {0.3111, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000,  //
                0.1655, 0.2602, 0.0000, 0.0000, 0.0000, 0.0000,  //
                0.1667, 0.2602, 0.2577, 0.0000, 0.0000, 0.0000,  //
@@ -116,17 +122,17 @@ int main() {
   note("NOT attention weights: renormalising raw scores skips the softmax (CASES.md bug 6)");
 
   // ---- the correct causal weights, three ways ----
-  cell("In [209] corrected", "softmax(attn_scores.masked_fill(triu(ones, 1).bool(), -inf) / d_k**0.5)");
+  cell("In [209] corrected",
+       "softmax(attn_scores.masked_fill(triu(ones, 1).bool(), -inf) / d_k**0.5)");
   const Tensor<float, 2> masked = attn::masked_fill(attn_scores.view(), future.view(), -kInf);
   print(masked);
   check.close("In [209] corrected: the masked scores (In [208]'s lower triangle, -inf above)",
-              masked,
-              {0.3111, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf,  //
-               0.1655, 0.2602,  kNegInf, kNegInf, kNegInf, kNegInf,  //
-               0.1667, 0.2602,  0.2577,  kNegInf, kNegInf, kNegInf,  //
-               0.0510, 0.1080,  0.1064,  0.0643,  kNegInf, kNegInf,  //
-               0.1415, 0.1875,  0.1863,  0.0987,  0.1121,  kNegInf,  //
-               0.0476, 0.1192,  0.1171,  0.0731,  0.0477,  0.0966},
+              masked, {0.3111, kNegInf, kNegInf, kNegInf, kNegInf, kNegInf,  //
+                       0.1655, 0.2602,  kNegInf, kNegInf, kNegInf, kNegInf,  //
+                       0.1667, 0.2602,  0.2577,  kNegInf, kNegInf, kNegInf,  //
+                       0.0510, 0.1080,  0.1064,  0.0643,  kNegInf, kNegInf,  //
+                       0.1415, 0.1875,  0.1863,  0.0987,  0.1121,  kNegInf,  //
+                       0.0476, 0.1192,  0.1171,  0.0731,  0.0477,  0.0966},
               kPrinted4dp);
   Tensor<float, 2> masked_scaled = masked;
   as_matrix(masked_scaled) /= std::sqrt(d_k);
@@ -173,54 +179,79 @@ int main() {
   // ---- the same masks in notebook 000 ----
   cell("000 In [81]", "torch.triu(torch.ones(6, 6), diagonal=1).bool()   # True = masked");
   print(future);
-  check.pattern("000 In [81] causal_blocked_mask(6)", future,  // notebook 000 In [81]
-                {0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1,
-                 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0});
+  // notebook 000 In [81]
+  check.pattern("000 In [81] causal_blocked_mask(6)", future, {0, 1, 1, 1, 1, 1,  //
+                                                               0, 0, 1, 1, 1, 1,  //
+                                                               0, 0, 0, 1, 1, 1,  //
+                                                               0, 0, 0, 0, 1, 1,  //
+                                                               0, 0, 0, 0, 0, 1,  //
+                                                               0, 0, 0, 0, 0, 0});
 
-  cell("000 In [82]/[87]", "scores = torch.tensor([...]); mask = torch.triu(torch.ones(4, 4), diagonal=1).bool()");
-  const Tensor<float, 2> scores = Tensor<float, 2>::from_rows(
-      {{0.1f, 0.3f, 0.5f, 0.7f}, {0.2f, 0.4f, 0.6f, 0.8f}, {0.9f, 0.1f, 0.2f, 0.3f},
-       {0.3f, 0.4f, 0.5f, 0.6f}});
+  cell("000 In [82]/[87]",
+       "scores = torch.tensor([...]); mask = torch.triu(torch.ones(4, 4), diagonal=1).bool()");
+  const Tensor<float, 2> scores = Tensor<float, 2>::from_rows({{0.1f, 0.3f, 0.5f, 0.7f},
+                                                               {0.2f, 0.4f, 0.6f, 0.8f},
+                                                               {0.9f, 0.1f, 0.2f, 0.3f},
+                                                               {0.3f, 0.4f, 0.5f, 0.6f}});
   const Tensor<bool, 2> mask = attn::causal_blocked_mask(4);
   print(mask);
-  check.pattern("000 In [87] causal_blocked_mask(4)", mask,  // notebook 000 In [87]
-                {0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0});
+  // notebook 000 In [87]
+  check.pattern("000 In [87] causal_blocked_mask(4)", mask,
+                {0, 1, 1, 1,  //
+                 0, 0, 1, 1,  //
+                 0, 0, 0, 1,  //
+                 0, 0, 0, 0});
 
   cell("000 In [88]", "scores.masked_fill(mask, float(\"-inf\"))");
   const Tensor<float, 2> scores_masked = attn::masked_fill(scores.view(), mask.view(), -kInf);
   print(scores_masked);
-  check.close("000 In [88] masked_fill", scores_masked,  // notebook 000 In [88]
-              {0.1000, kNegInf, kNegInf, kNegInf, 0.2000, 0.4000, kNegInf, kNegInf,
-               0.9000, 0.1000, 0.2000, kNegInf, 0.3000, 0.4000, 0.5000, 0.6000},
+  // notebook 000 In [88]
+  check.close("000 In [88] masked_fill", scores_masked,
+              {0.1000, kNegInf, kNegInf, kNegInf,  //
+               0.2000, 0.4000, kNegInf, kNegInf,   //
+               0.9000, 0.1000, 0.2000, kNegInf,    //
+               0.3000, 0.4000, 0.5000, 0.6000},
               kPrinted4dp);
   const Tensor<float, 2> scores_softmax = attn::softmax(scores_masked);
   print(scores_softmax);
   check.close("000 In [88] softmax of the masked scores (CASES.md 000-In88-softmax)",
               scores_softmax,
-              {1.000000, 0.000000, 0.000000, 0.000000, 0.450166, 0.549834, 0.000000, 0.000000,
-               0.513897, 0.230909, 0.255194, 0.000000, 0.213838, 0.236328, 0.261183, 0.288651},
+              {1.000000, 0.000000, 0.000000, 0.000000,  //
+               0.450166, 0.549834, 0.000000, 0.000000,  //
+               0.513897, 0.230909, 0.255194, 0.000000,  //
+               0.213838, 0.236328, 0.261183, 0.288651},
               kPrinted6dp);
 
   cell("000 In [89]", "torch.zeros(5, 5).bool()   # the \"no mask\" of mask=False");
   const Tensor<bool, 2> no_mask({5, 5});
   print(no_mask);
-  check.pattern("000 In [89] zeros(5, 5).bool()", no_mask,
-                {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+  check.pattern("000 In [89] zeros(5, 5).bool()", no_mask, {0, 0, 0, 0, 0,  //
+                                                            0, 0, 0, 0, 0,  //
+                                                            0, 0, 0, 0, 0,  //
+                                                            0, 0, 0, 0, 0,  //
+                                                            0, 0, 0, 0, 0});
 
   cell("In [222]", "torch.triu(torch.ones(6, 6), diagonal=1)   # CausalAttention's mask buffer");
   const Tensor<float, 2> mask_buffer = to_float(future);
   print(mask_buffer);
-  check.pattern("In [222] triu(ones(6, 6), 1)", mask_buffer,  // notebook 003 In [222]
-                {0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1,
-                 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0});
+  // notebook 003 In [222]
+  check.pattern("In [222] triu(ones(6, 6), 1)", mask_buffer, {0, 1, 1, 1, 1, 1,  //
+                                                              0, 0, 1, 1, 1, 1,  //
+                                                              0, 0, 0, 1, 1, 1,  //
+                                                              0, 0, 0, 0, 1, 1,  //
+                                                              0, 0, 0, 0, 0, 1,  //
+                                                              0, 0, 0, 0, 0, 0});
 
   // ---- the additive form (notebook 004) ----
-  cell("004 In [65]-[67]", "mask = torch.triu(torch.full((4, 4), -torch.inf), diagonal=1); scores + mask");
+  cell("004 In [65]-[67]",
+       "mask = torch.triu(torch.full((4, 4), -torch.inf), diagonal=1); scores + mask");
   const Tensor<float, 2> additive = attn::causal_additive_mask<float>(4);
   print(additive);
   check.close("004 In [66] causal_additive_mask(4)", additive,
-              {0, kNegInf, kNegInf, kNegInf, 0, 0, kNegInf, kNegInf,  //
-               0, 0, 0, kNegInf, 0, 0, 0, 0},
+              {0, kNegInf, kNegInf, kNegInf,  //
+               0, 0, kNegInf, kNegInf,        //
+               0, 0, 0, kNegInf,              //
+               0, 0, 0, 0},
               kExact);
   Tensor<float, 2> scores_plus_mask({4, 4});
   as_matrix(scores_plus_mask) = as_matrix(scores) + as_matrix(additive);
@@ -229,14 +260,17 @@ int main() {
   note("triu() must SELECT the -inf entries: multiplying by a 0/1 mask gives 0 * -inf = NaN");
   check.that("0 * -inf is NaN", std::isnan(0.0f * -kInf), "so a multiplicative -inf mask fails");
 
-  // ---- one mask, two polarities (002 In [42] keeps where mask == 1; 000/003 block where True) ----
-  cell("masks in attn", "AttentionMask().causal() == .blocked(triu(ones, 1)) == .allowed(tril(ones))");
+  // ---- one mask, two polarities (002 In [42] keeps where mask == 1; 000/003 block where True)
+  // ----
+  cell("masks in attn",
+       "AttentionMask().causal() == .blocked(triu(ones, 1)) == .allowed(tril(ones))");
   Tensor<bool, 2> keep(future.shape());
   for (Index i = 0; i < 6; ++i) {
     for (Index j = 0; j < 6; ++j) keep(i, j) = !future(i, j);
   }
   const auto by_causal = sa_v1.forward(inputs.view(), attn::AttentionMask<float>().causal());
-  const auto by_blocked = sa_v1.forward(inputs.view(), attn::AttentionMask<float>().blocked(future));
+  const auto by_blocked =
+      sa_v1.forward(inputs.view(), attn::AttentionMask<float>().blocked(future));
   const auto by_allowed = sa_v1.forward(inputs.view(), attn::AttentionMask<float>().allowed(keep));
   print(by_causal);
   check.close("causal() == blocked(triu(ones, 1).bool())", by_blocked, by_causal, kSameMaths);
@@ -275,13 +309,12 @@ int main() {
   }
   check.that("In [214] kept weights are exactly 2 x In [206], the rest 0", rescaled);
   // notebook 003 In [214]: its nonzero entries are PyTorch's keep pattern
-  const Tensor<double, 2> printed_214({6, 6},
-                                      {0.3433, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000,  //
-                                       0.0000, 0.0000, 0.3492, 0.0000, 0.3210, 0.3303,  //
-                                       0.0000, 0.3498, 0.3492, 0.3223, 0.3211, 0.3302,  //
-                                       0.0000, 0.0000, 0.3403, 0.3304, 0.0000, 0.3349,  //
-                                       0.0000, 0.0000, 0.0000, 0.0000, 0.3266, 0.3278,  //
-                                       0.3249, 0.3418, 0.0000, 0.3308, 0.3249, 0.3363});
+  const Tensor<double, 2> printed_214({6, 6}, {0.3433, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000,  //
+                                               0.0000, 0.0000, 0.3492, 0.0000, 0.3210, 0.3303,  //
+                                               0.0000, 0.3498, 0.3492, 0.3223, 0.3211, 0.3302,  //
+                                               0.0000, 0.0000, 0.3403, 0.3304, 0.0000, 0.3349,  //
+                                               0.0000, 0.0000, 0.0000, 0.0000, 0.3266, 0.3278,  //
+                                               0.3249, 0.3418, 0.0000, 0.3308, 0.3249, 0.3363});
   Tensor<float, 2> with_notebook_pattern({6, 6});
   for (Index i = 0; i < 6; ++i) {
     for (Index j = 0; j < 6; ++j) {
@@ -308,7 +341,9 @@ int main() {
   std::printf("%s\n", example::format_shape(batch.shape()).c_str());
   check.shape("In [216] batch.shape", batch.shape(), {2, 6, 3});
 
-  cell("In [218]", "torch.manual_seed(123); ca_v2 = CausalAttention(d_in=3, d_out=2, context_length=6, dropout=0); ca_v2(batch)");
+  cell("In [218]",
+       "torch.manual_seed(123); ca_v2 = CausalAttention(d_in=3, d_out=2, context_length=6, "
+       "dropout=0); ca_v2(batch)");
   attn::manual_seed(123);
   const attn::CausalAttention<float> ca_v2(3, 2, 6, 0.0);
   const Tensor<float, 3> context_vecs = ca_v2.forward(batch);
@@ -342,8 +377,8 @@ int main() {
 
   cell("context_length", "ca_v2 on 7 tokens (context_length=6)");
   const Tensor<float, 3> seven({1, 7, 3});
-  check.throws<std::invalid_argument>("7 tokens > context_length=6 is refused",
-                                      [&] { ca_v2.forward(seven); }, "context_length=6");
+  check.throws<std::invalid_argument>(
+      "7 tokens > context_length=6 is refused", [&] { ca_v2.forward(seven); }, "context_length=6");
 
   return check.finish();
 }

@@ -55,7 +55,9 @@ int main() {
   const Tensor<float, 3> batch = example::stack2(inputs, inputs);  // In [216], (2, 6, 3)
 
   // ---- 003 In [219]: independent heads, concatenated ----
-  cell("In [219]", "torch.manual_seed(123); mha = MultiHeadAttentionWrapper(3, 2, 6, dropout=0, num_heads=2); mha(batch)");
+  cell("In [219]",
+       "torch.manual_seed(123); mha = MultiHeadAttentionWrapper(3, 2, 6, dropout=0, num_heads=2); "
+       "mha(batch)");
   const Index context_length = batch.extent(1), d_in = batch.extent(2);
   attn::manual_seed(123);
   const attn::MultiHeadAttentionWrapper<float> wrapper(d_in, 2, context_length, 0.0,
@@ -81,7 +83,9 @@ int main() {
   note("are In [218]'s output; head 1 continues the random stream");
 
   // ---- 003 In [220]: one projection, heads as views ----
-  cell("In [220]", "torch.manual_seed(123); mha = MultiHeadAttentionClass(3, 4, 6, dropout=0, num_heads=2); context_vecs = mha(batch)");
+  cell("In [220]",
+       "torch.manual_seed(123); mha = MultiHeadAttentionClass(3, 4, 6, dropout=0, num_heads=2); "
+       "context_vecs = mha(batch)");
   const Index d_out = 4, num_heads = 2;
   attn::manual_seed(123);
   const attn::MultiHeadAttention<float> mha(d_in, d_out, context_length, 0.0, num_heads);
@@ -90,19 +94,18 @@ int main() {
   check.shape("In [220] context_vecs.shape", context_vecs.shape(), {2, 6, 4});
   note("the notebook prints only the shape; the values (CASES.md 003-In220-values):");
   print(context_vecs);
-  const std::initializer_list<double> kContext220 = {
-      0.000485,  0.118841, -0.020109, -0.112717,  //
-      -0.100139, 0.128978, -0.011679, 0.042207,   //
-      -0.132634, 0.132685, -0.008811, 0.092580,   //
-      -0.129485, 0.120624, -0.006221, 0.102278,   //
-      -0.129612, 0.104100, -0.005151, 0.110426,   //
-      -0.131084, 0.105882, -0.004303, 0.115665,   //
-      0.000485,  0.118841, -0.020109, -0.112717,  //
-      -0.100139, 0.128978, -0.011679, 0.042207,   //
-      -0.132634, 0.132685, -0.008811, 0.092580,   //
-      -0.129485, 0.120624, -0.006221, 0.102278,   //
-      -0.129612, 0.104100, -0.005151, 0.110426,   //
-      -0.131084, 0.105882, -0.004303, 0.115665};
+  const std::initializer_list<double> kContext220 = {0.000485,  0.118841, -0.020109, -0.112717,  //
+                                                     -0.100139, 0.128978, -0.011679, 0.042207,   //
+                                                     -0.132634, 0.132685, -0.008811, 0.092580,   //
+                                                     -0.129485, 0.120624, -0.006221, 0.102278,   //
+                                                     -0.129612, 0.104100, -0.005151, 0.110426,   //
+                                                     -0.131084, 0.105882, -0.004303, 0.115665,   //
+                                                     0.000485,  0.118841, -0.020109, -0.112717,  //
+                                                     -0.100139, 0.128978, -0.011679, 0.042207,   //
+                                                     -0.132634, 0.132685, -0.008811, 0.092580,   //
+                                                     -0.129485, 0.120624, -0.006221, 0.102278,   //
+                                                     -0.129612, 0.104100, -0.005151, 0.110426,   //
+                                                     -0.131084, 0.105882, -0.004303, 0.115665};
   check.close("In [220] context_vecs (CASES.md 003-In220-values)", context_vecs, kContext220,
               kPrinted6dp);
 
@@ -157,7 +160,9 @@ int main() {
               context_vecs, kSameMaths);
 
   // ---- notebook 000: MultiHeadAttention(num_heads, embed_dim, seq_length) ----
-  cell("000 In [16]-[18]", "input_data = arange(20*10*8).reshape(20, 10, 8); wq = nn.Linear(8, 8, bias=False); q = wq(input_data[:2])");
+  cell("000 In [16]-[18]",
+       "input_data = arange(20*10*8).reshape(20, 10, 8); wq = nn.Linear(8, 8, bias=False); q = "
+       "wq(input_data[:2])");
   const Tensor<float, 3> input_data = example::arange<3>({20, 10, 8});
   const attn::Linear<float> wq(8, 8, /*bias=*/false);
   const Tensor<float, 3> q = wq.forward(attn::slice(input_data.view(), 0, 0, 2));
@@ -167,7 +172,8 @@ int main() {
   check.shape("000 In [17] wq.weight.shape", wq.weight().shape(), {8, 8});
   check.shape("000 In [18] q.shape", q.shape(), {2, 10, 8});
 
-  cell("000 In [95]", "mha = MultiHeadAttention(embed_dim=8, num_heads=2, seq_length=10); out = mha(x)");
+  cell("000 In [95]",
+       "mha = MultiHeadAttention(embed_dim=8, num_heads=2, seq_length=10); out = mha(x)");
   attn::MultiHeadAttentionOptions options000;  // W_q/W_k/W_v without bias, output with bias
   options000.d_in = 8;
   options000.num_heads = 2;
@@ -180,7 +186,8 @@ int main() {
   note("the notebook's values come from unseeded torch.randn and nn.Linear: not reproducible");
 
   // ---- notebook 001: SingleHeadAttention and MultiHeadAttention(64, 8) ----
-  cell("001 In [3]", "attention = SingleHeadAttention(64); output = attention(x)   # x (32, 10, 64)");
+  cell("001 In [3]",
+       "attention = SingleHeadAttention(64); output = attention(x)   # x (32, 10, 64)");
   const Tensor<float, 3> x001 = example::random_input<3>({32, 10, 64}, /*seed=*/1);
   attn::SelfAttention<float> single(64, 64, /*qkv_bias=*/true);
   single.set_scaled(false);  // notebook 001 has no 1/sqrt(d) (CASES.md note 10)
@@ -230,18 +237,19 @@ int main() {
   }
   const Tensor<float, 3> out002_changed = mha002.forward(input002);
   check.close("002 batch item 0 unchanged when item 4 changes",
-              attn::select(out002_changed.view(), 0, 0), attn::select(out002.view(), 0, 0),
-              kExact);
+              attn::select(out002_changed.view(), 0, 0), attn::select(out002.view(), 0, 0), kExact);
   double item4_change = 0;
   for (Index t = 0; t < 5; ++t) {
     for (Index f = 0; f < 12; ++f) {
-      item4_change = std::max(item4_change, double(std::fabs(out002_changed(4, t, f) - out002(4, t, f))));
+      item4_change =
+          std::max(item4_change, double(std::fabs(out002_changed(4, t, f) - out002(4, t, f))));
     }
   }
   check.that("002 batch item 4 itself did change", item4_change > 0.0,
              "max |change| " + std::to_string(item4_change));
 
-  cell("002 In [42]", "the \"OpenAI\" MultiHeadAttention(12, 3, dropout=0.1), bias=True, in training mode");
+  cell("002 In [42]",
+       "the \"OpenAI\" MultiHeadAttention(12, 3, dropout=0.1), bias=True, in training mode");
   const attn::MultiHeadAttention<float> openai(
       attn::MultiHeadAttentionOptions::pytorch(12, 3, /*bias=*/true, 0, 0, /*dropout=*/0.1));
   attn::MultiHeadAttention<float> openai_eval = openai;

@@ -58,18 +58,20 @@ int main() {
   check.shape("In [3] x.shape", x.shape(), {1, 4, 512});
   note("unseeded in the notebook; here uniform values from attn::TorchGenerator(4)");
 
-  cell("In [4]-[6]", "qkv_layer = nn.Linear(input_dim, 3 * d_model); qkv = qkv_layer(x); qkv.shape");
+  cell("In [4]-[6]",
+       "qkv_layer = nn.Linear(input_dim, 3 * d_model); qkv = qkv_layer(x); qkv.shape");
   attn::manual_seed(4);
   const attn::Linear<float> qkv_layer(input_dim, 3 * d_model);  // weight (1536, 512), bias
   const Tensor<float, 3> qkv = qkv_layer.forward(x);
   std::printf("%s\n", format_shape(qkv.shape()).c_str());
   check.shape("In [6] qkv.shape", qkv.shape(), {1, 4, 1536});
 
-  cell("In [7]/[8]", "qkv = qkv.reshape(1, 4, number_of_heads, 3 * dim_per_head).permute(0, 2, 1, 3)");
+  cell("In [7]/[8]",
+       "qkv = qkv.reshape(1, 4, number_of_heads, 3 * dim_per_head).permute(0, 2, 1, 3)");
   const Index number_of_heads = 8, dim_per_head = d_model / number_of_heads;
   const auto qkv_heads = attn::permute(
-      attn::reshape(qkv.view(), Shape<4>{batch_size, sequence_length, number_of_heads,
-                                         3 * dim_per_head}),
+      attn::reshape(qkv.view(),
+                    Shape<4>{batch_size, sequence_length, number_of_heads, 3 * dim_per_head}),
       {0, 2, 1, 3});
   std::printf("%s strides %s\n", format_shape(qkv_heads.shape()).c_str(),
               format_shape(qkv_heads.strides()).c_str());
@@ -99,12 +101,15 @@ int main() {
   check.shape("In [12] scaled_Q_matmul_k.shape", scaled_Q_matmul_k.shape(), {1, 8, 4, 4});
   note("In [13]'s values come from the unseeded x and qkv_layer: not reproducible");
 
-  cell("In [65]-[67]", "mask = torch.triu(torch.full(size, -torch.inf), diagonal=1); mask + scaled_Q_matmul_k");
+  cell("In [65]-[67]",
+       "mask = torch.triu(torch.full(size, -torch.inf), diagonal=1); mask + scaled_Q_matmul_k");
   const Tensor<float, 2> mask = attn::causal_additive_mask<float>(sequence_length);
   print(mask);
   check.close("In [66] triu(full(-inf), 1)", mask,
-              {0, kNegInf, kNegInf, kNegInf, 0, 0, kNegInf, kNegInf,  //
-               0, 0, 0, kNegInf, 0, 0, 0, 0},
+              {0, kNegInf, kNegInf, kNegInf,  //
+               0, 0, kNegInf, kNegInf,        //
+               0, 0, 0, kNegInf,              //
+               0, 0, 0, 0},
               kExact);
   Tensor<float, 4> masked = scaled_Q_matmul_k;  // the mask broadcasts over (batch, head)
   for (Index h = 0; h < number_of_heads; ++h) as_matrix(head(masked.view(), h)) += as_matrix(mask);
@@ -112,32 +117,51 @@ int main() {
   cell("In [68]", "masked_scaled_q_matmul_k   # heads 0-4 of the notebook's printout, as inputs");
   // notebook 004 In [68]: the lower triangles of heads 0-4 (head 5 on is cut off). The
   // unmasked scores above the diagonal were never printed; 0 stands in for them.
-  const Tensor<float, 4> printed_scores(
-      {1, 5, 4, 4},
-      {0.1378f,  0,        0,        0,        -0.0831f, 0.4652f,  0,       0,  //
-       -0.4318f, 0.2800f,  -0.2073f, 0,        0.2879f,  -0.1388f, 0.1274f, -0.1766f,
-       -0.3567f, 0,        0,        0,        -0.1704f, 0.3626f,  0,       0,  //
-       0.2982f,  0.2223f,  0.2475f,  0,        -0.0281f, -0.2246f, -0.0802f, 0.6789f,
-       0.0020f,  0,        0,        0,        0.1887f,  -0.5517f, 0,       0,  //
-       -0.2751f, 0.0403f,  0.0251f,  0,        0.0970f,  -0.0690f, 0.2044f, 0.2624f,
-       0.0536f,  0,        0,        0,        0.0969f,  -0.1592f, 0,       0,  //
-       0.1331f,  0.7730f,  -0.4895f, 0,        0.0140f,  0.4209f,  0.4723f, -0.2291f,
-       0.0296f,  0,        0,        0,        0.0609f,  -0.5630f, 0,       0,  //
-       0.1409f,  -0.5189f, 0.1368f,  0,        -0.3432f, 0.1459f,  -0.4373f, 0.2193f});
+  const Tensor<float, 4> printed_scores({1, 5, 4, 4}, {0.1378f,  0,        0,        0,         //
+                                                       -0.0831f, 0.4652f,  0,        0,         //
+                                                       -0.4318f, 0.2800f,  -0.2073f, 0,         //
+                                                       0.2879f,  -0.1388f, 0.1274f,  -0.1766f,  //
+                                                       -0.3567f, 0,        0,        0,         //
+                                                       -0.1704f, 0.3626f,  0,        0,         //
+                                                       0.2982f,  0.2223f,  0.2475f,  0,         //
+                                                       -0.0281f, -0.2246f, -0.0802f, 0.6789f,   //
+                                                       0.0020f,  0,        0,        0,         //
+                                                       0.1887f,  -0.5517f, 0,        0,         //
+                                                       -0.2751f, 0.0403f,  0.0251f,  0,         //
+                                                       0.0970f,  -0.0690f, 0.2044f,  0.2624f,   //
+                                                       0.0536f,  0,        0,        0,         //
+                                                       0.0969f,  -0.1592f, 0,        0,         //
+                                                       0.1331f,  0.7730f,  -0.4895f, 0,         //
+                                                       0.0140f,  0.4209f,  0.4723f,  -0.2291f,  //
+                                                       0.0296f,  0,        0,        0,         //
+                                                       0.0609f,  -0.5630f, 0,        0,         //
+                                                       0.1409f,  -0.5189f, 0.1368f,  0,         //
+                                                       -0.3432f, 0.1459f,  -0.4373f, 0.2193f});
   Tensor<float, 4> masked_68 = printed_scores;
   for (Index h = 0; h < 5; ++h) as_matrix(head(masked_68.view(), h)) += as_matrix(mask);
   print(masked_68);
+  // notebook 004 In [68]
   check.close("In [68] -inf strictly above the diagonal, scores kept below", masked_68,
-              {0.1378,  kNegInf, kNegInf, kNegInf, -0.0831, 0.4652,  kNegInf, kNegInf,
-               -0.4318, 0.2800,  -0.2073, kNegInf, 0.2879,  -0.1388, 0.1274,  -0.1766,
-               -0.3567, kNegInf, kNegInf, kNegInf, -0.1704, 0.3626,  kNegInf, kNegInf,
-               0.2982,  0.2223,  0.2475,  kNegInf, -0.0281, -0.2246, -0.0802, 0.6789,
-               0.0020,  kNegInf, kNegInf, kNegInf, 0.1887,  -0.5517, kNegInf, kNegInf,
-               -0.2751, 0.0403,  0.0251,  kNegInf, 0.0970,  -0.0690, 0.2044,  0.2624,
-               0.0536,  kNegInf, kNegInf, kNegInf, 0.0969,  -0.1592, kNegInf, kNegInf,
-               0.1331,  0.7730,  -0.4895, kNegInf, 0.0140,  0.4209,  0.4723,  -0.2291,
-               0.0296,  kNegInf, kNegInf, kNegInf, 0.0609,  -0.5630, kNegInf, kNegInf,
-               0.1409,  -0.5189, 0.1368,  kNegInf, -0.3432, 0.1459,  -0.4373, 0.2193},
+              {0.1378,  kNegInf, kNegInf, kNegInf,  //
+               -0.0831, 0.4652,  kNegInf, kNegInf,  //
+               -0.4318, 0.2800,  -0.2073, kNegInf,  //
+               0.2879,  -0.1388, 0.1274,  -0.1766,  //
+               -0.3567, kNegInf, kNegInf, kNegInf,  //
+               -0.1704, 0.3626,  kNegInf, kNegInf,  //
+               0.2982,  0.2223,  0.2475,  kNegInf,  //
+               -0.0281, -0.2246, -0.0802, 0.6789,   //
+               0.0020,  kNegInf, kNegInf, kNegInf,  //
+               0.1887,  -0.5517, kNegInf, kNegInf,  //
+               -0.2751, 0.0403,  0.0251,  kNegInf,  //
+               0.0970,  -0.0690, 0.2044,  0.2624,   //
+               0.0536,  kNegInf, kNegInf, kNegInf,  //
+               0.0969,  -0.1592, kNegInf, kNegInf,  //
+               0.1331,  0.7730,  -0.4895, kNegInf,  //
+               0.0140,  0.4209,  0.4723,  -0.2291,  //
+               0.0296,  kNegInf, kNegInf, kNegInf,  //
+               0.0609,  -0.5630, kNegInf, kNegInf,  //
+               0.1409,  -0.5189, 0.1368,  kNegInf,  //
+               -0.3432, 0.1459,  -0.4373, 0.2193},
               kPrinted4dp);
 
   cell("In [69]", "-torch.inf");
@@ -154,20 +178,30 @@ int main() {
   print(head(attention_68.view(), 0));
   // notebook 004 In [74], computed from In [68]'s 4-decimal head 0
   check.close("In [74] attention[0][0]", head(attention_68.view(), 0),
-              {1.0000, 0.0000, 0.0000, 0.0000, 0.3663, 0.6337, 0.0000, 0.0000,  //
-               0.2331, 0.4751, 0.2918, 0.0000, 0.3192, 0.2083, 0.2719, 0.2006},
+              {1.0000, 0.0000, 0.0000, 0.0000,  //
+               0.3663, 0.6337, 0.0000, 0.0000,  //
+               0.2331, 0.4751, 0.2918, 0.0000,  //
+               0.3192, 0.2083, 0.2719, 0.2006},
               kFromPrintedInputs);
   // CASES.md 004-In68-softmax-heads1-4 (not printed by the notebook)
   check.close("In [68] heads 1-4 softmax (CASES.md 004-In68-softmax-heads1-4)",
               attn::slice(attention_68.view(), 1, 1, 5),
-              {1.000000, 0.000000, 0.000000, 0.000000, 0.369817, 0.630183, 0.000000, 0.000000,
-               0.347527, 0.322126, 0.330347, 0.000000, 0.208388, 0.171212, 0.197809, 0.422590,
-               1.000000, 0.000000, 0.000000, 0.000000, 0.677083, 0.322917, 0.000000, 0.000000,
-               0.268750, 0.368404, 0.362847, 0.000000, 0.241529, 0.204586, 0.268913, 0.284972,
-               1.000000, 0.000000, 0.000000, 0.000000, 0.563677, 0.436323, 0.000000, 0.000000,
-               0.291304, 0.552397, 0.156298, 0.000000, 0.205435, 0.308594, 0.324871, 0.161100,
-               1.000000, 0.000000, 0.000000, 0.000000, 0.651105, 0.348895, 0.000000, 0.000000,
-               0.397952, 0.205723, 0.396324, 0.000000, 0.188818, 0.307934, 0.171861, 0.331387},
+              {1.000000, 0.000000, 0.000000, 0.000000,  //
+               0.369817, 0.630183, 0.000000, 0.000000,  //
+               0.347527, 0.322126, 0.330347, 0.000000,  //
+               0.208388, 0.171212, 0.197809, 0.422590,  //
+               1.000000, 0.000000, 0.000000, 0.000000,  //
+               0.677083, 0.322917, 0.000000, 0.000000,  //
+               0.268750, 0.368404, 0.362847, 0.000000,  //
+               0.241529, 0.204586, 0.268913, 0.284972,  //
+               1.000000, 0.000000, 0.000000, 0.000000,  //
+               0.563677, 0.436323, 0.000000, 0.000000,  //
+               0.291304, 0.552397, 0.156298, 0.000000,  //
+               0.205435, 0.308594, 0.324871, 0.161100,  //
+               1.000000, 0.000000, 0.000000, 0.000000,  //
+               0.651105, 0.348895, 0.000000, 0.000000,  //
+               0.397952, 0.205723, 0.396324, 0.000000,  //
+               0.188818, 0.307934, 0.171861, 0.331387},
               kPrinted6dp);
 
   cell("In [75]/[76]", "values = torch.matmul(attention, V); values.shape");
@@ -181,7 +215,8 @@ int main() {
   check.shape("In [76] values.shape", values.shape(), {1, 8, 4, 64});
 
   // ---- merging the heads ----
-  cell("In [80]/[81]", "values = values.reshape(batch_size, sequence_length, number_of_heads * d_k)");
+  cell("In [80]/[81]",
+       "values = values.reshape(batch_size, sequence_length, number_of_heads * d_k)");
   const auto merged_wrong = attn::reshape(values.view(), Shape<3>{1, 4, 512});
   std::printf("%s\n", format_shape(merged_wrong.shape()).c_str());
   check.shape("In [81] values.shape (the shape is right)", merged_wrong.shape(), {1, 4, 512});
@@ -189,8 +224,7 @@ int main() {
   note("head 0 of tokens 0, 1, 2, 3 then head 1 of tokens 0, 1, 2, 3 (CASES.md bug 7)");
   const auto token0_wrong = select(select(merged_wrong, 0, 0), 0, 0);  // (512)
   check.close("In [81] wrong token 0, features 64-127 == head 0 of token 1 (a future token)",
-              attn::slice(token0_wrong, 0, 64, 128), select(head(values.view(), 0), 0, 1),
-              kExact);
+              attn::slice(token0_wrong, 0, 64, 128), select(head(values.view(), 0), 0, 1), kExact);
 
   cell("correct merge", "values.permute(0, 2, 1, 3).reshape(batch_size, sequence_length, d_model)");
   const auto values_by_token = attn::permute(values.view(), {0, 2, 1, 3});  // (1, 4, 8, 64) view
@@ -210,11 +244,10 @@ int main() {
   attn::scaled_dot_product_attention<float>(Q, K, V, context_heads,
                                             attn::AttentionMask<float>().additive(mask));
   const auto context_merged = attn::merge_heads(context_heads);
-  std::printf("split_heads(context) %s strides %s -> merge_heads %s strides %s\n",
-              format_shape(context_heads.shape()).c_str(),
-              format_shape(context_heads.strides()).c_str(),
-              format_shape(context_merged.shape()).c_str(),
-              format_shape(context_merged.strides()).c_str());
+  std::printf(
+      "split_heads(context) %s strides %s -> merge_heads %s strides %s\n",
+      format_shape(context_heads.shape()).c_str(), format_shape(context_heads.strides()).c_str(),
+      format_shape(context_merged.shape()).c_str(), format_shape(context_merged.strides()).c_str());
   check.that("merge_heads(split_heads(context)) is context itself",
              context_merged.data() == context.data() && context_merged.shape() == context.shape() &&
                  context_merged.strides() == context.strides());
@@ -240,7 +273,8 @@ int main() {
       attn::slice(heads_changed, 3, 128, 192),
       attn::split_heads(context_changed.view(), number_of_heads),
       attn::AttentionMask<float>().causal());
-  check.close("correct merge: token 0 unchanged", select(select(context_changed.view(), 0, 0), 0, 0),
+  check.close("correct merge: token 0 unchanged",
+              select(select(context_changed.view(), 0, 0), 0, 0),
               select(select(context.view(), 0, 0), 0, 0), kExact);
   Tensor<float, 4> values_changed({1, 8, 4, 64});  // the notebook's head-major buffer
   copy(attn::split_heads(context_changed.view(), number_of_heads), values_changed.view());
@@ -253,7 +287,8 @@ int main() {
   check.that("notebook merge: token 0 sees token 3 (causality broken)", leak > 0.0);
 
   // ---- output projection, and the whole thing as one module ----
-  cell("In [84]-[86]", "feed_forward_layer = nn.Linear(d_model, d_model); output = feed_forward_layer(values)");
+  cell("In [84]-[86]",
+       "feed_forward_layer = nn.Linear(d_model, d_model); output = feed_forward_layer(values)");
   const attn::Linear<float> feed_forward_layer(d_model, d_model);
   const Tensor<float, 3> output = feed_forward_layer.forward(context);
   std::printf("%s\n", format_shape(output.shape()).c_str());

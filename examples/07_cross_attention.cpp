@@ -96,7 +96,9 @@ int main() {
 
   example::Checker check("07_cross_attention");
 
-  cell("000 In [3]", "mha_layer = MultiHeadAttention(num_heads=8, embed_dim=256); output = mha_layer(q_input=decoder_input, k_input=encoder_output, v_input=encoder_output)");
+  cell("000 In [3]",
+       "mha_layer = MultiHeadAttention(num_heads=8, embed_dim=256); output = "
+       "mha_layer(q_input=decoder_input, k_input=encoder_output, v_input=encoder_output)");
   const Index batch_size = 32, embed_dim = 256, num_heads = 8;
   const Index decoder_seq_len = 15;  // the length of the target sequence (queries)
   const Index encoder_seq_len = 20;  // the length of the source sequence (keys, values)
@@ -141,7 +143,8 @@ int main() {
                 select(output.view(), 0, b), expected_t.view(), kSameMaths);
   }
 
-  cell("MultiHeadAttention::forward(query, key, value)", "the general module, same seed, same weights");
+  cell("MultiHeadAttention::forward(query, key, value)",
+       "the general module, same seed, same weights");
   attn::MultiHeadAttentionOptions options;
   options.d_in = embed_dim;
   options.num_heads = num_heads;  // qkv_bias = false, out_bias = true, not causal
@@ -150,7 +153,9 @@ int main() {
   const Tensor<float, 3> output_mha = mha.forward(decoder_input, encoder_output, encoder_output);
   check.close("MultiHeadAttention::forward(q, k, v) == CrossAttention::forward(q, kv)", output_mha,
               output, kExact);
-  note("k_input = v_input = None in the notebook means self-attention: forward(x) == forward(x, x, x)");
+  note(
+      "k_input = v_input = None in the notebook means self-attention: forward(x) == forward(x, x, "
+      "x)");
   check.close("forward(x) == forward(x, x, x)", mha.forward(decoder_input),
               mha.forward(decoder_input, decoder_input, decoder_input), kExact);
 
@@ -199,21 +204,21 @@ int main() {
              weights_follow(padded.weights, [&](Index b, Index, Index j) {
                return j < lengths[static_cast<std::size_t>(b)];
              }));
-  check.close("key_padding(bool mask) == key_lengths(lengths)",
-              mha_layer.forward(decoder_input, encoder_output,
-                                AttentionMask<float>().key_padding(padding)),
-              padded.output, kSameMaths);
-  const Tensor<float, 3> item3_alone = mha_layer.forward(
-      attn::slice(decoder_input.view(), 0, 3, 4),
-      attn::slice(attn::slice(encoder_output.view(), 0, 3, 4), 1, 0, lengths[3]));
+  check.close(
+      "key_padding(bool mask) == key_lengths(lengths)",
+      mha_layer.forward(decoder_input, encoder_output, AttentionMask<float>().key_padding(padding)),
+      padded.output, kSameMaths);
+  const Tensor<float, 3> item3_alone =
+      mha_layer.forward(attn::slice(decoder_input.view(), 0, 3, 4),
+                        attn::slice(attn::slice(encoder_output.view(), 0, 3, 4), 1, 0, lengths[3]));
   check.close("padded item 3 == item 3 with its 11 real tokens only",
               select(padded.output.view(), 0, 3), select(item3_alone.view(), 0, 0), kSameMaths);
 
   cell("nothing to attend to", "encoder item 0 of length 0");
   std::vector<Index> empty_first = lengths;
   empty_first[0] = 0;
-  const auto empty = mha_layer.forward_with_weights(decoder_input, encoder_output,
-                                                    AttentionMask<float>().key_lengths(empty_first));
+  const auto empty = mha_layer.forward_with_weights(
+      decoder_input, encoder_output, AttentionMask<float>().key_lengths(empty_first));
   bool finite = true;
   for (const float value : empty.output.to_vector()) finite = finite && std::isfinite(value);
   check.that("no NaN anywhere (PyTorch's MultiheadAttention gives NaN here)", finite);

@@ -276,8 +276,8 @@ class Checker {
                     const attn::Shape<Rank>& shape, const std::vector<double>& expected,
                     double tol) {
     if (actual.size() != expected.size()) {
-      fail(label, std::to_string(actual.size()) + " values, expected " +
-                      std::to_string(expected.size()));
+      fail(label,
+           std::to_string(actual.size()) + " values, expected " + std::to_string(expected.size()));
       return;
     }
     double worst = 0;
@@ -302,14 +302,14 @@ class Checker {
         std::snprintf(buffer, sizeof buffer, "%zu value%s, exact", actual.size(),
                       actual.size() == 1 ? "" : "s");
       } else {
-        std::snprintf(buffer, sizeof buffer, "%zu value%s, max |diff| %.1e <= %.1e",
-                      actual.size(), actual.size() == 1 ? "" : "s", worst, tol);
+        std::snprintf(buffer, sizeof buffer, "%zu value%s, max |diff| %.1e <= %.1e", actual.size(),
+                      actual.size() == 1 ? "" : "s", worst, tol);
       }
       pass(label, buffer);
     } else {
       std::snprintf(buffer, sizeof buffer, "at %s: got %.6g, expected %.6g (|diff| %.1e > %.1e)",
-                    detail::index_of(static_cast<Index>(worst_at), shape).c_str(),
-                    actual[worst_at], expected[worst_at], worst, tol);
+                    detail::index_of(static_cast<Index>(worst_at), shape).c_str(), actual[worst_at],
+                    expected[worst_at], worst, tol);
       fail(label, buffer);
     }
   }
@@ -321,8 +321,7 @@ class Checker {
   void fail(const std::string& label, const std::string& detail) {
     ++checks_;
     ++mismatches_;
-    std::printf("  MISMATCH  %s%s%s\n", label.c_str(), detail.empty() ? "" : ": ",
-                detail.c_str());
+    std::printf("  MISMATCH  %s%s%s\n", label.c_str(), detail.empty() ? "" : ": ", detail.c_str());
   }
 
   std::string program_;
