@@ -137,5 +137,26 @@ static_assert(std::is_same_v<decltype(std::declval<Linear<float>&>().weight()), 
 static_assert(std::is_same_v<decltype(std::declval<const Linear<double>&>().bias()), View<const double, 1>>);
 static_assert(std::is_same_v<decltype(softmax(std::declval<View<const float, 2>>())), Tensor<float, 2>>);
 
+// ---- masks keep views, so temporaries are refused ----
+
+template <class Mask, class Arg, class = void>
+struct CanAllow : std::false_type {};
+template <class Mask, class Arg>
+struct CanAllow<Mask, Arg, std::void_t<decltype(std::declval<Mask&>().allowed(std::declval<Arg>()))>>
+    : std::true_type {};
+template <class Mask, class Arg, class = void>
+struct CanAdd : std::false_type {};
+template <class Mask, class Arg>
+struct CanAdd<Mask, Arg, std::void_t<decltype(std::declval<Mask&>().additive(std::declval<Arg>()))>>
+    : std::true_type {};
+
+static_assert(CanAllow<AttentionMask<float>, const Tensor<bool, 2>&>::value);
+static_assert(CanAllow<AttentionMask<float>, View<const bool, 3>>::value);
+static_assert(!CanAllow<AttentionMask<float>, Tensor<bool, 2>>::value,
+              "a temporary mask tensor would dangle");
+static_assert(CanAdd<AttentionMask<double>, const Tensor<double, 4>&>::value);
+static_assert(!CanAdd<AttentionMask<double>, Tensor<double, 4>>::value,
+              "a temporary mask tensor would dangle");
+
 }  // namespace
 }  // namespace attn::compile_test

@@ -2,6 +2,7 @@
 // tests/tensor/tensor_test.cpp: TensorView (strides, const conversion, at(), contiguity) and
 // Tensor (construction, copies, moves, resize, alignment, implicit views).
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <stdexcept>
 #include <utility>
@@ -296,6 +297,23 @@ TYPED_TEST(TensorTest, MovedFromTensorCanBeResizedAndReused) {
   d = std::move(c);
   c.resize({2});  // NOLINT(bugprone-use-after-move)
   ASSERT_NE(c.data(), nullptr) << "resize() after a move-assignment left the tensor without storage";
+}
+
+// The same defect makes copy-assignment into a moved-from tensor write through a null
+// pointer (a segfault), so the assignment runs in a child process: the test fails instead of
+// taking the whole executable down.
+TEST(TensorDeathTest, CopyAssignIntoMovedFromTensorWorks) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  using Vector = Tensor<float, 1>;
+  EXPECT_EXIT(
+      {
+        Vector a({8});
+        Vector b(std::move(a));
+        const Vector c({8}, 1.0f);
+        a = c;  // NOLINT(bugprone-use-after-move): assigning to a moved-from object is valid
+        std::exit(a(7) == 1.0f && a.data() != c.data() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TYPED_TEST(TensorTest, ResizeReusesCapacity) {
