@@ -156,7 +156,7 @@ struct Pipeline {
   }
 };
 
-// 004-In3, In6, In8, In10: x, qkv, the per-head layout and the chunks.
+// 004-In3, 004-In6, 004-In8, 004-In10: x, qkv, the per-head layout and the chunks.
 TYPED_TEST(Notebook004, In3ToIn10FusedQkvShapes) {
   const Pipeline<TypeParam> p;
   EXPECT_EQ(p.x.shape(), cat::shape(nb::in3::shape_x));
@@ -194,7 +194,7 @@ TYPED_TEST(Notebook004, In12ScaledScoresShape) {
               Le(attn::test::reduction_tolerance<Scalar>(64)));
 }
 
-// 004-In70 and In76: the additively masked scores (1, 8, 4, 4) (as the kernel's weights with
+// 004-In70 and 004-In76: the additively masked scores (1, 8, 4, 4) (as the kernel's weights with
 // the additive mask) and values = softmax(masked) @ V (1, 8, 4, 64).
 TYPED_TEST(Notebook004, In70AndIn76MaskedWeightsAndValuesShapes) {
   using Scalar = TypeParam;
