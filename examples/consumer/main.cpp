@@ -1,16 +1,15 @@
 // SPDX-License-Identifier: MIT
 // examples/consumer/main.cpp: a program outside the attn tree: one causal multi-head
 // attention forward over the notebooks' inputs, checked for its shape. Exits 1 on a mismatch.
+#include <attn/attn.hpp>
 #include <cmath>
 #include <cstdio>
-
-#include <attn/attn.hpp>
 
 namespace {
 
 void print_shape(const char* label, const attn::Shape<3>& shape) {
-  std::printf("%s(%ld, %ld, %ld)\n", label, static_cast<long>(shape[0]), static_cast<long>(shape[1]),
-              static_cast<long>(shape[2]));
+  std::printf("%s(%ld, %ld, %ld)\n", label, static_cast<long>(shape[0]),
+              static_cast<long>(shape[1]), static_cast<long>(shape[2]));
 }
 
 }  // namespace
@@ -35,8 +34,8 @@ int main() {
   std::printf("attn %d.%d.%d: ", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
   print_shape("context has shape ", context.shape());
   for (attn::Index t = 0; t < context.extent(1); ++t) {
-    std::printf("  token %ld: [% .4f, % .4f, % .4f, % .4f]\n", static_cast<long>(t), context(0, t, 0),
-                context(0, t, 1), context(0, t, 2), context(0, t, 3));
+    std::printf("  token %ld: [% .4f, % .4f, % .4f, % .4f]\n", static_cast<long>(t),
+                context(0, t, 0), context(0, t, 1), context(0, t, 2), context(0, t, 3));
   }
 
   const attn::Shape<3> expected{2, 6, 4};

@@ -1,11 +1,10 @@
 // SPDX-License-Identifier: MIT
 // tests/compile/tensor_traits.cpp: compile-only checks (building this file is the test) for
 // const-correctness, convertibility and triviality of views and tensors.
+#include <Eigen/Core>
 #include <cstddef>
 #include <type_traits>
 #include <utility>
-
-#include <Eigen/Core>
 
 #include "attn/attn.hpp"
 
@@ -52,13 +51,17 @@ constexpr bool check_const_conversions() {
 
   // View ops keep constness.
   static_assert(std::is_same_v<decltype(slice(std::declval<ReadOnly>(), 0, 0, 1)), ReadOnly>);
-  static_assert(std::is_same_v<decltype(select(std::declval<ReadOnly>(), 0, 0)), View<const Scalar, 2>>);
+  static_assert(
+      std::is_same_v<decltype(select(std::declval<ReadOnly>(), 0, 0)), View<const Scalar, 2>>);
   static_assert(std::is_same_v<decltype(transpose(std::declval<ReadOnly>(), 0, 1)), ReadOnly>);
-  static_assert(std::is_same_v<decltype(unsqueeze(std::declval<ReadOnly>(), 0)), View<const Scalar, 4>>);
+  static_assert(
+      std::is_same_v<decltype(unsqueeze(std::declval<ReadOnly>(), 0)), View<const Scalar, 4>>);
   static_assert(std::is_same_v<decltype(reshape(std::declval<ReadOnly>(), Shape<2>{-1, 1})),
                                View<const Scalar, 2>>);
-  static_assert(std::is_same_v<decltype(split_heads(std::declval<ReadOnly>(), 1)), View<const Scalar, 4>>);
-  static_assert(std::is_same_v<decltype(merge_heads(std::declval<View<const Scalar, 4>>())), ReadOnly>);
+  static_assert(
+      std::is_same_v<decltype(split_heads(std::declval<ReadOnly>(), 1)), View<const Scalar, 4>>);
+  static_assert(
+      std::is_same_v<decltype(merge_heads(std::declval<View<const Scalar, 4>>())), ReadOnly>);
   static_assert(std::is_same_v<decltype(contiguous(std::declval<ReadOnly>())), Tensor<Scalar, 3>>);
   return true;
 }
@@ -116,15 +119,19 @@ template <class Scalar>
 constexpr bool check_eigen_bridge() {
   using ConstMap = decltype(as_matrix(std::declval<View<const Scalar, 2>>()));
   using MutableMap = decltype(as_matrix(std::declval<View<Scalar, 2>>()));
-  static_assert(std::is_same_v<ConstMap,
-                               Eigen::Map<const RowMatrix<Scalar>, Eigen::Unaligned, Eigen::OuterStride<>>>);
-  static_assert(std::is_same_v<MutableMap,
-                               Eigen::Map<RowMatrix<Scalar>, Eigen::Unaligned, Eigen::OuterStride<>>>);
+  static_assert(
+      std::is_same_v<ConstMap,
+                     Eigen::Map<const RowMatrix<Scalar>, Eigen::Unaligned, Eigen::OuterStride<>>>);
+  static_assert(
+      std::is_same_v<MutableMap,
+                     Eigen::Map<RowMatrix<Scalar>, Eigen::Unaligned, Eigen::OuterStride<>>>);
   static_assert(!std::is_assignable_v<decltype(std::declval<ConstMap&>()(0, 0)), Scalar>);
   static_assert(std::is_assignable_v<decltype(std::declval<MutableMap&>()(0, 0)), Scalar>);
   static_assert(RowMatrix<Scalar>::IsRowMajor);
-  static_assert(std::is_same_v<decltype(as_matrix(std::declval<const Tensor<Scalar, 2>&>())), ConstMap>);
-  static_assert(!std::is_assignable_v<decltype(as_vector(std::declval<View<const Scalar, 1>>())(0)), Scalar>);
+  static_assert(
+      std::is_same_v<decltype(as_matrix(std::declval<const Tensor<Scalar, 2>&>())), ConstMap>);
+  static_assert(
+      !std::is_assignable_v<decltype(as_vector(std::declval<View<const Scalar, 1>>())(0)), Scalar>);
   return true;
 }
 static_assert(check_eigen_bridge<float>());
@@ -132,17 +139,21 @@ static_assert(check_eigen_bridge<double>());
 
 // ---- modules hand out read-only parameters from const objects ----
 
-static_assert(std::is_same_v<decltype(std::declval<const Linear<float>&>().weight()), View<const float, 2>>);
+static_assert(
+    std::is_same_v<decltype(std::declval<const Linear<float>&>().weight()), View<const float, 2>>);
 static_assert(std::is_same_v<decltype(std::declval<Linear<float>&>().weight()), View<float, 2>>);
-static_assert(std::is_same_v<decltype(std::declval<const Linear<double>&>().bias()), View<const double, 1>>);
-static_assert(std::is_same_v<decltype(softmax(std::declval<View<const float, 2>>())), Tensor<float, 2>>);
+static_assert(
+    std::is_same_v<decltype(std::declval<const Linear<double>&>().bias()), View<const double, 1>>);
+static_assert(
+    std::is_same_v<decltype(softmax(std::declval<View<const float, 2>>())), Tensor<float, 2>>);
 
 // ---- masks keep views, so temporaries are refused ----
 
 template <class Mask, class Arg, class = void>
 struct CanAllow : std::false_type {};
 template <class Mask, class Arg>
-struct CanAllow<Mask, Arg, std::void_t<decltype(std::declval<Mask&>().allowed(std::declval<Arg>()))>>
+struct CanAllow<Mask, Arg,
+                std::void_t<decltype(std::declval<Mask&>().allowed(std::declval<Arg>()))>>
     : std::true_type {};
 template <class Mask, class Arg, class = void>
 struct CanAdd : std::false_type {};

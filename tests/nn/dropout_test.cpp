@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/dropout_test.cpp: inverted dropout (identity at p = 0 and in eval mode, the exact
 // 1/(1-p) scale, the keep rate, determinism per seed, invalid p).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"

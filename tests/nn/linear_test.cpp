@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/linear_test.cpp: TorchGenerator (bit-exact torch.manual_seed streams) and Linear
 // (PyTorch layout y = x W^T + b, init, any leading rank, strided inputs, shape errors).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
@@ -43,9 +43,9 @@ TEST(TorchGenerator, RandFloatMatchesTorchManualSeed123) {
   // /usr/bin/python3 -c "import torch; torch.manual_seed(123); print(torch.rand(6).tolist())"
   attn::manual_seed(123);
   const auto r = attn::rand<float>(Shape<1>{6});
-  EXPECT_THAT(r.to_vector(), ElementsAre(0.29611194133758545f, 0.516562283039093f,
-                                         0.2516707181930542f, 0.6885567903518677f,
-                                         0.07397246360778809f, 0.866521954536438f));
+  EXPECT_THAT(r.to_vector(),
+              ElementsAre(0.29611194133758545f, 0.516562283039093f, 0.2516707181930542f,
+                          0.6885567903518677f, 0.07397246360778809f, 0.866521954536438f));
 }
 
 TEST(TorchGenerator, RandDoubleMatchesTorchManualSeed123) {
@@ -60,7 +60,8 @@ TEST(TorchGenerator, RandDoubleMatchesTorchManualSeed123) {
 
 TEST(TorchGenerator, Random64MatchesTorchFullRangeRandom) {
   // /usr/bin/python3 -c "import torch; torch.manual_seed(123);
-  //   print([v & (2**64-1) for v in torch.empty(3, dtype=torch.int64).random_(-2**63, None).tolist()])"
+  //   print([v & (2**64-1) for v in torch.empty(3, dtype=torch.int64).random_(-2**63,
+  //   None).tolist()])"
   attn::TorchGenerator gen(123);
   EXPECT_EQ(gen.random64(), 12847588855871978861ULL);
   EXPECT_EQ(gen.random64(), 5278339153051796802ULL);
@@ -156,12 +157,13 @@ TEST(Linear, ForwardMatchesTorchFromSeed123) {
   //   x = torch.tensor([[0.43, 0.15, 0.89, 0.55], [0.87, 0.66, 0.57, 0.85]]); print(l(x).tolist())"
   attn::manual_seed(123);
   const Linear<float> layer(4, 3);
-  const auto x = Tensor<float, 2>::from_rows({{0.43f, 0.15f, 0.89f, 0.55f}, {0.87f, 0.66f, 0.57f, 0.85f}});
+  const auto x =
+      Tensor<float, 2>::from_rows({{0.43f, 0.15f, 0.89f, 0.55f}, {0.87f, 0.66f, 0.57f, 0.85f}});
   const auto y = layer.forward(x);
   EXPECT_THAT(y.to_vector(),
-              Pointwise(FloatNear(1e-6f), {-0.6268590688705444f, -0.9736558198928833f,
-                                           -0.3469920754432678f, -0.5720906257629395f,
-                                           -0.9771435856819153f, -0.2552686333656311f}));
+              Pointwise(FloatNear(1e-6f),
+                        {-0.6268590688705444f, -0.9736558198928833f, -0.3469920754432678f,
+                         -0.5720906257629395f, -0.9771435856819153f, -0.2552686333656311f}));
 }
 
 TEST(Linear, GeneratorConstructorDrawsFromThatGenerator) {
@@ -212,10 +214,10 @@ TYPED_TEST(LinearTest, InitStaysWithinKaimingBounds) {
 
 TYPED_TEST(LinearTest, NegativeFeatureCountsThrowInvalidArgument) {
   using Layer = Linear<TypeParam>;
-  EXPECT_THAT([] { Layer(-1, 2); },
-              ThrowsMessage<std::invalid_argument>(AllOf(HasSubstr("in_features=-1"),
-                                                         HasSubstr("out_features=2"))));
-  EXPECT_THAT([] { Layer(3, -4); }, ThrowsMessage<std::invalid_argument>(HasSubstr("out_features=-4")));
+  EXPECT_THAT([] { Layer(-1, 2); }, ThrowsMessage<std::invalid_argument>(AllOf(
+                                        HasSubstr("in_features=-1"), HasSubstr("out_features=2"))));
+  EXPECT_THAT([] { Layer(3, -4); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("out_features=-4")));
 }
 
 // ---- Linear: forward ----
@@ -278,7 +280,8 @@ TYPED_TEST(LinearTest, MatchesALoopReference) {
     for (Index o = 0; o < 9; ++o) {
       double ref = double(b(o));
       for (Index k = 0; k < 17; ++k) ref += double(x(i, k)) * double(w(o, k));
-      EXPECT_NEAR(double(y(i, o)), ref, attn::test::reduction_tolerance<TypeParam>(17)) << i << "," << o;
+      EXPECT_NEAR(double(y(i, o)), ref, attn::test::reduction_tolerance<TypeParam>(17))
+          << i << "," << o;
     }
   }
 }
@@ -313,12 +316,13 @@ TYPED_TEST(LinearTest, ForwardRejectsWrongShapesNamingThem) {
   const Linear<TypeParam> layer(3, 2, true, gen);
   const Tensor<TypeParam, 3> x({2, 6, 4});
   EXPECT_THAT([&] { layer.forward(x); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("Linear::forward"), HasSubstr("(2, 6, 4)"),
-                                                    HasSubstr("(..., 3)"))));
+              ThrowsMessage<attn::ShapeError>(AllOf(
+                  HasSubstr("Linear::forward"), HasSubstr("(2, 6, 4)"), HasSubstr("(..., 3)"))));
   const Tensor<TypeParam, 3> good({2, 6, 3});
   Tensor<TypeParam, 3> y({2, 5, 2});
-  EXPECT_THAT([&] { layer.forward(cview(good), y.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 3)"), HasSubstr("(2, 5, 2)"))));
+  EXPECT_THAT(
+      [&] { layer.forward(cview(good), y.view()); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 3)"), HasSubstr("(2, 5, 2)"))));
 }
 
 TYPED_TEST(LinearTest, SetWeightAndBiasCheckShapes) {
@@ -330,8 +334,8 @@ TYPED_TEST(LinearTest, SetWeightAndBiasCheckShapes) {
                                                     HasSubstr("expected (2, 3)"))));
   const Tensor<TypeParam, 1> wrong_bias({3});
   EXPECT_THAT([&] { layer.set_bias(wrong_bias); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("set_bias"), HasSubstr("(3)"),
-                                                    HasSubstr("expected (2)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("set_bias"), HasSubstr("(3)"), HasSubstr("expected (2)"))));
   // A transposed (strided) weight is copied element by element.
   const Tensor<TypeParam, 2> wt({3, 2}, {1, 4, 2, 5, 3, 6});
   layer.set_weight(attn::transpose(cview(wt)));
@@ -346,7 +350,8 @@ TYPED_TEST(LinearTest, SetWeightAndBiasCheckShapes) {
               ThrowsMessage<attn::ShapeError>(HasSubstr("bias=false")));
 }
 
-// /usr/bin/python3 -c "import torch; l = torch.nn.Linear(0, 2); torch.nn.init.constant_(l.bias, 1.0);
+// /usr/bin/python3 -c "import torch; l = torch.nn.Linear(0, 2);
+// torch.nn.init.constant_(l.bias, 1.0);
 //   print(l(torch.zeros(3, 0)))"  -> every row is the bias. (attn computes the row count as
 // x.size() / in_features, which is 0 here, so nothing is written.)
 TYPED_TEST(LinearTest, ZeroInputFeaturesGiveTheBias) {
@@ -363,7 +368,8 @@ TYPED_TEST(LinearTest, ZeroInputFeaturesGiveTheBias) {
 template <class Layer, class X, class = void>
 struct AcceptsView : std::false_type {};
 template <class Layer, class X>
-struct AcceptsView<Layer, X, std::void_t<decltype(std::declval<const Layer&>().forward(std::declval<X>()))>>
+struct AcceptsView<Layer, X,
+                   std::void_t<decltype(std::declval<const Layer&>().forward(std::declval<X>()))>>
     : std::true_type {};
 
 TEST(Linear, ForwardAcceptsMutableViews) {

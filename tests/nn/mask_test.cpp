@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/mask_test.cpp: AttentionMask parts, broadcasting and check() messages, and the
 // notebooks' helpers causal_blocked_mask, causal_additive_mask and masked_fill.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
@@ -101,8 +101,11 @@ TEST(AttentionMask, KeyLengthsAndPadding) {
   mask.key_lengths({3, 5});
   EXPECT_TRUE(mask.has_key_lengths());
   EXPECT_THAT(mask.lengths(), ElementsAre(3, 5));
-  EXPECT_THAT([] { AttentionMask<float>().key_lengths({2, -1}); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("length -1 of batch item 1")));
+  EXPECT_THAT(
+      [] {
+        AttentionMask<float>().key_lengths({2, -1});
+      },
+      ThrowsMessage<std::invalid_argument>(HasSubstr("length -1 of batch item 1")));
 
   const Tensor<bool, 2> padding({2, 5});
   mask.key_padding(padding);
@@ -136,13 +139,14 @@ TEST(AttentionMask, CheckRejectsABatchThatDoesNotBroadcast) {
   mask.additive(m);
   EXPECT_NO_THROW(mask.check(kWhere, 3, 8, 4, 4));
   EXPECT_THAT([&] { mask.check(kWhere, 2, 8, 4, 4); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("additive"), HasSubstr("(3, 1, 4, 4)"),
-                                                    HasSubstr("(2, 8, 4, 4)"))));
+              ThrowsMessage<attn::ShapeError>(AllOf(
+                  HasSubstr("additive"), HasSubstr("(3, 1, 4, 4)"), HasSubstr("(2, 8, 4, 4)"))));
   const Tensor<float, 4> heads({1, 2, 4, 4});
   AttentionMask<float> per_head;
   per_head.additive(heads);
-  EXPECT_THAT([&] { per_head.check(kWhere, 1, 3, 4, 4); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(1, 2, 4, 4)"), HasSubstr("(1, 3, 4, 4)"))));
+  EXPECT_THAT(
+      [&] { per_head.check(kWhere, 1, 3, 4, 4); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(1, 2, 4, 4)"), HasSubstr("(1, 3, 4, 4)"))));
 }
 
 TEST(AttentionMask, CheckKeyPaddingAndLengths) {
@@ -150,8 +154,8 @@ TEST(AttentionMask, CheckKeyPaddingAndLengths) {
   AttentionMask<float> mask;
   mask.key_padding(padding);
   EXPECT_THAT([&] { mask.check(kWhere, 2, 1, 4, 4); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("key_padding"), HasSubstr("(2, 5)"),
-                                                    HasSubstr("(2, 4)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("key_padding"), HasSubstr("(2, 5)"), HasSubstr("(2, 4)"))));
   EXPECT_THAT([&] { mask.check(kWhere, 3, 1, 4, 5); },
               ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 5)"), HasSubstr("(3, 5)"))));
 
@@ -168,9 +172,10 @@ TEST(AttentionMask, SquareCausalNeedsEqualLengths) {
   AttentionMask<float> mask;
   mask.causal();
   EXPECT_NO_THROW(mask.check(kWhere, 1, 1, 6, 6));
-  EXPECT_THAT([&] { mask.check(kWhere, 1, 1, 2, 6); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("T_q=2"), HasSubstr("T_k=6"),
-                                                    HasSubstr("kTopLeft"), HasSubstr("kBottomRight"))));
+  EXPECT_THAT(
+      [&] { mask.check(kWhere, 1, 1, 2, 6); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("T_q=2"), HasSubstr("T_k=6"),
+                                            HasSubstr("kTopLeft"), HasSubstr("kBottomRight"))));
   mask.causal(CausalAlignment::kTopLeft);
   EXPECT_NO_THROW(mask.check(kWhere, 1, 1, 2, 6));
   mask.causal(CausalAlignment::kBottomRight);
@@ -186,11 +191,13 @@ TEST(AttentionMask, NullMaskDataIsRejected) {
 // ---- notebook helpers ----
 
 TEST(CausalBlockedMask, IsTriuWithDiagonalOne) {
-  // /usr/bin/python3 -c "import torch; print(torch.triu(torch.ones(3, 5), diagonal=1).bool().int().tolist())"
+  // /usr/bin/python3 -c "import torch; print(torch.triu(torch.ones(3, 5),
+  // diagonal=1).bool().int().tolist())"
   const auto wide = attn::causal_blocked_mask(3, 5);
   EXPECT_THAT(wide.shape(), ElementsAre(3, 5));
   EXPECT_THAT(wide.to_vector(), ElementsAre(0, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1));
-  // /usr/bin/python3 -c "import torch; print(torch.triu(torch.ones(5, 3), diagonal=1).bool().int().tolist())"
+  // /usr/bin/python3 -c "import torch; print(torch.triu(torch.ones(5, 3),
+  // diagonal=1).bool().int().tolist())"
   const auto tall = attn::causal_blocked_mask(5, 3);
   EXPECT_THAT(tall.to_vector(), ElementsAre(0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0));
   const auto square = attn::causal_blocked_mask(6);
@@ -204,7 +211,8 @@ class MaskHelpersTest : public ::testing::Test {};
 TYPED_TEST_SUITE(MaskHelpersTest, attn::test::ScalarTypes, attn::test::ScalarTypeNames);
 
 TYPED_TEST(MaskHelpersTest, CausalAdditiveMaskIsZeroOnAndBelowTheDiagonal) {
-  // /usr/bin/python3 -c "import torch; print(torch.triu(torch.full((3, 3), float('-inf')), diagonal=1).tolist())"
+  // /usr/bin/python3 -c "import torch; print(torch.triu(torch.full((3, 3), float('-inf')),
+  // diagonal=1).tolist())"
   const TypeParam inf = std::numeric_limits<TypeParam>::infinity();
   const auto mask = attn::causal_additive_mask<TypeParam>(3);
   EXPECT_THAT(mask.to_vector(), ElementsAre(0, -inf, -inf, 0, 0, -inf, 0, 0, 0));
@@ -235,8 +243,8 @@ TYPED_TEST(MaskHelpersTest, MaskedFillRejectsShapeMismatchNamingBoth) {
   const Tensor<TypeParam, 2> x({2, 6});
   const Tensor<bool, 2> m({6, 2});
   EXPECT_THAT([&] { attn::masked_fill(x.view(), m.view(), TypeParam(0)); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("masked_fill"), HasSubstr("(2, 6)"),
-                                                    HasSubstr("(6, 2)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("masked_fill"), HasSubstr("(2, 6)"), HasSubstr("(6, 2)"))));
 }
 
 TYPED_TEST(MaskHelpersTest, NotebookCausalWeightsFromMaskedFillAndSoftmax) {

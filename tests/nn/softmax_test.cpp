@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/softmax_test.cpp: softmax/softmax_ (normalisation, float64 reference, stability for
 // large logits, -inf handling, fully masked rows, any axis, strided views, errors).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
@@ -66,18 +66,19 @@ TYPED_TEST(SoftmaxTest, RowsSumToOne) {
 
 TYPED_TEST(SoftmaxTest, MatchesFloat64Reference) {
   const auto x = attn::test::random_tensor<TypeParam, 2>({7, 50}, 2, -10.0, 10.0);
-  EXPECT_THAT(attn::softmax(x).to_vector(), Pointwise(DoubleNear(this->tol(50)), reference_rows(x)));
+  EXPECT_THAT(attn::softmax(x).to_vector(),
+              Pointwise(DoubleNear(this->tol(50)), reference_rows(x)));
 }
 
 TYPED_TEST(SoftmaxTest, MatchesTorchSoftmax) {
   // /usr/bin/python3 -c "import torch; x = torch.tensor([[0.9995, 0.9544, 0.9422, 0.4753, 0.4576,
   //   0.6310], [0.5, -1.5, 2.25, 0.0, 3.0, -0.75]], dtype=torch.float64);
   //   print([repr(v) for v in torch.softmax(x, -1).flatten().tolist()])"
-  const auto x = Tensor<TypeParam, 2>::from_rows(
-      {{TypeParam(0.9995), TypeParam(0.9544), TypeParam(0.9422), TypeParam(0.4753), TypeParam(0.4576),
-        TypeParam(0.6310)},
-       {TypeParam(0.5), TypeParam(-1.5), TypeParam(2.25), TypeParam(0.0), TypeParam(3.0),
-        TypeParam(-0.75)}});
+  const auto x =
+      Tensor<TypeParam, 2>::from_rows({{TypeParam(0.9995), TypeParam(0.9544), TypeParam(0.9422),
+                                        TypeParam(0.4753), TypeParam(0.4576), TypeParam(0.6310)},
+                                       {TypeParam(0.5), TypeParam(-1.5), TypeParam(2.25),
+                                        TypeParam(0.0), TypeParam(3.0), TypeParam(-0.75)}});
   // float inputs differ from the float64 ones by up to 6e-8, which moves the result by as much.
   const double tolerance = this->tol(6) + 2 * double(std::numeric_limits<TypeParam>::epsilon());
   EXPECT_THAT(attn::softmax(x).to_vector(),
@@ -95,9 +96,9 @@ TYPED_TEST(SoftmaxTest, LargeLogitsStayFinite) {
   const auto y = attn::softmax(x);
   for (const TypeParam v : y.to_vector()) EXPECT_TRUE(std::isfinite(v)) << v;
   const double e = std::exp(-1.0), e2 = std::exp(-2.0);
-  EXPECT_THAT(y.to_vector(), Pointwise(DoubleNear(this->tol(3)),
-                                       {1 / (1 + e), e / (1 + e), 0.0, e2 / (1 + 2 * e2),
-                                        e2 / (1 + 2 * e2), 1 / (1 + 2 * e2)}));
+  EXPECT_THAT(y.to_vector(),
+              Pointwise(DoubleNear(this->tol(3)), {1 / (1 + e), e / (1 + e), 0.0, e2 / (1 + 2 * e2),
+                                                   e2 / (1 + 2 * e2), 1 / (1 + 2 * e2)}));
 }
 
 TYPED_TEST(SoftmaxTest, NegativeInfinityGetsZeroWeight) {

@@ -3,10 +3,10 @@
 // names (Suite/float.Test instead of Suite/0.Test).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <type_traits>
-
-#include <gtest/gtest.h>
 
 namespace attn::test {
 

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 // tests/tensor/eigen_test.cpp: the view -> Eigen::Map bridge (as_matrix, as_vector): layout,
 // outer strides, refusal of non-unit inner strides, writes through maps.
-#include <type_traits>
-#include <vector>
-
-#include <Eigen/Core>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <Eigen/Core>
+#include <type_traits>
+#include <vector>
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
@@ -64,7 +64,7 @@ TYPED_TEST(EigenBridgeTest, ColumnSliceKeepsTheOuterStride) {
 TYPED_TEST(EigenBridgeTest, BatchAndHeadSlicesMap) {
   // One head of one batch item of (B, H, T, hd) from split_heads: rows T, stride D.
   auto x = arange<TypeParam>(Shape<3>{2, 5, 6});
-  const auto heads = attn::split_heads(x.view(), 3);              // (2, 3, 5, 2)
+  const auto heads = attn::split_heads(x.view(), 3);                // (2, 3, 5, 2)
   const auto head = attn::select(attn::select(heads, 0, 1), 0, 2);  // batch 1, head 2: (5, 2)
   const auto m = attn::as_matrix(head);
   EXPECT_EQ(m.outerStride(), 6);
@@ -77,12 +77,13 @@ TYPED_TEST(EigenBridgeTest, RefusesNonUnitInnerStride) {
   auto t = arange<TypeParam>(Shape<2>{2, 3});
   const auto transposed = attn::transpose(t.view());  // (3, 2), strides (1, 3)
   EXPECT_THAT([&] { attn::as_matrix(transposed); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("as_matrix"), HasSubstr("(3, 2)"),
-                                                    HasSubstr("inner stride 3"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("as_matrix"), HasSubstr("(3, 2)"), HasSubstr("inner stride 3"))));
   auto wide = arange<TypeParam>(Shape<2>{2, 8});
   const TensorView<TypeParam, 2> every_other(wide.data(), {2, 4}, {8, 2});
-  EXPECT_THAT([&] { attn::as_matrix(every_other); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 4)"), HasSubstr("inner stride 2"))));
+  EXPECT_THAT(
+      [&] { attn::as_matrix(every_other); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 4)"), HasSubstr("inner stride 2"))));
 }
 
 TYPED_TEST(EigenBridgeTest, SingleColumnNeedsNoUnitInnerStride) {
@@ -161,8 +162,8 @@ TYPED_TEST(EigenBridgeTest, VectorRefusesNonUnitStride) {
   auto t = arange<TypeParam>(Shape<2>{3, 4});
   const auto column = attn::select(t.view(), 1, 2);  // t[:, 2]: stride 4
   EXPECT_THAT([&] { attn::as_vector(column); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("as_vector"), HasSubstr("(3)"),
-                                                    HasSubstr("stride 4"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("as_vector"), HasSubstr("(3)"), HasSubstr("stride 4"))));
   // A single element has no stride to speak of.
   EXPECT_EQ(attn::as_vector(attn::slice(column, 0, 2, 3))(0), TypeParam(10));
 }

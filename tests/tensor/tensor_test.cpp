@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: MIT
 // tests/tensor/tensor_test.cpp: TensorView (strides, const conversion, at(), contiguity) and
 // Tensor (construction, copies, moves, resize, alignment, implicit views).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
 #include <stdexcept>
 #include <utility>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
@@ -103,10 +103,12 @@ TYPED_TEST(TensorViewTest, ZeroStrideBroadcastsOneRow) {
 TYPED_TEST(TensorViewTest, NegativeExtentOrStrideThrowsShapeError) {
   using View = TensorView<TypeParam, 2>;
   TypeParam x = 0;
-  EXPECT_THAT([&] { View(&x, {2, -1}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, -1)")));
-  EXPECT_THAT([&] { View(&x, {2, 3}, {3, -1}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(3, -1)")));
+  EXPECT_THAT([&] { View(&x, {2, -1}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(2, -1)")));
+  EXPECT_THAT(
+      [&] {
+        View(&x, {2, 3}, {3, -1});
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("(3, -1)")));
 }
 
 TYPED_TEST(TensorViewTest, ConvertsToConstViewOverTheSameElements) {
@@ -140,18 +142,14 @@ TYPED_TEST(TensorViewTest, AtReadsAndWritesInBounds) {
 TYPED_TEST(TensorViewTest, AtThrowsOutOfRangeNamingIndexAxisAndSize) {
   auto data = iota<TypeParam>(12);
   const TensorView<TypeParam, 2> v(data.data(), {2, 6});
-  EXPECT_THAT([&] { v.at(1, 7); },
-              ThrowsMessage<std::out_of_range>(
-                  HasSubstr("index 7 is out of bounds for axis 1 with size 6")));
-  EXPECT_THAT([&] { v.at(1, 6); },
-              ThrowsMessage<std::out_of_range>(
-                  HasSubstr("index 6 is out of bounds for axis 1 with size 6")));
-  EXPECT_THAT([&] { v.at(2, 0); },
-              ThrowsMessage<std::out_of_range>(
-                  HasSubstr("index 2 is out of bounds for axis 0 with size 2")));
-  EXPECT_THAT([&] { v.at(-1, 0); },
-              ThrowsMessage<std::out_of_range>(
-                  HasSubstr("index -1 is out of bounds for axis 0 with size 2")));
+  EXPECT_THAT([&] { v.at(1, 7); }, ThrowsMessage<std::out_of_range>(HasSubstr(
+                                       "index 7 is out of bounds for axis 1 with size 6")));
+  EXPECT_THAT([&] { v.at(1, 6); }, ThrowsMessage<std::out_of_range>(HasSubstr(
+                                       "index 6 is out of bounds for axis 1 with size 6")));
+  EXPECT_THAT([&] { v.at(2, 0); }, ThrowsMessage<std::out_of_range>(HasSubstr(
+                                       "index 2 is out of bounds for axis 0 with size 2")));
+  EXPECT_THAT([&] { v.at(-1, 0); }, ThrowsMessage<std::out_of_range>(HasSubstr(
+                                        "index -1 is out of bounds for axis 0 with size 2")));
 }
 
 TYPED_TEST(TensorViewTest, IsContiguousOnlyForRowMajorStrides) {
@@ -173,7 +171,8 @@ TYPED_TEST(TensorViewTest, EmptyExtentMeansEmptyView) {
   EXPECT_TRUE(v.empty());
   EXPECT_EQ(v.size(), 0);
   EXPECT_TRUE(attn::test::to_vector(v).empty());
-  EXPECT_THAT([&] { v.at(0, 0); }, ThrowsMessage<std::out_of_range>(HasSubstr("axis 0 with size 0")));
+  EXPECT_THAT([&] { v.at(0, 0); },
+              ThrowsMessage<std::out_of_range>(HasSubstr("axis 0 with size 0")));
 }
 
 // ---- Tensor ----
@@ -210,17 +209,21 @@ TYPED_TEST(TensorTest, ValuesConstructorFillsRowMajor) {
   EXPECT_EQ(t(0, 2), TypeParam(3));
   EXPECT_EQ(t(1, 0), TypeParam(4));
   using Matrix = Tensor<TypeParam, 2>;
-  EXPECT_THAT([] { Matrix({2, 3}, {1, 2, 3, 4, 5}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 3)"), HasSubstr("5 values"))));
+  EXPECT_THAT(
+      [] {
+        Matrix({2, 3}, {1, 2, 3, 4, 5});
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 3)"), HasSubstr("5 values"))));
 }
 
 TYPED_TEST(TensorTest, FromRowsBuildsTheNotebookInputs) {
-  const auto t = Tensor<TypeParam, 2>::from_rows({{TypeParam(0.43), TypeParam(0.15), TypeParam(0.89)},
-                                                  {TypeParam(0.55), TypeParam(0.87), TypeParam(0.66)},
-                                                  {TypeParam(0.57), TypeParam(0.85), TypeParam(0.64)},
-                                                  {TypeParam(0.22), TypeParam(0.58), TypeParam(0.33)},
-                                                  {TypeParam(0.77), TypeParam(0.25), TypeParam(0.10)},
-                                                  {TypeParam(0.05), TypeParam(0.80), TypeParam(0.55)}});
+  const auto t =
+      Tensor<TypeParam, 2>::from_rows({{TypeParam(0.43), TypeParam(0.15), TypeParam(0.89)},
+                                       {TypeParam(0.55), TypeParam(0.87), TypeParam(0.66)},
+                                       {TypeParam(0.57), TypeParam(0.85), TypeParam(0.64)},
+                                       {TypeParam(0.22), TypeParam(0.58), TypeParam(0.33)},
+                                       {TypeParam(0.77), TypeParam(0.25), TypeParam(0.10)},
+                                       {TypeParam(0.05), TypeParam(0.80), TypeParam(0.55)}});
   EXPECT_THAT(t.shape(), ElementsAre(6, 3));
   EXPECT_EQ(t(1, 1), TypeParam(0.87));
   EXPECT_EQ(t(5, 2), TypeParam(0.55));
@@ -229,8 +232,11 @@ TYPED_TEST(TensorTest, FromRowsBuildsTheNotebookInputs) {
 
 TYPED_TEST(TensorTest, FromRowsRejectsRaggedRows) {
   using Matrix = Tensor<TypeParam, 2>;
-  EXPECT_THAT([] { Matrix::from_rows({{1, 2, 3}, {4, 5}}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("row 1 has 2 values, row 0 has 3")));
+  EXPECT_THAT(
+      [] {
+        Matrix::from_rows({{1, 2, 3}, {4, 5}});
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("row 1 has 2 values, row 0 has 3")));
 }
 
 TYPED_TEST(TensorTest, FromViewIsAContiguousDeepCopy) {
@@ -296,7 +302,8 @@ TYPED_TEST(TensorTest, MovedFromTensorCanBeResizedAndReused) {
   Tensor<TypeParam, 1> d;
   d = std::move(c);
   c.resize({2});  // NOLINT(bugprone-use-after-move)
-  ASSERT_NE(c.data(), nullptr) << "resize() after a move-assignment left the tensor without storage";
+  ASSERT_NE(c.data(), nullptr)
+      << "resize() after a move-assignment left the tensor without storage";
 }
 
 // The same defect makes copy-assignment into a moved-from tensor write through a null
@@ -340,8 +347,7 @@ TYPED_TEST(TensorTest, ResizeRejectsNegativeExtents) {
   using Matrix = Tensor<TypeParam, 2>;
   Matrix t({2, 2});
   EXPECT_THAT([&] { t.resize({2, -3}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(2, -3)")));
-  EXPECT_THAT([] { Matrix({-1, 2}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(-1, 2)")));
+  EXPECT_THAT([] { Matrix({-1, 2}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(-1, 2)")));
 }
 
 TYPED_TEST(TensorTest, StorageIs64ByteAligned) {
@@ -373,11 +379,11 @@ TYPED_TEST(TensorTest, ElementAccessMatchesView) {
   EXPECT_EQ(t.at(1, 0, 2), TypeParam(14));
   t.at(0, 1, 1) = TypeParam(-5);
   EXPECT_EQ(t.view()(0, 1, 1), TypeParam(-5));
-  EXPECT_THAT([&] { t.at(0, 3, 0); },
-              ThrowsMessage<std::out_of_range>(HasSubstr("index 3 is out of bounds for axis 1 with size 3")));
+  EXPECT_THAT([&] { t.at(0, 3, 0); }, ThrowsMessage<std::out_of_range>(HasSubstr(
+                                          "index 3 is out of bounds for axis 1 with size 3")));
   const Tensor<TypeParam, 3>& ct = t;
-  EXPECT_THAT([&] { ct.at(0, 0, 4); },
-              ThrowsMessage<std::out_of_range>(HasSubstr("index 4 is out of bounds for axis 2 with size 4")));
+  EXPECT_THAT([&] { ct.at(0, 0, 4); }, ThrowsMessage<std::out_of_range>(HasSubstr(
+                                           "index 4 is out of bounds for axis 2 with size 4")));
 }
 
 TEST(TensorBool, HoldsMasks) {

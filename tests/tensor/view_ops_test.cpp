@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 // tests/tensor/view_ops_test.cpp: slice, select, permute/transpose, unsqueeze, reshape
 // (PyTorch's view rules), split_heads/merge_heads, copy and contiguous.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <array>
 #include <cstddef>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
@@ -67,8 +67,8 @@ TYPED_TEST(ViewOpsTest, SliceOutOfBoundsThrowsNamingTheShape) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
   EXPECT_THAT([&] { attn::slice(v, 1, 4, 7); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("slice"), HasSubstr("(2, 6, 4)"),
-                                                    HasSubstr("[4, 7)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("slice"), HasSubstr("(2, 6, 4)"), HasSubstr("[4, 7)"))));
   EXPECT_THAT([&] { attn::slice(v, 1, 3, 2); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
   EXPECT_THAT([&] { attn::slice(v, 0, -1, 1); },
@@ -100,8 +100,8 @@ TYPED_TEST(ViewOpsTest, SelectOutOfBoundsThrowsNamingTheShape) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
   EXPECT_THAT([&] { attn::select(v, 1, 6); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("select"), HasSubstr("index 6"),
-                                                    HasSubstr("(2, 6, 4)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("select"), HasSubstr("index 6"), HasSubstr("(2, 6, 4)"))));
   EXPECT_THAT([&] { attn::select(v, 0, -1); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
   EXPECT_THAT([&] { attn::select(v, 3, 0); },
@@ -126,10 +126,16 @@ TYPED_TEST(ViewOpsTest, PermuteReordersExtentsAndStrides) {
 TYPED_TEST(ViewOpsTest, PermuteRejectsANonPermutation) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT([&] { attn::permute(v, {0, 0, 1}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(0, 0, 1)"), HasSubstr("(2, 6, 4)"))));
-  EXPECT_THAT([&] { attn::permute(v, {0, 1, 3}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(0, 1, 3)"), HasSubstr("(2, 6, 4)"))));
+  EXPECT_THAT(
+      [&] {
+        attn::permute(v, {0, 0, 1});
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(0, 0, 1)"), HasSubstr("(2, 6, 4)"))));
+  EXPECT_THAT(
+      [&] {
+        attn::permute(v, {0, 1, 3});
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(0, 1, 3)"), HasSubstr("(2, 6, 4)"))));
 }
 
 TYPED_TEST(ViewOpsTest, TransposeSwapsTwoAxes) {
@@ -150,8 +156,9 @@ TYPED_TEST(ViewOpsTest, TransposeSwapsTwoAxes) {
 TYPED_TEST(ViewOpsTest, TransposeRejectsMissingAxes) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT([&] { attn::transpose(v, 1, 3); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("transpose"), HasSubstr("(2, 6, 4)"))));
+  EXPECT_THAT(
+      [&] { attn::transpose(v, 1, 3); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("transpose"), HasSubstr("(2, 6, 4)"))));
 }
 
 // ---- unsqueeze ----
@@ -198,14 +205,26 @@ TYPED_TEST(ViewOpsTest, ReshapeInfersOneMinusOneExtent) {
 TYPED_TEST(ViewOpsTest, ReshapeRejectsBadShapesNamingBoth) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT([&] { attn::reshape(v, Shape<2>{5, 5}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, 5)"))));
-  EXPECT_THAT([&] { attn::reshape(v, Shape<2>{-1, -1}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("-1"))));
-  EXPECT_THAT([&] { attn::reshape(v, Shape<2>{5, -1}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, -1)"))));
-  EXPECT_THAT([&] { attn::reshape(v, Shape<3>{-2, 6, -4}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
+  EXPECT_THAT(
+      [&] {
+        attn::reshape(v, Shape<2>{5, 5});
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, 5)"))));
+  EXPECT_THAT(
+      [&] {
+        attn::reshape(v, Shape<2>{-1, -1});
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("-1"))));
+  EXPECT_THAT(
+      [&] {
+        attn::reshape(v, Shape<2>{5, -1});
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, -1)"))));
+  EXPECT_THAT(
+      [&] {
+        attn::reshape(v, Shape<3>{-2, 6, -4});
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
 }
 
 TYPED_TEST(ViewOpsTest, ReshapeOfStridedViewsFollowsPyTorch) {
@@ -218,8 +237,8 @@ TYPED_TEST(ViewOpsTest, ReshapeOfStridedViewsFollowsPyTorch) {
   EXPECT_EQ(merged(7, 1), x(1, 1, 1));
   // ... but .view(24) needs a copy.
   EXPECT_THAT([&] { attn::reshape(cols, Shape<1>{24}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 2)"), HasSubstr("(24)"),
-                                                    HasSubstr("contiguous"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("(2, 6, 2)"), HasSubstr("(24)"), HasSubstr("contiguous"))));
 
   // torch.arange(24.).view(4, 6).t(): stride (1, 6); .view(6, 2, 2).stride() == (1, 12, 6)
   auto m = arange<TypeParam>(Shape<2>{4, 6});
@@ -229,8 +248,11 @@ TYPED_TEST(ViewOpsTest, ReshapeOfStridedViewsFollowsPyTorch) {
   EXPECT_EQ(split(5, 1, 0), m(2, 5));
   EXPECT_THAT([&] { attn::reshape(t, Shape<1>{24}); },
               ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(6, 4)"), HasSubstr("(24)"))));
-  EXPECT_THAT([&] { attn::reshape(t, Shape<2>{4, 6}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(6, 4)"), HasSubstr("(4, 6)"))));
+  EXPECT_THAT(
+      [&] {
+        attn::reshape(t, Shape<2>{4, 6});
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(6, 4)"), HasSubstr("(4, 6)"))));
 
   // A batch slice x[1:2] is still viewable: (1, 6, 4) -> (6, 4) with strides (4, 1).
   const auto batch = attn::slice(x.view(), 0, 1, 2);
@@ -294,10 +316,12 @@ TYPED_TEST(ViewOpsTest, SplitHeadsWorksOnStridedInput) {
 TYPED_TEST(ViewOpsTest, SplitHeadsRejectsIndivisibleWidth) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT([&] { attn::split_heads(v, 3); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=3"))));
-  EXPECT_THAT([&] { attn::split_heads(v, 0); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=0"))));
+  EXPECT_THAT(
+      [&] { attn::split_heads(v, 3); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=3"))));
+  EXPECT_THAT(
+      [&] { attn::split_heads(v, 0); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=0"))));
 }
 
 TYPED_TEST(ViewOpsTest, MergeHeadsInvertsSplitHeads) {
@@ -320,7 +344,8 @@ TYPED_TEST(ViewOpsTest, MergeHeadsOfContiguousHeadsNeedsACopy) {
   // A contiguous (B, H, T, hd) tensor is not a (B, T, D) layout: merging needs a copy.
   auto heads = arange<TypeParam>(Shape<4>{2, 2, 6, 2});
   const auto v = heads.view();
-  EXPECT_THAT([&] { attn::merge_heads(v); }, ThrowsMessage<attn::ShapeError>(HasSubstr("contiguous")));
+  EXPECT_THAT([&] { attn::merge_heads(v); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("contiguous")));
 }
 
 // The message should name merge_heads and the shape the caller passed, not the internal
@@ -328,8 +353,9 @@ TYPED_TEST(ViewOpsTest, MergeHeadsOfContiguousHeadsNeedsACopy) {
 TYPED_TEST(ViewOpsTest, MergeHeadsErrorNamesTheCallersShape) {
   auto heads = arange<TypeParam>(Shape<4>{2, 2, 6, 2});
   const auto v = heads.view();
-  EXPECT_THAT([&] { attn::merge_heads(v); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("merge_heads"), HasSubstr("(2, 2, 6, 2)"))));
+  EXPECT_THAT(
+      [&] { attn::merge_heads(v); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("merge_heads"), HasSubstr("(2, 2, 6, 2)"))));
 }
 
 TYPED_TEST(ViewOpsTest, MergeHeadsAfterCopyToTokenMajorLayout) {
@@ -362,8 +388,8 @@ TYPED_TEST(ViewOpsTest, CopyRejectsShapeMismatchNamingBoth) {
   Tensor<TypeParam, 3> dst({2, 4, 6});
   const auto s = src.view();
   const auto d = dst.view();
-  EXPECT_THAT([&] { attn::copy(s, d); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(2, 4, 6)"))));
+  EXPECT_THAT([&] { attn::copy(s, d); }, ThrowsMessage<attn::ShapeError>(AllOf(
+                                             HasSubstr("(2, 6, 4)"), HasSubstr("(2, 4, 6)"))));
 }
 
 TYPED_TEST(ViewOpsTest, ContiguousAlwaysCopies) {
