@@ -169,6 +169,26 @@ void scaled_dot_product_attention(TensorView<const Scalar, 4> q, TensorView<cons
                  workspace != nullptr ? *workspace : local);
 }
 
+/// The same for mutable (non-const) input views, so `q.view()` of a Tensor can be passed
+/// without spelling the scalar type.
+template <class QScalar, class KScalar, class VScalar, class Scalar>
+void scaled_dot_product_attention(TensorView<QScalar, 4> q, TensorView<KScalar, 4> k,
+                                  TensorView<VScalar, 4> v, TensorView<Scalar, 4> out,
+                                  const AttentionMask<Scalar>& mask = {},
+                                  const AttentionOptions& options = {},
+                                  TensorView<Scalar, 4> weights = {},
+                                  Workspace* workspace = nullptr) {
+  static_assert(!std::is_const_v<Scalar> &&
+                    std::is_same_v<std::remove_const_t<QScalar>, Scalar> &&
+                    std::is_same_v<std::remove_const_t<KScalar>, Scalar> &&
+                    std::is_same_v<std::remove_const_t<VScalar>, Scalar>,
+                "attn::scaled_dot_product_attention: q, k, v and out must hold one scalar type");
+  scaled_dot_product_attention<Scalar>(TensorView<const Scalar, 4>(q),
+                                       TensorView<const Scalar, 4>(k),
+                                       TensorView<const Scalar, 4>(v), out, mask, options,
+                                       weights, workspace);
+}
+
 /// The result of the convenience overloads that return weights.
 template <class Scalar, std::size_t Rank>
 struct AttentionResult {

@@ -2,6 +2,7 @@
 // attn/nn/linear.hpp: Linear<Scalar>, torch.nn.Linear's layout, init and maths.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -33,6 +34,30 @@ inline double linear_weight_bound(Index fan_in) {
 /// nn.Linear's bias bound 1/sqrt(fan_in) (0 when fan_in is 0).
 inline double linear_bias_bound(Index fan_in) {
   return fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+}
+
+/// y = x W^T + b over the last axis for any leading shape; W (out, in), bias may be null.
+template <class Scalar, std::size_t Rank>
+void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const Scalar* bias,
+                    TensorView<const Scalar, Rank> x, TensorView<Scalar, Rank> y) {
+  const Index in = weight.extent(1), out = weight.extent(0);
+  Shape<Rank> expected = x.shape();
+  expected[Rank - 1] = out;
+  require(x.extent(Rank - 1) == in && y.shape() == expected, where, [&] {
+    return "x has shape " + to_string(x.shape()) + " and y " + to_string(y.shape()) +
+           ", expected x (..., " + std::to_string(in) + ") and y (..., " + std::to_string(out) +
+           ")";
+  });
+  ATTN_ASSERT(weight.is_contiguous());
+  const Index rows = x.size() / std::max<Index>(in, 1);
+  if (x.is_contiguous() && y.is_contiguous()) {
+    gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias);
+    return;
+  }
+  const Tensor<Scalar, Rank> xc(x);
+  Tensor<Scalar, Rank> yc(y.shape());
+  gemm_nt(rows, out, in, xc.data(), in, weight.data(), in, yc.data(), out, bias);
+  copy(yc.view(), y);
 }
 
 }  // namespace detail
@@ -105,33 +130,19 @@ class Linear {
     copy(bias, bias_.view());
   }
 
-  /// y = x W^T + b into a preallocated output (any leading shape).
+  /// y = x W^T + b into a preallocated output (any leading shape, any strides).
   /// @throws ShapeError if x's last extent is not in_features or y's shape does not match.
-  template <std::size_t Rank>
-  void forward(TensorView<const Scalar, Rank> x, TensorView<Scalar, Rank> y) const {
-    Shape<Rank> expected = x.shape();
-    expected[Rank - 1] = out_features();
-    detail::require(x.extent(Rank - 1) == in_features() && y.shape() == expected,
-                    "Linear::forward", [&] {
-                      return "x has shape " + detail::to_string(x.shape()) + " and y " +
-                             detail::to_string(y.shape()) + ", expected x (..., " +
-                             std::to_string(in_features()) + ") and y (..., " +
-                             std::to_string(out_features()) + ")";
-                    });
-    const Index rows = x.size() / std::max<Index>(in_features(), 1);
-    if (x.is_contiguous() && y.is_contiguous()) {
-      project(x.data(), rows, y.data());
-      return;
-    }
-    const Tensor<Scalar, Rank> xc(x);
-    Tensor<Scalar, Rank> yc(y.shape());
-    project(xc.data(), rows, yc.data());
-    copy(yc.view(), y);
+  template <class XScalar, std::size_t Rank>
+  void forward(TensorView<XScalar, Rank> x, TensorView<Scalar, Rank> y) const {
+    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
+                  "attn::Linear::forward: x must hold the layer's Scalar");
+    detail::linear_forward<Scalar, Rank>("Linear::forward", weight_.view(),
+                                         has_bias_ ? bias_.data() : nullptr, x, y);
   }
 
   /// y = x W^T + b, allocating y.
-  template <std::size_t Rank>
-  Tensor<Scalar, Rank> forward(TensorView<const Scalar, Rank> x) const {
+  template <class XScalar, std::size_t Rank>
+  Tensor<Scalar, Rank> forward(TensorView<XScalar, Rank> x) const {
     Shape<Rank> shape = x.shape();
     shape[Rank - 1] = out_features();
     Tensor<Scalar, Rank> y(shape);
@@ -157,12 +168,6 @@ class Linear {
     } else {
       with_global_generator([&](TorchGenerator& global) { reset_parameters(global); });
     }
-  }
-
-  // y (rows, out) = x (rows, in) W^T + b, all contiguous.
-  void project(const Scalar* x, Index rows, Scalar* y) const {
-    detail::gemm_nt(rows, out_features(), in_features(), x, in_features(), weight_.data(),
-                    in_features(), y, out_features(), has_bias_ ? bias_.data() : nullptr);
   }
 
   Tensor<Scalar, 2> weight_;
@@ -206,6 +211,29 @@ class LinearView {
                         : std::string("this projection has no bias");
     });
     copy(bias, bias_);
+  }
+
+  /// y = x W^T + b (any leading shape), like Linear::forward.
+  template <class XScalar, std::size_t Rank>
+  Tensor<value_type, Rank> forward(TensorView<XScalar, Rank> x) const {
+    static_assert(std::is_same_v<std::remove_const_t<XScalar>, value_type>,
+                  "attn::LinearView::forward: x must hold the projection's Scalar");
+    Shape<Rank> shape = x.shape();
+    shape[Rank - 1] = out_features();
+    Tensor<value_type, Rank> y(shape);
+    detail::require(weight_.is_contiguous(), "LinearView::forward", [&] {
+      return "weight view of shape " + detail::to_string(weight_.shape()) + " is not contiguous";
+    });
+    detail::require(!has_bias() || bias_.stride(0) == 1 || bias_.extent(0) <= 1,
+                    "LinearView::forward", [] { return std::string("bias is not contiguous"); });
+    detail::linear_forward<value_type, Rank>(
+        "LinearView::forward", TensorView<const value_type, 2>(weight_),
+        has_bias() ? bias_.data() : nullptr, x, y.view());
+    return y;
+  }
+  template <std::size_t Rank>
+  Tensor<value_type, Rank> forward(const Tensor<value_type, Rank>& x) const {
+    return forward(x.view());
   }
 
  private:

@@ -250,10 +250,12 @@ Tensor<Scalar, 2> causal_additive_mask(Index n) {
 /// `x.masked_fill(mask, value)` for a (broadcast-free) boolean mask of the same shape,
 /// returning a new tensor. True entries of `mask` are replaced by `value`.
 /// @throws ShapeError if the shapes differ.
-template <class Scalar, std::size_t Rank>
+template <class Scalar, class MaskElement, std::size_t Rank>
 Tensor<std::remove_const_t<Scalar>, Rank> masked_fill(TensorView<Scalar, Rank> x,
-                                                      TensorView<const bool, Rank> mask,
+                                                      TensorView<MaskElement, Rank> mask,
                                                       std::remove_const_t<Scalar> value) {
+  static_assert(std::is_same_v<std::remove_const_t<MaskElement>, bool>,
+                "attn::masked_fill: the mask holds bool");
   detail::require(x.shape() == mask.shape(), "masked_fill", [&] {
     return "x has shape " + detail::to_string(x.shape()) + " but mask has shape " +
            detail::to_string(mask.shape());

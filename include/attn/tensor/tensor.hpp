@@ -36,6 +36,16 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(std::size_t count) { reserve(count); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  AlignedBuffer(AlignedBuffer&& other) noexcept
+      : ptr_(std::move(other.ptr_)), capacity_(std::exchange(other.capacity_, 0)) {}
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept {
+    ptr_ = std::move(other.ptr_);
+    capacity_ = std::exchange(other.capacity_, 0);
+    return *this;
+  }
+  ~AlignedBuffer() = default;
 
   /// Ensures room for `count` elements. Grows geometrically; the old contents are
   /// not kept (callers use it as scratch or fill it right after).

@@ -225,7 +225,17 @@ TensorView<Scalar, 4> split_heads(TensorView<Scalar, 3> x, Index num_heads) {
 template <class Scalar>
 TensorView<Scalar, 3> merge_heads(TensorView<Scalar, 4> x) {
   const auto moved = permute(x, {0, 2, 1, 3});  // (B, T, H, hd)
-  return reshape(moved, Shape<3>{x.extent(0), x.extent(2), x.extent(1) * x.extent(3)});
+  const Shape<3> merged{x.extent(0), x.extent(2), x.extent(1) * x.extent(3)};
+  Shape<3> strides{};
+  detail::require(detail::compute_view_strides(moved.shape(), moved.strides(), merged, strides),
+                  "merge_heads", [&] {
+                    return "x has shape " + detail::to_string(x.shape()) + " and strides " +
+                           detail::to_string(x.strides()) +
+                           ": its heads do not sit side by side in memory, so (B, T, H * hd) = " +
+                           detail::to_string(merged) +
+                           " needs a copy (e.g. contiguous(permute(x, {0, 2, 1, 3})))";
+                  });
+  return {x.data(), merged, strides};
 }
 
 /// Copies `source` into `destination` element by element (any strides).
