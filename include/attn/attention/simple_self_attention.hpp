@@ -31,10 +31,13 @@ class SimpleSelfAttention {
   void set_scaled(bool on) noexcept { scaled_ = on; }
 
   /// Context vectors. @throws ShapeError on empty input or a misfitting mask.
-  template <std::size_t Rank>
-  Tensor<Scalar, Rank> forward(TensorView<const Scalar, Rank> x,
+  template <class XScalar, std::size_t Rank>
+  Tensor<Scalar, Rank> forward(TensorView<XScalar, Rank> x,
                                const AttentionMask<Scalar>& mask = {}) const {
-    return scaled_dot_product_attention(x, x, x, mask, options());
+    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
+                  "attn::SimpleSelfAttention::forward: x must hold the module's Scalar");
+    const TensorView<const Scalar, Rank> cx(x);
+    return scaled_dot_product_attention(cx, cx, cx, mask, options());
   }
   template <std::size_t Rank>
   Tensor<Scalar, Rank> forward(const Tensor<Scalar, Rank>& x,
@@ -43,10 +46,14 @@ class SimpleSelfAttention {
   }
 
   /// Context vectors and the attention weights (T, T) or (B, T, T).
-  template <std::size_t Rank>
-  AttentionResult<Scalar, Rank> forward_with_weights(TensorView<const Scalar, Rank> x,
+  template <class XScalar, std::size_t Rank>
+  AttentionResult<Scalar, Rank> forward_with_weights(TensorView<XScalar, Rank> x,
                                                      const AttentionMask<Scalar>& mask = {}) const {
-    return scaled_dot_product_attention_with_weights(x, x, x, mask, options());
+    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
+                  "attn::SimpleSelfAttention::forward_with_weights: x must hold the module's "
+                  "Scalar");
+    const TensorView<const Scalar, Rank> cx(x);
+    return scaled_dot_product_attention_with_weights(cx, cx, cx, mask, options());
   }
   template <std::size_t Rank>
   AttentionResult<Scalar, Rank> forward_with_weights(const Tensor<Scalar, Rank>& x,

@@ -99,8 +99,10 @@ class Dropout {
   }
 
   /// Returns a copy with dropout applied.
-  template <std::size_t Rank>
-  Tensor<Scalar, Rank> forward(TensorView<const Scalar, Rank> x) const {
+  template <class XScalar, std::size_t Rank>
+  Tensor<Scalar, Rank> forward(TensorView<XScalar, Rank> x) const {
+    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
+                  "attn::Dropout::forward: x must hold the layer's Scalar");
     Tensor<Scalar, Rank> result(x);
     forward_(result.view());
     return result;
