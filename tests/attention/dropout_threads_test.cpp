@@ -9,15 +9,15 @@
 // reference_attention.hpp) divided by (1 - p), since kept weights are scaled by 1/(1 - p).
 // Kept weights are compared with the undropped weight times 1/(1 - p) to 2 ulp (one
 // rounding of the product, one of the reciprocal).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
@@ -59,7 +59,8 @@ constexpr int kThreadCounts[] = {1, 2, 3};
 
 /// Byte equality of two tensors' storage.
 template <class Scalar, std::size_t Rank>
-::testing::AssertionResult same_bytes(const Tensor<Scalar, Rank>& a, const Tensor<Scalar, Rank>& b) {
+::testing::AssertionResult same_bytes(const Tensor<Scalar, Rank>& a,
+                                      const Tensor<Scalar, Rank>& b) {
   if (a.shape() != b.shape()) return ::testing::AssertionFailure() << "shapes differ";
   if (std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(Scalar)) == 0) {
     return ::testing::AssertionSuccess();
@@ -118,7 +119,8 @@ TYPED_TEST(DropoutAndThreads, KernelIsBitIdenticalForOneTwoAndThreeThreads) {
       options.dropout_seed = 99;
       options.dropout_call = 5;
       for (const AttentionPath path : kPaths) {
-        SCOPED_TRACE(std::string(name(path)) + " T_q=" + std::to_string(c.tq) + " p=" + std::to_string(p));
+        SCOPED_TRACE(std::string(name(path)) + " T_q=" + std::to_string(c.tq) +
+                     " p=" + std::to_string(p));
         const bool weights = path == AttentionPath::kMaterialized;
         Tensor<Scalar, 4> first_out, first_weights;
         for (const int threads : kThreadCounts) {
@@ -150,7 +152,8 @@ TYPED_TEST(DropoutAndThreads, MultiHeadForwardIsBitIdenticalForOneTwoAndThreeThr
   // Large enough that Eigen's GEMM in the projections would use several threads; the
   // second is GPT-2's width with one query tile per head.
   for (const Config& c : {Config{2, 256, 128, 4}, Config{1, 64, 768, 12}}) {
-    SCOPED_TRACE("B=" + std::to_string(c.b) + " T=" + std::to_string(c.t) + " D=" + std::to_string(c.d));
+    SCOPED_TRACE("B=" + std::to_string(c.b) + " T=" + std::to_string(c.t) +
+                 " D=" + std::to_string(c.d));
     attn::manual_seed(1);
     MultiHeadAttention<Scalar> mha(c.d, c.d, c.t, /*dropout=*/0.1, c.heads, /*qkv_bias=*/true);
     const auto x = attn::test::random_tensor<Scalar>(Shape<3>{c.b, c.t, c.d}, 5);
@@ -185,7 +188,8 @@ TYPED_TEST(DropoutAndThreads, CrossAttentionIsBitIdenticalForOneTwoAndThreeThrea
   };
   // The second has a single (batch, head, query tile) task.
   for (const Config& c : {Config{2, 4, 100}, Config{1, 1, 64}}) {
-    SCOPED_TRACE("B=" + std::to_string(c.b) + " H=" + std::to_string(c.heads) + " T_q=" + std::to_string(c.tq));
+    SCOPED_TRACE("B=" + std::to_string(c.b) + " H=" + std::to_string(c.heads) +
+                 " T_q=" + std::to_string(c.tq));
     const Index tk = 300, d = 64;
     auto options = MultiHeadAttentionOptions::pytorch(d, c.heads, true, 0, 0, /*dropout=*/0.2);
     attn::TorchGenerator gen(6);
@@ -208,7 +212,8 @@ TYPED_TEST(DropoutAndThreads, CrossAttentionIsBitIdenticalForOneTwoAndThreeThrea
           continue;
         }
         EXPECT_TRUE(same_bytes(y, first)) << threads << " threads, streaming";
-        EXPECT_TRUE(same_bytes(r.output, first_materialized)) << threads << " threads, materialized";
+        EXPECT_TRUE(same_bytes(r.output, first_materialized))
+            << threads << " threads, materialized";
       }
     }
   }
@@ -270,7 +275,8 @@ TYPED_TEST(DropoutAndThreads, ModulesInEvalModeIgnoreDropout) {
     const attn::CrossAttention<Scalar> plain(d, 5, d, 2, false, 0.0);
     const auto kv = attn::test::random_tensor<Scalar>(Shape<3>{b, 90, 5}, 13);
     dropped.eval();
-    EXPECT_TRUE(same_bytes(dropped.forward(x.view(), kv.view()), plain.forward(x.view(), kv.view())));
+    EXPECT_TRUE(
+        same_bytes(dropped.forward(x.view(), kv.view()), plain.forward(x.view(), kv.view())));
   }
 }
 
@@ -367,7 +373,8 @@ TYPED_TEST(DropoutAndThreads, KeptWeightsAreSoftmaxOverOneMinusPAndKeepRateIsP) 
       const Scalar w = r.weights.data()[i];
       if (w == Scalar(0)) continue;
       const Scalar expected = r.weights0.data()[i] * scale;
-      ASSERT_NEAR(w, expected, 2 * std::numeric_limits<Scalar>::epsilon() * expected) << "element " << i;
+      ASSERT_NEAR(w, expected, 2 * std::numeric_limits<Scalar>::epsilon() * expected)
+          << "element " << i;
     }
     // 65536 Bernoulli(p) draws: the standard deviation of the rate is <= 0.002.
     const double rate = static_cast<double>(r.dropped) / static_cast<double>(r.visible);
@@ -400,14 +407,14 @@ TYPED_TEST(DropoutAndThreads, BothPathsDropTheSameWeights) {
   const auto streaming = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(), mask, options,
                                                  AttentionPath::kStreaming);
   EXPECT_TRUE(ref::all_near(streaming.view(), expected.output.view(), tol)) << "streaming";
-  const auto materialized_no_weights = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(), mask,
-                                                               options, AttentionPath::kMaterialized);
+  const auto materialized_no_weights = ref::run_kernel<Scalar>(
+      q.view(), k.view(), v.view(), mask, options, AttentionPath::kMaterialized);
   EXPECT_TRUE(same_bytes(materialized_no_weights, r.out));
   // Another call number draws other masks.
   AttentionOptions next = options;
   next.dropout_call = 5;
-  const auto other = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(), mask, next,
-                                             AttentionPath::kStreaming);
+  const auto other =
+      ref::run_kernel<Scalar>(q.view(), k.view(), v.view(), mask, next, AttentionPath::kStreaming);
   EXPECT_FALSE(ref::all_near(other.view(), streaming.view(), 1e-3));
 }
 

@@ -2,15 +2,15 @@
 // tests/attention/errors_test.cpp: bad input to the kernel and the modules, one test per
 // kind. Wrong shapes throw attn::ShapeError, bad configuration std::invalid_argument (and
 // not ShapeError); every message names the function and the offending shapes or values.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
@@ -40,13 +40,14 @@ namespace ref = attn::test::ref;
   try {
     fn();
   } catch (const attn::ShapeError& e) {
-    return ::testing::AssertionFailure() << "threw ShapeError, expected a configuration error: "
-                                         << e.what();
+    return ::testing::AssertionFailure()
+           << "threw ShapeError, expected a configuration error: " << e.what();
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
     for (const std::string& part : parts) {
       if (what.find(part) == std::string::npos) {
-        return ::testing::AssertionFailure() << "message \"" << what << "\" lacks \"" << part << "\"";
+        return ::testing::AssertionFailure()
+               << "message \"" << what << "\" lacks \"" << part << "\"";
       }
     }
     return ::testing::AssertionSuccess();
@@ -85,34 +86,37 @@ TYPED_TEST(AttentionErrors, ValidCallDoesNotThrowAndIsFinite) {
 
 TYPED_TEST(AttentionErrors, MismatchedEmbeddingSizeIsAShapeError) {
   using Scalar = TypeParam;
-  const MultiHeadAttention<Scalar> mha(/*d_in=*/3, /*d_out=*/2, /*context_length=*/6, 0.0, /*num_heads=*/2);
+  const MultiHeadAttention<Scalar> mha(/*d_in=*/3, /*d_out=*/2, /*context_length=*/6, 0.0,
+                                       /*num_heads=*/2);
   const Tensor<Scalar, 3> x({2, 6, 4});
   EXPECT_THAT([&] { mha.forward(x.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("(2, 6, 4)"),
-                                                    HasSubstr("d_in=3"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr(kMhaForward), HasSubstr("(2, 6, 4)"), HasSubstr("d_in=3"))));
   const attn::SelfAttention<Scalar> sa(3, 2);
   EXPECT_THAT([&] { sa.forward(x.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::SelfAttention::forward"),
-                                                    HasSubstr("(2, 6, 4)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("attn::SelfAttention::forward"), HasSubstr("(2, 6, 4)"))));
   const attn::CausalAttention<Scalar> ca(3, 2, 6, 0.0);
   EXPECT_THAT([&] { ca.forward(x.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::CausalAttention::forward"),
-                                                    HasSubstr("(2, 6, 4)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("attn::CausalAttention::forward"), HasSubstr("(2, 6, 4)"))));
   const attn::MultiHeadAttentionWrapper<Scalar> wrapper(3, 2, 6, 0.0, 2);
   EXPECT_THAT([&] { wrapper.forward(x.view()); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
   const attn::CrossAttention<Scalar> cross(/*d_q=*/4, /*d_kv=*/5, /*d_out=*/4, 2);
-  EXPECT_THAT([&] { cross.forward(x.view(), x.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("key has shape (2, 6, 4)"),
-                                                    HasSubstr("kdim=5"))));
+  EXPECT_THAT(
+      [&] { cross.forward(x.view(), x.view()); },
+      ThrowsMessage<attn::ShapeError>(AllOf(
+          HasSubstr(kMhaForward), HasSubstr("key has shape (2, 6, 4)"), HasSubstr("kdim=5"))));
   // The kernel: q and k head dims differ.
   const Tensor<Scalar, 4> k5({2, 2, 7, 5});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k5.view(), this->v.view(), this->out.view());
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k5.view(), this->v.view(),
+                                                   this->out.view());
       },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("q (2, 2, 5, 4)"),
-                                            HasSubstr("k (2, 2, 7, 5)"))));
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr(kSdpa), HasSubstr("q (2, 2, 5, 4)"), HasSubstr("k (2, 2, 7, 5)"))));
 }
 
 TYPED_TEST(AttentionErrors, DOutNotDivisibleByNumHeadsIsAConfigurationError) {
@@ -153,10 +157,11 @@ TYPED_TEST(AttentionErrors, SequenceLongerThanContextLengthIsAConfigurationError
   EXPECT_TRUE(throws_config_error([&] { mha.forward(x.view()); },
                                   {kMhaForward, "7 tokens", "context_length=6"}));
   const attn::CausalAttention<Scalar> ca(3, 2, /*context_length=*/6, 0.0);
-  EXPECT_TRUE(throws_config_error([&] { ca.forward(x.view()); },
-                                  {"attn::CausalAttention::forward", "7 tokens", "context_length=6"}));
+  EXPECT_TRUE(throws_config_error([&] { ca.forward(x.view()); }, {"attn::CausalAttention::forward",
+                                                                  "7 tokens", "context_length=6"}));
   const attn::MultiHeadAttentionWrapper<Scalar> wrapper(3, 2, /*context_length=*/6, 0.0, 2);
-  EXPECT_TRUE(throws_config_error([&] { wrapper.forward(x.view()); }, {"7 tokens", "context_length=6"}));
+  EXPECT_TRUE(
+      throws_config_error([&] { wrapper.forward(x.view()); }, {"7 tokens", "context_length=6"}));
   // The key of a cross-attention call counts too.
   auto options = MultiHeadAttentionOptions::pytorch(3, 1);
   options.context_length = 6;
@@ -170,15 +175,18 @@ TYPED_TEST(AttentionErrors, BatchMismatchBetweenQueryAndKeyValueIsAShapeError) {
   using Scalar = TypeParam;
   const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
   const Tensor<Scalar, 3> query({2, 5, 8}), kv({3, 7, 8});
-  EXPECT_THAT([&] { mha.forward(query.view(), kv.view(), kv.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("batch"),
-                                                    HasSubstr("(2, 5, 8)"), HasSubstr("(3, 7, 8)"))));
+  EXPECT_THAT(
+      [&] { mha.forward(query.view(), kv.view(), kv.view()); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("batch"),
+                                            HasSubstr("(2, 5, 8)"), HasSubstr("(3, 7, 8)"))));
   const Tensor<Scalar, 4> k3({3, 2, 7, 4});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k3.view(), this->v.view(), this->out.view());
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k3.view(), this->v.view(),
+                                                   this->out.view());
       },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("batch"), HasSubstr("(3, 2, 7, 4)"))));
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr(kSdpa), HasSubstr("batch"), HasSubstr("(3, 2, 7, 4)"))));
 }
 
 TYPED_TEST(AttentionErrors, KeyAndValueOfDifferentLengthsAreAShapeError) {
@@ -186,12 +194,13 @@ TYPED_TEST(AttentionErrors, KeyAndValueOfDifferentLengthsAreAShapeError) {
   const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
   const Tensor<Scalar, 3> query({2, 5, 8}), key({2, 7, 8}), value({2, 6, 8});
   EXPECT_THAT([&] { mha.forward(query.view(), key.view(), value.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("(2, 7, 8)"),
-                                                    HasSubstr("(2, 6, 8)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr(kMhaForward), HasSubstr("(2, 7, 8)"), HasSubstr("(2, 6, 8)"))));
   const Tensor<Scalar, 4> v6({2, 2, 6, 3});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), v6.view(), this->out.view());
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), v6.view(),
+                                                   this->out.view());
       },
       ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("v (2, 2, 6, 3)"))));
 }
@@ -219,20 +228,29 @@ TYPED_TEST(AttentionErrors, MaskOfTheWrongShapeIsAShapeErrorForEveryKind) {
   EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().key_padding(padding.view())); },
               ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("key_padding"),
                                                     HasSubstr("(2, 6)"), HasSubstr("(2, 7)"))));
-  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().key_lengths({7, 7, 7})); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("key_lengths has 3"),
-                                                    HasSubstr("B=2"))));
-  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().key_lengths({7, 8})); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("key_lengths[1]=8"),
-                                                    HasSubstr("T_k=7"))));
-  EXPECT_TRUE(throws_config_error([] { AttentionMask<Scalar>().key_lengths({3, -1}); },
-                                  {"attn::AttentionMask::key_lengths", "-1"}));
+  EXPECT_THAT(
+      [&] {
+        this->sdpa(AttentionMask<Scalar>().key_lengths({7, 7, 7}));
+      },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr(kSdpa), HasSubstr("key_lengths has 3"), HasSubstr("B=2"))));
+  EXPECT_THAT(
+      [&] {
+        this->sdpa(AttentionMask<Scalar>().key_lengths({7, 8}));
+      },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr(kSdpa), HasSubstr("key_lengths[1]=8"), HasSubstr("T_k=7"))));
+  EXPECT_TRUE(throws_config_error(
+      [] {
+        AttentionMask<Scalar>().key_lengths({3, -1});
+      },
+      {"attn::AttentionMask::key_lengths", "-1"}));
   // Through a module: the mask is checked against (B, H, T_q, T_k) of the call.
   const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
   const Tensor<Scalar, 3> x({2, 5, 8});
   EXPECT_THAT([&] { mha.forward(x.view(), AttentionMask<Scalar>().allowed(bool2.view())); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("(1, 1, 5, 6)"),
-                                                    HasSubstr("(2, 2, 5, 5)"))));
+              ThrowsMessage<attn::ShapeError>(AllOf(
+                  HasSubstr(kMhaForward), HasSubstr("(1, 1, 5, 6)"), HasSubstr("(2, 2, 5, 5)"))));
 }
 
 TYPED_TEST(AttentionErrors, EmptyTensorsAreAShapeError) {
@@ -241,15 +259,19 @@ TYPED_TEST(AttentionErrors, EmptyTensorsAreAShapeError) {
   Tensor<Scalar, 4> out0({2, 2, 0, 3});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(q0.view(), this->k.view(), this->v.view(), out0.view());
+        attn::scaled_dot_product_attention<Scalar>(q0.view(), this->k.view(), this->v.view(),
+                                                   out0.view());
       },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("empty"), HasSubstr("(2, 2, 0, 4)"))));
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr(kSdpa), HasSubstr("empty"), HasSubstr("(2, 2, 0, 4)"))));
   const Tensor<Scalar, 4> k0({2, 2, 0, 4}), v0({2, 2, 0, 3});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k0.view(), v0.view(), this->out.view());
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), k0.view(), v0.view(),
+                                                   this->out.view());
       },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("empty"), HasSubstr("(2, 2, 0, 4)"))));
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr(kSdpa), HasSubstr("empty"), HasSubstr("(2, 2, 0, 4)"))));
   const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
   for (const Shape<3>& shape : {Shape<3>{0, 5, 8}, Shape<3>{2, 0, 8}}) {
     const Tensor<Scalar, 3> x(shape);
@@ -260,8 +282,8 @@ TYPED_TEST(AttentionErrors, EmptyTensorsAreAShapeError) {
   const attn::CausalAttention<Scalar> ca(3, 2, 6, 0.0);
   const Tensor<Scalar, 3> x0({1, 0, 3});
   EXPECT_THAT([&] { ca.forward(x0.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::CausalAttention::forward"),
-                                                    HasSubstr("(1, 0, 3)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("attn::CausalAttention::forward"), HasSubstr("(1, 0, 3)"))));
   const Tensor<Scalar, 2> t0({0, 3});
   EXPECT_THAT([&] { attn::SimpleSelfAttention<Scalar>().forward(t0); },
               ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("empty"))));
@@ -269,16 +291,17 @@ TYPED_TEST(AttentionErrors, EmptyTensorsAreAShapeError) {
 
 TYPED_TEST(AttentionErrors, CausalSquareWithDifferentLengthsIsAShapeError) {
   using Scalar = TypeParam;
-  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().causal(CausalAlignment::kSquare)); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("T_q=5"),
-                                                    HasSubstr("T_k=7"), HasSubstr("kBottomRight"))));
+  EXPECT_THAT(
+      [&] { this->sdpa(AttentionMask<Scalar>().causal(CausalAlignment::kSquare)); },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("T_q=5"),
+                                            HasSubstr("T_k=7"), HasSubstr("kBottomRight"))));
   EXPECT_NO_THROW(this->sdpa(AttentionMask<Scalar>().causal(CausalAlignment::kTopLeft)));
   // The notebook module is causal (square): as a cross-attention with T_q != T_k it throws.
   const MultiHeadAttention<Scalar> mha(8, 8, 10, 0.0, 2);
   const Tensor<Scalar, 3> query({2, 5, 8}), kv({2, 7, 8});
   EXPECT_THAT([&] { mha.forward(query.view(), kv.view(), kv.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("T_q=5"),
-                                                    HasSubstr("T_k=7"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr(kMhaForward), HasSubstr("T_q=5"), HasSubstr("T_k=7"))));
 }
 
 TYPED_TEST(AttentionErrors, OutputOfTheWrongShapeIsAShapeError) {
@@ -286,26 +309,30 @@ TYPED_TEST(AttentionErrors, OutputOfTheWrongShapeIsAShapeError) {
   Tensor<Scalar, 4> wrong({2, 2, 5, 4});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), this->v.view(), wrong.view());
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), this->v.view(),
+                                                   wrong.view());
       },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("out has shape (2, 2, 5, 4)"),
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa),
+                                            HasSubstr("out has shape (2, 2, 5, 4)"),
                                             HasSubstr("expected (2, 2, 5, 3)"))));
   Tensor<Scalar, 4> weights({2, 2, 5, 5});
   EXPECT_THAT([&] { this->sdpa({}, {}, weights.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("weights has shape (2, 2, 5, 5)"),
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa),
+                                                    HasSubstr("weights has shape (2, 2, 5, 5)"),
                                                     HasSubstr("expected (2, 2, 5, 7)"))));
   const MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(8, 2));
   const Tensor<Scalar, 3> x({2, 5, 8});
   Tensor<Scalar, 3> out({2, 5, 6});
   attn::Workspace ws;
   EXPECT_THAT([&] { mha.forward(x.view(), out.view(), ws); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward), HasSubstr("out has shape (2, 5, 6)"),
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kMhaForward),
+                                                    HasSubstr("out has shape (2, 5, 6)"),
                                                     HasSubstr("expected (2, 5, 8)"))));
   const attn::MultiHeadAttentionWrapper<Scalar> wrapper(8, /*d_out=*/4, 10, 0.0, /*num_heads=*/2);
   EXPECT_THAT([&] { wrapper.forward(x.view(), out.view(), ws); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::MultiHeadAttentionWrapper::forward"),
-                                                    HasSubstr("out has shape (2, 5, 6)"),
-                                                    HasSubstr("expected (2, 5, 8)"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("attn::MultiHeadAttentionWrapper::forward"),
+                        HasSubstr("out has shape (2, 5, 6)"), HasSubstr("expected (2, 5, 8)"))));
 }
 
 TYPED_TEST(AttentionErrors, NonUnitInnerStrideIsAShapeError) {
@@ -315,15 +342,17 @@ TYPED_TEST(AttentionErrors, NonUnitInnerStrideIsAShapeError) {
   const TensorView<const Scalar, 4> strided(storage.data(), {2, 2, 5, 4}, {80, 40, 8, 2});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(strided, this->k.view(), this->v.view(), this->out.view());
+        attn::scaled_dot_product_attention<Scalar>(strided, this->k.view(), this->v.view(),
+                                                   this->out.view());
       },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("stride 1"),
-                                            HasSubstr("(80, 40, 8, 2)"))));
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr(kSdpa), HasSubstr("stride 1"), HasSubstr("(80, 40, 8, 2)"))));
   Tensor<Scalar, 4> out_storage({2, 2, 5, 6});
   const TensorView<Scalar, 4> strided_out(out_storage.data(), {2, 2, 5, 3}, {60, 30, 6, 2});
   EXPECT_THAT(
       [&] {
-        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), this->v.view(), strided_out);
+        attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), this->v.view(),
+                                                   strided_out);
       },
       ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr(kSdpa), HasSubstr("stride 1"))));
 }
@@ -338,7 +367,8 @@ TYPED_TEST(AttentionErrors, StreamingPathCannotReturnWeights) {
 }
 
 TYPED_TEST(AttentionErrors, NonFiniteScaleIsAConfigurationError) {
-  for (const double scale : {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+  for (const double scale :
+       {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
     AttentionOptions options;
     options.scale = scale;
     EXPECT_TRUE(throws_config_error([&] { this->sdpa({}, options); },

@@ -9,14 +9,14 @@
 // between different mask kinds that mean the same thing use ref::kernel_tolerance
 // ((d + T_k) eps; see reference_attention.hpp), since the kernels may take different loop
 // bounds (and so different product shapes) for them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
@@ -48,7 +48,8 @@ TYPED_TEST_SUITE(Masking, Scalars);
 /// Row (b, h, i) of a rank-4 tensor as a vector.
 template <class Scalar>
 std::vector<Scalar> row4(const Tensor<Scalar, 4>& t, Index b, Index h, Index i) {
-  return attn::test::to_vector(attn::select(attn::select(attn::select(t.view(), 0, b), 0, h), 0, i));
+  return attn::test::to_vector(
+      attn::select(attn::select(attn::select(t.view(), 0, b), 0, h), 0, i));
 }
 
 /// Rows [0, rows) of every (b, h) as one tensor (B, H, rows, d).
@@ -79,18 +80,23 @@ TYPED_TEST(Masking, FullyMaskedRowGivesZeroOutputAndWeightsOnBothPaths) {
   struct Case {
     std::string label;
     AttentionMask<Scalar> mask;
-    Index batch, first_row, end_row;  // fully masked rows [first_row, end_row) of `batch`
+    Index batch, first_row, end_row;   // fully masked rows [first_row, end_row) of `batch`
     Index visible_batch, visible_row;  // a row that does see keys
   };
   std::vector<Case> cases;
-  cases.push_back({"blocked row", AttentionMask<Scalar>().blocked(blocked_row.view()), 0, 70, 71, 0, 71});
-  cases.push_back({"allowed none", AttentionMask<Scalar>().allowed(allowed_none.view()), 1, 130, 131, 1, 129});
-  cases.push_back({"additive -inf row", AttentionMask<Scalar>().additive(additive_row.view()), 0, 3, 4, 0, 4});
+  cases.push_back(
+      {"blocked row", AttentionMask<Scalar>().blocked(blocked_row.view()), 0, 70, 71, 0, 71});
+  cases.push_back(
+      {"allowed none", AttentionMask<Scalar>().allowed(allowed_none.view()), 1, 130, 131, 1, 129});
+  cases.push_back(
+      {"additive -inf row", AttentionMask<Scalar>().additive(additive_row.view()), 0, 3, 4, 0, 4});
   cases.push_back({"key_lengths 0", AttentionMask<Scalar>().key_lengths({tk, 0}), 1, 0, tq, 0, 0});
-  cases.push_back({"key_padding all", AttentionMask<Scalar>().key_padding(padding.view()), 1, 0, tq, 0, 0});
+  cases.push_back(
+      {"key_padding all", AttentionMask<Scalar>().key_padding(padding.view()), 1, 0, tq, 0, 0});
   // bottom-right with T_q > T_k: the first T_q - T_k queries see no key
-  cases.push_back({"causal bottom-right", AttentionMask<Scalar>().causal(CausalAlignment::kBottomRight),
-                   0, 0, tq - tk, 1, tq - tk});
+  cases.push_back({"causal bottom-right",
+                   AttentionMask<Scalar>().causal(CausalAlignment::kBottomRight), 0, 0, tq - tk, 1,
+                   tq - tk});
 
   for (const Case& c : cases) {
     for (const bool dropout : {false, true}) {
@@ -115,8 +121,8 @@ TYPED_TEST(Masking, FullyMaskedRowGivesZeroOutputAndWeightsOnBothPaths) {
                       ::testing::Contains(::testing::Ne(Scalar(0))));
         }
         if (with_weights) {
-      EXPECT_TRUE(ref::all_finite(weights.view()));
-    }
+          EXPECT_TRUE(ref::all_finite(weights.view()));
+        }
       }
     }
   }
@@ -132,8 +138,9 @@ TYPED_TEST(Masking, EverythingMaskedGivesAllZerosNotNaN) {
   for (const AttentionPath path : kPaths) {
     SCOPED_TRACE(name(path));
     Tensor<Scalar, 4> weights;
-    const auto out = ref::run_kernel<Scalar>(q.view(), q.view(), q.view(), mask, {}, path,
-                                             path == AttentionPath::kMaterialized ? &weights : nullptr);
+    const auto out =
+        ref::run_kernel<Scalar>(q.view(), q.view(), q.view(), mask, {}, path,
+                                path == AttentionPath::kMaterialized ? &weights : nullptr);
     EXPECT_THAT(attn::test::to_vector(out.view()), ::testing::Each(Scalar(0)));
     if (path == AttentionPath::kMaterialized) {
       EXPECT_THAT(attn::test::to_vector(weights.view()), ::testing::Each(Scalar(0)));
@@ -149,7 +156,7 @@ void check_causal_ignores_future(Index tq, Index tk, CausalAlignment alignment) 
   auto k = attn::test::random_tensor<Scalar>(Shape<4>{b, h, tk, d}, 11);
   auto v = attn::test::random_tensor<Scalar>(Shape<4>{b, h, tk, dv}, 12);
   const Index offset = alignment == CausalAlignment::kBottomRight ? tk - tq : 0;
-  const Index last = 70;                 // query rows [0, last] must not change
+  const Index last = 70;                         // query rows [0, last] must not change
   const Index first_hidden = last + offset + 1;  // keys from here on are invisible to them
   AttentionMask<Scalar> mask;
   mask.causal(alignment);
@@ -167,7 +174,8 @@ void check_causal_ignores_future(Index tq, Index tk, CausalAlignment alignment) 
         }
       }
     const auto after = ref::run_kernel<Scalar>(q2.view(), k2.view(), v2.view(), mask, {}, path);
-    EXPECT_TRUE(ref::same_bits(first_rows(before, last + 1).view(), first_rows(after, last + 1).view()));
+    EXPECT_TRUE(
+        ref::same_bits(first_rows(before, last + 1).view(), first_rows(after, last + 1).view()));
     // ... while the later rows did change (the perturbation reached the kernel).
     EXPECT_NE(row4(before, 0, 0, tq - 1), row4(after, 0, 0, tq - 1));
   }
@@ -265,12 +273,13 @@ TYPED_TEST(Masking, KeyPaddingLengthsAndBooleanMaskAgree) {
   const double tol = ref::kernel_tolerance<Scalar>(d, tk);
   for (const AttentionPath path : kPaths) {
     SCOPED_TRACE(name(path));
-    const auto by_lengths = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                    AttentionMask<Scalar>().key_lengths(lengths), {}, path);
-    const auto by_padding = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                    AttentionMask<Scalar>().key_padding(padding.view()), {}, path);
-    const auto by_mask = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                 AttentionMask<Scalar>().allowed(allowed.view()), {}, path);
+    const auto by_lengths = ref::run_kernel<Scalar>(
+        q.view(), k.view(), v.view(), AttentionMask<Scalar>().key_lengths(lengths), {}, path);
+    const auto by_padding =
+        ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
+                                AttentionMask<Scalar>().key_padding(padding.view()), {}, path);
+    const auto by_mask = ref::run_kernel<Scalar>(
+        q.view(), k.view(), v.view(), AttentionMask<Scalar>().allowed(allowed.view()), {}, path);
     EXPECT_TRUE(ref::all_near(by_lengths.view(), by_padding.view(), tol));
     EXPECT_TRUE(ref::all_near(by_lengths.view(), by_mask.view(), tol));
   }
@@ -290,18 +299,18 @@ TYPED_TEST(Masking, AllowedMaskEqualsBlockedOfItsNegation) {
     Tensor<Scalar, 4> w_allowed, w_blocked;
     const bool weights = path == AttentionPath::kMaterialized;
     const auto allowed = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                 AttentionMask<Scalar>().allowed(m.view()), {}, path,
-                                                 weights ? &w_allowed : nullptr);
+                                                 AttentionMask<Scalar>().allowed(m.view()), {},
+                                                 path, weights ? &w_allowed : nullptr);
     const auto blocked = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                 AttentionMask<Scalar>().blocked(not_m.view()), {}, path,
-                                                 weights ? &w_blocked : nullptr);
+                                                 AttentionMask<Scalar>().blocked(not_m.view()), {},
+                                                 path, weights ? &w_blocked : nullptr);
     EXPECT_TRUE(ref::same_bits(allowed.view(), blocked.view()));
     if (weights) {
       EXPECT_TRUE(ref::same_bits(w_allowed.view(), w_blocked.view()));
     }
     // and the opposite polarity is a different mask
-    const auto swapped = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                 AttentionMask<Scalar>().blocked(m.view()), {}, path);
+    const auto swapped = ref::run_kernel<Scalar>(
+        q.view(), k.view(), v.view(), AttentionMask<Scalar>().blocked(m.view()), {}, path);
     EXPECT_FALSE(ref::all_near(allowed.view(), swapped.view(), 0.01));
   }
 }
@@ -322,11 +331,11 @@ TYPED_TEST(Masking, AdditiveNegativeInfinityEqualsBlocked) {
     Tensor<Scalar, 4> w_add, w_blocked;
     const bool weights = path == AttentionPath::kMaterialized;
     const auto by_add = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                AttentionMask<Scalar>().additive(additive.view()), {},
-                                                path, weights ? &w_add : nullptr);
+                                                AttentionMask<Scalar>().additive(additive.view()),
+                                                {}, path, weights ? &w_add : nullptr);
     const auto by_blocked = ref::run_kernel<Scalar>(q.view(), k.view(), v.view(),
-                                                    AttentionMask<Scalar>().blocked(blocked.view()), {},
-                                                    path, weights ? &w_blocked : nullptr);
+                                                    AttentionMask<Scalar>().blocked(blocked.view()),
+                                                    {}, path, weights ? &w_blocked : nullptr);
     EXPECT_TRUE(ref::same_bits(by_add.view(), by_blocked.view()));
     if (weights) {
       EXPECT_TRUE(ref::same_bits(w_add.view(), w_blocked.view()));
@@ -342,7 +351,8 @@ TYPED_TEST(Masking, LargeLogitsStayFinite) {
   const auto k = attn::test::random_tensor<Scalar>(Shape<4>{b, h, tk, d}, 71, -60, 60);
   const auto v = attn::test::random_tensor<Scalar>(Shape<4>{b, h, tk, d}, 72);
   ref::DenseMask dense(b, h, tq, tk);
-  const auto expected = ref::attention(q.view(), k.view(), v.view(), dense, 1 / std::sqrt(ref::Real(d)));
+  const auto expected =
+      ref::attention(q.view(), k.view(), v.view(), dense, 1 / std::sqrt(ref::Real(d)));
   // The score of a d-term product of size ~|s| carries a rounding error ~ d |s| eps, which
   // the softmax turns into a relative weight error of the same size.
   double max_logit = 0;

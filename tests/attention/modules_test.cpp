@@ -6,19 +6,18 @@
 // Tolerance: module_tolerance = (d_in + head_dim + T_k + d_out) * eps, the kernel's
 // (d + T_k) eps (reference_attention.hpp) plus one n * eps term for each projection GEMM
 // (inputs in [-1, 1], weights bounded by nn.Linear's 1/sqrt(fan_in) or [0, 1) for
-// kRandInit). Measured errors stay at or below ~1/10 of it. Where two configurations run the
-// very same arithmetic (same weights loaded two ways, unbatched vs batch of one, a wrapper
-// head vs its slice of the wrapper output) results
-// are compared bit for bit.
+// kRandInit). Measured errors stay at or below ~1/10 of it. Where two configurations run
+// the very same arithmetic (same weights loaded two ways, unbatched vs batch of one, a
+// wrapper head vs its slice of the wrapper output) results are compared bit for bit.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
@@ -105,9 +104,11 @@ TYPED_TEST(Modules, SimpleSelfAttentionIsUnscaledByDefault) {
   const auto expected = ref::attention(x4, x4, x4, ref::DenseMask(1, 1, t, t), 1);
   const double tol = ref::kernel_tolerance<Scalar>(d, t);
   const auto y = simple.forward(x);
-  EXPECT_TRUE(ref::all_near(y.view(), attn::select(attn::select(expected.output.view(), 0, 0), 0, 0), tol));
+  EXPECT_TRUE(
+      ref::all_near(y.view(), attn::select(attn::select(expected.output.view(), 0, 0), 0, 0), tol));
   const auto r = simple.forward_with_weights(x);
-  EXPECT_TRUE(ref::all_near(r.weights.view(), attn::select(attn::select(expected.weights.view(), 0, 0), 0, 0), tol));
+  EXPECT_TRUE(ref::all_near(r.weights.view(),
+                            attn::select(attn::select(expected.weights.view(), 0, 0), 0, 0), tol));
   EXPECT_TRUE(ref::all_near(r.output.view(), y.view(), tol));
 }
 
@@ -256,8 +257,9 @@ TYPED_TEST(Modules, CausalAttentionCombinesAUserMask) {
   dense.causal(CausalAlignment::kSquare).key_padding(pad.view());
   const auto expected = ref::module_forward(x.view(), x.view(), x.view(), wide(ca).views(), 1,
                                             dense, inv_sqrt(d_out));
-  EXPECT_TRUE(ref::all_near(ca.forward(x.view(), AttentionMask<Scalar>().key_padding(pad.view())).view(),
-                            expected.view(), module_tolerance<Scalar>(d_in, d_out, t, 0)));
+  EXPECT_TRUE(
+      ref::all_near(ca.forward(x.view(), AttentionMask<Scalar>().key_padding(pad.view())).view(),
+                    expected.view(), module_tolerance<Scalar>(d_in, d_out, t, 0)));
 }
 
 // ---------------------------------------------------------------- MultiHeadAttentionWrapper
@@ -279,13 +281,13 @@ TYPED_TEST(Modules, WrapperEqualsConcatenationOfItsHeads) {
     const auto part = attn::slice(y.view(), 2, h * d_out, (h + 1) * d_out);
     const auto alone = wrapper.head(h).forward(x.view());
     EXPECT_TRUE(ref::same_bits(part, alone.view()));  // the same arithmetic, another destination
-    const auto expected = ref::module_forward(x.view(), x.view(), x.view(),
-                                              wide(wrapper.head(h)).views(), 1, causal,
-                                              inv_sqrt(d_out));
+    const auto expected = ref::module_forward(
+        x.view(), x.view(), x.view(), wide(wrapper.head(h)).views(), 1, causal, inv_sqrt(d_out));
     EXPECT_TRUE(ref::all_near(part, expected.view(), module_tolerance<Scalar>(d_in, d_out, t, 0)));
   }
   // Heads are drawn one after another: they differ.
-  EXPECT_FALSE(ref::same_bits(wrapper.head(0).w_query().weight(), wrapper.head(1).w_query().weight()));
+  EXPECT_FALSE(
+      ref::same_bits(wrapper.head(0).w_query().weight(), wrapper.head(1).w_query().weight()));
 }
 
 // ---------------------------------------------------------------- MultiHeadAttention
@@ -307,9 +309,9 @@ TYPED_TEST(Modules, MultiHeadNotebookConstructorIsCausal) {
     const auto y = mha.forward(x.view());
     const double tol = module_tolerance<Scalar>(d_in, d_out / heads, t, d_out);
     EXPECT_TRUE(ref::all_near(y.view(), expected.view(), tol));
-    const auto unmasked = ref::module_forward(x.view(), x.view(), x.view(), wide(mha).views(),
-                                              heads, ref::DenseMask(b, heads, t, t),
-                                              inv_sqrt(d_out / heads));
+    const auto unmasked =
+        ref::module_forward(x.view(), x.view(), x.view(), wide(mha).views(), heads,
+                            ref::DenseMask(b, heads, t, t), inv_sqrt(d_out / heads));
     EXPECT_FALSE(ref::all_near(y.view(), unmasked.view(), 100 * tol));
   }
 }
@@ -426,11 +428,12 @@ TYPED_TEST(Modules, MultiHeadWithKdimAndVdimMatchesReference) {
   const auto query = attn::test::random_tensor<Scalar>(Shape<3>{b, tq, d_in}, 22);
   const auto key = attn::test::random_tensor<Scalar>(Shape<3>{b, tk, kdim}, 23);
   const auto value = attn::test::random_tensor<Scalar>(Shape<3>{b, tk, vdim}, 24);
-  const auto expected = ref::module_forward(query.view(), key.view(), value.view(), wide(mha).views(),
-                                            heads, ref::DenseMask(b, heads, tq, tk),
-                                            inv_sqrt(d_out / heads));
+  const auto expected =
+      ref::module_forward(query.view(), key.view(), value.view(), wide(mha).views(), heads,
+                          ref::DenseMask(b, heads, tq, tk), inv_sqrt(d_out / heads));
   EXPECT_TRUE(ref::all_near(mha.forward(query.view(), key.view(), value.view()).view(),
-                            expected.view(), module_tolerance<Scalar>(vdim, d_out / heads, tk, d_out)));
+                            expected.view(),
+                            module_tolerance<Scalar>(vdim, d_out / heads, tk, d_out)));
 }
 
 TYPED_TEST(Modules, MultiHeadKeyAndValueSameTensorOrDistinctTensorsAgree) {
@@ -507,13 +510,14 @@ TYPED_TEST(Modules, MultiHeadForwardWithWeightsRowsSumToOneAndAverageHeads) {
   const auto r = mha.forward_with_weights(query.view(), kv.view(), kv.view());
   ASSERT_EQ(r.weights.shape(), (Shape<4>{b, heads, tq, tk}));
   Tensor<double, 4> expected_weights;
-  const auto expected = ref::module_forward(query.view(), kv.view(), kv.view(), wide(mha).views(),
-                                            heads, ref::DenseMask(b, heads, tq, tk),
-                                            inv_sqrt(d / heads), &expected_weights);
+  const auto expected =
+      ref::module_forward(query.view(), kv.view(), kv.view(), wide(mha).views(), heads,
+                          ref::DenseMask(b, heads, tq, tk), inv_sqrt(d / heads), &expected_weights);
   const double tol = module_tolerance<Scalar>(d, d / heads, tk, d);
   EXPECT_TRUE(ref::all_near(r.output.view(), expected.view(), tol));
   EXPECT_TRUE(ref::all_near(r.weights.view(), expected_weights.view(), tol));
-  EXPECT_TRUE(ref::all_near(r.output.view(), mha.forward(query.view(), kv.view(), kv.view()).view(), tol));
+  EXPECT_TRUE(
+      ref::all_near(r.output.view(), mha.forward(query.view(), kv.view(), kv.view()).view(), tol));
   for (Index bi = 0; bi < b; ++bi)
     for (Index h = 0; h < heads; ++h)
       for (Index i = 0; i < tq; ++i) {
@@ -527,10 +531,12 @@ TYPED_TEST(Modules, MultiHeadForwardWithWeightsRowsSumToOneAndAverageHeads) {
   for (Index bi = 0; bi < b; ++bi)
     for (Index i = 0; i < tq; ++i)
       for (Index j = 0; j < tk; ++j) {
-        for (Index h = 0; h < heads; ++h) expected_mean(bi, i, j) += static_cast<double>(r.weights(bi, h, i, j));
+        for (Index h = 0; h < heads; ++h)
+          expected_mean(bi, i, j) += static_cast<double>(r.weights(bi, h, i, j));
         expected_mean(bi, i, j) /= static_cast<double>(heads);
       }
-  EXPECT_TRUE(ref::all_near(mean.view(), expected_mean.view(), 4 * std::numeric_limits<Scalar>::epsilon()));
+  EXPECT_TRUE(
+      ref::all_near(mean.view(), expected_mean.view(), 4 * std::numeric_limits<Scalar>::epsilon()));
 }
 
 // ---------------------------------------------------------------- CrossAttention
@@ -544,10 +550,9 @@ TYPED_TEST(Modules, CrossAttentionMatchesReference) {
   const auto x_q = attn::test::random_tensor<Scalar>(Shape<3>{b, tq, d_q}, 37);
   const auto x_kv = attn::test::random_tensor<Scalar>(Shape<3>{b, tkv, d_kv}, 38);
   Tensor<double, 4> expected_weights;
-  const auto expected = ref::module_forward(x_q.view(), x_kv.view(), x_kv.view(),
-                                            wide(cross.module()).views(), heads,
-                                            ref::DenseMask(b, heads, tq, tkv),
-                                            inv_sqrt(d_out / heads), &expected_weights);
+  const auto expected = ref::module_forward(
+      x_q.view(), x_kv.view(), x_kv.view(), wide(cross.module()).views(), heads,
+      ref::DenseMask(b, heads, tq, tkv), inv_sqrt(d_out / heads), &expected_weights);
   const double tol = module_tolerance<Scalar>(d_kv, d_out / heads, tkv, d_out);
   const auto y = cross.forward(x_q.view(), x_kv.view());
   EXPECT_TRUE(ref::all_near(y.view(), expected.view(), tol));

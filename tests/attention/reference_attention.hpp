@@ -5,6 +5,8 @@
 // below (their own broadcasting), never through attn::AttentionMask or attn::detail.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -15,8 +17,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
@@ -34,7 +34,10 @@ struct DenseMask {
   std::vector<Real> bias;
 
   DenseMask(Index b, Index h, Index q, Index k)
-      : batch(b), heads(h), tq(q), tk(k),
+      : batch(b),
+        heads(h),
+        tq(q),
+        tk(k),
         visible(static_cast<std::size_t>(b * h * q * k), 1),
         bias(static_cast<std::size_t>(b * h * q * k), 0) {}
 
@@ -46,9 +49,7 @@ struct DenseMask {
   /// T_k - T_q (bottom-right).
   DenseMask& causal(CausalAlignment alignment) {
     const Index offset = alignment == CausalAlignment::kBottomRight ? tk - tq : 0;
-    for_all([&](Index, Index, Index i, Index j) {
-      return j <= i + offset;
-    });
+    for_all([&](Index, Index, Index i, Index j) { return j <= i + offset; });
     return *this;
   }
 
@@ -66,13 +67,15 @@ struct DenseMask {
     for (Index b = 0; b < batch; ++b)
       for (Index h = 0; h < heads; ++h)
         for (Index i = 0; i < tq; ++i)
-          for (Index j = 0; j < tk; ++j) bias[at(b, h, i, j)] += static_cast<Real>(lookup(m, b, h, i, j));
+          for (Index j = 0; j < tk; ++j)
+            bias[at(b, h, i, j)] += static_cast<Real>(lookup(m, b, h, i, j));
     return *this;
   }
 
   /// Batch item b sees its first lengths[b] keys.
   DenseMask& key_lengths(const std::vector<Index>& lengths) {
-    for_all([&](Index b, Index, Index, Index j) { return j < lengths[static_cast<std::size_t>(b)]; });
+    for_all(
+        [&](Index b, Index, Index, Index j) { return j < lengths[static_cast<std::size_t>(b)]; });
     return *this;
   }
 
@@ -115,9 +118,8 @@ struct Result {
 /// `keep` (optional, B*H*T_q*T_k in DenseMask order): dropout decisions; kept weights are
 /// divided by (1 - dropout). A row with no visible key gives zero output and weights.
 template <class Q, class K, class V>
-Result attention(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v,
-                 const DenseMask& mask, Real scale, const std::vector<char>* keep = nullptr,
-                 Real dropout = 0) {
+Result attention(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v, const DenseMask& mask,
+                 Real scale, const std::vector<char>* keep = nullptr, Real dropout = 0) {
   const Index batch = q.extent(0), heads = q.extent(1), tq = q.extent(2), d = q.extent(3);
   const Index tk = k.extent(2), dv = v.extent(3);
   Result r{Tensor<double, 4>({batch, heads, tq, dv}), Tensor<double, 4>({batch, heads, tq, tk})};
@@ -167,14 +169,14 @@ Result attention(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v,
 /// `bias` may be empty. x is (B, T, in); y is (B, T, out) in double.
 template <class X, class W, class Bias>
 Tensor<Real, 3> linear(TensorView<X, 3> x, TensorView<W, 2> weight, TensorView<Bias, 1> bias) {
-  const Index batch = x.extent(0), tokens = x.extent(1), in = x.extent(2),
-              out = weight.extent(0);
+  const Index batch = x.extent(0), tokens = x.extent(1), in = x.extent(2), out = weight.extent(0);
   Tensor<Real, 3> y({batch, tokens, out});
   for (Index b = 0; b < batch; ++b)
     for (Index t = 0; t < tokens; ++t)
       for (Index o = 0; o < out; ++o) {
         Real acc = bias.data() != nullptr ? static_cast<Real>(bias(o)) : Real(0);
-        for (Index i = 0; i < in; ++i) acc += static_cast<Real>(x(b, t, i)) * static_cast<Real>(weight(o, i));
+        for (Index i = 0; i < in; ++i)
+          acc += static_cast<Real>(x(b, t, i)) * static_cast<Real>(weight(o, i));
         y(b, t, o) = acc;
       }
   return y;
@@ -184,7 +186,8 @@ Tensor<Real, 3> linear(TensorView<X, 3> x, TensorView<W, 2> weight, TensorView<B
 template <class Scalar>
 TensorView<Scalar, 4> heads_of(TensorView<Scalar, 3> x, Index heads) {
   const Index hd = x.extent(2) / heads;
-  return {x.data(), {x.extent(0), heads, x.extent(1), hd},
+  return {x.data(),
+          {x.extent(0), heads, x.extent(1), hd},
           {x.stride(0), hd * x.stride(2), x.stride(1), x.stride(2)}};
 }
 

@@ -8,6 +8,10 @@
 // malloc/calloc/realloc/aligned_alloc/posix_memalign/memalign (forwarding to glibc's
 // __libc_* entry points), under AddressSanitizer (which owns malloc) through its
 // malloc hook. Allocations on every thread count, including OpenMP workers.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <Eigen/Core>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -16,10 +20,6 @@
 #include <new>
 #include <string>
 #include <vector>
-
-#include <Eigen/Core>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
@@ -43,7 +43,8 @@ std::atomic<long> g_malloc_calls{0};
 std::atomic<long> g_malloc_bytes{0};
 
 void note_new() noexcept {
-  if (g_counting.load(std::memory_order_relaxed)) g_new_calls.fetch_add(1, std::memory_order_relaxed);
+  if (g_counting.load(std::memory_order_relaxed))
+    g_new_calls.fetch_add(1, std::memory_order_relaxed);
 }
 void note_malloc(std::size_t bytes) noexcept {
   if (g_counting.load(std::memory_order_relaxed)) {
@@ -86,8 +87,12 @@ void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
     return nullptr;
   }
 }
-void* operator new(std::size_t size, std::align_val_t align) { return allocate_aligned(size, align); }
-void* operator new[](std::size_t size, std::align_val_t align) { return allocate_aligned(size, align); }
+void* operator new(std::size_t size, std::align_val_t align) {
+  return allocate_aligned(size, align);
+}
+void* operator new[](std::size_t size, std::align_val_t align) {
+  return allocate_aligned(size, align);
+}
 void* operator new(std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
   try {
     return allocate_aligned(size, align);
@@ -117,12 +122,14 @@ void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcep
 
 // ---- the malloc family ----
 #if ATTN_TEST_ASAN
-extern "C" int __sanitizer_install_malloc_and_free_hooks(
-    void (*malloc_hook)(const volatile void*, std::size_t), void (*free_hook)(const volatile void*));
+extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*,
+                                                                             std::size_t),
+                                                         void (*free_hook)(const volatile void*));
 namespace {
 void asan_malloc_hook(const volatile void*, std::size_t size) { note_malloc(size); }
 void asan_free_hook(const volatile void*) {}
-const int kHooksInstalled = __sanitizer_install_malloc_and_free_hooks(asan_malloc_hook, asan_free_hook);
+const int kHooksInstalled =
+    __sanitizer_install_malloc_and_free_hooks(asan_malloc_hook, asan_free_hook);
 }  // namespace
 #else
 extern "C" {
@@ -216,8 +223,10 @@ void expect_steady_state_without_allocation(Fn&& call) {
       call();
       call();
     });
-    EXPECT_EQ(counts.news, 0) << threads << " thread(s): operator new calls in two steady-state calls";
-    EXPECT_EQ(counts.mallocs, 0) << threads << " thread(s): malloc-family calls in two steady-state calls ("
+    EXPECT_EQ(counts.news, 0) << threads
+                              << " thread(s): operator new calls in two steady-state calls";
+    EXPECT_EQ(counts.mallocs, 0) << threads
+                                 << " thread(s): malloc-family calls in two steady-state calls ("
                                  << counts.malloc_bytes << " bytes)";
   }
 }
