@@ -361,10 +361,9 @@ TYPED_TEST(LinearTest, ZeroInputFeaturesGiveTheBias) {
   EXPECT_THAT(layer.forward(x).to_vector(), ElementsAre(1, 2, 1, 2, 1, 2));
 }
 
-// forward() takes read-only views; a caller holding a mutable view (a Tensor's view(), a
-// slice of a workspace) should not need to spell TensorView<const Scalar, Rank>(v) first.
-// Today Rank is deduced from the parameter, so the implicit const conversion is never
-// considered and `layer.forward(t.view())` does not compile for a non-const t.
+// A caller holding a mutable view (a Tensor's view(), a slice of a workspace) must not need
+// to spell TensorView<const Scalar, Rank>(v) first. (Before ad78264, Rank was deduced from a
+// TensorView<const Scalar, Rank> parameter, so `layer.forward(t.view())` did not compile.)
 template <class Layer, class X, class = void>
 struct AcceptsView : std::false_type {};
 template <class Layer, class X>

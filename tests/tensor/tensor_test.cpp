@@ -287,9 +287,9 @@ TYPED_TEST(TensorTest, MoveTransfersStorageAndEmptiesTheSource) {
   EXPECT_TRUE(b.empty());  // NOLINT(bugprone-use-after-move)
 }
 
-// A moved-from tensor is empty; resizing it must give it real storage again. (The
-// tensor's buffer keeps its old capacity after a move while its pointer is null, so a
-// resize within that capacity allocates nothing and data() stays null.)
+// A moved-from tensor is empty; resizing it must give it real storage again. (Regression:
+// before ad78264 the buffer kept its old capacity after a move while its pointer was null,
+// so a resize within that capacity allocated nothing and data() stayed null.)
 TYPED_TEST(TensorTest, MovedFromTensorCanBeResizedAndReused) {
   Tensor<TypeParam, 1> a({8});
   Tensor<TypeParam, 1> b(std::move(a));
@@ -306,9 +306,9 @@ TYPED_TEST(TensorTest, MovedFromTensorCanBeResizedAndReused) {
       << "resize() after a move-assignment left the tensor without storage";
 }
 
-// The same defect makes copy-assignment into a moved-from tensor write through a null
-// pointer (a segfault), so the assignment runs in a child process: the test fails instead of
-// taking the whole executable down.
+// The same defect made copy-assignment into a moved-from tensor write through a null pointer
+// (a segfault), so the assignment runs in a child process: a regression fails this test
+// instead of taking the whole executable down.
 TEST(TensorDeathTest, CopyAssignIntoMovedFromTensorWorks) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   using Vector = Tensor<float, 1>;
