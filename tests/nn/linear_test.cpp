@@ -140,9 +140,10 @@ TEST(Linear, ManualSeed123ReproducesTorchFloat64Weights) {
   // /usr/bin/python3 -c "import torch; torch.manual_seed(123);
   //   l = torch.nn.Linear(3, 2, dtype=torch.float64);
   //   print([repr(v) for v in l.weight.flatten().tolist()], [repr(v) for v in l.bias.tolist()])"
-  // PyTorch's (AVX2) uniform_ kernel evaluates unit * (to - from) + from with a fused
-  // multiply-add; several of these values differ in the last bit without one (e.g. in a -O0
-  // build, or without -march=native), so this test pins down that rounding too.
+  // PyTorch's AVX2 uniform_ kernel evaluates unit * (to - from) + from with a fused
+  // multiply-add; several of these values differ in the last bit without one (attn at -O0
+  // before d28db50; PyTorch itself under ATEN_CPU_CAPABILITY=default prints
+  // -0.15138600872770702 first), so this test pins down that rounding too.
   attn::manual_seed(123);
   const Linear<double> layer(3, 2);
   EXPECT_THAT(attn::test::to_vector(layer.weight()),
