@@ -49,7 +49,7 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
            ")";
   });
   ATTN_ASSERT(weight.is_contiguous());
-  const Index rows = x.size() / std::max<Index>(in, 1);
+  const Index rows = y.size() / std::max<Index>(out, 1);  // from y: in may be 0
   if (x.is_contiguous() && y.is_contiguous()) {
     gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias);
     return;
