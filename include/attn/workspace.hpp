@@ -27,7 +27,7 @@ class Workspace {
     kThreadBase = 16,  // per-thread kernel scratch: kThreadBase + thread number
   };
 
-  Workspace() { slots_.reserve(kThreadBase + 64); }
+  Workspace() = default;
 
   /// A buffer of at least `count` T in `slot`, grown if needed. Contents are unspecified.
   template <class T>

@@ -30,7 +30,7 @@ class CausalAttention : public SelfAttention<Scalar> {
   CausalAttention(Index d_in, Index d_out, Index context_length, double dropout,
                   bool qkv_bias = false)
       : Base(d_in, d_out, qkv_bias, check_context_length(context_length), dropout, true,
-             "CausalAttention", Base::Init::kLinear) {}
+             "CausalAttention", "CausalAttention::forward", Base::Init::kLinear) {}
 
   Index context_length() const noexcept { return this->context_length_; }
   double dropout() const noexcept { return this->dropout_.p(); }

@@ -35,9 +35,14 @@ class MultiHeadAttentionWrapper {
   /// Draws each head's W_query, W_key, W_value in head order from the global generator.
   MultiHeadAttentionWrapper(Index d_in, Index d_out, Index context_length, double dropout,
                             Index num_heads = 2, bool qkv_bias = false) {
-    detail::require_arg(num_heads > 0, "MultiHeadAttentionWrapper", [&] {
-      return "num_heads=" + std::to_string(num_heads) + " must be positive";
-    });
+    detail::require_arg(num_heads > 0 && d_in > 0 && d_out > 0 && context_length > 0,
+                        "MultiHeadAttentionWrapper", [&] {
+                          return "d_in=" + std::to_string(d_in) + ", d_out=" +
+                                 std::to_string(d_out) + ", context_length=" +
+                                 std::to_string(context_length) + ", num_heads=" +
+                                 std::to_string(num_heads) + ": sizes must be positive";
+                        });
+    detail::check_dropout(dropout, "MultiHeadAttentionWrapper");
     heads_.reserve(static_cast<std::size_t>(num_heads));
     for (Index h = 0; h < num_heads; ++h) {
       heads_.emplace_back(d_in, d_out, context_length, dropout, qkv_bias);

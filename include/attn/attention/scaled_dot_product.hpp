@@ -164,9 +164,13 @@ void scaled_dot_product_attention(TensorView<const Scalar, 4> q, TensorView<cons
                                   Workspace* workspace = nullptr) {
   static_assert(std::is_floating_point_v<Scalar>,
                 "attn::scaled_dot_product_attention: Scalar must be float or double");
-  Workspace local;
-  detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, weights,
-                 workspace != nullptr ? *workspace : local);
+  if (workspace != nullptr) {
+    detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, weights,
+                   *workspace);
+  } else {
+    Workspace local;
+    detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, weights, local);
+  }
 }
 
 /// The same for mutable (non-const) input views, so `q.view()` of a Tensor can be passed

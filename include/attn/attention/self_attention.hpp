@@ -52,12 +52,14 @@ class SelfAttention {
   /// SelfAttention_v2: three nn.Linear(d_in, d_out, bias=qkv_bias), drawn in the order
   /// W_query, W_key, W_value from the global generator.
   SelfAttention(Index d_in, Index d_out, bool qkv_bias = false)
-      : SelfAttention(d_in, d_out, qkv_bias, 0, 0.0, false, "SelfAttention", Init::kLinear) {}
+      : SelfAttention(d_in, d_out, qkv_bias, 0, 0.0, false, "SelfAttention",
+                      "SelfAttention::forward", Init::kLinear) {}
 
   /// SelfAttention_v1: three torch.rand(d_in, d_out) parameters (no bias), drawn in the
   /// order W_query, W_key, W_value from the global generator.
   SelfAttention(Index d_in, Index d_out, RandInit)
-      : SelfAttention(d_in, d_out, false, 0, 0.0, false, "SelfAttention", Init::kRand) {}
+      : SelfAttention(d_in, d_out, false, 0, 0.0, false, "SelfAttention",
+                      "SelfAttention::forward", Init::kRand) {}
 
   /// The raw form with given (d_in, d_out) matrices, applied as x @ W (no bias).
   /// @throws ShapeError if the three shapes differ or are empty.
@@ -73,7 +75,7 @@ class SelfAttention {
                              " must share one non-empty (d_in, d_out) shape";
                     });
     SelfAttention module(w_query.extent(0), w_query.extent(1), false, 0, 0.0, false,
-                         "SelfAttention", Init::kNone);
+                         "SelfAttention", "SelfAttention::forward", Init::kNone);
     module.w_query_.set_weight(transpose(w_query));
     module.w_key_.set_weight(transpose(w_key));
     module.w_value_.set_weight(transpose(w_value));
@@ -139,10 +141,11 @@ class SelfAttention {
   /// How the constructor fills the projections.
   enum class Init { kLinear, kRand, kNone };
 
-  /// Shared by CausalAttention: context_length 0 = unlimited.
+  /// Shared by CausalAttention: context_length 0 = unlimited. `name` and `forward_name`
+  /// (string literals) prefix error messages.
   SelfAttention(Index d_in, Index d_out, bool qkv_bias, Index context_length, double dropout,
-                bool causal, const char* name, Init init)
-      : name_(name),
+                bool causal, const char* name, const char* forward_name, Init init)
+      : forward_name_(forward_name),
         context_length_(context_length),
         causal_(causal),
         dropout_(check(d_in, d_out, context_length, dropout, name)) {
@@ -158,7 +161,7 @@ class SelfAttention {
     });
   }
 
-  const char* name_;
+  const char* forward_name_;
   Index context_length_;
   bool causal_;
   Dropout<Scalar> dropout_;
@@ -183,11 +186,11 @@ class SelfAttention {
   void forward_impl(TensorView<const Scalar, 3> x, TensorView<Scalar, 3> out,
                     const AttentionMask<Scalar>& mask, Workspace& ws,
                     TensorView<Scalar, 4> weights) const {
-    const std::string where = std::string(name_) + "::forward";
-    detail::check_input(where.c_str(), "x", x, d_in(), "d_in");
+    const char* where = forward_name_;
+    detail::check_input(where, "x", x, d_in(), "d_in");
     const Index batch = x.extent(0), tokens = x.extent(1), d = d_out();
-    detail::check_output(where.c_str(), out, {batch, tokens, d});
-    detail::check_context(where.c_str(), "x", tokens, context_length_);
+    detail::check_output(where, out, {batch, tokens, d});
+    detail::check_context(where, "x", tokens, context_length_);
     const auto rows = detail::as_rows(x, ws, Workspace::kStaging);
     Scalar* q = ws.get<Scalar>(Workspace::kProjection, 3 * rows.rows * d);
     Scalar* k = q + rows.rows * d;
@@ -209,7 +212,7 @@ class SelfAttention {
     }
     const TensorView<Scalar, 4> out4(out.data(), {batch, 1, tokens, d},
                                      {out.stride(0), out.stride(0), out.stride(1), out.stride(2)});
-    detail::attend(where.c_str(), TensorView<const Scalar, 4>(q, shape, strides),
+    detail::attend(where, TensorView<const Scalar, 4>(q, shape, strides),
                    TensorView<const Scalar, 4>(k, shape, strides),
                    TensorView<const Scalar, 4>(v, shape, strides), out4, mask, options, weights,
                    ws, causal_);

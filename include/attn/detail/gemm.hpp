@@ -140,8 +140,14 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
   const int threads = static_cast<int>(std::min<Index>(num_threads(), tasks));
   if (threads > 1 && 2.0 * static_cast<double>(m) * static_cast<double>(n) *
                              static_cast<double>(k) > 1e6) {
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-    for (Index task = 0; task < tasks; ++task) run_task(task);
+#pragma omp parallel num_threads(threads)
+    {
+      // Every thread of the team sizes its buffer now, whether or not the dynamic schedule
+      // hands it a task this time: then no later call allocates.
+      gemm_pack_buffer<Scalar>(depth_block * kGemmCols);
+#pragma omp for schedule(dynamic, 1)
+      for (Index task = 0; task < tasks; ++task) run_task(task);
+    }
     return;
   }
 #endif
