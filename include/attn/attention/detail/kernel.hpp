@@ -272,10 +272,17 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
     // pass 3: per-query tile max -> new running max m, the exp shift, and the factor
     // corr = exp(m_old - shift) that rescales l and acc. A query with no visible key so
     // far keeps m = -inf and uses shift 0, so its exps are 0, never NaN.
+    // (Full-width chunks use plain loads and stores: masked stores are slow on some CPUs.)
     for (Index c = 0; c < rows; c += W) {
       const Index n = std::min(W, rows - c);
       auto tmax = V::set1(kNegInf);
-      for (Index j = 0; j < width; ++j) tmax = V::max(tmax, V::load_partial(st + j * ld + c, n));
+      if (n == W) {
+        for (Index j = 0; j < width; ++j) tmax = V::max(tmax, V::load(st + j * ld + c));
+      } else {
+        for (Index j = 0; j < width; ++j) {
+          tmax = V::max(tmax, V::load_partial(st + j * ld + c, n));
+        }
+      }
       alignas(64) Scalar lanes[W];
       V::store(lanes, tmax);
       for (Index t = 0; t < n; ++t) {
@@ -291,11 +298,20 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
       const Index n = std::min(W, rows - c);
       const auto sh = V::load_partial(shift + c, n);
       auto sum = V::zero();
-      for (Index j = 0; j < width; ++j) {
-        Scalar* x = st + j * ld + c;
-        const auto e = V::exp(V::sub(V::load_partial(x, n), sh));
-        V::store_partial(x, e, n);
-        sum = V::add(sum, e);
+      if (n == W) {
+        for (Index j = 0; j < width; ++j) {
+          Scalar* x = st + j * ld + c;
+          const auto e = V::exp(V::sub(V::load(x), sh));
+          V::store(x, e);
+          sum = V::add(sum, e);
+        }
+      } else {
+        for (Index j = 0; j < width; ++j) {
+          Scalar* x = st + j * ld + c;
+          const auto e = V::exp(V::sub(V::load_partial(x, n), sh));
+          V::store_partial(x, e, n);
+          sum = V::add(sum, e);
+        }
       }
       alignas(64) Scalar lanes[W];
       V::store(lanes, sum);
