@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attn/config.hpp"
+#include "attn/detail/simd.hpp"
 #include "attn/error.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -16,12 +17,46 @@
 namespace attn {
 namespace detail {
 
+/// softmax_row for a contiguous row of at least one vector: SIMD max, exp and sum.
+template <class Scalar>
+Scalar softmax_row_contiguous(Scalar* row, Index n) noexcept {
+  using V = simd::Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  const Index full = n / W * W;
+  auto vmax = V::set1(-std::numeric_limits<Scalar>::infinity());
+  for (Index j = 0; j < full; j += W) vmax = V::max(vmax, V::load(row + j));
+  Scalar row_max = V::reduce_max(vmax);
+  for (Index j = full; j < n; ++j) row_max = row[j] > row_max ? row[j] : row_max;
+  if (row_max == -std::numeric_limits<Scalar>::infinity()) {
+    for (Index j = 0; j < n; ++j) row[j] = Scalar(0);
+    return Scalar(0);
+  }
+  const auto shift = V::set1(row_max);
+  auto vsum = V::zero();
+  for (Index j = 0; j < full; j += W) {
+    const auto e = V::exp(V::sub(V::load(row + j), shift));
+    V::store(row + j, e);
+    vsum = V::add(vsum, e);
+  }
+  Scalar sum = V::reduce_add(vsum);
+  for (Index j = full; j < n; ++j) {
+    const Scalar e = std::exp(row[j] - row_max);
+    row[j] = e;
+    sum += e;
+  }
+  const auto inv = V::set1(Scalar(1) / sum);
+  for (Index j = 0; j < full; j += W) V::store(row + j, V::mul(V::load(row + j), inv));
+  for (Index j = full; j < n; ++j) row[j] *= Scalar(1) / sum;
+  return sum;
+}
+
 /// In-place softmax of n values spaced `stride` apart. Subtracts the row max, so logits
 /// of 1e4 do not overflow. -inf entries get weight 0; a row with no finite entry (all
 /// -inf, or n == 0) becomes all zeros, never NaN. Returns the sum of the exponentials
 /// (0 for a fully masked row).
 template <class Scalar>
 Scalar softmax_row(Scalar* row, Index n, Index stride = 1) noexcept {
+  if (stride == 1 && n >= simd::Vec<Scalar>::kWidth) return softmax_row_contiguous(row, n);
   Scalar row_max = -std::numeric_limits<Scalar>::infinity();
   for (Index j = 0; j < n; ++j) row_max = row[j * stride] > row_max ? row[j * stride] : row_max;
   if (row_max == -std::numeric_limits<Scalar>::infinity()) {

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: MIT
+// bench/gemm_bench.cpp: attn's packed GEMM (detail::gemm_nt, behind Linear and the Q/K/V and
+// output projections) against Eigen's product on the same row-major operands, in one binary.
+// This is where gemm.hpp's blocking constants (kGemmRows, kGemmCols, gemm_depth) were tuned.
+//
+// Args: M (rows = B*T), N (output features), K (input features). y (M, N) = x (M, K) W^T.
+// Counter: FLOPS = 2*M*N*K per second.
+//
+// Run:
+//   OMP_NUM_THREADS=1 build/bench/bench/gemm_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+
+#include <benchmark/benchmark.h>
+
+#include "attn/attn.hpp"
+#include "bench_support.hpp"
+
+namespace {
+
+using attn::Index;
+
+void GemmShapes(benchmark::internal::Benchmark* bm) {
+  bm->ArgNames({"M", "N", "K"});
+  bm->Args({4096, 1536, 512});  // B8 T512 D512: fused Q/K/V projection
+  bm->Args({4096, 512, 512});   // B8 T512 D512: out_proj
+  bm->Args({128, 1536, 512});   // B1 T128 D512: fused Q/K/V projection
+  bm->Args({2048, 2304, 768});  // B1 T2048 D768: fused Q/K/V projection
+  bm->Args({8192, 1536, 512});  // B1 T8192 D512: fused Q/K/V projection
+}
+
+template <class Scalar>
+void set_flops(benchmark::State& state) {
+  const double flops = 2.0 * static_cast<double>(state.range(0)) *
+                       static_cast<double>(state.range(1)) * static_cast<double>(state.range(2));
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = attn::num_threads();
+}
+
+template <class Scalar>
+void BM_Gemm(benchmark::State& state) {
+  const Index m = state.range(0), n = state.range(1), k = state.range(2);
+  const auto x = attn::bench::random_tensor<Scalar, 2>({m, k}, /*seed=*/1);
+  const auto w = attn::bench::random_tensor<Scalar, 2>({n, k}, /*seed=*/2);
+  attn::Tensor<Scalar, 2> y({m, n});
+  for (auto _ : state) {
+    attn::detail::gemm_nt(m, n, k, x.data(), k, w.data(), k, y.data(), n,
+                          static_cast<const Scalar*>(nullptr));
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  set_flops<Scalar>(state);
+}
+
+// Eigen's GEMM on the same row-major maps (the reference; Eigen threads itself with OpenMP).
+template <class Scalar>
+void BM_EigenGemm(benchmark::State& state) {
+  const Index m = state.range(0), n = state.range(1), k = state.range(2);
+  const auto x = attn::bench::random_tensor<Scalar, 2>({m, k}, /*seed=*/1);
+  const auto w = attn::bench::random_tensor<Scalar, 2>({n, k}, /*seed=*/2);
+  attn::Tensor<Scalar, 2> y({m, n});
+  auto ym = attn::as_matrix(y);
+  const auto xm = attn::as_matrix(x);
+  const auto wm = attn::as_matrix(w);
+  for (auto _ : state) {
+    ym.noalias() = xm * wm.transpose();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  set_flops<Scalar>(state);
+}
+
+BENCHMARK_TEMPLATE(BM_Gemm, float)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_EigenGemm, float)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
