@@ -95,21 +95,32 @@ inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Sca
       }
     }
   }
-  // Store: scale, add the previous C and/or the bias, write the valid columns only.
+  // Store: scale, add the previous C and/or the bias, write the valid columns only. Every
+  // loop here has compile-time bounds and is fully unrolled, so the accumulators stay in
+  // registers (an index GCC cannot resolve at compile time would force them to the stack
+  // on every k step).
   const Reg alpha_v = V::set1(alpha);
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
   for (int v = 0; v < NV; ++v) {
     const Index n = cols - v * W;
-    if (n <= 0) break;
-    Reg bias_v = V::zero();
-    if (bias != nullptr) bias_v = n >= W ? V::load(bias + v * W) : V::load_partial(bias + v * W, n);
-    for (int r = 0; r < Rows; ++r) {
-      Scalar* cp = crow[r] + v * W;
-      Reg out = V::fmadd(acc[r][v], alpha_v, bias_v);
-      if (accumulate) out = V::add(out, n >= W ? V::load(cp) : V::load_partial(cp, n));
-      if (n >= W) {
-        V::store(cp, out);
-      } else {
-        V::store_partial(cp, out, n);
+    if (n > 0) {
+      Reg bias_v = V::zero();
+      if (bias != nullptr) bias_v = n >= W ? V::load(bias + v * W) : V::load_partial(bias + v * W, n);
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+      for (int r = 0; r < Rows; ++r) {
+        Scalar* cp = crow[r] + v * W;
+        Reg out = V::fmadd(acc[r][v], alpha_v, bias_v);
+        if (n >= W) {
+          if (accumulate) out = V::add(out, V::load(cp));
+          V::store(cp, out);
+        } else {
+          if (accumulate) out = V::add(out, V::load_partial(cp, n));
+          V::store_partial(cp, out, n);
+        }
       }
     }
   }
