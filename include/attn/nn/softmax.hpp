@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attn/config.hpp"
 #include "attn/detail/simd.hpp"
@@ -93,8 +94,20 @@ void softmax_(TensorView<Scalar, Rank> x, std::size_t axis = Rank - 1) {
   outer_shape[Rank - 1] = 1;
   Scalar* data = moved.data();
   const Index n = moved.extent(Rank - 1), stride = moved.stride(Rank - 1);
-  detail::for_each_offset(outer_shape, moved.strides(), moved.strides(),
-                          [&](Index o, Index) { detail::softmax_row(data + o, n, stride); });
+  if (stride == 1) {
+    detail::for_each_offset(outer_shape, moved.strides(), moved.strides(),
+                            [&](Index o, Index) { detail::softmax_row(data + o, n); });
+    return;
+  }
+  // A strided row is gathered into one contiguous buffer so that it goes through the same
+  // (SIMD) arithmetic as a contiguous row: softmax over any axis gives bit-identical values
+  // to moving that axis last and taking a contiguous softmax.
+  std::vector<Scalar> row(static_cast<std::size_t>(n));
+  detail::for_each_offset(outer_shape, moved.strides(), moved.strides(), [&](Index o, Index) {
+    for (Index j = 0; j < n; ++j) row[std::size_t(j)] = data[o + j * stride];
+    detail::softmax_row(row.data(), n);
+    for (Index j = 0; j < n; ++j) data[o + j * stride] = row[std::size_t(j)];
+  });
 }
 
 /// Softmax over `axis` (default: the last) into a new tensor. See softmax_().
