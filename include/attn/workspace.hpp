@@ -23,6 +23,7 @@ class Workspace {
     kContext = 2,     // merged attention output before out_proj
     kStaging = 3,     // copies of non-contiguous inputs
     kWeights = 4,     // per-head weights before averaging
+    kKernelKeyValue = 5,  // head-major copy of long, strided K/V for the streaming kernel
     kUser = 8,
     kThreadBase = 16,  // per-thread kernel scratch: kThreadBase + thread number
   };

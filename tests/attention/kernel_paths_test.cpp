@@ -436,6 +436,47 @@ TYPED_TEST(KernelPaths, FusedQkvBufferViewsMatchReference) {
   }
 }
 
+TYPED_TEST(KernelPaths, LongStridedKeysAreCopiedHeadMajorWithoutChangingResults) {
+  // Keys and values whose rows of one head span more than detail::kKeyValueCopyBytes are
+  // copied head-major before the streaming kernel walks them (a speed measure for long
+  // sequences split out of a fused projection). The copy must change no arithmetic: the
+  // output is bit-identical to the same call on contiguous copies, and matches the
+  // reference. Row stride 1100 over 2100 keys: 9 MiB in float, 18 MiB in double.
+  using Scalar = TypeParam;
+  const Index h = 2, hd = 8, tq = 70, tk = 2100, rs = 1100;
+  ASSERT_GT(std::size_t(tk * rs) * sizeof(Scalar), attn::detail::kKeyValueCopyBytes);
+  const auto q = attn::test::random_tensor<Scalar>(Shape<4>{1, h, tq, hd}, 81);
+  const auto buffer = attn::test::random_tensor<Scalar>(Shape<2>{tk, rs}, 82);
+  const Shape<4> shape{1, h, tk, hd}, strides{tk * rs, hd, rs, 1};
+  const TensorView<const Scalar, 4> k(buffer.data(), shape, strides),
+      v(buffer.data() + 2 * hd, shape, strides);
+  AttentionMask<Scalar> mask;
+  mask.causal(CausalAlignment::kBottomRight).key_lengths({tk - 7});
+  AttentionOptions options;
+  options.path = AttentionPath::kStreaming;
+
+  attn::Workspace ws_strided, ws_contiguous;
+  Tensor<Scalar, 4> out_strided({1, h, tq, hd}), out_contiguous({1, h, tq, hd});
+  attn::scaled_dot_product_attention<Scalar>(q.view(), k, v, out_strided.view(), mask, options,
+                                             {}, &ws_strided);
+  const auto k_copy = attn::contiguous(k), v_copy = attn::contiguous(v);
+  attn::scaled_dot_product_attention<Scalar>(q.view(), k_copy.view(), v_copy.view(),
+                                             out_contiguous.view(), mask, options, {},
+                                             &ws_contiguous);
+  // The strided call held a head-major copy of K and V in its workspace; the other did not.
+  const std::size_t kv_bytes = std::size_t(k.size() + v.size()) * sizeof(Scalar);
+  EXPECT_GE(ws_strided.bytes(), kv_bytes);
+  EXPECT_LT(ws_contiguous.bytes(), kv_bytes);
+  EXPECT_EQ(attn::test::max_abs_diff(out_strided.view(), out_contiguous.view()), 0.0);
+
+  ref::DenseMask dense(1, h, tq, tk);
+  dense.causal(CausalAlignment::kBottomRight);
+  dense.key_lengths({tk - 7});
+  const auto expected = ref::attention(q.view(), k, v, dense, 1 / std::sqrt(ref::Real(hd)));
+  EXPECT_TRUE(ref::all_near(TensorView<const Scalar, 4>(out_strided.view()),
+                            expected.output.view(), ref::kernel_tolerance<Scalar>(hd, tk)));
+}
+
 TYPED_TEST(KernelPaths, AllocatingRank2And3FormsMatchReference) {
   using Scalar = TypeParam;
   const Index t = 90, tk = 140, d = 3, dv = 5;

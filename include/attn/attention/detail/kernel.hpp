@@ -354,11 +354,51 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
   }
 }
 
+/// Keys whose rows of one head span more than this many bytes are copied head-major
+/// before the streaming kernel walks them: every query tile re-reads all of a head's K and
+/// V, and rows scattered over tens of MiB (a (B, T, 3D) fused projection split into heads)
+/// cost a TLB miss and a poorly associated cache set per row on each pass. The copy is
+/// O(T_k * d) per head against O(T_q * T_k * d) of work and changes no arithmetic.
+inline constexpr std::size_t kKeyValueCopyBytes = std::size_t(8) << 20;
+
+template <class Scalar>
+bool wants_head_major_copy(const TensorView<const Scalar, 4>& x) {
+  const Index rows = x.extent(2), width = x.extent(3), rs = x.stride(2);
+  if (x.stride(3) != 1 || rs == width || rows < 2) return false;
+  return static_cast<std::size_t>(rows) * static_cast<std::size_t>(rs) * sizeof(Scalar) >
+         kKeyValueCopyBytes;
+}
+
+/// A contiguous (B, H, T, d) copy of `x` in `buffer`.
+template <class Scalar>
+TensorView<const Scalar, 4> copy_head_major(const TensorView<const Scalar, 4>& x, Scalar* buffer) {
+  const Index b = x.extent(0), h = x.extent(1), t = x.extent(2), w = x.extent(3);
+  for (Index i = 0; i < b; ++i) {
+    for (Index j = 0; j < h; ++j) {
+      const Scalar* src = x.data() + i * x.stride(0) + j * x.stride(1);
+      Scalar* dst = buffer + (i * h + j) * t * w;
+      for (Index r = 0; r < t; ++r) std::copy(src + r * x.stride(2), src + r * x.stride(2) + w, dst + r * w);
+    }
+  }
+  return TensorView<const Scalar, 4>(buffer, {b, h, t, w});
+}
+
 /// Runs one path over every (batch, head, query tile) task, in parallel when OpenMP is on.
 /// Each output element is written by exactly one task in a fixed order, so results do not
 /// depend on the thread count or schedule.
 template <class Scalar>
-void run_attention(const KernelParams<Scalar>& p, bool materialize, Workspace& ws) {
+void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspace& ws) {
+  KernelParams<Scalar> copied;
+  const bool copy_k = !materialize && wants_head_major_copy(params.k);
+  const bool copy_v = !materialize && wants_head_major_copy(params.v);
+  if (copy_k || copy_v) {
+    copied = params;
+    const Index k_size = copy_k ? params.k.size() : 0, v_size = copy_v ? params.v.size() : 0;
+    Scalar* buffer = ws.get<Scalar>(Workspace::kKernelKeyValue, k_size + v_size);
+    if (copy_k) copied.k = copy_head_major(params.k, buffer);
+    if (copy_v) copied.v = copy_head_major(params.v, buffer + k_size);
+  }
+  const KernelParams<Scalar>& p = (copy_k || copy_v) ? copied : params;
   const Index batch = p.q.extent(0), heads = p.q.extent(1), tq = p.q.extent(2);
   const Index tk = p.k.extent(2), dv = p.v.extent(3);
   const Index tiles = (tq + kQueryBlock - 1) / kQueryBlock;
