@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib/common.sh"
 ensure_packages "${ATTN_BASE_PACKAGES[@]}"
 
 build="$ATTN_ROOT/build/examples"
-log "configuring $build"
+log "configuring build/examples"
 cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_BUILD_EXAMPLES=ON >/dev/null
 log "building the examples"

@@ -262,7 +262,10 @@ def main():
     plotted = bool(points) and plot({k: sorted(v.items()) for k, v in points.items()},
                                     peak_for(peaks, 1), a.plot, a.title_extra)
     print()
-    print(f"raw results: {a.csv}" + (f"; plot: {a.plot}" if plotted else "; no plot"))
+    # Paths relative to the repository, so the saved printout is true in any clone.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rel = lambda path: os.path.relpath(os.path.abspath(path), root)
+    print(f"raw results: {rel(a.csv)}" + (f"; plot: {rel(a.plot)}" if plotted else "; no plot"))
 
     over = [f"{r['impl']} {r['shape']} threads={r['threads']}" for r in csv_rows
             if float(r["peak_fraction"]) > 1.0]
