@@ -35,16 +35,25 @@ void set_flops(benchmark::State& state) {
   state.counters["threads"] = attn::num_threads();
 }
 
+// y (M, N) = x (M, K) w^T, w (N, K) in nn.Linear's layout; the same inputs for both GEMMs.
+template <class Scalar>
+struct Operands {
+  explicit Operands(const benchmark::State& state)
+      : m(state.range(0)), n(state.range(1)), k(state.range(2)),
+        x(attn::bench::random_tensor<Scalar, 2>({m, k}, /*seed=*/1)),
+        w(attn::bench::random_tensor<Scalar, 2>({n, k}, /*seed=*/2)),
+        y({m, n}) {}
+  Index m, n, k;
+  attn::Tensor<Scalar, 2> x, w, y;
+};
+
 template <class Scalar>
 void BM_Gemm(benchmark::State& state) {
-  const Index m = state.range(0), n = state.range(1), k = state.range(2);
-  const auto x = attn::bench::random_tensor<Scalar, 2>({m, k}, /*seed=*/1);
-  const auto w = attn::bench::random_tensor<Scalar, 2>({n, k}, /*seed=*/2);
-  attn::Tensor<Scalar, 2> y({m, n});
+  Operands<Scalar> o(state);
   for (auto _ : state) {
-    attn::detail::gemm_nt(m, n, k, x.data(), k, w.data(), k, y.data(), n,
+    attn::detail::gemm_nt(o.m, o.n, o.k, o.x.data(), o.k, o.w.data(), o.k, o.y.data(), o.n,
                           static_cast<const Scalar*>(nullptr));
-    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(o.y.data());
     benchmark::ClobberMemory();
   }
   set_flops<Scalar>(state);
@@ -53,16 +62,13 @@ void BM_Gemm(benchmark::State& state) {
 // Eigen's GEMM on the same row-major maps (the reference; Eigen threads itself with OpenMP).
 template <class Scalar>
 void BM_EigenGemm(benchmark::State& state) {
-  const Index m = state.range(0), n = state.range(1), k = state.range(2);
-  const auto x = attn::bench::random_tensor<Scalar, 2>({m, k}, /*seed=*/1);
-  const auto w = attn::bench::random_tensor<Scalar, 2>({n, k}, /*seed=*/2);
-  attn::Tensor<Scalar, 2> y({m, n});
-  auto ym = attn::as_matrix(y);
-  const auto xm = attn::as_matrix(x);
-  const auto wm = attn::as_matrix(w);
+  Operands<Scalar> o(state);
+  auto ym = attn::as_matrix(o.y);
+  const auto xm = attn::as_matrix(o.x);
+  const auto wm = attn::as_matrix(o.w);
   for (auto _ : state) {
     ym.noalias() = xm * wm.transpose();
-    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(o.y.data());
     benchmark::ClobberMemory();
   }
   set_flops<Scalar>(state);

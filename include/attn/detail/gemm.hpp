@@ -116,11 +116,13 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
       ((m + row_chunks - 1) / row_chunks + kMicroRows - 1) / kMicroRows * kMicroRows;
   const Index tasks = col_tiles * row_chunks;
   const Index group_cols = micro_cols<Scalar>();
+  // Per thread: the packed B^T panel (depth x kGemmCols), then the packed A block.
+  const Index pack_size = depth_block * kGemmCols + kGemmRows * depth_block;
   const auto run_task = [&](Index task) {
     const Index jt = task % col_tiles, rt = task / col_tiles;
     const Index j0 = jt * kGemmCols, cols = std::min(kGemmCols, n - j0);
     const Index r0 = rt * chunk_rows, r1 = std::min(m, r0 + chunk_rows);
-    Scalar* packed = gemm_pack_buffer<Scalar>(depth_block * kGemmCols + kGemmRows * depth_block);
+    Scalar* packed = gemm_pack_buffer<Scalar>(pack_size);
     Scalar* packed_a = packed + depth_block * kGemmCols;
     Scalar* crow[kMicroRows];
     for (Index p0 = 0; p0 < k; p0 += depth_block) {
@@ -164,7 +166,7 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
     {
       // Every thread of the team sizes its buffer now, whether or not the dynamic schedule
       // hands it a task this time: then no later call allocates.
-      gemm_pack_buffer<Scalar>(depth_block * kGemmCols + kGemmRows * depth_block);
+      gemm_pack_buffer<Scalar>(pack_size);
 #pragma omp for schedule(dynamic, 1)
       for (Index task = 0; task < tasks; ++task) run_task(task);
     }

@@ -18,9 +18,14 @@
 namespace attn {
 namespace detail {
 
-/// softmax_row for a contiguous row of at least one vector: SIMD max, exp and sum.
+/// In-place softmax of a contiguous row of n values: SIMD max, exp and sum over whole
+/// vectors, the same steps element by element on the tail. Subtracts the row max, so
+/// logits of 1e4 do not overflow. -inf entries get weight 0; a row with no finite entry
+/// (all -inf, or n == 0) becomes all zeros, never NaN. Returns the sum of the exponentials
+/// (0 for a fully masked row). Strided rows are gathered first (see softmax_), so every
+/// row of every axis goes through this one sequence of operations.
 template <class Scalar>
-Scalar softmax_row_contiguous(Scalar* row, Index n) noexcept {
+Scalar softmax_row(Scalar* row, Index n) noexcept {
   using V = simd::Vec<Scalar>;
   constexpr Index W = V::kWidth;
   const Index full = n / W * W;
@@ -45,33 +50,10 @@ Scalar softmax_row_contiguous(Scalar* row, Index n) noexcept {
     row[j] = e;
     sum += e;
   }
-  const auto inv = V::set1(Scalar(1) / sum);
-  for (Index j = 0; j < full; j += W) V::store(row + j, V::mul(V::load(row + j), inv));
-  for (Index j = full; j < n; ++j) row[j] *= Scalar(1) / sum;
-  return sum;
-}
-
-/// In-place softmax of n values spaced `stride` apart. Subtracts the row max, so logits
-/// of 1e4 do not overflow. -inf entries get weight 0; a row with no finite entry (all
-/// -inf, or n == 0) becomes all zeros, never NaN. Returns the sum of the exponentials
-/// (0 for a fully masked row).
-template <class Scalar>
-Scalar softmax_row(Scalar* row, Index n, Index stride = 1) noexcept {
-  if (stride == 1 && n >= simd::Vec<Scalar>::kWidth) return softmax_row_contiguous(row, n);
-  Scalar row_max = -std::numeric_limits<Scalar>::infinity();
-  for (Index j = 0; j < n; ++j) row_max = row[j * stride] > row_max ? row[j * stride] : row_max;
-  if (row_max == -std::numeric_limits<Scalar>::infinity()) {
-    for (Index j = 0; j < n; ++j) row[j * stride] = Scalar(0);
-    return Scalar(0);
-  }
-  Scalar sum = 0;
-  for (Index j = 0; j < n; ++j) {
-    const Scalar e = std::exp(row[j * stride] - row_max);
-    row[j * stride] = e;
-    sum += e;
-  }
   const Scalar inv = Scalar(1) / sum;
-  for (Index j = 0; j < n; ++j) row[j * stride] *= inv;
+  const auto vinv = V::set1(inv);
+  for (Index j = 0; j < full; j += W) V::store(row + j, V::mul(V::load(row + j), vinv));
+  for (Index j = full; j < n; ++j) row[j] *= inv;
   return sum;
 }
 

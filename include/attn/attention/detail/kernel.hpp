@@ -21,6 +21,7 @@
 #include "attn/nn/random.hpp"
 #include "attn/parallel.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
 namespace attn {
@@ -369,20 +370,6 @@ bool wants_head_major_copy(const TensorView<const Scalar, 4>& x) {
          kKeyValueCopyBytes;
 }
 
-/// A contiguous (B, H, T, d) copy of `x` in `buffer`.
-template <class Scalar>
-TensorView<const Scalar, 4> copy_head_major(const TensorView<const Scalar, 4>& x, Scalar* buffer) {
-  const Index b = x.extent(0), h = x.extent(1), t = x.extent(2), w = x.extent(3);
-  for (Index i = 0; i < b; ++i) {
-    for (Index j = 0; j < h; ++j) {
-      const Scalar* src = x.data() + i * x.stride(0) + j * x.stride(1);
-      Scalar* dst = buffer + (i * h + j) * t * w;
-      for (Index r = 0; r < t; ++r) std::copy(src + r * x.stride(2), src + r * x.stride(2) + w, dst + r * w);
-    }
-  }
-  return TensorView<const Scalar, 4>(buffer, {b, h, t, w});
-}
-
 /// Runs one path over every (batch, head, query tile) task, in parallel when OpenMP is on.
 /// Each output element is written by exactly one task in a fixed order, so results do not
 /// depend on the thread count or schedule.
@@ -395,8 +382,17 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
     copied = params;
     const Index k_size = copy_k ? params.k.size() : 0, v_size = copy_v ? params.v.size() : 0;
     Scalar* buffer = ws.get<Scalar>(Workspace::kKernelKeyValue, k_size + v_size);
-    if (copy_k) copied.k = copy_head_major(params.k, buffer);
-    if (copy_v) copied.v = copy_head_major(params.v, buffer + k_size);
+    // Contiguous (B, H, T, d) copies: each head's rows back to back.
+    if (copy_k) {
+      const TensorView<Scalar, 4> k(buffer, params.k.shape());
+      attn::copy(params.k, k);
+      copied.k = k;
+    }
+    if (copy_v) {
+      const TensorView<Scalar, 4> v(buffer + k_size, params.v.shape());
+      attn::copy(params.v, v);
+      copied.v = v;
+    }
   }
   const KernelParams<Scalar>& p = (copy_k || copy_v) ? copied : params;
   const Index batch = p.q.extent(0), heads = p.q.extent(1), tq = p.q.extent(2);
