@@ -14,17 +14,29 @@
 namespace attn {
 namespace detail {
 
-/// Cache blocking of gemm_nt (BLIS's loop order): a packed B panel of depth x kGemmCols
-/// stays in L2 while row blocks of kGemmRows stream past, each depth x micro_cols() slice
-/// of it in L1 while the micro-kernel walks down a row block.
+/// Cache blocking of gemm_nt (BLIS's loop order). A column tile of at most kGemmCols is
+/// packed depth block by depth block into micro-panels (depth x micro_cols(), contiguous);
+/// row blocks of kGemmRows are packed once per tile and stream past it, and the
+/// micro-kernel walks down a row block with one B micro-panel in L1. Measured on a 2-core
+/// AVX2 machine (32 KiB L1, 512 KiB L2) with bench/gemm_bench.cpp: contiguous micro-panels
+/// beat a strided (depth x tile) panel by 5-12% (its 768-byte row stride left the B
+/// micro-panel in 16 of L1's 64 sets), and 768-column tiles beat 192 by about 10% (A is
+/// packed once per tile); depth 512 beat 256.
 inline constexpr Index kGemmRows = 96;
-inline constexpr Index kGemmCols = 192;
+inline constexpr Index kGemmCols = 768;
 template <class Scalar>
 constexpr Index gemm_depth() noexcept {
-  // A 32 KiB B micro-panel (about L1), 128 to 512 deep: measured on a 2-core AVX2 machine
-  // (32 KiB L1, 512 KiB L2), depth 512 x 192 columns beat 256 x 256 by ~10% on the
-  // projection shapes (scripts in bench/README.md).
+  // At most a 32 KiB B micro-panel (about L1), 128 to 512 deep.
   return std::clamp<Index>(Index{32768} / (micro_cols<Scalar>() * Index{sizeof(Scalar)}), 128, 512);
+}
+
+/// Splits `total` into the fewest parts of at most `limit`, of equal size rounded up to a
+/// multiple of `multiple` (the last part takes the remainder): equal tiles keep the threads
+/// balanced and the depth blocks even.
+inline Index even_block(Index total, Index limit, Index multiple) noexcept {
+  const Index parts = (total + limit - 1) / limit;
+  const Index size = (total + parts - 1) / parts;
+  return std::min(limit, (size + multiple - 1) / multiple * multiple);
 }
 
 /// Per-thread packing buffer, kept for the thread's lifetime: after the first call no
@@ -37,27 +49,29 @@ Scalar* gemm_pack_buffer(Index count) {
 }
 
 /// Packs B^T for columns [j0, j0 + cols) and depth [p0, p0 + depth) of C = A B^T, where B
-/// is (n, k) row-major with leading dimension ldb: out (depth x cols), row-major. Full
-/// square blocks go through an in-register transpose; the ragged edges element by element.
+/// is (n, k) row-major with leading dimension ldb: out[p * ldo + c] (ldo = cols when
+/// omitted). Full square blocks go through an in-register transpose; the ragged edges
+/// element by element.
 template <class Scalar>
 inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, Index p0,
-                            Index depth, Scalar* out) noexcept {
+                            Index depth, Scalar* out, Index ldo = 0) noexcept {
+  if (ldo <= 0) ldo = cols;
   constexpr Index kSide = simd::transpose_width<Scalar>();
   const Index cols_fast = kSide > 1 ? cols / kSide * kSide : 0;
   const Index depth_fast = kSide > 1 ? depth / kSide * kSide : 0;
   for (Index j = 0; j < cols_fast; j += kSide) {
     const Scalar* src = b + (j0 + j) * ldb + p0;
     for (Index p = 0; p < depth_fast; p += kSide) {
-      simd::transpose_block(src + p, ldb, out + p * cols + j, cols);
+      simd::transpose_block(src + p, ldb, out + p * ldo + j, ldo);
     }
     for (Index jj = j; jj < j + kSide; ++jj) {
       const Scalar* row = b + (j0 + jj) * ldb + p0;
-      for (Index p = depth_fast; p < depth; ++p) out[p * cols + jj] = row[p];
+      for (Index p = depth_fast; p < depth; ++p) out[p * ldo + jj] = row[p];
     }
   }
   for (Index j = cols_fast; j < cols; ++j) {
     const Scalar* row = b + (j0 + j) * ldb + p0;
-    for (Index p = 0; p < depth; ++p) out[p * cols + j] = row[p];
+    for (Index p = 0; p < depth; ++p) out[p * ldo + j] = row[p];
   }
 }
 
@@ -107,28 +121,37 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
     }
     return;
   }
-  const Index depth_block = gemm_depth<Scalar>();
-  const Index col_tiles = (n + kGemmCols - 1) / kGemmCols;
+  const Index group_cols = micro_cols<Scalar>();
+  const Index depth_block = even_block(k, gemm_depth<Scalar>(), 8);
+  const Index tile_cols = even_block(n, kGemmCols, group_cols);
+  const Index col_tiles = (n + tile_cols - 1) / tile_cols;
   const Index want = 2 * static_cast<Index>(num_threads());
   const Index row_chunks = std::max<Index>(
       1, std::min<Index>((want + col_tiles - 1) / col_tiles, (m + kGemmRows - 1) / kGemmRows));
   const Index chunk_rows =
       ((m + row_chunks - 1) / row_chunks + kMicroRows - 1) / kMicroRows * kMicroRows;
   const Index tasks = col_tiles * row_chunks;
-  const Index group_cols = micro_cols<Scalar>();
-  // Per thread: the packed B^T panel (depth x kGemmCols), then the packed A block.
-  const Index pack_size = depth_block * kGemmCols + kGemmRows * depth_block;
+  // Per thread: the packed B^T micro-panels (depth x tile_cols), then the packed A block.
+  const Index pack_size = depth_block * tile_cols + kGemmRows * depth_block;
   const auto run_task = [&](Index task) {
     const Index jt = task % col_tiles, rt = task / col_tiles;
-    const Index j0 = jt * kGemmCols, cols = std::min(kGemmCols, n - j0);
+    const Index j0 = jt * tile_cols, cols = std::min(tile_cols, n - j0);
     const Index r0 = rt * chunk_rows, r1 = std::min(m, r0 + chunk_rows);
     Scalar* packed = gemm_pack_buffer<Scalar>(pack_size);
-    Scalar* packed_a = packed + depth_block * kGemmCols;
+    Scalar* packed_a = packed + depth_block * tile_cols;
     Scalar* crow[kMicroRows];
     for (Index p0 = 0; p0 < k; p0 += depth_block) {
       const Index depth = std::min(depth_block, k - p0);
       const bool first = p0 == 0;
-      pack_transposed(b, ldb, j0, cols, p0, depth, packed);
+      // B^T in micro-panels, one per column group: group at column j of the tile holds
+      // depth x width contiguous (row stride width), so the micro-kernel reads it
+      // sequentially. The groups are those of the loop below.
+      for (Index j = 0; j < cols;) {
+        const Index jj = j0 + j;
+        const Index width = std::min({group_cols, cols - j, segment - jj % segment});
+        pack_transposed(b, ldb, jj, width, p0, depth, packed + j * depth, width);
+        j += width;
+      }
       for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
         const Index rows = std::min(kGemmRows, r1 - i0);
         // A block in micro-panels: group g holds its kMicroRows rows p-major, so the
@@ -150,8 +173,8 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
           for (Index i = 0; i < rows; i += kMicroRows) {
             const Index group = std::min<Index>(kMicroRows, rows - i);
             for (Index r = 0; r < group; ++r) crow[r] = out.row(i0 + i + r) + offset;
-            micro_tile_rows(group, depth, packed_a + i * depth, 1, kMicroRows, packed + j,
-                            cols, crow, width, Scalar(1), !first, bias_j);
+            micro_tile_rows(group, depth, packed_a + i * depth, 1, kMicroRows,
+                            packed + j * depth, width, crow, width, Scalar(1), !first, bias_j);
           }
           j += width;
         }
