@@ -5,6 +5,21 @@
 #include <cassert>
 #include <cstddef>
 
+// GCC 12's AVX-512 intrinsics declare their "undefined" pass-through operand as
+// `__m512 __Y = __Y;`, which sets off -Wuninitialized / -Wmaybe-uninitialized wherever an
+// intrinsic is inlined (in Eigen's AVX-512 kernels as in attn's; fixed in GCC 13). The
+// warnings are reported at the intrinsic headers' own lines, so including <immintrin.h>
+// here, first, with those warnings off for the headers' text, silences exactly these false
+// positives and nothing else. attn's headers include this one before Eigen; a program that includes
+// Eigen before attn gets Eigen's warnings as it would without attn.
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
 namespace attn {
 
 /// Signed index for every extent, stride and index; equal to Eigen::Index

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include <Eigen/Core>
+#include "attn/detail/eigen_core.hpp"
 
 #include "attn/config.hpp"
 

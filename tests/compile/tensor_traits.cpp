@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 // tests/compile/tensor_traits.cpp: compile-only checks (building this file is the test) for
 // const-correctness, convertibility and triviality of views and tensors.
-#include <Eigen/Core>
 #include <cstddef>
 #include <type_traits>
 #include <utility>
 
 #include "attn/attn.hpp"
+#include "attn/detail/eigen_core.hpp"  // Eigen after attn/config.hpp (GCC 12 AVX-512 warnings)
 
 namespace attn::compile_test {
 namespace {

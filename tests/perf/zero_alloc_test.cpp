@@ -11,7 +11,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <Eigen/Core>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "attn/detail/eigen_core.hpp"  // Eigen after attn/config.hpp (GCC 12 AVX-512 warnings)
 #include "support/test_support.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -4,11 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <Eigen/Core>
 #include <type_traits>
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "attn/detail/eigen_core.hpp"  // Eigen after attn/config.hpp (GCC 12 AVX-512 warnings)
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <type_traits>
 
-#include <Eigen/Core>
+#include "attn/detail/eigen_core.hpp"
 
 #include "attn/attention/detail/kernel.hpp"
 #include "attn/config.hpp"

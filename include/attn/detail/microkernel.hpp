@@ -56,6 +56,14 @@ inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Sca
 #endif
     for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
   }
+#if defined(__GNUC__)
+  // Fetch the C tile while the k loop runs: it was last touched a whole depth block ago.
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) __builtin_prefetch(crow[r] + v * W, 1, 3);
+  }
+#endif
   if (cols >= NV * W) {
     for (Index p = 0; p < k; ++p) {
       const Scalar* bp = b + p * ldb;

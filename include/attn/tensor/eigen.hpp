@@ -6,7 +6,7 @@
 #include <string>
 #include <type_traits>
 
-#include <Eigen/Core>
+#include "attn/detail/eigen_core.hpp"
 
 #include "attn/config.hpp"
 #include "attn/error.hpp"
