@@ -29,9 +29,9 @@ inline constexpr const char* kInstructionSet =
 #endif
 
 /// Vec<Scalar>: one register of Scalar lanes. Members: kWidth, zero(), set1(), load(),
-/// load_partial(p, n) (lanes >= n read as 0, no memory touched there), store(),
-/// store_partial(), fmadd(a, b, c) = a * b + c, add, sub, mul, max, reduce_add, reduce_max,
-/// exp (accurate to a few ulp; exp(-inf) = 0, underflow gives 0).
+/// load_partial(p, n) (lanes >= n read as 0, no memory touched there; n <= 0 touches none),
+/// store(), store_partial() (likewise), fmadd(a, b, c) = a * b + c, add, sub, mul, max,
+/// reduce_add, reduce_max, exp (accurate to a few ulp; exp(-inf) = 0, underflow gives 0).
 template <class Scalar>
 struct Vec;
 
@@ -49,7 +49,7 @@ struct Vec<float> {
   static Reg set1(float v) noexcept { return _mm512_set1_ps(v); }
   static Reg load(const float* p) noexcept { return _mm512_loadu_ps(p); }
   static __mmask16 mask(Index n) noexcept {
-    return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u);
+    return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
   }
   static Reg load_partial(const float* p, Index n) noexcept {
     return _mm512_maskz_loadu_ps(mask(n), p);
@@ -92,7 +92,7 @@ struct Vec<double> {
   static Reg set1(double v) noexcept { return _mm512_set1_pd(v); }
   static Reg load(const double* p) noexcept { return _mm512_loadu_pd(p); }
   static __mmask8 mask(Index n) noexcept {
-    return n >= 8 ? __mmask8(0xff) : __mmask8((1u << n) - 1u);
+    return n >= 8 ? __mmask8(0xff) : n <= 0 ? __mmask8(0) : __mmask8((1u << n) - 1u);
   }
   static Reg load_partial(const double* p, Index n) noexcept {
     return _mm512_maskz_loadu_pd(mask(n), p);
@@ -152,7 +152,7 @@ struct Vec<float> {
   static Reg set1(float v) noexcept { return _mm256_set1_ps(v); }
   static Reg load(const float* p) noexcept { return _mm256_loadu_ps(p); }
   static __m256i mask(Index n) noexcept {
-    const Index k = n >= 8 ? 8 : n;
+    const Index k = n >= 8 ? 8 : n <= 0 ? 0 : n;
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(avx2::kMask32 + 8 - k));
   }
   static Reg load_partial(const float* p, Index n) noexcept {
@@ -213,7 +213,7 @@ struct Vec<double> {
   static Reg set1(double v) noexcept { return _mm256_set1_pd(v); }
   static Reg load(const double* p) noexcept { return _mm256_loadu_pd(p); }
   static __m256i mask(Index n) noexcept {
-    const Index k = n >= 4 ? 4 : n;
+    const Index k = n >= 4 ? 4 : n <= 0 ? 0 : n;
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(avx2::kMask64 + 4 - k));
   }
   static Reg load_partial(const double* p, Index n) noexcept {
