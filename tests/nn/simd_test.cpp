@@ -5,12 +5,13 @@
 // tile's edge. (The AVX-512 mask once shifted by the negative count: UBSan flagged it, and
 // x86's shift, which keeps only the low bits of the count, read whole registers past the
 // edge.)
+#include "attn/detail/simd.hpp"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "attn/attn.hpp"
-#include "attn/detail/simd.hpp"
 #include "support/scalar_types.hpp"
 
 namespace {

@@ -8,11 +8,12 @@
 #include <cstdint>
 #include <limits>
 
+#include "attn/config.hpp"
+
+// After attn/config.hpp, which reads this header first on GCC (see its note on GCC 12).
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
-
-#include "attn/config.hpp"
 
 namespace attn {
 namespace detail {
