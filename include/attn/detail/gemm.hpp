@@ -16,18 +16,24 @@ namespace detail {
 
 /// Cache blocking of gemm_nt (BLIS's loop order). A column tile of at most kGemmCols is
 /// packed depth block by depth block into micro-panels (depth x micro_cols(), contiguous);
-/// row blocks of kGemmRows are packed once per tile and stream past it, and the
-/// micro-kernel walks down a row block with one B micro-panel in L1. Measured on a 2-core
-/// AVX2 machine (32 KiB L1, 512 KiB L2) with bench/gemm_bench.cpp: contiguous micro-panels
-/// beat a strided (depth x tile) panel by 5-12% (its 768-byte row stride left the B
-/// micro-panel in 16 of L1's 64 sets), and 768-column tiles beat 192 by about 10% (A is
-/// packed once per tile); depth 512 beat 256.
+/// row blocks of kGemmRows stream past it, and the micro-kernel walks down a row block with
+/// one B micro-panel, broadcasting A straight from its rows (A is not packed). Measured
+/// with bench/gemm_bench.cpp:
+///  - 2-core AVX2 machine (32 KiB L1, 512 KiB L2): contiguous micro-panels beat a strided
+///    (depth x tile) panel by 5-12% (its 768-byte row stride left the B micro-panel in 16 of
+///    L1's 64 sets), and 768-column tiles beat 192 by about 10%; depth 512 beat 256.
+///  - 2-core AVX-512 machine (48 KiB L1, 1 MiB L2, 64-wide micro-panels): depth 512 (a
+///    128 KiB micro-panel, read from L2) beat 128 (an L1-sized one) by 5-10%, since C is
+///    then read and written once instead of four times for K = 512; broadcasting A from its
+///    rows beat packing it into micro-panels by 3-8% (the packing, a strided scalar copy
+///    repeated for every column tile, cost more than it saved).
 inline constexpr Index kGemmRows = 96;
 inline constexpr Index kGemmCols = 768;
 template <class Scalar>
 constexpr Index gemm_depth() noexcept {
-  // At most a 32 KiB B micro-panel (about L1), 128 to 512 deep.
-  return std::clamp<Index>(Index{32768} / (micro_cols<Scalar>() * Index{sizeof(Scalar)}), 128, 512);
+  // At most a 128 KiB B micro-panel (an eighth of L2), 128 to 512 deep.
+  return std::clamp<Index>(Index{131072} / (micro_cols<Scalar>() * Index{sizeof(Scalar)}), 128,
+                           512);
 }
 
 /// Splits `total` into the fewest parts of at most `limit`, of equal size rounded up to a
@@ -131,14 +137,13 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
   const Index chunk_rows =
       ((m + row_chunks - 1) / row_chunks + kMicroRows - 1) / kMicroRows * kMicroRows;
   const Index tasks = col_tiles * row_chunks;
-  // Per thread: the packed B^T micro-panels (depth x tile_cols), then the packed A block.
-  const Index pack_size = depth_block * tile_cols + kGemmRows * depth_block;
+  // Per thread: the packed B^T micro-panels (depth x tile_cols).
+  const Index pack_size = depth_block * tile_cols;
   const auto run_task = [&](Index task) {
     const Index jt = task % col_tiles, rt = task / col_tiles;
     const Index j0 = jt * tile_cols, cols = std::min(tile_cols, n - j0);
     const Index r0 = rt * chunk_rows, r1 = std::min(m, r0 + chunk_rows);
     Scalar* packed = gemm_pack_buffer<Scalar>(pack_size);
-    Scalar* packed_a = packed + depth_block * tile_cols;
     Scalar* crow[kMicroRows];
     for (Index p0 = 0; p0 < k; p0 += depth_block) {
       const Index depth = std::min(depth_block, k - p0);
@@ -154,16 +159,6 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
       }
       for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
         const Index rows = std::min(kGemmRows, r1 - i0);
-        // A block in micro-panels: group g holds its kMicroRows rows p-major, so the
-        // micro-kernel's broadcasts of one k step read consecutive elements.
-        for (Index g = 0; g < rows; g += kMicroRows) {
-          const Index group = std::min<Index>(kMicroRows, rows - g);
-          Scalar* panel = packed_a + g * depth;
-          for (Index r = 0; r < group; ++r) {
-            const Scalar* src = a + (i0 + g + r) * lda + p0;
-            for (Index p = 0; p < depth; ++p) panel[p * kMicroRows + r] = src[p];
-          }
-        }
         // Column groups never straddle a segment, so each group is contiguous in C.
         for (Index j = 0; j < cols;) {
           const Index jj = j0 + j;
@@ -173,8 +168,8 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
           for (Index i = 0; i < rows; i += kMicroRows) {
             const Index group = std::min<Index>(kMicroRows, rows - i);
             for (Index r = 0; r < group; ++r) crow[r] = out.row(i0 + i + r) + offset;
-            micro_tile_rows(group, depth, packed_a + i * depth, 1, kMicroRows,
-                            packed + j * depth, width, crow, width, Scalar(1), !first, bias_j);
+            micro_tile_rows(group, depth, a + (i0 + i) * lda + p0, lda, 1, packed + j * depth,
+                            width, crow, width, Scalar(1), !first, bias_j);
           }
           j += width;
         }
