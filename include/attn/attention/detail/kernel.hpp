@@ -215,6 +215,7 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
   constexpr Index W = V::kWidth;
   constexpr Scalar kNegInf = -std::numeric_limits<Scalar>::infinity();
   constexpr Index ld = kQueryBlock;  // row stride of s^T
+  static_assert(kQueryBlock % W == 0, "the per-query statistics are whole vectors");
   const Index rows = i1 - i0, d = p.q.extent(3), dv = p.v.extent(3);
   Scalar* qt = scratch;                    // Q^T (d, rows)
   Scalar* st = qt + d * kQueryBlock;       // s^T, then p^T (keys, queries)
@@ -224,8 +225,8 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
   Scalar* shift = l + kQueryBlock;         // this tile's exp shift per query
   Scalar* corr = shift + kQueryBlock;      // rescale factor per query
   std::fill(acc, acc + rows * dv, Scalar(0));
-  std::fill(m, m + rows, kNegInf);
-  std::fill(l, l + rows, Scalar(0));
+  std::fill(m, m + kQueryBlock, kNegInf);
+  std::fill(l, l + kQueryBlock, Scalar(0));
 
   const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
   const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
@@ -271,9 +272,12 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
       }
     }
     // pass 3: per-query tile max -> new running max m, the exp shift, and the factor
-    // corr = exp(m_old - shift) that rescales l and acc. A query with no visible key so
-    // far keeps m = -inf and uses shift 0, so its exps are 0, never NaN.
+    // corr = exp(m_old - shift) that rescales l and acc, all as vectors across queries.
+    // shift = max(m_new, lowest): a query with no visible key so far keeps m = -inf and gets
+    // a finite shift, so its exps are exp(-inf) = 0 and its corr is exp(0) = 1 (acc and l
+    // are still 0), never NaN.
     // (Full-width chunks use plain loads and stores: masked stores are slow on some CPUs.)
+    const auto lowest = V::set1(std::numeric_limits<Scalar>::lowest());
     for (Index c = 0; c < rows; c += W) {
       const Index n = std::min(W, rows - c);
       auto tmax = V::set1(kNegInf);
@@ -284,20 +288,19 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
           tmax = V::max(tmax, V::load_partial(st + j * ld + c, n));
         }
       }
-      alignas(64) Scalar lanes[W];
-      V::store(lanes, tmax);
-      for (Index t = 0; t < n; ++t) {
-        const Scalar m_old = m[c + t], m_new = std::max(m_old, lanes[t]);
-        shift[c + t] = m_new == kNegInf ? Scalar(0) : m_new;
-        corr[c + t] = m_old == kNegInf ? Scalar(0) : std::exp(m_old - m_new);
-        m[c + t] = m_new;
-      }
+      // m, shift and corr have kQueryBlock lanes, so full-width access is always in bounds.
+      const auto m_old = V::load(m + c);
+      const auto m_new = V::max(m_old, tmax);
+      const auto sh = V::max(m_new, lowest);
+      V::store(m + c, m_new);
+      V::store(shift + c, sh);
+      V::store(corr + c, V::exp(V::sub(V::max(m_old, lowest), sh)));
     }
     // pass 4: p^T = exp(s^T - shift), column sums into l (before dropout, which only
     // zeroes entries of the numerator), acc rows rescaled.
     for (Index c = 0; c < rows; c += W) {
       const Index n = std::min(W, rows - c);
-      const auto sh = V::load_partial(shift + c, n);
+      const auto sh = V::load(shift + c);
       auto sum = V::zero();
       if (n == W) {
         for (Index j = 0; j < width; ++j) {
@@ -314,9 +317,7 @@ void streaming_tile(const KernelParams<Scalar>& p, const HeadMask<Scalar>& mask,
           sum = V::add(sum, e);
         }
       }
-      alignas(64) Scalar lanes[W];
-      V::store(lanes, sum);
-      for (Index t = 0; t < n; ++t) l[c + t] = l[c + t] * corr[c + t] + lanes[t];
+      V::store(l + c, V::fmadd(V::load(l + c), V::load(corr + c), sum));
     }
     for (Index r = 0; r < rows; ++r) {
       if (corr[r] != Scalar(1)) scale_row(acc + r * dv, dv, corr[r]);
