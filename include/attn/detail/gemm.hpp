@@ -56,26 +56,40 @@ Scalar* gemm_pack_buffer(Index count) {
 
 /// Packs B^T for columns [j0, j0 + cols) and depth [p0, p0 + depth) of C = A B^T, where B
 /// is (n, k) row-major with leading dimension ldb: out[p * ldo + c] (ldo = cols when
-/// omitted). Full square blocks go through an in-register transpose; the ragged edges
-/// element by element.
+/// omitted). Full square blocks go through an in-register transpose (16 x 16 floats with
+/// AVX-512, then 8 x 8); the ragged edges element by element.
 template <class Scalar>
 inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, Index p0,
                             Index depth, Scalar* out, Index ldo = 0) noexcept {
   if (ldo <= 0) ldo = cols;
-  constexpr Index kSide = simd::transpose_width<Scalar>();
-  const Index cols_fast = kSide > 1 ? cols / kSide * kSide : 0;
-  const Index depth_fast = kSide > 1 ? depth / kSide * kSide : 0;
-  for (Index j = 0; j < cols_fast; j += kSide) {
+  // Columns [j, j + side) of the output: depth in blocks of side, the rest one by one.
+  const auto columns = [&](Index j, Index side, auto transpose) {
     const Scalar* src = b + (j0 + j) * ldb + p0;
-    for (Index p = 0; p < depth_fast; p += kSide) {
-      simd::transpose_block(src + p, ldb, out + p * ldo + j, ldo);
-    }
-    for (Index jj = j; jj < j + kSide; ++jj) {
+    const Index depth_fast = side > 1 ? depth / side * side : 0;
+    for (Index p = 0; p < depth_fast; p += side) transpose(src + p, ldb, out + p * ldo + j, ldo);
+    for (Index jj = j; jj < j + side; ++jj) {
       const Scalar* row = b + (j0 + jj) * ldb + p0;
       for (Index p = depth_fast; p < depth; ++p) out[p * ldo + jj] = row[p];
     }
+  };
+  constexpr Index kWide = simd::transpose_width_wide<Scalar>();
+  constexpr Index kSide = simd::transpose_width<Scalar>();
+  Index j = 0;
+  if constexpr (kWide > kSide) {
+    for (; j + kWide <= cols; j += kWide) {
+      columns(j, kWide, [](const Scalar* s, Index ls, Scalar* d, Index ld) {
+        simd::transpose_block_wide(s, ls, d, ld);
+      });
+    }
   }
-  for (Index j = cols_fast; j < cols; ++j) {
+  if constexpr (kSide > 1) {
+    for (; j + kSide <= cols; j += kSide) {
+      columns(j, kSide, [](const Scalar* s, Index ls, Scalar* d, Index ld) {
+        simd::transpose_block(s, ls, d, ld);
+      });
+    }
+  }
+  for (; j < cols; ++j) {
     const Scalar* row = b + (j0 + j) * ldb + p0;
     for (Index p = 0; p < depth; ++p) out[p * ldo + j] = row[p];
   }
