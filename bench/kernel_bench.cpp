@@ -3,10 +3,12 @@
 // (B, H, T, hd) views, streaming vs materialised, causal and not, against the naive loop.
 // Glossary: B = batch, T = tokens (T_q queries, T_k keys), D = H * hd, H = heads.
 //
-// The views are laid out as MultiHeadAttention lays them out: Q, K, V are strided views
-// into one packed (B, T, 3, H, hd) projection (cross: Q (B, T_q, H, hd) and K/V in a
-// (B, T_k, 2, H, hd) buffer) and the output is written into (B, T_q, H, hd), which is the
-// (B, T_q, D) input of out_proj. FLOPS counts 4 * B * H * pairs * hd (bench_support.hpp).
+// The inputs are laid out as MultiHeadAttention lays them out: its projection GEMM writes
+// Q, K and V head-major, (B, H, T, hd) with each head's rows contiguous, and the output is
+// written into (B, T_q, H, hd), which is the (B, T_q, D) input of out_proj. The naive loop
+// reads the same values from a token-major (B, T, 3, H, hd) buffer (cross: Q (B, T_q, H, hd),
+// K/V (B, T_k, 2, H, hd)), the layout it was written for. FLOPS counts
+// 4 * B * H * pairs * hd (bench_support.hpp).
 //
 // Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/kernel_bench --benchmark_filter=Streaming
@@ -32,7 +34,8 @@ using attn::bench::MhaShape;
 // Packed inputs and the output of one kernel call, as MultiHeadAttention builds them.
 template <class Scalar>
 struct KernelInputs {
-  attn::Tensor<Scalar, 3> q_buf, kv_buf, out_buf;
+  attn::Tensor<Scalar, 3> q_buf, kv_buf, out_buf;  // token-major: the naive loop's layout
+  attn::Tensor<Scalar, 4> q_heads, k_heads, v_heads;  // head-major copies: attn's inputs
   attn::TensorView<const Scalar, 4> q, k, v;
   attn::TensorView<Scalar, 4> out;
   Index q_ld = 0, kv_ld = 0;  // row strides of the packed buffers, for the naive loop
@@ -67,6 +70,13 @@ KernelInputs<Scalar> make_inputs(Index b, Index tq, Index tk, Index d, Index h, 
     in.k_ptr = kv;
     in.v_ptr = kv + d;
   }
+  // Head-major copies, as MultiHeadAttention's projection writes them.
+  in.q_heads = attn::contiguous(in.q);
+  in.k_heads = attn::contiguous(in.k);
+  in.v_heads = attn::contiguous(in.v);
+  in.q = in.q_heads.view();
+  in.k = in.k_heads.view();
+  in.v = in.v_heads.view();
   in.out_buf = attn::Tensor<Scalar, 3>({b, tq, d});
   in.out = {in.out_buf.data(), {b, h, tq, hd}, {tq * d, hd, d, 1}};
   return in;
