@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // bench/attention_bench.cpp: attn::MultiHeadAttention (nn.MultiheadAttention configuration,
-// eval, warm Workspace) against the naive loop reference, in one binary.
+// eval, frozen weights, warm Workspace; also unfrozen) against the naive loop reference, in
+// one binary.
 // Glossary: B = batch, T = tokens (T_q queries, T_k keys), D = embedding width, H = heads.
 //
 // Run (one thread / all threads; FLOPS is "useful FLOP/s", see bench_support.hpp):
@@ -54,9 +55,9 @@ MhaShape shape_of(const benchmark::State& state, bool causal, bool cross) {
 // ---- attn ----
 
 template <class Scalar>
-void run_mha(benchmark::State& state, bool causal, bool cross) {
+void run_mha(benchmark::State& state, bool causal, bool cross, bool frozen = true) {
   const MhaShape s = shape_of(state, causal, cross);
-  const auto mha = attn::bench::make_mha<Scalar>(s.d, s.h);
+  const auto mha = attn::bench::make_mha<Scalar>(s.d, s.h, /*seed=*/1234, frozen);
   const auto xq = attn::bench::random_tensor<Scalar, 3>({s.b, s.tq, s.d}, /*seed=*/42);
   const auto xkv = cross ? attn::bench::random_tensor<Scalar, 3>({s.b, s.tk, s.d}, /*seed=*/43)
                          : attn::Tensor<Scalar, 3>();
@@ -78,6 +79,11 @@ void run_mha(benchmark::State& state, bool causal, bool cross) {
 template <class Scalar>
 void BM_MultiHeadAttention(benchmark::State& state) {
   run_mha<Scalar>(state, /*causal=*/false, /*cross=*/false);
+}
+// Not frozen: the projection weights are repacked on every call.
+template <class Scalar>
+void BM_MultiHeadAttention_Unfrozen(benchmark::State& state) {
+  run_mha<Scalar>(state, /*causal=*/false, /*cross=*/false, /*frozen=*/false);
 }
 template <class Scalar>
 void BM_MultiHeadAttention_Causal(benchmark::State& state) {
@@ -186,6 +192,8 @@ void NaiveCrossShapes(benchmark::internal::Benchmark* bm) {
 // Real (wall) time: attn's OpenMP threads do the work, so the main thread's CPU time
 // would overstate the rate.
 BENCHMARK_TEMPLATE(BM_MultiHeadAttention, float)
+    ->Apply(SelfShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_MultiHeadAttention_Unfrozen, float)
     ->Apply(SelfShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_MultiHeadAttention_Causal, float)
     ->Apply(CausalShapes)->UseRealTime()->Unit(benchmark::kMillisecond);

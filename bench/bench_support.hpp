@@ -128,12 +128,15 @@ Tensor<Scalar, Rank> random_tensor(const Shape<Rank>& shape, std::uint64_t seed)
 }
 
 /// A PyTorch-initialised MultiHeadAttention (nn.MultiheadAttention(D, H, bias=True,
-/// batch_first=True)), in eval mode, with weights from a fixed seed.
+/// batch_first=True)), in eval mode, with weights from a fixed seed; frozen (weights packed
+/// for the GEMM once, MultiHeadAttention::freeze()) unless `frozen` is false.
 template <class Scalar>
-MultiHeadAttention<Scalar> make_mha(Index d, Index h, std::uint64_t seed = 1234) {
+MultiHeadAttention<Scalar> make_mha(Index d, Index h, std::uint64_t seed = 1234,
+                                    bool frozen = true) {
   TorchGenerator gen(seed);
   MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(d, h, /*bias=*/true), gen);
   mha.eval();
+  if (frozen) mha.freeze();  // weights packed once, as an inference deployment runs it
   return mha;
 }
 

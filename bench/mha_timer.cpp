@@ -6,14 +6,17 @@
 // Glossary: B = batch, T_q / T_k = query / key tokens, D = embedding width, H = heads.
 //
 // Usage: mha_timer B Tq Tk D H causal cross threads reps [--max-seconds S] [--warmup N]
+//                  [--no-freeze]
 //   causal, cross: 0 or 1. Self-attention (cross=0) needs Tk == Tq. Causal: query i sees
 //   keys j <= i (PyTorch's triu(diagonal=1) attn_mask).
 //   reps: timed calls (at most); stops early once --max-seconds (default 10) of timed
 //   calls have run and at least 3 calls were timed. --warmup (default 1) untimed calls
-//   first, so the Workspace is warm and no timed call allocates.
+//   first, so the Workspace is warm and no timed call allocates. The module is frozen
+//   (weights packed for the GEMM once, MultiHeadAttention::freeze(), as an inference
+//   deployment runs it) unless --no-freeze is given (then every call repacks them).
 // Output, one line:
 //   impl=attn B=8 Tq=512 Tk=512 D=512 H=8 causal=0 cross=0 threads=1 reps=20
-//   median_ms=12.345 min_ms=12.001 gflops=178.2 max_rss_mib=42.1 base_rss_mib=3.9
+//   median_ms=12.345 min_ms=12.001 gflops=178.2 max_rss_mib=42.1 base_rss_mib=3.9 frozen=1
 // max_rss_mib is getrusage's ru_maxrss (peak resident set of the process); base_rss_mib
 // the same taken before the module and inputs are built.
 
@@ -41,7 +44,7 @@ double max_rss_mib() {
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s B Tq Tk D H causal cross threads reps [--max-seconds S] "
-               "[--warmup N]\n",
+               "[--warmup N] [--no-freeze]\n",
                argv0, why.c_str(), argv0);
   std::exit(2);
 }
@@ -61,11 +64,14 @@ int main(int argc, char** argv) {
   std::vector<const char*> positional;
   double max_seconds = 10.0;
   long warmup = 1;
+  bool frozen = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) {
       max_seconds = std::atof(argv[++i]);
     } else if (std::strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
       warmup = parse_int(argv[0], argv[++i], "--warmup");
+    } else if (std::strcmp(argv[i], "--no-freeze") == 0) {
+      frozen = false;
     } else {
       positional.push_back(argv[i]);
     }
@@ -88,7 +94,7 @@ int main(int argc, char** argv) {
 
   const double base_rss = max_rss_mib();
   attn::set_num_threads(threads);
-  const auto mha = attn::bench::make_mha<float>(d, h);
+  const auto mha = attn::bench::make_mha<float>(d, h, /*seed=*/1234, frozen);
   const auto xq = attn::bench::random_tensor<float, 3>({b, tq, d}, /*seed=*/42);
   const auto xkv = cross ? attn::bench::random_tensor<float, 3>({b, tk, d}, /*seed=*/43)
                          : attn::Tensor<float, 3>();
@@ -123,9 +129,9 @@ int main(int argc, char** argv) {
   std::printf(
       "impl=attn B=%ld Tq=%ld Tk=%ld D=%ld H=%ld causal=%d cross=%d threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f gflops=%.2f max_rss_mib=%.1f base_rss_mib=%.1f "
-      "checksum=%.6g\n",
+      "checksum=%.6g frozen=%d\n",
       static_cast<long>(b), static_cast<long>(tq), static_cast<long>(tk), static_cast<long>(d),
       static_cast<long>(h), causal ? 1 : 0, cross ? 1 : 0, threads, n, median, sorted.front(),
-      flops / (median * 1e-3) * 1e-9, max_rss_mib(), base_rss, checksum);
+      flops / (median * 1e-3) * 1e-9, max_rss_mib(), base_rss, checksum, frozen ? 1 : 0);
   return 0;
 }

@@ -19,7 +19,9 @@
 # OMP_WAIT_POLICY=ACTIVE; PyTorch keeps the default (its OpenMP workers would otherwise spin
 # against OpenBLAS's own threads). Override with ATTN_BENCH_OPENBLAS_CORETYPE,
 # ATTN_BENCH_ATTN_WAIT_POLICY, ATTN_BENCH_TORCH_WAIT_POLICY (empty = unset);
-# ATTN_BENCH_BUILD_DIR changes the build directory.
+# ATTN_BENCH_BUILD_DIR changes the build directory. attn's module is frozen (its weights
+# packed for the GEMM once, MultiHeadAttention::freeze(), as an inference deployment runs
+# it); ATTN_BENCH_NO_FREEZE=1 times it unfrozen (weights repacked on every call).
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 
@@ -97,6 +99,9 @@ CORETYPE_DEFAULT=Haswell
 [ "$HAS_AVX512" = yes ] && CORETYPE_DEFAULT=SkylakeX
 OPENBLAS_CORETYPE_SET="${ATTN_BENCH_OPENBLAS_CORETYPE-$CORETYPE_DEFAULT}"
 ATTN_WAIT="${ATTN_BENCH_ATTN_WAIT_POLICY-ACTIVE}"
+ATTN_FREEZE_ARGS=()
+ATTN_FROZEN=frozen
+if [ "${ATTN_BENCH_NO_FREEZE:-0}" = 1 ]; then ATTN_FREEZE_ARGS=(--no-freeze); ATTN_FROZEN=unfrozen; fi
 TORCH_WAIT="${ATTN_BENCH_TORCH_WAIT_POLICY-}"
 
 CPU_MODEL="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
@@ -108,7 +113,7 @@ OPENBLAS_VERSION="$(dpkg-query -W -f='${Version}' libopenblas0-pthread 2>/dev/nu
 GIT_REV="$(git -C "$ATTN_ROOT" describe --always --dirty 2>/dev/null || echo unknown)"
 MACHINE="machine: ${CPU_MODEL:-unknown CPU} (family $CPU_FAMILY model $CPU_MODEL_NO), $CPUS CPUs, AVX-512: $HAS_AVX512; $(uname -sr)
 software: attn $GIT_REV built by $(g++ -dumpfullversion 2>/dev/null | sed 's/^/g++ /') -O3 -march=native; PyTorch $TORCH_VERSION with OpenBLAS $OPENBLAS_VERSION (pthread)
-settings: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_SET:-unset}, MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456, OMP_WAIT_POLICY attn=${ATTN_WAIT:-unset} PyTorch=${TORCH_WAIT:-unset}; $ROUNDS round(s), <= $REPS calls or ${MAX_SECONDS} s per process
+settings: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_SET:-unset}, MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456, OMP_WAIT_POLICY attn=${ATTN_WAIT:-unset} PyTorch=${TORCH_WAIT:-unset}; attn module $ATTN_FROZEN; $ROUNDS round(s), <= $REPS calls or ${MAX_SECONDS} s per process
 date: $(date -u '+%Y-%m-%d %H:%M UTC')
 command: $COMMAND_LINE"
 log "machine"
@@ -138,7 +143,8 @@ measure() {
   local out line
   if [ "$impl" = attn ]; then
     mapfile -t env_vars < <(bench_env "$t" "$ATTN_WAIT")
-    cmd=("$BUILD/bench/mha_timer" "$@" "$t" "$REPS" --max-seconds "$MAX_SECONDS")
+    cmd=("$BUILD/bench/mha_timer" "$@" "$t" "$REPS" --max-seconds "$MAX_SECONDS"
+         "${ATTN_FREEZE_ARGS[@]}")
   else
     mapfile -t env_vars < <(bench_env "$t" "$TORCH_WAIT")
     cmd=("$PYTHON" "$ATTN_ROOT/scripts/bench/pytorch_mha.py" "$@" "$t" "$REPS"

@@ -14,9 +14,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/reference_attention.hpp"
@@ -562,6 +564,115 @@ TYPED_TEST(Modules, CrossAttentionMatchesReference) {
   attn::Workspace ws;
   cross.forward(x_q.view(), x_kv.view(), out.view(), ws);
   EXPECT_TRUE(ref::same_bits(out.view(), y.view()));
+}
+
+// ---------------------------------------------------------------- frozen weights
+
+// freeze() packs the projection weights once; every forward path must then give the very
+// same bits as the unfrozen module: fused Q/K/V (self), Q + fused K/V (cross, one key/value
+// tensor), Q + K + V (distinct key and value tensors), kdim = vdim != d_in, kdim != vdim,
+// with and without biases, a strided output (out_proj's fallback), and any thread count.
+// Head dim 24 is not a divisor of the micro-panel width, and d = 3 * 256 gives the fused
+// projection two column tiles, so the pack's column groups and the tiles' differ.
+TYPED_TEST(Modules, MultiHeadFrozenIsBitIdenticalToUnfrozen) {
+  using Scalar = TypeParam;
+  const Index b = 2, tq = 37, tk = 53, d = 768, heads = 32;
+  const int saved = attn::num_threads();
+  struct Config {
+    Index kdim, vdim;
+    bool bias;
+  };
+  for (const Config c : {Config{0, 0, true}, Config{0, 0, false}, Config{40, 40, true},
+                         Config{40, 56, false}}) {
+    SCOPED_TRACE("kdim=" + std::to_string(c.kdim) + " vdim=" + std::to_string(c.vdim) +
+                 " bias=" + std::to_string(c.bias));
+    attn::TorchGenerator gen(41);
+    MultiHeadAttention<Scalar> mha(
+        MultiHeadAttentionOptions::pytorch(d, heads, c.bias, c.kdim, c.vdim), gen);
+    const Index kdim = mha.kdim(), vdim = mha.vdim();
+    const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, tq, d}, 42);
+    const auto key = attn::test::random_tensor<Scalar>(Shape<3>{b, tk, kdim}, 43);
+    const auto value = attn::test::random_tensor<Scalar>(Shape<3>{b, tk, vdim}, 44);
+    const Tensor<Scalar, 3> key_copy = key;
+    const auto run_all = [&] {
+      std::vector<Tensor<Scalar, 3>> outs;
+      if (mha.qkv_same_embed_dim()) outs.push_back(mha.forward(x.view()));
+      if (kdim == vdim) {
+        outs.push_back(mha.forward(x.view(), key.view(), key.view()));       // fused K/V
+        outs.push_back(mha.forward(x.view(), key.view(), key_copy.view()));  // K and V apart
+      }
+      outs.push_back(mha.forward(x.view(), key.view(), value.view()));
+      // A strided output: out_proj's fallback path.
+      Tensor<Scalar, 3> wide_out({b, tq, 2 * d});
+      attn::Workspace ws;
+      mha.forward(x.view(), key.view(), value.view(),
+                  attn::slice(wide_out.view(), 2, d, 2 * d), ws);
+      outs.emplace_back(attn::slice(wide_out.view(), 2, d, 2 * d));
+      return outs;
+    };
+    attn::set_num_threads(1);
+    const auto expected = run_all();
+    mha.freeze();
+    ASSERT_TRUE(mha.is_frozen());
+    for (const int threads : {1, 2, 3}) {
+      attn::set_num_threads(threads);
+      const auto got = run_all();
+      ASSERT_EQ(got.size(), expected.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(ref::same_bits(got[i].view(), expected[i].view()))
+            << "forward " << i << ", threads=" << threads;
+      }
+    }
+    // A copy keeps its own packs.
+    const MultiHeadAttention<Scalar> copy = mha;
+    EXPECT_TRUE(copy.is_frozen());
+    EXPECT_TRUE(ref::same_bits(copy.forward(x.view(), key.view(), value.view()).view(),
+                               expected[expected.size() - 2].view()));
+  }
+  attn::set_num_threads(saved);
+}
+
+// Every non-const weight accessor unfreezes, so weights edited through it take effect.
+TYPED_TEST(Modules, MultiHeadWeightAccessorsUnfreeze) {
+  using Scalar = TypeParam;
+  const Index b = 1, t = 9, d = 16, heads = 2;
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d}, 45);
+  attn::TorchGenerator gen(46);
+  MultiHeadAttention<Scalar> mha(MultiHeadAttentionOptions::pytorch(d, heads), gen);
+  const std::vector<std::pair<std::string, std::function<void(MultiHeadAttention<Scalar>&)>>>
+      edits = {
+          {"in_proj_weight", [](auto& m) { m.in_proj_weight()(0, 0) += Scalar(0.5); }},
+          {"q_proj_weight", [](auto& m) { m.q_proj_weight()(1, 2) += Scalar(0.5); }},
+          {"k_proj_weight", [](auto& m) { m.k_proj_weight()(3, 1) += Scalar(0.5); }},
+          {"v_proj_weight", [](auto& m) { m.v_proj_weight()(2, 2) += Scalar(0.5); }},
+          {"w_query", [](auto& m) { m.w_query().weight()(0, 1) += Scalar(0.5); }},
+          {"w_key", [](auto& m) { m.w_key().weight()(1, 1) += Scalar(0.5); }},
+          {"w_value", [](auto& m) { m.w_value().weight()(4, 0) += Scalar(0.5); }},
+          {"out_proj", [](auto& m) { m.out_proj().weight()(5, 5) += Scalar(0.5); }},
+          {"set_in_proj", [](auto& m) {
+             Tensor<Scalar, 2> w(std::as_const(m).in_proj_weight());
+             w(7, 3) += Scalar(0.5);
+             m.set_in_proj(w.view());
+           }},
+      };
+  for (const auto& [name, edit] : edits) {
+    SCOPED_TRACE(name);
+    mha.freeze();
+    const auto before = mha.forward(x.view());
+    edit(mha);
+    EXPECT_FALSE(mha.is_frozen());
+    const MultiHeadAttention<Scalar> fresh = mha;  // unfrozen, the edited weights
+    const auto after = mha.forward(x.view());
+    EXPECT_FALSE(ref::same_bits(after.view(), before.view()));
+    EXPECT_TRUE(ref::same_bits(after.view(), fresh.forward(x.view()).view()));
+    mha.freeze();
+    EXPECT_TRUE(ref::same_bits(mha.forward(x.view()).view(), after.view()));
+  }
+  attn::CrossAttention<Scalar> cross(6, 10, 8, 2, true);
+  cross.freeze();
+  EXPECT_TRUE(cross.is_frozen());
+  static_cast<void>(cross.module().k_proj_weight());
+  EXPECT_FALSE(cross.is_frozen());
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ const GemmCase kCases[] = {
     {2 * 45, 3 * 64, 70, 45, 64},
     {3 * 33, 5 * 24, 33, 33, 24},
     {2 * 50, 7 * 40, 600, 50, 40},
+    {2 * 20, 25 * 40, 50, 20, 40},  // 512-column tiles cut a 40-wide segment at column 512
 };
 
 template <class Scalar>
@@ -60,7 +61,8 @@ struct Operands {
 
 // Runs gemm_nt into a buffer laid out as the case says; returns C as (m, n) row-major.
 template <class Scalar>
-std::vector<Scalar> run(const GemmCase& c, const Operands<Scalar>& ops, bool with_bias) {
+std::vector<Scalar> run(const GemmCase& c, const Operands<Scalar>& ops, bool with_bias,
+                        attn::detail::PackedB<Scalar> prepacked = {}) {
   attn::detail::GemmOutput<Scalar> out;
   std::vector<Scalar> buffer(static_cast<std::size_t>(c.m * c.n),
                              std::numeric_limits<Scalar>::quiet_NaN());
@@ -78,7 +80,7 @@ std::vector<Scalar> run(const GemmCase& c, const Operands<Scalar>& ops, bool wit
     out.ldc = c.n;
   }
   attn::detail::gemm_nt<Scalar>(c.m, c.n, c.k, ops.a.data(), c.k, ops.b.data(), c.k, out,
-                                with_bias ? ops.bias.data() : nullptr);
+                                with_bias ? ops.bias.data() : nullptr, prepacked);
   std::vector<Scalar> result(buffer.size());
   for (Index i = 0; i < c.m; ++i) {
     for (Index j = 0; j < c.n; ++j) {
@@ -137,6 +139,34 @@ TYPED_TEST(GemmTest, BitIdenticalForAnyThreadCount) {
     for (const int threads : {2, 3}) {
       attn::set_num_threads(threads);
       EXPECT_EQ(run(c, ops, true), one) << describe(c) << " threads=" << threads;
+    }
+  }
+  attn::set_num_threads(saved);
+}
+
+// A B packed once (what a frozen layer holds) gives C bit for bit as packing per call,
+// also when the product uses a run of segments inside a larger pack (one projection of a
+// fused [W_q; W_k; W_v]): the pack's column groups then differ from the tile's, which must
+// not change any element's arithmetic.
+TYPED_TEST(GemmTest, PrePackedBIsBitIdenticalToPackingPerCall) {
+  using Scalar = TypeParam;
+  const int saved = attn::num_threads();
+  for (const GemmCase& c : kCases) {
+    const Operands<Scalar> ops(c);
+    const Index segment = c.segment > 0 ? c.segment : c.n;
+    attn::set_num_threads(1);
+    const auto expected = run(c, ops, true);
+    // B alone, and B as rows [segment, segment + n) of a larger matrix.
+    const attn::detail::PackedGemmB<Scalar> alone(c.n, c.k, ops.b.data(), c.k, segment);
+    attn::Tensor<Scalar, 2> big({c.n + 2 * segment, c.k});
+    big.fill(Scalar(7));
+    attn::copy(ops.b.view(), attn::slice(big.view(), 0, segment, segment + c.n));
+    const attn::detail::PackedGemmB<Scalar> inside(big.extent(0), c.k, big.data(), c.k, segment);
+    for (const int threads : {1, 2, 3}) {
+      attn::set_num_threads(threads);
+      EXPECT_EQ(run(c, ops, true, {&alone, 0}), expected) << describe(c) << " threads=" << threads;
+      EXPECT_EQ(run(c, ops, true, {&inside, segment}), expected)
+          << describe(c) << " inside a larger pack, threads=" << threads;
     }
   }
   attn::set_num_threads(saved);

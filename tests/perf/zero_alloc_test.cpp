@@ -290,6 +290,10 @@ TYPED_TEST(ZeroAllocation, MultiHeadSelfAttentionForward) {
     mha.train(training);
     expect_steady_state_without_allocation([&] { mha.forward(x.view(), out.view(), ws); });
   }
+  SCOPED_TRACE("frozen (weights packed once)");
+  mha.eval();
+  mha.freeze();
+  expect_steady_state_without_allocation([&] { mha.forward(x.view(), out.view(), ws); });
 }
 
 TYPED_TEST(ZeroAllocation, MultiHeadCrossAttentionForwardWithMask) {
@@ -314,6 +318,13 @@ TYPED_TEST(ZeroAllocation, MultiHeadCrossAttentionForwardWithMask) {
     SCOPED_TRACE("key is value");
     expect_steady_state_without_allocation(
         [&] { mha.forward(query.view(), key.view(), key.view(), out.view(), ws, mask); });
+  }
+  {
+    SCOPED_TRACE("frozen, key and value distinct");
+    MultiHeadAttention<Scalar> frozen = mha;
+    frozen.freeze();
+    expect_steady_state_without_allocation(
+        [&] { frozen.forward(query.view(), key.view(), value.view(), out.view(), ws, mask); });
   }
 }
 

@@ -49,6 +49,10 @@ class CrossAttention {
   void eval() noexcept { mha_.eval(); }
   bool is_training() const noexcept { return mha_.is_training(); }
   void seed(std::uint64_t value) noexcept { mha_.seed(value); }
+  /// See MultiHeadAttention::freeze(): weights packed once for inference.
+  void freeze() { mha_.freeze(); }
+  void unfreeze() noexcept { mha_.unfreeze(); }
+  bool is_frozen() const noexcept { return mha_.is_frozen(); }
 
   /// The underlying module (weights: q_proj_weight(), k_proj_weight(), ..., out_proj()).
   MultiHeadAttention<Scalar>& module() noexcept { return mha_; }

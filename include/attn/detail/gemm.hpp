@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 
 #include "attn/config.hpp"
 #include "attn/detail/microkernel.hpp"
@@ -95,6 +96,89 @@ inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, In
   }
 }
 
+/// A B operand of gemm_nt packed once, for a B that does not change between products (a
+/// layer's weight): gemm_nt then reads it instead of packing B on every call. Layout: the
+/// depth blocks of gemm_nt's blocking for this k, one after another; within a block, B's
+/// rows in column groups (micro-panel width, never straddling a segment, counted from each
+/// segment's start), each group depth x width contiguous. Any contiguous run of whole
+/// segments of it serves a product on those rows of B (see PackedB), with the same result,
+/// bit for bit, as packing on the fly.
+template <class Scalar>
+class PackedGemmB {
+ public:
+  PackedGemmB() = default;
+
+  /// Packs B (n, k), row-major with leading dimension ldb, for products whose output
+  /// segments are `segment` columns wide (0: one segment). Allocates n * k elements.
+  PackedGemmB(Index n, Index k, const Scalar* b, Index ldb, Index segment)
+      : n_(n), k_(k), segment_(segment > 0 ? segment : std::max<Index>(n, 1)) {
+    if (n <= 0 || k <= 0) return;
+    data_.reserve(static_cast<std::size_t>(n * k));
+    const Index depth_block = even_block(k, gemm_depth<Scalar>(), 8);
+    for (Index p0 = 0; p0 < k; p0 += depth_block) {
+      const Index depth = std::min(depth_block, k - p0);
+      for (Index j = 0; j < n; j += group_width(j)) {
+        pack_transposed(b, ldb, j, group_width(j), p0, depth, data_.data() + p0 * n + j * depth,
+                        group_width(j));
+      }
+    }
+  }
+
+  PackedGemmB(const PackedGemmB& other) : n_(other.n_), k_(other.k_), segment_(other.segment_) {
+    if (other.empty()) return;
+    data_.reserve(static_cast<std::size_t>(n_ * k_));
+    std::copy(other.data_.data(), other.data_.data() + n_ * k_, data_.data());
+  }
+  PackedGemmB& operator=(const PackedGemmB& other) {
+    if (this != &other) *this = PackedGemmB(other);
+    return *this;
+  }
+  PackedGemmB(PackedGemmB&& other) noexcept
+      : data_(std::move(other.data_)),
+        n_(std::exchange(other.n_, 0)),
+        k_(std::exchange(other.k_, 0)),
+        segment_(std::exchange(other.segment_, 1)) {}
+  PackedGemmB& operator=(PackedGemmB&& other) noexcept {
+    data_ = std::move(other.data_);
+    n_ = std::exchange(other.n_, 0);
+    k_ = std::exchange(other.k_, 0);
+    segment_ = std::exchange(other.segment_, 1);
+    return *this;
+  }
+  ~PackedGemmB() = default;
+
+  bool empty() const noexcept { return n_ <= 0 || k_ <= 0; }
+  Index rows() const noexcept { return n_; }
+  Index depth() const noexcept { return k_; }
+  Index segment() const noexcept { return segment_; }
+
+  /// First column of the group holding column j, and that group's width.
+  Index group_start(Index j) const noexcept {
+    const Index s0 = j - j % segment_;
+    return s0 + (j - s0) / micro_cols<Scalar>() * micro_cols<Scalar>();
+  }
+  Index group_width(Index g) const noexcept {
+    return std::min({micro_cols<Scalar>(), segment_ - g % segment_, n_ - g});
+  }
+  /// The micro-panel of the group starting at column g, in the depth block starting at p0
+  /// (depth x group_width(g), row stride group_width(g)).
+  const Scalar* panel(Index p0, Index g, Index depth) const noexcept {
+    return data_.data() + p0 * n_ + g * depth;
+  }
+
+ private:
+  AlignedBuffer<Scalar> data_;
+  Index n_ = 0, k_ = 0, segment_ = 1;
+};
+
+/// The rows [offset, offset + n) of a PackedGemmB, as the B operand of one gemm_nt call
+/// (offset a multiple of the pack's segment). An empty PackedB means "pack B per call".
+template <class Scalar>
+struct PackedB {
+  const PackedGemmB<Scalar>* pack = nullptr;
+  Index offset = 0;
+};
+
 /// Where gemm_nt writes C. Row i = b * rows_per_batch + t and column j = s * segment + e
 /// go to data[b * batch_stride + t * ldc + s * segment_stride + e]. The plain row-major
 /// layout is one batch and one segment; the head-split layout of the Q/K/V projection,
@@ -131,9 +215,14 @@ struct GemmOutput {
 /// allocate after the first call on each thread.
 template <class Scalar>
 void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
-             const GemmOutput<Scalar>& out, const Scalar* bias) {
+             const GemmOutput<Scalar>& out, const Scalar* bias, PackedB<Scalar> prepacked = {}) {
   if (m <= 0 || n <= 0) return;
   const Index segment = out.segment > 0 ? out.segment : n;
+  const PackedGemmB<Scalar>* pre =
+      prepacked.pack != nullptr && !prepacked.pack->empty() ? prepacked.pack : nullptr;
+  ATTN_ASSERT(pre == nullptr || (pre->depth() == k && prepacked.offset + n <= pre->rows() &&
+                                 segment % pre->segment() == 0 &&
+                                 prepacked.offset % pre->segment() == 0));
   const auto col = [&](Index j) { return (j / segment) * out.segment_stride + j % segment; };
   if (k <= 0) {
     for (Index i = 0; i < m; ++i) {
@@ -151,42 +240,57 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
   const Index chunk_rows =
       ((m + row_chunks - 1) / row_chunks + kMicroRows - 1) / kMicroRows * kMicroRows;
   const Index tasks = col_tiles * row_chunks;
-  // Per thread: the packed B^T micro-panels (depth x tile_cols).
-  const Index pack_size = depth_block * tile_cols;
+  // Per thread: the packed B^T micro-panels (depth x tile_cols); none with a pre-packed B.
+  const Index pack_size = pre != nullptr ? 0 : depth_block * tile_cols;
   const auto run_task = [&](Index task) {
     const Index jt = task % col_tiles, rt = task / col_tiles;
     const Index j0 = jt * tile_cols, cols = std::min(tile_cols, n - j0);
     const Index r0 = rt * chunk_rows, r1 = std::min(m, r0 + chunk_rows);
-    Scalar* packed = gemm_pack_buffer<Scalar>(pack_size);
+    Scalar* packed = pre != nullptr ? nullptr : gemm_pack_buffer<Scalar>(pack_size);
     Scalar* crow[kMicroRows];
     for (Index p0 = 0; p0 < k; p0 += depth_block) {
       const Index depth = std::min(depth_block, k - p0);
       const bool first = p0 == 0;
-      // B^T in micro-panels, one per column group: group at column j of the tile holds
-      // depth x width contiguous (row stride width), so the micro-kernel reads it
-      // sequentially. The groups are those of the loop below.
-      for (Index j = 0; j < cols;) {
-        const Index jj = j0 + j;
-        const Index width = std::min({group_cols, cols - j, segment - jj % segment});
-        pack_transposed(b, ldb, jj, width, p0, depth, packed + j * depth, width);
-        j += width;
-      }
-      for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
-        const Index rows = std::min(kGemmRows, r1 - i0);
-        // Column groups never straddle a segment, so each group is contiguous in C.
+      // The tile's column groups as (column jj, width, micro-panel, its row stride). Groups
+      // never straddle a segment, so each is contiguous in C. Packed per call: B^T in
+      // micro-panels, one per group (depth x width contiguous), so the micro-kernel reads it
+      // sequentially. Pre-packed: the pack's groups, cut at the tile's edges.
+      const auto for_each_group = [&](auto&& f) {
+        for (Index j = 0; j < cols;) {
+          const Index jj = j0 + j;
+          if (pre == nullptr) {
+            const Index width = std::min({group_cols, cols - j, segment - jj % segment});
+            f(jj, width, static_cast<const Scalar*>(packed + j * depth), width);
+            j += width;
+          } else {
+            const Index pcol = prepacked.offset + jj;
+            const Index g = pre->group_start(pcol), panel_width = pre->group_width(g);
+            const Index width = std::min(panel_width - (pcol - g), cols - j);
+            f(jj, width, pre->panel(p0, g, depth) + (pcol - g), panel_width);
+            j += width;
+          }
+        }
+      };
+      if (pre == nullptr) {
         for (Index j = 0; j < cols;) {
           const Index jj = j0 + j;
           const Index width = std::min({group_cols, cols - j, segment - jj % segment});
+          pack_transposed(b, ldb, jj, width, p0, depth, packed + j * depth, width);
+          j += width;
+        }
+      }
+      for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
+        const Index rows = std::min(kGemmRows, r1 - i0);
+        for_each_group([&](Index jj, Index width, const Scalar* panel, Index panel_ld) {
           const Index offset = col(jj);
           const Scalar* bias_j = first && bias != nullptr ? bias + jj : nullptr;
           for (Index i = 0; i < rows; i += kMicroRows) {
             const Index group = std::min<Index>(kMicroRows, rows - i);
             for (Index r = 0; r < group; ++r) crow[r] = out.row(i0 + i + r) + offset;
-            micro_tile_rows(group, depth, a + (i0 + i) * lda + p0, lda, 1, packed + j * depth,
-                            width, crow, width, Scalar(1), !first, bias_j);
+            micro_tile_rows(group, depth, a + (i0 + i) * lda + p0, lda, 1, panel, panel_ld, crow,
+                            width, Scalar(1), !first, bias_j);
           }
-          j += width;
-        }
+        });
       }
     }
   };
@@ -198,7 +302,7 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
     {
       // Every thread of the team sizes its buffer now, whether or not the dynamic schedule
       // hands it a task this time: then no later call allocates.
-      gemm_pack_buffer<Scalar>(pack_size);
+      if (pre == nullptr) gemm_pack_buffer<Scalar>(pack_size);
 #pragma omp for schedule(dynamic, 1)
       for (Index task = 0; task < tasks; ++task) run_task(task);
     }
@@ -211,8 +315,8 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
 /// Row-major C (m, n) with leading dimension ldc: C = A B^T [+ bias].
 template <class Scalar>
 void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
-             Scalar* c, Index ldc, const Scalar* bias) {
-  gemm_nt(m, n, k, a, lda, b, ldb, GemmOutput<Scalar>::row_major(c, ldc), bias);
+             Scalar* c, Index ldc, const Scalar* bias, PackedB<Scalar> prepacked = {}) {
+  gemm_nt(m, n, k, a, lda, b, ldb, GemmOutput<Scalar>::row_major(c, ldc), bias, prepacked);
 }
 
 }  // namespace detail
