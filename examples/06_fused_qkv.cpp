@@ -230,7 +230,7 @@ int main() {
   const auto values_by_token = attn::permute(values.view(), {0, 2, 1, 3});  // (1, 4, 8, 64) view
   check.throws<attn::ShapeError>(
       "merge_heads() of a head-major (1, 8, 4, 64) buffer needs a copy, and says so",
-      [&] { attn::merge_heads(values.view()); }, "without a copy");
+      [&] { attn::merge_heads(values.view()); }, "needs a copy");
   const Tensor<float, 4> values_by_token_copy = attn::contiguous(values_by_token);  // one copy
   const auto merged = attn::reshape(values_by_token_copy.view(), Shape<3>{1, 4, 512});
   std::printf("%s\n", format_shape(merged.shape()).c_str());
