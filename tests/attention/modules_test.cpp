@@ -602,7 +602,7 @@ TYPED_TEST(Modules, MultiHeadFrozenIsBitIdenticalToUnfrozen) {
         outs.push_back(mha.forward(x.view(), key.view(), key_copy.view()));  // K and V apart
       }
       outs.push_back(mha.forward(x.view(), key.view(), value.view()));
-      // A strided output: out_proj's fallback path.
+      // A strided output: out_proj writes through a contiguous copy.
       Tensor<Scalar, 3> wide_out({b, tq, 2 * d});
       attn::Workspace ws;
       mha.forward(x.view(), key.view(), value.view(),

@@ -589,14 +589,11 @@ class MultiHeadAttention {
     }
     detail::attend(where, q4, k4, v4, ctx4, mask, options, weights, ws, causal_, alignment_);
     // ---- output projection straight from the merged buffer ----
-    if (frozen_ && out.is_contiguous()) {
-      const TensorView<const Scalar, 2> w_out = out_proj_.weight();
-      detail::gemm_nt(batch * tq, d, d, ctx, d, w_out.data(), d, out.data(), d,
-                      out_proj_.has_bias() ? out_proj_.bias().data() : nullptr,
-                      detail::PackedB<Scalar>{&pack_out_, 0});
-    } else {
-      out_proj_.forward(TensorView<const Scalar, 3>(ctx, {batch, tq, d}), out);
-    }
+    detail::linear_forward<Scalar, 3>(
+        "Linear::forward", out_proj_.weight(),
+        out_proj_.has_bias() ? out_proj_.bias().data() : nullptr,
+        TensorView<const Scalar, 3>(ctx, {batch, tq, d}), out,
+        frozen_ ? detail::PackedB<Scalar>{&pack_out_, 0} : detail::PackedB<Scalar>{});
   }
 
   Index d_in_, d_out_, kdim_, vdim_, num_heads_, context_length_;

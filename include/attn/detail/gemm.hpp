@@ -117,9 +117,9 @@ class PackedGemmB {
     const Index depth_block = even_block(k, gemm_depth<Scalar>(), 8);
     for (Index p0 = 0; p0 < k; p0 += depth_block) {
       const Index depth = std::min(depth_block, k - p0);
-      for (Index j = 0; j < n; j += group_width(j)) {
-        pack_transposed(b, ldb, j, group_width(j), p0, depth, data_.data() + p0 * n + j * depth,
-                        group_width(j));
+      for (Index j = 0, width = 0; j < n; j += width) {
+        width = group_width(j);
+        pack_transposed(b, ldb, j, width, p0, depth, data_.data() + p0 * n + j * depth, width);
       }
     }
   }
@@ -272,12 +272,9 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
         }
       };
       if (pre == nullptr) {
-        for (Index j = 0; j < cols;) {
-          const Index jj = j0 + j;
-          const Index width = std::min({group_cols, cols - j, segment - jj % segment});
-          pack_transposed(b, ldb, jj, width, p0, depth, packed + j * depth, width);
-          j += width;
-        }
+        for_each_group([&](Index jj, Index width, const Scalar*, Index) {
+          pack_transposed(b, ldb, jj, width, p0, depth, packed + (jj - j0) * depth, width);
+        });
       }
       for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
         const Index rows = std::min(kGemmRows, r1 - i0);

@@ -287,7 +287,8 @@ constexpr Index transpose_width() noexcept {
 }
 
 /// Side of the wide block transpose_block_wide() handles: 16 floats with AVX-512, else the
-/// same as transpose_width() (transpose_block_wide() is then transpose_block()).
+/// same as transpose_width() (callers use transpose_block_wide() only when
+/// transpose_width_wide() > transpose_width()).
 template <class Scalar>
 constexpr Index transpose_width_wide() noexcept {
 #if defined(__AVX512F__)
@@ -375,12 +376,9 @@ inline void transpose_block_wide(const float* src, Index lds, float* dst, Index 
   }
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
-
-inline void transpose_block_wide(const double* src, Index lds, double* dst,
-                                 Index ldd) noexcept {
-  transpose_block(src, lds, dst, ldd);
-}
 #else
+/// Declared for name lookup only: without AVX-512 no caller reaches it (see
+/// transpose_width_wide()).
 template <class Scalar>
 inline void transpose_block_wide(const Scalar* src, Index lds, Scalar* dst,
                                  Index ldd) noexcept {

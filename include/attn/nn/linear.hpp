@@ -36,10 +36,12 @@ inline double linear_bias_bound(Index fan_in) {
   return fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
 }
 
-/// y = x W^T + b over the last axis for any leading shape; W (out, in), bias may be null.
+/// y = x W^T + b over the last axis for any leading shape; W (out, in), bias may be null;
+/// `packed` is W packed once (PackedGemmB), or empty to pack per call.
 template <class Scalar, std::size_t Rank>
 void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const Scalar* bias,
-                    TensorView<const Scalar, Rank> x, TensorView<Scalar, Rank> y) {
+                    TensorView<const Scalar, Rank> x, TensorView<Scalar, Rank> y,
+                    PackedB<Scalar> packed = {}) {
   const Index in = weight.extent(1), out = weight.extent(0);
   Shape<Rank> expected = x.shape();
   expected[Rank - 1] = out;
@@ -51,12 +53,12 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
   ATTN_ASSERT(weight.is_contiguous());
   const Index rows = y.size() / std::max<Index>(out, 1);  // from y: in may be 0
   if (x.is_contiguous() && y.is_contiguous()) {
-    gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias);
+    gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias, packed);
     return;
   }
   const Tensor<Scalar, Rank> xc(x);
   Tensor<Scalar, Rank> yc(y.shape());
-  gemm_nt(rows, out, in, xc.data(), in, weight.data(), in, yc.data(), out, bias);
+  gemm_nt(rows, out, in, xc.data(), in, weight.data(), in, yc.data(), out, bias, packed);
   copy(yc.view(), y);
 }
 
