@@ -109,10 +109,10 @@ void run_sdpa(benchmark::State& state, attn::AttentionPath path, bool causal, bo
   attn::AttentionOptions options;
   options.path = path;
   attn::Workspace ws;
-  attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, in.out, mask, options, {}, &ws);
+  attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, in.out, ws, mask, options);
 
   for (auto _ : state) {
-    attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, in.out, mask, options, {}, &ws);
+    attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, in.out, ws, mask, options);
     benchmark::DoNotOptimize(in.out.data());
     benchmark::ClobberMemory();
   }

@@ -212,9 +212,10 @@ void fuzz_sdpa(Bytes& in) {
   const TensorView<Scalar, 4> w(weights.data(), {ob, oh, oq, ok});
   attn::Workspace ws;
   options.path = attn::AttentionPath::kStreaming;
-  attn::scaled_dot_product_attention<Scalar>(q.view, k.view, v.view, o1, mask, options, {}, &ws);
+  attn::scaled_dot_product_attention<Scalar>(q.view, k.view, v.view, o1, ws, mask, options);
   options.path = attn::AttentionPath::kMaterialized;
-  attn::scaled_dot_product_attention<Scalar>(q.view, k.view, v.view, o2, mask, options, w, &ws);
+  attn::scaled_dot_product_attention_with_weights<Scalar>(q.view, k.view, v.view, o2, w, ws, mask,
+                                                          options);
   check_results(contiguous_values(o1), contiguous_values(o2));
   // Fully masked rows: zero weights and zero output (never NaN).
   for (Index i0 = 0; i0 < ob; ++i0)

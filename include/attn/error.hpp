@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// attn/error.hpp: ShapeError and the lazy require() helpers behind every argument check.
+// attn/error.hpp: attn::Error and its kinds (shape, configuration, index), and the lazy
+// require() helpers behind every argument check.
 #pragma once
 
 #include <array>
@@ -13,12 +14,46 @@
 
 namespace attn {
 
-/// Thrown when an argument's shape does not fit the call. what() names the function
-/// and the shapes, e.g. "attn::MultiHeadAttention::forward: query has shape (2, 6, 4),
-/// expected (B, T, 3) with d_in=3".
-class ShapeError : public std::invalid_argument {
+/// Base of every exception attn throws: `catch (const attn::Error& e)` catches anything
+/// attn threw, and nothing else. Each kind also derives from the standard exception it is
+/// (std::invalid_argument, std::out_of_range, std::runtime_error for io), so catch sites
+/// written for those keep working; what() is that exception's message.
+class Error {
+ public:
+  virtual ~Error() = default;
+  /// The message: "attn::<function>: <what was wrong, with the shapes or values>".
+  virtual const char* what() const noexcept = 0;
+
+ protected:
+  Error() = default;
+  Error(const Error&) = default;
+  Error& operator=(const Error&) = default;
+};
+
+/// An argument's shape does not fit the call. what() names the function and the shapes,
+/// e.g. "attn::MultiHeadAttention::forward: query has shape (2, 6, 4), expected (B, T, 3)
+/// with d_in=3".
+class ShapeError : public Error, public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
+  const char* what() const noexcept override { return std::invalid_argument::what(); }
+};
+
+/// A configuration value does not fit: d_out % num_heads != 0, dropout outside [0, 1), a
+/// sequence longer than context_length, a negative size or key length, a non-finite scale,
+/// or a weight the module's configuration does not have (in_proj_weight with kdim != d_in).
+/// what() names the values.
+class ConfigError : public Error, public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+  const char* what() const noexcept override { return std::invalid_argument::what(); }
+};
+
+/// A checked element access (at()) with an index outside its axis.
+class IndexError : public Error, public std::out_of_range {
+ public:
+  using std::out_of_range::out_of_range;
+  const char* what() const noexcept override { return std::out_of_range::what(); }
 };
 
 namespace detail {
@@ -34,18 +69,24 @@ std::string to_string(const std::array<Index, Rank>& shape) {
   return text + ")";
 }
 
-/// Throws ShapeError("attn::<where>: <message>") when `ok` is false. The message is
-/// built only on failure, so a check costs one branch on the hot path.
-template <class MakeMessage>
-void require(bool ok, const char* where, MakeMessage&& make_message) {
-  if (!ok) throw ShapeError(std::string("attn::") + where + ": " + make_message());
+/// Throws Kind("attn::<where>: <message>") when `ok` is false. The message is built only
+/// on failure, so a check costs one branch on the hot path.
+template <class Kind, class MakeMessage>
+void require_that(bool ok, const char* where, MakeMessage&& make_message) {
+  if (!ok) throw Kind(std::string("attn::") + where + ": " + make_message());
 }
 
-/// Throws std::invalid_argument("attn::<where>: <message>") when `ok` is false; for bad
-/// configuration values (num_heads, dropout, context_length), not shapes.
+/// Throws ShapeError when `ok` is false (see require_that).
 template <class MakeMessage>
-void require_arg(bool ok, const char* where, MakeMessage&& make_message) {
-  if (!ok) throw std::invalid_argument(std::string("attn::") + where + ": " + make_message());
+void require(bool ok, const char* where, MakeMessage&& make_message) {
+  require_that<ShapeError>(ok, where, std::forward<MakeMessage>(make_message));
+}
+
+/// Throws ConfigError when `ok` is false; for configuration values (num_heads, dropout,
+/// context_length), not shapes.
+template <class MakeMessage>
+void require_config(bool ok, const char* where, MakeMessage&& make_message) {
+  require_that<ConfigError>(ok, where, std::forward<MakeMessage>(make_message));
 }
 
 /// A floating-point value as the messages quote it ("%g" with 9 significant digits).

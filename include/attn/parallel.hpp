@@ -4,8 +4,6 @@
 
 #include <algorithm>
 
-#include "attn/detail/eigen_core.hpp"
-
 #include "attn/config.hpp"
 
 #if ATTN_HAS_OPENMP
@@ -14,15 +12,18 @@
 
 namespace attn {
 
-/// Sets the number of threads attn's kernels and projections use (and Eigen's, so
-/// products called through Eigen follow). Without OpenMP this is a no-op and attn runs
-/// on one thread. The default is OpenMP's (OMP_NUM_THREADS, else the core count).
+/// Sets the number of threads attn's kernels and projections use: OpenMP's count for the
+/// calling thread (omp_set_num_threads). Without OpenMP this is a no-op and attn runs on one
+/// thread. The default is OpenMP's (OMP_NUM_THREADS, else the core count).
+///
+/// attn computes nothing through Eigen, so Eigen's own thread count does not affect attn's
+/// results; products a user writes with Eigen follow this count too unless
+/// Eigen::setNbThreads() was called (Eigen then uses its own setting instead of OpenMP's).
 inline void set_num_threads(int n) {
   n = std::max(n, 1);
 #if ATTN_HAS_OPENMP
   omp_set_num_threads(n);
 #endif
-  Eigen::setNbThreads(n);
 }
 
 /// The number of threads a parallel region started now would use (1 without OpenMP).

@@ -6,9 +6,32 @@
 #include <vector>
 
 #include "attn/config.hpp"
-#include "attn/tensor/tensor.hpp"
+#include "attn/memory.hpp"
 
 namespace attn {
+
+class Workspace;
+
+namespace detail {
+
+/// The workspace's slot plan: which buffer each step of a forward uses. Private to attn:
+/// user code passes a Workspace around and never names a slot.
+enum class WorkspaceSlot : std::size_t {
+  kQueryStaging,    // contiguous copy of a query (or self-attention x) the GEMM cannot read
+  kKeyStaging,      // the same for a separate key input
+  kValueStaging,    // the same for a separate value input
+  kProjection,      // the Q/K/V projections, head-major (B, P*H, T, hd)
+  kContext,         // the merged attention output (B, T, H, hd) before out_proj
+  kKernelKeyValue,  // head-major copy of long, strided K/V for the streaming kernel
+  kThread,          // per-thread kernel scratch: kThread + thread number (must stay last)
+};
+
+template <class T>
+T* workspace_get(Workspace& ws, WorkspaceSlot slot, Index count, int thread = 0);
+template <class T>
+T* workspace_peek(const Workspace& ws, WorkspaceSlot slot, int thread = 0) noexcept;
+
+}  // namespace detail
 
 /// Scratch memory reused across calls: pass the same Workspace to every forward() and,
 /// after the first call with the largest shape, no call allocates. Buffers are 64-byte
@@ -16,34 +39,7 @@ namespace attn {
 /// own (the kernels' OpenMP threads share one safely; the calling thread hands them out).
 class Workspace {
  public:
-  /// Slots the library uses; user code may use kUser and above.
-  enum Slot : std::size_t {
-    kProjection = 0,  // fused Q/K/V projection output
-    kKeyValue = 1,    // K/V projection of a separate key/value input
-    kContext = 2,     // merged attention output before out_proj
-    kStaging = 3,     // copies of non-contiguous inputs
-    kWeights = 4,     // per-head weights before averaging
-    kKernelKeyValue = 5,  // head-major copy of long, strided K/V for the streaming kernel
-    kUser = 8,
-    kThreadBase = 16,  // per-thread kernel scratch: kThreadBase + thread number
-  };
-
   Workspace() = default;
-
-  /// A buffer of at least `count` T in `slot`, grown if needed. Contents are unspecified.
-  template <class T>
-  T* get(std::size_t slot, Index count) {
-    if (slot >= slots_.size()) slots_.resize(slot + 1);
-    detail::AlignedBuffer<std::byte>& buffer = slots_[slot];
-    buffer.reserve(static_cast<std::size_t>(count) * sizeof(T));
-    return reinterpret_cast<T*>(buffer.data());
-  }
-
-  /// The buffer in `slot` without growing it (for threads after get() reserved it).
-  template <class T>
-  T* peek(std::size_t slot) const noexcept {
-    return reinterpret_cast<T*>(slots_[slot].data());
-  }
 
   /// Total bytes held.
   std::size_t bytes() const noexcept {
@@ -56,7 +52,36 @@ class Workspace {
   void release() { slots_.clear(); }
 
  private:
+  template <class T>
+  friend T* detail::workspace_get(Workspace&, detail::WorkspaceSlot, Index, int);
+  template <class T>
+  friend T* detail::workspace_peek(const Workspace&, detail::WorkspaceSlot, int) noexcept;
+
+  static std::size_t index(detail::WorkspaceSlot slot, int thread) noexcept {
+    return static_cast<std::size_t>(slot) + static_cast<std::size_t>(thread);
+  }
+
   std::vector<detail::AlignedBuffer<std::byte>> slots_;
 };
 
+namespace detail {
+
+/// A buffer of at least `count` T in `slot` (for kThread: that thread's), grown if needed.
+/// Contents are unspecified.
+template <class T>
+T* workspace_get(Workspace& ws, WorkspaceSlot slot, Index count, int thread) {
+  const std::size_t i = Workspace::index(slot, thread);
+  if (i >= ws.slots_.size()) ws.slots_.resize(i + 1);
+  AlignedBuffer<std::byte>& buffer = ws.slots_[i];
+  buffer.reserve(static_cast<std::size_t>(count) * sizeof(T));
+  return reinterpret_cast<T*>(buffer.data());
+}
+
+/// The buffer in `slot` without growing it (for threads after workspace_get() sized it).
+template <class T>
+T* workspace_peek(const Workspace& ws, WorkspaceSlot slot, int thread) noexcept {
+  return reinterpret_cast<T*>(ws.slots_[Workspace::index(slot, thread)].data());
+}
+
+}  // namespace detail
 }  // namespace attn

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // tests/attention/errors_test.cpp: bad input to the kernel and the modules, one test per
-// kind. Wrong shapes throw attn::ShapeError, bad configuration std::invalid_argument (and
-// not ShapeError); every message names the function and the offending shapes or values.
+// kind. Wrong shapes throw attn::ShapeError, bad configuration attn::ConfigError (a
+// std::invalid_argument, not a ShapeError); every message names the function and the
+// offending shapes or values; every kind is an attn::Error.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -68,8 +69,8 @@ class AttentionErrors : public ::testing::Test {
 
   void sdpa(const AttentionMask<Scalar>& mask = {}, const AttentionOptions& options = {},
             TensorView<Scalar, 4> weights = {}) {
-    attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), v.view(), out.view(), mask,
-                                               options, weights);
+    attn::scaled_dot_product_attention_with_weights<Scalar>(q.view(), k.view(), v.view(),
+                                                            out.view(), weights, mask, options);
   }
 };
 using Scalars = ::testing::Types<float, double>;
@@ -374,6 +375,55 @@ TYPED_TEST(AttentionErrors, NonFiniteScaleIsAConfigurationError) {
     EXPECT_TRUE(throws_config_error([&] { this->sdpa({}, options); },
                                     {kSdpa, "scale=" + attn::detail::number(scale)}));
   }
+}
+
+// Everything attn throws is an attn::Error, and still the standard exception it was.
+template <class Kind, class Std>
+::testing::AssertionResult throws_as(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const attn::Error& e) {
+    if (dynamic_cast<const Kind*>(&e) == nullptr) {
+      return ::testing::AssertionFailure() << "an attn::Error of another kind: " << e.what();
+    }
+    if (dynamic_cast<const Std*>(&e) == nullptr) {
+      return ::testing::AssertionFailure() << "not its standard base: " << e.what();
+    }
+    if (std::string(e.what()).rfind("attn::", 0) != 0) {
+      return ::testing::AssertionFailure() << "message does not name attn: " << e.what();
+    }
+    return ::testing::AssertionSuccess();
+  } catch (...) {
+    return ::testing::AssertionFailure() << "threw something that is not an attn::Error";
+  }
+  return ::testing::AssertionFailure() << "did not throw";
+}
+
+TEST(ErrorTypes, EveryKindIsCaughtAsAttnError) {
+  const Tensor<float, 3> x({2, 6, 4});
+  const MultiHeadAttention<float> mha(3, 2, 6, 0.0, 2);
+  // Shapes: ShapeError, a std::invalid_argument.
+  EXPECT_TRUE((throws_as<attn::ShapeError, std::invalid_argument>([&] { mha.forward(x.view()); })));
+  EXPECT_TRUE((throws_as<attn::ShapeError, std::invalid_argument>([] {
+    attn::Tensor<float, 2>({2, 2}, {1.0f, 2.0f, 3.0f});
+  })));
+  // Configuration: ConfigError, a std::invalid_argument (and so a std::logic_error).
+  EXPECT_TRUE((throws_as<attn::ConfigError, std::invalid_argument>(
+      [] { MultiHeadAttention<float>(3, 6, 6, 0.0, 4); })));
+  EXPECT_TRUE(
+      (throws_as<attn::ConfigError, std::invalid_argument>([] { attn::Dropout<float>(1.5); })));
+  EXPECT_TRUE((throws_as<attn::ConfigError, std::invalid_argument>(
+      [] { AttentionMask<float>().key_lengths({-1}); })));
+  const Tensor<float, 3> long_x({1, 7, 3});
+  EXPECT_TRUE(
+      (throws_as<attn::ConfigError, std::invalid_argument>([&] { mha.forward(long_x.view()); })));
+  // A weight the configuration does not have (was std::logic_error).
+  MultiHeadAttention<float> kdim(MultiHeadAttentionOptions::pytorch(8, 2, true, 5, 5));
+  EXPECT_TRUE((throws_as<attn::ConfigError, std::logic_error>([&] { kdim.in_proj_weight(); })));
+  // Indices: IndexError, a std::out_of_range.
+  EXPECT_TRUE((throws_as<attn::IndexError, std::out_of_range>([&] { x.at(0, 6, 0); })));
+  // TODO(io): attn::io::IoError (FormatError, StateDictError) derives from attn::Error once
+  // include/attn/io/error.hpp is rebased on it; then check a malformed file here too.
 }
 
 }  // namespace

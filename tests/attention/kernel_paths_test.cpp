@@ -142,8 +142,8 @@ void check_paths(const Dims& s, const AttentionMask<Scalar>& mask, const ref::De
   Tensor<Scalar, 4> weights({s.b, s.h, s.tq, s.tk}, nan);
   AttentionOptions options;
   if (scale > 0) options.scale = scale;
-  attn::scaled_dot_product_attention<Scalar>(in.q, in.k, in.v, heads_view(out, split), mask,
-                                             options, weights.view());
+  attn::scaled_dot_product_attention_with_weights<Scalar>(in.q, in.k, in.v, heads_view(out, split),
+                                                          weights.view(), mask, options);
   EXPECT_TRUE(ref::all_near(weights.view(), expected.weights.view(), tol)) << "weights";
   EXPECT_TRUE(ref::all_near(TensorView<const Scalar, 4>(heads_view(out, split)),
                             expected.output.view(), tol))
@@ -457,12 +457,11 @@ TYPED_TEST(KernelPaths, LongStridedKeysAreCopiedHeadMajorWithoutChangingResults)
 
   attn::Workspace ws_strided, ws_contiguous;
   Tensor<Scalar, 4> out_strided({1, h, tq, hd}), out_contiguous({1, h, tq, hd});
-  attn::scaled_dot_product_attention<Scalar>(q.view(), k, v, out_strided.view(), mask, options,
-                                             {}, &ws_strided);
+  attn::scaled_dot_product_attention<Scalar>(q.view(), k, v, out_strided.view(), ws_strided, mask,
+                                             options);
   const auto k_copy = attn::contiguous(k), v_copy = attn::contiguous(v);
   attn::scaled_dot_product_attention<Scalar>(q.view(), k_copy.view(), v_copy.view(),
-                                             out_contiguous.view(), mask, options, {},
-                                             &ws_contiguous);
+                                             out_contiguous.view(), ws_contiguous, mask, options);
   // The strided call held a head-major copy of K and V in its workspace; the other did not.
   const std::size_t kv_bytes = std::size_t(k.size() + v.size()) * sizeof(Scalar);
   EXPECT_GE(ws_strided.bytes(), kv_bytes);

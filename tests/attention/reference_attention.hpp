@@ -372,7 +372,7 @@ Tensor<Scalar, 4> run_kernel(TensorView<const Scalar, 4> q, TensorView<const Sca
     *weights = Tensor<Scalar, 4>({q.extent(0), q.extent(1), q.extent(2), k.extent(2)}, nan);
     w = weights->view();
   }
-  scaled_dot_product_attention<Scalar>(q, k, v, out.view(), mask, options, w);
+  scaled_dot_product_attention_with_weights<Scalar>(q, k, v, out.view(), w, mask, options);
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ using attn::io::SafetensorsWriter;
 using attn::io::StateDictError;
 using attn::io::StateDictNames;
 using attn::io::Strict;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
@@ -126,7 +128,9 @@ TEST(StateDict, UnexpectedTensorsOnlyFailInStrictMode) {
   w.add("attn.extra", attn::Tensor<float, 1>({2}));
   w.add("other.weight", attn::Tensor<float, 1>({2}));  // outside the prefix: never unexpected
   const auto file = reopen(w);
-  attn::io::load_state_dict(m, file, "attn.");
+  const attn::io::LoadResult result = attn::io::load_state_dict(m, file, "attn.", Strict::kNo);
+  EXPECT_THAT(result.unexpected, ElementsAre("attn.extra"));
+  EXPECT_TRUE(result.missing.empty());
   EXPECT_THAT([&] { attn::io::load_state_dict(m, file, "attn.", Strict::kYes); },
               ThrowsMessage<StateDictError>(
                   HasSubstr("unexpected tensor(s) 'attn.extra' under prefix 'attn.'")));
@@ -214,6 +218,170 @@ TEST(StateDict, CausalAttentionAndWrapperUseNotebookNames) {
   attn::CausalAttention<float> head(3, 2, 6, 0.0, true);
   attn::io::load_state_dict(head, file, "mha.heads.1.", Strict::kYes);
   EXPECT_EQ(head.w_key().bias()(1), source.head(1).w_key().bias()(1));
+}
+
+// ---- strict loading (issue 11): each test below fails on the loader before it ----
+
+TEST(StateDict, StrictByDefaultListsEveryUnexpectedName) {
+  auto m = make_mha<float>(8, 2, true, 0, 0, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w);
+  w.add("extra", attn::Tensor<float, 1>({2})).add("more.weight", attn::Tensor<float, 2>({2, 2}));
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
+              ThrowsMessage<StateDictError>(
+                  HasSubstr("has unexpected tensor(s) 'extra', 'more.weight' (strict mode)")));
+}
+
+TEST(StateDict, EveryMissingNameIsListed) {
+  auto m = make_mha<float>(8, 2, true, 0, 0, 1);
+  SafetensorsWriter w;
+  w.add("out_proj.weight", attn::Tensor<float, 2>({8, 8}));
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
+              ThrowsMessage<StateDictError>(
+                  HasSubstr("has no tensors 'in_proj_weight', 'in_proj_bias', 'out_proj.bias'")));
+}
+
+// A state dict missing in_proj_bias (or out_proj.bias) used to run without it: the options
+// read from the file had no qkv bias, and nothing checked the other bias.
+TEST(StateDict, MissingBiasNoLongerLoadsSilently) {
+  const auto source = make_mha<float>(8, 2, true, 0, 0, 1);
+  SafetensorsWriter full;
+  attn::io::save_state_dict(source, full);
+  const SafetensorsFile file = reopen(full);
+  for (const std::string dropped : {"in_proj_bias", "out_proj.bias"}) {
+    SCOPED_TRACE(dropped);
+    SafetensorsWriter w;
+    for (const std::string& name : file.names()) {
+      if (name == dropped) continue;
+      if (file.rank(name) == 1) {
+        w.add(name, file.get<float, 1>(name));
+      } else {
+        w.add(name, file.get<float, 2>(name));
+      }
+    }
+    const SafetensorsFile partial = reopen(w);
+    const auto options = attn::io::options_from_state_dict(partial, 2);
+    EXPECT_TRUE(options.qkv_bias);
+    EXPECT_TRUE(options.out_bias);
+    attn::MultiHeadAttention<float> m(options);
+    EXPECT_THAT([&] { attn::io::load_state_dict(m, partial); },
+                ThrowsMessage<StateDictError>(HasSubstr("has no tensor '" + dropped + "'")));
+  }
+}
+
+TEST(StateDict, NonStrictLoadsWhatFitsAndReturnsTheRest) {
+  const auto source = make_mha<float>(8, 2, true, 0, 0, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, "p.");
+  const SafetensorsFile file = reopen(w);
+  SafetensorsWriter partial;
+  partial.add("p.in_proj_weight", file.get<float, 2>("p.in_proj_weight"));
+  partial.add("p.bias_k", attn::Tensor<float, 3>({1, 1, 8}));
+  auto target = make_mha<float>(8, 2, true, 0, 0, 2);
+  const auto bias_before = target.in_proj_bias().data()[0];
+  const auto result = attn::io::load_state_dict(target, reopen(partial), "p.", Strict::kNo);
+  EXPECT_THAT(result.missing,
+              ElementsAre("p.in_proj_bias", "p.out_proj.weight", "p.out_proj.bias"));
+  EXPECT_THAT(result.unexpected, ElementsAre("p.bias_k"));
+  EXPECT_EQ(target.in_proj_weight()(5, 3), source.in_proj_weight()(5, 3));  // loaded
+  EXPECT_EQ(target.in_proj_bias().data()[0], bias_before);                  // kept
+}
+
+TEST(StateDict, IntegerParametersAreRejected) {
+  auto m = make_mha<float>(2, 1, false, 0, 0, 1);
+  SafetensorsWriter w;
+  std::vector<unsigned char> ones;  // I64 1, little-endian
+  for (int i = 0; i < 12; ++i) {
+    ones.push_back(1);
+    for (int b = 1; b < 8; ++b) ones.push_back(0);
+  }
+  w.add_raw("in_proj_weight", attn::io::DType::kI64, {6, 2}, ones);
+  w.add("out_proj.weight", attn::Tensor<float, 2>({2, 2}));
+  const auto before = m.in_proj_weight()(0, 0);
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
+              ThrowsMessage<StateDictError>(
+                  AllOf(HasSubstr("'in_proj_weight' has dtype I64"), HasSubstr("floating point"))));
+  EXPECT_EQ(m.in_proj_weight()(0, 0), before);
+}
+
+TEST(StateDict, MaskBufferMustFitTheContextLength) {
+  attn::manual_seed(1);
+  const attn::CausalAttention<float> source(3, 2, 6, 0.0);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  attn::CausalAttention<float> longer(3, 2, 8, 0.0);
+  EXPECT_THAT(
+      [&] { attn::io::load_state_dict(longer, reopen(w)); },
+      ThrowsMessage<StateDictError>(HasSubstr("tensor 'mask' has shape [6, 6], expected [8, 8]")));
+}
+
+// Saving and loading walk named_parameters(): every module round-trips under its own
+// names, and the file holds exactly those names (and buffers).
+template <class Module, class... Inputs>
+void expect_round_trip(const Module& source, Module& target, const std::string& prefix,
+                       const Inputs&... inputs) {
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, prefix);
+  const SafetensorsFile file = reopen(w);
+  std::vector<std::string> expected;
+  for (const auto& p : source.named_parameters()) expected.push_back(prefix + p.name());
+  for (const auto& b : source.named_buffers()) expected.push_back(prefix + b.name);
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(file.names(), expected);
+  EXPECT_NE(source.forward(inputs.view()...).to_vector(),
+            target.forward(inputs.view()...).to_vector());
+  const auto result = attn::io::load_state_dict(target, file, prefix);
+  EXPECT_TRUE(result.missing.empty() && result.unexpected.empty());
+  EXPECT_EQ(source.forward(inputs.view()...).to_vector(),
+            target.forward(inputs.view()...).to_vector());
+}
+
+TEST(StateDict, EveryModuleRoundTripsUnderItsOwnNames) {
+  const auto x = attn::test::random_tensor<float, 3>({2, 6, 4}, 1);
+  const auto kv = attn::test::random_tensor<float, 3>({2, 7, 5}, 2);
+  {
+    SCOPED_TRACE("SelfAttention_v2");
+    attn::manual_seed(1);
+    const attn::SelfAttention<float> source(4, 3, true);
+    attn::SelfAttention<float> target(4, 3, true);
+    expect_round_trip(source, target, "sa.", x);
+  }
+  {
+    SCOPED_TRACE("SelfAttention_v1 (raw W_query (d_in, d_out))");
+    attn::manual_seed(2);
+    const attn::SelfAttention<float> source(4, 3, attn::kRandInit);
+    attn::SelfAttention<float> target(4, 3, attn::kRandInit);
+    EXPECT_EQ(source.named_parameters()[0].name(), "W_query");
+    expect_round_trip(source, target, "", x);
+  }
+  {
+    SCOPED_TRACE("CausalAttention");
+    attn::manual_seed(3);
+    const attn::CausalAttention<float> source(4, 3, 6, 0.0, true);
+    attn::CausalAttention<float> target(4, 3, 6, 0.0, true);
+    expect_round_trip(source, target, "", x);
+  }
+  {
+    SCOPED_TRACE("MultiHeadAttentionWrapper");
+    attn::manual_seed(4);
+    const attn::MultiHeadAttentionWrapper<float> source(4, 3, 6, 0.0, 2);
+    attn::MultiHeadAttentionWrapper<float> target(4, 3, 6, 0.0, 2);
+    expect_round_trip(source, target, "w.", x);
+  }
+  {
+    SCOPED_TRACE("MultiHeadAttention");
+    attn::manual_seed(5);
+    const attn::MultiHeadAttention<float> source(4, 6, 6, 0.0, 2, true);
+    attn::MultiHeadAttention<float> target(4, 6, 6, 0.0, 2, true);
+    expect_round_trip(source, target, "", x);
+  }
+  {
+    SCOPED_TRACE("CrossAttention");
+    attn::manual_seed(6);
+    const attn::CrossAttention<float> source(4, 5, 6, 2, true);
+    attn::CrossAttention<float> target(4, 5, 6, 2, true);
+    expect_round_trip(source, target, "x.", x, kv);
+  }
 }
 
 TEST(StateDict, SavesAndLoadsWholeFiles) {

@@ -372,6 +372,50 @@ struct AcceptsView<Layer, X,
                    std::void_t<decltype(std::declval<const Layer&>().forward(std::declval<X>()))>>
     : std::true_type {};
 
+// freeze() packs the weight once; results stay bit for bit, and every way of writing the
+// weight through the layer drops the pack. A 700 x 300 weight spans several GEMM tiles.
+TYPED_TEST(LinearTest, FrozenIsBitIdenticalAndWeightWritesUnfreeze) {
+  using Scalar = TypeParam;
+  attn::TorchGenerator gen(5);
+  Linear<Scalar> layer(300, 700, true, gen);
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{2, 9, 300}, 6);
+  const Tensor<Scalar, 3> expected = layer.forward(x.view());
+  EXPECT_FALSE(layer.is_frozen());
+  layer.freeze();
+  EXPECT_TRUE(layer.is_frozen());
+  EXPECT_EQ(layer.forward(x.view()).to_vector(), expected.to_vector());
+  const Linear<Scalar> copy = layer;  // a copy keeps its own pack
+  EXPECT_TRUE(copy.is_frozen());
+  EXPECT_EQ(copy.forward(x.view()).to_vector(), expected.to_vector());
+  layer.weight()(3, 4) += Scalar(1);
+  EXPECT_FALSE(layer.is_frozen());
+  EXPECT_NE(layer.forward(x.view()).to_vector(), expected.to_vector());
+  layer.freeze();
+  layer.set_weight(copy.weight());
+  EXPECT_FALSE(layer.is_frozen());
+  EXPECT_EQ(layer.forward(x.view()).to_vector(), expected.to_vector());
+  layer.freeze();
+  static_cast<void>(layer.named_parameters());
+  EXPECT_FALSE(layer.is_frozen());
+  layer.freeze();
+  layer.unfreeze();
+  EXPECT_FALSE(layer.is_frozen());
+}
+
+TYPED_TEST(LinearTest, NamedParametersAreWeightAndBias) {
+  using Scalar = TypeParam;
+  Linear<Scalar> with_bias(3, 2, true), without(3, 2, false);
+  const auto params = with_bias.named_parameters();
+  EXPECT_THAT(params.names(), ElementsAre("weight", "bias"));
+  EXPECT_EQ(params[0].matrix().data(), with_bias.weight().data());
+  EXPECT_THAT(params[1].shape(), ElementsAre(2));
+  EXPECT_EQ(params[1].vector().data(), with_bias.bias().data());
+  const auto lacking = std::as_const(without).named_parameters();
+  EXPECT_THAT(lacking.names(), ElementsAre("weight"));
+  ASSERT_EQ(lacking.absent().size(), 1u);
+  EXPECT_EQ(lacking.absent()[0].name, "bias");
+}
+
 TEST(Linear, ForwardAcceptsMutableViews) {
   EXPECT_TRUE((AcceptsView<Linear<float>, TensorView<const float, 2>>::value));
   EXPECT_TRUE((AcceptsView<Linear<float>, TensorView<float, 2>>::value))

@@ -92,8 +92,7 @@ void check_output_paths(const SdpaCase<S>& c) {
     attn::Tensor<S, 4> into(out.shape());
     attn::Workspace ws;
     for (int call = 0; call < 2; ++call) {
-      attn::scaled_dot_product_attention<S>(q, k, v, into.view(), mask, options_of(c, path), {},
-                                            &ws);
+      attn::scaled_dot_product_attention<S>(q, k, v, into.view(), ws, mask, options_of(c, path));
       EXPECT_TRUE(near(into.view(), c.output, expected, output_tolerance(c),
                        what + " into out, call " + std::to_string(call)));
     }

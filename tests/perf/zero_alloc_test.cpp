@@ -338,6 +338,37 @@ TYPED_TEST(ZeroAllocation, CausalAttentionForward) {
   expect_steady_state_without_allocation([&] { ca.forward(x.view(), out.view(), ws); });
 }
 
+// The other modules share the same forward set (attn/attention/module.hpp): into `out`
+// with a warm workspace, none allocates either, unbatched forms included.
+TYPED_TEST(ZeroAllocation, EveryOtherModuleForward) {
+  using Scalar = TypeParam;
+  attn::manual_seed(12);
+  const attn::SimpleSelfAttention<Scalar> simple;
+  attn::SelfAttention<Scalar> sa(kDim, kDim, true);
+  attn::MultiHeadAttentionWrapper<Scalar> wrapper(kDim, kDim / kHeads, kTokens, 0.1, kHeads);
+  attn::CrossAttention<Scalar> cross(kDim, kDim / 2, kDim, kHeads, true);
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 13);
+  const auto kv = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kKeyTokens, kDim / 2}, 14);
+  Tensor<Scalar, 3> out({kBatch, kTokens, kDim});
+  Tensor<Scalar, 2> out2({kTokens, kDim});
+  const auto x2 = attn::select(x.view(), 0, 0);
+  attn::Workspace ws;
+  expect_steady_state_without_allocation([&] { simple.forward(x.view(), out.view(), ws); });
+  expect_steady_state_without_allocation([&] { sa.forward(x.view(), out.view(), ws); });
+  expect_steady_state_without_allocation([&] { sa.forward(x2, out2.view(), ws); });
+  expect_steady_state_without_allocation([&] { wrapper.forward(x.view(), out.view(), ws); });
+  expect_steady_state_without_allocation(
+      [&] { cross.forward(x.view(), kv.view(), out.view(), ws); });
+  sa.freeze();
+  cross.freeze();
+  wrapper.eval();
+  wrapper.freeze();
+  expect_steady_state_without_allocation([&] { sa.forward(x.view(), out.view(), ws); });
+  expect_steady_state_without_allocation([&] { wrapper.forward(x.view(), out.view(), ws); });
+  expect_steady_state_without_allocation(
+      [&] { cross.forward(x.view(), kv.view(), out.view(), ws); });
+}
+
 TYPED_TEST(ZeroAllocation, ScaledDotProductAttentionWithWorkspace) {
   using Scalar = TypeParam;
   const Index hd = kDim / kHeads;
@@ -353,8 +384,8 @@ TYPED_TEST(ZeroAllocation, ScaledDotProductAttentionWithWorkspace) {
     AttentionOptions options;
     options.path = path;
     expect_steady_state_without_allocation([&] {
-      attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), v.view(), out.view(), mask,
-                                                 options, {}, &ws);
+      attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), v.view(), out.view(), ws, mask,
+                                                 options);
     });
   }
 }

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
-// tests/tensor/eigen_test.cpp: the view -> Eigen::Map bridge (as_matrix, as_vector): layout,
-// outer strides, refusal of non-unit inner strides, writes through maps.
+// tests/tensor/eigen_test.cpp: the bridge both ways. View -> Eigen::Map (as_matrix,
+// as_vector): layout, outer strides, refusal of non-unit inner strides, writes through maps.
+// Eigen -> view (as_view): column- and row-major matrices, arrays, maps, refs, blocks and
+// vectors, const-correctness, no copies, and the modules taking such views directly.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <type_traits>
 #include <vector>
 
@@ -173,6 +176,109 @@ TYPED_TEST(EigenBridgeTest, EmptyViewsMapToEmptyMatrices) {
   EXPECT_EQ(attn::as_matrix(t).size(), 0);
   Tensor<TypeParam, 1> v;
   EXPECT_EQ(attn::as_vector(v).size(), 0);
+}
+
+// ---- Eigen -> view ----
+
+template <class Scalar>
+using ColMatrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>;  // Eigen's default
+
+template <class M>
+void fill_arange(M& m) {
+  for (Index i = 0; i < m.rows(); ++i) {
+    for (Index j = 0; j < m.cols(); ++j) m(i, j) = typename M::Scalar(10 * i + j);
+  }
+}
+
+TYPED_TEST(EigenBridgeTest, ColumnMajorMatrixIsAStridedViewWithoutCopy) {
+  ColMatrix<TypeParam> m(3, 4);
+  fill_arange(m);
+  const auto v = attn::as_view(m);
+  static_assert(std::is_same_v<decltype(v), const TensorView<TypeParam, 2>>);
+  EXPECT_THAT(v.shape(), ElementsAre(3, 4));
+  EXPECT_THAT(v.strides(), ElementsAre(1, 3));  // column-major: rows are adjacent
+  EXPECT_EQ(v.data(), m.data());
+  for (Index i = 0; i < 3; ++i) {
+    for (Index j = 0; j < 4; ++j) EXPECT_EQ(v(i, j), m(i, j));
+  }
+  v(2, 1) = TypeParam(-5);  // writes go into the matrix
+  EXPECT_EQ(m(2, 1), TypeParam(-5));
+  attn::RowMatrix<TypeParam> r(2, 3);
+  fill_arange(r);
+  EXPECT_THAT(attn::as_view(r).strides(), ElementsAre(3, 1));
+  // Both ways: a row-major view maps back onto the same memory.
+  EXPECT_EQ(attn::as_matrix(attn::as_view(r)).data(), r.data());
+}
+
+TYPED_TEST(EigenBridgeTest, BlocksMapsRefsAndArraysKeepTheirStrides) {
+  ColMatrix<TypeParam> m(5, 6);
+  fill_arange(m);
+  const auto block = attn::as_view(m.block(1, 2, 3, 2));  // rows 1..3, cols 2..3
+  EXPECT_THAT(block.shape(), ElementsAre(3, 2));
+  EXPECT_THAT(block.strides(), ElementsAre(1, 5));
+  EXPECT_EQ(block(2, 1), m(3, 3));
+  EXPECT_EQ(block.data(), &m(1, 2));
+  std::vector<TypeParam> buffer(20);
+  for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = TypeParam(i);
+  const Eigen::Map<attn::RowMatrix<TypeParam>, 0, Eigen::OuterStride<>> map(
+      buffer.data(), 3, 4, Eigen::OuterStride<>(6));
+  const auto mv = attn::as_view(map);
+  EXPECT_THAT(mv.strides(), ElementsAre(6, 1));
+  EXPECT_EQ(mv(2, 3), TypeParam(15));
+  Eigen::Ref<ColMatrix<TypeParam>> ref(m);
+  EXPECT_EQ(attn::as_view(ref).data(), m.data());
+  Eigen::Array<TypeParam, Eigen::Dynamic, Eigen::Dynamic> a(2, 3);
+  fill_arange(a);
+  EXPECT_EQ(attn::as_view(a)(1, 2), TypeParam(12));
+}
+
+TYPED_TEST(EigenBridgeTest, VectorsAreOneDimensional) {
+  Eigen::Matrix<TypeParam, Eigen::Dynamic, 1> column(4);
+  column << 1, 2, 3, 4;
+  const auto v = attn::as_view(column);
+  static_assert(std::is_same_v<decltype(v), const TensorView<TypeParam, 1>>);
+  EXPECT_THAT(v.strides(), ElementsAre(1));
+  EXPECT_EQ(v(3), TypeParam(4));
+  ColMatrix<TypeParam> m(3, 4);
+  fill_arange(m);
+  const auto row = attn::as_view(m.row(2));  // a row of a column-major matrix: stride 3
+  EXPECT_THAT(row.shape(), ElementsAre(4));
+  EXPECT_THAT(row.strides(), ElementsAre(3));
+  EXPECT_EQ(row(3), TypeParam(23));
+  attn::RowMatrix<TypeParam> r(3, 4);
+  fill_arange(r);
+  EXPECT_THAT(attn::as_view(r.col(1)).strides(), ElementsAre(4));
+  EXPECT_EQ(attn::as_view(r.col(1))(2), TypeParam(21));
+}
+
+TYPED_TEST(EigenBridgeTest, ConstObjectsGiveReadOnlyViews) {
+  const ColMatrix<TypeParam> m = ColMatrix<TypeParam>::Ones(2, 3);
+  static_assert(std::is_same_v<decltype(attn::as_view(m)), TensorView<const TypeParam, 2>>);
+  static_assert(
+      std::is_same_v<decltype(attn::as_view(m.block(0, 0, 1, 2))), TensorView<const TypeParam, 2>>);
+  std::vector<TypeParam> buffer(6, TypeParam(1));
+  const Eigen::Map<const attn::RowMatrix<TypeParam>> map(buffer.data(), 2, 3);
+  static_assert(std::is_same_v<decltype(attn::as_view(map)), TensorView<const TypeParam, 2>>);
+  static_assert(!std::is_convertible_v<TensorView<const TypeParam, 2>, TensorView<TypeParam, 2>>);
+  EXPECT_EQ(attn::as_view(m).data(), m.data());
+}
+
+TYPED_TEST(EigenBridgeTest, ModulesTakeEigenViewsDirectly) {
+  // A notebook module on column-major Eigen data, into a column-major Eigen output.
+  attn::manual_seed(123);
+  const attn::MultiHeadAttention<TypeParam> mha(3, 4, 6, 0.0, 2, true);
+  ColMatrix<TypeParam> x(6, 3);
+  fill_arange(x);
+  x /= TypeParam(40);
+  const Tensor<TypeParam, 2> copy(attn::as_view(x));  // contiguous row-major
+  const Tensor<TypeParam, 2> expected = mha.forward(copy.view());
+  EXPECT_EQ(mha.forward(attn::as_view(x)).to_vector(), expected.to_vector());
+  ColMatrix<TypeParam> y(6, 4);
+  attn::Workspace ws;
+  mha.forward(attn::as_view(x), attn::as_view(y), ws);
+  for (Index t = 0; t < 6; ++t) {
+    for (Index j = 0; j < 4; ++j) EXPECT_EQ(y(t, j), expected(t, j));
+  }
 }
 
 }  // namespace

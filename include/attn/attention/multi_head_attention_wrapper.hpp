@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "attn/attention/causal_attention.hpp"
+#include "attn/attention/module.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
-#include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
@@ -21,27 +23,34 @@ namespace attn {
 
 /// A stack of independent CausalAttention heads whose outputs are concatenated along the
 /// last axis: notebook 003's MultiHeadAttentionWrapper(d_in, d_out, context_length,
-/// dropout, num_heads, qkv_bias). Each head writes straight into its slice of the output.
-/// MultiHeadAttention computes the same kind of layer with one fused projection.
+/// dropout, num_heads, qkv_bias). Each head runs the module core on its own weights and
+/// writes straight into its slice of the output. MultiHeadAttention computes the same kind
+/// of layer with one fused projection.
 ///
-/// Shapes: x (B, T, d_in) -> (B, T, num_heads * d_out).
+/// The module API is every module's (detail::ModuleForwards). A mask applies to every
+/// head, or per head when its H extent is num_heads; forward_with_weights() gives each
+/// head's weights (B, H, T, T). Parameters are heads.<h>.W_query.weight, ... (+ the
+/// heads.<h>.mask buffers), as in the notebook's state_dict.
+///
+/// Shapes: x (B, T, d_in) -> (B, T, num_heads * d_out); unbatched (T, d_in) ->
+/// (T, num_heads * d_out).
 /// @tparam Scalar float or double.
-/// @throws std::invalid_argument from the constructor if num_heads <= 0 (and as
-///         CausalAttention does); ShapeError / std::invalid_argument from forward() as
+/// @throws ConfigError from the constructor if a size is not positive (and as
+///         CausalAttention does); ShapeError / ConfigError from forward() as
 ///         CausalAttention::forward.
 template <class Scalar = float>
-class MultiHeadAttentionWrapper {
+class MultiHeadAttentionWrapper
+    : public detail::ModuleForwards<MultiHeadAttentionWrapper<Scalar>, Scalar, 4, detail::InputX> {
+  using Forwards =
+      detail::ModuleForwards<MultiHeadAttentionWrapper<Scalar>, Scalar, 4, detail::InputX>;
+
  public:
   /// Draws each head's W_query, W_key, W_value in head order from the global generator.
   MultiHeadAttentionWrapper(Index d_in, Index d_out, Index context_length, double dropout,
                             Index num_heads = 2, bool qkv_bias = false) {
-    detail::require_arg(num_heads > 0 && d_in > 0 && d_out > 0 && context_length > 0,
-                        "MultiHeadAttentionWrapper", [&] {
-                          return "d_in=" + std::to_string(d_in) + ", d_out=" +
-                                 std::to_string(d_out) + ", context_length=" +
-                                 std::to_string(context_length) + ", num_heads=" +
-                                 std::to_string(num_heads) + ": sizes must be positive";
-                        });
+    detail::require_config(num_heads > 0, "MultiHeadAttentionWrapper", [&] {
+      return "num_heads=" + std::to_string(num_heads) + " must be positive";
+    });
     detail::check_dropout(dropout, "MultiHeadAttentionWrapper");
     heads_.reserve(static_cast<std::size_t>(num_heads));
     for (Index h = 0; h < num_heads; ++h) {
@@ -50,32 +59,12 @@ class MultiHeadAttentionWrapper {
     seed(kDefaultDropoutSeed);
   }
 
-  /// (B, T, num_heads * d_out).
-  Tensor<Scalar, 3> forward(TensorView<const Scalar, 3> x) const {
-    Tensor<Scalar, 3> out({x.extent(0), x.extent(1), d_out()});
-    Workspace ws;
-    forward(x, out.view(), ws);
-    return out;
-  }
-
-  /// Into a preallocated `out` (B, T, num_heads * d_out), reusing `ws`.
-  /// @throws ShapeError if out's shape is wrong.
-  void forward(TensorView<const Scalar, 3> x, TensorView<Scalar, 3> out, Workspace& ws) const {
-    const Shape<3> expected{x.extent(0), x.extent(1), d_out()};
-    detail::require(out.shape() == expected, "MultiHeadAttentionWrapper::forward", [&] {
-      return "out has shape " + detail::to_string(out.shape()) + ", expected " +
-             detail::to_string(expected);
-    });
-    const Index width = heads_.front().d_out();
-    for (std::size_t h = 0; h < heads_.size(); ++h) {
-      const Index begin = static_cast<Index>(h) * width;
-      heads_[h].forward(x, slice(out, 2, begin, begin + width), ws);
-    }
-  }
-
   Index num_heads() const noexcept { return static_cast<Index>(heads_.size()); }
+  Index d_in() const noexcept { return heads_.front().d_in(); }
   /// Output width: num_heads * (each head's d_out).
   Index d_out() const noexcept { return num_heads() * heads_.front().d_out(); }
+  Index context_length() const noexcept { return heads_.front().context_length(); }
+  double dropout() const noexcept { return heads_.front().dropout(); }
   CausalAttention<Scalar>& head(Index h) { return heads_.at(static_cast<std::size_t>(h)); }
   const CausalAttention<Scalar>& head(Index h) const {
     return heads_.at(static_cast<std::size_t>(h));
@@ -90,8 +79,83 @@ class MultiHeadAttentionWrapper {
   void seed(std::uint64_t value) noexcept {
     for (std::size_t h = 0; h < heads_.size(); ++h) heads_[h].seed(detail::mix64(value + h));
   }
+  void freeze() {
+    for (auto& head : heads_) head.freeze();
+  }
+  void unfreeze() noexcept {
+    for (auto& head : heads_) head.unfreeze();
+  }
+  bool is_frozen() const noexcept {
+    for (const auto& head : heads_) {
+      if (!head.is_frozen()) return false;
+    }
+    return true;
+  }
+
+  /// heads.<h>.<the head's names>, head by head; the non-const form unfreezes.
+  ParameterList<Scalar> named_parameters(ParameterNames names = ParameterNames::kDefault) {
+    return parameters_of(*this, names);
+  }
+  ParameterList<const Scalar> named_parameters(
+      ParameterNames names = ParameterNames::kDefault) const {
+    return parameters_of(*this, names);
+  }
+  std::vector<NamedBuffer<Scalar>> named_buffers(
+      ParameterNames names = ParameterNames::kDefault) const {
+    std::vector<NamedBuffer<Scalar>> buffers;
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+      for (auto& buffer : heads_[h].named_buffers(names)) {
+        buffers.push_back({prefix(h) + buffer.name, std::move(buffer.value)});
+      }
+    }
+    return buffers;
+  }
+  std::vector<ParameterNames> parameter_namings() const {
+    return heads_.front().parameter_namings();
+  }
 
  private:
+  friend Forwards;
+
+  static std::string prefix(std::size_t h) { return "heads." + std::to_string(h) + "."; }
+
+  template <class Self>
+  static auto parameters_of(Self& self, ParameterNames names) {
+    decltype(self.heads_.front().named_parameters(names)) list;
+    for (std::size_t h = 0; h < self.heads_.size(); ++h) {
+      list.append(prefix(h), self.heads_[h].named_parameters(names));
+    }
+    return list;
+  }
+
+  // Head h into columns [h d_out, (h + 1) d_out) of out, its weights into weights[:, h].
+  void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
+           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
+    const char* where = "MultiHeadAttentionWrapper::forward";
+    const Shape<3> expected{x.query.extent(0), x.query.extent(1), d_out()};
+    detail::require(out.shape() == expected, where, [&] {
+      return "out has shape " + detail::to_string(out.shape()) + ", expected " +
+             detail::to_string(expected);
+    });
+    const bool per_head = mask.heads() > 1;
+    if (per_head)
+      mask.check(where, x.query.extent(0), num_heads(), x.query.extent(1), x.query.extent(1));
+    const Index width = heads_.front().d_out();
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+      const Index hi = static_cast<Index>(h);
+      const AttentionMask<Scalar> own = per_head ? mask.select_head(hi) : AttentionMask<Scalar>();
+      const auto out_h = slice(out, 2, hi * width, (hi + 1) * width);
+      if (weights.data() != nullptr) {
+        heads_[h].forward_with_weights(x.query, out_h, select(weights, 1, hi), ws,
+                                       per_head ? own : mask);
+      } else {
+        heads_[h].forward(x.query, out_h, ws, per_head ? own : mask);
+      }
+    }
+  }
+  Index output_features(const detail::ModuleInputs<Scalar>&) const noexcept { return d_out(); }
+  Index weight_heads() const noexcept { return num_heads(); }
+
   std::vector<CausalAttention<Scalar>> heads_;
 };
 

@@ -12,8 +12,6 @@
 #include <string>
 #include <type_traits>
 
-#include "attn/detail/eigen_core.hpp"
-
 #include "attn/attention/detail/kernel.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
@@ -90,11 +88,10 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
                    to_string(v.strides()) + ", out " + to_string(out.strides()) +
                    "); pass contiguous() copies";
           });
-  require_arg(options.dropout >= 0.0 && options.dropout < 1.0, where, [&] {
-    return "dropout=" + number(options.dropout) + " must be in [0, 1)";
-  });
-  require_arg(!options.scale || std::isfinite(*options.scale), where,
-              [&] { return "scale=" + number(*options.scale) + " must be finite"; });
+  require_config(options.dropout >= 0.0 && options.dropout < 1.0, where,
+                 [&] { return "dropout=" + number(options.dropout) + " must be in [0, 1)"; });
+  require_config(!options.scale || std::isfinite(*options.scale), where,
+                 [&] { return "scale=" + number(*options.scale) + " must be finite"; });
   require(!(options.path == AttentionPath::kStreaming && weights.data() != nullptr), where, [] {
     return std::string("the streaming path cannot return attention weights; use kMaterialized");
   });
@@ -138,66 +135,99 @@ void attend(const char* where, TensorView<const Scalar, 4> q, TensorView<const S
 
 }  // namespace detail
 
+namespace detail {
+
+/// T itself, in a non-deduced context: q, k and v take any view that converts to a const
+/// view of the Scalar that `out` fixes (mutable views included).
+template <class T>
+struct identity {
+  using type = T;
+};
+template <class T>
+using identity_t = typename identity<T>::type;
+
+}  // namespace detail
+
 /// Scaled dot-product attention on strided views, writing into `out`:
 /// out = softmax(q k^T * scale + mask) v, per (batch, head), with optional inverted dropout
 /// on the weights. Vaswani et al., "Attention Is All You Need" (2017).
 ///
-/// Shapes: q (B, H, T_q, d), k (B, H, T_k, d), v (B, H, T_k, d_v) -> out (B, H, T_q, d_v);
-/// weights, if given (non-null), (B, H, T_q, T_k) receives the attention weights (after
-/// dropout) and forces the materialised path. The last axis of every view must have
-/// stride 1; the other strides are free (heads split by view work directly). `out` must
-/// not overlap the inputs.
+/// Arguments come in the order every attn call uses: inputs, outputs, workspace, mask,
+/// options (the modules' forward(x, out, ws, mask) is the same order). The workspace may be
+/// left out (a temporary one is used); with one, a steady-state call does not allocate.
 ///
-/// A query row with no visible key (fully masked) gives zeros in `out` and `weights`.
-/// Runs in parallel over (batch, head, query tile) when built with OpenMP; results are
-/// bit-identical for any thread count. With a workspace, a steady-state call does not
-/// allocate.
+/// Shapes: q (B, H, T_q, d), k (B, H, T_k, d), v (B, H, T_k, d_v) -> out (B, H, T_q, d_v).
+/// The last axis of every view must have stride 1; the other strides are free (heads split
+/// by view work directly). `out` must not overlap the inputs.
+///
+/// A query row with no visible key (fully masked) gives zeros in `out`. Runs in parallel
+/// over (batch, head, query tile) when built with OpenMP; results are bit-identical for any
+/// thread count.
 ///
 /// @throws ShapeError on mismatched or empty shapes, a misfitting mask, or non-unit inner
-///         strides; std::invalid_argument on dropout outside [0, 1) or a non-finite scale.
+///         strides; ConfigError on dropout outside [0, 1) or a non-finite scale.
 template <class Scalar>
-void scaled_dot_product_attention(TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
-                                  TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
-                                  const AttentionMask<Scalar>& mask = {},
-                                  const AttentionOptions& options = {},
-                                  TensorView<Scalar, 4> weights = {},
-                                  Workspace* workspace = nullptr) {
+void scaled_dot_product_attention(TensorView<const detail::identity_t<Scalar>, 4> q,
+                                  TensorView<const detail::identity_t<Scalar>, 4> k,
+                                  TensorView<const detail::identity_t<Scalar>, 4> v,
+                                  TensorView<Scalar, 4> out, Workspace& workspace,
+                                  const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+                                  const AttentionOptions& options = {}) {
   static_assert(std::is_floating_point_v<Scalar>,
                 "attn::scaled_dot_product_attention: Scalar must be float or double");
-  if (workspace != nullptr) {
-    detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, weights,
-                   *workspace);
-  } else {
-    Workspace local;
-    detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, weights, local);
-  }
+  detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, {}, workspace);
 }
 
-/// The same for mutable (non-const) input views, so `q.view()` of a Tensor can be passed
-/// without spelling the scalar type.
-template <class QScalar, class KScalar, class VScalar, class Scalar>
-void scaled_dot_product_attention(TensorView<QScalar, 4> q, TensorView<KScalar, 4> k,
-                                  TensorView<VScalar, 4> v, TensorView<Scalar, 4> out,
-                                  const AttentionMask<Scalar>& mask = {},
-                                  const AttentionOptions& options = {},
-                                  TensorView<Scalar, 4> weights = {},
-                                  Workspace* workspace = nullptr) {
-  static_assert(!std::is_const_v<Scalar> &&
-                    std::is_same_v<std::remove_const_t<QScalar>, Scalar> &&
-                    std::is_same_v<std::remove_const_t<KScalar>, Scalar> &&
-                    std::is_same_v<std::remove_const_t<VScalar>, Scalar>,
-                "attn::scaled_dot_product_attention: q, k, v and out must hold one scalar type");
-  scaled_dot_product_attention<Scalar>(TensorView<const Scalar, 4>(q),
-                                       TensorView<const Scalar, 4>(k),
-                                       TensorView<const Scalar, 4>(v), out, mask, options,
-                                       weights, workspace);
+/// The same with a temporary workspace.
+template <class Scalar>
+void scaled_dot_product_attention(TensorView<const detail::identity_t<Scalar>, 4> q,
+                                  TensorView<const detail::identity_t<Scalar>, 4> k,
+                                  TensorView<const detail::identity_t<Scalar>, 4> v,
+                                  TensorView<Scalar, 4> out,
+                                  const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+                                  const AttentionOptions& options = {}) {
+  Workspace workspace;
+  scaled_dot_product_attention<Scalar>(q, k, v, out, workspace, mask, options);
 }
 
-/// The result of the convenience overloads that return weights.
-template <class Scalar, std::size_t Rank>
+/// Also writes the attention weights (after dropout), (B, H, T_q, T_k), into `weights`,
+/// which forces the materialised path (an empty `weights` view: none are written).
+/// @throws as scaled_dot_product_attention(), and ShapeError with AttentionPath::kStreaming.
+template <class Scalar>
+void scaled_dot_product_attention_with_weights(
+    TensorView<const detail::identity_t<Scalar>, 4> q,
+    TensorView<const detail::identity_t<Scalar>, 4> k,
+    TensorView<const detail::identity_t<Scalar>, 4> v, TensorView<Scalar, 4> out,
+    TensorView<Scalar, 4> weights, Workspace& workspace,
+    const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+    const AttentionOptions& options = {}) {
+  static_assert(std::is_floating_point_v<Scalar>,
+                "attn::scaled_dot_product_attention: Scalar must be float or double");
+  detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, weights, workspace);
+}
+
+/// The same with a temporary workspace.
+template <class Scalar>
+void scaled_dot_product_attention_with_weights(
+    TensorView<const detail::identity_t<Scalar>, 4> q,
+    TensorView<const detail::identity_t<Scalar>, 4> k,
+    TensorView<const detail::identity_t<Scalar>, 4> v, TensorView<Scalar, 4> out,
+    TensorView<Scalar, 4> weights, const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+    const AttentionOptions& options = {}) {
+  Workspace workspace;
+  scaled_dot_product_attention_with_weights<Scalar>(q, k, v, out, weights, workspace, mask,
+                                                    options);
+}
+
+/// The result of every call that returns attention weights (the allocating
+/// scaled_dot_product_attention_with_weights() and every module's forward_with_weights()):
+/// the output (..., T_q, d_v) and the weights (..., T_q, T_k), after dropout. The weights
+/// have rank WeightsRank: the output's for the kernel and single-head modules, one more
+/// (a heads axis, (B, H, T_q, T_k)) for multi-head modules.
+template <class Scalar, std::size_t Rank, std::size_t WeightsRank = Rank>
 struct AttentionResult {
-  Tensor<Scalar, Rank> output;      // (..., T_q, d_v)
-  Tensor<Scalar, Rank> weights;     // (..., T_q, T_k)
+  Tensor<Scalar, Rank> output;
+  Tensor<Scalar, WeightsRank> weights;
 };
 
 namespace detail {
@@ -236,8 +266,9 @@ AttentionResult<Scalar, Rank> sdpa_allocating(TensorView<const Scalar, Rank> q,
   if (need_weights) result.weights = Tensor<Scalar, Rank>(weights_shape);
   TensorView<Scalar, 4> weights4{};
   if (need_weights) weights4 = to_rank4(result.weights.view());
-  scaled_dot_product_attention<Scalar>(to_rank4(q), to_rank4(k), to_rank4(v),
-                                       to_rank4(result.output.view()), mask, options, weights4);
+  scaled_dot_product_attention_with_weights<Scalar>(to_rank4(q), to_rank4(k), to_rank4(v),
+                                                    to_rank4(result.output.view()), weights4, mask,
+                                                    options);
   return result;
 }
 

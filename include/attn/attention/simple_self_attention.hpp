@@ -2,13 +2,18 @@
 // attn/attention/simple_self_attention.hpp: self-attention without trainable weights.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
+#include <vector>
 
+#include "attn/attention/module.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/nn/mask.hpp"
-#include "attn/tensor/tensor.hpp"
+#include "attn/nn/parameter.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn/workspace.hpp"
 
 namespace attn {
 
@@ -17,10 +22,16 @@ namespace attn {
 /// trainable weights"). Unscaled by default, as in the notebook; scaled(true) divides the
 /// scores by sqrt(d).
 ///
-/// Shapes: x (T, d) -> (T, d), or x (B, T, d) -> (B, T, d).
+/// It has the API of every module (see detail::ModuleForwards): forward into a new tensor
+/// or into `out` with a Workspace, a mask, unbatched (T, d) inputs, forward_with_weights().
+/// It has no parameters and no dropout: train()/eval() only record the mode, and
+/// freeze()/unfreeze() do nothing.
+///
+/// Shapes: x (B, T, d) -> (B, T, d), or x (T, d) -> (T, d); weights (B, T, T) or (T, T).
 /// @tparam Scalar float or double.
 template <class Scalar = float>
-class SimpleSelfAttention {
+class SimpleSelfAttention
+    : public detail::ModuleForwards<SimpleSelfAttention<Scalar>, Scalar, 3, detail::InputX> {
   static_assert(std::is_floating_point_v<Scalar>,
                 "attn::SimpleSelfAttention: Scalar must be float or double");
 
@@ -30,45 +41,41 @@ class SimpleSelfAttention {
   bool scaled() const noexcept { return scaled_; }
   void set_scaled(bool on) noexcept { scaled_ = on; }
 
-  /// Context vectors. @throws ShapeError on empty input or a misfitting mask.
-  template <class XScalar, std::size_t Rank>
-  Tensor<Scalar, Rank> forward(TensorView<XScalar, Rank> x,
-                               const AttentionMask<Scalar>& mask = {}) const {
-    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
-                  "attn::SimpleSelfAttention::forward: x must hold the module's Scalar");
-    const TensorView<const Scalar, Rank> cx(x);
-    return scaled_dot_product_attention(cx, cx, cx, mask, options());
+  void train(bool on = true) noexcept { training_ = on; }
+  void eval() noexcept { train(false); }
+  bool is_training() const noexcept { return training_; }
+  void seed(std::uint64_t) noexcept {}
+  void freeze() noexcept {}
+  void unfreeze() noexcept {}
+  bool is_frozen() const noexcept { return true; }
+  /// No parameters and no buffers.
+  ParameterList<Scalar> named_parameters(ParameterNames = ParameterNames::kDefault) { return {}; }
+  ParameterList<const Scalar> named_parameters(ParameterNames = ParameterNames::kDefault) const {
+    return {};
   }
-  template <std::size_t Rank>
-  Tensor<Scalar, Rank> forward(const Tensor<Scalar, Rank>& x,
-                               const AttentionMask<Scalar>& mask = {}) const {
-    return forward(x.view(), mask);
+  std::vector<NamedBuffer<Scalar>> named_buffers(ParameterNames = ParameterNames::kDefault) const {
+    return {};
   }
-
-  /// Context vectors and the attention weights (T, T) or (B, T, T).
-  template <class XScalar, std::size_t Rank>
-  AttentionResult<Scalar, Rank> forward_with_weights(TensorView<XScalar, Rank> x,
-                                                     const AttentionMask<Scalar>& mask = {}) const {
-    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
-                  "attn::SimpleSelfAttention::forward_with_weights: x must hold the module's "
-                  "Scalar");
-    const TensorView<const Scalar, Rank> cx(x);
-    return scaled_dot_product_attention_with_weights(cx, cx, cx, mask, options());
-  }
-  template <std::size_t Rank>
-  AttentionResult<Scalar, Rank> forward_with_weights(const Tensor<Scalar, Rank>& x,
-                                                     const AttentionMask<Scalar>& mask = {}) const {
-    return forward_with_weights(x.view(), mask);
-  }
+  std::vector<ParameterNames> parameter_namings() const { return {ParameterNames::kNotebook}; }
 
  private:
-  AttentionOptions options() const {
-    AttentionOptions o;
-    if (!scaled_) o.scale = 1.0;
-    return o;
+  friend class detail::ModuleForwards<SimpleSelfAttention, Scalar, 3, detail::InputX>;
+
+  // The kernel on x as one head: q = k = v = x (B, 1, T, d).
+  void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
+           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
+    AttentionOptions options;
+    if (!scaled_) options.scale = 1.0;
+    const TensorView<const Scalar, 4> x4 = unsqueeze(x.query, 1);
+    scaled_dot_product_attention_with_weights<Scalar>(x4, x4, x4, unsqueeze(out, 1), weights, ws,
+                                                      mask, options);
+  }
+  Index output_features(const detail::ModuleInputs<Scalar>& x) const noexcept {
+    return x.value.extent(2);
   }
 
   bool scaled_;
+  bool training_ = true;
 };
 
 }  // namespace attn

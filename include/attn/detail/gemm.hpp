@@ -9,8 +9,8 @@
 
 #include "attn/config.hpp"
 #include "attn/detail/microkernel.hpp"
+#include "attn/memory.hpp"
 #include "attn/parallel.hpp"
-#include "attn/tensor/tensor.hpp"
 
 namespace attn {
 namespace detail {

@@ -23,9 +23,8 @@ namespace detail {
 
 /// Checks p in [0, 1) and names the caller and the value otherwise.
 inline void check_dropout(double p, const char* where) {
-  require_arg(p >= 0.0 && p < 1.0, where, [&] {
-    return "dropout=" + number(p) + " must be in [0, 1)";
-  });
+  require_config(p >= 0.0 && p < 1.0, where,
+                 [&] { return "dropout=" + number(p) + " must be in [0, 1)"; });
 }
 
 }  // namespace detail
@@ -46,7 +45,7 @@ class Dropout {
                 "attn::Dropout: Scalar must be float or double");
 
  public:
-  /// @throws std::invalid_argument if p is outside [0, 1).
+  /// @throws ConfigError if p is outside [0, 1).
   explicit Dropout(double p = 0.5, std::uint64_t seed = kDefaultDropoutSeed)
       : p_(p), seed_(seed) {
     detail::check_dropout(p, "Dropout");

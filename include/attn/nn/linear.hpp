@@ -11,6 +11,7 @@
 #include "attn/config.hpp"
 #include "attn/detail/gemm.hpp"
 #include "attn/error.hpp"
+#include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
@@ -34,6 +35,15 @@ inline double linear_weight_bound(Index fan_in) {
 /// nn.Linear's bias bound 1/sqrt(fan_in) (0 when fan_in is 0).
 inline double linear_bias_bound(Index fan_in) {
   return fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+}
+
+/// torch.nn.init.xavier_uniform_ (gain 1) for a (fan_out, fan_in) weight, as
+/// nn.MultiheadAttention initialises in_proj_weight: computed step by step as PyTorch does,
+/// std = gain * sqrt(2 / (fan_in + fan_out)) and bound = sqrt(3) * std, so draws match bit
+/// for bit.
+inline double xavier_uniform_bound(Index fan_in, Index fan_out) {
+  const double std_dev = 1.0 * std::sqrt(2.0 / static_cast<double>(fan_out + fan_in));
+  return std::sqrt(3.0) * std_dev;
 }
 
 /// y = x W^T + b over the last axis for any leading shape; W (out, in), bias may be null;
@@ -73,6 +83,10 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
 /// `attn::manual_seed(123)` they produce exactly the weights
 /// `torch.manual_seed(123); nn.Linear(...)` produces.
 ///
+/// freeze() packs the weight into the GEMM's layout once (for inference); forward() then
+/// reads the pack, with results bit for bit those of the unfrozen layer. Every non-const
+/// weight accessor unfreezes it, so a weight edited through the layer is always used.
+///
 /// Shapes: x (..., in_features) -> (..., out_features).
 /// @tparam Scalar float or double.
 template <class Scalar = float>
@@ -83,7 +97,7 @@ class Linear {
   /// An empty 0 x 0 layer (assign a real one before use).
   Linear() = default;
 
-  /// @throws std::invalid_argument if a feature count is negative.
+  /// @throws ConfigError if a feature count is negative.
   Linear(Index in_features, Index out_features, bool bias = true)
       : Linear(in_features, out_features, bias, nullptr) {}
 
@@ -92,6 +106,7 @@ class Linear {
 
   /// Redraws weight and bias like nn.Linear.reset_parameters().
   void reset_parameters(TorchGenerator& gen) {
+    unfreeze();
     gen.fill_uniform(weight_.view(), -detail::linear_weight_bound(in_features()),
                      detail::linear_weight_bound(in_features()));
     if (has_bias()) {
@@ -104,8 +119,11 @@ class Linear {
   Index out_features() const noexcept { return weight_.extent(0); }
   bool has_bias() const noexcept { return has_bias_; }
 
-  /// (out_features, in_features), writable in place.
-  TensorView<Scalar, 2> weight() noexcept { return weight_.view(); }
+  /// (out_features, in_features), writable in place (unfreezes the layer).
+  TensorView<Scalar, 2> weight() noexcept {
+    unfreeze();
+    return weight_.view();
+  }
   TensorView<const Scalar, 2> weight() const noexcept { return weight_.view(); }
   /// (out_features); an empty view when the layer has no bias.
   TensorView<Scalar, 1> bias() noexcept { return bias_.view(); }
@@ -118,6 +136,7 @@ class Linear {
       return "weight has shape " + detail::to_string(weight.shape()) + ", expected " +
              detail::to_string(weight_.shape());
     });
+    unfreeze();
     copy(weight, weight_.view());
   }
 
@@ -138,8 +157,9 @@ class Linear {
   void forward(TensorView<XScalar, Rank> x, TensorView<Scalar, Rank> y) const {
     static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
                   "attn::Linear::forward: x must hold the layer's Scalar");
-    detail::linear_forward<Scalar, Rank>("Linear::forward", weight_.view(),
-                                         has_bias_ ? bias_.data() : nullptr, x, y);
+    detail::linear_forward<Scalar, Rank>(
+        "Linear::forward", weight_.view(), has_bias_ ? bias_.data() : nullptr, x, y,
+        frozen_ ? detail::PackedB<Scalar>{&pack_, 0} : detail::PackedB<Scalar>{});
   }
 
   /// y = x W^T + b, allocating y.
@@ -156,10 +176,34 @@ class Linear {
     return forward(x.view());
   }
 
+  /// Packs the weight for the GEMM once (as much memory again as the weight); forward()
+  /// stops repacking it per call. The bias is always read live.
+  void freeze() {
+    pack_ = detail::PackedGemmB<Scalar>(out_features(), in_features(), weight_.data(),
+                                        in_features(), 0);
+    frozen_ = true;
+  }
+  /// Drops the pack (forward() packs per call again).
+  void unfreeze() noexcept {
+    frozen_ = false;
+    pack_ = {};
+  }
+  bool is_frozen() const noexcept { return frozen_; }
+
+  /// "weight" and "bias" (nn.Linear's names); the bias is listed as absent without one.
+  /// The non-const form unfreezes the layer (its views may be written).
+  ParameterList<Scalar> named_parameters() {
+    unfreeze();
+    return parameter_views();
+  }
+  ParameterList<const Scalar> named_parameters() const {
+    return const_cast<Linear&>(*this).parameter_views();
+  }
+
  private:
   Linear(Index in_features, Index out_features, bool bias, TorchGenerator* gen)
       : has_bias_(bias) {
-    detail::require_arg(in_features >= 0 && out_features >= 0, "Linear", [&] {
+    detail::require_config(in_features >= 0 && out_features >= 0, "Linear", [&] {
       return "in_features=" + std::to_string(in_features) +
              " and out_features=" + std::to_string(out_features) + " must be non-negative";
     });
@@ -172,9 +216,19 @@ class Linear {
     }
   }
 
+  // The views without unfreezing (the const named_parameters() hands them out read-only).
+  ParameterList<Scalar> parameter_views() {
+    ParameterList<Scalar> list;
+    list.add("weight", weight_.view());
+    list.add("bias", bias_.view());
+    return list;
+  }
+
   Tensor<Scalar, 2> weight_;
   Tensor<Scalar, 1> bias_;
   bool has_bias_ = false;
+  detail::PackedGemmB<Scalar> pack_;  // freeze()'s pack of weight_ (empty when not frozen)
+  bool frozen_ = false;
 };
 
 /// A non-owning (weight, bias) pair in Linear's layout: what a module whose projections

@@ -92,10 +92,10 @@ class AttentionMask {
   AttentionMask& additive(Tensor<Scalar, Rank>&&) = delete;
 
   /// Batch item b attends to its first lengths[b] keys only.
-  /// @throws std::invalid_argument if a length is negative.
+  /// @throws ConfigError if a length is negative.
   AttentionMask& key_lengths(std::vector<Index> lengths) {
     for (std::size_t b = 0; b < lengths.size(); ++b) {
-      detail::require_arg(lengths[b] >= 0, "AttentionMask::key_lengths", [&] {
+      detail::require_config(lengths[b] >= 0, "AttentionMask::key_lengths", [&] {
         return "length " + std::to_string(lengths[b]) + " of batch item " + std::to_string(b) +
                " is negative";
       });
@@ -133,6 +133,22 @@ class AttentionMask {
   bool has_key_lengths() const noexcept { return has_lengths_; }
   bool has_key_padding() const noexcept { return has_padding_; }
   const std::vector<Index>& lengths() const noexcept { return lengths_; }
+
+  /// The number of heads the boolean and additive parts distinguish (their H extent;
+  /// 1 when they broadcast over heads or are absent).
+  Index heads() const noexcept {
+    return std::max<Index>(bool_.data() != nullptr ? bool_.extent(1) : 1,
+                           additive_.data() != nullptr ? additive_.extent(1) : 1);
+  }
+  /// The mask of head h alone: per-head parts (H extent > 1) cut to (B, 1, T_q, T_k), the
+  /// rest kept. For attention computed one head at a time (MultiHeadAttentionWrapper).
+  /// Check the whole mask first: h must be below heads().
+  AttentionMask select_head(Index h) const {
+    AttentionMask m = *this;
+    m.bool_ = head_of(bool_, h);
+    m.additive_ = head_of(additive_, h);
+    return m;
+  }
 
   /// Checks every part against an attention of shape (B, H, T_q, T_k).
   /// @throws ShapeError naming `where`, the part and both shapes on a mismatch.
@@ -214,6 +230,14 @@ class AttentionMask {
     return {m.data(), shape, strides};
   }
 
+  template <class Element>
+  static TensorView<const Element, 4> head_of(const TensorView<const Element, 4>& v, Index h) {
+    if (v.data() == nullptr || v.extent(1) == 1) return v;
+    return {v.data() + h * v.stride(1),
+            {v.extent(0), 1, v.extent(2), v.extent(3)},
+            {v.stride(0), 0, v.stride(2), v.stride(3)}};
+  }
+
   TensorView<const bool, 4> bool_{};
   TensorView<const Scalar, 4> additive_{};
   TensorView<const bool, 4> padding_{};
@@ -226,15 +250,20 @@ class AttentionMask {
 };
 
 /// `torch.triu(torch.ones(tq, tk), diagonal=1).bool()`: true strictly above the diagonal
-/// (the future positions a causal mask blocks), top-left aligned.
-inline Tensor<bool, 2> causal_blocked_mask(Index tq, Index tk) {
-  Tensor<bool, 2> mask({tq, tk});
+/// (the future positions a causal mask blocks), top-left aligned. With a floating-point
+/// Element it is the notebooks' `mask` buffer itself, `torch.triu(torch.ones(n, n), 1)`.
+template <class Element = bool>
+Tensor<Element, 2> causal_blocked_mask(Index tq, Index tk) {
+  Tensor<Element, 2> mask({tq, tk});
   for (Index i = 0; i < tq; ++i) {
-    for (Index j = i + 1; j < tk; ++j) mask(i, j) = true;
+    for (Index j = i + 1; j < tk; ++j) mask(i, j) = Element(1);
   }
   return mask;
 }
-inline Tensor<bool, 2> causal_blocked_mask(Index n) { return causal_blocked_mask(n, n); }
+template <class Element = bool>
+Tensor<Element, 2> causal_blocked_mask(Index n) {
+  return causal_blocked_mask<Element>(n, n);
+}
 
 /// `torch.triu(torch.full((n, n), -inf), diagonal=1)`: 0 on and below the diagonal and
 /// -inf above it, the additive form of the causal mask (notebook 004).

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
-// attn/tensor/eigen.hpp: RowMatrix and the view -> Eigen::Map bridge.
+// attn/tensor/eigen.hpp: the bridge between views and Eigen, both ways: as_matrix() /
+// as_vector() map a view as an Eigen::Map, as_view() views any Eigen dense object.
 #pragma once
 
 #include <algorithm>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "attn/detail/eigen_core.hpp"
 
@@ -83,6 +85,57 @@ VectorMap<Scalar> as_vector(Tensor<Scalar, 1>& t) {
 template <class Scalar>
 VectorMap<const Scalar> as_vector(const Tensor<Scalar, 1>& t) {
   return as_vector(t.view());
+}
+
+// ---- Eigen -> view ----
+
+namespace detail {
+
+template <class Expression>
+using EigenPlain = std::remove_cv_t<std::remove_reference_t<Expression>>;
+
+/// True for Eigen dense expressions whose coefficients sit in memory at fixed strides
+/// (Matrix, Array, Map, Ref, Block of those): the ones a view can see without a copy.
+template <class Expression>
+constexpr bool has_direct_access() {
+  using E = EigenPlain<Expression>;
+  if constexpr (std::is_base_of_v<Eigen::DenseBase<E>, E>) {
+    return (Eigen::internal::traits<E>::Flags & Eigen::DirectAccessBit) != 0;
+  } else {
+    return false;
+  }
+}
+
+}  // namespace detail
+
+/// A view of an Eigen dense object with direct access: Matrix and Array (row- or
+/// column-major), Map, Ref and Block of them. A compile-time vector (VectorXf, a row() or
+/// col() block, ...) gives a 1-D view (n); anything else a 2-D view (rows, cols) with
+/// Eigen's strides, so a column-major MatrixXf is a (rows, cols) view with strides
+/// (1, rows). No copy: the view sees the object's memory and must not outlive it.
+///
+/// Const-correct: a const object, a Map<const ...> or a block of a const matrix gives a
+/// read-only view (TensorView<const float, 2>), and that never converts to a mutable one.
+/// The modules' unbatched forms take these views directly: mha.forward(as_view(x)).
+///
+/// @throws ShapeError on negative strides (which TensorView does not support).
+template <class Expression>
+auto as_view(Expression&& m) {
+  using E = detail::EigenPlain<Expression>;
+  static_assert(detail::has_direct_access<E>(),
+                "attn::as_view: the Eigen expression has no direct memory access (evaluate "
+                "it into a Matrix, or take a Map, Ref or Block)");
+  static_assert(
+      std::is_lvalue_reference_v<Expression> || !std::is_base_of_v<Eigen::PlainObjectBase<E>, E>,
+      "attn::as_view: a temporary Matrix or Array would dangle; view a named object");
+  using Element = std::remove_pointer_t<decltype(m.data())>;
+  if constexpr (E::IsVectorAtCompileTime) {
+    return TensorView<Element, 1>(m.data(), {m.size()}, {m.innerStride()});
+  } else {
+    const Index inner = m.innerStride(), outer = m.outerStride();
+    return TensorView<Element, 2>(m.data(), {m.rows(), m.cols()},
+                                  E::IsRowMajor ? Shape<2>{outer, inner} : Shape<2>{inner, outer});
+  }
 }
 
 }  // namespace attn

@@ -14,57 +14,11 @@
 
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/memory.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
 namespace attn {
-namespace detail {
-
-/// Alignment of every buffer attn allocates: one cache line, which is also a full
-/// AVX-512 register.
-inline constexpr std::size_t kAlignment = 64;
-
-struct AlignedDelete {
-  void operator()(void* p) const noexcept { ::operator delete[](p, std::align_val_t{kAlignment}); }
-};
-
-/// Uninitialised, 64-byte aligned storage for `count` trivially copyable T.
-template <class T>
-class AlignedBuffer {
-  static_assert(std::is_trivially_copyable_v<T>, "attn::AlignedBuffer: T must be trivial");
-
- public:
-  AlignedBuffer() = default;
-  explicit AlignedBuffer(std::size_t count) { reserve(count); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  AlignedBuffer(AlignedBuffer&& other) noexcept
-      : ptr_(std::move(other.ptr_)), capacity_(std::exchange(other.capacity_, 0)) {}
-  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept {
-    ptr_ = std::move(other.ptr_);
-    capacity_ = std::exchange(other.capacity_, 0);
-    return *this;
-  }
-  ~AlignedBuffer() = default;
-
-  /// Ensures room for `count` elements. Grows geometrically; the old contents are
-  /// not kept (callers use it as scratch or fill it right after).
-  void reserve(std::size_t count) {
-    if (count <= capacity_) return;
-    const std::size_t grown = std::max(count, capacity_ + capacity_ / 2);
-    ptr_.reset(static_cast<T*>(
-        ::operator new[](grown * sizeof(T), std::align_val_t{kAlignment})));
-    capacity_ = grown;
-  }
-  T* data() const noexcept { return ptr_.get(); }
-  std::size_t capacity() const noexcept { return capacity_; }
-
- private:
-  std::unique_ptr<T, AlignedDelete> ptr_;
-  std::size_t capacity_ = 0;
-};
-
-}  // namespace detail
 
 /// An owning tensor: contiguous row-major storage, 64-byte aligned, deep-copied on copy.
 /// Arithmetic goes through views and Eigen maps (attn/tensor/eigen.hpp); there are no
@@ -193,7 +147,7 @@ class Tensor {
   const Scalar& operator()(Indices... idx) const noexcept {
     return view()(idx...);
   }
-  /// @throws std::out_of_range naming the axis and its extent.
+  /// @throws IndexError (a std::out_of_range) naming the axis and its extent.
   template <class... Indices>
   Scalar& at(Indices... idx) {
     return view().at(idx...);

@@ -99,7 +99,8 @@ class TensorView {
   }
 
   /// Element access with bounds checks.
-  /// @throws std::out_of_range "index 7 is out of bounds for axis 1 with size 6".
+  /// @throws IndexError (a std::out_of_range) "index 7 is out of bounds for axis 1 with
+  ///         size 6".
   template <class... Indices>
   Scalar& at(Indices... idx) const {
     static_assert(sizeof...(Indices) == Rank,
@@ -108,9 +109,9 @@ class TensorView {
     Index offset = 0;
     for (std::size_t r = 0; r < Rank; ++r) {
       if (index[r] < 0 || index[r] >= shape_[r]) {
-        throw std::out_of_range("attn::TensorView::at: index " + std::to_string(index[r]) +
-                                " is out of bounds for axis " + std::to_string(r) +
-                                " with size " + std::to_string(shape_[r]));
+        throw IndexError("attn::TensorView::at: index " + std::to_string(index[r]) +
+                         " is out of bounds for axis " + std::to_string(r) + " with size " +
+                         std::to_string(shape_[r]));
       }
       offset += index[r] * strides_[r];
     }

@@ -7,6 +7,9 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
+#if ATTN_MISUSE_CASE == 8
+#include "attn/tensor/eigen.hpp"
+#endif
 
 namespace {
 
@@ -36,6 +39,10 @@ namespace {
 #elif ATTN_MISUSE_CASE == 7
   const attn::TensorView<float, 1> line(data, {6});
   (void)attn::select(line, 0, 1);
+#elif ATTN_MISUSE_CASE == 8
+  const Eigen::MatrixXf matrix = Eigen::MatrixXf::Zero(2, 2);
+  attn::TensorView<float, 2> writable = attn::as_view(matrix);  // a const object is read-only
+  writable(0, 0) = 1.0f;
 #endif
 }
 

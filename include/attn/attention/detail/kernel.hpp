@@ -382,7 +382,7 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
   if (copy_k || copy_v) {
     copied = params;
     const Index k_size = copy_k ? params.k.size() : 0, v_size = copy_v ? params.v.size() : 0;
-    Scalar* buffer = ws.get<Scalar>(Workspace::kKernelKeyValue, k_size + v_size);
+    Scalar* buffer = workspace_get<Scalar>(ws, WorkspaceSlot::kKernelKeyValue, k_size + v_size);
     // Contiguous (B, H, T, d) copies: each head's rows back to back.
     if (copy_k) {
       const TensorView<Scalar, 4> k(buffer, params.k.shape());
@@ -403,7 +403,7 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
   const Index scratch = materialize ? materialized_scratch_size<Scalar>(p.q.extent(3), tk)
                                     : stream_scratch_size<Scalar>(p.q.extent(3), dv);
   const int threads = static_cast<int>(std::min<Index>(num_threads(), tasks));
-  for (int t = 0; t < threads; ++t) ws.get<Scalar>(Workspace::kThreadBase + t, scratch);
+  for (int t = 0; t < threads; ++t) workspace_get<Scalar>(ws, WorkspaceSlot::kThread, scratch, t);
 
   const auto run_task = [&](Index task, Scalar* buffer) {
     const Index tile = task % tiles, bh = task / tiles;
@@ -423,14 +423,14 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
     {
-      Scalar* buffer = ws.peek<Scalar>(Workspace::kThreadBase + thread_id());
+      Scalar* buffer = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread_id());
 #pragma omp for schedule(dynamic, 1)
       for (Index task = 0; task < tasks; ++task) run_task(task, buffer);
     }
     return;
   }
 #endif
-  Scalar* buffer = ws.peek<Scalar>(Workspace::kThreadBase);
+  Scalar* buffer = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread);
   for (Index task = 0; task < tasks; ++task) run_task(task, buffer);
 }
 

@@ -26,7 +26,7 @@ struct RowsRef {
 /// x (B, T, d) as a (B*T, d) matrix with unit inner stride; copies into workspace `slot`
 /// only when the strides do not allow that view.
 template <class Scalar>
-RowsRef<const Scalar> as_rows(TensorView<const Scalar, 3> x, Workspace& ws, std::size_t slot) {
+RowsRef<const Scalar> as_rows(TensorView<const Scalar, 3> x, Workspace& ws, WorkspaceSlot slot) {
   const Index batch = x.extent(0), tokens = x.extent(1), cols = x.extent(2);
   const Index rows = batch * tokens;
   Index ld = cols;
@@ -38,7 +38,7 @@ RowsRef<const Scalar> as_rows(TensorView<const Scalar, 3> x, Workspace& ws, std:
     direct = direct && (batch == 1 || x.stride(0) == tokens * x.stride(1));
   }
   if (direct && ld >= cols) return {x.data(), rows, cols, ld};
-  Scalar* staged = ws.get<Scalar>(slot, rows * cols);
+  Scalar* staged = workspace_get<Scalar>(ws, slot, rows * cols);
   copy(x, TensorView<Scalar, 3>(staged, x.shape()));
   return {staged, rows, cols, cols};
 }
@@ -49,11 +49,11 @@ bool same_view(const TensorView<A, Rank>& a, const TensorView<B, Rank>& b) noexc
          a.shape() == b.shape() && a.strides() == b.strides();
 }
 
-/// Throws std::invalid_argument when a sequence is longer than the module's context
-/// length (0 = unlimited).
+/// Throws ConfigError when a sequence is longer than the module's context length
+/// (0 = unlimited).
 inline void check_context(const char* where, const char* name, Index tokens,
                           Index context_length) {
-  require_arg(context_length <= 0 || tokens <= context_length, where, [&] {
+  require_config(context_length <= 0 || tokens <= context_length, where, [&] {
     return std::string(name) + " has " + std::to_string(tokens) +
            " tokens, more than context_length=" + std::to_string(context_length);
   });

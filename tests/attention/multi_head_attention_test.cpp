@@ -1,14 +1,7 @@
 // SPDX-License-Identifier: MIT
-// tests/attention/modules_test.cpp: every attention module against the long double
-// reference computed from the module's own weights (plain-loop projections, attention per
-// head, merge, out_proj), plus the equivalences between configurations.
-//
-// Tolerance: module_tolerance = (d_in + head_dim + T_k + d_out) * eps, the kernel's
-// (d + T_k) eps (reference_attention.hpp) plus one n * eps term for each projection GEMM
-// (inputs in [-1, 1], weights bounded by nn.Linear's 1/sqrt(fan_in) or [0, 1) for
-// kRandInit). Measured errors stay at or below ~1/10 of it. Where two configurations run
-// the very same arithmetic (same weights loaded two ways, unbatched vs batch of one, a
-// wrapper head vs its slice of the wrapper output) results are compared bit for bit.
+// tests/attention/multi_head_attention_test.cpp: MultiHeadAttention
+// (attn/attention/multi_head_attention.hpp): every projection layout against the long double
+// reference, unbatched and strided inputs, weights, frozen weights.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -21,8 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "attention/reference_attention.hpp"
+#include "attention/module_test_support.hpp"
 #include "attn/attn.hpp"
+#include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -35,266 +29,18 @@ using attn::MultiHeadAttentionOptions;
 using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
+using attn::test::inv_sqrt;
+using attn::test::module_tolerance;
+using attn::test::wide;
+using attn::test::WideWeights;
 namespace ref = attn::test::ref;
 using ref::Real;
 
 template <class Scalar>
-double module_tolerance(Index d_in, Index head_dim, Index tk, Index d_out) {
-  return static_cast<double>(d_in + head_dim + tk + d_out) * std::numeric_limits<Scalar>::epsilon();
-}
+class MultiHeadAttentionModule : public ::testing::Test {};
+TYPED_TEST_SUITE(MultiHeadAttentionModule, attn::test::ScalarTypes, attn::test::ScalarTypeNames);
 
-/// A module's weights widened to long double; empty tensors mean "no bias" / "no out_proj".
-struct WideWeights {
-  Tensor<Real, 2> wq, wk, wv, wo;
-  Tensor<Real, 1> bq, bk, bv, bo;
-
-  ref::ModuleWeights views() const {
-    return {wq.view(), wk.view(), wv.view(), wo.view(), bq.view(), bk.view(), bv.view(), bo.view()};
-  }
-};
-
-template <class Scalar>
-Tensor<Real, 1> wide_bias(TensorView<const Scalar, 1> bias) {
-  if (bias.data() == nullptr) return {};
-  return ref::widen(bias);
-}
-
-template <class Scalar>
-WideWeights wide(const MultiHeadAttention<Scalar>& m) {
-  WideWeights w;
-  w.wq = ref::widen(m.q_proj_weight());
-  w.wk = ref::widen(m.k_proj_weight());
-  w.wv = ref::widen(m.v_proj_weight());
-  w.wo = ref::widen(m.out_proj().weight());
-  w.bq = wide_bias(m.w_query().bias());
-  w.bk = wide_bias(m.w_key().bias());
-  w.bv = wide_bias(m.w_value().bias());
-  if (m.out_proj().has_bias()) w.bo = ref::widen(m.out_proj().bias());
-  return w;
-}
-
-template <class Scalar>
-WideWeights wide(const attn::SelfAttention<Scalar>& m) {
-  WideWeights w;
-  w.wq = ref::widen(m.w_query().weight());
-  w.wk = ref::widen(m.w_key().weight());
-  w.wv = ref::widen(m.w_value().weight());
-  if (m.w_query().has_bias()) {
-    w.bq = ref::widen(m.w_query().bias());
-    w.bk = ref::widen(m.w_key().bias());
-    w.bv = ref::widen(m.w_value().bias());
-  }
-  return w;
-}
-
-Real inv_sqrt(Index d) { return 1 / std::sqrt(static_cast<Real>(d)); }
-
-template <class Scalar>
-class Modules : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(Modules, Scalars);
-
-// ---------------------------------------------------------------- SimpleSelfAttention
-
-TYPED_TEST(Modules, SimpleSelfAttentionIsUnscaledByDefault) {
-  using Scalar = TypeParam;
-  const Index t = 100, d = 3;
-  const auto x = attn::test::random_tensor<Scalar>(Shape<2>{t, d}, 1);
-  const attn::SimpleSelfAttention<Scalar> simple;
-  EXPECT_FALSE(simple.scaled());
-  const auto x4 = attn::unsqueeze(attn::unsqueeze(x.view(), 0), 0);
-  const auto expected = ref::attention(x4, x4, x4, ref::DenseMask(1, 1, t, t), 1);
-  const double tol = ref::kernel_tolerance<Scalar>(d, t);
-  const auto y = simple.forward(x);
-  EXPECT_TRUE(
-      ref::all_near(y.view(), attn::select(attn::select(expected.output.view(), 0, 0), 0, 0), tol));
-  const auto r = simple.forward_with_weights(x);
-  EXPECT_TRUE(ref::all_near(r.weights.view(),
-                            attn::select(attn::select(expected.weights.view(), 0, 0), 0, 0), tol));
-  EXPECT_TRUE(ref::all_near(r.output.view(), y.view(), tol));
-}
-
-TYPED_TEST(Modules, SimpleSelfAttentionScaledDividesBySqrtD) {
-  using Scalar = TypeParam;
-  const Index b = 2, t = 70, d = 8;
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d}, 2);
-  const attn::SimpleSelfAttention<Scalar> simple(/*scaled=*/true);
-  const auto x4 = attn::unsqueeze(x.view(), 1);
-  const auto expected = ref::attention(x4, x4, x4, ref::DenseMask(b, 1, t, t), inv_sqrt(d));
-  EXPECT_TRUE(ref::all_near(simple.forward(x).view(), attn::select(expected.output.view(), 1, 0),
-                            ref::kernel_tolerance<Scalar>(d, t)));
-}
-
-// ---------------------------------------------------------------- SelfAttention
-
-TYPED_TEST(Modules, SelfAttentionLinearFormWithAndWithoutBiasMatchesReference) {
-  using Scalar = TypeParam;
-  const Index b = 2, t = 130, d_in = 6, d_out = 4;
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d_in}, 3);
-  for (const bool bias : {false, true}) {
-    SCOPED_TRACE(bias ? "bias" : "no bias");
-    attn::manual_seed(123);
-    const attn::SelfAttention<Scalar> sa(d_in, d_out, bias);
-    EXPECT_EQ(sa.w_query().has_bias(), bias);
-    EXPECT_TRUE(sa.scaled());
-    const auto expected = ref::module_forward(x.view(), x.view(), x.view(), wide(sa).views(), 1,
-                                              ref::DenseMask(b, 1, t, t), inv_sqrt(d_out));
-    EXPECT_TRUE(ref::all_near(sa.forward(x.view()).view(), expected.view(),
-                              module_tolerance<Scalar>(d_in, d_out, t, 0)));
-  }
-}
-
-TYPED_TEST(Modules, SelfAttentionRandInitDrawsRandInQkvOrder) {
-  using Scalar = TypeParam;
-  const Index d_in = 3, d_out = 2;
-  attn::manual_seed(123);
-  const attn::SelfAttention<Scalar> sa(d_in, d_out, attn::kRandInit);
-  attn::manual_seed(123);
-  const auto rq = attn::rand<Scalar>(Shape<2>{d_in, d_out});
-  const auto rk = attn::rand<Scalar>(Shape<2>{d_in, d_out});
-  const auto rv = attn::rand<Scalar>(Shape<2>{d_in, d_out});
-  // Stored in nn.Linear's layout: the (d_in, d_out) parameter transposed.
-  EXPECT_TRUE(ref::same_bits(sa.w_query().weight(), attn::transpose(rq.view())));
-  EXPECT_TRUE(ref::same_bits(sa.w_key().weight(), attn::transpose(rk.view())));
-  EXPECT_TRUE(ref::same_bits(sa.w_value().weight(), attn::transpose(rv.view())));
-  EXPECT_FALSE(sa.w_query().has_bias());
-  for (const Scalar w : attn::test::to_vector(sa.w_value().weight())) {
-    EXPECT_GE(w, Scalar(0));
-    EXPECT_LT(w, Scalar(1));
-  }
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{1, 6, d_in}, 4);
-  const auto expected = ref::module_forward(x.view(), x.view(), x.view(), wide(sa).views(), 1,
-                                            ref::DenseMask(1, 1, 6, 6), inv_sqrt(d_out));
-  EXPECT_TRUE(ref::all_near(sa.forward(x.view()).view(), expected.view(),
-                            module_tolerance<Scalar>(d_in, d_out, 6, 0)));
-}
-
-TYPED_TEST(Modules, SelfAttentionFromParametersAppliesXTimesW) {
-  using Scalar = TypeParam;
-  const Index b = 2, t = 40, d_in = 5, d_out = 3;
-  const auto wq = attn::test::random_tensor<Scalar>(Shape<2>{d_in, d_out}, 5, 0, 1);
-  const auto wk = attn::test::random_tensor<Scalar>(Shape<2>{d_in, d_out}, 6, 0, 1);
-  const auto wv = attn::test::random_tensor<Scalar>(Shape<2>{d_in, d_out}, 7, 0, 1);
-  const auto sa = attn::SelfAttention<Scalar>::from_parameters(wq.view(), wk.view(), wv.view());
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d_in}, 8);
-  // q = x @ W_query with W (d_in, d_out), written out here: (d_out, d_in) rows are W's columns.
-  const auto as_linear = [&](const Tensor<Scalar, 2>& w) {
-    Tensor<Real, 2> lin({d_out, d_in});
-    for (Index o = 0; o < d_out; ++o)
-      for (Index i = 0; i < d_in; ++i) lin(o, i) = w(i, o);
-    return lin;
-  };
-  WideWeights w;
-  w.wq = as_linear(wq);
-  w.wk = as_linear(wk);
-  w.wv = as_linear(wv);
-  const auto expected = ref::module_forward(x.view(), x.view(), x.view(), w.views(), 1,
-                                            ref::DenseMask(b, 1, t, t), inv_sqrt(d_out));
-  EXPECT_TRUE(ref::all_near(sa.forward(x.view()).view(), expected.view(),
-                            module_tolerance<Scalar>(d_in, d_out, t, 0)));
-}
-
-TYPED_TEST(Modules, SelfAttentionSetScaledFalseIsUnscaled) {
-  using Scalar = TypeParam;
-  const Index b = 1, t = 50, d_in = 4, d_out = 6;
-  attn::manual_seed(1);
-  attn::SelfAttention<Scalar> sa(d_in, d_out, true);
-  sa.set_scaled(false);
-  EXPECT_FALSE(sa.scaled());
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d_in}, 9);
-  const auto unscaled = ref::module_forward(x.view(), x.view(), x.view(), wide(sa).views(), 1,
-                                            ref::DenseMask(b, 1, t, t), 1);
-  const auto scaled = ref::module_forward(x.view(), x.view(), x.view(), wide(sa).views(), 1,
-                                          ref::DenseMask(b, 1, t, t), inv_sqrt(d_out));
-  const auto y = sa.forward(x.view());
-  const double tol = module_tolerance<Scalar>(d_in, d_out, t, 0);
-  EXPECT_TRUE(ref::all_near(y.view(), unscaled.view(), tol));
-  EXPECT_FALSE(ref::all_near(y.view(), scaled.view(), 100 * tol));
-}
-
-TYPED_TEST(Modules, SelfAttentionUnbatchedEqualsBatchOfOne) {
-  using Scalar = TypeParam;
-  attn::manual_seed(2);
-  const attn::SelfAttention<Scalar> sa(5, 4, true);
-  const auto x = attn::test::random_tensor<Scalar>(Shape<2>{30, 5}, 10);
-  const auto y2 = sa.forward(x.view());
-  const auto y3 = sa.forward(attn::unsqueeze(x.view(), 0));
-  EXPECT_TRUE(ref::same_bits(y2.view(), attn::select(y3.view(), 0, 0)));
-  const auto r2 = sa.forward_with_weights(x.view());
-  const auto r3 = sa.forward_with_weights(attn::unsqueeze(x.view(), 0));
-  EXPECT_TRUE(ref::same_bits(r2.weights.view(), attn::select(r3.weights.view(), 0, 0)));
-}
-
-// ---------------------------------------------------------------- CausalAttention
-
-TYPED_TEST(Modules, CausalAttentionMatchesCausalReference) {
-  using Scalar = TypeParam;
-  const Index b = 2, t = 150, d_in = 5, d_out = 4;
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d_in}, 11);
-  for (const bool bias : {false, true}) {
-    SCOPED_TRACE(bias ? "bias" : "no bias");
-    attn::manual_seed(123);
-    const attn::CausalAttention<Scalar> ca(d_in, d_out, /*context_length=*/200, 0.0, bias);
-    ref::DenseMask causal(b, 1, t, t);
-    causal.causal(CausalAlignment::kSquare);
-    Tensor<double, 4> expected_weights;
-    const auto expected = ref::module_forward(x.view(), x.view(), x.view(), wide(ca).views(), 1,
-                                              causal, inv_sqrt(d_out), &expected_weights);
-    const double tol = module_tolerance<Scalar>(d_in, d_out, t, 0);
-    EXPECT_TRUE(ref::all_near(ca.forward(x.view()).view(), expected.view(), tol));
-    const auto r = ca.forward_with_weights(x.view());
-    EXPECT_TRUE(ref::all_near(r.weights.view(), attn::select(expected_weights.view(), 1, 0), tol));
-    EXPECT_TRUE(ref::all_near(r.output.view(), expected.view(), tol));
-  }
-}
-
-TYPED_TEST(Modules, CausalAttentionCombinesAUserMask) {
-  using Scalar = TypeParam;
-  const Index b = 2, t = 90, d_in = 5, d_out = 4;
-  attn::manual_seed(3);
-  const attn::CausalAttention<Scalar> ca(d_in, d_out, t, 0.0, true);
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d_in}, 12);
-  const auto pad = ref::random_bools(Shape<2>{b, t}, 13, 0.3);
-  ref::DenseMask dense(b, 1, t, t);
-  dense.causal(CausalAlignment::kSquare).key_padding(pad.view());
-  const auto expected = ref::module_forward(x.view(), x.view(), x.view(), wide(ca).views(), 1,
-                                            dense, inv_sqrt(d_out));
-  EXPECT_TRUE(
-      ref::all_near(ca.forward(x.view(), AttentionMask<Scalar>().key_padding(pad.view())).view(),
-                    expected.view(), module_tolerance<Scalar>(d_in, d_out, t, 0)));
-}
-
-// ---------------------------------------------------------------- MultiHeadAttentionWrapper
-
-TYPED_TEST(Modules, WrapperEqualsConcatenationOfItsHeads) {
-  using Scalar = TypeParam;
-  const Index b = 2, t = 80, d_in = 6, d_out = 4, heads = 3;
-  attn::manual_seed(123);
-  const attn::MultiHeadAttentionWrapper<Scalar> wrapper(d_in, d_out, t, 0.0, heads);
-  ASSERT_EQ(wrapper.num_heads(), heads);
-  ASSERT_EQ(wrapper.d_out(), heads * d_out);
-  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d_in}, 14);
-  const auto y = wrapper.forward(x.view());
-  ASSERT_EQ(y.shape(), (Shape<3>{b, t, heads * d_out}));
-  ref::DenseMask causal(b, 1, t, t);
-  causal.causal(CausalAlignment::kSquare);
-  for (Index h = 0; h < heads; ++h) {
-    SCOPED_TRACE("head " + std::to_string(h));
-    const auto part = attn::slice(y.view(), 2, h * d_out, (h + 1) * d_out);
-    const auto alone = wrapper.head(h).forward(x.view());
-    EXPECT_TRUE(ref::same_bits(part, alone.view()));  // the same arithmetic, another destination
-    const auto expected = ref::module_forward(
-        x.view(), x.view(), x.view(), wide(wrapper.head(h)).views(), 1, causal, inv_sqrt(d_out));
-    EXPECT_TRUE(ref::all_near(part, expected.view(), module_tolerance<Scalar>(d_in, d_out, t, 0)));
-  }
-  // Heads are drawn one after another: they differ.
-  EXPECT_FALSE(
-      ref::same_bits(wrapper.head(0).w_query().weight(), wrapper.head(1).w_query().weight()));
-}
-
-// ---------------------------------------------------------------- MultiHeadAttention
-
-TYPED_TEST(Modules, MultiHeadNotebookConstructorIsCausal) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadNotebookConstructorIsCausal) {
   using Scalar = TypeParam;
   const Index b = 2, t = 100, d_in = 6, d_out = 8, heads = 2;
   const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d_in}, 15);
@@ -326,7 +72,7 @@ std::pair<Tensor<Scalar, 2>, Tensor<Scalar, 1>> random_in_proj(Index d, std::uin
           attn::test::random_tensor<Scalar>(Shape<1>{3 * d}, seed + 1, -bound, bound)};
 }
 
-TYPED_TEST(Modules, MultiHeadFusedAndSeparateProjectionsAgree) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadFusedAndSeparateProjectionsAgree) {
   using Scalar = TypeParam;
   const Index b = 2, t = 120, d = 16, heads = 4;
   auto options = MultiHeadAttentionOptions::pytorch(d, heads);
@@ -362,7 +108,7 @@ TYPED_TEST(Modules, MultiHeadFusedAndSeparateProjectionsAgree) {
   EXPECT_TRUE(ref::all_near(y_split.view(), y_fused.view(), tol));
 }
 
-TYPED_TEST(Modules, MultiHeadSetInProjStackedAndPerHeadGiveIdenticalModules) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadSetInProjStackedAndPerHeadGiveIdenticalModules) {
   using Scalar = TypeParam;
   const Index b = 2, t = 60, d = 12, heads = 3, hd = d / heads;
   const auto [stacked, stacked_bias] = random_in_proj<Scalar>(d, 18);
@@ -416,7 +162,7 @@ TYPED_TEST(Modules, MultiHeadSetInProjStackedAndPerHeadGiveIdenticalModules) {
   EXPECT_TRUE(ref::all_near(y.view(), expected.view(), module_tolerance<Scalar>(d, hd, t, d)));
 }
 
-TYPED_TEST(Modules, MultiHeadWithKdimAndVdimMatchesReference) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadWithKdimAndVdimMatchesReference) {
   using Scalar = TypeParam;
   const Index b = 2, tq = 30, tk = 75, d_in = 6, d_out = 8, heads = 2, kdim = 5, vdim = 7;
   auto options = MultiHeadAttentionOptions::pytorch(d_in, heads, true, kdim, vdim);
@@ -438,7 +184,7 @@ TYPED_TEST(Modules, MultiHeadWithKdimAndVdimMatchesReference) {
                             module_tolerance<Scalar>(vdim, d_out / heads, tk, d_out)));
 }
 
-TYPED_TEST(Modules, MultiHeadKeyAndValueSameTensorOrDistinctTensorsAgree) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadKeyAndValueSameTensorOrDistinctTensorsAgree) {
   using Scalar = TypeParam;
   const Index b = 2, tq = 40, tk = 170, d = 8, heads = 2;
   const auto query = attn::test::random_tensor<Scalar>(Shape<3>{b, tq, d}, 25);
@@ -463,7 +209,7 @@ TYPED_TEST(Modules, MultiHeadKeyAndValueSameTensorOrDistinctTensorsAgree) {
   }
 }
 
-TYPED_TEST(Modules, MultiHeadCrossAttentionWithCausalBottomRightMatchesReference) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadCrossAttentionWithCausalBottomRightMatchesReference) {
   using Scalar = TypeParam;
   const Index b = 1, tq = 20, tk = 150, d = 8, heads = 4;
   auto options = MultiHeadAttentionOptions::pytorch(d, heads, false);
@@ -481,7 +227,7 @@ TYPED_TEST(Modules, MultiHeadCrossAttentionWithCausalBottomRightMatchesReference
                             module_tolerance<Scalar>(d, d / heads, tk, d)));
 }
 
-TYPED_TEST(Modules, MultiHeadUnbatchedEqualsBatchOfOne) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadUnbatchedEqualsBatchOfOne) {
   using Scalar = TypeParam;
   attn::manual_seed(4);
   const MultiHeadAttention<Scalar> mha(6, 8, 50, 0.0, 2, true);
@@ -492,7 +238,7 @@ TYPED_TEST(Modules, MultiHeadUnbatchedEqualsBatchOfOne) {
   EXPECT_TRUE(ref::same_bits(y2.view(), attn::select(y3.view(), 0, 0)));
 }
 
-TYPED_TEST(Modules, MultiHeadNonContiguousInputEqualsContiguousCopy) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadNonContiguousInputEqualsContiguousCopy) {
   using Scalar = TypeParam;
   attn::manual_seed(5);
   const MultiHeadAttention<Scalar> mha(6, 8, 50, 0.0, 2, true);
@@ -502,7 +248,7 @@ TYPED_TEST(Modules, MultiHeadNonContiguousInputEqualsContiguousCopy) {
   EXPECT_TRUE(ref::same_bits(mha.forward(x).view(), mha.forward(x_copy.view()).view()));
 }
 
-TYPED_TEST(Modules, MultiHeadForwardWithWeightsRowsSumToOneAndAverageHeads) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadForwardWithWeightsRowsSumToOneAndAverageHeads) {
   using Scalar = TypeParam;
   const Index b = 2, tq = 35, tk = 140, d = 12, heads = 3;
   attn::TorchGenerator gen(34);
@@ -541,32 +287,7 @@ TYPED_TEST(Modules, MultiHeadForwardWithWeightsRowsSumToOneAndAverageHeads) {
       ref::all_near(mean.view(), expected_mean.view(), 4 * std::numeric_limits<Scalar>::epsilon()));
 }
 
-// ---------------------------------------------------------------- CrossAttention
-
-TYPED_TEST(Modules, CrossAttentionMatchesReference) {
-  using Scalar = TypeParam;
-  const Index b = 2, tq = 30, tkv = 90, d_q = 6, d_kv = 10, d_out = 8, heads = 2;
-  attn::manual_seed(6);
-  const attn::CrossAttention<Scalar> cross(d_q, d_kv, d_out, heads, /*qkv_bias=*/true);
-  EXPECT_TRUE(cross.module().out_proj().has_bias());
-  const auto x_q = attn::test::random_tensor<Scalar>(Shape<3>{b, tq, d_q}, 37);
-  const auto x_kv = attn::test::random_tensor<Scalar>(Shape<3>{b, tkv, d_kv}, 38);
-  Tensor<double, 4> expected_weights;
-  const auto expected = ref::module_forward(
-      x_q.view(), x_kv.view(), x_kv.view(), wide(cross.module()).views(), heads,
-      ref::DenseMask(b, heads, tq, tkv), inv_sqrt(d_out / heads), &expected_weights);
-  const double tol = module_tolerance<Scalar>(d_kv, d_out / heads, tkv, d_out);
-  const auto y = cross.forward(x_q.view(), x_kv.view());
-  EXPECT_TRUE(ref::all_near(y.view(), expected.view(), tol));
-  const auto r = cross.forward_with_weights(x_q.view(), x_kv.view());
-  EXPECT_TRUE(ref::all_near(r.weights.view(), expected_weights.view(), tol));
-  Tensor<Scalar, 3> out({b, tq, d_out});
-  attn::Workspace ws;
-  cross.forward(x_q.view(), x_kv.view(), out.view(), ws);
-  EXPECT_TRUE(ref::same_bits(out.view(), y.view()));
-}
-
-// ---------------------------------------------------------------- frozen weights
+// ---- frozen weights ----
 
 // freeze() packs the projection weights once; every forward path must then give the very
 // same bits as the unfrozen module: fused Q/K/V (self), Q + fused K/V (cross, one key/value
@@ -574,7 +295,7 @@ TYPED_TEST(Modules, CrossAttentionMatchesReference) {
 // with and without biases, a strided output (out_proj's fallback), and any thread count.
 // Head dim 24 is not a divisor of the micro-panel width, and d = 3 * 256 gives the fused
 // projection two column tiles, so the pack's column groups and the tiles' differ.
-TYPED_TEST(Modules, MultiHeadFrozenIsBitIdenticalToUnfrozen) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadFrozenIsBitIdenticalToUnfrozen) {
   using Scalar = TypeParam;
   const Index b = 2, tq = 37, tk = 53, d = 768, heads = 32;
   const int saved = attn::num_threads();
@@ -582,8 +303,8 @@ TYPED_TEST(Modules, MultiHeadFrozenIsBitIdenticalToUnfrozen) {
     Index kdim, vdim;
     bool bias;
   };
-  for (const Config c : {Config{0, 0, true}, Config{0, 0, false}, Config{40, 40, true},
-                         Config{40, 56, false}}) {
+  for (const Config c :
+       {Config{0, 0, true}, Config{0, 0, false}, Config{40, 40, true}, Config{40, 56, false}}) {
     SCOPED_TRACE("kdim=" + std::to_string(c.kdim) + " vdim=" + std::to_string(c.vdim) +
                  " bias=" + std::to_string(c.bias));
     attn::TorchGenerator gen(41);
@@ -605,8 +326,8 @@ TYPED_TEST(Modules, MultiHeadFrozenIsBitIdenticalToUnfrozen) {
       // A strided output: out_proj writes through a contiguous copy.
       Tensor<Scalar, 3> wide_out({b, tq, 2 * d});
       attn::Workspace ws;
-      mha.forward(x.view(), key.view(), value.view(),
-                  attn::slice(wide_out.view(), 2, d, 2 * d), ws);
+      mha.forward(x.view(), key.view(), value.view(), attn::slice(wide_out.view(), 2, d, 2 * d),
+                  ws);
       outs.emplace_back(attn::slice(wide_out.view(), 2, d, 2 * d));
       return outs;
     };
@@ -633,7 +354,7 @@ TYPED_TEST(Modules, MultiHeadFrozenIsBitIdenticalToUnfrozen) {
 }
 
 // Every non-const weight accessor unfreezes, so weights edited through it take effect.
-TYPED_TEST(Modules, MultiHeadWeightAccessorsUnfreeze) {
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadWeightAccessorsUnfreeze) {
   using Scalar = TypeParam;
   const Index b = 1, t = 9, d = 16, heads = 2;
   const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d}, 45);
@@ -649,7 +370,8 @@ TYPED_TEST(Modules, MultiHeadWeightAccessorsUnfreeze) {
           {"w_key", [](auto& m) { m.w_key().weight()(1, 1) += Scalar(0.5); }},
           {"w_value", [](auto& m) { m.w_value().weight()(4, 0) += Scalar(0.5); }},
           {"out_proj", [](auto& m) { m.out_proj().weight()(5, 5) += Scalar(0.5); }},
-          {"set_in_proj", [](auto& m) {
+          {"set_in_proj",
+           [](auto& m) {
              Tensor<Scalar, 2> w(std::as_const(m).in_proj_weight());
              w(7, 3) += Scalar(0.5);
              m.set_in_proj(w.view());

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/module.hpp: the API every attention module shares, written once: the
+// forward overload set (ModuleForwards) and the modes, freezing and parameters of a module
+// built on one AttentionCore (CoreModule).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "attn/attention/module_core.hpp"
+#include "attn/attention/scaled_dot_product.hpp"
+#include "attn/config.hpp"
+#include "attn/nn/linear.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/nn/parameter.hpp"
+#include "attn/nn/random.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn/workspace.hpp"
+
+namespace attn {
+namespace detail {
+
+/// Query, key and value of one call, batched (B, T, features).
+template <class Scalar>
+struct ModuleInputs {
+  TensorView<const Scalar, 3> query, key, value;
+};
+
+// The tensor arguments a module's forward takes, one tag each: (x) for self-attention,
+// (x_q, x_kv) for CrossAttention, (query, key, value) for MultiHeadAttention.
+struct InputX {};
+struct InputQuery {};
+struct InputKeyValue {};
+struct InputKey {};
+struct InputValue {};
+template <class Tag, class View>
+struct InputView {
+  using type = View;
+};
+
+template <class Scalar>
+ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> x) {
+  return {x, x, x};
+}
+template <class Scalar>
+ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> query,
+                                   TensorView<const Scalar, 3> key_value) {
+  return {query, key_value, key_value};
+}
+template <class Scalar>
+ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> query,
+                                   TensorView<const Scalar, 3> key,
+                                   TensorView<const Scalar, 3> value) {
+  return {query, key, value};
+}
+
+/// The forward overloads of an attention module whose tensor arguments are `Inputs` (one
+/// tag each), written once for every module. Arguments always come in the order
+/// (inputs..., outputs, workspace, mask), as in scaled_dot_product_attention:
+///   forward(in..., mask = {})                 -> (B, T_q, d_out), allocating
+///   forward(in..., out, mask = {})            into out (a temporary workspace)
+///   forward(in..., out, ws, mask = {})        into out, reusing ws: no allocation once warm
+///   forward_with_weights(in..., mask = {})    -> {output, weights} (materialised path)
+///   forward_with_weights(in..., out, weights, ws, mask = {})
+/// and the same for unbatched (T, features) inputs. Weights are (B, H, T_q, T_k) when
+/// WeightsRank is 4, (B, T_q, T_k) for single-head modules (WeightsRank 3).
+///
+/// Derived provides run(ModuleInputs, out (B, T_q, d_out), ws, mask, weights (B, H, T_q,
+/// T_k) or empty) const, output_features(ModuleInputs) and weight_heads().
+template <class Derived, class Scalar, std::size_t WeightsRank, class... Inputs>
+class ModuleForwards {
+  static_assert(WeightsRank == 3 || WeightsRank == 4,
+                "attn::ModuleForwards: weights are (B, T_q, T_k) or (B, H, T_q, T_k)");
+  template <class Tag, std::size_t Rank>
+  using In = typename InputView<Tag, TensorView<const Scalar, Rank>>::type;
+  using Mask = AttentionMask<Scalar>;
+
+ public:
+  Tensor<Scalar, 3> forward(In<Inputs, 3>... in, const Mask& mask = {}) const {
+    Tensor<Scalar, 3> out(output_shape(gather_inputs<Scalar>(in...)));
+    forward(in..., out.view(), mask);
+    return out;
+  }
+  /// Into `out`: (B, T_q, d_out), or (T_q, d_out) for unbatched inputs.
+  template <std::size_t Rank>
+  void forward(In<Inputs, Rank>... in, TensorView<Scalar, Rank> out, const Mask& mask = {}) const {
+    Workspace ws;
+    forward(in..., out, ws, mask);
+  }
+  template <std::size_t Rank>
+  void forward(In<Inputs, Rank>... in, TensorView<Scalar, Rank> out, Workspace& ws,
+               const Mask& mask = {}) const {
+    static_assert(Rank == 2 || Rank == 3,
+                  "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
+    if constexpr (Rank == 3) {
+      derived().run(gather_inputs<Scalar>(in...), out, ws, mask, {});
+    } else {
+      forward(unsqueeze(in, 0)..., unsqueeze(out, 0), ws, mask);
+    }
+  }
+  AttentionResult<Scalar, 3, WeightsRank> forward_with_weights(In<Inputs, 3>... in,
+                                                               const Mask& mask = {}) const {
+    const ModuleInputs<Scalar> x = gather_inputs<Scalar>(in...);
+    const Index batch = x.query.extent(0), tq = x.query.extent(1), tk = x.key.extent(1);
+    AttentionResult<Scalar, 3, WeightsRank> result;
+    result.output = Tensor<Scalar, 3>(output_shape(x));
+    if constexpr (WeightsRank == 4) {
+      result.weights = Tensor<Scalar, 4>({batch, derived().weight_heads(), tq, tk});
+    } else {
+      result.weights = Tensor<Scalar, 3>({batch, tq, tk});
+    }
+    Workspace ws;
+    forward_with_weights(in..., result.output.view(), result.weights.view(), ws, mask);
+    return result;
+  }
+  /// Into `out` and `weights` ((B, H, T_q, T_k), or (B, T_q, T_k) for WeightsRank 3).
+  void forward_with_weights(In<Inputs, 3>... in, TensorView<Scalar, 3> out,
+                            TensorView<Scalar, WeightsRank> weights, Workspace& ws,
+                            const Mask& mask = {}) const {
+    TensorView<Scalar, 4> heads_weights;
+    if constexpr (WeightsRank == 4) {
+      heads_weights = weights;
+    } else {
+      heads_weights = unsqueeze(weights, 1);
+    }
+    derived().run(gather_inputs<Scalar>(in...), out, ws, mask, heads_weights);
+  }
+
+  // ---- unbatched: (T, features) -> (T, d_out), as a batch of one ----
+
+  Tensor<Scalar, 2> forward(In<Inputs, 2>... in, const Mask& mask = {}) const {
+    const Shape<3> shape = output_shape(gather_inputs<Scalar>(unsqueeze(in, 0)...));
+    Tensor<Scalar, 2> out({shape[1], shape[2]});
+    forward(in..., out.view(), mask);
+    return out;
+  }
+  AttentionResult<Scalar, 2, WeightsRank - 1> forward_with_weights(In<Inputs, 2>... in,
+                                                                   const Mask& mask = {}) const {
+    const auto batched = forward_with_weights(unsqueeze(in, 0)..., mask);
+    AttentionResult<Scalar, 2, WeightsRank - 1> result;
+    result.output = Tensor<Scalar, 2>(select(batched.output.view(), 0, 0));
+    result.weights = Tensor<Scalar, WeightsRank - 1>(select(batched.weights.view(), 0, 0));
+    return result;
+  }
+
+ private:
+  const Derived& derived() const noexcept { return static_cast<const Derived&>(*this); }
+  Shape<3> output_shape(const ModuleInputs<Scalar>& x) const {
+    return {x.query.extent(0), x.query.extent(1), derived().output_features(x)};
+  }
+};
+
+/// A module that is one AttentionCore: its modes, freezing and parameters, written once.
+/// (The forward overloads come from ModuleForwards.)
+template <class Scalar>
+class CoreModule {
+ public:
+  /// Training mode enables dropout on the attention weights. Modules start in training
+  /// mode, like PyTorch's.
+  void train(bool on = true) noexcept { core_.train(on); }
+  void eval() noexcept { train(false); }
+  bool is_training() const noexcept { return core_.is_training(); }
+  /// Restarts the dropout stream with a seed (the same seed gives the same masks).
+  void seed(std::uint64_t value) noexcept { core_.seed(value); }
+
+  /// Packs the projection weights into the GEMM's layout once, so that forward() stops
+  /// repacking them on every call: about 9 % of a forward over 128 tokens, most of one over
+  /// a few tokens (decoding). Results are bit for bit those of the unfrozen module; the
+  /// packs take as much memory as the weights. The packs are a snapshot: every non-const
+  /// weight accessor (and the non-const named_parameters()) unfreezes the part it hands
+  /// out, so loading or editing weights through them is safe, but a view taken before
+  /// freeze() must not be written after it (freeze() again after changing weights that
+  /// way). Biases are always read live.
+  void freeze() { core_.freeze(); }
+  /// Drops the packs (forward() packs per call again).
+  void unfreeze() noexcept { core_.unfreeze(); }
+  /// True when every weight is packed.
+  bool is_frozen() const noexcept { return core_.is_frozen(); }
+
+  /// The parameters as (name, view) in state_dict order, under the module's own names or
+  /// those of `names` (see ParameterNames). Loading, saving and gradients go through this
+  /// list. The non-const form unfreezes the module (its views may be written).
+  ParameterList<Scalar> named_parameters(ParameterNames names = ParameterNames::kDefault) {
+    return core_.named_parameters(names);
+  }
+  ParameterList<const Scalar> named_parameters(
+      ParameterNames names = ParameterNames::kDefault) const {
+    return core_.named_parameters(names);
+  }
+  /// Buffers of the state_dict that are not parameters (the notebooks' causal `mask`).
+  std::vector<NamedBuffer<Scalar>> named_buffers(
+      ParameterNames names = ParameterNames::kDefault) const {
+    return core_.named_buffers(names);
+  }
+  /// The names a state_dict of this module may use, its default first.
+  std::vector<ParameterNames> parameter_namings() const { return core_.parameter_namings(); }
+
+  // ---- configuration ----
+
+  Index d_in() const noexcept { return core_.d_in(); }
+  /// Width of the attention output (num_heads * head_dim).
+  Index d_out() const noexcept { return core_.d_out(); }
+  Index num_heads() const noexcept { return core_.num_heads(); }
+  Index head_dim() const noexcept { return core_.head_dim(); }
+  /// Longest accepted sequence (0: unlimited).
+  Index context_length() const noexcept { return core_.config().context_length; }
+  /// Dropout probability on the attention weights (training mode only).
+  double dropout() const noexcept { return core_.dropout(); }
+  /// Scaling of q k^T by 1/sqrt(head_dim): on (default) or off (notebook 001's
+  /// SingleHeadAttention).
+  bool scaled() const noexcept { return core_.scaled(); }
+  void set_scaled(bool on) noexcept { core_.set_scaled(on); }
+
+  // ---- the projections, by the notebooks' names ----
+
+  /// W_query / W_key / W_value as (weight (d_out, in_features), bias) views into the module,
+  /// in nn.Linear's layout; writes go straight in. The non-const forms unfreeze.
+  LinearView<Scalar> w_query() noexcept { return projection_view(0); }
+  LinearView<Scalar> w_key() noexcept { return projection_view(1); }
+  LinearView<Scalar> w_value() noexcept { return projection_view(2); }
+  LinearView<const Scalar> w_query() const noexcept { return projection_view(0); }
+  LinearView<const Scalar> w_key() const noexcept { return projection_view(1); }
+  LinearView<const Scalar> w_value() const noexcept { return projection_view(2); }
+
+ protected:
+  CoreModule(const CoreConfig& config, TorchGenerator* gen) : core_(config, gen) {}
+
+  template <class, class, std::size_t, class...>
+  friend class ModuleForwards;
+  void run(const ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
+           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
+    core_.forward(x.query, x.key, x.value, out, ws, mask, weights);
+  }
+  Index output_features(const ModuleInputs<Scalar>&) const noexcept { return core_.d_out(); }
+  Index weight_heads() const noexcept { return core_.num_heads(); }
+
+  LinearView<Scalar> projection_view(int part) noexcept {
+    return {core_.projection().weight(part), core_.projection().bias(part)};
+  }
+  LinearView<const Scalar> projection_view(int part) const noexcept {
+    return {core_.projection().weight(part), core_.projection().bias(part)};
+  }
+
+  AttentionCore<Scalar> core_;
+};
+
+}  // namespace detail
+}  // namespace attn

@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/module_core.hpp: AttentionCore, the one forward path of every attention
+// module with weights (checks -> Q/K/V projection -> kernel -> output projection), its
+// modes, freezing and parameter names.
+// Glossary: B = batch, T = tokens, H = heads, hd = head dim, D = H * hd = d_out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attn/attention/detail/module_support.hpp"
+#include "attn/attention/qkv_projection.hpp"
+#include "attn/attention/scaled_dot_product.hpp"
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/nn/dropout.hpp"
+#include "attn/nn/linear.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/nn/parameter.hpp"
+#include "attn/nn/random.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn/workspace.hpp"
+
+namespace attn {
+
+/// How initial weights are drawn (from a TorchGenerator, bit-compatible with PyTorch).
+enum class InitScheme {
+  /// As the notebooks' modules: nn.Linear init for W_query, W_key, W_value, then out_proj.
+  kLinear,
+  /// As torch.nn.MultiheadAttention: out_proj drawn as nn.Linear, then xavier_uniform_ on
+  /// in_proj_weight (or q/k/v_proj_weight), then every bias set to zero.
+  kMultiheadAttention,
+  /// As notebook 003's SelfAttention_v1: torch.rand(d_in, d_out) for W_query, W_key,
+  /// W_value (then out_proj, if any, as nn.Linear).
+  kRand,
+  /// Zero weights, nothing drawn (the caller sets them).
+  kNone,
+};
+
+namespace detail {
+
+/// What tells one attention module from another: sizes, options, names and defaults.
+struct CoreConfig {
+  const char* name = "";               ///< class name in messages, a string literal
+  const char* forward_name = "";       ///< "<name>::forward", a string literal
+  const char* input_name = nullptr;    ///< "x" for single-input modules; else query/key/value
+  Index d_in = 0, kdim = 0, vdim = 0;  ///< features of query, key, value (0: kdim = vdim = d_in)
+  Index d_out = 0;                     ///< attention width D = num_heads * head_dim
+  Index num_heads = 1;
+  Index context_length = 0;  ///< longest accepted sequence; 0 = unlimited
+  double dropout = 0.0;      ///< on the attention weights, training mode only
+  bool qkv_bias = false;
+  bool out_proj = false, out_bias = false;  ///< an output projection (D, D), with bias
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::kSquare;
+  InitScheme init = InitScheme::kLinear;
+  ParameterNames names = ParameterNames::kNotebook;  ///< what ParameterNames::kDefault means
+};
+
+/// The one forward path of the attention modules with weights, and their state:
+///   1. checks: shapes, batch and lengths, out, context_length (messages name the module);
+///   2. projections: QkvProjection writes Q, K, V head-major into the workspace;
+///   3. kernel: attend() runs scaled_dot_product_attention over (B, H, T, hd) views, the
+///      context written into (B, T_q, H, hd) == (B, T_q, D), the module's own causal bound,
+///      scale and dropout applied;
+///   4. output projection: out_proj (D, D) from that buffer, or the context is the output.
+/// Every notebook class is a thin header over one core (or, for the wrapper, several); a
+/// feature added here reaches every module.
+///
+/// forward() is const and safe to call from several threads at once, each with its own
+/// Workspace (dropout's call counter is atomic). Non-const members need exclusive access.
+template <class Scalar>
+class AttentionCore {
+ public:
+  using Heads = typename QkvProjection<Scalar>::Heads;
+
+  AttentionCore() = default;
+
+  /// Validates `c` and draws the weights from `gen`, or from the global generator when null.
+  /// @throws ConfigError naming c.name and the values.
+  AttentionCore(const CoreConfig& c, TorchGenerator* gen) : config_(checked(c)) {
+    const Index kdim = c.kdim > 0 ? c.kdim : c.d_in, vdim = c.vdim > 0 ? c.vdim : c.d_in;
+    config_.kdim = kdim;
+    config_.vdim = vdim;
+    proj_ =
+        QkvProjection<Scalar>(c.d_in, kdim, vdim, c.num_heads, c.d_out / c.num_heads, c.qkv_bias);
+    dropout_ = Dropout<Scalar>(c.dropout);
+    if (c.init == InitScheme::kNone) {  // nothing drawn: the caller sets the weights
+      TorchGenerator unused;
+      if (c.out_proj) out_proj_ = Linear<Scalar>(c.d_out, c.d_out, c.out_bias, unused);
+      return;
+    }
+    const auto draw = [&](TorchGenerator& g) {
+      if (c.init == InitScheme::kLinear) proj_.init_linear(g);
+      if (c.init == InitScheme::kRand) proj_.init_rand(g);
+      if (c.out_proj) out_proj_ = Linear<Scalar>(c.d_out, c.d_out, c.out_bias, g);
+      if (c.init == InitScheme::kMultiheadAttention) {
+        proj_.init_xavier(g);
+        const TensorView<Scalar, 1> b = out_proj_.bias();
+        for (Index i = 0; i < b.extent(0); ++i) b(i) = Scalar(0);
+      }
+    };
+    if (gen != nullptr) {
+      draw(*gen);
+    } else {
+      with_global_generator(draw);
+    }
+  }
+
+  // ---- the forward path ----
+
+  /// query (B, T_q, d_in), key (B, T_k, kdim), value (B, T_k, vdim) -> out (B, T_q, D);
+  /// `weights`, when not empty, (B, H, T_q, T_k) receives the attention weights (the
+  /// materialised kernel path).
+  void forward(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
+               TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out, Workspace& ws,
+               const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
+    check(query, key, value, out);
+    const Heads heads = proj_.project(query, key, value, ws);
+    const Index batch = query.extent(0), tq = query.extent(1), d = d_out(), hd = head_dim();
+    // The context (B, T_q, H, hd) == (B, T_q, D): out itself when no projection follows.
+    const bool direct = !config_.out_proj && out.stride(2) == 1;
+    Scalar* ctx =
+        direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * tq * d);
+    const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{tq * d, d, 1};
+    attend(heads,
+           TensorView<Scalar, 4>(ctx, {batch, num_heads(), tq, hd},
+                                 {ctx_strides[0], hd, ctx_strides[1], 1}),
+           mask, weights, ws);
+    if (direct) return;
+    const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
+    if (config_.out_proj) {
+      out_proj_.forward(context, out);
+    } else {
+      copy(context, out);
+    }
+  }
+
+  /// Step 1: the shapes of a call. @throws ShapeError, or ConfigError past context_length.
+  void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
+             TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out) const {
+    const char* where = config_.forward_name;
+    const char* name = config_.input_name != nullptr ? config_.input_name : "query";
+    check_input(where, name, query, d_in(), "d_in");
+    if (config_.input_name == nullptr) {
+      check_input(where, "key", key, kdim(), "kdim");
+      check_input(where, "value", value, vdim(), "vdim");
+      require(key.extent(0) == query.extent(0) && value.extent(0) == query.extent(0), where, [&] {
+        return "batch sizes differ: query " + to_string(query.shape()) + ", key " +
+               to_string(key.shape()) + ", value " + to_string(value.shape());
+      });
+      require(value.extent(1) == key.extent(1), where, [&] {
+        return "key and value lengths differ: key " + to_string(key.shape()) + ", value " +
+               to_string(value.shape());
+      });
+    }
+    check_output(where, out, {query.extent(0), query.extent(1), d_out()});
+    check_context(where, name, query.extent(1), config_.context_length);
+    if (config_.input_name == nullptr) {
+      check_context(where, "key", key.extent(1), config_.context_length);
+    }
+  }
+
+  /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd).
+  void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
+              TensorView<Scalar, 4> weights, Workspace& ws) const {
+    AttentionOptions options;
+    if (!scaled_) options.scale = 1.0;
+    if (dropout_.active()) {
+      options.dropout = dropout_.p();
+      options.dropout_seed = dropout_.seed_value();
+      options.dropout_call = dropout_.next_call();
+    }
+    detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
+                   weights, ws, config_.causal, config_.alignment);
+  }
+
+  // ---- modes ----
+
+  void train(bool on) noexcept { dropout_.train(on); }
+  bool is_training() const noexcept { return dropout_.is_training(); }
+  void seed(std::uint64_t value) noexcept { dropout_.seed(value); }
+  void freeze() {
+    proj_.freeze();
+    if (config_.out_proj) out_proj_.freeze();
+  }
+  void unfreeze() noexcept {
+    proj_.unfreeze();
+    out_proj_.unfreeze();
+  }
+  bool is_frozen() const noexcept {
+    return proj_.is_frozen() && (!config_.out_proj || out_proj_.is_frozen());
+  }
+  bool scaled() const noexcept { return scaled_; }
+  void set_scaled(bool on) noexcept { scaled_ = on; }
+
+  // ---- configuration and parts ----
+
+  const CoreConfig& config() const noexcept { return config_; }
+  Index d_in() const noexcept { return config_.d_in; }
+  Index kdim() const noexcept { return config_.kdim; }
+  Index vdim() const noexcept { return config_.vdim; }
+  Index d_out() const noexcept { return config_.d_out; }
+  Index num_heads() const noexcept { return config_.num_heads; }
+  Index head_dim() const noexcept { return config_.d_out / config_.num_heads; }
+  double dropout() const noexcept { return dropout_.p(); }
+  QkvProjection<Scalar>& projection() noexcept { return proj_; }
+  const QkvProjection<Scalar>& projection() const noexcept { return proj_; }
+  Linear<Scalar>& out_proj() noexcept { return out_proj_; }
+  const Linear<Scalar>& out_proj() const noexcept { return out_proj_; }
+
+  // ---- parameters by name ----
+
+  /// The notebooks' names of the three projections.
+  static const char* notebook_name(int part) noexcept {
+    constexpr const char* kNames[3] = {"W_query", "W_key", "W_value"};
+    return kNames[part];
+  }
+  /// nn.MultiheadAttention's names of the three separate projection weights.
+  static const char* separate_name(int part) noexcept {
+    constexpr const char* kNames[3] = {"q_proj_weight", "k_proj_weight", "v_proj_weight"};
+    return kNames[part];
+  }
+  static constexpr const char* kInProjWeight = "in_proj_weight";
+  static constexpr const char* kInProjBias = "in_proj_bias";
+  static constexpr const char* kOutProj = "out_proj.";
+  static constexpr const char* kMaskBuffer = "mask";
+
+  /// The parameters under `names` in state_dict order; the non-const form unfreezes.
+  ParameterList<Scalar> named_parameters(ParameterNames names) {
+    return parameters_of(*this, names);
+  }
+  ParameterList<const Scalar> named_parameters(ParameterNames names) const {
+    return parameters_of(*this, names);
+  }
+  /// The notebooks' `mask` buffer (triu of ones, context_length square) of a causal module
+  /// under notebook names; nothing otherwise.
+  std::vector<NamedBuffer<Scalar>> named_buffers(ParameterNames names) const {
+    const ParameterNames n = resolve(names);
+    std::vector<NamedBuffer<Scalar>> buffers;
+    if ((n == ParameterNames::kNotebook || n == ParameterNames::kNotebookRaw) && config_.causal &&
+        config_.context_length > 0) {
+      buffers.push_back({kMaskBuffer, causal_blocked_mask<Scalar>(config_.context_length)});
+    }
+    return buffers;
+  }
+  /// The names a file for this module may use, the default first.
+  std::vector<ParameterNames> parameter_namings() const {
+    std::vector<ParameterNames> all{config_.names, ParameterNames::kNotebook,
+                                    ParameterNames::kNotebookRaw};
+    if (config_.out_proj) {
+      all.insert(all.begin() + 1,
+                 {ParameterNames::kMultiheadAttention, ParameterNames::kSeparateProjections});
+    }
+    std::vector<ParameterNames> unique;
+    for (const ParameterNames n : all) {
+      bool seen = false;
+      for (const ParameterNames u : unique) seen = seen || u == n;
+      if (!seen) unique.push_back(n);
+    }
+    return unique;
+  }
+
+ private:
+  ParameterNames resolve(ParameterNames names) const noexcept {
+    return names == ParameterNames::kDefault ? config_.names : names;
+  }
+
+  // One body for the const and the mutable list (Self is AttentionCore or a const one).
+  template <class Self>
+  static auto parameters_of(Self& self, ParameterNames names) {
+    using Element = std::conditional_t<std::is_const_v<Self>, const Scalar, Scalar>;
+    auto& proj = self.proj_;
+    ParameterList<Element> list;
+    const ParameterNames n = self.resolve(names);
+    if (n == ParameterNames::kNotebook || n == ParameterNames::kNotebookRaw) {
+      const bool raw = n == ParameterNames::kNotebookRaw;
+      for (int p = 0; p < 3; ++p) {
+        const std::string name = notebook_name(p);
+        const TensorView<Element, 2> w = proj.weight(p);
+        list.add(raw ? name : name + ".weight", raw ? transpose(w) : w);
+        list.add(name + ".bias", proj.bias(p));
+      }
+    } else {
+      if (n == ParameterNames::kMultiheadAttention && proj.fused()) {
+        list.add(kInProjWeight, proj.fused_weight(self.config_.name));
+      } else {
+        for (int p = 0; p < 3; ++p) list.add(separate_name(p), proj.weight(p));
+        if (n == ParameterNames::kMultiheadAttention) {
+          list.absent(kInProjWeight,
+                      ": the module has kdim/vdim != embed_dim, so it expects q_proj_weight, "
+                      "k_proj_weight and v_proj_weight");
+        }
+      }
+      list.add(kInProjBias, proj.fused_bias());
+      for (const char* name : {"bias_k", "bias_v"}) {
+        list.absent(name, ": add_bias_kv=True is not supported by attn::MultiHeadAttention");
+      }
+    }
+    if (self.config_.out_proj) list.append(kOutProj, self.out_proj_.named_parameters());
+    return list;
+  }
+
+  static CoreConfig checked(const CoreConfig& c) {
+    require_config(c.d_in > 0 && c.d_out > 0 && c.num_heads > 0 && c.kdim >= 0 && c.vdim >= 0 &&
+                       c.context_length >= 0,
+                   c.name, [&] {
+                     std::string sizes =
+                         "d_in=" + std::to_string(c.d_in) + ", d_out=" + std::to_string(c.d_out);
+                     if (c.num_heads != 1) sizes += ", num_heads=" + std::to_string(c.num_heads);
+                     if (c.kdim != 0) sizes += ", kdim=" + std::to_string(c.kdim);
+                     if (c.vdim != 0) sizes += ", vdim=" + std::to_string(c.vdim);
+                     return sizes + ", context_length=" + std::to_string(c.context_length) +
+                            ": sizes must be positive (kdim, vdim, context_length: 0 = default)";
+                   });
+    require_config(c.d_out % c.num_heads == 0, c.name, [&] {
+      return "d_out=" + std::to_string(c.d_out) +
+             " is not divisible by num_heads=" + std::to_string(c.num_heads) +
+             " (d_out % num_heads = " + std::to_string(c.d_out % c.num_heads) + ")";
+    });
+    check_dropout(c.dropout, c.name);
+    return c;
+  }
+
+  CoreConfig config_;
+  QkvProjection<Scalar> proj_;
+  Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
+  Dropout<Scalar> dropout_{0.0};
+  bool scaled_ = true;  // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
+};
+
+}  // namespace detail
+}  // namespace attn

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: MIT
+// tests/attention/simple_self_attention_test.cpp: SimpleSelfAttention
+// (attn/attention/simple_self_attention.hpp) against the long double reference.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "attention/module_test_support.hpp"
+#include "attn/attn.hpp"
+#include "support/scalar_types.hpp"
+#include "support/test_support.hpp"
+
+namespace {
+
+using attn::Index;
+using attn::Shape;
+using attn::test::inv_sqrt;
+namespace ref = attn::test::ref;
+
+template <class Scalar>
+class SimpleSelfAttentionModule : public ::testing::Test {};
+TYPED_TEST_SUITE(SimpleSelfAttentionModule, attn::test::ScalarTypes, attn::test::ScalarTypeNames);
+
+TYPED_TEST(SimpleSelfAttentionModule, SimpleSelfAttentionIsUnscaledByDefault) {
+  using Scalar = TypeParam;
+  const Index t = 100, d = 3;
+  const auto x = attn::test::random_tensor<Scalar>(Shape<2>{t, d}, 1);
+  const attn::SimpleSelfAttention<Scalar> simple;
+  EXPECT_FALSE(simple.scaled());
+  const auto x4 = attn::unsqueeze(attn::unsqueeze(x.view(), 0), 0);
+  const auto expected = ref::attention(x4, x4, x4, ref::DenseMask(1, 1, t, t), 1);
+  const double tol = ref::kernel_tolerance<Scalar>(d, t);
+  const auto y = simple.forward(x);
+  EXPECT_TRUE(
+      ref::all_near(y.view(), attn::select(attn::select(expected.output.view(), 0, 0), 0, 0), tol));
+  const auto r = simple.forward_with_weights(x);
+  EXPECT_TRUE(ref::all_near(r.weights.view(),
+                            attn::select(attn::select(expected.weights.view(), 0, 0), 0, 0), tol));
+  EXPECT_TRUE(ref::all_near(r.output.view(), y.view(), tol));
+}
+
+TYPED_TEST(SimpleSelfAttentionModule, SimpleSelfAttentionScaledDividesBySqrtD) {
+  using Scalar = TypeParam;
+  const Index b = 2, t = 70, d = 8;
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d}, 2);
+  const attn::SimpleSelfAttention<Scalar> simple(/*scaled=*/true);
+  const auto x4 = attn::unsqueeze(x.view(), 1);
+  const auto expected = ref::attention(x4, x4, x4, ref::DenseMask(b, 1, t, t), inv_sqrt(d));
+  EXPECT_TRUE(ref::all_near(simple.forward(x).view(), attn::select(expected.output.view(), 1, 0),
+                            ref::kernel_tolerance<Scalar>(d, t)));
+}
+
+}  // namespace
