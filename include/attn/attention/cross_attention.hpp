@@ -58,17 +58,15 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   using Module::run;
   using Module::weight_heads;
 
+  // nn.MultiheadAttention's layout with kdim = vdim = d_kv, but the notebook's widths, its
+  // nn.Linear init and an out_proj bias whatever qkv_bias says.
   static MultiHeadAttentionOptions options(Index d_q, Index d_kv, Index d_out, Index num_heads,
                                            bool qkv_bias, double dropout) {
-    MultiHeadAttentionOptions o;
-    o.d_in = d_q;
+    MultiHeadAttentionOptions o =
+        MultiHeadAttentionOptions::pytorch(d_q, num_heads, qkv_bias, d_kv, d_kv, dropout);
     o.d_out = d_out;
-    o.num_heads = num_heads;
-    o.kdim = d_kv;
-    o.vdim = d_kv;
-    o.qkv_bias = qkv_bias;
     o.out_bias = true;
-    o.dropout = dropout;
+    o.init = InitScheme::kLinear;
     return o;
   }
 };

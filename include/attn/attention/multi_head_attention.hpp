@@ -193,15 +193,12 @@ class MultiHeadAttention
   static MultiHeadAttentionOptions notebook_options(Index d_in, Index d_out, Index context_length,
                                                     double dropout, Index num_heads,
                                                     bool qkv_bias) {
-    MultiHeadAttentionOptions o;
-    o.d_in = d_in;
+    MultiHeadAttentionOptions o =
+        MultiHeadAttentionOptions::pytorch(d_in, num_heads, qkv_bias, 0, 0, dropout);
     o.d_out = d_out;
-    o.num_heads = num_heads;
     o.context_length = context_length;
-    o.dropout = dropout;
-    o.qkv_bias = qkv_bias;
-    o.out_bias = qkv_bias;
     o.causal = true;
+    o.init = InitScheme::kLinear;
     return o;
   }
 
