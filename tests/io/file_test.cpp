@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -112,47 +113,49 @@ TEST(ATTN_FILE_TEST, SaveOverAMappedFileKeepsTheMappingValid) {
   EXPECT_EQ(SafetensorsFile::open(path).values<float>("x"), std::vector<float>(4, 5.0f));
 }
 
-TEST(ATTN_FILE_TEST, SaveFailingPastAFileSizeLimitKeepsTheOldFile) {
-  // ulimit -f: with SIGXFSZ ignored, a write past the limit fails with EFBIG. Saving in place
-  // would have truncated the old file to the limit.
+// Saves a 400 KB file over a small one in a forked child after `prepare` (which returns
+// false if it cannot set the child up): the save must throw an IoError containing `message`,
+// and the old file must be intact with no temporary file beside it.
+void expect_failed_save_keeps_the_old_file(const std::function<bool(const TempDir&)>& prepare,
+                                           const std::string& message) {
   const TempDir dir;
   const std::string path = dir.file("w.safetensors");
   writer_of(8, 1.0f).save(path);
   const std::vector<char> before = read_bytes(path);
   const int status = run_in_child([&] {
-    std::signal(SIGXFSZ, SIG_IGN);
-    const rlimit limit{8192, 8192};
-    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 3;
+    if (!prepare(dir)) return 3;
     try {
-      writer_of(100000, 2.0f).save(path);  // 400 KB
+      writer_of(100000, 2.0f).save(path);
     } catch (const IoError& e) {
-      return std::string(e.what()).find("the file is unchanged") != std::string::npos ? 0 : 2;
+      return std::string(e.what()).find(message) != std::string::npos ? 0 : 2;
     }
     return 1;
   });
-  EXPECT_EQ(status, 0) << "0: IoError; 1: no error; 2: another message";
+  EXPECT_EQ(status, 0) << "0: IoError; 1: no error; 2: another message; 3: setup failed";
   EXPECT_EQ(read_bytes(path), before);
   EXPECT_THAT(dir.others("w.safetensors"), IsEmpty());
 }
 
+TEST(ATTN_FILE_TEST, SaveFailingPastAFileSizeLimitKeepsTheOldFile) {
+  // ulimit -f: with SIGXFSZ ignored, a write past the limit fails with EFBIG. Saving in place
+  // truncated the old file, then wrote up to the limit.
+  expect_failed_save_keeps_the_old_file(
+      [](const TempDir&) {
+        std::signal(SIGXFSZ, SIG_IGN);
+        const rlimit limit{8192, 8192};
+        return ::setrlimit(RLIMIT_FSIZE, &limit) == 0;
+      },
+      "the file is unchanged");
+}
+
 TEST(ATTN_FILE_TEST, SaveIntoADirectoryThatCannotBeWrittenKeepsTheOldFile) {
-  const TempDir dir;
-  const std::string path = dir.file("w.safetensors");
-  writer_of(8, 1.0f).save(path);
-  const std::vector<char> before = read_bytes(path);
-  ASSERT_EQ(::chmod(dir.path().c_str(), 0555), 0);
-  const int status = run_in_child([&] {
-    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) return 3;  // root writes anywhere
-    try {
-      writer_of(16, 2.0f).save(path);
-    } catch (const IoError& e) {
-      return std::string(e.what()).find("cannot create a temporary file") != std::string::npos ? 0 : 2;
-    }
-    return 1;
-  });
-  EXPECT_EQ(status, 0) << "0: IoError; 1: no error; 2: another message; 3: cannot drop root";
-  EXPECT_EQ(read_bytes(path), before);
-  EXPECT_THAT(dir.others("w.safetensors"), IsEmpty());
+  expect_failed_save_keeps_the_old_file(
+      [](const TempDir& dir) {
+        // root writes anywhere: drop to nobody first
+        return ::chmod(dir.path().c_str(), 0555) == 0 &&
+               (::geteuid() != 0 || (::setgid(65534) == 0 && ::setuid(65534) == 0));
+      },
+      "cannot create a temporary file");
 }
 
 TEST(ATTN_FILE_TEST, SaveIntoAMissingDirectoryNamesThePath) {

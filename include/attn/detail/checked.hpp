@@ -11,46 +11,16 @@
 namespace attn {
 namespace detail {
 
-/// out = a * b; returns false (out unspecified) when the product does not fit T.
+/// out = a * b; returns false (out unspecified) when the product does not fit T. With GCC
+/// and clang any signs; elsewhere the operands must be non-negative (extents, counts, sizes).
 template <class T>
 constexpr bool checked_mul(T a, T b, T& out) noexcept {
   static_assert(std::is_integral_v<T>, "attn::detail::checked_mul: integers only");
 #if defined(__GNUC__) || defined(__clang__)
   return !__builtin_mul_overflow(a, b, &out);
 #else
-  if constexpr (std::is_signed_v<T>) {
-    if (a != 0 && b != 0) {
-      const bool same_sign = (a > 0) == (b > 0);
-      if (same_sign ? (a > 0 ? a > std::numeric_limits<T>::max() / b
-                             : a < std::numeric_limits<T>::max() / b)
-                    : (a > 0 ? b < std::numeric_limits<T>::min() / a
-                             : a < std::numeric_limits<T>::min() / b)) {
-        return false;
-      }
-    }
-  } else if (b != 0 && a > std::numeric_limits<T>::max() / b) {
-    return false;
-  }
+  if (a < 0 || b < 0 || (b != 0 && a > std::numeric_limits<T>::max() / b)) return false;
   out = a * b;
-  return true;
-#endif
-}
-
-/// out = a + b; returns false when the sum does not fit T.
-template <class T>
-constexpr bool checked_add(T a, T b, T& out) noexcept {
-  static_assert(std::is_integral_v<T>, "attn::detail::checked_add: integers only");
-#if defined(__GNUC__) || defined(__clang__)
-  return !__builtin_add_overflow(a, b, &out);
-#else
-  if constexpr (std::is_signed_v<T>) {
-    if (b > 0 ? a > std::numeric_limits<T>::max() - b : a < std::numeric_limits<T>::min() - b) {
-      return false;
-    }
-  } else if (a > std::numeric_limits<T>::max() - b) {
-    return false;
-  }
-  out = a + b;
   return true;
 #endif
 }
