@@ -6,7 +6,8 @@
 // (path, scale, dropout); the public API must either throw one of attn's documented
 // exceptions (std::logic_error: ShapeError, std::invalid_argument, std::out_of_range) or
 // return finite results on which the materialised and streaming paths agree, with fully
-// masked rows exactly zero.
+// masked rows exactly zero. A fifth mode builds views and tensors of shapes whose element or
+// byte counts overflow (ShapeError, nothing allocated).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -261,16 +262,58 @@ void fuzz_module(Bytes& in) {
   check_results(y.to_vector(), r.output.to_vector());
 }
 
+// Shapes near and past 2^63 elements: views (no storage: zero strides) and tensors of a
+// shape whose element or byte count overflows must throw ShapeError before allocating; the
+// others report the exact count.
+void fuzz_sizes(Bytes& in) {
+  Shape<3> shape{};
+  for (Index& e : shape) {
+    const std::uint8_t b = in.u8();
+    e = b < 128 ? Index(b % 8) : (Index(1) << (b % 63)) - Index(in.u8() % 2);
+  }
+  Index count = 0;
+  const bool fits = attn::detail::checked_extent_product(shape, count);
+  std::size_t bytes = 0;
+  const bool bytes_fit = fits && attn::detail::checked_bytes(static_cast<std::size_t>(count), 4, bytes);
+  const float x = 0;
+  TensorView<const float, 3> v;
+  try {
+    v = TensorView<const float, 3>(&x, shape, {0, 0, 0});
+  } catch (const attn::ShapeError&) {
+    if (fits) __builtin_trap();
+    return;
+  }
+  if (!fits || v.size() != count) __builtin_trap();
+  try {
+    (void)attn::reshape(v, Shape<2>{-1, std::max<Index>(shape[2], 1)});
+  } catch (const attn::ShapeError&) {  // e.g. zero-stride views need a copy
+  }
+  try {
+    (void)attn::reshape(v, Shape<4>{shape[2], shape[1], shape[0], Index(1) << (in.u8() % 63)});
+  } catch (const attn::ShapeError&) {
+  }
+  if (!bytes_fit) {
+    try {
+      (void)attn::Tensor<float, 3>(shape);
+      __builtin_trap();  // must throw before allocating
+    } catch (const attn::ShapeError&) {
+    }
+  } else if (bytes <= (1u << 20)) {
+    if (attn::Tensor<float, 3>(shape).size() != count) __builtin_trap();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   try {
-    switch (in.u8() % 4) {
+    switch (in.u8() % 5) {
       case 0: fuzz_sdpa<float>(in); break;
       case 1: fuzz_sdpa<double>(in); break;
       case 2: fuzz_view_ops(in); break;
-      default: fuzz_module(in); break;
+      case 3: fuzz_module(in); break;
+      default: fuzz_sizes(in); break;
     }
   } catch (const std::logic_error&) {  // ShapeError, std::invalid_argument, std::out_of_range
   }

@@ -2,7 +2,8 @@
 // fuzz/safetensors_fuzz.cpp: libFuzzer target for attn::io. Any bytes given to the reader,
 // then to get()/values(), state_dict loading and the runner, must either work or throw an
 // attn::io::IoError (or, for shapes a module rejects, attn's std::logic_error family);
-// never crash, leak, read out of bounds or hit undefined behaviour.
+// never crash, leak, read out of bounds, recurse without bound or hit undefined behaviour.
+// The first 24 bytes also give the writer a shape (add_raw: overflow is rejected).
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -10,7 +11,9 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/io/io.hpp"
+#include "attn_run/run.hpp"
 
 namespace {
 
@@ -50,6 +53,28 @@ void round_trip(const SafetensorsFile& file) {
   }
 }
 
+// A shape decoded from the first 24 bytes (extents up to 2^62) given to add_raw() with no
+// bytes: a shape whose byte count overflows must be rejected, never matched by an empty
+// buffer; only zero-element shapes are accepted.
+void writer_sizes(const std::uint8_t* data, std::size_t size) {
+  if (size < 24) return;
+  std::vector<attn::Index> shape(3);
+  for (std::size_t r = 0; r < 3; ++r) {
+    std::uint64_t e = 0;
+    for (std::size_t i = 0; i < 8; ++i) e |= static_cast<std::uint64_t>(data[8 * r + i]) << (8 * i);
+    shape[r] = static_cast<attn::Index>(e >> (2 + data[8 * r] % 60));
+  }
+  attn::Index count = 0;
+  const bool fits = attn::detail::checked_extent_product(shape, count);
+  try {
+    attn::io::SafetensorsWriter writer;
+    writer.add_raw("w", attn::io::DType::kF64, shape, {});
+    if (!fits || count != 0) __builtin_trap();
+  } catch (const std::invalid_argument&) {
+    if (fits && count == 0) __builtin_trap();
+  }
+}
+
 bool small_module(const attn::MultiHeadAttentionOptions& o) {
   const auto fits = [](attn::Index d) { return d >= 0 && d <= 64; };
   return fits(o.d_in) && fits(o.d_out) && fits(o.kdim) && fits(o.vdim);
@@ -58,6 +83,7 @@ bool small_module(const attn::MultiHeadAttentionOptions& o) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  writer_sizes(data, size);
   try {
     const SafetensorsFile file = SafetensorsFile::from_bytes(data, size, "fuzz");
     for (const std::string& name : file.names()) {
@@ -76,12 +102,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         attn::MultiHeadAttention<float> mha(options);
         attn::io::load_state_dict(mha, file, prefix, attn::io::Strict::kYes);
         if (file.contains("query")) {
-          attn::io::RunOptions run;
+          attn_run::RunOptions run;
           run.num_heads = heads;
           run.prefix = prefix;
           run.need_weights = (size & 1) != 0;
           run.causal = (size & 2) != 0;
-          (void)attn::io::run_multi_head_attention<float>(file, file, run);
+          (void)attn_run::run_multi_head_attention<float>(file, file, run);
         }
       } catch (const attn::io::IoError&) {
       } catch (const std::logic_error&) {  // attn::ShapeError, std::invalid_argument

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -118,6 +119,17 @@ def make_cases(rng):
         cases.append(dict(dtype=dtype, embed=64, heads=8, bias=True, cross=True, kdim=64,
                           vdim=64, batch=2, tq=33, tk=70, mask="float3d", need_weights=True,
                           unbatched=False, nan_rows=False))
+    # mask dtypes (appended, so the cases above keep their random draws): U8 attn_mask (a
+    # boolean "blocked" mask, any nonzero byte), float key_padding_mask (added to the scores)
+    for dtype in ("float32", "float64"):
+        for i, (mask, cross, weights) in enumerate([
+                ("u8-2d", False, True), ("u8-3d", True, False), ("float-padding", False, True),
+                ("float-padding", True, False), ("u8-2d+padding", True, True)]):
+            e, h = [(8, 2), (16, 4), (24, 3), (32, 4), (16, 2)][i]
+            cases.append(dict(dtype=dtype, embed=e, heads=h, bias=i % 2 == 0, cross=cross,
+                              kdim=e + 4 if cross else e, vdim=e, batch=2, tq=3 + i,
+                              tk=(4 + i) if cross else None, mask=mask, need_weights=weights,
+                              unbatched=False, nan_rows=False))
     return cases
 
 
@@ -143,7 +155,7 @@ def build_case(torch, case, rng):
     if case["cross"]:
         inputs["key"] = rng.normal(0, 1, (b, tk, kdim)).astype(nd)
         inputs["value"] = rng.normal(0, 1, (b, tk, vdim)).astype(nd)
-    flags, mask = [], case["mask"]
+    flags, mask = [], case["mask"].split("+")
     attn_mask = None  # numpy, PyTorch's form
     # column 0 stays visible in every random mask and key 0 is never padding, so no row is
     # fully masked unless the case asks for it (nan_rows).
@@ -162,12 +174,22 @@ def build_case(torch, case, rng):
         blocked = rng.random(shape) < 0.2
         blocked[..., 0] = False
         attn_mask[blocked] = -np.inf
+    if "u8-2d" in mask or "u8-3d" in mask:  # torch converts U8 with .to(torch.bool)
+        shape = (tq, tk) if "u8-2d" in mask else (b * h, tq, tk)
+        attn_mask = ((rng.random(shape) < 0.35) * rng.integers(1, 4, shape)).astype(np.uint8)
+        attn_mask[..., 0] = 0
     padding = None
     if "padding" in mask:
         padding = rng.random((b, tk)) < 0.3
         padding[:, 0] = False
         inputs["key_padding_mask"] = padding
-    if mask.startswith("causal"):
+    if "float-padding" in mask:  # added to the scores of every query (torch's regular path)
+        padding = rng.normal(0, 1, (b, tk)).astype(nd)
+        blocked = rng.random((b, tk)) < 0.3
+        blocked[:, 0] = False
+        padding[blocked] = -np.inf
+        inputs["key_padding_mask"] = padding
+    if "causal" in mask:
         flags.append("--causal")
         causal = np.triu(np.ones((tq, tk), dtype=bool), 1)
         if attn_mask is None:
@@ -215,7 +237,8 @@ def run_case(torch, attn_run, case, rng, workdir, index, fixtures_dir=None):
     q = torch.from_numpy(inputs["query"])
     k = torch.from_numpy(inputs["key"]) if "key" in inputs else q
     v = torch.from_numpy(inputs["value"]) if "value" in inputs else q
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Byte tensor for attn_mask")  # U8: deprecated
         y, w = mha(q, k, v, need_weights=case["need_weights"], **kwargs)
     y = y.to(tdtype).numpy()
     stem = os.path.join(workdir, f"case{index:03d}")
@@ -256,7 +279,7 @@ def run_case(torch, attn_run, case, rng, workdir, index, fixtures_dir=None):
 
 
 # Small cases (a few KB each) committed as tests/fixtures/io/ for the C++ suite.
-FIXTURE_CASES = {0, 3, 7, 10, 12, 17, 20, 22, 25, 44, 45}
+FIXTURE_CASES = {0, 3, 7, 10, 12, 17, 20, 22, 25, 44, 45, 52, 53, 54, 55, 56, 59}
 
 
 def main():
@@ -318,7 +341,9 @@ def main():
                     "`max|attn - torch|` of the head-averaged weights. Masks: `bool` = "
                     "PyTorch's boolean attn_mask (true = blocked), 2d = (T_q, T_k), 3d = "
                     "(B*H, T_q, T_k); `float` = additive (with some -inf); `padding` = "
-                    "key_padding_mask; `causal` = `--causal` vs `triu(ones, 1)` in torch. "
+                    "key_padding_mask (bool); `u8` = a U8 attn_mask (any nonzero byte blocks; "
+                    "PyTorch converts it to bool); `float-padding` = a float key_padding_mask "
+                    "(added to the scores); `causal` = `--causal` vs `triu(ones, 1)` in torch. "
                     "Fully masked rows are NaN in PyTorch and zeros in attn; those rows are "
                     "skipped and counted.\n\n")
             f.write("## Summary\n\n")

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Hardening steps of the test command (scripts/run_tests.sh runs them after the suites):
-#   1. libFuzzer (clang, ASan + UBSan): fuzz/safetensors_fuzz and fuzz/mask_api_fuzz, each for
-#      ATTN_FUZZ_SECONDS (default 30) from the committed seeds in fuzz/corpus/<target>/;
-#   2. valgrind memcheck (--error-exitcode=1) of attn_run on a committed fixture and of the
-#      first notebook example, built without -march=native (valgrind lacks AVX-512).
+#   fuzz:     libFuzzer (clang, ASan + UBSan): fuzz/safetensors_fuzz, fuzz/mask_api_fuzz and
+#             fuzz/attn_run_fuzz, each for ATTN_FUZZ_SECONDS (default 30) from the committed
+#             seeds in fuzz/corpus/<target>/, with the dictionaries in fuzz/ and inputs up to
+#             256 KiB (enough for the 100000-deep JSON headers of the crash corpus);
+#   tsan:     ThreadSanitizer (clang, no OpenMP) build of tests/concurrency, run once;
+#   valgrind: memcheck (--error-exitcode=1) of attn_run on a committed fixture and of the
+#             first notebook example, built without -march=native (valgrind lacks AVX-512).
 # Longer fuzzing on demand:  ATTN_FUZZ_SECONDS=3600 scripts/run_hardening.sh fuzz
-# Usage: scripts/run_hardening.sh [fuzz|valgrind]...   (default: both)
+# Usage: scripts/run_hardening.sh [fuzz|tsan|valgrind]...   (default: all three)
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 
@@ -19,12 +22,18 @@ run_fuzzers() {
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DATTN_BUILD_FUZZERS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
     -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build" -j "$ATTN_JOBS"
-  for target in safetensors_fuzz mask_api_fuzz; do
+  local target
+  for target in safetensors_fuzz mask_api_fuzz attn_run_fuzz; do
     # New inputs go to build/fuzz/corpus/<target>; the committed seeds are read only.
-    local work="$build/corpus/$target"
+    local work="$build/corpus/$target" options=()
+    case "$target" in
+      safetensors_fuzz) options=(-dict="$ATTN_ROOT/fuzz/safetensors.dict" -max_len=262144) ;;
+      attn_run_fuzz) options=(-dict="$ATTN_ROOT/fuzz/attn_run.dict" -max_len=262144) ;;
+    esac
     mkdir -p "$work"
     log "[fuzz] $target for ${fuzz_seconds} s"
-    if ! "$build/fuzz/$target" "$work" "$ATTN_ROOT/fuzz/corpus/$target" \
+    local t0=$SECONDS
+    if ! "$build/fuzz/$target" "$work" "$ATTN_ROOT/fuzz/corpus/$target" "${options[@]}" \
         -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$build/" >"$build/$target.log" 2>&1; then
       tail -n 60 "$build/$target.log"
@@ -32,7 +41,23 @@ run_fuzzers() {
       return 1
     fi
     grep -E "stat::(number_of_executed_units|new_units_added)" "$build/$target.log" || true
+    echo "$target: $((SECONDS - t0)) s"
   done
+}
+
+# ThreadSanitizer on the concurrency tests (one const module, several std::threads). Without
+# OpenMP: libgomp is not instrumented, so TSan would report its internals.
+run_tsan() {
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}" clang libclang-rt-14-dev
+  local build="$ATTN_ROOT/build/tsan"
+  log "[tsan] building tests/concurrency (clang, -fsanitize=thread, no OpenMP)"
+  cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
+    -DATTN_OPENMP=OFF -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON -DATTN_BUILD_IO=OFF \
+    -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build "$build" -j "$ATTN_JOBS" --target concurrency_test
+  log "[tsan] concurrency_test"
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$build/tests/concurrency_test"
 }
 
 run_valgrind() {
@@ -61,13 +86,14 @@ run_valgrind() {
 }
 
 steps=("$@")
-[ "${#steps[@]}" -eq 0 ] && steps=(fuzz valgrind)
+[ "${#steps[@]}" -eq 0 ] && steps=(fuzz tsan valgrind)
 start=$(date +%s)
 for step in "${steps[@]}"; do
   case "$step" in
     fuzz) run_fuzzers ;;
+    tsan) run_tsan ;;
     valgrind) run_valgrind ;;
-    *) echo "unknown step '$step' (fuzz, valgrind)" >&2; exit 2 ;;
+    *) echo "unknown step '$step' (fuzz, tsan, valgrind)" >&2; exit 2 ;;
   esac
 done
 log "hardening steps (${steps[*]}) passed in $(( $(date +%s) - start )) s"

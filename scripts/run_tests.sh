@@ -32,4 +32,5 @@ run_suite sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -D
   -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF
 # 3.-4. hardening: libFuzzer targets (30 s each) and a valgrind memcheck run (scripts/run_hardening.sh).
 "$ATTN_ROOT/scripts/run_hardening.sh" fuzz valgrind
+"$ATTN_ROOT/scripts/run_hardening.sh" tsan  # 5. ThreadSanitizer build of tests/concurrency
 log "all test suites passed in $(( $(date +%s) - start )) s"

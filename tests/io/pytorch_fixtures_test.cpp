@@ -13,12 +13,13 @@
 #include <vector>
 
 #include "attn/attn.hpp"
-#include "attn/io/runner.hpp"
+#include "attn/io/io.hpp"
+#include "attn_run/run.hpp"
 
 namespace {
 
 using attn::io::FormatError;
-using attn::io::RunOptions;
+using attn_run::RunOptions;
 using attn::io::SafetensorsFile;
 using attn::io::SafetensorsWriter;
 using ::testing::HasSubstr;
@@ -91,8 +92,8 @@ TEST(PytorchFixtures, EveryCaseMatchesPyTorch) {
       if (flag == "--double") use_double = true;
     }
     const SafetensorsWriter result =
-        use_double ? attn::io::run_multi_head_attention<double>(weights, input, options)
-                   : attn::io::run_multi_head_attention<float>(weights, input, options);
+        use_double ? attn_run::run_multi_head_attention<double>(weights, input, options)
+                   : attn_run::run_multi_head_attention<float>(weights, input, options);
     const auto got = SafetensorsFile::from_bytes(result.to_bytes());
     EXPECT_EQ(got.shape("output"), expected.shape("output"));
     const Comparison c = compare(got, expected);
@@ -114,7 +115,7 @@ TEST(PytorchFixtures, FullyMaskedRowsAreZeroWhereTorchGivesNan) {
   options.num_heads = 4;
   options.need_weights = true;
   const auto got = SafetensorsFile::from_bytes(
-      attn::io::run_multi_head_attention<float>(weights, input, options).to_bytes());
+      attn_run::run_multi_head_attention<float>(weights, input, options).to_bytes());
   const auto finite = expected.values<bool>("finite_rows");
   EXPECT_EQ(std::count(finite.begin(), finite.end(), false), 2);
   for (const float v : got.values<float>("output")) EXPECT_TRUE(std::isfinite(v));
@@ -137,11 +138,11 @@ TEST(Runner, RejectsMissingQueryAndUnpairedKey) {
   o.num_heads = 2;
   SafetensorsWriter none;
   none.add("x", attn::Tensor<float, 3>({1, 2, 4}));
-  EXPECT_THAT([&] { attn::io::run_multi_head_attention<float>(small_weights(), inputs(none), o); },
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(none), o); },
               ThrowsMessage<FormatError>(HasSubstr("'x.safetensors' has no tensor 'query'")));
   SafetensorsWriter key_only;
   key_only.add("query", attn::Tensor<float, 3>({1, 2, 4})).add("key", attn::Tensor<float, 3>({1, 3, 4}));
-  EXPECT_THAT([&] { attn::io::run_multi_head_attention<float>(small_weights(), inputs(key_only), o); },
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(key_only), o); },
               ThrowsMessage<FormatError>(HasSubstr("has 'key' but no 'value'")));
 }
 
@@ -151,15 +152,16 @@ TEST(Runner, RejectsMisshapedMasksNamingTheExpectedShapes) {
   SafetensorsWriter w;
   w.add("query", attn::Tensor<float, 3>({3, 2, 4}));
   w.add("attn_mask", attn::Tensor<bool, 3>({3, 2, 2}));  // B=3, needs B*H = 6
-  EXPECT_THAT([&] { attn::io::run_multi_head_attention<float>(small_weights(), inputs(w), o); },
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(w), o); },
               ThrowsMessage<FormatError>(
                   HasSubstr("attn_mask has shape [3, 2, 2], expected (T_q, T_k) = [2, 2] or "
                             "(B * num_heads, T_q, T_k) = [6, 2, 2]")));
   SafetensorsWriter p;
   p.add("query", attn::Tensor<float, 3>({3, 2, 4}));
-  p.add("key_padding_mask", attn::Tensor<float, 2>({3, 2}));
-  EXPECT_THAT([&] { attn::io::run_multi_head_attention<float>(small_weights(), inputs(p), o); },
-              ThrowsMessage<FormatError>(HasSubstr("key_padding_mask is F32 [3, 2], expected BOOL")));
+  p.add("key_padding_mask", attn::Tensor<bool, 2>({3, 3}));
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(p), o); },
+              ThrowsMessage<FormatError>(HasSubstr(
+                  "key_padding_mask has shape [3, 3], expected (B, T_k) = [3, 2]")));
 }
 
 TEST(Runner, WrongEmbeddingSizeIsAShapeError) {
@@ -167,7 +169,7 @@ TEST(Runner, WrongEmbeddingSizeIsAShapeError) {
   o.num_heads = 2;
   SafetensorsWriter w;
   w.add("query", attn::Tensor<float, 3>({1, 2, 5}));
-  EXPECT_THAT([&] { attn::io::run_multi_head_attention<float>(small_weights(), inputs(w), o); },
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(w), o); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("(1, 2, 5)")));
 }
 

@@ -296,14 +296,99 @@ TEST(SafetensorsMalformed, MissingTensorListsTheNames) {
               ThrowsMessage<FormatError>(HasSubstr("has no tensor 'bias'; it has 1 tensor(s): w")));
 }
 
-TEST(SafetensorsMalformed, MissingOrEmptyFile) {
-  EXPECT_THAT([] { SafetensorsFile::open("/nonexistent/dir/w.safetensors"); },
-              ThrowsMessage<IoError>(HasSubstr("cannot open '/nonexistent/dir/w.safetensors'")));
-  const std::string path = temp_path("empty.safetensors");
-  std::ofstream(path).close();
-  EXPECT_THAT([&] { SafetensorsFile::open(path); },
-              ThrowsMessage<FormatError>(HasSubstr("file is 0 bytes")));
-  std::remove(path.c_str());
+// ---- nesting: rejected before anything recurses (a 100000-deep header used to overflow the
+// stack in the error message's dump(), in release builds as under ASan) ----
+
+std::string nested(std::size_t depth, const std::string& inner = "") {
+  return std::string(depth, '[') + inner + std::string(depth, ']');
+}
+
+TEST(SafetensorsNesting, DeepHeadersAreFormatErrorsWherever) {
+  const std::string deep = nested(100000);
+  const std::vector<std::string> headers = {
+      "{\"x\":" + deep + "}",                                                    // a tensor entry
+      R"({"w":{"dtype":)" + deep + R"(,"shape":[1],"data_offsets":[0,4]}})",   // a dtype
+      R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,4]}})", // a shape
+      R"({"__metadata__":{"k":)" + deep + "}}",                                // __metadata__
+      R"({"__metadata__":)" + deep + "}",
+      deep,                                                                    // the header
+  };
+  for (const std::string& header : headers) {
+    SCOPED_TRACE(header.substr(0, 40));
+    EXPECT_THAT([&] { parse(header, 4); },
+                ThrowsMessage<FormatError>(HasSubstr("nests arrays and objects deeper than 8")));
+  }
+}
+
+TEST(SafetensorsNesting, DepthIsCountedOutsideStringsOnly) {
+  // 8 levels is the limit: the value below is then an ordinary error, with a short excerpt.
+  EXPECT_THAT([] { parse("{\"x\":" + nested(7, "1") + "}", 0); },
+              ThrowsMessage<FormatError>(HasSubstr("tensor 'x' is [[[[[[[1]]]]]]], expected")));
+  EXPECT_THAT([] { parse("{\"x\":" + nested(8, "1") + "}", 0); },
+              ThrowsMessage<FormatError>(HasSubstr("deeper than 8 levels (at byte 12 ")));
+  // brackets and escaped quotes inside strings do not nest
+  const auto file = parse(R"({"__metadata__":{"k":"[[[[[[[[[[{{{{{{{{{{\"[[[[[[[[[["}})", 0);
+  EXPECT_EQ(file.metadata().at("k"), "[[[[[[[[[[{{{{{{{{{{\"[[[[[[[[[[");
+}
+
+TEST(SafetensorsNesting, ErrorExcerptsStayShort) {
+  std::string wide = "[";  // a 200 KB shape: the message quotes 80 characters of it
+  for (int i = 0; i < 50000; ++i) wide += "-1,";
+  wide += "-1]";
+  try {
+    parse(R"({"w":{"dtype":"F32","shape":)" + wide + R"(,"data_offsets":[0,4]}})", 4);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("[-1,-1,-1,"));
+    EXPECT_LT(std::string(e.what()).size(), 300u);
+  }
+}
+
+// ---- duplicate keys: nlohmann keeps the last one silently ----
+
+TEST(SafetensorsMalformed, DuplicateTensorNamesAndKeys) {
+  EXPECT_THAT(
+      [] {
+        parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+              R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+              8);
+      },
+      ThrowsMessage<FormatError>(HasSubstr("the header names tensor 'a' more than once")));
+  EXPECT_THAT(
+      [] { parse(R"({"a":{"dtype":"F64","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4); },
+      ThrowsMessage<FormatError>(HasSubstr("tensor 'a' has key 'dtype' more than once")));
+  EXPECT_THAT([] { parse(R"({"__metadata__":{"k":"1","k":"2"}})", 0); },
+              ThrowsMessage<FormatError>(HasSubstr("__metadata__ has key 'k' more than once")));
+  // the same name in different objects is fine
+  EXPECT_EQ(parse(R"({"dtype":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4).size(), 1u);
+}
+
+// ---- sizes: every extent product and byte count is checked ----
+
+TEST(SafetensorsWriter, ByteCountsThatOverflowAreRejected) {
+  SafetensorsWriter writer;
+  // 2^62 x 4 x 4 bytes: the byte count wraps to 0 in 64 bits, which an empty buffer matched
+  EXPECT_THAT([&] { writer.add_raw("w", DType::kF32, {attn::Index(1) << 62, 4}, {}); },
+              ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("tensor 'w' (F32, shape [4611686018427387904, 4]) has a byte count "
+                            "that overflows")));
+  EXPECT_THAT([&] { writer.add_raw("w", DType::kU8, {attn::Index(1) << 32, attn::Index(1) << 32}, {}); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("overflows")));
+  // a broadcast view of 2^62 floats: sizes fit an index, bytes (2^64) do not
+  const float one = 1.0f;
+  const attn::TensorView<const float, 1> broadcast(&one, {attn::Index(1) << 62}, {0});
+  EXPECT_THAT([&] { writer.add("b", broadcast); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("has a byte count that overflows")));
+  EXPECT_EQ(writer.size(), 0u);
+}
+
+TEST(SafetensorsWriter, NamesAndMetadataMustBeUtf8) {
+  SafetensorsWriter writer;
+  EXPECT_THAT([&] { writer.add("\xff", attn::Tensor<float, 1>({1})); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("valid UTF-8")));
+  EXPECT_THAT([&] { writer.set_metadata("k", "\xc3"); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("valid UTF-8")));
+  EXPECT_NO_THROW(writer.to_bytes());
 }
 
 TEST(SafetensorsWriter, RejectsDuplicateReservedAndMissizedTensors) {

@@ -350,6 +350,64 @@ TYPED_TEST(TensorTest, ResizeRejectsNegativeExtents) {
   EXPECT_THAT([] { Matrix({-1, 2}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(-1, 2)")));
 }
 
+// ---- sizes that overflow: a ShapeError naming the shape, never a short allocation ----
+
+constexpr Index kTwo62 = Index(1) << 62;
+constexpr Index kTwo32 = Index(1) << 32;
+
+TYPED_TEST(TensorTest, ByteCountOverflowThrowsInsteadOfAllocatingTooLittle) {
+  // 2^62 elements fit an index, but 2^62 x 4 bytes wrapped to 0: the allocation was empty
+  // and at(1000) wrote out of bounds.
+  EXPECT_THAT([] { (Tensor<TypeParam, 1>({kTwo62})); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr(
+                  "attn::Tensor: shape (4611686018427387904) needs 4611686018427387904 x ")));
+  Tensor<TypeParam, 2> t({2, 2});
+  EXPECT_THAT([&] { t.resize({kTwo62, 2}); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("(4611686018427387904, 2)")));
+  EXPECT_THAT(t.shape(), ElementsAre(2, 2));  // unchanged
+}
+
+TYPED_TEST(TensorTest, ElementCountOverflowThrows) {
+  EXPECT_THAT([] { (Tensor<TypeParam, 3>({kTwo32, kTwo32, 2})); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr(
+                  "shape (4294967296, 4294967296, 2) has more elements than an index can count")));
+  // no element, but the strides of the other axes would still overflow
+  EXPECT_THAT([] { (Tensor<TypeParam, 3>({0, kTwo32, kTwo32})); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("(0, 4294967296, 4294967296)")));
+}
+
+TEST(ShapeSize, OverflowThrowsNamingTheShape) {
+  // was signed overflow (UBSan), giving 0: MultiHeadAttention then reported an "empty input"
+  EXPECT_THAT([] { attn::shape_size(Shape<3>{kTwo32, kTwo32, 2}); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr(
+                  "attn::shape_size: shape (4294967296, 4294967296, 2) has more elements")));
+  EXPECT_EQ(attn::shape_size(Shape<3>{kTwo32, kTwo32 / 4 - 1, 2}),
+            kTwo32 * (kTwo32 / 4 - 1) * 2);  // products just under 2^63 still work
+  EXPECT_EQ(attn::shape_size(Shape<2>{0, kTwo62}), 0);
+  // row-major strides of a shape that overflows are computed without undefined behaviour
+  (void)attn::row_major_strides(Shape<3>{kTwo32, kTwo32, 2});
+}
+
+TEST(ShapeSize, ViewsOfShapesThatOverflowAreRejected) {
+  float x = 0;
+  EXPECT_THAT([&] { (TensorView<float, 3>(&x, {kTwo32, kTwo32, 2}, {0, 0, 0})); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr(
+                  "attn::TensorView: shape (4294967296, 4294967296, 2) has more elements")));
+  EXPECT_THAT([&] { (TensorView<float, 2>(&x, {kTwo32, kTwo32})); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("(4294967296, 4294967296)")));
+  const TensorView<float, 1> broadcast(&x, {kTwo62}, {0});  // fits: 2^62 elements
+  EXPECT_EQ(broadcast.size(), kTwo62);
+}
+
+TEST(ShapeSize, ReshapeToAShapeThatOverflowsThrows) {
+  float x[4] = {};
+  const TensorView<float, 1> v(x, {4});
+  EXPECT_THAT([&] { (attn::reshape(v, Shape<3>{kTwo32, kTwo32, -1})); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("the element count overflows")));
+  EXPECT_THAT([&] { (attn::reshape(v, Shape<3>{kTwo32, kTwo32, 4})); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("overflows")));
+}
+
 TYPED_TEST(TensorTest, StorageIs64ByteAligned) {
   for (const Index n : {1, 3, 7, 17, 100, 1001}) {
     Tensor<TypeParam, 2> t({n, 3});

@@ -5,13 +5,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "attn/error.hpp"
+
 namespace attn::io {
 
 /// Base of every error attn::io throws: a file that cannot be opened, read or written, or
 /// whose contents do not fit the call. what() names the file (or buffer) and the values.
-class IoError : public std::runtime_error {
+/// An attn::Error, and a std::runtime_error for catch sites written for that.
+class IoError : public attn::Error, public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  const char* what() const noexcept override { return std::runtime_error::what(); }
 };
 
 /// A malformed file: bad header length, header not a JSON object, unknown dtype, offsets
@@ -31,11 +35,11 @@ class StateDictError : public IoError {
 
 namespace detail {
 
-/// Throws Error("attn::io::<where>: <message>") when `ok` is false; the message is built
+/// Throws ErrorType("attn::io::<where>: <message>") when `ok` is false; the message is built
 /// only on failure.
-template <class Error, class MakeMessage>
+template <class ErrorType, class MakeMessage>
 void io_require(bool ok, const char* where, MakeMessage&& make_message) {
-  if (!ok) throw Error(std::string("attn::io::") + where + ": " + make_message());
+  if (!ok) throw ErrorType(std::string("attn::io::") + where + ": " + make_message());
 }
 
 }  // namespace detail

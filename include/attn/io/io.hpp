@@ -4,6 +4,5 @@
 #pragma once
 
 #include "attn/io/error.hpp"
-#include "attn/io/runner.hpp"
 #include "attn/io/safetensors.hpp"
 #include "attn/io/state_dict.hpp"

@@ -4,8 +4,12 @@
 
 #include <array>
 #include <cstddef>
+#include <limits>
+#include <string>
 
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
+#include "attn/error.hpp"
 
 namespace attn {
 
@@ -15,23 +19,42 @@ template <std::size_t Rank>
 using Shape = std::array<Index, Rank>;
 
 /// Row-major (C, PyTorch-contiguous) strides for `shape`: the last index is fastest.
+/// Exact for every shape shape_size() accepts; for one whose size overflows (which every
+/// view and tensor constructor rejects) the strides are unspecified but computing them is
+/// not undefined behaviour.
 template <std::size_t Rank>
 constexpr Shape<Rank> row_major_strides(const Shape<Rank>& shape) noexcept {
   Shape<Rank> strides{};
   Index step = 1;
   for (std::size_t r = Rank; r-- > 0;) {
     strides[r] = step;
-    step *= shape[r];
+    if (!detail::checked_mul(step, shape[r], step)) step = std::numeric_limits<Index>::max();
   }
   return strides;
 }
 
-/// Number of elements of `shape` (1 for rank 0, 0 if any extent is 0).
+namespace detail {
+
+/// shape_size() for `where`: throws ShapeError("attn::<where>: shape (...) has more elements
+/// than an index can count") when the product of the non-zero extents does not fit Index.
 template <std::size_t Rank>
-constexpr Index shape_size(const Shape<Rank>& shape) noexcept {
-  Index count = 1;
-  for (const Index extent : shape) count *= extent;
+Index checked_shape_size(const Shape<Rank>& shape, const char* where) {
+  Index count = 0;
+  require(checked_extent_product(shape, count), where, [&] {
+    return "shape " + to_string(shape) + " has more elements than an index can count (" +
+           std::to_string(std::numeric_limits<Index>::max()) + ")";
+  });
   return count;
+}
+
+}  // namespace detail
+
+/// Number of elements of `shape` (1 for rank 0, 0 if any extent is 0).
+/// @throws ShapeError naming the shape when the product of its non-zero extents does not fit
+///         Index (its strides would overflow too).
+template <std::size_t Rank>
+Index shape_size(const Shape<Rank>& shape) {
+  return detail::checked_shape_size(shape, "shape_size");
 }
 
 }  // namespace attn

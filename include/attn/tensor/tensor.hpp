@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
 #include "attn/memory.hpp"
 #include "attn/tensor/shape.hpp"
@@ -108,14 +109,20 @@ class Tensor {
   /// Changes the shape. Reallocates only when the new size exceeds the capacity, so a
   /// tensor reused as a workspace stops allocating. Element values are unspecified after
   /// a resize that changes the size (call fill() if needed).
-  /// @throws ShapeError if an extent is negative.
+  /// @throws ShapeError if an extent is negative, or the element or byte count overflows.
   void resize(const Shape<Rank>& shape) {
     for (const Index extent : shape) {
       detail::require(extent >= 0, "Tensor::resize", [&] {
         return "shape " + detail::to_string(shape) + " has a negative extent";
       });
     }
-    storage_.reserve(static_cast<std::size_t>(shape_size(shape)));
+    const auto count = static_cast<std::size_t>(detail::checked_shape_size(shape, "Tensor"));
+    std::size_t bytes = 0;
+    detail::require(detail::checked_bytes(count, sizeof(Scalar), bytes), "Tensor", [&] {
+      return "shape " + detail::to_string(shape) + " needs " + std::to_string(count) + " x " +
+             std::to_string(sizeof(Scalar)) + " bytes, more than one allocation can hold";
+    });
+    storage_.reserve(count);
     shape_ = shape;
   }
 

@@ -45,7 +45,7 @@ class TensorView {
       : TensorView(data, shape, row_major_strides(shape)) {}
 
   /// A view with explicit strides (in elements).
-  /// @throws ShapeError if an extent or a stride is negative.
+  /// @throws ShapeError if an extent or a stride is negative, or the element count overflows.
   TensorView(Scalar* data, const Shape<Rank>& shape, const Shape<Rank>& strides)
       : data_(data), shape_(shape), strides_(strides) {
     for (std::size_t r = 0; r < Rank; ++r) {
@@ -54,6 +54,7 @@ class TensorView {
                detail::to_string(strides) + " has a negative extent or stride";
       });
     }
+    detail::checked_shape_size(shape, "TensorView");  // size() never overflows
   }
 
   /// Mutable -> read-only is implicit; the reverse does not compile.

@@ -180,7 +180,9 @@ TensorView<Scalar, NewRank> reshape(TensorView<Scalar, Rank> v, Shape<NewRank> n
       detail::require(new_shape[r] >= 0, "reshape", [&] {
         return describe() + ": extents must be non-negative";
       });
-      known *= new_shape[r];
+      detail::require(detail::checked_mul(known, new_shape[r], known), "reshape", [&] {
+        return describe() + ": the element count overflows";
+      });
     }
   }
   if (inferred != NewRank) {

@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: MIT
+// tests/io/attn_run_test.cpp: attn_run (tools/attn_run/): its mask dtype rules (PyTorch
+// 1.13's: BOOL and U8 block, floats add, other integers are errors), its arguments, and that
+// --output naming the --input file never destroys it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "attn/io/io.hpp"
+#include "attn_run/cli.hpp"
+#include "io/file_test_support.hpp"
+#include "support/test_support.hpp"
+
+namespace {
+
+using attn::Index;
+using attn::Tensor;
+using attn::io::DType;
+using attn::io::FormatError;
+using attn::io::SafetensorsFile;
+using attn::io::SafetensorsWriter;
+using attn_run::ParsedArguments;
+using attn_run::RunOptions;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::ThrowsMessage;
+
+constexpr Index kB = 2, kT = 4, kE = 8, kH = 2;
+
+SafetensorsWriter weights_writer() {
+  attn::TorchGenerator gen(3);
+  const attn::MultiHeadAttention<float> m(attn::MultiHeadAttentionOptions::pytorch(kE, kH), gen);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w);
+  return w;
+}
+const SafetensorsFile& weights() {
+  static const SafetensorsFile file = SafetensorsFile::from_bytes(weights_writer().to_bytes(), "w");
+  return file;
+}
+SafetensorsWriter query_writer() {
+  SafetensorsWriter w;
+  w.add("query", attn::test::random_tensor<float, 3>({kB, kT, kE}, 7));
+  return w;
+}
+std::vector<float> output_of(SafetensorsWriter inputs, bool causal = false) {
+  RunOptions o;
+  o.num_heads = kH;
+  o.causal = causal;
+  const auto in = SafetensorsFile::from_bytes(inputs.to_bytes(), "x");
+  const auto out = attn_run::run_multi_head_attention<float>(weights(), in, o);
+  return SafetensorsFile::from_bytes(out.to_bytes()).values<float>("output");
+}
+// Integer bytes of dtype `d` (little-endian) for 0/1 values, times `scale`.
+std::vector<unsigned char> integer_bytes(const std::vector<int>& v, DType d, int scale = 1) {
+  std::vector<unsigned char> out;
+  for (const int x : v) {
+    for (std::size_t i = 0; i < attn::io::dtype_size(d); ++i) {
+      out.push_back(i == 0 ? static_cast<unsigned char>(x * scale) : 0);
+    }
+  }
+  return out;
+}
+const std::vector<int> kTriu = {0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0};  // (T, T)
+const std::vector<int> kPadding = {0, 0, 1, 1, 0, 1, 0, 0};                      // (B, T)
+
+TEST(AttnRunMasks, U8AttnMaskBlocksLikeBool) {
+  // U8 was added to the scores as 0/1 floats (relative error ~1 against PyTorch).
+  SafetensorsWriter as_bool = query_writer();
+  as_bool.add_raw("attn_mask", DType::kBool, {kT, kT}, integer_bytes(kTriu, DType::kBool));
+  const std::vector<float> want = output_of(as_bool);
+  EXPECT_EQ(want, output_of(query_writer(), /*causal=*/true));  // triu blocked = causal
+  for (const int scale : {1, 7}) {  // any nonzero byte blocks, as torch's .to(torch.bool)
+    SafetensorsWriter as_u8 = query_writer();
+    as_u8.add_raw("attn_mask", DType::kU8, {kT, kT}, integer_bytes(kTriu, DType::kU8, scale));
+    EXPECT_EQ(output_of(as_u8), want) << "scale " << scale;
+  }
+}
+
+TEST(AttnRunMasks, OtherIntegerMasksAreErrors) {
+  for (const DType d : {DType::kI64, DType::kI32, DType::kI8, DType::kU16}) {
+    for (const char* name : {"attn_mask", "key_padding_mask"}) {
+      SCOPED_TRACE(std::string(name) + " " + attn::io::dtype_name(d));
+      SafetensorsWriter w = query_writer();
+      if (std::string(name) == "attn_mask") {
+        w.add_raw(name, d, {kT, kT}, integer_bytes(kTriu, d));
+      } else {
+        w.add_raw(name, d, {kB, kT}, integer_bytes(kPadding, d));
+      }
+      EXPECT_THAT([&] { output_of(w); },
+                  ThrowsMessage<FormatError>(HasSubstr(std::string(name) + " has dtype " +
+                                                       attn::io::dtype_name(d) +
+                                                       "; expected BOOL or U8")));
+    }
+  }
+}
+
+TEST(AttnRunMasks, U8KeyPaddingMaskBlocksLikeBool) {
+  SafetensorsWriter as_bool = query_writer();
+  as_bool.add_raw("key_padding_mask", DType::kBool, {kB, kT}, integer_bytes(kPadding, DType::kBool));
+  SafetensorsWriter as_u8 = query_writer();
+  as_u8.add_raw("key_padding_mask", DType::kU8, {kB, kT}, integer_bytes(kPadding, DType::kU8, 3));
+  EXPECT_EQ(output_of(as_u8), output_of(as_bool));
+  EXPECT_NE(output_of(as_bool), output_of(query_writer()));  // the padding matters
+}
+
+// A float key_padding_mask (B, T_k) adds pad[b, k] to every score of key k, like an additive
+// (B * H, T_q, T_k) attn_mask holding it for every head and query.
+TEST(AttnRunMasks, FloatKeyPaddingMaskIsAdditive) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor<float, 2> pad({kB, kT}, {0.0f, 0.5f, -inf, -1.0f, 2.0f, 0.0f, 0.0f, -inf});
+  Tensor<float, 3> additive({kB * kH, kT, kT});
+  for (Index bh = 0; bh < kB * kH; ++bh) {
+    for (Index i = 0; i < kT; ++i) {
+      for (Index k = 0; k < kT; ++k) additive(bh, i, k) = pad(bh / kH, k);
+    }
+  }
+  SafetensorsWriter as_padding = query_writer();
+  as_padding.add("key_padding_mask", pad);
+  SafetensorsWriter as_attn_mask = query_writer();
+  as_attn_mask.add("attn_mask", additive);
+  EXPECT_EQ(output_of(as_padding), output_of(as_attn_mask));
+  EXPECT_NE(output_of(as_padding), output_of(query_writer()));
+  // with --causal (a bound, not an attn_mask tensor) it stays additive
+  Tensor<float, 3> causal_additive = additive;
+  for (Index bh = 0; bh < kB * kH; ++bh) {
+    for (Index i = 0; i < kT; ++i) {
+      for (Index k = i + 1; k < kT; ++k) causal_additive(bh, i, k) = -inf;
+    }
+  }
+  SafetensorsWriter as_causal_attn_mask = query_writer();
+  as_causal_attn_mask.add("attn_mask", causal_additive);
+  EXPECT_EQ(output_of(as_padding, /*causal=*/true), output_of(as_causal_attn_mask));
+}
+
+TEST(AttnRunMasks, FloatKeyPaddingMaskNextToAnAttnMaskIsAnError) {
+  // PyTorch 1.13 ignores it next to a float attn_mask and reads it as boolean next to a
+  // boolean one: no answer would match both its documentation and its output.
+  for (const bool bool_attn_mask : {false, true}) {
+    SafetensorsWriter w = query_writer();
+    w.add("key_padding_mask", Tensor<float, 2>({kB, kT}));
+    if (bool_attn_mask) {
+      w.add("attn_mask", Tensor<bool, 2>({kT, kT}));
+    } else {
+      w.add("attn_mask", Tensor<float, 2>({kT, kT}));
+    }
+    EXPECT_THAT([&] { output_of(w); },
+                ThrowsMessage<FormatError>(HasSubstr(
+                    "key_padding_mask is F32 (added to the scores) and an attn_mask is given too")));
+  }
+}
+
+TEST(AttnRunMasks, KeyPaddingMaskShapeIsChecked) {
+  SafetensorsWriter w = query_writer();
+  w.add("key_padding_mask", Tensor<float, 2>({kB, kT + 1}));
+  EXPECT_THAT([&] { output_of(w); },
+              ThrowsMessage<FormatError>(HasSubstr(
+                  "key_padding_mask has shape [2, 5], expected (B, T_k) = [2, 4]")));
+}
+
+TEST(AttnRunMasks, HugeBatchTimesHeadsIsAMismatchNotAnOverflow) {
+  // a (2^62, 0, 1) query holds no element, so the file is valid; B * H overflows
+  SafetensorsWriter w;
+  w.add_raw("query", DType::kF32, {Index(1) << 62, 0, 1}, {});
+  w.add_raw("attn_mask", DType::kBool, {4, 0, 0}, {});
+  EXPECT_THAT([&] { output_of(w); },
+              ThrowsMessage<FormatError>(HasSubstr(
+                  "expected (T_q, T_k) = [0, 0] or (B * num_heads, T_q, T_k) = (too large)")));
+}
+
+// ---- the command line ----
+
+ParsedArguments parse(std::vector<std::string> argv) { return attn_run::parse_arguments(argv); }
+
+TEST(AttnRunArguments, ParsesEveryFlag) {
+  const ParsedArguments p = parse({"--weights", "w", "--input", "x", "--output", "y", "--num-heads",
+                                   "4", "--prefix", "m.", "--causal", "--per-head-weights", "--double"});
+  ASSERT_EQ(p.action, ParsedArguments::Action::kRun) << p.error;
+  EXPECT_EQ(p.arguments.weights, "w");
+  EXPECT_EQ(p.arguments.run.num_heads, 4);
+  EXPECT_EQ(p.arguments.run.prefix, "m.");
+  EXPECT_TRUE(p.arguments.run.causal && p.arguments.run.need_weights && p.arguments.use_double);
+  EXPECT_FALSE(p.arguments.run.average_weights);
+  EXPECT_EQ(parse({"--output", "y", "--help"}).action, ParsedArguments::Action::kHelp);
+}
+
+TEST(AttnRunArguments, UsageErrorsSayWhat) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--weights"}, "--weights needs a value"},
+      {{"--bogus"}, "unknown argument '--bogus'"},
+      {{"--num-heads", "0"}, "--num-heads expects a positive integer, got '0'"},
+      {{"--num-heads", "3x"}, "got '3x'"},
+      {{"--num-heads", "99999999999"}, "got '99999999999'"},
+      {{"--input", "x", "--output", "y", "--num-heads", "2"}, "--weights is required"},
+      {{"--weights", "w", "--input", "x", "--output", "y"}, "--num-heads is required"},
+  };
+  for (const auto& [argv, message] : cases) {
+    const ParsedArguments p = parse(argv);
+    EXPECT_EQ(p.action, ParsedArguments::Action::kError);
+    EXPECT_THAT(p.error, HasSubstr(message));
+  }
+  std::ostringstream out, err;
+  EXPECT_EQ(attn_run::main({"--bogus"}, out, err), 2);
+  EXPECT_THAT(err.str(), HasSubstr("attn_run: unknown argument '--bogus'"));
+  EXPECT_EQ(attn_run::main({"--help"}, out, err), 0);
+  EXPECT_THAT(out.str(), HasSubstr("usage: attn_run"));
+}
+
+TEST(AttnRunFiles, OutputOverInputFailingKeepsTheInput) {
+  // `attn_run --output X --input X` used to truncate X first: a write failing partway (here
+  // past a file size limit, SIGXFSZ ignored as attn_run does) destroyed the input.
+  const attn::test::TempDir dir;
+  const std::string w = dir.file("w.safetensors"), x = dir.file("x.safetensors");
+  weights_writer().save(w);
+  query_writer().save(x);
+  const std::vector<char> before = attn::test::read_bytes(x);
+  const int status = attn::test::run_in_child([&] {
+    attn::set_num_threads(1);  // a forked child cannot use the parent's OpenMP thread pool
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{256, 256};  // the output alone is 256 bytes of data
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 3;
+    std::ostringstream out, err;
+    const int code = attn_run::main({"--weights", w, "--input", x, "--output", x,
+                                     "--num-heads", "2", "--need-weights"}, out, err);
+    return code == 1 && err.str().find("the file is unchanged") != std::string::npos ? 0 : 1;
+  });
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(attn::test::read_bytes(x), before);
+  EXPECT_THAT(dir.others("x.safetensors"), ::testing::ElementsAre("w.safetensors"));
+}
+
+TEST(AttnRunFiles, OutputOverInputSucceedingReplacesIt) {
+  const attn::test::TempDir dir;
+  const std::string w = dir.file("w.safetensors"), x = dir.file("x.safetensors");
+  weights_writer().save(w);
+  query_writer().save(x);
+  std::ostringstream out, err;
+  ASSERT_EQ(attn_run::main({"--weights", w, "--input", x, "--output", x, "--num-heads", "2"},
+                           out, err), 0) << err.str();
+  const SafetensorsFile y = SafetensorsFile::open(x);
+  EXPECT_EQ(y.values<float>("output"), output_of(query_writer()));
+}
+
+}  // namespace

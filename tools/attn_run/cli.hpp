@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: MIT
+// tools/attn_run/cli.hpp: attn_run's command line: parsing the arguments (no exit, so the
+// tests and the fuzz target can call it) and the whole program as a function.
+#pragma once
+
+#include <exception>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "attn/io/safetensors.hpp"
+#include "attn_run/run.hpp"
+
+namespace attn_run {
+
+inline constexpr const char* kUsage = R"(usage: attn_run --weights W.safetensors --input X.safetensors
+                --output Y.safetensors --num-heads H [options]
+
+Runs torch.nn.MultiheadAttention(batch_first=True) in eval mode with the state_dict in
+W (in_proj_weight, in_proj_bias or q/k/v_proj_weight, out_proj.weight, out_proj.bias;
+embed_dim, kdim, vdim and bias come from their shapes) on the tensors in X:
+  query             (B, T_q, E) or (T_q, E)                     required
+  key, value        (B, T_k, kdim), (B, T_k, vdim)              optional, both or neither
+  attn_mask         BOOL or U8: true = blocked; float: added to scores
+                    (T_q, T_k) or (B*H, T_q, T_k)                optional
+  key_padding_mask  BOOL or U8 (B, T_k), true = padding; float:
+                    added to the scores (only without attn_mask) optional
+and writes to Y: output (B, T_q, E), and weights (B, T_q, T_k) with --need-weights.
+Fully masked rows give zeros (PyTorch gives NaN). Y is replaced atomically: if writing it
+fails, the old file is left as it was (so --output may name the --input file).
+
+options:
+  --weights PATH        safetensors file with the module's state_dict
+  --input PATH          safetensors file with the inputs
+  --output PATH         safetensors file to write
+  --num-heads H         number of heads (not stored in a state_dict)
+  --prefix P            prefix of the weight names (e.g. "encoder.self_attn.")
+  --causal              add a causal mask, triu(ones(T_q, T_k), diagonal=1)
+  --need-weights        also write the attention weights averaged over heads
+  --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
+  --double              compute in double (F64 output); default float (F32)
+  --help                print this help
+exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
+)";
+
+struct Arguments {
+  std::string weights, input, output;
+  RunOptions run;
+  bool use_double = false;
+};
+
+/// The outcome of parsing: run with `arguments`, print the usage, or a usage error.
+struct ParsedArguments {
+  enum class Action { kRun, kHelp, kError } action = Action::kRun;
+  Arguments arguments;
+  std::string error;  ///< for kError
+};
+
+inline bool parse_positive(const std::string& text, attn::Index& out) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (used != text.size() || value <= 0 || value > (1LL << 30)) return false;
+  out = static_cast<attn::Index>(value);
+  return true;
+}
+
+/// Parses attn_run's arguments (without the program name).
+inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
+  ParsedArguments parsed;
+  Arguments& args = parsed.arguments;
+  const auto error = [&](const std::string& message) {
+    parsed.action = ParsedArguments::Action::kError;
+    parsed.error = message;
+    return parsed;
+  };
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    const std::string& flag = argv[i];
+    const bool takes_value = flag == "--weights" || flag == "--input" || flag == "--output" ||
+                             flag == "--num-heads" || flag == "--prefix";
+    if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
+    const std::string value = takes_value ? argv[++i] : std::string();
+    if (flag == "--help" || flag == "-h") {
+      parsed.action = ParsedArguments::Action::kHelp;
+      return parsed;
+    } else if (flag == "--weights") {
+      args.weights = value;
+    } else if (flag == "--input") {
+      args.input = value;
+    } else if (flag == "--output") {
+      args.output = value;
+    } else if (flag == "--num-heads") {
+      if (!parse_positive(value, args.run.num_heads)) {
+        return error(flag + " expects a positive integer, got '" + value + "'");
+      }
+    } else if (flag == "--prefix") {
+      args.run.prefix = value;
+    } else if (flag == "--causal") {
+      args.run.causal = true;
+    } else if (flag == "--need-weights") {
+      args.run.need_weights = true;
+    } else if (flag == "--per-head-weights") {
+      args.run.need_weights = true;
+      args.run.average_weights = false;
+    } else if (flag == "--double") {
+      args.use_double = true;
+    } else {
+      return error("unknown argument '" + flag + "'");
+    }
+  }
+  if (args.weights.empty()) return error("--weights is required");
+  if (args.input.empty()) return error("--input is required");
+  if (args.output.empty()) return error("--output is required");
+  if (args.run.num_heads == 0) return error("--num-heads is required");
+  return parsed;
+}
+
+/// Runs parsed arguments on opened files (what main does after opening them).
+inline attn::io::SafetensorsWriter run(const Arguments& args,
+                                       const attn::io::SafetensorsFile& weights,
+                                       const attn::io::SafetensorsFile& input) {
+  return args.use_double ? run_multi_head_attention<double>(weights, input, args.run)
+                         : run_multi_head_attention<float>(weights, input, args.run);
+}
+
+/// The whole program: returns the exit status (0, 1 for a bad file or a failed run, 2 for
+/// bad arguments), printing to `out` (help) and `err` (errors).
+inline int main(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  const ParsedArguments parsed = parse_arguments(argv);
+  if (parsed.action == ParsedArguments::Action::kHelp) {
+    out << kUsage;
+    return 0;
+  }
+  if (parsed.action == ParsedArguments::Action::kError) {
+    err << "attn_run: " << parsed.error << "\n(run attn_run --help for usage)\n";
+    return 2;
+  }
+  const Arguments& args = parsed.arguments;
+  try {
+    const auto weights = attn::io::SafetensorsFile::open(args.weights);
+    const auto input = attn::io::SafetensorsFile::open(args.input);
+    run(args, weights, input).save(args.output);
+  } catch (const std::exception& e) {
+    err << "attn_run: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace attn_run

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: MIT
+// tools/attn_run/run.hpp: run a PyTorch nn.MultiheadAttention state_dict on safetensors
+// inputs (the core of attn_run, shared with its tests and fuzz target; not installed).
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/attention/multi_head_attention.hpp"
+#include "attn/config.hpp"
+#include "attn/io/error.hpp"
+#include "attn/io/safetensors.hpp"
+#include "attn/io/state_dict.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn_run/masks.hpp"
+
+namespace attn_run {
+
+/// Options of run_multi_head_attention() (the flags of attn_run).
+struct RunOptions {
+  attn::Index num_heads = 0;   ///< required: a state_dict does not record it
+  bool causal = false;         ///< add a causal bound, top-left aligned: triu(ones(T_q, T_k), 1)
+  bool need_weights = false;   ///< also write "weights"
+  bool average_weights = true; ///< average the weights over heads, like PyTorch's default
+  std::string prefix;          ///< prefix of the weights' names
+};
+
+namespace detail {
+
+template <class Scalar, std::size_t Rank>
+attn::Tensor<Scalar, Rank> read_float(const attn::io::SafetensorsFile& file,
+                                      const std::string& name) {
+  const attn::io::DType dtype = file.dtype(name);
+  attn::io::detail::io_require<attn::io::FormatError>(
+      attn::io::dtype_kind(dtype) == attn::io::DTypeKind::kFloat, "run_multi_head_attention",
+      [&] {
+        return "'" + file.source() + "': '" + name + "' has dtype " +
+               attn::io::dtype_name(dtype) + ", expected F16, BF16, F32 or F64";
+      });
+  return file.get<Scalar, Rank>(name);
+}
+
+}  // namespace detail
+
+/// Runs torch.nn.MultiheadAttention(batch_first=True) in eval mode from safetensors files:
+/// `weights` holds its state_dict (names as in attn::io::load_state_dict(MultiHeadAttention&)),
+/// `inputs` holds
+/// - `query` (B, T_q, E) or unbatched (T_q, E);
+/// - optionally `key` (B, T_k, kdim) and `value` (B, T_k, vdim), both or neither (self-
+///   attention without them);
+/// - optionally `attn_mask` and `key_padding_mask`, read as Masks::read() says.
+/// Returns a writer holding `output` (B, T_q, E) (or (T_q, E)) and, with need_weights,
+/// `weights` (B, T_q, T_k) averaged over heads (or (B, H, T_q, T_k) per head), as Scalar.
+/// Rows with no visible key give zeros (PyTorch gives NaN there).
+///
+/// @throws StateDictError / FormatError naming the file and tensor for a bad file; ShapeError
+///         for inputs whose shapes do not fit; std::invalid_argument for bad options.
+template <class Scalar>
+attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::SafetensorsFile& weights,
+                                                     const attn::io::SafetensorsFile& inputs,
+                                                     const RunOptions& options) {
+  using attn::io::FormatError;
+  using attn::io::detail::io_require;
+  using attn::io::detail::shape_text;
+  const char* where = "run_multi_head_attention";
+  io_require<std::invalid_argument>(options.num_heads > 0, where, [&] {
+    return "num_heads=" + std::to_string(options.num_heads) + " must be positive";
+  });
+  const attn::MultiHeadAttentionOptions config =
+      attn::io::options_from_state_dict(weights, options.num_heads, options.prefix);
+  attn::MultiHeadAttention<Scalar> mha(config);
+  mha.eval();
+  attn::io::load_state_dict(mha, weights, options.prefix, attn::io::Strict::kYes);
+
+  // ---- inputs: batch-first; unbatched inputs get a batch axis of 1 ----
+  io_require<FormatError>(inputs.contains("query"), where, [&] {
+    return "'" + inputs.source() + "' has no tensor 'query'";
+  });
+  const std::size_t rank = inputs.rank("query");
+  io_require<FormatError>(rank == 2 || rank == 3, where, [&] {
+    return "'" + inputs.source() + "': query has shape " + shape_text(inputs.shape("query")) +
+           ", expected (B, T_q, E) or (T_q, E)";
+  });
+  const bool batched = rank == 3;
+  const auto read3 = [&](const std::string& name) {
+    io_require<FormatError>(inputs.rank(name) == rank, where, [&] {
+      return "'" + inputs.source() + "': " + name + " has shape " + shape_text(inputs.shape(name)) +
+             " but query has rank " + std::to_string(rank);
+    });
+    if (batched) return detail::read_float<Scalar, 3>(inputs, name);
+    const attn::Tensor<Scalar, 2> t = detail::read_float<Scalar, 2>(inputs, name);
+    return attn::Tensor<Scalar, 3>(attn::unsqueeze(t.view(), 0));
+  };
+  const bool has_key = inputs.contains("key"), has_value = inputs.contains("value");
+  io_require<FormatError>(has_key == has_value, where, [&] {
+    return "'" + inputs.source() + "' has '" + (has_key ? "key" : "value") + "' but no '" +
+           (has_key ? "value" : "key") + "': give both or neither";
+  });
+  const attn::Tensor<Scalar, 3> query = read3("query");
+  const attn::Tensor<Scalar, 3> key = has_key ? read3("key") : attn::Tensor<Scalar, 3>();
+  const attn::Tensor<Scalar, 3> value = has_key ? read3("value") : attn::Tensor<Scalar, 3>();
+  const attn::Index batch = query.extent(0), tq = query.extent(1),
+                    tk = has_key ? key.extent(1) : tq;
+
+  // ---- masks ----
+  attn::AttentionMask<Scalar> mask;
+  if (options.causal) mask.causal(attn::CausalAlignment::kTopLeft);
+  Masks<Scalar> masks(batch, options.num_heads, tq, tk, batched);
+  masks.read(inputs, mask);
+
+  // ---- run ----
+  const attn::TensorView<const Scalar, 3> q = query.view();
+  const attn::TensorView<const Scalar, 3> k = has_key ? key.view() : q;
+  const attn::TensorView<const Scalar, 3> v = has_key ? value.view() : q;
+  attn::io::SafetensorsWriter out;
+  out.set_metadata("producer", "attn_run");
+  const auto add = [&](const char* name, const auto& y) {  // drops the batch axis if unbatched
+    if (batched) {
+      out.add(name, y);
+    } else {
+      out.add(name, attn::select(y.view(), 0, 0));
+    }
+  };
+  if (!options.need_weights) {
+    add("output", mha.forward(q, k, v, mask));
+    return out;
+  }
+  const attn::MultiHeadAttentionOutput<Scalar> r = mha.forward_with_weights(q, k, v, mask);
+  add("output", r.output);
+  if (options.average_weights) {
+    add("weights", attn::average_heads(r.weights.view()));
+  } else {
+    add("weights", r.weights);
+  }
+  return out;
+}
+
+}  // namespace attn_run
