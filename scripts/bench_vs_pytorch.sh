@@ -12,8 +12,8 @@
 #      Attention and the torch.onnx.export graph of the module, each with the projections,
 #      plus nn.MultiheadAttention's output on the same input and weights);
 #   3. for every shape and thread count (1, 2): one ONNX Runtime process checks every graph
-#      against nn.MultiheadAttention, times those that pass (scripts/bench/ort_mha.js) and
-#      picks the fastest; then, several rounds, alternates fresh processes of attn (default
+#      against nn.MultiheadAttention, times those that pass one after the other
+#      (scripts/bench/ort_mha.js) and picks the fastest; then, several rounds, alternates fresh processes of attn (default
 #      flags; bench/mha_timer), attn (-march=native), ONNX Runtime (that graph) and PyTorch
 #      (scripts/bench/pytorch_mha.py, best of its variants), rotating who goes first, and
 #      takes the median of the per-process medians;
@@ -43,8 +43,7 @@
 # repacked on every call).
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
-
-ORT_VERSION=1.30.0
+source "$(dirname "$0")/bench/env.sh"
 
 usage() {
   cat <<USAGE
@@ -96,7 +95,7 @@ else
   OUT_DIR="${OUT_DIR:-$ATTN_ROOT/bench/results}"
 fi
 IFS=',' read -r -a THREAD_LIST <<< "$THREADS"
-PYTHON=/usr/bin/python3  # Debian's python3-torch; a pyenv python3 on PATH does not see it
+PYTHON="$BENCH_PYTHON"
 
 # ---- 1. packages and builds ----
 ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
@@ -132,26 +131,7 @@ FLAGS_DEFAULT="$(build_flags "$BUILD_DEFAULT")"
 # ONNX Runtime: python3-onnx writes the graphs, onnxruntime-node from npm runs them. Any
 # failure leaves ORT_NOTE saying why and the ORT columns empty.
 ORT_DIR="$BUILD/ort"
-ORT_NOTE=""
-ort_installed() {
-  node -e "process.exit(require('$ORT_DIR/node_modules/onnxruntime-node/package.json').version === '$ORT_VERSION' ? 0 : 1)" 2>/dev/null
-}
-if [ "$WANT_ORT" -eq 0 ]; then
-  ORT_NOTE="left out (--no-ort)"
-elif ! { ensure_packages python3-onnx && "$PYTHON" -c "import onnx"; } >/dev/null 2>&1; then
-  ORT_NOTE="python3-onnx is missing and could not be installed, so there are no graphs"
-elif ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  ORT_NOTE="node and npm are not installed"
-elif ! ort_installed; then
-  log "installing onnxruntime-node@$ORT_VERSION from the npm registry into $ORT_DIR"
-  mkdir -p "$ORT_DIR"
-  # --ignore-scripts: the package's install script only downloads GPU providers; the CPU
-  # library ships in the package itself.
-  if ! npm install --prefix "$ORT_DIR" --ignore-scripts --no-audit --no-fund \
-       "onnxruntime-node@$ORT_VERSION" >"$ORT_DIR/npm.log" 2>&1 || ! ort_installed; then
-    ORT_NOTE="npm install onnxruntime-node@$ORT_VERSION failed (no registry access?): $(tail -n 1 "$ORT_DIR/npm.log")"
-  fi
-fi
+if [ "$WANT_ORT" -eq 0 ]; then ORT_NOTE="left out (--no-ort)"; else ort_setup "$ORT_DIR"; fi
 
 # ---- 2. machine, settings, FMA peak ----
 mkdir -p "$OUT_DIR" "$ATTN_ROOT/bench/results/tmp"
@@ -160,10 +140,6 @@ RAW="$ATTN_ROOT/bench/results/tmp/raw-$(date -u +%Y%m%dT%H%M%S).txt"
 PEAK_FILE="${RAW%.txt}.peak"
 : > "$RAW"
 
-if grep -qw avx512f /proc/cpuinfo; then HAS_AVX512=yes; else HAS_AVX512=no; fi
-CORETYPE_DEFAULT=Haswell
-[ "$HAS_AVX512" = yes ] && CORETYPE_DEFAULT=SkylakeX
-OPENBLAS_CORETYPE_SET="${ATTN_BENCH_OPENBLAS_CORETYPE-$CORETYPE_DEFAULT}"
 ATTN_WAIT="${ATTN_BENCH_ATTN_WAIT_POLICY-ACTIVE}"
 ATTN_FREEZE_ARGS=()
 ATTN_FROZEN=frozen
@@ -183,7 +159,7 @@ if [ -z "$ORT_NOTE" ]; then
 else
   ORT_TEXT="no ONNX Runtime ($ORT_NOTE)"
 fi
-MACHINE="machine: ${CPU_MODEL:-unknown CPU} (family $CPU_FAMILY model $CPU_MODEL_NO), $CPUS CPUs, AVX-512: $HAS_AVX512; $(uname -sr)
+MACHINE="machine: ${CPU_MODEL:-unknown CPU} (family $CPU_FAMILY model $CPU_MODEL_NO), $CPUS CPUs, AVX-512: $BENCH_HAS_AVX512; $(uname -sr)
 software: attn $GIT_REV built by $GXX twice, default flags ($FLAGS_DEFAULT) and native ($FLAGS_NATIVE); PyTorch $TORCH_VERSION with OpenBLAS $OPENBLAS_VERSION (pthread); $ORT_TEXT
 settings: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_SET:-unset}, MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456, OMP_WAIT_POLICY attn=${ATTN_WAIT:-unset} PyTorch=${TORCH_WAIT:-unset}; attn module $ATTN_FROZEN; $ROUNDS round(s), $WARMUP warm-up call(s) then <= $REPS calls or ${MAX_SECONDS} s per process
 date: $(date -u '+%Y-%m-%d %H:%M UTC')
@@ -218,9 +194,6 @@ if [ "$SWEEP" -eq 1 ]; then
   done
 fi
 
-graph_dir() {  # graph_dir B Tq Tk D H causal cross: where ort_graphs.py puts that shape
-  echo "$ORT_DIR/graphs/b$1_tq$2_tk$3_d$4_h$5_c$6_x$7"
-}
 if [ -z "$ORT_NOTE" ]; then
   log "writing ONNX Runtime's graphs and nn.MultiheadAttention's outputs into $ORT_DIR/graphs"
   GRAPH_ARGS=()
@@ -235,16 +208,6 @@ fi
 [ -n "$ORT_NOTE" ] && log "ONNX Runtime left out: $ORT_NOTE"
 
 # ---- 3. measurements ----
-# bench_env threads wait_policy: the environment of one measured process.
-bench_env() {
-  local t="$1" wait="$2"
-  local vars=(OMP_NUM_THREADS="$t" OPENBLAS_NUM_THREADS="$t" MKL_NUM_THREADS="$t"
-              MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456)
-  [ -n "$OPENBLAS_CORETYPE_SET" ] && vars+=(OPENBLAS_CORETYPE="$OPENBLAS_CORETYPE_SET")
-  [ -n "$wait" ] && vars+=(OMP_WAIT_POLICY="$wait")
-  printf '%s\n' "${vars[@]}"
-}
-
 # run_one impl threads B Tq Tk D H causal cross [extra args]: one fresh process of impl
 # (attn = default-flags build, attn_native, ort, pytorch) in its environment; prints its
 # output (the result line starts with impl=; attn_native's is renamed from mha_timer's
@@ -264,7 +227,7 @@ run_one() {
     ort)
       mapfile -t env_vars < <(bench_env "$t" "")
       cmd=(node "$ATTN_ROOT/scripts/bench/ort_mha.js" "${shape[@]}" "$t" "$REPS"
-           --max-seconds "$MAX_SECONDS" --warmup "$WARMUP" --graphs "$(graph_dir "${shape[@]}")"
+           --max-seconds "$MAX_SECONDS" --warmup "$WARMUP" --graphs "$(graph_dir "$ORT_DIR" "${shape[@]}")"
            --ort "$ORT_DIR" "${extra[@]}") ;;
     pytorch)
       mapfile -t env_vars < <(bench_env "$t" "$TORCH_WAIT")
@@ -299,28 +262,22 @@ measure() {
 }
 
 # select_ort_form threads B Tq Tk D H causal cross: one ONNX Runtime process checks every
-# graph of the shape and times those that pass, interleaved; its lines go to $RAW as
-# kind=select ones. Echoes "<fastest graph>|<what each graph did>" (graph "none" if none ran).
+# graph of the shape and times those that pass, one after the other; its lines go to $RAW
+# as kind=select ones. Echoes "<fastest graph>|<what each graph did>" (graph "none" if none ran).
 select_ort_form() {
   local t="$1"; shift
   local out best summary
   if out="$(run_one ort "$t" "$@" --forms auto)"; then
     grep -E '^(variant|skipped|impl)=' <<< "$out" | sed 's/^/kind=select round=0 /' >> "$RAW"
     best="$(sed -n 's/^impl=ort .* variant=\([^ ]*\).*/\1/p' <<< "$out" | tail -n1)"
-    summary="$(sed -n 's/^variant=\([^ ]*\) .* median_ms=\([^ ]*\).*/\1 \2 ms/p; s/^skipped=\([^ ]*\) .*/\1 skipped/p' \
+    summary="$(sed -n 's/^variant=\([^ ]*\) .* median_ms=\([^ ]*\).*/\1 \2 ms/p
+                 s/^skipped=\([^ ]*\) .*/\1 skipped/p' \
                  <<< "$out" | paste -sd, - | sed 's/,/, /g')"
     echo "${best:-none}|$summary"
   else
     echo "$out" >> "$RAW"
     echo "none|failed (see $RAW)"
   fi
-}
-
-label() {  # label B Tq Tk D H causal cross
-  local s
-  if [ "$7" = 1 ]; then s="cross B$1 Tq$2 Tk$3 D$4 H$5"; else s="B$1 T$2 D$4 H$5"; fi
-  [ "$6" = 1 ] && s="$s causal"
-  echo "$s"
 }
 
 IMPLS=(attn attn_native pytorch)
@@ -331,7 +288,7 @@ n=0
 for job in "${JOBS[@]}"; do
   read -r kind t b tq tk d h causal cross <<< "$job"
   shape=("$b" "$tq" "$tk" "$d" "$h" "$causal" "$cross")
-  name="$(label "${shape[@]}")"
+  name="$(shape_label "${shape[@]}")"
   n=$((n + 1))
   start_job=$(date +%s)
   form=""

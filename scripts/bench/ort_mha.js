@@ -15,11 +15,13 @@
 //                 --ignore-scripts onnxruntime-node@1.30.0 --prefix DIR)
 //   --warmup N    untimed runs per graph before timing (default 2: ONNX Runtime touches fresh
 //                 memory on its first two runs)
-//   --forms       graphs to time (default auto: every graph in the manifest); several are
-//                 timed interleaved and the fastest is reported, like pytorch_mha.py
+//   --forms       graphs to time (default auto: every graph in the manifest, in its order);
+//                 several are timed one after the other (each session released before the
+//                 next loads: the materialising graphs hold GiBs at T = 8192) and the fastest
+//                 is reported
 //   --profile P   ONNX Runtime's profiler on (enableProfiling, profileFilePrefix P); the JSON
-//                 file it writes is printed as profile=... (the timing then includes the
-//                 profiler's overhead)
+//                 files it writes (one per timed graph, warm-up runs included) are listed as
+//                 profile=a.json,b.json (the timing then includes the profiler's overhead)
 // Session options: intraOpNumThreads = threads, interOpNumThreads = 1, executionMode
 // sequential, graphOptimizationLevel all, enableCpuMemArena and enableMemPattern on (the
 // defaults, set explicitly); intra-op threads spin while waiting (ORT's default), as attn's
@@ -31,7 +33,7 @@
 // Check: the first warm-up output of every graph is compared with nn.MultiheadAttention's
 // (|y - ref| <= 1e-4 + 1e-3 |ref| elementwise, pytorch_mha.py's tolerance); a graph that fails
 // it, or fails to load or run, is skipped with a "skipped=<form> ... reason=..." line.
-// Output: "variant=<form> ..." per timed graph, then the result line
+// Output: "variant=<form> ... reps=N" per graph that passed, then the result line
 //   impl=ort B=.. Tq=.. Tk=.. D=.. H=.. causal=0 cross=0 threads=1 reps=20 median_ms=..
 //   min_ms=.. gflops=.. max_rss_mib=.. base_rss_mib=.. variant=mha max_err=.. ort=1.30.0
 // max_rss_mib: the process's peak resident set (process.resourceUsage().maxRSS);
@@ -166,62 +168,62 @@ function main() {
   };
   if (a.profile) Object.assign(options, {enableProfiling: true, profileFilePrefix: a.profile});
 
-  // Load, warm up and check every form; keep those that pass.
+  const flops = mhaFlops(a.B, a.Tq, a.Tk, a.D, a.H, a.causal, a.cross);
+  const gf = (ms) => (flops / (ms * 1e-3) * 1e-9).toFixed(2);
+  const timeRun = (session, fetches) => {
+    const t0 = process.hrtime.bigint();
+    session.run(feeds, fetches, {});
+    return Number(process.hrtime.bigint() - t0) / 1e6;
+  };
+
+  // One graph at a time, each session released before the next one loads, so the process
+  // holds one graph's buffers at a time (the materialising graphs need GiBs at T = 8192).
   const live = [];
+  let profile = null;
   for (const name of names) {
     const file = path.join(a.graphs, manifest.forms.find((f) => f.name === name).file);
     const out = new Float32Array(outLen);
     const fetches = {[manifest.output]: new ort.Tensor('float32', out, [a.B, a.Tq, a.D])};
-    let session;
+    let session = null;
     try {
       session = new binding.binding.InferenceSession();
       session.loadModel(file, options);
+      // Warm-up 1 is the check.
       out.fill(NaN);
-      session.run(feeds, fetches, {});
+      timeRun(session, fetches);
       const [err, ok] = maxErr(out, ref);
       if (!ok) {
         console.log(`skipped=${name} ${shapeFields} reason="output differs from nn.MultiheadAttention ` +
                     `by up to ${err.toExponential(3)} (tolerance ${ATOL} + ${RTOL} |ref|)"`);
         continue;
       }
-      for (let i = 1; i < a.warmup; ++i) session.run(feeds, fetches, {});
-      live.push({name, session, feeds, fetches, err, times: []});
+      for (let i = 1; i < a.warmup; ++i) timeRun(session, fetches);
+      const times = [];
+      let total = 0;
+      for (let rep = 0; rep < Math.max(1, a.reps); ++rep) {
+        times.push(timeRun(session, fetches));
+        total += times[times.length - 1] / 1e3;
+        if (total >= a.maxSeconds && times.length >= 3) break;
+      }
+      const f = {name, err, times, median: median(times)};
+      live.push(f);
+      console.log(`variant=${name} ${shapeFields} median_ms=${f.median.toFixed(4)} ` +
+                  `min_ms=${Math.min(...times).toFixed(4)} gflops=${gf(f.median)} ` +
+                  `max_err=${err.toExponential(2)} reps=${times.length}`);
+      if (a.profile) {
+        const p = session.endProfiling();
+        if (typeof p === 'string') profile = profile ? `${profile},${p}` : p;
+      }
     } catch (e) {
       const why = String(e.message || e).split('\n')[0].replace(/"/g, "'");
       console.log(`skipped=${name} ${shapeFields} reason="does not run: ${why}"`);
+    } finally {
+      if (session) session.dispose();
     }
   }
   if (live.length === 0) die('no graph ran and matched nn.MultiheadAttention', 3);
-
-  // Interleave the forms so machine noise hits them alike (pytorch_mha.py does the same).
-  let total = 0;
-  for (let rep = 0; rep < Math.max(1, a.reps); ++rep) {
-    for (const f of live) {
-      const t0 = process.hrtime.bigint();
-      f.session.run(f.feeds, f.fetches, {});
-      const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-      f.times.push(ms);
-      total += ms / 1e3;
-    }
-    if (total >= a.maxSeconds * live.length && live[0].times.length >= 3) break;
-  }
   const rss = maxRssMib();
-  let profile = null;
-  if (a.profile) {
-    for (const f of live) {
-      const p = f.session.endProfiling();
-      if (typeof p === 'string') profile = profile ? `${profile},${p}` : p;
-    }
-  }
 
-  const flops = mhaFlops(a.B, a.Tq, a.Tk, a.D, a.H, a.causal, a.cross);
-  const gf = (ms) => (flops / (ms * 1e-3) * 1e-9).toFixed(2);
-  for (const f of live) {
-    f.median = median(f.times);
-    console.log(`variant=${f.name} ${shapeFields} median_ms=${f.median.toFixed(4)} ` +
-                `min_ms=${Math.min(...f.times).toFixed(4)} gflops=${gf(f.median)} ` +
-                `max_err=${f.err.toExponential(2)}`);
-  }
   const best = live.reduce((x, y) => (y.median < x.median ? y : x));
   console.log(`impl=ort ${shapeFields} reps=${best.times.length} median_ms=${best.median.toFixed(4)} ` +
               `min_ms=${Math.min(...best.times).toFixed(4)} gflops=${gf(best.median)} ` +

@@ -326,7 +326,8 @@ def main():
         print(f"ONNX Runtime: no figures ({a.ort_note}).")
     elif selection:
         print("ONNX Runtime graphs (one process per row checks each against nn.MultiheadAttention "
-              "and times those that pass, interleaved; the fastest is timed in the rounds above):")
+              "and times those that pass, one after the other; the fastest is the one timed in the "
+              "rounds above):")
         for (shape, threads), e in selection.items():
             timed = ", ".join(f"{g} {ms:.2f} ms" + (" (best)" if g == e["best"] else "")
                               for g, ms in e["times"].items()) or "none ran"
