@@ -48,7 +48,7 @@ source "$(dirname "$0")/bench/env.sh"
 usage() {
   cat <<USAGE
 usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--threads 1,2]
-          [--no-sweep] [--no-ort] [--out DIR]
+          [--no-sweep] [--no-ort] [--shape "B Tq Tk D H causal cross"]... [--out DIR]
   --quick        smoke test: 3 small shapes, T sweep 128..512, 1 round, 3 reps
   --rounds N     alternating process groups per shape and thread count (default 3)
   --reps N       timed calls per process, at most (default 20)
@@ -57,12 +57,14 @@ usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--th
   --threads L    comma-separated thread counts (default 1,2)
   --no-sweep     skip the T sweep (no plot unless a main shape is on the sweep line)
   --no-ort       leave ONNX Runtime out
+  --shape S      measure these shapes instead of the issue's (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
 USAGE
   exit 2
 }
 
 QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" WARMUP=2 THREADS="1,2" SWEEP=1 OUT_DIR="" WANT_ORT=1
+USER_SHAPES=()
 COMMAND_LINE="scripts/bench_vs_pytorch.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -74,6 +76,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS="$2"; shift ;;
     --no-sweep) SWEEP=0 ;;
     --no-ort) WANT_ORT=0 ;;
+    --shape) USER_SHAPES+=("$2"); shift ;;
     --out) OUT_DIR="$2"; shift ;;
     -h|--help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
@@ -94,6 +97,7 @@ else
   ROUNDS="${ROUNDS:-3}" REPS="${REPS:-20}" MAX_SECONDS="${MAX_SECONDS:-3}"
   OUT_DIR="${OUT_DIR:-$ATTN_ROOT/bench/results}"
 fi
+[ "${#USER_SHAPES[@]}" -gt 0 ] && SHAPES=("${USER_SHAPES[@]}")
 IFS=',' read -r -a THREAD_LIST <<< "$THREADS"
 PYTHON="$BENCH_PYTHON"
 

@@ -46,7 +46,9 @@ ort_setup() {
     # library ships in the package itself.
     if ! npm install --prefix "$dir" --ignore-scripts --no-audit --no-fund \
          "onnxruntime-node@$ORT_VERSION" >"$dir/npm.log" 2>&1 || ! ort_installed "$dir"; then
-      ORT_NOTE="npm install onnxruntime-node@$ORT_VERSION failed (no registry access?): $(tail -n 1 "$dir/npm.log")"
+      local why
+      why="$(grep -m1 -E '^npm (error|ERR!) [A-Z]*Error|^npm (error|ERR!) code' "$dir/npm.log" || tail -n 1 "$dir/npm.log")"
+      ORT_NOTE="npm install onnxruntime-node@$ORT_VERSION failed (${why#npm error }; log: $dir/npm.log)"
     fi
   fi
 }

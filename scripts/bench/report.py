@@ -137,8 +137,8 @@ def mha_flops(shape):
     return proj + 2.0 * b * tq * d * d + 4.0 * b * h * pairs * (d // h)
 
 
-def fmt(x, spec):
-    return "n/a" if x is None or x != x else format(x, spec)
+def fmt(x, spec, suffix=""):
+    return "n/a" if x is None or x != x else format(x, spec) + suffix
 
 
 # The implementations, in table and plot order: (impl key, name in the table and plot).
@@ -288,8 +288,8 @@ def main():
         ms = lambda impl: fmt(r[impl] and r[impl]["median_ms"], ".2f")
         rss = lambda impl: fmt(r[impl] and r[impl]["max_rss_mib"], ".0f")
         rows.append([shape_label(shape), threads, ms("pytorch"), ms("ort"), ms("attn"),
-                     ms("attn_native"), fmt(vs_pt, ".2f") + "x", fmt(vs_ort, ".2f") + "x",
-                     fmt(vs_native, ".2f"), fmt(a_gflops, ".1f"), fmt(100 * frac, ".1f") + "%",
+                     ms("attn_native"), fmt(vs_pt, ".2f", "x"), fmt(vs_ort, ".2f", "x"),
+                     fmt(vs_native, ".2f"), fmt(a_gflops, ".1f"), fmt(100 * frac, ".1f", "%"),
                      rss("pytorch"), rss("ort"), rss("attn"),
                      r["pytorch"]["variant"] if r["pytorch"] else "n/a",
                      r["ort"]["variant"] if r["ort"] else "n/a"])
@@ -317,8 +317,9 @@ def main():
           "attn ms, vs ORT = ORT ms / attn ms, default/native = attn native ms / attn ms. "
           "GFLOP/s counts useful FLOPs (bench/bench_support.hpp), attn's from the default-flags "
           "build. Peak RSS is ru_maxrss of the whole process (PyTorch's includes the interpreter "
-          f"and libtorch, about {base('pytorch')} MiB before any tensor exists; ORT's node and "
-          f"the ONNX Runtime library, about {base('ort')} MiB).")
+          f"and libtorch, about {base('pytorch')} MiB before any tensor exists"
+          + (f"; ORT's node and the ONNX Runtime library, about {base('ort')} MiB"
+             if any(k[3] == "ort" for k in agg) else "") + ").")
 
     # ---- ONNX Runtime: which graphs ran, and how fast, per shape and thread count ----
     print()
