@@ -6,12 +6,17 @@
 #   profile_summary.py ort PROFILE.json [--skip N]
 #       ONNX Runtime's profiler output (ort_mha.js --profile): per graph node, the mean time
 #       per run and its share of the run (model_run), skipping the first N runs (default 2,
-#       the warm-up runs); MatMul / Gemm nodes also get their GFLOP/s from their shapes.
+#       the warm-up runs); MatMul / Gemm nodes also get their GFLOP/s from their shapes, at
+#       the mean and at the fastest run (on a busy machine the fastest is the better estimate
+#       of what the kernel can do).
 #   profile_summary.py perf PERF.data
 #       `perf record -e cpu-clock` of bench/mha_timer: the samples of attn's functions
 #       grouped into projections (the packed GEMM and its packing), attention core (the
 #       streaming / materialised kernels, their transposes, softmax) and the rest (module
 #       set-up, page faults, the timer), by symbol name; the hottest symbols follow.
+#   profile_summary.py gemm GEMM_BENCH.json
+#       bench/gemm_bench's --benchmark_format=json output: attn's GEMM per shape, GFLOP/s at
+#       the median and at the fastest repetition.
 # Both print plain text for bench/README.md's "vs ONNX Runtime" section.
 
 import argparse
@@ -61,13 +66,15 @@ def summarize_ort(path, skip):
     by_op = collections.Counter()
     for name, n in per_node.items():
         ms = statistics.mean(n["durs"])
+        fastest = min(n["durs"])
         by_op[n["op"]] += ms
         shapes = [list(s.values())[0] for s in n["shapes"]]
         extra = ""
         if n["op"] in ("MatMul", "Gemm") and shapes and n["out"]:
             flops = matmul_flops(shapes[0], list(n["out"][0].values())[0])
             if flops:
-                extra = f"  {flops / (ms * 1e-3) * 1e-9:6.1f} GFLOP/s"
+                extra = (f"  {flops / (ms * 1e-3) * 1e-9:6.1f} GFLOP/s"
+                         f" (fastest run {flops / (fastest * 1e-3) * 1e-9:.1f})")
         print(f"  {n['op']:<22} {name:<40} {ms:9.3f} ms {100 * ms / run_ms:5.1f}%{extra}  "
               f"inputs {' '.join('x'.join(map(str, s)) for s in shapes)}")
     print("  by op type: " + ", ".join(f"{op} {100 * ms / run_ms:.1f}%" for op, ms in by_op.most_common()))
@@ -111,6 +118,17 @@ def summarize_perf(path):
         print(f"  {pct:5.1f}%  {sym[:110]}")
 
 
+def summarize_gemm(path):
+    with open(path) as f:
+        runs = [b for b in json.load(f)["benchmarks"] if b.get("run_type") == "iteration"]
+    shapes = collections.OrderedDict()
+    for b in runs:
+        shapes.setdefault(b["run_name"], []).append(b["FLOPS"] * 1e-9)
+    for name, rates in shapes.items():
+        print(f"  {name:<40} {statistics.median(rates):6.1f} GFLOP/s median, "
+              f"{max(rates):6.1f} fastest of {len(rates)}")
+
+
 def main():
     p = argparse.ArgumentParser(description="summaries of ORT / perf profiles of one MHA shape")
     sub = p.add_subparsers(dest="kind", required=True)
@@ -119,11 +137,15 @@ def main():
     o.add_argument("--skip", type=int, default=2)
     q = sub.add_parser("perf")
     q.add_argument("data")
+    g = sub.add_parser("gemm")
+    g.add_argument("json")
     a = p.parse_args()
     if a.kind == "ort":
         summarize_ort(a.profile, a.skip)
-    else:
+    elif a.kind == "perf":
         summarize_perf(a.data)
+    else:
+        summarize_gemm(a.json)
     return 0
 
 

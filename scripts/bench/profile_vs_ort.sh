@@ -82,8 +82,8 @@ for shape in "${SHAPES[@]}"; do
 done
 
 if [ "$GEMM" -eq 1 ]; then
-  log "attn's GEMM alone (bench/gemm_bench, $THREADS thread(s), medians of 3; packs the weight per call)"
-  run_env ACTIVE "$BUILD/bench/gemm_bench" --benchmark_repetitions=3 \
-    --benchmark_report_aggregates_only=true --benchmark_filter='BM_Gemm<float>.*' 2>/dev/null |
-    grep -E '_median' || true
+  log "attn's GEMM alone (bench/gemm_bench, $THREADS thread(s), 5 repetitions; packs the weight per call)"
+  run_env ACTIVE "$BUILD/bench/gemm_bench" --benchmark_repetitions=5 --benchmark_format=json \
+    --benchmark_filter='BM_Gemm<float>.*' > "$OUT/gemm_t$THREADS.json" 2>/dev/null
+  "$BENCH_PYTHON" "$ATTN_ROOT/scripts/bench/profile_summary.py" gemm "$OUT/gemm_t$THREADS.json"
 fi
