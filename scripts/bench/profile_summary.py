@@ -8,12 +8,17 @@
 #       per run and its share of the run (model_run), skipping the first N runs (default 2,
 #       the warm-up runs); MatMul / Gemm nodes also get their GFLOP/s from their shapes, at
 #       the mean and at the fastest run (on a busy machine the fastest is the better estimate
-#       of what the kernel can do).
-#   profile_summary.py perf PERF.data
+#       of what the kernel can do). Last, the run split like attn's: projections (MatMul,
+#       Gemm), attention core (the attention ops, the score products, Softmax, mask Add),
+#       layout (Transpose, Reshape, Split); com.microsoft.Attention does its Q/K/V
+#       projection inside the op, so it gets a group of its own.
+#   profile_summary.py perf PERF.data [--ms MEDIAN]
 #       `perf record -e cpu-clock` of bench/mha_timer: the samples of attn's functions
 #       grouped into projections (the packed GEMM and its packing), attention core (the
 #       streaming / materialised kernels, their transposes, softmax) and the rest (module
-#       set-up, page faults, the timer), by symbol name; the hottest symbols follow.
+#       set-up, page faults, the timer), by symbol name; the hottest symbols follow. With
+#       --ms (mha_timer's median_ms) also milliseconds per call: the call's time split in
+#       the ratio of the projection and core samples.
 #   profile_summary.py gemm GEMM_BENCH.json
 #       bench/gemm_bench's --benchmark_format=json output: attn's GEMM per shape, GFLOP/s at
 #       the median and at the fastest repetition.
@@ -78,7 +83,21 @@ def summarize_ort(path, skip):
         print(f"  {n['op']:<22} {name:<40} {ms:9.3f} ms {100 * ms / run_ms:5.1f}%{extra}  "
               f"inputs {' '.join('x'.join(map(str, s)) for s in shapes)}")
     print("  by op type: " + ", ".join(f"{op} {100 * ms / run_ms:.1f}%" for op, ms in by_op.most_common()))
+    groups = collections.Counter()
+    for op, ms in by_op.items():
+        groups[next((g for g, ops in ORT_GROUPS if op in ops), "other")] += ms
+    print("  split: " + ", ".join(f"{g} {ms:.3f} ms ({100 * ms / run_ms:.1f}%)"
+                                  for g, ms in groups.most_common()))
 
+
+# ONNX Runtime's op types by what they do in these graphs.
+ORT_GROUPS = (
+    ("projections", ("MatMul", "Gemm")),
+    ("attention core", ("MultiHeadAttention", "GroupQueryAttention", "FusedMatMul", "Softmax",
+                        "Add", "Where", "Mul", "Div")),
+    ("projection + core (com.microsoft.Attention)", ("Attention",)),
+    ("layout", ("Transpose", "Reshape", "Split", "Slice", "Concat")),
+)
 
 # attn's functions by what they do (substring of the demangled symbol; first match wins).
 PERF_GROUPS = (
@@ -89,7 +108,7 @@ PERF_GROUPS = (
 )
 
 
-def summarize_perf(path):
+def summarize_perf(path, call_ms):
     out = subprocess.run(["perf", "report", "-i", path, "--no-children", "--sort", "symbol",
                           "--stdio", "-g", "none", "--percent-limit", "0"],
                          capture_output=True, text=True, check=True).stdout
@@ -114,6 +133,10 @@ def summarize_perf(path):
             group = "attention core"
         groups[group] += pct
     print(f"{path}: " + ", ".join(f"{g} {p:.1f}%" for g, p in groups.most_common()))
+    work = groups["projections"] + groups["attention core"]
+    if call_ms and work > 0:
+        print("  split of a call: " + ", ".join(
+            f"{g} {call_ms * groups[g] / work:.3f} ms" for g in ("projections", "attention core")))
     for pct, sym in rows[:6]:
         print(f"  {pct:5.1f}%  {sym[:110]}")
 
@@ -137,13 +160,14 @@ def main():
     o.add_argument("--skip", type=int, default=2)
     q = sub.add_parser("perf")
     q.add_argument("data")
+    q.add_argument("--ms", type=float, default=None)
     g = sub.add_parser("gemm")
     g.add_argument("json")
     a = p.parse_args()
     if a.kind == "ort":
         summarize_ort(a.profile, a.skip)
     elif a.kind == "perf":
-        summarize_perf(a.data)
+        summarize_perf(a.data, a.ms)
     else:
         summarize_gemm(a.json)
     return 0

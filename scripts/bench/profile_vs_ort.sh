@@ -76,9 +76,11 @@ for shape in "${SHAPES[@]}"; do
       "$BENCH_PYTHON" "$ATTN_ROOT/scripts/bench/profile_summary.py" ort "$f"
     done
   fi
-  run_env ACTIVE perf record -q -e cpu-clock -F 1999 -o "$OUT/attn_$tag.data" -- \
-    "$BUILD/bench/mha_timer" "${s[@]}" "$THREADS" "$REPS" --max-seconds "$SECONDS_EACH" --warmup 2 2>/dev/null
-  "$BENCH_PYTHON" "$ATTN_ROOT/scripts/bench/profile_summary.py" perf "$OUT/attn_$tag.data"
+  line="$(run_env ACTIVE perf record -q -e cpu-clock -F 1999 -o "$OUT/attn_$tag.data" -- \
+    "$BUILD/bench/mha_timer" "${s[@]}" "$THREADS" "$REPS" --max-seconds "$SECONDS_EACH" --warmup 2 2>/dev/null)"
+  echo "$line"
+  "$BENCH_PYTHON" "$ATTN_ROOT/scripts/bench/profile_summary.py" perf "$OUT/attn_$tag.data" \
+    --ms "$(sed -n 's/.* median_ms=\([^ ]*\).*/\1/p' <<< "$line")"
 done
 
 if [ "$GEMM" -eq 1 ]; then
