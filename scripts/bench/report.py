@@ -321,6 +321,12 @@ def main():
           + (f"; ORT's node and the ONNX Runtime library, about {base('ort')} MiB"
              if any(k[3] == "ort" for k in agg) else "") + ").")
 
+    isas = {impl: sorted({m["isa"] for k, m in agg.items() if k[3] == impl and m["isa"]})
+            for impl in ("attn", "attn_native")}
+    if any(isas.values()):
+        print("attn's kernels (mha_timer's isa=): default-flags build "
+              f"{', '.join(isas['attn']) or '?'}, native build {', '.join(isas['attn_native']) or '?'}.")
+
     # ---- ONNX Runtime: which graphs ran, and how fast, per shape and thread count ----
     print()
     if a.ort_note:
