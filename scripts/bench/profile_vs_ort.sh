@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --threads) THREADS="$2"; shift ;;
     --seconds) SECONDS_EACH="$2"; shift ;;
     --gemm) GEMM=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 2 ;;
+    -h|--help) sed -n '2,/^set -e/p' "$0" | grep '^#'; exit 2 ;;
     *) SHAPES+=("$1") ;;
   esac
   shift
