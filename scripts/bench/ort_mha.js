@@ -7,7 +7,7 @@
 //
 // Usage: node scripts/bench/ort_mha.js B Tq Tk D H causal cross threads reps
 //            --graphs DIR --ort DIR [--max-seconds S] [--warmup N] [--forms auto|a,b,...]
-//            [--profile PREFIX]
+//            [--arena 0|1] [--mem-pattern 0|1] [--profile PREFIX]
 //   --graphs DIR  the shape's directory written by scripts/bench/ort_graphs.py (its
 //                 manifest.json names the graphs, the input and nn.MultiheadAttention's
 //                 output on it)
@@ -19,12 +19,15 @@
 //                 several are timed one after the other (each session released before the
 //                 next loads: the materialising graphs hold GiBs at T = 8192) and the fastest
 //                 is reported
+//   --arena 0|1, --mem-pattern 0|1
+//                 enableCpuMemArena / enableMemPattern (default 1 and 1, ONNX Runtime's own
+//                 defaults)
 //   --profile P   ONNX Runtime's profiler on (enableProfiling, profileFilePrefix P); the JSON
 //                 files it writes (one per timed graph, warm-up runs included) are listed as
 //                 profile=a.json,b.json (the timing then includes the profiler's overhead)
 // Session options: intraOpNumThreads = threads, interOpNumThreads = 1, executionMode
-// sequential, graphOptimizationLevel all, enableCpuMemArena and enableMemPattern on (the
-// defaults, set explicitly); intra-op threads spin while waiting (ORT's default), as attn's
+// sequential, graphOptimizationLevel all, enableCpuMemArena and enableMemPattern as given
+// (on by default, ONNX Runtime's defaults); intra-op threads spin while waiting (ORT's default), as attn's
 // OpenMP threads do under OMP_WAIT_POLICY=ACTIVE.
 // Each call is the binding's synchronous InferenceSession.run (onnxruntime-node's
 // dist/binding, the object its public async run() wraps in a setImmediate), with the output
@@ -54,11 +57,13 @@ function die(msg, code = 2) {
 
 function parseArgs(argv) {
   const names = ['B', 'Tq', 'Tk', 'D', 'H', 'causal', 'cross', 'threads', 'reps'];
-  const a = {maxSeconds: 10, warmup: 2, forms: 'auto', graphs: null, ort: null, profile: null};
+  const a = {maxSeconds: 10, warmup: 2, forms: 'auto', graphs: null, ort: null, profile: null,
+             arena: '1', memPattern: '1'};
   const pos = [];
   for (let i = 0; i < argv.length; ++i) {
     const opt = {'--max-seconds': 'maxSeconds', '--warmup': 'warmup', '--forms': 'forms',
-                 '--graphs': 'graphs', '--ort': 'ort', '--profile': 'profile'}[argv[i]];
+                 '--graphs': 'graphs', '--ort': 'ort', '--profile': 'profile',
+                 '--arena': 'arena', '--mem-pattern': 'memPattern'}[argv[i]];
     if (opt) {
       if (i + 1 >= argv.length) die(`${argv[i]} needs a value`);
       a[opt] = argv[++i];
@@ -163,7 +168,8 @@ function main() {
 
   const options = {
     intraOpNumThreads: Math.max(1, a.threads), interOpNumThreads: 1, executionMode: 'sequential',
-    graphOptimizationLevel: 'all', enableCpuMemArena: true, enableMemPattern: true,
+    graphOptimizationLevel: 'all', enableCpuMemArena: a.arena !== '0',
+    enableMemPattern: a.memPattern !== '0',
     logSeverityLevel: 3,
   };
   if (a.profile) Object.assign(options, {enableProfiling: true, profileFilePrefix: a.profile});
