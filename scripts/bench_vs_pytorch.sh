@@ -1,46 +1,70 @@
 #!/usr/bin/env bash
-# README command: attn's MultiHeadAttention side by side with PyTorch's nn.MultiheadAttention.
+# README command: attn's MultiHeadAttention side by side with PyTorch's nn.MultiheadAttention
+# and ONNX Runtime 1.30, attn built twice: with the project's default flags and with
+# -march=native.
 #   1. installs what is missing (build packages, python3-torch, python3-numpy,
-#      libopenblas0-pthread, gnuplot-nox) and builds the bench targets in build/bench;
-#   2. measures the machine's FMA peak (bench/fma_peak);
-#   3. for every shape and thread count (1, 2), alternates fresh attn processes
-#      (bench/mha_timer) and PyTorch processes (scripts/bench/pytorch_mha.py, best of its
-#      variants), several rounds, and takes the median of the per-process medians;
+#      libopenblas0-pthread, gnuplot-nox, python3-onnx; onnxruntime-node@1.30.0 from the npm
+#      registry into <build>/ort, never into the repository) and builds the bench targets
+#      twice: <build> with -DATTN_NATIVE=ON (-march=native) and <build>-default with
+#      -DATTN_NATIVE=OFF (the flags a consumer gets);
+#   2. measures the machine's FMA peak (bench/fma_peak) and writes ONNX Runtime's graphs for
+#      every shape (scripts/bench/ort_graphs.py: MultiHeadAttention, GroupQueryAttention,
+#      Attention and the torch.onnx.export graph of the module, each with the projections,
+#      plus nn.MultiheadAttention's output on the same input and weights);
+#   3. for every shape and thread count (1, 2): one ONNX Runtime process checks every graph
+#      against nn.MultiheadAttention, times those that pass one after the other
+#      (scripts/bench/ort_mha.js) and picks the fastest; then, several rounds, alternates fresh processes of attn (default
+#      flags; bench/mha_timer), attn (-march=native), ONNX Runtime (that graph) and PyTorch
+#      (scripts/bench/pytorch_mha.py, best of its variants), rotating who goes first, and
+#      takes the median of the per-process medians;
 #   4. sweeps T at B1 D512 H8 (1 thread) for the GFLOP/s-vs-T plot;
 #   5. prints the machine, the table and, as the very last line,
-#      summary: speedup_min=X.XX speedup_median=X.XX peak_fraction_best=0.XX
+#        summary: speedup_min=X.XX speedup_median=X.XX peak_fraction_best=0.XX
+#                 ort_speedup_min=X.XX default_vs_native_min=X.XX   (one line)
+#      (attn's figures are the default-flags build's; the report says what each field is).
 # Writes bench/results/<date>.csv (one row per shape, threads and implementation),
 # bench/results/<date>.txt (what was printed), bench/results/gflops_vs_seqlen.png.
 # --quick: a few small shapes, one round, into bench/results/tmp/ (git-ignored).
+# Without node/npm, registry access or python3-onnx the ONNX Runtime columns stay empty and
+# the report says why; the rest runs as before.
 #
-# Settings (both sides): OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = threads,
+# Settings (every side): OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = threads,
 # glibc MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456,
-# OPENBLAS_CORETYPE=SkylakeX when the CPU has AVX-512 (else Haswell). attn also gets
-# OMP_WAIT_POLICY=ACTIVE; PyTorch keeps the default (its OpenMP workers would otherwise spin
-# against OpenBLAS's own threads). Override with ATTN_BENCH_OPENBLAS_CORETYPE,
-# ATTN_BENCH_ATTN_WAIT_POLICY, ATTN_BENCH_TORCH_WAIT_POLICY (empty = unset);
-# ATTN_BENCH_BUILD_DIR changes the build directory. attn's module is frozen (its weights
-# packed for the GEMM once, MultiHeadAttention::freeze(), as an inference deployment runs
-# it); ATTN_BENCH_NO_FREEZE=1 times it unfrozen (weights repacked on every call).
+# OPENBLAS_CORETYPE=SkylakeX when the CPU has AVX-512 (else Haswell), and one warm-up rule:
+# --warmup (2) untimed calls per process before the timed ones (ONNX Runtime touches fresh
+# memory on its first two runs). attn also gets OMP_WAIT_POLICY=ACTIVE; PyTorch keeps the
+# default (its OpenMP workers would otherwise spin against OpenBLAS's own threads); ONNX
+# Runtime runs intraOpNumThreads = threads, interOpNumThreads = 1, its threads spinning (its
+# default). Override with ATTN_BENCH_OPENBLAS_CORETYPE, ATTN_BENCH_ATTN_WAIT_POLICY,
+# ATTN_BENCH_TORCH_WAIT_POLICY (empty = unset); ATTN_BENCH_BUILD_DIR changes the build
+# directory (the default-flags build goes to the same path with -default appended). attn's
+# module is frozen (its weights packed for the GEMM once, MultiHeadAttention::freeze(), as
+# an inference deployment runs it); ATTN_BENCH_NO_FREEZE=1 times it unfrozen (weights
+# repacked on every call).
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
+source "$(dirname "$0")/bench/env.sh"
 
 usage() {
-  cat <<EOF
-usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--threads 1,2] [--no-sweep]
-          [--out DIR]
+  cat <<USAGE
+usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--threads 1,2]
+          [--no-sweep] [--no-ort] [--shape "B Tq Tk D H causal cross"]... [--out DIR]
   --quick        smoke test: 3 small shapes, T sweep 128..512, 1 round, 3 reps
-  --rounds N     alternating attn/PyTorch process pairs per shape and thread count (default 3)
+  --rounds N     alternating process groups per shape and thread count (default 3)
   --reps N       timed calls per process, at most (default 20)
   --max-seconds  stop a process's timing after this many seconds (>= 3 calls; default 3)
+  --warmup N     untimed calls per process before timing, every implementation (default 2)
   --threads L    comma-separated thread counts (default 1,2)
   --no-sweep     skip the T sweep (no plot unless a main shape is on the sweep line)
+  --no-ort       leave ONNX Runtime out
+  --shape S      measure these shapes instead of the issue's (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
-EOF
+USAGE
   exit 2
 }
 
-QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" THREADS="1,2" SWEEP=1 OUT_DIR=""
+QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" WARMUP=2 THREADS="1,2" SWEEP=1 OUT_DIR="" WANT_ORT=1
+USER_SHAPES=()
 COMMAND_LINE="scripts/bench_vs_pytorch.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,8 +72,11 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS="$2"; shift ;;
     --reps) REPS="$2"; shift ;;
     --max-seconds) MAX_SECONDS="$2"; shift ;;
+    --warmup) WARMUP="$2"; shift ;;
     --threads) THREADS="$2"; shift ;;
     --no-sweep) SWEEP=0 ;;
+    --no-ort) WANT_ORT=0 ;;
+    --shape) USER_SHAPES+=("$2"); shift ;;
     --out) OUT_DIR="$2"; shift ;;
     -h|--help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
@@ -70,22 +97,45 @@ else
   ROUNDS="${ROUNDS:-3}" REPS="${REPS:-20}" MAX_SECONDS="${MAX_SECONDS:-3}"
   OUT_DIR="${OUT_DIR:-$ATTN_ROOT/bench/results}"
 fi
+[ "${#USER_SHAPES[@]}" -gt 0 ] && SHAPES=("${USER_SHAPES[@]}")
 IFS=',' read -r -a THREAD_LIST <<< "$THREADS"
-PYTHON=/usr/bin/python3  # Debian's python3-torch; a pyenv python3 on PATH does not see it
+PYTHON="$BENCH_PYTHON"
 
-# ---- 1. packages and build ----
+# ---- 1. packages and builds ----
 ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
 if ! command -v gnuplot >/dev/null && ! "$PYTHON" -c "import matplotlib" 2>/dev/null; then
   ensure_packages gnuplot-nox || log "could not install gnuplot-nox: no plot"
 fi
 
 BUILD="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}"
+BUILD_DEFAULT="$BUILD-default"
 TARGETS=(fma_peak mha_timer)
 [ "$QUICK" -eq 1 ] || TARGETS+=(attention_bench kernel_bench softmax_bench tensor_view_bench)
-log "building ${TARGETS[*]} in $BUILD (Release)"
-cmake -S "$ATTN_ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
-  -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_INSTALL=OFF >/dev/null
+BENCH_CMAKE_ARGS=(-DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON -DATTN_BUILD_TESTS=OFF
+                  -DATTN_BUILD_EXAMPLES=OFF -DATTN_INSTALL=OFF)
+log "building ${TARGETS[*]} in $BUILD (Release, -DATTN_NATIVE=ON)"
+cmake -S "$ATTN_ROOT" -B "$BUILD" "${BENCH_CMAKE_ARGS[@]}" -DATTN_NATIVE=ON >/dev/null
 cmake --build "$BUILD" -j "$ATTN_JOBS" --target "${TARGETS[@]}"
+log "building mha_timer in $BUILD_DEFAULT (Release, -DATTN_NATIVE=OFF: the default flags)"
+cmake -S "$ATTN_ROOT" -B "$BUILD_DEFAULT" "${BENCH_CMAKE_ARGS[@]}" -DATTN_NATIVE=OFF >/dev/null
+cmake --build "$BUILD_DEFAULT" -j "$ATTN_JOBS" --target mha_timer
+
+# build_flags BUILD: the compile flags mha_timer got (Makefile generator), for the report.
+build_flags() {
+  local f="$1/bench/CMakeFiles/mha_timer.dir/flags.make"
+  if [ -f "$f" ]; then
+    sed -n 's/^CXX_FLAGS = //p' "$f" | tr -s ' ' '\n' | grep -v '^-W' | paste -sd' ' -
+  else
+    echo "?"
+  fi
+}
+FLAGS_NATIVE="$(build_flags "$BUILD")"
+FLAGS_DEFAULT="$(build_flags "$BUILD_DEFAULT")"
+
+# ONNX Runtime: python3-onnx writes the graphs, onnxruntime-node from npm runs them. Any
+# failure leaves ORT_NOTE saying why and the ORT columns empty.
+ORT_DIR="$BUILD/ort"
+if [ "$WANT_ORT" -eq 0 ]; then ORT_NOTE="left out (--no-ort)"; else ort_setup "$ORT_DIR"; fi
 
 # ---- 2. machine, settings, FMA peak ----
 mkdir -p "$OUT_DIR" "$ATTN_ROOT/bench/results/tmp"
@@ -94,10 +144,6 @@ RAW="$ATTN_ROOT/bench/results/tmp/raw-$(date -u +%Y%m%dT%H%M%S).txt"
 PEAK_FILE="${RAW%.txt}.peak"
 : > "$RAW"
 
-if grep -qw avx512f /proc/cpuinfo; then HAS_AVX512=yes; else HAS_AVX512=no; fi
-CORETYPE_DEFAULT=Haswell
-[ "$HAS_AVX512" = yes ] && CORETYPE_DEFAULT=SkylakeX
-OPENBLAS_CORETYPE_SET="${ATTN_BENCH_OPENBLAS_CORETYPE-$CORETYPE_DEFAULT}"
 ATTN_WAIT="${ATTN_BENCH_ATTN_WAIT_POLICY-ACTIVE}"
 ATTN_FREEZE_ARGS=()
 ATTN_FROZEN=frozen
@@ -111,64 +157,30 @@ CPUS="$(nproc)"
 TORCH_VERSION="$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo missing)"
 OPENBLAS_VERSION="$(dpkg-query -W -f='${Version}' libopenblas0-pthread 2>/dev/null || echo '?')"
 GIT_REV="$(git -C "$ATTN_ROOT" describe --always --dirty 2>/dev/null || echo unknown)"
-MACHINE="machine: ${CPU_MODEL:-unknown CPU} (family $CPU_FAMILY model $CPU_MODEL_NO), $CPUS CPUs, AVX-512: $HAS_AVX512; $(uname -sr)
-software: attn $GIT_REV built by $(g++ -dumpfullversion 2>/dev/null | sed 's/^/g++ /') -O3 -march=native; PyTorch $TORCH_VERSION with OpenBLAS $OPENBLAS_VERSION (pthread)
-settings: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_SET:-unset}, MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456, OMP_WAIT_POLICY attn=${ATTN_WAIT:-unset} PyTorch=${TORCH_WAIT:-unset}; attn module $ATTN_FROZEN; $ROUNDS round(s), <= $REPS calls or ${MAX_SECONDS} s per process
+GXX="$(g++ -dumpfullversion 2>/dev/null | sed 's/^/g++ /')"
+if [ -z "$ORT_NOTE" ]; then
+  ORT_TEXT="ONNX Runtime $ORT_VERSION (npm onnxruntime-node, CPU execution provider, node $(node --version))"
+else
+  ORT_TEXT="no ONNX Runtime ($ORT_NOTE)"
+fi
+MACHINE="machine: ${CPU_MODEL:-unknown CPU} (family $CPU_FAMILY model $CPU_MODEL_NO), $CPUS CPUs, AVX-512: $BENCH_HAS_AVX512; $(uname -sr)
+software: attn $GIT_REV built by $GXX twice, default flags ($FLAGS_DEFAULT) and native ($FLAGS_NATIVE); PyTorch $TORCH_VERSION with OpenBLAS $OPENBLAS_VERSION (pthread); $ORT_TEXT
+settings: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE_SET:-unset}, MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456, OMP_WAIT_POLICY attn=${ATTN_WAIT:-unset} PyTorch=${TORCH_WAIT:-unset}; attn module $ATTN_FROZEN; $ROUNDS round(s), $WARMUP warm-up call(s) then <= $REPS calls or ${MAX_SECONDS} s per process
 date: $(date -u '+%Y-%m-%d %H:%M UTC')
 command: $COMMAND_LINE"
 log "machine"
 echo "$MACHINE"
+case " $FLAGS_DEFAULT " in
+  *" -march="*)
+    MACHINE="$MACHINE
+warning: the default-flags build compiled mha_timer with -march (bench/CMakeLists.txt adds it whatever ATTN_NATIVE says): its column measures a native build"
+    echo "${MACHINE##*$'\n'}" ;;
+esac
 
 log "measuring the FMA peak (threads ${THREAD_LIST[*]})"
 PEAK_ARGS=(--threads "$THREADS")
 [ "$QUICK" -eq 1 ] && PEAK_ARGS+=(--quick)
 "$BUILD/bench/fma_peak" "${PEAK_ARGS[@]}" | tee "$PEAK_FILE"
-
-# ---- 3. measurements ----
-# bench_env threads wait_policy: the environment of one measured process.
-bench_env() {
-  local t="$1" wait="$2"
-  local vars=(OMP_NUM_THREADS="$t" OPENBLAS_NUM_THREADS="$t" MKL_NUM_THREADS="$t"
-              MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=268435456)
-  [ -n "$OPENBLAS_CORETYPE_SET" ] && vars+=(OPENBLAS_CORETYPE="$OPENBLAS_CORETYPE_SET")
-  [ -n "$wait" ] && vars+=(OMP_WAIT_POLICY="$wait")
-  printf '%s\n' "${vars[@]}"
-}
-
-# measure kind impl round threads B Tq Tk D H causal cross: one fresh process; appends its
-# result line to $RAW and echoes the median ms (or "failed").
-measure() {
-  local kind="$1" impl="$2" round="$3" t="$4"; shift 4
-  local -a env_vars cmd
-  local out line
-  if [ "$impl" = attn ]; then
-    mapfile -t env_vars < <(bench_env "$t" "$ATTN_WAIT")
-    cmd=("$BUILD/bench/mha_timer" "$@" "$t" "$REPS" --max-seconds "$MAX_SECONDS"
-         "${ATTN_FREEZE_ARGS[@]}")
-  else
-    mapfile -t env_vars < <(bench_env "$t" "$TORCH_WAIT")
-    cmd=("$PYTHON" "$ATTN_ROOT/scripts/bench/pytorch_mha.py" "$@" "$t" "$REPS"
-         --max-seconds "$MAX_SECONDS")
-  fi
-  # Start from a clean slate: no inherited thread, BLAS or malloc settings.
-  if out="$(env -u OMP_WAIT_POLICY -u OPENBLAS_CORETYPE -u GOMP_SPINCOUNT \
-              "${env_vars[@]}" "${cmd[@]}" 2>&1)"; then
-    line="$(grep '^impl=' <<< "$out" | tail -n1)"
-    echo "$out" | grep '^variant=' | sed "s/^/# $impl $* t=$t round=$round /" >> "$RAW" || true
-    echo "kind=$kind round=$round $line" >> "$RAW"
-    sed -n 's/.* median_ms=\([^ ]*\).*/\1/p' <<< "$line"
-  else
-    printf '# FAILED: %s\n#   %s\n' "${cmd[*]}" "${out//$'\n'/$'\n#   '}" >> "$RAW"
-    echo failed
-  fi
-}
-
-label() {  # label B Tq Tk D H causal cross
-  local s
-  if [ "$7" = 1 ]; then s="cross B$1 Tq$2 Tk$3 D$4 H$5"; else s="B$1 T$2 D$4 H$5"; fi
-  [ "$6" = 1 ] && s="$s causal"
-  echo "$s"
-}
 
 # Work list: "kind threads shape".
 JOBS=()
@@ -186,23 +198,133 @@ if [ "$SWEEP" -eq 1 ]; then
   done
 fi
 
-log "measuring ${#JOBS[@]} configurations x $ROUNDS round(s), attn and PyTorch alternating"
+if [ -z "$ORT_NOTE" ]; then
+  log "writing ONNX Runtime's graphs and nn.MultiheadAttention's outputs into $ORT_DIR/graphs"
+  GRAPH_ARGS=()
+  for job in "${JOBS[@]}"; do
+    read -r _ _ shape <<< "$job"
+    printf '%s\n' "${GRAPH_ARGS[@]}" | grep -qx "$shape" || GRAPH_ARGS+=(--shape "$shape")
+  done
+  if ! "$PYTHON" "$ATTN_ROOT/scripts/bench/ort_graphs.py" --out "$ORT_DIR/graphs" "${GRAPH_ARGS[@]}"; then
+    ORT_NOTE="scripts/bench/ort_graphs.py failed"
+  fi
+fi
+[ -n "$ORT_NOTE" ] && log "ONNX Runtime left out: $ORT_NOTE"
+
+# ---- 3. measurements ----
+# run_one impl threads B Tq Tk D H causal cross [extra args]: one fresh process of impl
+# (attn = default-flags build, attn_native, ort, pytorch) in its environment; prints its
+# output (the result line starts with impl=; attn_native's is renamed from mha_timer's
+# impl=attn). Fails with the output as '#' lines.
+run_one() {
+  local impl="$1" t="$2"; shift 2
+  local shape=("${@:1:7}") extra=("${@:8}")
+  local -a env_vars cmd
+  local build out
+  case "$impl" in
+    attn|attn_native)
+      build="$BUILD_DEFAULT"
+      [ "$impl" = attn_native ] && build="$BUILD"
+      mapfile -t env_vars < <(bench_env "$t" "$ATTN_WAIT")
+      cmd=("$build/bench/mha_timer" "${shape[@]}" "$t" "$REPS" --max-seconds "$MAX_SECONDS"
+           --warmup "$WARMUP" "${ATTN_FREEZE_ARGS[@]}") ;;
+    ort)
+      mapfile -t env_vars < <(bench_env "$t" "")
+      cmd=(node "$ATTN_ROOT/scripts/bench/ort_mha.js" "${shape[@]}" "$t" "$REPS"
+           --max-seconds "$MAX_SECONDS" --warmup "$WARMUP" --graphs "$(graph_dir "$ORT_DIR" "${shape[@]}")"
+           --ort "$ORT_DIR" "${extra[@]}") ;;
+    pytorch)
+      mapfile -t env_vars < <(bench_env "$t" "$TORCH_WAIT")
+      cmd=("$PYTHON" "$ATTN_ROOT/scripts/bench/pytorch_mha.py" "${shape[@]}" "$t" "$REPS"
+           --max-seconds "$MAX_SECONDS" --warmup "$WARMUP") ;;
+  esac
+  # Start from a clean slate: no inherited thread, BLAS or malloc settings.
+  if out="$(env -u OMP_WAIT_POLICY -u OPENBLAS_CORETYPE -u GOMP_SPINCOUNT \
+              "${env_vars[@]}" "${cmd[@]}" 2>&1)"; then
+    [ "$impl" = attn_native ] && out="$(sed 's/^impl=attn /impl=attn_native /' <<< "$out")"
+    echo "$out"
+  else
+    printf '# FAILED: %s\n#   %s\n' "${cmd[*]}" "${out//$'\n'/$'\n#   '}"
+    return 1
+  fi
+}
+
+# measure kind impl round threads B Tq Tk D H causal cross [extra]: one fresh process;
+# appends its result line to $RAW and echoes the median ms (or "failed").
+measure() {
+  local kind="$1" impl="$2" round="$3" t="$4"; shift 4
+  local out line
+  if out="$(run_one "$impl" "$t" "$@")"; then
+    line="$(grep '^impl=' <<< "$out" | tail -n1)"
+    grep '^variant=' <<< "$out" | sed "s/^/# $impl ${*:1:7} t=$t round=$round /" >> "$RAW" || true
+    echo "kind=$kind round=$round $line" >> "$RAW"
+    sed -n 's/.* median_ms=\([^ ]*\).*/\1/p' <<< "$line"
+  else
+    echo "$out" >> "$RAW"
+    echo failed
+  fi
+}
+
+# select_ort_form threads B Tq Tk D H causal cross: one ONNX Runtime process checks every
+# graph of the shape and times those that pass, one after the other; its lines go to $RAW
+# as kind=select ones. Echoes "<fastest graph>|<what each graph did>" (graph "none" if none ran).
+select_ort_form() {
+  local t="$1"; shift
+  local out best summary
+  if out="$(run_one ort "$t" "$@" --forms auto)"; then
+    grep -E '^(variant|skipped|impl)=' <<< "$out" | sed 's/^/kind=select round=0 /' >> "$RAW"
+    best="$(sed -n 's/^impl=ort .* variant=\([^ ]*\).*/\1/p' <<< "$out" | tail -n1)"
+    summary="$(sed -n 's/^variant=\([^ ]*\) .* median_ms=\([^ ]*\).*/\1 \2 ms/p
+                 s/^skipped=\([^ ]*\) .*/\1 skipped/p' \
+                 <<< "$out" | paste -sd, - | sed 's/,/, /g')"
+    echo "${best:-none}|$summary"
+  else
+    echo "$out" >> "$RAW"
+    echo "none|failed (see $RAW)"
+  fi
+}
+
+IMPLS=(attn attn_native pytorch)
+[ -z "$ORT_NOTE" ] && IMPLS=(attn attn_native ort pytorch)
+log "measuring ${#JOBS[@]} configurations x $ROUNDS round(s): ${IMPLS[*]}, alternating"
+start_all=$(date +%s)
 n=0
 for job in "${JOBS[@]}"; do
   read -r kind t b tq tk d h causal cross <<< "$job"
+  shape=("$b" "$tq" "$tk" "$d" "$h" "$causal" "$cross")
+  name="$(shape_label "${shape[@]}")"
   n=$((n + 1))
+  start_job=$(date +%s)
+  form=""
+  if [ -z "$ORT_NOTE" ]; then
+    selected="$(select_ort_form "$t" "${shape[@]}")"
+    form="${selected%%|*}"
+    printf '  [%d/%d] %-34s threads=%s: ONNX Runtime graphs: %s\n' "$n" "${#JOBS[@]}" "$name" "$t" \
+      "${selected#*|}"
+  fi
   for round in $(seq 1 "$ROUNDS"); do
-    # Alternate which side goes first, so drifts in machine load hit both alike.
-    if [ $((round % 2)) -eq 1 ]; then order=(attn pytorch); else order=(pytorch attn); fi
+    # Rotate who goes first, so drifts in machine load hit every side alike.
+    k=$(( (round - 1) % ${#IMPLS[@]} ))
+    order=("${IMPLS[@]:k}" "${IMPLS[@]:0:k}")
     declare -A ms=()
     for impl in "${order[@]}"; do
-      ms[$impl]="$(measure "$kind" "$impl" "$round" "$t" "$b" "$tq" "$tk" "$d" "$h" "$causal" "$cross")"
+      if [ "$impl" = ort ]; then
+        if [ "$form" = none ]; then ms[ort]=failed; continue; fi
+        ms[ort]="$(measure "$kind" ort "$round" "$t" "${shape[@]}" --forms "$form")"
+      else
+        ms[$impl]="$(measure "$kind" "$impl" "$round" "$t" "${shape[@]}")"
+      fi
     done
-    printf '  [%d/%d] %-34s threads=%s round %s: attn %s ms, PyTorch %s ms\n' "$n" "${#JOBS[@]}" \
-      "$(label "$b" "$tq" "$tk" "$d" "$h" "$causal" "$cross")" "$t" "$round" "${ms[attn]}" "${ms[pytorch]}"
+    ort_text=""
+    [ -n "$form" ] && ort_text="ONNX Runtime ($form) ${ms[ort]} ms, "
+    printf '  [%d/%d] %-34s threads=%s round %s: attn %s ms, attn native %s ms, %sPyTorch %s ms\n' \
+      "$n" "${#JOBS[@]}" "$name" "$t" "$round" "${ms[attn]}" "${ms[attn_native]}" "$ort_text" \
+      "${ms[pytorch]}"
     unset ms
   done
+  printf '  [%d/%d] %-34s threads=%s: %d s\n' "$n" "${#JOBS[@]}" "$name" "$t" "$(( $(date +%s) - start_job ))"
 done
+log "measured in $(( $(date +%s) - start_all )) s"
 
 # The peak again, now that the machine is warm: the report takes the better of the two.
 log "measuring the FMA peak again"
@@ -212,10 +334,12 @@ log "measuring the FMA peak again"
 CSV="$OUT_DIR/$DATE.csv"
 PNG="$OUT_DIR/gflops_vs_seqlen.png"
 TXT="$OUT_DIR/$DATE.txt"
+REPORT_ARGS=(--raw "$RAW" --peak "$PEAK_FILE" --csv "$CSV" --plot "$PNG"
+             --title-extra "$CPU_MODEL ($CPUS CPUs), $DATE, $COMMAND_LINE")
+[ -n "$ORT_NOTE" ] && REPORT_ARGS+=(--ort-note "$ORT_NOTE")
 log "results"
 {
   echo "$MACHINE"
   echo
-  "$PYTHON" "$ATTN_ROOT/scripts/bench/report.py" --raw "$RAW" --peak "$PEAK_FILE" --csv "$CSV" \
-    --plot "$PNG" --title-extra "$CPU_MODEL ($CPUS CPUs), $DATE, $COMMAND_LINE"
+  "$PYTHON" "$ATTN_ROOT/scripts/bench/report.py" "${REPORT_ARGS[@]}"
 } | tee "$TXT"

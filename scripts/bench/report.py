@@ -1,16 +1,25 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
 # scripts/bench/report.py: turns the raw lines of scripts/bench_vs_pytorch.sh (one per
-# mha_timer / pytorch_mha.py process) into the comparison table, the summary line, the CSV
-# and the GFLOP/s-vs-T plot. Standard library only; the plot uses gnuplot (gnuplot-nox) or,
-# without it, matplotlib.
+# mha_timer / ort_mha.js / pytorch_mha.py process) into the comparison table, the summary
+# line, the CSV and the GFLOP/s-vs-T plot. Standard library only; the plot uses gnuplot
+# (gnuplot-nox) or, without it, matplotlib.
 #
 # Usage: report.py --raw RAW --peak PEAK --csv OUT.csv --plot OUT.png [--title-extra TEXT]
-#   RAW:  lines "kind=main|sweep round=N impl=attn|pytorch B=.. Tq=.. ... median_ms=.. ..."
+#                  [--ort-note WHY]
+#   RAW:  lines "kind=main|sweep round=N impl=attn|attn_native|ort|pytorch B=.. Tq=.. ...
+#         median_ms=.. ..." (attn: the default-flags build, attn_native: -march=native), and
+#         "kind=select ..." lines of the ONNX Runtime process that chose the graph per shape
+#         and thread count (variant= per graph that passed, skipped= per graph that did not)
 #   PEAK: bench/fma_peak's output (peak_t<N>_gflops=..., peak_isa=...)
+#   --ort-note: why there are no ONNX Runtime rows (printed instead of its figures)
 # Per (kind, shape, threads, impl): the median over rounds of each process's median time
-# ("median of medians"); peak RSS is the largest over rounds. speedup = PyTorch ms / attn
-# ms; % of peak = attn GFLOP/s / the measured FMA peak at the same thread count.
+# ("median of medians"); peak RSS is the largest over rounds. Ratios are times divided by
+# attn's (default-flags build): vs PyTorch = PyTorch ms / attn ms, vs ORT = ORT ms / attn ms;
+# default/native = native ms / default ms (1.00: the default build is as fast as native).
+# % of peak = attn (default-flags) GFLOP/s / the measured FMA peak at the same thread count.
+# Fields on a result line that the report does not know (e.g. mha_timer's isa=) are kept
+# in the CSV where a column exists for them and ignored otherwise.
 
 import argparse
 import collections
@@ -69,7 +78,7 @@ def aggregate(raw_path):
     with open(raw_path) as f:
         for line in f:
             r = parse_line(line)
-            if "impl" not in r or "median_ms" not in r:
+            if "impl" not in r or "median_ms" not in r or r.get("kind") == "select":
                 continue
             shape = tuple(int(r[k]) for k in KEY_FIELDS)
             key = (r["kind"], shape, int(r["threads"]), r["impl"])
@@ -86,8 +95,33 @@ def aggregate(raw_path):
             "max_rss_mib": max(float(r["max_rss_mib"]) for r in runs),
             "base_rss_mib": statistics.median(float(r["base_rss_mib"]) for r in runs),
             "variant": variants.most_common(1)[0][0],
+            "isa": collections.Counter(r.get("isa", "") for r in runs).most_common(1)[0][0],
         }
     return result
+
+
+def ort_selection(raw_path):
+    """{(shape, threads): {"times": {graph: ms}, "skipped": {graph: reason}, "best": graph}}
+    from the kind=select lines (one ONNX Runtime process per shape and thread count)."""
+    sel = collections.OrderedDict()
+    with open(raw_path) as f:
+        for line in f:
+            if not line.startswith("kind=select "):
+                continue
+            r = parse_line(line)
+            try:
+                key = (tuple(int(r[k]) for k in KEY_FIELDS), int(r["threads"]))
+            except (KeyError, ValueError):
+                continue
+            entry = sel.setdefault(key, {"times": {}, "skipped": {}, "best": None})
+            if "skipped" in r:
+                reason = line.split('reason="', 1)[1].rsplit('"', 1)[0] if 'reason="' in line else "?"
+                entry["skipped"][r["skipped"]] = reason
+            elif "impl" in r:
+                entry["best"] = r.get("variant")
+            elif "variant" in r and "median_ms" in r:
+                entry["times"][r["variant"]] = float(r["median_ms"])
+    return sel
 
 
 def mha_flops(shape):
@@ -103,16 +137,24 @@ def mha_flops(shape):
     return proj + 2.0 * b * tq * d * d + 4.0 * b * h * pairs * (d // h)
 
 
-def fmt(x, spec):
-    return "n/a" if x is None or x != x else format(x, spec)
+def fmt(x, spec, suffix=""):
+    return "n/a" if x is None or x != x else format(x, spec) + suffix
 
 
-def print_table(rows):
-    headers = ["shape", "threads", "PyTorch ms", "attn ms", "speedup", "attn GFLOP/s",
-               "% of FMA peak", "PyTorch peak RSS MiB", "attn peak RSS MiB", "PyTorch variant"]
+# The implementations, in table and plot order: (impl key, name in the table and plot).
+IMPLS = (("pytorch", "PyTorch"), ("ort", "ORT"), ("attn", "attn"), ("attn_native", "attn native"))
+PLOT_STYLE = {  # gnuplot / matplotlib: colour, gnuplot point type, matplotlib marker, label
+    "attn": ("#d62728", 7, "o", "attn (default flags)"),
+    "attn_native": ("#ff9896", 9, "^", "attn (-march=native)"),
+    "ort": ("#2ca02c", 13, "D", "ONNX Runtime 1.30 (best graph)"),
+    "pytorch": ("#1f77b4", 5, "s", "PyTorch (best variant)"),
+}
+
+
+def print_table(headers, rows, left_columns):
     cells = [headers] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    right = [False] + [True] * 8 + [False]
+    right = [i not in left_columns for i in range(len(headers))]
 
     def line(r):
         return "| " + " | ".join(c.rjust(w) if rj else c.ljust(w)
@@ -129,15 +171,19 @@ def plot(points, peak1, out_png, title_extra):
     out_dir = os.path.dirname(os.path.abspath(out_png))
     dat = os.path.splitext(out_png)[0] + ".dat"
     ts = sorted({t for series in points.values() for t, _ in series})
+    impls = [i for i, _ in IMPLS if points.get(i)]
     with open(dat, "w") as f:
-        f.write("# T attn_gflops pytorch_gflops peak_gflops\n")
+        f.write("# T " + " ".join(f"{i}_gflops" for i in impls) + " peak_gflops\n")
         for t in ts:
-            a = dict(points.get("attn", [])).get(t, float("nan"))
-            p = dict(points.get("pytorch", [])).get(t, float("nan"))
-            f.write(f"{t} {a:.3f} {p:.3f} {peak1:.3f}\n")
-    title = "attn vs PyTorch nn.MultiheadAttention: B1 D512 H8 float32, 1 thread"
+            vals = [dict(points[i]).get(t, float("nan")) for i in impls]
+            f.write(f"{t} " + " ".join(f"{v:.3f}" for v in vals) + f" {peak1:.3f}\n")
+    title = "MHA forward, B1 D512 H8 float32, 1 thread: attn vs ONNX Runtime vs PyTorch"
     top = max([peak1] + [g for series in points.values() for _, g in series if g == g]) * 1.12
     if shutil.which("gnuplot"):
+        series = ", \\\n     ".join(
+            f'"{dat}" using 1:{col + 2} with linespoints pt {PLOT_STYLE[i][1]} lw 2 '
+            f'lc rgb "{PLOT_STYLE[i][0]}" title "{PLOT_STYLE[i][3]}"'
+            for col, i in enumerate(impls))
         script = f"""
 set terminal pngcairo size 900,560 font ",11" noenhanced
 set output "{out_png}"
@@ -152,8 +198,7 @@ set grid
 set key bottom right
 set datafile missing "nan"
 plot {peak1} with lines dt 2 lw 2 lc rgb "#444444" title sprintf("measured FMA peak (%.0f GFLOP/s)", {peak1}), \\
-     "{dat}" using 1:2 with linespoints pt 7 lw 2 lc rgb "#d62728" title "attn", \\
-     "{dat}" using 1:3 with linespoints pt 5 lw 2 lc rgb "#1f77b4" title "PyTorch (best variant)"
+     {series}
 """
         subprocess.run(["gnuplot"], input=script, text=True, check=True, cwd=out_dir)
         return True
@@ -166,12 +211,11 @@ plot {peak1} with lines dt 2 lw 2 lc rgb "#444444" title sprintf("measured FMA p
         return False
     fig, ax = plt.subplots(figsize=(9, 5.6))
     ax.axhline(peak1, ls="--", color="#444444", label=f"measured FMA peak ({peak1:.0f} GFLOP/s)")
-    for impl, name, color, marker in (("attn", "attn", "#d62728", "o"),
-                                      ("pytorch", "PyTorch (best variant)", "#1f77b4", "s")):
-        series = sorted(points.get(impl, []))
-        if series:
-            ax.plot([t for t, _ in series], [g for _, g in series], marker=marker, color=color,
-                    label=name)
+    for impl in impls:
+        color, _, marker, name = PLOT_STYLE[impl]
+        series = sorted(points[impl])
+        ax.plot([t for t, _ in series], [g for _, g in series], marker=marker, color=color,
+                label=name)
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, top)
     ax.set_xlabel("sequence length T (self-attention, not causal)")
@@ -183,6 +227,11 @@ plot {peak1} with lines dt 2 lw 2 lc rgb "#444444" title sprintf("measured FMA p
     return True
 
 
+def ratio(num, den):
+    """num's median time / den's (how many times faster den is); NaN when either is missing."""
+    return num["median_ms"] / den["median_ms"] if num and den else float("nan")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--raw", required=True)
@@ -190,53 +239,65 @@ def main():
     p.add_argument("--csv", required=True)
     p.add_argument("--plot", required=True)
     p.add_argument("--title-extra", default="")
+    p.add_argument("--ort-note", default="")
     a = p.parse_args()
 
     peaks, isa = read_peaks(a.peak)
     agg = aggregate(a.raw)
+    selection = ort_selection(a.raw)
 
     # ---- the table: every (shape, threads) of kind=main, in run order ----
-    rows, speedups, fractions, csv_rows = [], [], [], []
+    rows, csv_rows = [], []
+    speedups, fractions, ort_speedups, native_ratios, native_ort = [], [], [], [], []
     seen = []
     for (kind, shape, threads, _impl) in agg:
         if (kind, shape, threads) not in seen:
             seen.append((kind, shape, threads))
     for kind, shape, threads in seen:
-        at = agg.get((kind, shape, threads, "attn"))
-        pt = agg.get((kind, shape, threads, "pytorch"))
+        r = {impl: agg.get((kind, shape, threads, impl)) for impl, _ in IMPLS}
         flops = mha_flops(shape)
         peak = peak_for(peaks, threads)
-        for impl, r in (("attn", at), ("pytorch", pt)):
-            if r is None:
+        for impl, _ in IMPLS:
+            m = r[impl]
+            if m is None:
                 continue
-            gflops = flops / (r["median_ms"] * 1e-3) * 1e-9
+            gflops = flops / (m["median_ms"] * 1e-3) * 1e-9
             csv_rows.append({
                 "kind": kind, "shape": shape_label(shape),
                 **dict(zip(KEY_FIELDS, shape)), "threads": threads, "impl": impl,
-                "rounds": r["rounds"], "median_ms": f"{r['median_ms']:.4f}",
-                "round_min_ms": f"{r['round_min_ms']:.4f}",
-                "round_max_ms": f"{r['round_max_ms']:.4f}", "gflop": f"{flops * 1e-9:.4f}",
+                "rounds": m["rounds"], "median_ms": f"{m['median_ms']:.4f}",
+                "round_min_ms": f"{m['round_min_ms']:.4f}",
+                "round_max_ms": f"{m['round_max_ms']:.4f}", "gflop": f"{flops * 1e-9:.4f}",
                 "gflops": f"{gflops:.2f}", "peak_gflops": f"{peak:.1f}",
                 "peak_fraction": f"{gflops / peak:.4f}",
-                "max_rss_mib": f"{r['max_rss_mib']:.1f}",
-                "base_rss_mib": f"{r['base_rss_mib']:.1f}", "variant": r["variant"]})
+                "max_rss_mib": f"{m['max_rss_mib']:.1f}",
+                "base_rss_mib": f"{m['base_rss_mib']:.1f}", "variant": m["variant"],
+                "isa": m["isa"]})
+        at = r["attn"]
         if kind != "main" or at is None:
             continue
         a_gflops = flops / (at["median_ms"] * 1e-3) * 1e-9
         frac = a_gflops / peak
         fractions.append(frac)
-        speedup = pt["median_ms"] / at["median_ms"] if pt else float("nan")
-        if pt:
-            speedups.append(speedup)
-        rows.append([shape_label(shape), threads, fmt(pt and pt["median_ms"], ".2f"),
-                     fmt(at["median_ms"], ".2f"), fmt(speedup, ".2f") + "x", fmt(a_gflops, ".1f"),
-                     fmt(100 * frac, ".1f") + "%", fmt(pt and pt["max_rss_mib"], ".0f"),
-                     fmt(at["max_rss_mib"], ".0f"), pt["variant"] if pt else "n/a"])
+        vs_pt, vs_ort = ratio(r["pytorch"], at), ratio(r["ort"], at)
+        vs_native = ratio(r["attn_native"], at)
+        for value, bucket in ((vs_pt, speedups), (vs_ort, ort_speedups), (vs_native, native_ratios),
+                              (ratio(r["ort"], r["attn_native"]), native_ort)):
+            if value == value:
+                bucket.append(value)
+        ms = lambda impl: fmt(r[impl] and r[impl]["median_ms"], ".2f")
+        rss = lambda impl: fmt(r[impl] and r[impl]["max_rss_mib"], ".0f")
+        rows.append([shape_label(shape), threads, ms("pytorch"), ms("ort"), ms("attn"),
+                     ms("attn_native"), fmt(vs_pt, ".2f", "x"), fmt(vs_ort, ".2f", "x"),
+                     fmt(vs_native, ".2f"), fmt(a_gflops, ".1f"), fmt(100 * frac, ".1f", "%"),
+                     rss("pytorch"), rss("ort"), rss("attn"),
+                     r["pytorch"]["variant"] if r["pytorch"] else "n/a",
+                     r["ort"]["variant"] if r["ort"] else "n/a"])
 
     with open(a.csv, "w", newline="") as f:
         fields = ["kind", "shape", *KEY_FIELDS, "threads", "impl", "rounds", "median_ms",
                   "round_min_ms", "round_max_ms", "gflop", "gflops", "peak_gflops",
-                  "peak_fraction", "max_rss_mib", "base_rss_mib", "variant"]
+                  "peak_fraction", "max_rss_mib", "base_rss_mib", "variant", "isa"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(csv_rows)
@@ -244,21 +305,49 @@ def main():
     peak_text = ", ".join(f"{t} thread{'s' if t > 1 else ''}: {g:.1f}" for t, g in sorted(peaks.items()))
     print(f"measured FMA peak ({isa}, GFLOP/s): {peak_text}")
     print()
-    print_table(rows)
+    print_table(["shape", "threads", "PyTorch ms", "ORT ms", "attn ms", "attn native ms",
+                 "vs PyTorch", "vs ORT", "default/native", "attn GFLOP/s", "% of FMA peak",
+                 "PyTorch peak RSS MiB", "ORT peak RSS MiB", "attn peak RSS MiB",
+                 "PyTorch variant", "ORT graph"], rows, left_columns={0, 14, 15})
     print()
-    print("PyTorch ms / attn ms: median over rounds of each process's median call time; "
-          "GFLOP/s counts useful FLOPs (bench/bench_support.hpp); peak RSS is ru_maxrss of the "
-          "whole process (PyTorch's includes the interpreter and libtorch, about "
-          + fmt(statistics.median([r["base_rss_mib"] for k, r in agg.items() if k[3] == "pytorch"])
-                if any(k[3] == "pytorch" for k in agg) else None, ".0f")
-          + " MiB before any tensor exists).")
+    base = lambda impl: fmt(statistics.median([m["base_rss_mib"] for k, m in agg.items() if k[3] == impl])
+                            if any(k[3] == impl for k in agg) else None, ".0f")
+    print("attn = the default-flags build (-DATTN_NATIVE=OFF), attn native = -march=native. "
+          "ms: median over rounds of each process's median call time. vs PyTorch = PyTorch ms / "
+          "attn ms, vs ORT = ORT ms / attn ms, default/native = attn native ms / attn ms. "
+          "GFLOP/s counts useful FLOPs (bench/bench_support.hpp), attn's from the default-flags "
+          "build. Peak RSS is ru_maxrss of the whole process (PyTorch's includes the interpreter "
+          f"and libtorch, about {base('pytorch')} MiB before any tensor exists"
+          + (f"; ORT's node and the ONNX Runtime library, about {base('ort')} MiB"
+             if any(k[3] == "ort" for k in agg) else "") + ").")
+
+    isas = {impl: sorted({m["isa"] for k, m in agg.items() if k[3] == impl and m["isa"]})
+            for impl in ("attn", "attn_native")}
+    if any(isas.values()):
+        print("attn's kernels (mha_timer's isa=): default-flags build "
+              f"{', '.join(isas['attn']) or '?'}, native build {', '.join(isas['attn_native']) or '?'}.")
+
+    # ---- ONNX Runtime: which graphs ran, and how fast, per shape and thread count ----
+    print()
+    if a.ort_note:
+        print(f"ONNX Runtime: no figures ({a.ort_note}).")
+    elif selection:
+        print("ONNX Runtime graphs (one process per row checks each against nn.MultiheadAttention "
+              "and times those that pass, one after the other; the fastest is the one timed in the "
+              "rounds above):")
+        for (shape, threads), e in selection.items():
+            timed = ", ".join(f"{g} {ms:.2f} ms" + (" (best)" if g == e["best"] else "")
+                              for g, ms in e["times"].items()) or "none ran"
+            skipped = "; ".join(f"{g}: {why}" for g, why in e["skipped"].items())
+            print(f"  {shape_label(shape)}, {threads} thread{'s' if threads > 1 else ''}: {timed}"
+                  + (f"; skipped {skipped}" if skipped else ""))
 
     # ---- the plot: GFLOP/s vs T at 1 thread (kind=sweep, plus matching kind=main shapes) ----
     points = collections.defaultdict(dict)
-    for (kind, shape, threads, impl), r in agg.items():
+    for (kind, shape, threads, impl), m in agg.items():
         b, tq, tk, d, h, causal, cross = shape
         if threads == 1 and b == 1 and d == 512 and h == 8 and not causal and not cross:
-            points[impl][tq] = mha_flops(shape) / (r["median_ms"] * 1e-3) * 1e-9
+            points[impl][tq] = mha_flops(shape) / (m["median_ms"] * 1e-3) * 1e-9
     plotted = bool(points) and plot({k: sorted(v.items()) for k, v in points.items()},
                                     peak_for(peaks, 1), a.plot, a.title_extra)
     print()
@@ -273,14 +362,21 @@ def main():
         print()
         print("warning: above the measured FMA peak (the machine was busy while the peak was "
               "measured, or the peak probe is wrong): " + ", ".join(over))
-    if speedups:
-        print()
-        print(f"summary: speedup_min={min(speedups):.2f} "
-              f"speedup_median={statistics.median(speedups):.2f} "
-              f"peak_fraction_best={max(fractions):.2f}")
-    else:
+    if not speedups:
         print("summary: no complete attn/PyTorch pair was measured", file=sys.stderr)
         return 1
+    mn = lambda xs: fmt(min(xs) if xs else None, ".2f")
+    print()
+    print("summary fields, all from the default-flags attn build (what a consumer gets) unless "
+          "named: speedup_min / speedup_median = PyTorch ms / attn ms over the rows; "
+          "peak_fraction_best = attn GFLOP/s / FMA peak, best row; ort_speedup_min = ORT ms / "
+          "attn ms, worst row; default_vs_native_min = attn native ms / attn ms, worst row "
+          f"(native build vs ORT, worst row: {mn(native_ort)})."
+          + ("" if ort_speedups else f" No ONNX Runtime rows: {a.ort_note or 'none measured'}."))
+    print(f"summary: speedup_min={min(speedups):.2f} "
+          f"speedup_median={statistics.median(speedups):.2f} "
+          f"peak_fraction_best={max(fractions):.2f} "
+          f"ort_speedup_min={mn(ort_speedups)} default_vs_native_min={mn(native_ratios)}")
     return 0
 
 
