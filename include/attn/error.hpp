@@ -12,7 +12,7 @@
 
 #include "attn/config.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Base of every exception attn throws: `catch (const attn::Error& e)` catches anything
 /// attn threw, and nothing else. Each kind also derives from the standard exception it is
@@ -97,4 +97,4 @@ inline std::string number(double value) {
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -12,7 +12,7 @@
 
 #include "attn/config.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// Alignment of every buffer attn allocates: one cache line, which is also a full
@@ -59,4 +59,4 @@ class AlignedBuffer {
 };
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

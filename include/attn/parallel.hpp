@@ -10,7 +10,7 @@
 #include <omp.h>
 #endif
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Sets the number of threads attn's kernels and projections use: OpenMP's count for the
 /// calling thread (omp_set_num_threads). Without OpenMP this is a no-op and attn runs on one
@@ -46,4 +46,4 @@ inline int thread_id() {
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

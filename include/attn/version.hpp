@@ -6,9 +6,11 @@
 #define ATTN_VERSION_MINOR 1
 #define ATTN_VERSION_PATCH 0
 
-namespace attn {
+#include "attn/config.hpp"
+
+ATTN_NAMESPACE_BEGIN
 
 /// The library version as "major.minor.patch".
 inline constexpr const char* version() noexcept { return "0.1.0"; }
 
-}  // namespace attn
+ATTN_NAMESPACE_END

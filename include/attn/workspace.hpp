@@ -8,7 +8,7 @@
 #include "attn/config.hpp"
 #include "attn/memory.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 class Workspace;
 
@@ -84,4 +84,4 @@ T* workspace_peek(const Workspace& ws, WorkspaceSlot slot, int thread) noexcept 
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -10,7 +10,7 @@
 #include "attn/error.hpp"
 #include "attn/nn/parameter.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Single-head causal self-attention with dropout on the attention weights: notebook 003's
 /// CausalAttention(d_in, d_out, context_length, dropout, qkv_bias). Token i attends to
@@ -52,4 +52,4 @@ class CausalAttention : public SelfAttention<Scalar> {
   }
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

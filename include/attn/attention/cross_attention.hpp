@@ -6,7 +6,7 @@
 #include "attn/attention/multi_head_attention.hpp"
 #include "attn/config.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Multi-head cross-attention for one (query source, key/value source) pair: queries from
 /// x_q (B, T_q, d_q), keys and values from x_kv (B, T_kv, d_kv), lengths free to differ.
@@ -71,4 +71,4 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   }
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

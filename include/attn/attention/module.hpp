@@ -20,7 +20,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// Query, key and value of one call, batched (B, T, features).
@@ -248,4 +248,4 @@ class CoreModule {
 };
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -25,7 +25,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// How initial weights are drawn (from a TorchGenerator, bit-compatible with PyTorch).
 enum class InitScheme {
@@ -334,4 +334,4 @@ class AttentionCore {
 };
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

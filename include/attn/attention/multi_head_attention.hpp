@@ -16,7 +16,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Configuration of a MultiHeadAttention beyond the notebooks' constructor.
 struct MultiHeadAttentionOptions {
@@ -224,4 +224,4 @@ class MultiHeadAttention
   }
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

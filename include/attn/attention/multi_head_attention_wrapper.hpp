@@ -19,7 +19,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// A stack of independent CausalAttention heads whose outputs are concatenated along the
 /// last axis: notebook 003's MultiHeadAttentionWrapper(d_in, d_out, context_length,
@@ -159,4 +159,4 @@ class MultiHeadAttentionWrapper
   std::vector<CausalAttention<Scalar>> heads_;
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

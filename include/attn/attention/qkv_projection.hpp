@@ -19,7 +19,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Row order of a fused (3 D, d_in) Q/K/V weight.
 enum class QkvLayout {
@@ -319,4 +319,4 @@ class QkvProjection {
   bool frozen_ = false;
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -23,7 +23,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Which algorithm computes the attention. Both give the same result within rounding
 /// (see the README's tolerance table); kAuto picks streaming unless weights are requested.
@@ -313,4 +313,4 @@ AttentionResult<Scalar, Rank> scaled_dot_product_attention_with_weights(
   return detail::sdpa_allocating<Scalar, Rank>(q.view(), k.view(), v.view(), mask, options, true);
 }
 
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -13,7 +13,7 @@
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Tag: initialise the projections as `nn.Parameter(torch.rand(d_in, d_out))`, the raw
 /// parameter form of the notebook's SelfAttention_v1, instead of nn.Linear's init.
@@ -106,4 +106,4 @@ class SelfAttention
   friend class detail::ModuleForwards<SelfAttention, Scalar, 3, detail::InputX>;
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

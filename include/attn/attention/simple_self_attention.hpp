@@ -15,7 +15,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Self-attention without trainable weights: scores = x x^T, weights = softmax(scores),
 /// context = weights x (notebook 003, "a simple self-attention mechanism without
@@ -78,4 +78,4 @@ class SimpleSelfAttention
   bool training_ = true;
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

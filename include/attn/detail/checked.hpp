@@ -8,7 +8,9 @@
 #include <limits>
 #include <type_traits>
 
-namespace attn {
+#include "attn/config.hpp"
+
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// out = a * b; returns false (out unspecified) when the product does not fit T. With GCC
@@ -57,4 +59,4 @@ constexpr bool checked_bytes(std::size_t count, std::size_t element_size,
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

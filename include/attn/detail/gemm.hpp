@@ -12,7 +12,7 @@
 #include "attn/memory.hpp"
 #include "attn/parallel.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// Cache blocking of gemm_nt (BLIS's loop order). A column tile of at most kGemmCols is
@@ -317,4 +317,4 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -10,7 +10,7 @@
 #include "attn/config.hpp"
 #include "attn/detail/simd.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// Rows and register-columns of one micro-tile: kMicroRows rows x kMicroVecs vectors.
@@ -170,4 +170,4 @@ inline void micro_gemm(Index m, Index n, Index k, const Scalar* a, Index ars, In
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 namespace simd {
 
@@ -388,4 +388,4 @@ inline void transpose_block_wide(const Scalar* src, Index lds, Scalar* dst,
 
 }  // namespace simd
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -7,7 +7,10 @@
 #include <string>
 #include <type_traits>
 
-namespace attn::io {
+#include "attn/config.hpp"
+
+ATTN_NAMESPACE_BEGIN
+namespace io {
 
 /// Element types of the safetensors format (its "dtype" strings).
 enum class DType {
@@ -119,4 +122,5 @@ constexpr DType dtype_of() noexcept {
   }
 }
 
-}  // namespace attn::io
+}  // namespace io
+ATTN_NAMESPACE_END

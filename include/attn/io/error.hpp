@@ -7,7 +7,8 @@
 
 #include "attn/error.hpp"
 
-namespace attn::io {
+ATTN_NAMESPACE_BEGIN
+namespace io {
 
 /// Base of every error attn::io throws: a file that cannot be opened, read or written, or
 /// whose contents do not fit the call. what() names the file (or buffer) and the values.
@@ -43,4 +44,5 @@ void io_require(bool ok, const char* where, MakeMessage&& make_message) {
 }
 
 }  // namespace detail
-}  // namespace attn::io
+}  // namespace io
+ATTN_NAMESPACE_END

@@ -24,7 +24,8 @@
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
 
-namespace attn::io {
+ATTN_NAMESPACE_BEGIN
+namespace io {
 
 /// A safetensors file: an 8-byte little-endian header length N, N bytes of JSON
 /// (`{"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
@@ -204,4 +205,5 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-}  // namespace attn::io
+}  // namespace io
+ATTN_NAMESPACE_END

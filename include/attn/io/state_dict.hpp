@@ -19,7 +19,8 @@
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
 
-namespace attn::io {
+ATTN_NAMESPACE_BEGIN
+namespace io {
 
 /// Whether load_state_dict() demands that the file and the module have the same names
 /// (PyTorch's `strict`).
@@ -289,4 +290,5 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
   return o;
 }
 
-}  // namespace attn::io
+}  // namespace io
+ATTN_NAMESPACE_END

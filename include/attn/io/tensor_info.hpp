@@ -9,7 +9,8 @@
 #include "attn/config.hpp"
 #include "attn/io/dtype.hpp"
 
-namespace attn::io {
+ATTN_NAMESPACE_BEGIN
+namespace io {
 
 /// Dtype, shape and byte range of one tensor in a safetensors file.
 struct TensorInfo {
@@ -25,4 +26,5 @@ struct TensorInfo {
   }
 };
 
-}  // namespace attn::io
+}  // namespace io
+ATTN_NAMESPACE_END

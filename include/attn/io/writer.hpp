@@ -27,7 +27,8 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn::io {
+ATTN_NAMESPACE_BEGIN
+namespace io {
 
 /// Collects named tensors and writes them as one safetensors file. Tensors are copied in
 /// when added (any strides), so the sources need not outlive the writer. float is written
@@ -178,4 +179,5 @@ class SafetensorsWriter {
   std::map<std::string, std::string> metadata_;
 };
 
-}  // namespace attn::io
+}  // namespace io
+ATTN_NAMESPACE_END

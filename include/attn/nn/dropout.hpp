@@ -14,7 +14,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// The default dropout seed (any fixed value; call seed() to choose another).
 inline constexpr std::uint64_t kDefaultDropoutSeed = 0x2545f4914f6cdd1dULL;
@@ -118,4 +118,4 @@ class Dropout {
   bool training_ = true;
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -18,7 +18,7 @@
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 namespace detail {
 
@@ -297,4 +297,4 @@ class LinearView {
   TensorView<Scalar, 1> bias_;
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -17,7 +17,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Where the causal diagonal sits when the query and key lengths differ.
 enum class CausalAlignment {
@@ -299,4 +299,4 @@ Tensor<std::remove_const_t<Scalar>, Rank> masked_fill(TensorView<Scalar, Rank> x
   return result;
 }
 
-}  // namespace attn
+ATTN_NAMESPACE_END

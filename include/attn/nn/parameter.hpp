@@ -14,7 +14,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Which names a module gives its parameters: the state_dict keys of the PyTorch class it
 /// stands for. Every module has its own default; the others are the layouts PyTorch and the
@@ -161,4 +161,4 @@ struct NamedBuffer {
   Tensor<Scalar, 2> value;
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -15,7 +15,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// The random stream of PyTorch's CPU generator, bit for bit: a 32-bit Mersenne Twister
 /// seeded like `torch.manual_seed(seed)`, with `uniform` drawing exactly as
@@ -163,4 +163,4 @@ inline DropoutStream make_dropout_stream(double p, std::uint64_t seed, std::uint
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

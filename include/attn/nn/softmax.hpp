@@ -15,7 +15,7 @@
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// In-place softmax of a contiguous row of n values: SIMD max, exp and sum over whole
@@ -106,4 +106,4 @@ Tensor<Scalar, Rank> softmax(const Tensor<Scalar, Rank>& x, std::size_t axis = R
   return softmax(x.view(), axis);
 }
 
-}  // namespace attn
+ATTN_NAMESPACE_END

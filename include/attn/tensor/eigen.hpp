@@ -15,7 +15,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 static_assert(std::is_same_v<Index, Eigen::Index>, "attn::Index must equal Eigen::Index");
 
@@ -138,4 +138,4 @@ auto as_view(Expression&& m) {
   }
 }
 
-}  // namespace attn
+ATTN_NAMESPACE_END

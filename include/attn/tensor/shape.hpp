@@ -11,7 +11,7 @@
 #include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Extents (or strides) of a Rank-dimensional tensor. Rank is compile-time, extents
 /// are run-time (like Eigen's Tensor<T, N> and std::dextents).
@@ -57,4 +57,4 @@ Index shape_size(const Shape<Rank>& shape) {
   return detail::checked_shape_size(shape, "shape_size");
 }
 
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -19,7 +19,7 @@
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// An owning tensor: contiguous row-major storage, 64-byte aligned, deep-copied on copy.
 /// Arithmetic goes through views and Eigen maps (attn/tensor/eigen.hpp); there are no
@@ -172,4 +172,4 @@ class Tensor {
   Shape<Rank> shape_{};
 };
 
-}  // namespace attn
+ATTN_NAMESPACE_END

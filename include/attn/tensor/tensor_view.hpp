@@ -12,7 +12,7 @@
 #include "attn/error.hpp"
 #include "attn/tensor/shape.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// A non-owning view of `Rank`-dimensional data with run-time extents and strides
 /// (in elements). Like std::span and mdspan it is shallow-const: a `const TensorView<float,
@@ -156,4 +156,4 @@ void for_each_offset(const Shape<Rank>& shape, const Shape<Rank>& strides_a,
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -16,7 +16,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 
 /// Elements [begin, end) along `axis`; same rank. Like PyTorch's `x.narrow(axis, begin,
 /// end - begin)` or `x[..., begin:end, ...]`.
@@ -262,4 +262,4 @@ Tensor<std::remove_const_t<Scalar>, Rank> contiguous(TensorView<Scalar, Rank> v)
   return Tensor<std::remove_const_t<Scalar>, Rank>(v);
 }
 
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -24,7 +24,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// Query rows per task, and key columns per streaming tile.
@@ -435,4 +435,4 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

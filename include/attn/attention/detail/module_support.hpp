@@ -13,7 +13,7 @@
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
 
-namespace attn {
+ATTN_NAMESPACE_BEGIN
 namespace detail {
 
 /// A (rows, cols) row-major matrix in memory: data, leading dimension.
@@ -82,4 +82,4 @@ void check_output(const char* where, const TensorView<Scalar, 3>& out, const Sha
 }
 
 }  // namespace detail
-}  // namespace attn
+ATTN_NAMESPACE_END

@@ -11,7 +11,11 @@
 
 #include "attn/io/dtype.hpp"
 
-namespace attn::io::detail {
+#include "attn/config.hpp"
+
+ATTN_NAMESPACE_BEGIN
+namespace io {
+namespace detail {
 
 inline constexpr bool host_is_little_endian() noexcept {
 #if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__)
@@ -146,4 +150,6 @@ const char* convert_elements(DType dtype, const unsigned char* src, std::size_t 
   }
 }
 
-}  // namespace attn::io::detail
+}  // namespace detail
+}  // namespace io
+ATTN_NAMESPACE_END

@@ -39,7 +39,9 @@
 #include <unistd.h>
 #endif
 
-namespace attn::io::detail {
+ATTN_NAMESPACE_BEGIN
+namespace io {
+namespace detail {
 
 /// Read-only bytes that keep themselves alive: a memory map or an owned buffer.
 class Storage {
@@ -301,4 +303,6 @@ class AtomicFile {
   bool open_ = false, committed_ = false;
 };
 
-}  // namespace attn::io::detail
+}  // namespace detail
+}  // namespace io
+ATTN_NAMESPACE_END

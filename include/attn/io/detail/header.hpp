@@ -22,7 +22,9 @@
 #include "attn/io/error.hpp"
 #include "attn/io/tensor_info.hpp"
 
-namespace attn::io::detail {
+ATTN_NAMESPACE_BEGIN
+namespace io {
+namespace detail {
 
 /// Largest header the reader accepts (the reference implementation's limit).
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
@@ -246,4 +248,6 @@ class HeaderParser {
   const std::string& source_;
 };
 
-}  // namespace attn::io::detail
+}  // namespace detail
+}  // namespace io
+ATTN_NAMESPACE_END

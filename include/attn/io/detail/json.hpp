@@ -13,7 +13,9 @@
 
 #include "attn/config.hpp"
 
-namespace attn::io::detail {
+ATTN_NAMESPACE_BEGIN
+namespace io {
+namespace detail {
 
 /// Deepest nesting of arrays and objects a header may have. The format needs 3 (the header
 /// object, a tensor's entry, its shape); 8 leaves room. Everything that walks a parsed header
@@ -143,4 +145,6 @@ inline std::string json_excerpt(const nlohmann::json& value) {
   return text;
 }
 
-}  // namespace attn::io::detail
+}  // namespace detail
+}  // namespace io
+ATTN_NAMESPACE_END
