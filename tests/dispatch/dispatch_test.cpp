@@ -37,7 +37,9 @@ TEST(Dispatch, BothUnitsRunTheWidestSetByDefaultAndHaveDifferentAbiTags) {
   EXPECT_EQ(native.ran_on, attn::isa_name(attn::best_isa()));
   EXPECT_EQ(baseline.compiled_for, "baseline flags");
 #if ATTN_KERNELS_X86
-  if (attn::best_isa() >= Isa::kAvx2) EXPECT_NE(native.compiled_for, "baseline flags");
+  if (attn::best_isa() >= Isa::kAvx2) {
+    EXPECT_NE(native.compiled_for, "baseline flags");
+  }
   // Different flags, different inline namespaces: no symbol of one unit can stand in for
   // the other's.
   EXPECT_NE(baseline.abi_tag, native.abi_tag);
@@ -129,8 +131,9 @@ int main(int argc, char** argv) {
     try {
       const Isa isa = attn::active_isa();
       const DispatchDigest d = run_baseline_unit(isa, 1);
-      std::printf("active=%s ran_on=%s best=%s\n", attn::isa_name(isa), d.ran_on.c_str(),
-                  attn::isa_name(attn::best_isa()));
+      std::printf("active=%s ran_on=%s best=%s active_is_best=%d\n", attn::isa_name(isa),
+                  d.ran_on.c_str(), attn::isa_name(attn::best_isa()),
+                  isa == attn::best_isa() && d.ran_on == attn::isa_name(isa) ? 1 : 0);
       return 0;
     } catch (const attn::Error& e) {
       std::printf("error: %s\n", e.what());
