@@ -208,4 +208,4 @@ BENCHMARK_TEMPLATE(BM_NaiveAttention_Cross, float)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+#include "gbench_main.hpp"  // main(): prints the kernel set in use

@@ -79,4 +79,4 @@ BENCHMARK_TEMPLATE(BM_EigenGemm, float)->Apply(GemmShapes)->Unit(benchmark::kMil
 
 }  // namespace
 
-BENCHMARK_MAIN();
+#include "gbench_main.hpp"  // main(): prints the kernel set in use

@@ -239,4 +239,4 @@ ATTN_KERNEL_BENCH(BM_NaiveScaledDotProduct_Cross, NaiveCrossShapes);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+#include "gbench_main.hpp"  // main(): prints the kernel set in use

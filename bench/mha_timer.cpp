@@ -129,9 +129,10 @@ int main(int argc, char** argv) {
   std::printf(
       "impl=attn B=%ld Tq=%ld Tk=%ld D=%ld H=%ld causal=%d cross=%d threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f gflops=%.2f max_rss_mib=%.1f base_rss_mib=%.1f "
-      "checksum=%.6g frozen=%d\n",
+      "checksum=%.6g frozen=%d isa=%s\n",
       static_cast<long>(b), static_cast<long>(tq), static_cast<long>(tk), static_cast<long>(d),
       static_cast<long>(h), causal ? 1 : 0, cross ? 1 : 0, threads, n, median, sorted.front(),
-      flops / (median * 1e-3) * 1e-9, max_rss_mib(), base_rss, checksum, frozen ? 1 : 0);
+      flops / (median * 1e-3) * 1e-9, max_rss_mib(), base_rss, checksum, frozen ? 1 : 0,
+      attn::isa_name(attn::active_isa()));
   return 0;
 }

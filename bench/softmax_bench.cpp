@@ -104,4 +104,4 @@ BENCHMARK_TEMPLATE(BM_Softmax, double)->Apply(SoftmaxShapes)->Unit(benchmark::kM
 
 }  // namespace
 
-BENCHMARK_MAIN();
+#include "gbench_main.hpp"  // main(): prints the kernel set in use

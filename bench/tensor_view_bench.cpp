@@ -118,4 +118,4 @@ BENCHMARK_TEMPLATE(BM_RawElementAccess, float)->Apply(ViewShapes)->Unit(benchmar
 
 }  // namespace
 
-BENCHMARK_MAIN();
+#include "gbench_main.hpp"  // main(): prints the kernel set in use

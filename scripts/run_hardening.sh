@@ -6,7 +6,8 @@
 #             256 KiB (enough for the 100000-deep JSON headers of the crash corpus);
 #   tsan:     ThreadSanitizer (clang, no OpenMP) build of tests/concurrency, run once;
 #   valgrind: memcheck (--error-exitcode=1) of attn_run on a committed fixture and of the
-#             first notebook example, built without -march=native (valgrind lacks AVX-512).
+#             first notebook example, on the AVX2 kernels (ATTN_ISA=avx2: valgrind lacks
+#             AVX-512).
 # Longer fuzzing on demand:  ATTN_FUZZ_SECONDS=3600 scripts/run_hardening.sh fuzz
 # Usage: scripts/run_hardening.sh [fuzz|tsan|valgrind]...   (default: all three)
 set -euo pipefail
@@ -72,6 +73,7 @@ run_valgrind() {
   local targets=(attn_run)
   [ -n "$example" ] && targets+=("example_${example%.cpp}")
   cmake --build "$build" -j "$ATTN_JOBS" --target "${targets[@]}"
+  export ATTN_ISA=avx2  # clamped to the CPU; valgrind cannot run AVX-512 instructions
   local memcheck=(valgrind --tool=memcheck --error-exitcode=1 --leak-check=full
                   --errors-for-leak-kinds=definite -q)
   local fixtures="$ATTN_ROOT/tests/fixtures/io"

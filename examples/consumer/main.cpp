@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 // examples/consumer/main.cpp: a program outside the attn tree: one causal multi-head
-// attention forward over the notebooks' inputs, checked for its shape. Exits 1 on a mismatch.
+// attention forward over the notebooks' inputs, checked for its shape, and the kernels and
+// threads attn uses. Exits 1 on a mismatch, or if attn did not pick the widest kernel set the
+// CPU supports (it must, whatever flags this program was built with).
 #include <attn/attn.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace {
 
@@ -48,6 +51,15 @@ int main() {
       std::printf("FAIL: non-finite output\n");
       return 1;
     }
+  }
+  // Which kernels ran, and whether OpenMP threads are available (attn::openmp).
+  std::printf("kernels: %s (best on this CPU: %s), threads: %s, %d available\n",
+              attn::isa_name(attn::active_isa()), attn::isa_name(attn::best_isa()),
+              ATTN_HAS_OPENMP ? "openmp" : "none", attn::num_threads());
+  if (attn::active_isa() != attn::best_isa() && std::getenv("ATTN_ISA") == nullptr) {
+    std::printf("FAIL: attn runs %s kernels, the CPU supports %s\n",
+                attn::isa_name(attn::active_isa()), attn::isa_name(attn::best_isa()));
+    return 1;
   }
   std::printf("OK\n");
   return 0;

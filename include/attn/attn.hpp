@@ -4,6 +4,7 @@
 
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/isa.hpp"
 #include "attn/memory.hpp"
 #include "attn/parallel.hpp"
 #include "attn/version.hpp"

@@ -3,7 +3,7 @@
 #pragma once
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_MINOR 2
 #define ATTN_VERSION_PATCH 0
 
 #include "attn/config.hpp"
@@ -11,6 +11,6 @@
 ATTN_NAMESPACE_BEGIN
 
 /// The library version as "major.minor.patch".
-inline constexpr const char* version() noexcept { return "0.1.0"; }
+inline constexpr const char* version() noexcept { return "0.2.0"; }
 
 ATTN_NAMESPACE_END

@@ -23,7 +23,9 @@ enum class WorkspaceSlot : std::size_t {
   kProjection,      // the Q/K/V projections, head-major (B, P*H, T, hd)
   kContext,         // the merged attention output (B, T, H, hd) before out_proj
   kKernelKeyValue,  // head-major copy of long, strided K/V for the streaming kernel
-  kThread,          // per-thread kernel scratch: kThread + thread number (must stay last)
+  kThread,          // per-thread attention kernel scratch (one buffer per thread)
+  kGemmPack,        // per-thread GEMM packing buffer (one per thread)
+  kCount            // number of slots (not a slot)
 };
 
 template <class T>
@@ -57,8 +59,11 @@ class Workspace {
   template <class T>
   friend T* detail::workspace_peek(const Workspace&, detail::WorkspaceSlot, int) noexcept;
 
+  // Thread t's copy of every slot: index slot + t * kCount (threads > 0 use the per-thread
+  // slots only; the others stay empty).
   static std::size_t index(detail::WorkspaceSlot slot, int thread) noexcept {
-    return static_cast<std::size_t>(slot) + static_cast<std::size_t>(thread);
+    return static_cast<std::size_t>(slot) +
+           static_cast<std::size_t>(thread) * static_cast<std::size_t>(detail::WorkspaceSlot::kCount);
   }
 
   std::vector<detail::AlignedBuffer<std::byte>> slots_;
@@ -66,7 +71,8 @@ class Workspace {
 
 namespace detail {
 
-/// A buffer of at least `count` T in `slot` (for kThread: that thread's), grown if needed.
+/// A buffer of at least `count` T in `slot` (for a per-thread slot: that thread's), grown if
+/// needed.
 /// Contents are unspecified.
 template <class T>
 T* workspace_get(Workspace& ws, WorkspaceSlot slot, Index count, int thread) {

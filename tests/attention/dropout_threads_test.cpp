@@ -71,7 +71,7 @@ template <class Scalar, std::size_t Rank>
 template <class Scalar>
 class DropoutAndThreads : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(DropoutAndThreads, Scalars);
+TYPED_TEST_SUITE(DropoutAndThreads, Scalars, );
 
 // ---------------------------------------------------------------- threads
 

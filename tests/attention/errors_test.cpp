@@ -74,7 +74,7 @@ class AttentionErrors : public ::testing::Test {
   }
 };
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(AttentionErrors, Scalars);
+TYPED_TEST_SUITE(AttentionErrors, Scalars, );
 
 const char* const kSdpa = "attn::scaled_dot_product_attention";
 const char* const kMhaForward = "attn::MultiHeadAttention::forward";

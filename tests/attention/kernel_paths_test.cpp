@@ -174,7 +174,7 @@ class KernelPaths : public ::testing::Test {
   int saved_threads_ = attn::num_threads();
 };
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(KernelPaths, Scalars);
+TYPED_TEST_SUITE(KernelPaths, Scalars, );
 
 TYPED_TEST(KernelPaths, NoMaskMatchesReference) {
   std::uint64_t seed = 100;

@@ -43,7 +43,7 @@ const char* name(AttentionPath path) {
 template <class Scalar>
 class Masking : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(Masking, Scalars);
+TYPED_TEST_SUITE(Masking, Scalars, );
 
 /// Row (b, h, i) of a rank-4 tensor as a vector.
 template <class Scalar>

@@ -160,7 +160,7 @@ class ModuleApi : public ::testing::Test {
 };
 using Cases =
     ::testing::Types<Simple, SelfV2, SelfV1, Causal, Wrapper, MhaNotebook, MhaKdimVdim, Cross>;
-TYPED_TEST_SUITE(ModuleApi, Cases);
+TYPED_TEST_SUITE(ModuleApi, Cases, );
 
 TYPED_TEST(ModuleApi, EveryForwardFormGivesTheSameBits) {
   this->module.eval();

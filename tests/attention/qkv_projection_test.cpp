@@ -28,7 +28,7 @@ namespace ref = attn::test::ref;
 template <class Scalar>
 class QkvProjectionTest : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(QkvProjectionTest, Scalars);
+TYPED_TEST_SUITE(QkvProjectionTest, Scalars, );
 
 /// x (B, T, in) W^T + b as (B, H, T, hd), through Linear's path.
 template <class Scalar>

@@ -47,10 +47,16 @@ if(STEP STREQUAL "install")
   return()
 endif()
 
+# find_package with the openmp component (threads), add_subdirectory with attn::attn alone:
+# both get the widest kernels without any compile flag (the consumer checks it).
 if(STEP STREQUAL "find_package")
-  set(mode_options -DATTN_CONSUMER_USE_SUBDIRECTORY=OFF "-DCMAKE_PREFIX_PATH=${PREFIX}")
+  set(mode_options -DATTN_CONSUMER_USE_SUBDIRECTORY=OFF "-DCMAKE_PREFIX_PATH=${PREFIX}"
+                   -DATTN_CONSUMER_THREADS=ON)
+  set(expected_threads "openmp")
 elseif(STEP STREQUAL "add_subdirectory")
-  set(mode_options -DATTN_CONSUMER_USE_SUBDIRECTORY=ON "-DATTN_SOURCE_DIR=${SOURCE_DIR}")
+  set(mode_options -DATTN_CONSUMER_USE_SUBDIRECTORY=ON "-DATTN_SOURCE_DIR=${SOURCE_DIR}"
+                   -DATTN_CONSUMER_THREADS=OFF)
+  set(expected_threads "none")
 else()
   message(FATAL_ERROR "unknown STEP '${STEP}'")
 endif()
@@ -80,4 +86,7 @@ if(NOT rc EQUAL 0)
 endif()
 if(NOT out MATCHES "context has shape \\(2, 6, 4\\)")
   message(FATAL_ERROR "consumer did not report the (2, 6, 4) output")
+endif()
+if(NOT out MATCHES "threads: ${expected_threads},")
+  message(FATAL_ERROR "consumer should report threads: ${expected_threads}")
 endif()

@@ -157,11 +157,13 @@ TYPED_TEST(GemmTest, PrePackedBIsBitIdenticalToPackingPerCall) {
     attn::set_num_threads(1);
     const auto expected = run(c, ops, true);
     // B alone, and B as rows [segment, segment + n) of a larger matrix.
-    const attn::detail::PackedGemmB<Scalar> alone(c.n, c.k, ops.b.data(), c.k, segment);
+    const attn::detail::PackedGemmB<Scalar> alone =
+        attn::detail::pack_gemm_b(c.n, c.k, ops.b.data(), c.k, segment);
     attn::Tensor<Scalar, 2> big({c.n + 2 * segment, c.k});
     big.fill(Scalar(7));
     attn::copy(ops.b.view(), attn::slice(big.view(), 0, segment, segment + c.n));
-    const attn::detail::PackedGemmB<Scalar> inside(big.extent(0), c.k, big.data(), c.k, segment);
+    const attn::detail::PackedGemmB<Scalar> inside =
+        attn::detail::pack_gemm_b(big.extent(0), c.k, big.data(), c.k, segment);
     for (const int threads : {1, 2, 3}) {
       attn::set_num_threads(threads);
       EXPECT_EQ(run(c, ops, true, {&alone, 0}), expected) << describe(c) << " threads=" << threads;

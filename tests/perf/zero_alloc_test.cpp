@@ -276,7 +276,7 @@ TEST(ZeroAllocation, CountersSeeEveryKindOfAllocation) {
 template <class Scalar>
 class ZeroAllocation : public ::testing::Test {};
 using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(ZeroAllocation, Scalars);
+TYPED_TEST_SUITE(ZeroAllocation, Scalars, );
 
 TYPED_TEST(ZeroAllocation, MultiHeadSelfAttentionForward) {
   using Scalar = TypeParam;

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "attn/io/safetensors.hpp"
+#include "attn/isa.hpp"
+#include "attn/version.hpp"
 #include "attn_run/run.hpp"
 
 namespace attn_run {
@@ -40,6 +42,7 @@ options:
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
   --double              compute in double (F64 output); default float (F32)
   --help                print this help
+  --version             print attn's version and the kernel set it runs (ATTN_ISA forces one)
 exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
 )";
 
@@ -51,7 +54,7 @@ struct Arguments {
 
 /// The outcome of parsing: run with `arguments`, print the usage, or a usage error.
 struct ParsedArguments {
-  enum class Action { kRun, kHelp, kError } action = Action::kRun;
+  enum class Action { kRun, kHelp, kVersion, kError } action = Action::kRun;
   Arguments arguments;
   std::string error;  ///< for kError
 };
@@ -86,6 +89,9 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     const std::string value = takes_value ? argv[++i] : std::string();
     if (flag == "--help" || flag == "-h") {
       parsed.action = ParsedArguments::Action::kHelp;
+      return parsed;
+    } else if (flag == "--version") {
+      parsed.action = ParsedArguments::Action::kVersion;
       return parsed;
     } else if (flag == "--weights") {
       args.weights = value;
@@ -133,6 +139,17 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
   const ParsedArguments parsed = parse_arguments(argv);
   if (parsed.action == ParsedArguments::Action::kHelp) {
     out << kUsage;
+    return 0;
+  }
+  if (parsed.action == ParsedArguments::Action::kVersion) {
+    try {
+      out << "attn_run (attn " << attn::version() << "), kernels: "
+          << attn::isa_name(attn::active_isa()) << " (best on this CPU: "
+          << attn::isa_name(attn::best_isa()) << ")\n";
+    } catch (const std::exception& e) {  // a bad ATTN_ISA
+      err << "attn_run: error: " << e.what() << "\n";
+      return 2;
+    }
     return 0;
   }
   if (parsed.action == ParsedArguments::Action::kError) {

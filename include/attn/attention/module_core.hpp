@@ -134,7 +134,7 @@ class AttentionCore {
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
     if (config_.out_proj) {
-      out_proj_.forward(context, out);
+      out_proj_.forward(context, out, ws);
     } else {
       copy(context, out);
     }

@@ -204,8 +204,8 @@ class QkvProjection {
     for (int s = 0; s < 3; ++s) {
       const Tensor<Scalar, 2>& w = w_[s];
       pack_[s] = w.empty() ? detail::PackedGemmB<Scalar>()
-                           : detail::PackedGemmB<Scalar>(w.extent(0), w.extent(1), w.data(),
-                                                         w.extent(1), head_dim_);
+                           : detail::pack_gemm_b(w.extent(0), w.extent(1), w.data(),
+                                                 w.extent(1), head_dim_);
     }
     frozen_ = true;
   }
@@ -236,23 +236,23 @@ class QkvProjection {
     if (fused() && kv_same && detail::same_view(query, key)) {
       // x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, 3H, T, hd)
       Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * 3 * d);
-      gemm_into(xq, tq, kQuery, 3, qkv);
+      gemm_into(xq, tq, kQuery, 3, qkv, ws);
       return {heads(qkv, tq, 3), heads(qkv + tq * d, tq, 3), heads(qkv + 2 * tq * d, tq, 3)};
     }
     const Index kv_rows = batch * tk;
     Scalar* qbuf = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
                                                  xq.rows * d + kv_rows * 2 * d);
     Scalar* kbuf = qbuf + xq.rows * d;
-    gemm_into(xq, tq, kQuery, 1, qbuf);  // (B, H, T_q, hd)
+    gemm_into(xq, tq, kQuery, 1, qbuf, ws);  // (B, H, T_q, hd)
     const auto xk = detail::as_rows(key, ws, WorkspaceSlot::kKeyStaging);
     if (kv_same && storage_ != Storage::kSeparate) {
       // key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2H, T_k, hd)
-      gemm_into(xk, tk, kKey, 2, kbuf);
+      gemm_into(xk, tk, kKey, 2, kbuf, ws);
       return {heads(qbuf, tq, 1), heads(kbuf, tk, 2), heads(kbuf + tk * d, tk, 2)};
     }
     Scalar* vbuf = kbuf + kv_rows * d;
-    gemm_into(xk, tk, kKey, 1, kbuf);
-    gemm_into(detail::as_rows(value, ws, WorkspaceSlot::kValueStaging), tk, kValue, 1, vbuf);
+    gemm_into(xk, tk, kKey, 1, kbuf, ws);
+    gemm_into(detail::as_rows(value, ws, WorkspaceSlot::kValueStaging), tk, kValue, 1, vbuf, ws);
     return {heads(qbuf, tq, 1), heads(kbuf, tk, 1), heads(vbuf, tk, 1)};
   }
 
@@ -293,7 +293,7 @@ class QkvProjection {
   // of an input with `tokens` tokens per batch item, written head-major into `dst`:
   // (B, count*H, T, hd), each head's rows a contiguous (T, hd) block.
   void gemm_into(const detail::RowsRef<const Scalar>& x, Index tokens, int part, int count,
-                 Scalar* dst) const {
+                 Scalar* dst, Workspace& ws) const {
     const Location at = locate(part);
     const Index d = width(), in = in_[part];
     detail::GemmOutput<Scalar> out;
@@ -307,7 +307,7 @@ class QkvProjection {
     const detail::PackedB<Scalar> packed =
         frozen_ ? detail::PackedB<Scalar>{&pack_[at.storage], at.row} : detail::PackedB<Scalar>{};
     detail::gemm_nt(x.rows, count * d, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in,
-                    out, bias, packed);
+                    out, bias, packed, &ws);
   }
 
   Index in_[3] = {0, 0, 0};

@@ -51,7 +51,7 @@ inline double xavier_uniform_bound(Index fan_in, Index fan_out) {
 template <class Scalar, std::size_t Rank>
 void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const Scalar* bias,
                     TensorView<const Scalar, Rank> x, TensorView<Scalar, Rank> y,
-                    PackedB<Scalar> packed = {}) {
+                    PackedB<Scalar> packed = {}, Workspace* ws = nullptr) {
   const Index in = weight.extent(1), out = weight.extent(0);
   Shape<Rank> expected = x.shape();
   expected[Rank - 1] = out;
@@ -63,12 +63,12 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
   ATTN_ASSERT(weight.is_contiguous());
   const Index rows = y.size() / std::max<Index>(out, 1);  // from y: in may be 0
   if (x.is_contiguous() && y.is_contiguous()) {
-    gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias, packed);
+    gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias, packed, ws);
     return;
   }
   const Tensor<Scalar, Rank> xc(x);
   Tensor<Scalar, Rank> yc(y.shape());
-  gemm_nt(rows, out, in, xc.data(), in, weight.data(), in, yc.data(), out, bias, packed);
+  gemm_nt(rows, out, in, xc.data(), in, weight.data(), in, yc.data(), out, bias, packed, ws);
   copy(yc.view(), y);
 }
 
@@ -155,11 +155,13 @@ class Linear {
   /// @throws ShapeError if x's last extent is not in_features or y's shape does not match.
   template <class XScalar, std::size_t Rank>
   void forward(TensorView<XScalar, Rank> x, TensorView<Scalar, Rank> y) const {
-    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
-                  "attn::Linear::forward: x must hold the layer's Scalar");
-    detail::linear_forward<Scalar, Rank>(
-        "Linear::forward", weight_.view(), has_bias_ ? bias_.data() : nullptr, x, y,
-        frozen_ ? detail::PackedB<Scalar>{&pack_, 0} : detail::PackedB<Scalar>{});
+    forward_impl<XScalar, Rank>(x, y, nullptr);
+  }
+  /// The same with a Workspace for the GEMM's packing buffers: no allocation once warm
+  /// (contiguous x and y).
+  template <class XScalar, std::size_t Rank>
+  void forward(TensorView<XScalar, Rank> x, TensorView<Scalar, Rank> y, Workspace& ws) const {
+    forward_impl<XScalar, Rank>(x, y, &ws);
   }
 
   /// y = x W^T + b, allocating y.
@@ -179,8 +181,8 @@ class Linear {
   /// Packs the weight for the GEMM once (as much memory again as the weight); forward()
   /// stops repacking it per call. The bias is always read live.
   void freeze() {
-    pack_ = detail::PackedGemmB<Scalar>(out_features(), in_features(), weight_.data(),
-                                        in_features(), 0);
+    pack_ = detail::pack_gemm_b(out_features(), in_features(), weight_.data(), in_features(),
+                                Index{0});
     frozen_ = true;
   }
   /// Drops the pack (forward() packs per call again).
@@ -227,6 +229,15 @@ class Linear {
   Tensor<Scalar, 2> weight_;
   Tensor<Scalar, 1> bias_;
   bool has_bias_ = false;
+  template <class XScalar, std::size_t Rank>
+  void forward_impl(TensorView<XScalar, Rank> x, TensorView<Scalar, Rank> y, Workspace* ws) const {
+    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,
+                  "attn::Linear::forward: x must hold the layer's Scalar");
+    detail::linear_forward<Scalar, Rank>(
+        "Linear::forward", weight_.view(), has_bias_ ? bias_.data() : nullptr, x, y,
+        frozen_ ? detail::PackedB<Scalar>{&pack_, 0} : detail::PackedB<Scalar>{}, ws);
+  }
+
   detail::PackedGemmB<Scalar> pack_;  // freeze()'s pack of weight_ (empty when not frozen)
   bool frozen_ = false;
 };

@@ -1,35 +1,13 @@
 // SPDX-License-Identifier: MIT
-// attn/detail/microkernel.hpp: the register-blocked product C (rows x cols) (+)= alpha *
-// A (rows x k) * B (k x cols), A and B row-major with leading dimensions; every product in
-// attn (projections, Q K^T, P V) is a loop over this kernel.
-#pragma once
+// attn/kernels/generic/microkernel.inl: the register-blocked product C (rows x cols) (+)=
+// alpha * A (rows x k) * B (k x cols), A broadcast with any strides, B row-major; every
+// product in attn (projections, Q K^T, P V) is a loop over this kernel. Written once over a
+// set's Vec and its kMicroRows x kMicroVecs tile shape.
 
-#include <algorithm>
-#include <cstddef>
-
-#include "attn/config.hpp"
-#include "attn/detail/simd.hpp"
-
-ATTN_NAMESPACE_BEGIN
-namespace detail {
-
-/// Rows and register-columns of one micro-tile: kMicroRows rows x kMicroVecs vectors.
-/// AVX-512: 6 x 4 zmm = 24 accumulators + 4 B registers + 1 broadcast of 32 registers
-/// (24 FMAs per 10 loads). AVX2: 6 x 2 ymm = 12 accumulators + 2 + 1 of 16 registers.
-#if defined(__AVX512F__)
-inline constexpr int kMicroRows = 6;
-inline constexpr int kMicroVecs = 4;
-#elif defined(__AVX2__) && defined(__FMA__)
-inline constexpr int kMicroRows = 6;
-inline constexpr int kMicroVecs = 2;
-#else
-inline constexpr int kMicroRows = 4;
-inline constexpr int kMicroVecs = 4;
-#endif
-
+/// Columns of one micro-tile: kMicroVecs registers.
 template <class Scalar>
 constexpr Index micro_cols() noexcept {
-  return Index{kMicroVecs} * simd::Vec<Scalar>::kWidth;
+  return Index{kMicroVecs} * Vec<Scalar>::kWidth;
 }
 
 /// One micro-tile: C[r, c] = (accumulate ? C[r, c] : 0) + alpha * sum_p A[r, p] B[p, c]
@@ -42,7 +20,7 @@ template <class Scalar, int Rows>
 inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Scalar* b,
                        Index ldb, Scalar* const* crow, Index cols, Scalar alpha,
                        bool accumulate, const Scalar* bias) noexcept {
-  using V = simd::Vec<Scalar>;
+  using V = Vec<Scalar>;
   using Reg = typename V::Reg;
   constexpr int W = V::kWidth;
   constexpr int NV = kMicroVecs;
@@ -168,6 +146,3 @@ inline void micro_gemm(Index m, Index n, Index k, const Scalar* a, Index ars, In
     }
   }
 }
-
-}  // namespace detail
-ATTN_NAMESPACE_END

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT
+// attn/isa.hpp: which instruction set attn's kernels use, chosen at run time.
+//
+// Every hot routine (the GEMM micro-kernel and packing, both attention kernels' inner loops,
+// softmax rows, exp) is compiled once per instruction set in its own namespace
+// (attn/kernels/), whatever flags the program was built with. The first call to a kernel
+// picks the widest set this CPU and its operating system support (or the one ATTN_ISA names),
+// caches the choice and every later call uses it. Results are bit-identical for a given set,
+// whatever the compile flags and the thread count; different sets round differently (FMA or
+// not, vector width), within the documented tolerances.
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+
+/// 1 on x86-64 with GCC or clang: the SSE2, AVX2 and AVX-512 kernel sets are compiled
+/// (with per-function target attributes) and chosen at run time. 0 elsewhere: the portable
+/// kernels only.
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define ATTN_KERNELS_X86 1
+#else
+#define ATTN_KERNELS_X86 0
+#endif
+
+namespace attn {
+
+/// The kernel sets, narrowest first. Not inside the ABI namespace: every translation unit
+/// of a program shares the one choice, whatever flags each was built with.
+enum class Isa : int {
+  kScalar = 0,  ///< portable C++, no intrinsics (the only set on non-x86 targets)
+  kSse2 = 1,    ///< SSE2, which every x86-64 CPU has: 4 floats per register, no FMA
+  kAvx2 = 2,    ///< AVX2 + FMA (Haswell, Zen and later): 8 floats, fused multiply-add
+  kAvx512 = 3,  ///< AVX-512 F/BW/DQ/VL (Skylake-X, Zen 4 and later): 16 floats
+};
+
+namespace dispatch_v1 {
+/// The chosen set as an int, -1 until the first kernel call (or set_isa()) chooses. An
+/// inline variable, not a function: all translation units share it, and it holds no code
+/// that could depend on their flags.
+inline std::atomic<int> selected_isa{-1};
+}  // namespace dispatch_v1
+
+}  // namespace attn
+
+ATTN_NAMESPACE_BEGIN
+
+/// "scalar", "sse2", "avx2" or "avx512": the names ATTN_ISA accepts.
+inline const char* isa_name(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::kSse2:
+      return "sse2";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kScalar:
+      break;
+  }
+  return "scalar";
+}
+
+/// The set a name denotes (as isa_name() spells it); false if the name is none of them.
+inline bool parse_isa(const char* name, Isa& isa) noexcept {
+  for (const Isa candidate : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
+    if (name != nullptr && std::strcmp(name, isa_name(candidate)) == 0) {
+      isa = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+/// The widest set this CPU supports and its operating system enables (the AVX and
+/// AVX-512 register state must be saved on context switches: __builtin_cpu_supports
+/// checks XCR0 as well as CPUID).
+inline Isa best_isa() noexcept {
+#if ATTN_KERNELS_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  return Isa::kSse2;
+#else
+  return Isa::kScalar;
+#endif
+}
+
+/// Forces the kernels to `isa`, clamped to best_isa() (a wider set than the CPU has is
+/// never used), and returns the set now in use. Affects every thread and every
+/// translation unit; call it while no attn computation is running.
+inline Isa set_isa(Isa isa) noexcept {
+  const Isa best = best_isa();
+  const Isa chosen = static_cast<int>(isa) < static_cast<int>(best) ? isa : best;
+  dispatch_v1::selected_isa.store(static_cast<int>(chosen), std::memory_order_relaxed);
+  return chosen;
+}
+
+/// The kernel set in use. The first call chooses it: the set the environment variable
+/// ATTN_ISA names (scalar, sse2, avx2 or avx512), clamped to best_isa(), or best_isa() when
+/// ATTN_ISA is unset or empty.
+/// @throws ConfigError if ATTN_ISA is set to anything else (on that first call).
+inline Isa active_isa() {
+  const int selected = dispatch_v1::selected_isa.load(std::memory_order_relaxed);
+  if (selected >= 0) return static_cast<Isa>(selected);
+  Isa isa = best_isa();
+  const char* env = std::getenv("ATTN_ISA");
+  if (env != nullptr && *env != '\0') {
+    detail::require_config(parse_isa(env, isa), "ATTN_ISA", [&] {
+      return "ATTN_ISA='" + std::string(env) + "' is not one of scalar, sse2, avx2, avx512";
+    });
+  }
+  return set_isa(isa);
+}
+
+ATTN_NAMESPACE_END

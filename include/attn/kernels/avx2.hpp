@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/avx2.hpp: the avx2 kernel set, attn::kernels::avx2: the set's primitives
+// (avx2/vec.inl) and the generic kernels (generic/*.inl) compiled in its target region.
+#pragma once
+
+#include "attn/kernels/prelude.hpp"
+
+#if ATTN_KERNELS_X86
+ATTN_TARGET_AVX2_BEGIN
+ATTN_NAMESPACE_BEGIN
+namespace kernels {
+namespace avx2 {
+using namespace detail;  // the plain data the drivers pass (attn/kernels/types.hpp)
+inline constexpr Isa kSetIsa = Isa::kAvx2;
+#define ATTN_KERNEL_SET avx2
+#include "attn/kernels/avx2/vec.inl"
+#include "attn/kernels/generic/all.inl"
+#undef ATTN_KERNEL_SET
+}  // namespace avx2
+}  // namespace kernels
+ATTN_NAMESPACE_END
+ATTN_TARGET_END
+#endif  // ATTN_KERNELS_X86

@@ -1,0 +1,21 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/generic/all.inl: every generic kernel, in dependency order. Included once per
+// kernel set (attn/kernels/<set>.hpp), inside the set's namespace and target region, after
+// the set's vec.inl; so this file and the ones it includes have no include guard and include
+// no headers (attn/kernels/prelude.hpp includes what they use, before any region opens).
+//
+// What a set's vec.inl provides, and the generic code relies on:
+//  - kMicroRows, kMicroVecs: the micro-kernel's tile, rows x registers;
+//  - Vec<float>, Vec<double>: Scalar, Reg, Mask, kWidth; zero, set1, load, store,
+//    load_partial / store_partial (the first n lanes; n <= 0 touches no memory), fmadd
+//    (a * b + c, fused where the set has FMA), fnmadd (c - a * b), add, sub, mul, min / max
+//    (the second operand when either is NaN, as x86 does), reduce_add, reduce_max, round
+//    (to nearest even), ldexp (p * 2^n, n integral, exact), less / greater (ordered) and
+//    select (mask ? a : b);
+//  - transpose_block / transpose_block_wide and their widths, for packing.
+#include "attn/kernels/generic/exp.inl"
+#include "attn/kernels/generic/microkernel.inl"
+#include "attn/kernels/generic/gemm.inl"
+#include "attn/kernels/generic/softmax.inl"
+#include "attn/kernels/generic/attention.inl"
+#include "attn/kernels/generic/kernel_set.inl"

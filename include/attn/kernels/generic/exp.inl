@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/generic/exp.inl: exp over a set's vector primitives, written once for every
+// set (each includes this file in its own namespace and target region).
+//
+// exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two
+// parts, so r is exact), exp(r) by a polynomial (float: Cephes' degree 6, about 1 ulp;
+// double: Taylor to degree 13, below 1e-17 relative on |r| <= 0.347), 2^n by ldexp (exact).
+// Edges, as IEEE exp: NaN -> NaN, +inf and x > ln(max) -> +inf, -inf and x < ln(min normal)
+// -> 0 (results that would be subnormal flush to 0).
+
+template <class Scalar>
+struct ExpConstants;
+
+template <>
+struct ExpConstants<float> {
+  static constexpr float kLo = -87.33654f;                  // ln(FLT_MIN)
+  static constexpr float kHi = 88.72283172607421875f;       // largest x with finite exp(x)
+  static constexpr float kLog2e = 1.44269504088896341f;
+  static constexpr float kLn2Hi = 0.693359375f;             // ln 2 = kLn2Hi + kLn2Lo
+  static constexpr float kLn2Lo = -2.12194440e-4f;
+};
+
+template <>
+struct ExpConstants<double> {
+  static constexpr double kLo = -708.3964185322641;         // ln(DBL_MIN)
+  static constexpr double kHi = 709.782712893384;           // ln(DBL_MAX), rounded down
+  static constexpr double kLog2e = 1.4426950408889634;
+  static constexpr double kLn2Hi = 6.93145751953125e-1;
+  static constexpr double kLn2Lo = 1.42860682030941723212e-6;
+};
+
+/// exp(r) for |r| <= ln2/2, float: Cephes' minimax polynomial.
+template <class V, std::enable_if_t<std::is_same_v<typename V::Scalar, float>, int> = 0>
+inline typename V::Reg exp_reduced(typename V::Reg r) noexcept {
+  auto p = V::set1(1.9875691500e-4f);
+  p = V::fmadd(p, r, V::set1(1.3981999507e-3f));
+  p = V::fmadd(p, r, V::set1(8.3334519073e-3f));
+  p = V::fmadd(p, r, V::set1(4.1665795894e-2f));
+  p = V::fmadd(p, r, V::set1(1.6666665459e-1f));
+  p = V::fmadd(p, r, V::set1(5.0000001201e-1f));
+  return V::fmadd(p, V::mul(r, r), V::add(r, V::set1(1.0f)));
+}
+
+/// exp(r) for |r| <= 0.347, double: Taylor polynomial of degree 13 (Horner).
+template <class V, std::enable_if_t<std::is_same_v<typename V::Scalar, double>, int> = 0>
+inline typename V::Reg exp_reduced(typename V::Reg r) noexcept {
+  constexpr double kInverseFactorials[] = {
+      1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+      1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,
+      1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,        0.5,
+      1.0,                1.0};
+  auto p = V::set1(kInverseFactorials[0]);
+  for (int i = 1; i < 14; ++i) p = V::fmadd(p, r, V::set1(kInverseFactorials[i]));
+  return p;
+}
+
+/// exp of every lane (see the file comment for accuracy and edges).
+template <class V>
+inline typename V::Reg vexp(typename V::Reg x) noexcept {
+  using C = ExpConstants<typename V::Scalar>;
+  const auto lo = V::set1(C::kLo), hi = V::set1(C::kHi);
+  // min/max return their second operand when either is NaN, so NaN passes the clamp.
+  const auto xc = V::max(lo, V::min(hi, x));
+  const auto n = V::round(V::mul(xc, V::set1(C::kLog2e)));
+  auto r = V::fnmadd(n, V::set1(C::kLn2Hi), xc);
+  r = V::fnmadd(n, V::set1(C::kLn2Lo), r);
+  auto y = V::ldexp(exp_reduced<V>(r), n);
+  y = V::select(V::greater(x, hi), V::set1(std::numeric_limits<typename V::Scalar>::infinity()), y);
+  return V::select(V::less(x, lo), V::zero(), y);
+}

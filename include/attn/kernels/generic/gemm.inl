@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/generic/gemm.inl: the packed GEMM's per-set parts: packing B^T into
+// micro-panels, one task of a planned GEMM (attn/detail/gemm.hpp plans it and runs the tasks
+// on its threads), and filling a PackedGemmB.
+
+/// Depth of one block: at most a 128 KiB B micro-panel (an eighth of L2), 128 to 512 deep
+/// (see attn/detail/gemm.hpp for the measurements).
+template <class Scalar>
+constexpr Index gemm_depth() noexcept {
+  return std::clamp<Index>(Index{131072} / (micro_cols<Scalar>() * Index{sizeof(Scalar)}), 128,
+                           512);
+}
+
+/// Packs B^T for columns [j0, j0 + cols) and depth [p0, p0 + depth) of C = A B^T, where B
+/// is (n, k) row-major with leading dimension ldb: out[p * ldo + c] (ldo = cols when
+/// omitted). Full square blocks go through an in-register transpose (16 x 16 floats with
+/// AVX-512, then the set's narrower one); the ragged edges element by element.
+template <class Scalar>
+inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, Index p0,
+                            Index depth, Scalar* out, Index ldo = 0) noexcept {
+  if (ldo <= 0) ldo = cols;
+  // Columns [j, j + side) of the output: depth in blocks of side, the rest one by one.
+  const auto columns = [&](Index j, Index side, bool wide) {
+    const Scalar* src = b + (j0 + j) * ldb + p0;
+    const Index depth_fast = side > 1 ? depth / side * side : 0;
+    for (Index p = 0; p < depth_fast; p += side) {
+      if (wide) {
+        transpose_block_wide(src + p, ldb, out + p * ldo + j, ldo);
+      } else {
+        transpose_block(src + p, ldb, out + p * ldo + j, ldo);
+      }
+    }
+    for (Index jj = j; jj < j + side; ++jj) {
+      const Scalar* row = b + (j0 + jj) * ldb + p0;
+      for (Index p = depth_fast; p < depth; ++p) out[p * ldo + jj] = row[p];
+    }
+  };
+  constexpr Index kWide = transpose_width_wide<Scalar>();
+  constexpr Index kSide = transpose_width<Scalar>();
+  Index j = 0;
+  if constexpr (kWide > kSide) {
+    for (; j + kWide <= cols; j += kWide) columns(j, kWide, true);
+  }
+  if constexpr (kSide > 1) {
+    for (; j + kSide <= cols; j += kSide) columns(j, kSide, false);
+  }
+  for (; j < cols; ++j) {
+    const Scalar* row = b + (j0 + j) * ldb + p0;
+    for (Index p = 0; p < depth; ++p) out[p * ldo + j] = row[p];
+  }
+}
+
+/// Fills `pack` (storage laid out for this set) with B (n, k), row-major with leading
+/// dimension ldb.
+template <class Scalar>
+void pack_gemm_b(const Scalar* b, Index ldb, PackedGemmB<Scalar>& pack) noexcept {
+  const Index n = pack.rows(), k = pack.depth(), depth_block = pack.depth_block();
+  for (Index p0 = 0; p0 < k; p0 += depth_block) {
+    const Index depth = std::min(depth_block, k - p0);
+    for (Index j = 0, width = 0; j < n; j += width) {
+      width = pack.group_width(j);
+      pack_transposed(b, ldb, j, width, p0, depth, pack.mutable_panel(p0, j, depth), width);
+    }
+  }
+}
+
+/// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
+/// `packed` is the calling thread's buffer of depth_block * tile_cols elements (unused with
+/// a pre-packed B).
+template <class Scalar>
+void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
+  const Index jt = task % g.col_tiles, rt = task / g.col_tiles;
+  const Index j0 = jt * g.tile_cols, cols = std::min(g.tile_cols, g.n - j0);
+  const Index r0 = rt * g.chunk_rows, r1 = std::min(g.m, r0 + g.chunk_rows);
+  const Index group_cols = micro_cols<Scalar>(), segment = g.segment;
+  const PackedGemmB<Scalar>* pre = g.pre;
+  Scalar* crow[kMicroRows];
+  for (Index p0 = 0; p0 < g.k; p0 += g.depth_block) {
+    const Index depth = std::min(g.depth_block, g.k - p0);
+    const bool first = p0 == 0;
+    // The tile's column groups as (column jj, width, micro-panel, its row stride). Groups
+    // never straddle a segment, so each is contiguous in C. Packed per call: B^T in
+    // micro-panels, one per group (depth x width contiguous), so the micro-kernel reads it
+    // sequentially. Pre-packed: the pack's groups, cut at the tile's edges.
+    const auto for_each_group = [&](auto&& f) {
+      for (Index j = 0; j < cols;) {
+        const Index jj = j0 + j;
+        if (pre == nullptr) {
+          const Index width = std::min({group_cols, cols - j, segment - jj % segment});
+          f(jj, width, static_cast<const Scalar*>(packed + j * depth), width);
+          j += width;
+        } else {
+          const Index pcol = g.pre_offset + jj;
+          const Index start = pre->group_start(pcol), panel_width = pre->group_width(start);
+          const Index width = std::min(panel_width - (pcol - start), cols - j);
+          f(jj, width, pre->panel(p0, start, depth) + (pcol - start), panel_width);
+          j += width;
+        }
+      }
+    };
+    if (pre == nullptr) {
+      for_each_group([&](Index jj, Index width, const Scalar*, Index) {
+        pack_transposed(g.b, g.ldb, jj, width, p0, depth, packed + (jj - j0) * depth, width);
+      });
+    }
+    for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
+      const Index rows = std::min(kGemmRows, r1 - i0);
+      for_each_group([&](Index jj, Index width, const Scalar* panel, Index panel_ld) {
+        const Index offset = g.out.column(jj, segment);
+        const Scalar* bias_j = first && g.bias != nullptr ? g.bias + jj : nullptr;
+        for (Index i = 0; i < rows; i += kMicroRows) {
+          const Index group = std::min<Index>(kMicroRows, rows - i);
+          for (Index r = 0; r < group; ++r) crow[r] = g.out.row(i0 + i + r) + offset;
+          micro_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, 1, panel, panel_ld,
+                          crow, width, Scalar(1), !first, bias_j);
+        }
+      });
+    }
+  }
+}

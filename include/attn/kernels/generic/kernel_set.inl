@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/generic/kernel_set.inl: a set's entry points, as the drivers call them
+// through attn/kernels/dispatch.hpp. Each takes pointers, sizes and plain structs (no
+// OpenMP inside: the drivers' parallel regions stay in baseline code, and clang rejects
+// OpenMP regions in target-attributed functions).
+struct KernelSet {
+  static constexpr Isa kIsa = kSetIsa;
+  template <class Scalar>
+  static constexpr Index micro_rows() noexcept {
+    return kMicroRows;
+  }
+  template <class Scalar>
+  static constexpr Index micro_cols() noexcept {
+    return kernels::ATTN_KERNEL_SET::micro_cols<Scalar>();
+  }
+  template <class Scalar>
+  static constexpr Index gemm_depth() noexcept {
+    return kernels::ATTN_KERNEL_SET::gemm_depth<Scalar>();
+  }
+  template <class Scalar>
+  static void gemm_task(const GemmPlan<Scalar>& plan, Index task, Scalar* packed) noexcept {
+    kernels::ATTN_KERNEL_SET::gemm_task(plan, task, packed);
+  }
+  template <class Scalar>
+  static void pack_gemm_b(const Scalar* b, Index ldb, PackedGemmB<Scalar>& pack) noexcept {
+    kernels::ATTN_KERNEL_SET::pack_gemm_b(b, ldb, pack);
+  }
+  template <class Scalar>
+  static Scalar softmax_row(Scalar* row, Index n) noexcept {
+    return kernels::ATTN_KERNEL_SET::softmax_row(row, n);
+  }
+  template <class Scalar>
+  static void attention_task(const AttentionArgs<Scalar>& args, const HeadMask<Scalar>& mask,
+                             const DropoutStream& drop, bool materialize, Index b, Index h,
+                             Index i0, Index i1, Scalar* scratch) {
+    if (materialize) {
+      materialized_tile(args, mask, drop, b, h, i0, i1, scratch);
+    } else {
+      streaming_tile(args, mask, drop, b, h, i0, i1, scratch);
+    }
+  }
+};
+
+// ---- optional explicit instantiation (faster builds; see attn/kernels/instantiate.hpp) ----
+// With ATTN_KERNELS_EXTERN, a translation unit only declares the set's kernels (extern
+// template) and one unit of the program instantiates them (ATTN_KERNELS_INSTANTIATE); the
+// drivers' calls then link to that unit's code instead of compiling four kernel sets again.
+#if defined(ATTN_KERNELS_INSTANTIATE) || defined(ATTN_KERNELS_EXTERN)
+#if defined(ATTN_KERNELS_INSTANTIATE)
+#define ATTN_KERNELS_EXPLICIT_
+#else
+#define ATTN_KERNELS_EXPLICIT_ extern
+#endif
+#define ATTN_KERNELS_INSTANCES_(S)                                                              \
+  ATTN_KERNELS_EXPLICIT_ template void gemm_task<S>(const GemmPlan<S>&, Index, S*) noexcept;    \
+  ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<S>(const S*, Index, PackedGemmB<S>&) noexcept; \
+  ATTN_KERNELS_EXPLICIT_ template S softmax_row<S>(S*, Index, bool) noexcept;                   \
+  ATTN_KERNELS_EXPLICIT_ template void materialized_tile<S>(                                    \
+      const AttentionArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, Index,   \
+      Index, S*);                                                                               \
+  ATTN_KERNELS_EXPLICIT_ template void streaming_tile<S>(const AttentionArgs<S>&,              \
+                                                         const HeadMask<S>&,                   \
+                                                         const DropoutStream&, Index, Index,   \
+                                                         Index, Index, S*);
+ATTN_KERNELS_INSTANCES_(float)
+ATTN_KERNELS_INSTANCES_(double)
+#undef ATTN_KERNELS_INSTANCES_
+#undef ATTN_KERNELS_EXPLICIT_
+#endif
