@@ -16,6 +16,7 @@
 #include "attn/tensor/view_ops.hpp"
 
 #include "attn/nn/dropout.hpp"
+#include "attn/nn/gradients.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
@@ -29,6 +30,7 @@
 #include "attn/attention/multi_head_attention.hpp"
 #include "attn/attention/multi_head_attention_wrapper.hpp"
 #include "attn/attention/qkv_projection.hpp"
+#include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/attention/self_attention.hpp"
 #include "attn/attention/simple_self_attention.hpp"

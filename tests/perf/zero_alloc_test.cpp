@@ -369,6 +369,31 @@ TYPED_TEST(ZeroAllocation, EveryOtherModuleForward) {
       [&] { cross.forward(x.view(), kv.view(), out.view(), ws); });
 }
 
+// A training forward records into a reused SavedForward: once warm it allocates nothing
+// either (its buffers, the mask copy and the wrapper's per-head records are reused).
+TYPED_TEST(ZeroAllocation, TrainingForwardWithSavedState) {
+  using Scalar = TypeParam;
+  attn::manual_seed(15);
+  MultiHeadAttention<Scalar> mha(kDim, kDim, kTokens, /*dropout=*/0.1, kHeads, true);
+  attn::MultiHeadAttentionWrapper<Scalar> wrapper(kDim, kDim / kHeads, kTokens, 0.1, kHeads);
+  const attn::SimpleSelfAttention<Scalar> simple;
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 16);
+  Tensor<bool, 2> padding({kBatch, kTokens});
+  padding(1, kTokens - 1) = true;
+  AttentionMask<Scalar> mask;
+  mask.key_padding(padding.view()).key_lengths({kTokens, kTokens - 3});
+  Tensor<Scalar, 3> out({kBatch, kTokens, kDim});
+  attn::Workspace ws;
+  attn::SavedForward<Scalar> saved;
+  expect_steady_state_without_allocation(
+      [&] { mha.forward(x.view(), out.view(), saved, ws, mask); });
+  attn::SavedForward<Scalar> saved_heads;
+  expect_steady_state_without_allocation(
+      [&] { wrapper.forward(x.view(), out.view(), saved_heads, ws, mask); });
+  expect_steady_state_without_allocation(
+      [&] { simple.forward(x.view(), out.view(), saved, ws, mask); });
+}
+
 TYPED_TEST(ZeroAllocation, ScaledDotProductAttentionWithWorkspace) {
   using Scalar = TypeParam;
   const Index hd = kDim / kHeads;
