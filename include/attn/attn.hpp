@@ -23,6 +23,10 @@
 #include "attn/nn/random.hpp"
 #include "attn/nn/softmax.hpp"
 
+#include "attn/optim/adamw.hpp"
+#include "attn/optim/optimizer.hpp"
+#include "attn/optim/sgd.hpp"
+
 #include "attn/attention/causal_attention.hpp"
 #include "attn/attention/cross_attention.hpp"
 #include "attn/attention/module.hpp"
