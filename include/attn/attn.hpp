@@ -22,6 +22,7 @@
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
 #include "attn/nn/softmax.hpp"
+#include "attn/nn/softmax_backward.hpp"
 
 #include "attn/optim/adamw.hpp"
 #include "attn/optim/optimizer.hpp"
