@@ -35,8 +35,8 @@ struct AttentionGrads {
 /// gradient is not computed (it is not an input of the modules' backward).
 template <class Q, class K, class V, class G>
 AttentionGrads attention_backward(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v,
-                             TensorView<G, 4> grad_out, const DenseMask& mask, Real scale,
-                             const std::vector<char>* keep = nullptr, Real dropout = 0) {
+                                  TensorView<G, 4> grad_out, const DenseMask& mask, Real scale,
+                                  const std::vector<char>* keep = nullptr, Real dropout = 0) {
   const Index batch = q.extent(0), heads = q.extent(1), tq = q.extent(2), d = q.extent(3);
   const Index tk = k.extent(2), dv = v.extent(3);
   const auto qs = to_vector(q);
@@ -45,37 +45,17 @@ AttentionGrads attention_backward(TensorView<Q, 4> q, TensorView<K, 4> k, Tensor
   const auto gs = to_vector(grad_out);
   std::vector<Real> dq(qs.size(), 0), dk(ks.size(), 0), dvv(vs.size(), 0);
   std::vector<Real> s(static_cast<std::size_t>(tk)), dp(static_cast<std::size_t>(tk));
-  std::vector<char> vis(static_cast<std::size_t>(tk));
   for (Index b = 0; b < batch; ++b) {
     for (Index h = 0; h < heads; ++h) {
       const Index bh = b * heads + h;
       for (Index i = 0; i < tq; ++i) {
         const auto* qi = qs.data() + (bh * tq + i) * d;
         const auto* gi = gs.data() + (bh * tq + i) * dv;
-        // forward again: visible keys, scores, p = softmax(s)
-        Real row_max = -std::numeric_limits<Real>::infinity();
-        for (Index j = 0; j < tk; ++j) {
-          const std::size_t at = mask.at(b, h, i, j);
-          const Real bias = mask.bias[at];
-          vis[j] = mask.visible[at] && !(std::isinf(bias) && bias < 0);
-          if (!vis[j]) continue;
-          const auto* kj = ks.data() + (bh * tk + j) * d;
-          Real dot = 0;
-          for (Index e = 0; e < d; ++e) dot += static_cast<Real>(qi[e]) * static_cast<Real>(kj[e]);
-          s[j] = dot * scale + bias;
-          row_max = std::max(row_max, s[j]);
-        }
-        Real sum = 0;
-        for (Index j = 0; j < tk; ++j) {
-          s[j] = vis[j] ? std::exp(s[j] - row_max) : 0;
-          sum += s[j];
-        }
-        if (!(sum > 0)) continue;  // no visible key: zero output, zero gradients
+        probabilities(mask, b, h, i, qi, ks.data() + bh * tk * d, d, scale, s);
         // backward: dV, dP, then the softmax backward and dQ, dK
-        Real p_dot_dp = 0;
+        Real p_dot_dp = 0;  // (a query with no visible key has p = 0: no gradient)
         for (Index j = 0; j < tk; ++j) {
-          const Real p = s[j] / sum;
-          s[j] = p;
+          const Real p = s[j];
           dp[j] = 0;
           if (p == 0) continue;
           const Real kept =

@@ -5,6 +5,8 @@
 // mask kind: none, boolean allowed / blocked, additive with -inf, key padding, key lengths,
 // causal square / top-left / bottom-right, fully masked rows (zero gradients), dropout with
 // given keep decisions, a custom scale.
+#include "attention/reference_attention_backward.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include <vector>
 
 #include "attention/reference_attention.hpp"
-#include "attention/reference_attention_backward.hpp"
 #include "attn/attn.hpp"
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
@@ -43,8 +44,8 @@ void expect_matches_finite_differences(const Problem& p,
   auto v = attn::test::random_tensor<double>(Shape<4>{p.b, p.h, p.tk, p.dv}, 3);
   const auto w = attn::test::random_tensor<double>(Shape<4>{p.b, p.h, p.tq, p.dv}, 4);
   const ref::DenseMask mask = make_mask();
-  const auto grads = ref::attention_backward(q.view(), k.view(), v.view(), w.view(), mask, scale,
-                                             keep, dropout);
+  const auto grads =
+      ref::attention_backward(q.view(), k.view(), v.view(), w.view(), mask, scale, keep, dropout);
   const auto loss = [&] {
     const auto r = ref::attention(q.view(), k.view(), v.view(), mask, scale, keep, dropout);
     return fd::weighted_sum(r.output.view(), w.view());
@@ -58,20 +59,24 @@ ref::Real default_scale(const Problem& p) { return 1 / std::sqrt(static_cast<ref
 
 TEST(ReferenceAttentionBackward, NoMask) {
   const Problem p;
-  expect_matches_finite_differences(p, [&] { return ref::DenseMask(p.b, p.h, p.tq, p.tk); },
-                                    default_scale(p));
+  expect_matches_finite_differences(
+      p, [&] { return ref::DenseMask(p.b, p.h, p.tq, p.tk); }, default_scale(p));
 }
 
 TEST(ReferenceAttentionBackward, BooleanMasksBothPolarities) {
   const Problem p;
   const auto allowed = ref::random_bools(Shape<4>{p.b, p.h, p.tq, p.tk}, 5, 0.7);
-  expect_matches_finite_differences(p, [&] {
-    return ref::DenseMask(p.b, p.h, p.tq, p.tk).boolean(allowed.view(), /*allows=*/true);
-  }, default_scale(p));
+  expect_matches_finite_differences(
+      p,
+      [&] { return ref::DenseMask(p.b, p.h, p.tq, p.tk).boolean(allowed.view(), /*allows=*/true); },
+      default_scale(p));
   const auto blocked = ref::random_bools(Shape<2>{p.tq, p.tk}, 6, 0.3);
-  expect_matches_finite_differences(p, [&] {
-    return ref::DenseMask(p.b, p.h, p.tq, p.tk).boolean(blocked.view(), /*allows=*/false);
-  }, default_scale(p));
+  expect_matches_finite_differences(
+      p,
+      [&] {
+        return ref::DenseMask(p.b, p.h, p.tq, p.tk).boolean(blocked.view(), /*allows=*/false);
+      },
+      default_scale(p));
 }
 
 TEST(ReferenceAttentionBackward, AdditiveMaskWithMinusInfinity) {
@@ -90,17 +95,23 @@ TEST(ReferenceAttentionBackward, KeyPaddingAndKeyLengths) {
       p, [&] { return ref::DenseMask(p.b, p.h, p.tq, p.tk).key_padding(pad.view()); },
       default_scale(p));
   expect_matches_finite_differences(
-      p, [&] { return ref::DenseMask(p.b, p.h, p.tq, p.tk).key_lengths({4, 6}); },
+      p,
+      [&] {
+        return ref::DenseMask(p.b, p.h, p.tq, p.tk).key_lengths({4, 6});
+      },
       default_scale(p));
 }
 
 TEST(ReferenceAttentionBackward, CausalEveryAlignment) {
   Problem square;
   square.tk = square.tq;
-  expect_matches_finite_differences(square, [&] {
-    return ref::DenseMask(square.b, square.h, square.tq, square.tk)
-        .causal(CausalAlignment::kSquare);
-  }, default_scale(square));
+  expect_matches_finite_differences(
+      square,
+      [&] {
+        return ref::DenseMask(square.b, square.h, square.tq, square.tk)
+            .causal(CausalAlignment::kSquare);
+      },
+      default_scale(square));
   const Problem wide;  // T_q = 5 < T_k = 6
   for (const auto alignment : {CausalAlignment::kTopLeft, CausalAlignment::kBottomRight}) {
     expect_matches_finite_differences(
@@ -120,8 +131,8 @@ TEST(ReferenceAttentionBackward, FullyMaskedRowsGetZeroGradientsAndNoNaN) {
   const auto q = attn::test::random_tensor<double>(Shape<4>{tall.b, tall.h, tall.tq, tall.d}, 8);
   const auto k = attn::test::random_tensor<double>(Shape<4>{tall.b, tall.h, tall.tk, tall.d}, 9);
   const auto w = attn::test::random_tensor<double>(Shape<4>{tall.b, tall.h, tall.tq, tall.d}, 10);
-  const auto g = ref::attention_backward(q.view(), k.view(), k.view(), w.view(), make(),
-                                         default_scale(tall));
+  const auto g =
+      ref::attention_backward(q.view(), k.view(), k.view(), w.view(), make(), default_scale(tall));
   EXPECT_TRUE(ref::all_finite(g.query.view()) && ref::all_finite(g.key.view()));
   for (Index b = 0; b < tall.b; ++b) {
     for (Index h = 0; h < tall.h; ++h) {

@@ -154,8 +154,8 @@ TYPED_TEST(SavedForwardTest, SingleHeadModulesKeepTheContextTheyOutput) {
   EXPECT_EQ(saved.batch, 1);
   EXPECT_EQ(saved.options.dropout, 0.3);
   EXPECT_EQ(saved.options.dropout_seed, 3u);
-  EXPECT_TRUE(ref::same_bits(saved.context, TensorView<const Scalar, 3>(attn::unsqueeze(
-                                                out2.view(), 0))));
+  EXPECT_TRUE(
+      ref::same_bits(saved.context, TensorView<const Scalar, 3>(attn::unsqueeze(out2.view(), 0))));
 }
 
 TYPED_TEST(SavedForwardTest, WrapperRecordsEveryHeadAndSimpleAttentionItsInput) {
@@ -173,8 +173,8 @@ TYPED_TEST(SavedForwardTest, WrapperRecordsEveryHeadAndSimpleAttentionItsInput) 
     const auto& part = saved.parts[static_cast<std::size_t>(h)];
     EXPECT_NE(part.owner, nullptr);
     EXPECT_NE(part.owner, saved.owner);
-    EXPECT_TRUE(ref::same_bits(part.context, attn::slice(TensorView<const Scalar, 3>(out.view()),
-                                                         2, 3 * h, 3 * h + 3)));
+    EXPECT_TRUE(ref::same_bits(
+        part.context, attn::slice(TensorView<const Scalar, 3>(out.view()), 2, 3 * h, 3 * h + 3)));
     expect_projections(part, wrapper.head(h), x.view(), x.view(), x.view(), 1);
   }
   // SimpleSelfAttention: q = k = v = x, read from x's rows (here staged: x is transposed).
@@ -187,8 +187,8 @@ TYPED_TEST(SavedForwardTest, WrapperRecordsEveryHeadAndSimpleAttentionItsInput) 
   EXPECT_TRUE(ref::same_bits(simple_out.view(), simple.forward(x.view()).view()));
   EXPECT_TRUE(saved.self_attention);
   EXPECT_NE(saved.inputs[0].data, xt.data());
-  EXPECT_TRUE(ref::same_bits(TensorView<const Scalar, 3>(saved.inputs[0].data, {2, 8, 4}),
-                             x.view()));
+  EXPECT_TRUE(
+      ref::same_bits(TensorView<const Scalar, 3>(saved.inputs[0].data, {2, 8, 4}), x.view()));
   EXPECT_TRUE(ref::same_bits(saved.context, TensorView<const Scalar, 3>(simple_out.view())));
   EXPECT_EQ(saved.options.scale.value(), 0.5);
 }

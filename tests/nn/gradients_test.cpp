@@ -64,8 +64,8 @@ TYPED_TEST(GradientsTest, MirrorEveryNamingOfAMultiHeadModule) {
     expect_mirrors(grads, params);
   }
   const Gradients<Scalar> grads(mha.named_parameters());
-  EXPECT_THAT(grads.names(), ElementsAre("in_proj_weight", "in_proj_bias", "out_proj.weight",
-                                         "out_proj.bias"));
+  EXPECT_THAT(grads.names(),
+              ElementsAre("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"));
 }
 
 TYPED_TEST(GradientsTest, TheFusedBlockIsOneContiguousGradientUnderAnyNames) {

@@ -47,7 +47,9 @@ TEST(SoftmaxBackward, FiniteDifferencesOnEveryAxis) {
     const auto w = attn::test::random_tensor<double>(Shape<3>{3, 4, 5}, 2 + axis);
     const auto y = attn::softmax(x.view(), axis);
     const auto grad = attn::softmax_backward(y.view(), w.view(), axis);
-    const auto loss = [&] { return fd::weighted_sum(attn::softmax(x.view(), axis).view(), w.view()); };
+    const auto loss = [&] {
+      return fd::weighted_sum(attn::softmax(x.view(), axis).view(), w.view());
+    };
     EXPECT_TRUE(fd::check(loss, {fd::variable("x", x.view(), grad.view())}));
   }
 }

@@ -3,11 +3,14 @@
 // torch.optim.AdamW (PyTorch 1.13, foreach=False): several steps bit for bit in float and
 // double, the state (step count, moments, amsgrad's maximum) carried across steps, a module's
 // strided raw parameters, and its errors.
+#include "attn/optim/adamw.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "attn/attn.hpp"
-#include "attn/optim/adamw.hpp"
 #include "optim/optim_test_support.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
@@ -19,7 +22,6 @@ using attn::Index;
 using attn::optim::AdamW;
 using attn::optim::AdamWOptions;
 using attn::test::pytorch::OptimCase;
-using attn::test::pytorch::OptimParams;
 using attn::test::pytorch::Optimizer;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
@@ -43,26 +45,22 @@ AdamWOptions options_of(const OptimCase<Scalar>& c) {
 
 TYPED_TEST(AdamWTest, MatchesTorchOptimAdamWBitForBitOverSeveralSteps) {
   using Scalar = TypeParam;
-  int cases = 0;
-  for (const auto& c : attn::test::pytorch::optim_cases<Scalar>()) {
-    if (c.optimizer != Optimizer::kAdamW) continue;
-    SCOPED_TRACE(std::string(c.name) + ": " + c.covers);
-    ++cases;
-    OptimParams<Scalar> params(c);
-    AdamW<Scalar> adamw(params.list(), options_of(c));
-    attn::test::pytorch::expect_steps_match(c, params, adamw);
-    EXPECT_EQ(adamw.steps(), c.steps);
-    attn::test::pytorch::expect_state(adamw.exp_avg(), c.weight_exp_avg, c.bias_exp_avg,
-                                      c.odd_exp_avg);
-    attn::test::pytorch::expect_state(adamw.exp_avg_sq(), c.weight_exp_avg_sq,
-                                      c.bias_exp_avg_sq, c.odd_exp_avg_sq);
-    if (c.amsgrad) {
-      attn::test::pytorch::expect_state(adamw.max_exp_avg_sq(), c.weight_max_exp_avg_sq,
-                                        c.bias_max_exp_avg_sq, c.odd_max_exp_avg_sq);
-    } else {
-      EXPECT_TRUE(adamw.max_exp_avg_sq().empty());
-    }
-  }
+  using attn::test::pytorch::expect_state;
+  const int cases = attn::test::pytorch::run_cases<Scalar>(
+      Optimizer::kAdamW,
+      [](attn::ParameterList<Scalar> params, const OptimCase<Scalar>& c) {
+        return AdamW<Scalar>(std::move(params), options_of(c));
+      },
+      [](const AdamW<Scalar>& adamw, const OptimCase<Scalar>& c) {
+        expect_state(adamw.exp_avg(), c.weight_exp_avg, c.bias_exp_avg, c.odd_exp_avg);
+        expect_state(adamw.exp_avg_sq(), c.weight_exp_avg_sq, c.bias_exp_avg_sq, c.odd_exp_avg_sq);
+        if (c.amsgrad) {
+          expect_state(adamw.max_exp_avg_sq(), c.weight_max_exp_avg_sq, c.bias_max_exp_avg_sq,
+                       c.odd_max_exp_avg_sq);
+        } else {
+          EXPECT_TRUE(adamw.max_exp_avg_sq().empty());
+        }
+      });
   EXPECT_EQ(cases, 4);
 }
 
@@ -93,8 +91,8 @@ TYPED_TEST(AdamWTest, UpdatesAModulesStridedParametersInPlace) {
                                                  attn::test::pytorch::at_step(c.weight_after, t)))
         << "step " << t + 1;
   }
-  EXPECT_TRUE(attn::test::pytorch::same_values(adamw.exp_avg().at("W_query"),
-                                               c.weight_exp_avg.values));
+  EXPECT_TRUE(
+      attn::test::pytorch::same_values(adamw.exp_avg().at("W_query"), c.weight_exp_avg.values));
   // The module computes with the updated weights (they are its own memory).
   EXPECT_EQ(v1.w_query().weight()(2, 1), w(1, 2));
 }

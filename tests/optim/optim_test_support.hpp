@@ -122,4 +122,23 @@ void expect_state(const Gradients<Scalar>& state, const Array<Scalar>& weight,
   EXPECT_TRUE(same_values(state.at("odd"), odd.values));
 }
 
+/// Runs every fixture case of `kind` in Scalar: make(parameters, case) builds the optimizer,
+/// every step is checked (expect_steps_match), then the step count and check_state(optimizer,
+/// case). Returns how many cases ran.
+template <class Scalar, class Make, class CheckState>
+int run_cases(Optimizer kind, Make&& make, CheckState&& check_state) {
+  int ran = 0;
+  for (const auto& c : optim_cases<Scalar>()) {
+    if (c.optimizer != kind) continue;
+    SCOPED_TRACE(std::string(c.name) + ": " + c.covers);
+    ++ran;
+    OptimParams<Scalar> params(c);
+    auto optimizer = make(params.list(), c);
+    expect_steps_match(c, params, optimizer);
+    EXPECT_EQ(optimizer.steps(), c.steps);
+    check_state(optimizer, c);
+  }
+  return ran;
+}
+
 }  // namespace attn::test::pytorch

@@ -3,13 +3,15 @@
 // (PyTorch 1.13, foreach=False): several steps bit for bit in float and double with momentum,
 // dampening, weight decay, Nesterov momentum and maximize, the momentum buffer carried across
 // steps, and its errors.
+#include "attn/optim/sgd.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <utility>
 
 #include "attn/attn.hpp"
-#include "attn/optim/sgd.hpp"
 #include "optim/optim_test_support.hpp"
 #include "support/scalar_types.hpp"
 
@@ -19,7 +21,6 @@ using attn::Gradients;
 using attn::optim::SGD;
 using attn::optim::SGDOptions;
 using attn::test::pytorch::OptimCase;
-using attn::test::pytorch::OptimParams;
 using attn::test::pytorch::Optimizer;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
@@ -42,22 +43,19 @@ SGDOptions options_of(const OptimCase<Scalar>& c) {
 
 TYPED_TEST(SGDTest, MatchesTorchOptimSGDBitForBitOverSeveralSteps) {
   using Scalar = TypeParam;
-  int cases = 0;
-  for (const auto& c : attn::test::pytorch::optim_cases<Scalar>()) {
-    if (c.optimizer != Optimizer::kSGD) continue;
-    SCOPED_TRACE(std::string(c.name) + ": " + c.covers);
-    ++cases;
-    OptimParams<Scalar> params(c);
-    SGD<Scalar> sgd(params.list(), options_of(c));
-    attn::test::pytorch::expect_steps_match(c, params, sgd);
-    EXPECT_EQ(sgd.steps(), c.steps);
-    if (c.momentum != 0.0) {
-      attn::test::pytorch::expect_state(sgd.momentum_buffer(), c.weight_momentum_buffer,
-                                        c.bias_momentum_buffer, c.odd_momentum_buffer);
-    } else {
-      EXPECT_TRUE(sgd.momentum_buffer().empty());
-    }
-  }
+  const int cases = attn::test::pytorch::run_cases<Scalar>(
+      Optimizer::kSGD,
+      [](attn::ParameterList<Scalar> params, const OptimCase<Scalar>& c) {
+        return SGD<Scalar>(std::move(params), options_of(c));
+      },
+      [](const SGD<Scalar>& sgd, const OptimCase<Scalar>& c) {
+        if (c.momentum != 0.0) {
+          attn::test::pytorch::expect_state(sgd.momentum_buffer(), c.weight_momentum_buffer,
+                                            c.bias_momentum_buffer, c.odd_momentum_buffer);
+        } else {
+          EXPECT_TRUE(sgd.momentum_buffer().empty());
+        }
+      });
   EXPECT_EQ(cases, 5);
 }
 
@@ -65,8 +63,7 @@ TEST(SGD, RejectsWhatPyTorchRejects) {
   attn::Linear<double> layer(3, 2, true);
   const auto params = layer.named_parameters();
   const auto rejects = [&](SGDOptions o, const char* text) {
-    EXPECT_THAT([&] { SGD<double>(params, o); },
-                ThrowsMessage<attn::ConfigError>(HasSubstr(text)));
+    EXPECT_THAT([&] { SGD<double>(params, o); }, ThrowsMessage<attn::ConfigError>(HasSubstr(text)));
   };
   rejects(SGDOptions{}, "attn::optim::SGD: lr=nan is invalid: must be set and >= 0");
   SGDOptions o;

@@ -114,9 +114,9 @@ Tensor<S, 3> run(const Module& m, const std::vector<TensorView<const S, 3>>& in,
   return out;
 }
 template <class S>
-Tensor<S, 3> run(const attn::MultiHeadAttention<S>& m, const std::vector<TensorView<const S, 3>>& in,
-                 const attn::Shape<3>& shape, const AttentionMask<S>& mask,
-                 attn::SavedForward<S>* saved) {
+Tensor<S, 3> run(const attn::MultiHeadAttention<S>& m,
+                 const std::vector<TensorView<const S, 3>>& in, const attn::Shape<3>& shape,
+                 const AttentionMask<S>& mask, attn::SavedForward<S>* saved) {
   Tensor<S, 3> out(shape);
   attn::Workspace ws;
   const auto& q = in[0];
@@ -185,8 +185,9 @@ TYPED_TEST(GradFixtures, EveryModuleLoadsItsCaseAndComputesPyTorchsOutput) {
       for (std::size_t i = 0; i < params.size(); ++i) load(params[i], c.parameters[i].array);
       const auto expected = attn::test::pytorch::expected_values(c.output);
       const double tol = output_tolerance(c);
-      EXPECT_TRUE(attn::test::pytorch::near(run(m, inputs, shape, mask, static_cast<attn::SavedForward<S>*>(nullptr)).view(), c.output,
-                                            expected, tol, std::string(c.name) + " forward"));
+      EXPECT_TRUE(attn::test::pytorch::near(
+          run(m, inputs, shape, mask, static_cast<attn::SavedForward<S>*>(nullptr)).view(),
+          c.output, expected, tol, std::string(c.name) + " forward"));
       attn::SavedForward<S> saved;
       EXPECT_TRUE(attn::test::pytorch::near(run(m, inputs, shape, mask, &saved).view(), c.output,
                                             expected, tol,

@@ -39,8 +39,7 @@ struct Variable {
 /// `x` (perturbed in place while checking, restored after) and its analytic gradient
 /// `grad`, of the same shape.
 template <std::size_t Rank, class GradScalar>
-Variable variable(std::string name, TensorView<double, Rank> x,
-                  TensorView<GradScalar, Rank> grad) {
+Variable variable(std::string name, TensorView<double, Rank> x, TensorView<GradScalar, Rank> grad) {
   Variable v{std::move(name), {}, {}};
   if (x.shape() != grad.shape()) {
     ADD_FAILURE() << v.name << ": value " << detail::to_string(x.shape()) << " and gradient "
@@ -58,7 +57,7 @@ struct Options {
   double step = 1e-5;  ///< h (see the file comment)
   double atol = 1e-6;  ///< |numeric - analytic| <= atol + rtol * |analytic|
   double rtol = 1e-6;
-  Index stride = 1;    ///< check every stride-th element of each variable (large inputs)
+  Index stride = 1;  ///< check every stride-th element of each variable (large inputs)
 };
 
 /// Checks every (stride-th) element of every variable: perturbs it by +-h, evaluates
@@ -103,8 +102,8 @@ inline ::testing::AssertionResult check(const std::function<long double()>& loss
   }
   if (checked == 0) return ::testing::AssertionFailure() << "no element checked";
   if (failed == 0) return ::testing::AssertionSuccess() << checked << " elements checked";
-  return ::testing::AssertionFailure() << failed << " of " << checked
-                                       << " elements differ; worst " << worst;
+  return ::testing::AssertionFailure()
+         << failed << " of " << checked << " elements differ; worst " << worst;
 }
 
 /// sum(weights * y) over two views of the same shape, in long double: the scalar loss whose

@@ -131,8 +131,8 @@ class AttentionCore {
     // The context (B, T_q, H, hd) == (B, T_q, D): out itself when no projection follows
     // (and no backward needs it kept).
     const bool direct = saved == nullptr && !config_.out_proj && out.stride(2) == 1;
-    Scalar* ctx = direct ? out.data()
-                         : workspace_get<Scalar>(keep, WorkspaceSlot::kContext, batch * tq * d);
+    Scalar* ctx =
+        direct ? out.data() : workspace_get<Scalar>(keep, WorkspaceSlot::kContext, batch * tq * d);
     const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{tq * d, d, 1};
     const AttentionOptions options = kernel_options(weights);
     attend(heads,
@@ -195,8 +195,7 @@ class AttentionCore {
 
   /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd).
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
-              const AttentionOptions& options, TensorView<Scalar, 4> weights,
-              Workspace& ws) const {
+              const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
                    weights, ws, config_.causal, config_.alignment);
   }

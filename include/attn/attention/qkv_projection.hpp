@@ -240,7 +240,9 @@ class QkvProjection {
       // x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, 3H, T, hd)
       Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * 3 * d);
       gemm_into(xq, tq, kQuery, 3, qkv);
-      return {heads(qkv, tq, 3), heads(qkv + tq * d, tq, 3), heads(qkv + 2 * tq * d, tq, 3),
+      return {heads(qkv, tq, 3),
+              heads(qkv + tq * d, tq, 3),
+              heads(qkv + 2 * tq * d, tq, 3),
               {xq, xq, xq}};
     }
     const Index kv_rows = batch * tk;

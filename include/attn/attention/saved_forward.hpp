@@ -109,11 +109,10 @@ namespace detail {
 /// kernel options. The buffers the views point into belong to saved.storage or the caller.
 template <class Scalar>
 void record_forward(SavedForward<Scalar>& saved, const void* owner,
-                    const RowsRef<const Scalar> (&rows)[3], bool self_attention,
-                    bool key_is_value, TensorView<const Scalar, 4> query,
-                    TensorView<const Scalar, 4> key, TensorView<const Scalar, 4> value,
-                    TensorView<const Scalar, 3> context, const AttentionMask<Scalar>& mask,
-                    const AttentionOptions& options) {
+                    const RowsRef<const Scalar> (&rows)[3], bool self_attention, bool key_is_value,
+                    TensorView<const Scalar, 4> query, TensorView<const Scalar, 4> key,
+                    TensorView<const Scalar, 4> value, TensorView<const Scalar, 3> context,
+                    const AttentionMask<Scalar>& mask, const AttentionOptions& options) {
   saved.owner = owner;
   saved.batch = query.extent(0);
   saved.query_tokens = query.extent(2);

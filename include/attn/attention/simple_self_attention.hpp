@@ -75,8 +75,8 @@ class SimpleSelfAttention
         weights.data() != nullptr ? AttentionPath::kMaterialized : AttentionPath::kStreaming;
     if (saved == nullptr) {
       const TensorView<const Scalar, 4> x4 = unsqueeze(x.query, 1);
-      scaled_dot_product_attention_with_weights<Scalar>(x4, x4, x4, unsqueeze(out, 1), weights,
-                                                        ws, mask, options);
+      scaled_dot_product_attention_with_weights<Scalar>(x4, x4, x4, unsqueeze(out, 1), weights, ws,
+                                                        mask, options);
       return;
     }
     const Index batch = x.query.extent(0), tokens = x.query.extent(1), d = x.query.extent(2);

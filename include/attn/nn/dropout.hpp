@@ -117,15 +117,14 @@ class Dropout {
     const Scalar scale = Scalar(1) / static_cast<Scalar>(1.0 - p_);
     Scalar* data = x.data();
     const Index n = x.extent(Rank - 1), stride = x.stride(Rank - 1);
-    detail::for_each_dropout_row(stream, x.shape(), x.strides(), x.strides(),
-                                 [&](std::uint64_t key, Index o, Index) {
-                                   for (Index j = 0; j < n; ++j) {
-                                     Scalar& value = data[o + j * stride];
-                                     value = detail::DropoutStream::keep(key, j, stream.threshold)
-                                                 ? value * scale
-                                                 : Scalar(0);
-                                   }
-                                 });
+    detail::for_each_dropout_row(
+        stream, x.shape(), x.strides(), x.strides(), [&](std::uint64_t key, Index o, Index) {
+          for (Index j = 0; j < n; ++j) {
+            Scalar& value = data[o + j * stride];
+            value =
+                detail::DropoutStream::keep(key, j, stream.threshold) ? value * scale : Scalar(0);
+          }
+        });
     return record;
   }
 

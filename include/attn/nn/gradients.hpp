@@ -79,12 +79,11 @@ class Gradients {
     for (std::size_t i = 0; i < n; ++i) {
       const NamedParameter<const Scalar> p = parameters[i];
       for (const Entry& e : entries_) {
-        detail::require_config(e.name != p.name(), "Gradients", [&] {
-          return "parameter name '" + p.name() + "' appears twice";
-        });
+        detail::require_config(e.name != p.name(), "Gradients",
+                               [&] { return "parameter name '" + p.name() + "' appears twice"; });
       }
-      entries_.push_back({p.name(), p.rank(), p.matrix().shape(), p.matrix().strides(),
-                          span_of(p.matrix()), 0});
+      entries_.push_back(
+          {p.name(), p.rank(), p.matrix().shape(), p.matrix().strides(), span_of(p.matrix()), 0});
     }
     plan_blocks();
     bind();

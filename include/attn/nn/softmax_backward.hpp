@@ -52,9 +52,8 @@ void softmax_backward(TensorView<const typename TensorView<Scalar, Rank>::value_
                   "softmax_backward", [&] {
                     return "y " + detail::to_string(y.shape()) + ", grad_y " +
                            detail::to_string(grad_y.shape()) + ", grad_x " +
-                           detail::to_string(grad_x.shape()) + ", axis " +
-                           std::to_string(axis) + ": expected one shape and an axis below " +
-                           std::to_string(Rank);
+                           detail::to_string(grad_x.shape()) + ", axis " + std::to_string(axis) +
+                           ": expected one shape and an axis below " + std::to_string(Rank);
                   });
   if (y.empty()) return;
   // Every position of the other axes is one row along `axis` (n > 0 here).

@@ -34,12 +34,14 @@ struct AdamWOptions {
 /// matches PyTorch's float32 run. Per element, with g the gradient (negated if maximize):
 ///
 ///     step += 1
-///     p  = p * (1 - lr * weight_decay)              param.mul_(1 - lr * weight_decay)
-///     m  = fma(g, 1 - beta1, m * beta1)             exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-///     v  = fma((1 - beta2) * g, g, v * beta2)       exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-///     vmax = max(vmax, v)                           (amsgrad; v below is then vmax)
+///     p = p * (1 - lr * weight_decay)         param.mul_(1 - lr * weight_decay)
+///     m = fma(g, 1 - beta1, m * beta1)        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+///     v = fma((1 - beta2) * g, g, v * beta2)  exp_avg_sq.mul_(beta2)
+///                                                       .addcmul_(grad, grad, value=1 - beta2)
+///     vmax = max(vmax, v)                     (amsgrad; v below is then vmax)
 ///     denom = sqrt(v) / sqrt(1 - beta2^step) + eps
-///     p  = p + (-(lr / (1 - beta1^step)) * m) / denom   param.addcdiv_(exp_avg, denom, value=-step_size)
+///     p = p + (-(lr / (1 - beta1^step)) * m) / denom
+///                                             param.addcdiv_(exp_avg, denom, value=-step_size)
 ///
 /// The scalars are formed in double as Python does, then rounded to Scalar as ATen's kernels
 /// take them. The FMAs are where ATen's CPU kernels fuse (its vectorised add_ with alpha and
@@ -52,27 +54,26 @@ struct AdamWOptions {
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>
-class AdamW {
+class AdamW : public detail::OptimizerBase<AdamW<Scalar>, Scalar, AdamWOptions> {
   static_assert(std::is_floating_point_v<Scalar>, "attn::optim::AdamW: float or double");
+  using Base = detail::OptimizerBase<AdamW<Scalar>, Scalar, AdamWOptions>;
+  friend Base;
 
  public:
   /// @throws ConfigError on an option PyTorch rejects (lr < 0, eps < 0, a beta outside
   ///         [0, 1), weight_decay < 0), or parameters that repeat a name or share memory.
   explicit AdamW(ParameterList<Scalar> params, const AdamWOptions& options = {})
-      : params_(std::move(params)),
-        options_(checked(options)),
-        exp_avg_(params_),
-        exp_avg_sq_(params_) {
-    if (options_.amsgrad) max_exp_avg_sq_ = Gradients<Scalar>(params_);
+      : Base(std::move(params), options), exp_avg_(this->params_), exp_avg_sq_(this->params_) {
+    if (this->options_.amsgrad) max_exp_avg_sq_ = Gradients<Scalar>(this->params_);
   }
 
   /// One update from `grads` (made from the same parameters, any naming).
   /// @throws ConfigError if `grads` belong to other parameters (nothing is updated then).
   void step(const Gradients<Scalar>& grads) {
-    detail::check_gradients(params_, grads);  // before anything changes
-    ++steps_;
-    const AdamWOptions& o = options_;
-    const double t = static_cast<double>(steps_);
+    detail::check_gradients(this->params_, grads);  // before anything changes
+    const std::int64_t step = ++this->steps_;
+    const AdamWOptions& o = this->options_;
+    const double t = static_cast<double>(step);
     const double bias_correction1 = 1.0 - std::pow(o.beta1, t);
     const double bias_correction2 = 1.0 - std::pow(o.beta2, t);
     const auto decay = static_cast<Scalar>(1.0 - o.lr * o.weight_decay);
@@ -83,41 +84,30 @@ class AdamW {
     const auto eps = static_cast<Scalar>(o.eps);
     const auto neg_step_size = static_cast<Scalar>(-(o.lr / bias_correction1));
     const bool maximize = o.maximize, amsgrad = o.amsgrad;
-    detail::for_each_parameter(params_, grads, [&](std::size_t i, TensorView<Scalar, 2> p,
-                                                   const Scalar* grad) {
-      Scalar* w = p.data();
-      Scalar* m = exp_avg_[i].matrix().data();
-      Scalar* v = exp_avg_sq_[i].matrix().data();
-      Scalar* vmax = amsgrad ? max_exp_avg_sq_[i].matrix().data() : nullptr;
-      attn::detail::for_each_parameter_offset(p, [&](Index e) {
-        const Scalar g = maximize ? -grad[e] : grad[e];
-        const Scalar decayed = detail::rounded(w[e] * decay);
-        m[e] = std::fma(g, one_minus_beta1, m[e] * beta1);
-        v[e] = std::fma(one_minus_beta2 * g, g, v[e] * beta2);
-        Scalar second = v[e];
-        if (amsgrad) {
-          // torch.maximum: NaN if either is NaN.
-          const Scalar a = vmax[e];
-          vmax[e] = (a != a || a > second) ? a : second;
-          second = vmax[e];
-        }
-        const Scalar denom = std::sqrt(second) / correction2_sqrt + eps;
-        w[e] = decayed + (neg_step_size * m[e]) / denom;
-      });
-    });
+    detail::for_each_parameter(
+        this->params_, grads, [&](std::size_t i, TensorView<Scalar, 2> p, const Scalar* grad) {
+          Scalar* w = p.data();
+          Scalar* m = exp_avg_[i].matrix().data();
+          Scalar* v = exp_avg_sq_[i].matrix().data();
+          Scalar* vmax = amsgrad ? max_exp_avg_sq_[i].matrix().data() : nullptr;
+          attn::detail::for_each_parameter_offset(p, [&](Index e) {
+            const Scalar g = maximize ? -grad[e] : grad[e];
+            const Scalar decayed = detail::rounded(w[e] * decay);
+            m[e] = std::fma(g, one_minus_beta1, m[e] * beta1);
+            v[e] = std::fma(one_minus_beta2 * g, g, v[e] * beta2);
+            Scalar second = v[e];
+            if (amsgrad) {
+              // torch.maximum: NaN if either is NaN.
+              const Scalar a = vmax[e];
+              vmax[e] = (a != a || a > second) ? a : second;
+              second = vmax[e];
+            }
+            const Scalar denom = std::sqrt(second) / correction2_sqrt + eps;
+            w[e] = decayed + (neg_step_size * m[e]) / denom;
+          });
+        });
   }
 
-  /// PyTorch's state['step'] (every parameter's: they step together).
-  std::int64_t steps() const noexcept { return steps_; }
-  const AdamWOptions& options() const noexcept { return options_; }
-  /// Changes the learning rate for later steps (a scheduler's param_group['lr'] = lr).
-  /// @throws ConfigError if lr < 0.
-  void set_lr(double lr) {
-    AdamWOptions o = options_;
-    o.lr = lr;
-    options_ = checked(o);
-  }
-  const ParameterList<Scalar>& parameters() const noexcept { return params_; }
   /// state['exp_avg'], state['exp_avg_sq'] and (amsgrad) state['max_exp_avg_sq'], by
   /// parameter name.
   const Gradients<Scalar>& exp_avg() const noexcept { return exp_avg_; }
@@ -138,10 +128,7 @@ class AdamW {
     return o;
   }
 
-  ParameterList<Scalar> params_;
-  AdamWOptions options_;
   Gradients<Scalar> exp_avg_, exp_avg_sq_, max_exp_avg_sq_;
-  std::int64_t steps_ = 0;
 };
 
 }  // namespace optim

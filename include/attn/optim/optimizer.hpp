@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -66,16 +67,43 @@ void for_each_parameter(const ParameterList<Scalar>& params, const Gradients<Sca
 /// Throws (see for_each_parameter) unless `grads` hold a gradient for every parameter.
 template <class Scalar>
 void check_gradients(const ParameterList<Scalar>& params, const Gradients<Scalar>& grads) {
-  for_each_parameter(params, grads, [](std::size_t, const TensorView<Scalar, 2>&, const Scalar*) {});
+  for_each_parameter(params, grads,
+                     [](std::size_t, const TensorView<Scalar, 2>&, const Scalar*) {});
 }
 
 /// @throws ConfigError naming `who`, the option and its value unless `ok`.
 inline void check_option(bool ok, const char* who, const char* option, double value,
                          const char* rule) {
-  require_config(ok, who, [&] {
-    return std::string(option) + "=" + number(value) + " is invalid: " + rule;
-  });
+  require_config(
+      ok, who, [&] { return std::string(option) + "=" + number(value) + " is invalid: " + rule; });
 }
+
+/// What every optimizer has: the parameters it updates, its options (Options has an `lr`;
+/// Derived::checked(options) validates them, naming the optimizer) and its step count.
+template <class Derived, class Scalar, class Options>
+class OptimizerBase {
+ public:
+  /// Steps taken so far (PyTorch's state['step'] of every parameter: they step together).
+  std::int64_t steps() const noexcept { return steps_; }
+  const Options& options() const noexcept { return options_; }
+  /// Changes the learning rate for later steps (a scheduler's param_group['lr'] = lr).
+  /// @throws ConfigError if Derived rejects it (lr < 0).
+  void set_lr(double lr) {
+    Options o = options_;
+    o.lr = lr;
+    options_ = Derived::checked(o);
+  }
+  /// The parameters, as given (views into the module).
+  const ParameterList<Scalar>& parameters() const noexcept { return params_; }
+
+ protected:
+  OptimizerBase(ParameterList<Scalar> params, const Options& options)
+      : params_(std::move(params)), options_(Derived::checked(options)) {}
+
+  ParameterList<Scalar> params_;
+  Options options_;
+  std::int64_t steps_ = 0;
+};
 
 }  // namespace detail
 }  // namespace optim

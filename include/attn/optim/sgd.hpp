@@ -34,8 +34,8 @@ struct SGDOptions {
 ///
 ///     d = fma(p, weight_decay, g)                   d_p = d_p.add(param, alpha=weight_decay)
 ///     buf = d  (first step)                         buf = torch.clone(d_p)
-///     buf = fma(d, 1 - dampening, buf * momentum)   buf.mul_(momentum).add_(d_p, alpha=1 - dampening)
-///     d = nesterov ? fma(buf, momentum, d) : buf    d_p = d_p.add(buf, alpha=momentum)
+///     buf = fma(d, 1 - dampening, buf * momentum)   buf.mul_(momentum).add_(d_p, alpha=1 -
+///     dampening) d = nesterov ? fma(buf, momentum, d) : buf    d_p = d_p.add(buf, alpha=momentum)
 ///     p = fma(d, -lr, p)                            param.add_(d_p, alpha=-lr)
 ///
 /// (weight decay and momentum steps only when non-zero, as in PyTorch). Every add with an
@@ -47,60 +47,48 @@ struct SGDOptions {
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>
-class SGD {
+class SGD : public detail::OptimizerBase<SGD<Scalar>, Scalar, SGDOptions> {
   static_assert(std::is_floating_point_v<Scalar>, "attn::optim::SGD: float or double");
+  using Base = detail::OptimizerBase<SGD<Scalar>, Scalar, SGDOptions>;
+  friend Base;
 
  public:
   /// @throws ConfigError on an option PyTorch rejects (lr not set or < 0, momentum < 0,
   ///         weight_decay < 0, nesterov without momentum or with dampening), or parameters
   ///         that repeat a name or share memory.
   SGD(ParameterList<Scalar> params, const SGDOptions& options)
-      : params_(std::move(params)), options_(checked(options)) {
-    if (options_.momentum != 0.0) {
-      momentum_buffer_ = Gradients<Scalar>(params_);
-    } else {
-      params_ = detail::checked_parameters(std::move(params_));
-    }
+      : Base(detail::checked_parameters(std::move(params)), options) {
+    if (this->options_.momentum != 0.0) momentum_buffer_ = Gradients<Scalar>(this->params_);
   }
 
   /// One update from `grads` (made from the same parameters, any naming).
   /// @throws ConfigError if `grads` belong to other parameters (nothing is updated then).
   void step(const Gradients<Scalar>& grads) {
-    detail::check_gradients(params_, grads);
-    const SGDOptions& o = options_;
+    detail::check_gradients(this->params_, grads);
+    const SGDOptions& o = this->options_;
     const auto weight_decay = static_cast<Scalar>(o.weight_decay);
     const auto momentum = static_cast<Scalar>(o.momentum);
     const auto one_minus_dampening = static_cast<Scalar>(1.0 - o.dampening);
     const auto neg_lr = static_cast<Scalar>(-o.lr);
     const bool decay = o.weight_decay != 0.0, with_momentum = o.momentum != 0.0;
-    const bool first = steps_ == 0;
-    detail::for_each_parameter(params_, grads, [&](std::size_t i, TensorView<Scalar, 2> p,
-                                                   const Scalar* grad) {
-      Scalar* w = p.data();
-      Scalar* buf = with_momentum ? momentum_buffer_[i].matrix().data() : nullptr;
-      attn::detail::for_each_parameter_offset(p, [&](Index e) {
-        Scalar d = o.maximize ? -grad[e] : grad[e];
-        if (decay) d = std::fma(w[e], weight_decay, d);
-        if (with_momentum) {
-          buf[e] = first ? d : std::fma(d, one_minus_dampening, buf[e] * momentum);
-          d = o.nesterov ? std::fma(buf[e], momentum, d) : buf[e];
-        }
-        w[e] = std::fma(d, neg_lr, w[e]);
-      });
-    });
-    ++steps_;
+    const bool first = this->steps_ == 0;
+    detail::for_each_parameter(
+        this->params_, grads, [&](std::size_t i, TensorView<Scalar, 2> p, const Scalar* grad) {
+          Scalar* w = p.data();
+          Scalar* buf = with_momentum ? momentum_buffer_[i].matrix().data() : nullptr;
+          attn::detail::for_each_parameter_offset(p, [&](Index e) {
+            Scalar d = o.maximize ? -grad[e] : grad[e];
+            if (decay) d = std::fma(w[e], weight_decay, d);
+            if (with_momentum) {
+              buf[e] = first ? d : std::fma(d, one_minus_dampening, buf[e] * momentum);
+              d = o.nesterov ? std::fma(buf[e], momentum, d) : buf[e];
+            }
+            w[e] = std::fma(d, neg_lr, w[e]);
+          });
+        });
+    ++this->steps_;
   }
 
-  /// Steps taken so far.
-  std::int64_t steps() const noexcept { return steps_; }
-  const SGDOptions& options() const noexcept { return options_; }
-  /// Changes the learning rate for later steps. @throws ConfigError if lr < 0.
-  void set_lr(double lr) {
-    SGDOptions o = options_;
-    o.lr = lr;
-    options_ = checked(o);
-  }
-  const ParameterList<Scalar>& parameters() const noexcept { return params_; }
   /// state['momentum_buffer'] by parameter name (empty without momentum; zero before the
   /// first step, which sets it to the first gradient).
   const Gradients<Scalar>& momentum_buffer() const noexcept { return momentum_buffer_; }
@@ -112,16 +100,13 @@ class SGD {
     detail::check_option(o.momentum >= 0.0, who, "momentum", o.momentum, "must be >= 0");
     detail::check_option(o.weight_decay >= 0.0, who, "weight_decay", o.weight_decay,
                          "must be >= 0");
-    detail::check_option(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0), who,
-                         "momentum", o.momentum,
+    detail::check_option(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0), who, "momentum",
+                         o.momentum,
                          "Nesterov momentum requires a momentum > 0 and zero dampening");
     return o;
   }
 
-  ParameterList<Scalar> params_;
-  SGDOptions options_;
   Gradients<Scalar> momentum_buffer_;
-  std::int64_t steps_ = 0;
 };
 
 }  // namespace optim
