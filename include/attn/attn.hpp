@@ -17,11 +17,17 @@
 #include "attn/tensor/view_ops.hpp"
 
 #include "attn/nn/dropout.hpp"
+#include "attn/nn/gradients.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
 #include "attn/nn/softmax.hpp"
+#include "attn/nn/softmax_backward.hpp"
+
+#include "attn/optim/adamw.hpp"
+#include "attn/optim/optimizer.hpp"
+#include "attn/optim/sgd.hpp"
 
 #include "attn/attention/causal_attention.hpp"
 #include "attn/attention/cross_attention.hpp"
@@ -30,6 +36,7 @@
 #include "attn/attention/multi_head_attention.hpp"
 #include "attn/attention/multi_head_attention_wrapper.hpp"
 #include "attn/attention/qkv_projection.hpp"
+#include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/attention/self_attention.hpp"
 #include "attn/attention/simple_self_attention.hpp"

@@ -124,6 +124,35 @@ struct Result {
   Tensor<double, 4> weights;
 };
 
+/// The attention probabilities of query i of head (b, h) into p (T_k): softmax over the
+/// visible keys j of qi . k_j * scale + bias_ij, 0 for the others, all 0 when no key is
+/// visible. qi: the query (d values); keys: the head's keys, (T_k, d) row-major.
+template <class QE, class KE>
+void probabilities(const DenseMask& mask, Index b, Index h, Index i, const QE* qi, const KE* keys,
+                   Index d, Real scale, std::vector<Real>& p) {
+  const Index tk = mask.tk;
+  p.resize(static_cast<std::size_t>(tk));
+  std::vector<char> vis(static_cast<std::size_t>(tk));
+  Real row_max = -std::numeric_limits<Real>::infinity();
+  for (Index j = 0; j < tk; ++j) {
+    const std::size_t at = mask.at(b, h, i, j);
+    const Real bias = mask.bias[at];
+    vis[j] = mask.visible[at] && !(std::isinf(bias) && bias < 0);
+    if (!vis[j]) continue;
+    const KE* kj = keys + j * d;
+    Real dot = 0;
+    for (Index e = 0; e < d; ++e) dot += static_cast<Real>(qi[e]) * static_cast<Real>(kj[e]);
+    p[j] = dot * scale + bias;
+    if (p[j] > row_max) row_max = p[j];
+  }
+  Real sum = 0;
+  for (Index j = 0; j < tk; ++j) {
+    p[j] = vis[j] ? std::exp(p[j] - row_max) : 0;
+    sum += p[j];
+  }
+  for (Index j = 0; j < tk; ++j) p[j] = sum > 0 ? p[j] / sum : 0;
+}
+
 /// softmax(q k^T * scale + bias over visible keys) v, per (b, h), in long double.
 /// `keep` (optional, B*H*T_q*T_k in DenseMask order): dropout decisions; kept weights are
 /// divided by (1 - dropout). A row with no visible key gives zero output and weights.
@@ -138,33 +167,16 @@ Result attention(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v, con
   const auto ks = to_vector(k);
   const auto vs = to_vector(v);
   std::vector<Real> s(static_cast<std::size_t>(tk));
-  std::vector<char> vis(static_cast<std::size_t>(tk));
   std::vector<Real> acc(static_cast<std::size_t>(dv));
   for (Index b = 0; b < batch; ++b) {
     for (Index h = 0; h < heads; ++h) {
       const Index bh = b * heads + h;
       for (Index i = 0; i < tq; ++i) {
-        const auto* qi = qs.data() + (bh * tq + i) * d;
-        Real row_max = -std::numeric_limits<Real>::infinity();
-        for (Index j = 0; j < tk; ++j) {
-          const std::size_t at = mask.at(b, h, i, j);
-          const Real bias = mask.bias[at];
-          vis[j] = mask.visible[at] && !(std::isinf(bias) && bias < 0);
-          if (!vis[j]) continue;
-          const auto* kj = ks.data() + (bh * tk + j) * d;
-          Real dot = 0;
-          for (Index e = 0; e < d; ++e) dot += static_cast<Real>(qi[e]) * static_cast<Real>(kj[e]);
-          s[j] = dot * scale + bias;
-          if (s[j] > row_max) row_max = s[j];
-        }
-        Real sum = 0;
-        for (Index j = 0; j < tk; ++j) {
-          s[j] = vis[j] ? std::exp(s[j] - row_max) : 0;
-          sum += s[j];
-        }
+        probabilities(mask, b, h, i, qs.data() + (bh * tq + i) * d, ks.data() + bh * tk * d, d,
+                      scale, s);
         double* wrow = r.weights.data() + (bh * tq + i) * tk;
         for (Index j = 0; j < tk; ++j) {
-          Real w = sum > 0 ? s[j] / sum : 0;
+          Real w = s[j];
           if (keep != nullptr) w = (*keep)[mask.at(b, h, i, j)] ? w / (1 - dropout) : 0;
           s[j] = w;
           wrow[j] = static_cast<double>(w);

@@ -182,15 +182,36 @@ TEST(AttnRunMasks, HugeBatchTimesHeadsIsAMismatchNotAnOverflow) {
 ParsedArguments parse(std::vector<std::string> argv) { return attn_run::parse_arguments(argv); }
 
 TEST(AttnRunArguments, ParsesEveryFlag) {
-  const ParsedArguments p = parse({"--weights", "w", "--input", "x", "--output", "y", "--num-heads",
-                                   "4", "--prefix", "m.", "--causal", "--per-head-weights", "--double"});
+  const ParsedArguments p =
+      parse({"--weights", "w", "--input", "x", "--output", "y", "--num-heads", "4", "--prefix",
+             "m.", "--causal", "--per-head-weights", "--double", "--backward"});
   ASSERT_EQ(p.action, ParsedArguments::Action::kRun) << p.error;
   EXPECT_EQ(p.arguments.weights, "w");
   EXPECT_EQ(p.arguments.run.num_heads, 4);
   EXPECT_EQ(p.arguments.run.prefix, "m.");
   EXPECT_TRUE(p.arguments.run.causal && p.arguments.run.need_weights && p.arguments.use_double);
   EXPECT_FALSE(p.arguments.run.average_weights);
+  EXPECT_TRUE(p.arguments.run.backward);
   EXPECT_EQ(parse({"--output", "y", "--help"}).action, ParsedArguments::Action::kHelp);
+}
+
+// --backward checks grad_output's shape; the gradients themselves need the backward passes
+// (issue 13, phase 2): until then it says so instead of writing a partial file.
+TEST(AttnRunBackward, ChecksGradOutputThenSaysTheBackwardIsNotAvailable) {
+  RunOptions o;
+  o.num_heads = kH;
+  o.backward = true;
+  SafetensorsWriter inputs = query_writer();
+  inputs.add("grad_output", attn::test::random_tensor<float, 3>({kB, kT, kE + 1}, 8));
+  const auto bad = SafetensorsFile::from_bytes(inputs.to_bytes(), "x");
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(weights(), bad, o); },
+              ThrowsMessage<FormatError>(HasSubstr(
+                  "'x': grad_output has shape [2, 4, 9], expected the output's shape [2, 4, 8]")));
+  SafetensorsWriter good = query_writer();
+  good.add("grad_output", attn::test::random_tensor<float, 3>({kB, kT, kE}, 8));
+  const auto in = SafetensorsFile::from_bytes(good.to_bytes(), "x");
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(weights(), in, o); },
+              ThrowsMessage<std::runtime_error>(HasSubstr("not implemented yet")));
 }
 
 TEST(AttnRunArguments, UsageErrorsSayWhat) {

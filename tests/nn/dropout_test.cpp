@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/dropout_test.cpp: inverted dropout (identity at p = 0 and in eval mode, the exact
-// 1/(1-p) scale, the keep rate, determinism per seed, invalid p).
+// 1/(1-p) scale, the keep rate, determinism per seed, invalid p) and its backward (the
+// forward's keep decisions from its record, finite differences, accumulation, shapes).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "support/finite_difference.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
@@ -207,6 +209,81 @@ TYPED_TEST(DropoutTest, ProbabilityOutsideZeroOneThrowsNamingTheValue) {
               ThrowsMessage<std::invalid_argument>(HasSubstr("dropout=nan")));
   EXPECT_NO_THROW(D(0.0));
   EXPECT_NO_THROW(D(0.999));
+}
+
+// ---------------------------------------------------------------- backward
+
+TYPED_TEST(DropoutTest, BackwardRedrawsTheForwardsKeepDecisions) {
+  using Scalar = TypeParam;
+  Dropout<Scalar> d(0.4, 21);
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{3, 5, 7}, 1, 0.5, 2.0);  // no zeros
+  Tensor<Scalar, 3> y = x;
+  const attn::DropoutRecord record = d.forward_(y.view());
+  EXPECT_TRUE(record.active);
+  EXPECT_EQ(record.seed, 21u);
+  EXPECT_EQ(record.call, 0u);
+  d.forward(x.view());  // later calls and a new seed do not change what backward redraws
+  d.seed(99);
+  Tensor<Scalar, 3> grad({3, 5, 7});
+  const Tensor<Scalar, 3> ones({3, 5, 7}, Scalar(1));
+  d.backward(record, ones.view(), grad.view());
+  const Scalar scale = Scalar(1) / static_cast<Scalar>(1.0 - 0.4);
+  Index dropped = 0;
+  for (Index i = 0; i < x.size(); ++i) {
+    if (y.data()[i] == Scalar(0)) {
+      ++dropped;
+      EXPECT_EQ(grad.data()[i], Scalar(0)) << i;
+    } else {
+      EXPECT_EQ(grad.data()[i], scale) << i;
+      EXPECT_EQ(y.data()[i], x.data()[i] * grad.data()[i]) << i;  // y = x * (d y / d x)
+    }
+  }
+  EXPECT_GT(dropped, 0);
+  EXPECT_LT(dropped, x.size());
+  // Strided views of the same shape see the same decisions (they depend on the index only).
+  Tensor<Scalar, 3> storage({7, 5, 3});
+  const auto grad_t = attn::transpose(storage.view(), 0, 2);
+  d.backward(record, ones.view(), grad_t);
+  EXPECT_EQ(attn::test::to_vector(grad_t), grad.to_vector());
+}
+
+TEST(DropoutBackward, MatchesFiniteDifferences) {
+  Dropout<double> d(0.3, 8);
+  auto x = attn::test::random_tensor<double>(Shape<2>{6, 9}, 2);
+  const auto w = attn::test::random_tensor<double>(Shape<2>{6, 9}, 3);
+  Tensor<double, 2> y = x;
+  d.seed(8);
+  const attn::DropoutRecord record = d.forward_(y.view());
+  Tensor<double, 2> grad({6, 9});
+  d.backward(record, w.view(), grad.view());
+  const auto loss = [&] {
+    Tensor<double, 2> again = x;
+    d.seed(8);  // call 0 again: the same keep decisions
+    d.forward_(again.view());
+    return attn::test::fd::weighted_sum(again.view(), w.view());
+  };
+  EXPECT_TRUE(attn::test::fd::check(loss, {attn::test::fd::variable("x", x.view(), grad.view())}));
+}
+
+TYPED_TEST(DropoutTest, BackwardOfAnInactiveForwardAddsGradYAndChecksShapes) {
+  using Scalar = TypeParam;
+  Dropout<Scalar> d(0.5);
+  d.eval();
+  Tensor<Scalar, 2> x({2, 3}, Scalar(1));
+  const attn::DropoutRecord record = d.forward_(x.view());
+  EXPECT_FALSE(record.active);
+  const auto dy = attn::test::random_tensor<Scalar>(Shape<2>{2, 3}, 4);
+  Tensor<Scalar, 2> dx({2, 3}, Scalar(0.25));
+  d.backward(record, dy.view(), dx.view());
+  for (Index i = 0; i < 6; ++i) EXPECT_EQ(dx.data()[i], Scalar(0.25) + dy.data()[i]);
+  Tensor<Scalar, 2> wrong({3, 2});
+  EXPECT_THAT([&] { d.backward(record, dy.view(), wrong.view()); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr(
+                  "attn::Dropout::backward: grad_y (2, 3) and grad_x (3, 2) must have the "
+                  "forward's shape (6 elements, rows of 3)")));
+  const Tensor<Scalar, 2> other({3, 2});
+  EXPECT_THAT([&] { d.backward(record, other.view(), wrong.view()); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("rows of 3")));
 }
 
 }  // namespace

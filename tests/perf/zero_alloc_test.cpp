@@ -369,6 +369,58 @@ TYPED_TEST(ZeroAllocation, EveryOtherModuleForward) {
       [&] { cross.forward(x.view(), kv.view(), out.view(), ws); });
 }
 
+// A training forward records into a reused SavedForward: once warm it allocates nothing
+// either (its buffers, the mask copy and the wrapper's per-head records are reused).
+TYPED_TEST(ZeroAllocation, TrainingForwardWithSavedState) {
+  using Scalar = TypeParam;
+  attn::manual_seed(15);
+  MultiHeadAttention<Scalar> mha(kDim, kDim, kTokens, /*dropout=*/0.1, kHeads, true);
+  attn::MultiHeadAttentionWrapper<Scalar> wrapper(kDim, kDim / kHeads, kTokens, 0.1, kHeads);
+  const attn::SimpleSelfAttention<Scalar> simple;
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 16);
+  Tensor<bool, 2> padding({kBatch, kTokens});
+  padding(1, kTokens - 1) = true;
+  AttentionMask<Scalar> mask;
+  mask.key_padding(padding.view()).key_lengths({kTokens, kTokens - 3});
+  Tensor<Scalar, 3> out({kBatch, kTokens, kDim});
+  attn::Workspace ws;
+  attn::SavedForward<Scalar> saved;
+  expect_steady_state_without_allocation(
+      [&] { mha.forward(x.view(), out.view(), saved, ws, mask); });
+  attn::SavedForward<Scalar> saved_heads;
+  expect_steady_state_without_allocation(
+      [&] { wrapper.forward(x.view(), out.view(), saved_heads, ws, mask); });
+  expect_steady_state_without_allocation(
+      [&] { simple.forward(x.view(), out.view(), saved, ws, mask); });
+}
+
+// Optimizer steps allocate nothing: the state is allocated with the optimizer, and the
+// gradients of a module (any naming, strided raw parameters included) are found by address.
+TYPED_TEST(ZeroAllocation, OptimizerSteps) {
+  using Scalar = TypeParam;
+  attn::manual_seed(17);
+  MultiHeadAttention<Scalar> mha(kDim, kDim, kTokens, 0.0, kHeads, true);
+  attn::SelfAttention<Scalar> raw(kDim, kDim / 2, attn::kRandInit);
+  attn::Gradients<Scalar> grads(mha.named_parameters());
+  attn::Gradients<Scalar> raw_grads(raw.named_parameters());
+  attn::optim::AdamWOptions adamw_options;
+  adamw_options.amsgrad = true;
+  attn::optim::AdamW<Scalar> adamw(mha.named_parameters(), adamw_options);
+  attn::optim::SGDOptions sgd_options;
+  sgd_options.lr = 0.01;
+  sgd_options.momentum = 0.9;
+  sgd_options.nesterov = true;
+  sgd_options.weight_decay = 0.1;
+  attn::optim::SGD<Scalar> sgd(raw.named_parameters(), sgd_options);
+  grads.at("in_proj_weight").matrix()(0, 0) = Scalar(0.5);
+  raw_grads.at("W_key").matrix()(1, 0) = Scalar(0.25);
+  expect_steady_state_without_allocation([&] {
+    adamw.step(grads);
+    grads.zero();
+  });
+  expect_steady_state_without_allocation([&] { sgd.step(raw_grads); });
+}
+
 TYPED_TEST(ZeroAllocation, ScaledDotProductAttentionWithWorkspace) {
   using Scalar = TypeParam;
   const Index hd = kDim / kHeads;

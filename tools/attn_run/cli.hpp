@@ -27,6 +27,8 @@ embed_dim, kdim, vdim and bias come from their shapes) on the tensors in X:
                     (T_q, T_k) or (B*H, T_q, T_k)                optional
   key_padding_mask  BOOL or U8 (B, T_k), true = padding; float:
                     added to the scores (only without attn_mask) optional
+  grad_output       (B, T_q, E) or (T_q, E)   with --backward: the gradient of the output
+                    (default: ones, the gradient of output.sum())  optional
 and writes to Y: output (B, T_q, E), and weights (B, T_q, T_k) with --need-weights.
 Fully masked rows give zeros (PyTorch gives NaN). Y is replaced atomically: if writing it
 fails, the old file is left as it was (so --output may name the --input file).
@@ -41,6 +43,9 @@ options:
   --need-weights        also write the attention weights averaged over heads
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
   --double              compute in double (F64 output); default float (F32)
+  --backward            also write grad_query (with key and value: grad_key, grad_value)
+                        and grad.<name> per parameter (grad.in_proj_weight, ...); not
+                        available yet: the backward passes are being written (issue 13)
   --help                print this help
   --version             print attn's version and the kernel set it runs (ATTN_ISA forces one)
 exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
@@ -114,6 +119,8 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       args.run.average_weights = false;
     } else if (flag == "--double") {
       args.use_double = true;
+    } else if (flag == "--backward") {
+      args.run.backward = true;
     } else {
       return error("unknown argument '" + flag + "'");
     }

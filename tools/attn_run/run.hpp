@@ -27,6 +27,7 @@ struct RunOptions {
   bool causal = false;         ///< add a causal bound, top-left aligned: triu(ones(T_q, T_k), 1)
   bool need_weights = false;   ///< also write "weights"
   bool average_weights = true; ///< average the weights over heads, like PyTorch's default
+  bool backward = false;       ///< also the gradients (--backward; needs the backward passes)
   std::string prefix;          ///< prefix of the weights' names
 };
 
@@ -112,6 +113,25 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
   if (options.causal) mask.causal(attn::CausalAlignment::kTopLeft);
   Masks<Scalar> masks(batch, options.num_heads, tq, tk, batched);
   masks.read(inputs, mask);
+
+  // ---- backward: grad_output (optional: the gradient of sum(output), ones) ----
+  if (options.backward) {
+    if (inputs.contains("grad_output")) {
+      const attn::Tensor<Scalar, 3> grad_output = read3("grad_output");
+      const attn::Index e = mha.embed_dim();
+      io_require<FormatError>(grad_output.shape() == attn::Shape<3>{batch, tq, e}, where, [&] {
+        const std::vector<attn::Index> want =
+            batched ? std::vector<attn::Index>{batch, tq, e} : std::vector<attn::Index>{tq, e};
+        return "'" + inputs.source() + "': grad_output has shape " +
+               shape_text(inputs.shape("grad_output")) + ", expected the output's shape " +
+               shape_text(want);
+      });
+    }
+    io_require<std::runtime_error>(false, where, [] {
+      return std::string("--backward needs the backward passes of the modules (issue 13, "
+                         "phase 2), which are not implemented yet");
+    });
+  }
 
   // ---- run ----
   const attn::TensorView<const Scalar, 3> q = query.view();

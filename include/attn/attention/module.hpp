@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attn/attention/module_core.hpp"
+#include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/nn/linear.hpp"
@@ -63,13 +64,16 @@ ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> query,
 ///   forward(in..., mask = {})                 -> (B, T_q, d_out), allocating
 ///   forward(in..., out, mask = {})            into out (a temporary workspace)
 ///   forward(in..., out, ws, mask = {})        into out, reusing ws: no allocation once warm
+///   forward(in..., out, saved, ws, mask = {}) the same, recording in `saved` what the
+///                                             backward needs (training)
 ///   forward_with_weights(in..., mask = {})    -> {output, weights} (materialised path)
 ///   forward_with_weights(in..., out, weights, ws, mask = {})
 /// and the same for unbatched (T, features) inputs. Weights are (B, H, T_q, T_k) when
 /// WeightsRank is 4, (B, T_q, T_k) for single-head modules (WeightsRank 3).
 ///
 /// Derived provides run(ModuleInputs, out (B, T_q, d_out), ws, mask, weights (B, H, T_q,
-/// T_k) or empty) const, output_features(ModuleInputs) and weight_heads().
+/// T_k) or empty, SavedForward* (null unless training)) const, output_features(ModuleInputs)
+/// and weight_heads().
 template <class Derived, class Scalar, std::size_t WeightsRank, class... Inputs>
 class ModuleForwards {
   static_assert(WeightsRank == 3 || WeightsRank == 4,
@@ -99,6 +103,19 @@ class ModuleForwards {
       derived().run(gather_inputs<Scalar>(in...), out, ws, mask, {});
     } else {
       forward(unsqueeze(in, 0)..., unsqueeze(out, 0), ws, mask);
+    }
+  }
+  /// Training forward: as forward(in..., out, ws, mask), and records in `saved` what the
+  /// backward needs (see SavedForward). Reuse `saved` across steps: no allocation once warm.
+  template <std::size_t Rank>
+  void forward(In<Inputs, Rank>... in, TensorView<Scalar, Rank> out, SavedForward<Scalar>& saved,
+               Workspace& ws, const Mask& mask = {}) const {
+    static_assert(Rank == 2 || Rank == 3,
+                  "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
+    if constexpr (Rank == 3) {
+      derived().run(gather_inputs<Scalar>(in...), out, ws, mask, {}, &saved);
+    } else {
+      forward(unsqueeze(in, 0)..., unsqueeze(out, 0), saved, ws, mask);
     }
   }
   AttentionResult<Scalar, 3, WeightsRank> forward_with_weights(In<Inputs, 3>... in,
@@ -231,8 +248,9 @@ class CoreModule {
   template <class, class, std::size_t, class...>
   friend class ModuleForwards;
   void run(const ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
-           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
-    core_.forward(x.query, x.key, x.value, out, ws, mask, weights);
+           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
+           SavedForward<Scalar>* saved = nullptr) const {
+    core_.forward(x.query, x.key, x.value, out, ws, mask, weights, saved);
   }
   Index output_features(const ModuleInputs<Scalar>&) const noexcept { return core_.d_out(); }
   Index weight_heads() const noexcept { return core_.num_heads(); }

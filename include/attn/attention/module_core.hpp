@@ -5,6 +5,7 @@
 // Glossary: B = batch, T = tokens, H = heads, hd = head dim, D = H * hd = d_out.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -12,6 +13,7 @@
 
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/qkv_projection.hpp"
+#include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
@@ -115,24 +117,35 @@ class AttentionCore {
 
   /// query (B, T_q, d_in), key (B, T_k, kdim), value (B, T_k, vdim) -> out (B, T_q, D);
   /// `weights`, when not empty, (B, H, T_q, T_k) receives the attention weights (the
-  /// materialised kernel path).
+  /// materialised kernel path). With `saved` (a training forward) the input rows, the
+  /// projections and the context go into saved->storage instead of `ws` (which keeps only
+  /// the kernel's scratch), and `saved` records what the backward needs.
   void forward(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
                TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out, Workspace& ws,
-               const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
+               const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
+               SavedForward<Scalar>* saved = nullptr) const {
     check(query, key, value, out);
-    const Heads heads = proj_.project(query, key, value, ws);
+    Workspace& keep = saved != nullptr ? saved->storage : ws;
+    const Heads heads = proj_.project(query, key, value, keep);
     const Index batch = query.extent(0), tq = query.extent(1), d = d_out(), hd = head_dim();
-    // The context (B, T_q, H, hd) == (B, T_q, D): out itself when no projection follows.
-    const bool direct = !config_.out_proj && out.stride(2) == 1;
+    // The context (B, T_q, H, hd) == (B, T_q, D): out itself when no projection follows
+    // (and no backward needs it kept).
+    const bool direct = saved == nullptr && !config_.out_proj && out.stride(2) == 1;
     Scalar* ctx =
-        direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * tq * d);
+        direct ? out.data() : workspace_get<Scalar>(keep, WorkspaceSlot::kContext, batch * tq * d);
     const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{tq * d, d, 1};
+    const AttentionOptions options = kernel_options(weights);
     attend(heads,
            TensorView<Scalar, 4>(ctx, {batch, num_heads(), tq, hd},
                                  {ctx_strides[0], hd, ctx_strides[1], 1}),
-           mask, weights, ws);
+           mask, options, weights, ws);
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
+    if (saved != nullptr) {
+      record_forward(*saved, this, heads.rows, same_view(query, key) && same_view(key, value),
+                     same_view(key, value), heads.query, heads.key, heads.value, context, mask,
+                     options);
+    }
     if (config_.out_proj) {
       out_proj_.forward(context, out, ws);
     } else {
@@ -165,16 +178,24 @@ class AttentionCore {
     }
   }
 
-  /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd).
-  void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
-              TensorView<Scalar, 4> weights, Workspace& ws) const {
+  /// The kernel's options for one call: the module's scale and, in training mode with
+  /// dropout, its seed and a freshly claimed call number; the path the call takes.
+  AttentionOptions kernel_options(TensorView<Scalar, 4> weights) const {
     AttentionOptions options;
-    if (!scaled_) options.scale = 1.0;
+    options.scale = scaled_ ? 1.0 / std::sqrt(static_cast<double>(head_dim())) : 1.0;
     if (dropout_.active()) {
       options.dropout = dropout_.p();
       options.dropout_seed = dropout_.seed_value();
       options.dropout_call = dropout_.next_call();
     }
+    options.path =
+        weights.data() != nullptr ? AttentionPath::kMaterialized : AttentionPath::kStreaming;
+    return options;
+  }
+
+  /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd).
+  void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
+              const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
                    weights, ws, config_.causal, config_.alignment);
   }

@@ -10,6 +10,7 @@
 
 #include "attn/attention/causal_attention.hpp"
 #include "attn/attention/module.hpp"
+#include "attn/attention/saved_forward.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/mask.hpp"
@@ -128,9 +129,11 @@ class MultiHeadAttentionWrapper
     return list;
   }
 
-  // Head h into columns [h d_out, (h + 1) d_out) of out, its weights into weights[:, h].
+  // Head h into columns [h d_out, (h + 1) d_out) of out, its weights into weights[:, h];
+  // a training forward records each head in saved->parts[h].
   void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
-           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
+           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
+           SavedForward<Scalar>* saved = nullptr) const {
     const char* where = "MultiHeadAttentionWrapper::forward";
     const Shape<3> expected{x.query.extent(0), x.query.extent(1), d_out()};
     detail::require(out.shape() == expected, where, [&] {
@@ -141,11 +144,17 @@ class MultiHeadAttentionWrapper
     if (per_head)
       mask.check(where, x.query.extent(0), num_heads(), x.query.extent(1), x.query.extent(1));
     const Index width = heads_.front().d_out();
+    if (saved != nullptr) {
+      saved->owner = this;
+      saved->parts.resize(heads_.size());  // allocates on the first training forward only
+    }
     for (std::size_t h = 0; h < heads_.size(); ++h) {
       const Index hi = static_cast<Index>(h);
       const AttentionMask<Scalar> own = per_head ? mask.select_head(hi) : AttentionMask<Scalar>();
       const auto out_h = slice(out, 2, hi * width, (hi + 1) * width);
-      if (weights.data() != nullptr) {
+      if (saved != nullptr) {
+        heads_[h].forward(x.query, out_h, saved->parts[h], ws, per_head ? own : mask);
+      } else if (weights.data() != nullptr) {
         heads_[h].forward_with_weights(x.query, out_h, select(weights, 1, hi), ws,
                                        per_head ? own : mask);
       } else {

@@ -56,9 +56,12 @@ class QkvProjection {
   /// Projection indices.
   static constexpr int kQuery = 0, kKey = 1, kValue = 2;
 
-  /// Q, K, V as (B, H, T, hd) views into the workspace (valid until its next use).
+  /// Q, K, V as (B, H, T, hd) views into the workspace (valid until its next use), and the
+  /// input rows each projection read (the inputs themselves, or staged copies in the
+  /// workspace): what a backward needs for the weight gradients.
   struct Heads {
     TensorView<const Scalar, 4> query, key, value;
+    detail::RowsRef<const Scalar> rows[3];
   };
 
   QkvProjection() = default;
@@ -237,7 +240,10 @@ class QkvProjection {
       // x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, 3H, T, hd)
       Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * 3 * d);
       gemm_into(xq, tq, kQuery, 3, qkv, ws);
-      return {heads(qkv, tq, 3), heads(qkv + tq * d, tq, 3), heads(qkv + 2 * tq * d, tq, 3)};
+      return {heads(qkv, tq, 3),
+              heads(qkv + tq * d, tq, 3),
+              heads(qkv + 2 * tq * d, tq, 3),
+              {xq, xq, xq}};
     }
     const Index kv_rows = batch * tk;
     Scalar* qbuf = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
@@ -248,12 +254,13 @@ class QkvProjection {
     if (kv_same && storage_ != Storage::kSeparate) {
       // key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2H, T_k, hd)
       gemm_into(xk, tk, kKey, 2, kbuf, ws);
-      return {heads(qbuf, tq, 1), heads(kbuf, tk, 2), heads(kbuf + tk * d, tk, 2)};
+      return {heads(qbuf, tq, 1), heads(kbuf, tk, 2), heads(kbuf + tk * d, tk, 2), {xq, xk, xk}};
     }
     Scalar* vbuf = kbuf + kv_rows * d;
     gemm_into(xk, tk, kKey, 1, kbuf, ws);
-    gemm_into(detail::as_rows(value, ws, WorkspaceSlot::kValueStaging), tk, kValue, 1, vbuf, ws);
-    return {heads(qbuf, tq, 1), heads(kbuf, tk, 1), heads(vbuf, tk, 1)};
+    const auto xv = detail::as_rows(value, ws, WorkspaceSlot::kValueStaging);
+    gemm_into(xv, tk, kValue, 1, vbuf, ws);
+    return {heads(qbuf, tq, 1), heads(kbuf, tk, 1), heads(vbuf, tk, 1), {xq, xk, xv}};
   }
 
  private:

@@ -2,11 +2,14 @@
 // attn/attention/simple_self_attention.hpp: self-attention without trainable weights.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
+#include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/module.hpp"
+#include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/nn/mask.hpp"
@@ -61,14 +64,35 @@ class SimpleSelfAttention
  private:
   friend class detail::ModuleForwards<SimpleSelfAttention, Scalar, 3, detail::InputX>;
 
-  // The kernel on x as one head: q = k = v = x (B, 1, T, d).
+  // The kernel on x as one head: q = k = v = x (B, 1, T, d). A training forward reads x
+  // from its rows (staged into saved->storage if strided) and keeps the kernel's output.
   void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
-           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights) const {
+           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
+           SavedForward<Scalar>* saved = nullptr) const {
     AttentionOptions options;
-    if (!scaled_) options.scale = 1.0;
-    const TensorView<const Scalar, 4> x4 = unsqueeze(x.query, 1);
-    scaled_dot_product_attention_with_weights<Scalar>(x4, x4, x4, unsqueeze(out, 1), weights, ws,
-                                                      mask, options);
+    options.scale = scaled_ ? 1.0 / std::sqrt(static_cast<double>(x.query.extent(2))) : 1.0;
+    options.path =
+        weights.data() != nullptr ? AttentionPath::kMaterialized : AttentionPath::kStreaming;
+    if (saved == nullptr) {
+      const TensorView<const Scalar, 4> x4 = unsqueeze(x.query, 1);
+      scaled_dot_product_attention_with_weights<Scalar>(x4, x4, x4, unsqueeze(out, 1), weights, ws,
+                                                        mask, options);
+      return;
+    }
+    const Index batch = x.query.extent(0), tokens = x.query.extent(1), d = x.query.extent(2);
+    const auto rows =
+        detail::as_rows(x.query, saved->storage, detail::WorkspaceSlot::kQueryStaging);
+    const TensorView<const Scalar, 4> x4(rows.data, {batch, 1, tokens, d},
+                                         {tokens * rows.ld, tokens * rows.ld, rows.ld, 1});
+    const TensorView<Scalar, 3> context(
+        detail::workspace_get<Scalar>(saved->storage, detail::WorkspaceSlot::kContext,
+                                      batch * tokens * d),
+        {batch, tokens, d});
+    scaled_dot_product_attention_with_weights<Scalar>(x4, x4, x4, unsqueeze(context, 1), weights,
+                                                      ws, mask, options);
+    detail::record_forward<Scalar>(*saved, this, {rows, rows, rows}, true, true, x4, x4, x4,
+                                   context, mask, options);
+    copy(TensorView<const Scalar, 3>(context), out);
   }
   Index output_features(const detail::ModuleInputs<Scalar>& x) const noexcept {
     return x.value.extent(2);

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/saved_forward.hpp: SavedForward, what a training forward of an attention
+// module keeps for its backward (explicit saved state: no tape, no allocation once warm).
+// Glossary: B = batch, T_q / T_k = query / key tokens, H = heads, hd = head dim, D = H * hd.
+//
+// The training API (issue 13): Gradients (nn/gradients.hpp), the training forward below, the
+// element-wise backward ops (nn/softmax_backward.hpp, Dropout::backward) and the optimizers
+// (optim/) exist; the backward passes that need the GEMM variants and the attention backward
+// kernels are planned as follows:
+//
+//   module.forward(in..., out, saved, ws, mask = {})            records `saved`
+//   module.backward(grad_out, saved, grad_in..., grads, ws)     grad_in: one view per input
+//       (x | x_q, x_kv | query, key, value), an empty view skips it; grads: Gradients made
+//       from the module's named_parameters(), any naming (found by address, Gradients::of)
+//   linear.backward(x, grad_y, grad_x, grads)                   grad_x += grad_y W,
+//       grads.of(weight) += grad_y^T x, grads.of(bias) += column sums of grad_y
+//   scaled_dot_product_attention(q, k, v, out, logsumexp, ws, mask, options)
+//   scaled_dot_product_attention_backward(q, k, v, out, grad_out, logsumexp,
+//       grad_q, grad_k, grad_v, ws, mask, options)              same options (dropout call)
+//
+// Every backward ADDS into its gradient outputs, input gradients included (PyTorch's .grad,
+// llm.c's backward passes): zero them first. Then self-attention's x (read by Q, K and V),
+// key = value, residual connections and the wrapper's heads need no special case.
+//
+// The core's backward, given dY (B*T_q, d_out):
+//   1. out_proj: dC = dY W_o; grads.of(W_o) += dY^T C (C = saved.context); db_o += sum dY
+//   2. kernel:   dQ, dK, dV from dC (as (B, H, T_q, hd)), Q, K, V, O = C and the saved
+//                logsumexp (streaming: P = exp(S - lse) tile by tile, D = rowsum(dO * O),
+//                dS = P * (dP - D)) or P (materialised), the mask and the dropout call;
+//                written head-major like the projections, (B, P*H, T, hd)
+//   3. projections: grads.of(W) += dQKV^T X and dX += dQKV W, one GEMM each for the fused
+//                (3 D, d_in) block of self-attention (X = saved.inputs); db += sums.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "attn/attention/detail/module_support.hpp"
+#include "attn/attention/scaled_dot_product.hpp"
+#include "attn/config.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/workspace.hpp"
+
+ATTN_NAMESPACE_BEGIN
+
+/// What `module.forward(inputs..., out, saved, ws, mask)` records for the module's backward
+/// pass: the state PyTorch's autograd would keep on its tape, kept here in one object the
+/// caller owns and passes back (no tape, no global state). Reuse one per call site across
+/// training steps: its buffers only grow, so once warm a training forward allocates nothing.
+///
+/// It holds
+/// - the input rows the projections read: views of the caller's query/key/value when their
+///   rows were contiguous (those tensors must then stay alive and unchanged until the
+///   backward, as PyTorch requires of saved tensors), else staged copies it owns;
+/// - the projections Q, K, V (B, H, T, hd) exactly as the kernel read them, and the
+///   kernel's output, the context (B, T_q, D) (out_proj's input, and O in the backward's
+///   D = rowsum(dO * O));
+/// - a copy of the mask (its tensors must outlive the backward) and the kernel's options
+///   with everything resolved: the scale, the dropout probability, seed and call number
+///   (the backward redraws the same keep decisions), and which path ran.
+/// The backward kernels will add the streaming path's logsumexp per query, (B, H, T_q) with
+/// +inf for a query that sees no key, and the materialised path's probabilities before
+/// dropout, (B, H, T_q, T_k).
+///
+/// The members are filled by the module and read by its backward; treat them as read-only.
+/// A SavedForward is movable (the views stay valid) but not copyable.
+///
+/// @tparam Scalar float or double.
+template <class Scalar>
+struct SavedForward {
+  /// The module part that filled it (an AttentionCore, a SimpleSelfAttention); null when
+  /// empty. A backward checks that the record is its own.
+  const void* owner = nullptr;
+  Index batch = 0, query_tokens = 0, key_tokens = 0;
+  /// The projections' input rows, (B * T, features) each: query, key, value. Self-attention
+  /// has one input (all three are the same rows); key and value may be one input.
+  detail::RowsRef<const Scalar> inputs[3];
+  bool self_attention = false;  ///< query, key and value were one view
+  bool key_is_value = false;    ///< key and value were one view
+  /// Q (B, H, T_q, hd), K (B, H, T_k, hd), V (B, H, T_k, hd), as the kernel read them.
+  TensorView<const Scalar, 4> query, key, value;
+  /// The kernel's output, (B, T_q, D) = (B, T_q, H, hd) merged.
+  TensorView<const Scalar, 3> context;
+  /// The caller's mask (the module's own causal bound is not in it; the module adds it).
+  AttentionMask<Scalar> mask;
+  /// The kernel's options, resolved: scale set, the dropout call number claimed, path
+  /// kMaterialized or kStreaming.
+  AttentionOptions options;
+  /// Owns the staged inputs, the projections and the context.
+  Workspace storage;
+  /// MultiHeadAttentionWrapper: one record per head.
+  std::vector<SavedForward> parts;
+
+  /// True once a training forward has filled it.
+  bool filled() const noexcept { return owner != nullptr || !parts.empty(); }
+  /// Bytes of the buffers it owns (its parts' included).
+  std::size_t bytes() const noexcept {
+    std::size_t total = storage.bytes();
+    for (const auto& part : parts) total += part.bytes();
+    return total;
+  }
+};
+
+namespace detail {
+
+/// Fills `saved` after a training forward of `owner`: the input rows [query, key, value],
+/// the heads the kernel read, its output `context`, the caller's mask and the resolved
+/// kernel options. The buffers the views point into belong to saved.storage or the caller.
+template <class Scalar>
+void record_forward(SavedForward<Scalar>& saved, const void* owner,
+                    const RowsRef<const Scalar> (&rows)[3], bool self_attention, bool key_is_value,
+                    TensorView<const Scalar, 4> query, TensorView<const Scalar, 4> key,
+                    TensorView<const Scalar, 4> value, TensorView<const Scalar, 3> context,
+                    const AttentionMask<Scalar>& mask, const AttentionOptions& options) {
+  saved.owner = owner;
+  saved.batch = query.extent(0);
+  saved.query_tokens = query.extent(2);
+  saved.key_tokens = key.extent(2);
+  for (int p = 0; p < 3; ++p) saved.inputs[p] = rows[p];
+  saved.self_attention = self_attention;
+  saved.key_is_value = key_is_value;
+  saved.query = query;
+  saved.key = key;
+  saved.value = value;
+  saved.context = context;
+  saved.mask = mask;  // copy-assigned: no allocation once the key lengths' capacity suffices
+  saved.options = options;
+}
+
+}  // namespace detail
+ATTN_NAMESPACE_END

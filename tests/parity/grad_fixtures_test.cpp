@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: MIT
+// tests/parity/grad_fixtures_test.cpp: the PyTorch autograd fixtures of every module
+// (fixtures/pytorch/grad_cases.hpp, generate_grad_fixtures.py) fit attn: each case builds its
+// attn module, whose named_parameters() lists exactly the fixture's parameter names in the
+// same order and shapes; loaded with the fixture's weights, the module's forward (and its
+// training forward) gives PyTorch's output; every gradient array has the shape of its input
+// or parameter. The backward passes are checked against the gradients themselves once they
+// exist (issue 13, phase 2).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "fixtures/pytorch/grad_cases.hpp"
+#include "parity/parity_support.hpp"
+
+namespace {
+
+using attn::AttentionMask;
+using attn::Index;
+using attn::Tensor;
+using attn::TensorView;
+using attn::test::reduction_tolerance;
+using attn::test::pytorch::Array;
+using attn::test::pytorch::GradModule;
+using attn::test::pytorch::ModuleGradCase;
+using attn::test::pytorch::NamedArray;
+using attn::test::pytorch::view;
+
+template <class Scalar>
+class GradFixtures : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(GradFixtures, Scalars);
+
+/// Calls fn(module) with the case's attn module (weights not loaded yet).
+template <class S, class Fn>
+void with_module(const ModuleGradCase<S>& c, Fn&& fn) {
+  switch (c.module) {
+    case GradModule::kSimpleSelfAttention: {
+      attn::SimpleSelfAttention<S> m(c.scaled);
+      return fn(m);
+    }
+    case GradModule::kSelfAttentionV1: {
+      attn::SelfAttention<S> m(c.d_in, c.d_out, attn::kRandInit);
+      return fn(m);
+    }
+    case GradModule::kSelfAttentionV2: {
+      attn::SelfAttention<S> m(c.d_in, c.d_out, c.qkv_bias);
+      m.set_scaled(c.scaled);
+      return fn(m);
+    }
+    case GradModule::kCausalAttention: {
+      attn::CausalAttention<S> m(c.d_in, c.d_out, c.context_length, 0.0, c.qkv_bias);
+      return fn(m);
+    }
+    case GradModule::kWrapper: {
+      attn::MultiHeadAttentionWrapper<S> m(c.d_in, c.d_out, c.context_length, 0.0, c.num_heads,
+                                           c.qkv_bias);
+      return fn(m);
+    }
+    case GradModule::kMultiHeadAttention: {
+      attn::MultiHeadAttention<S> m(c.d_in, c.d_out, c.context_length, 0.0, c.num_heads,
+                                    c.qkv_bias);
+      return fn(m);
+    }
+    case GradModule::kTorchMultiheadAttention: {
+      attn::MultiHeadAttention<S> m(attn::MultiHeadAttentionOptions::pytorch(
+          c.d_in, c.num_heads, c.qkv_bias, c.kdim, c.vdim));
+      return fn(m);
+    }
+    case GradModule::kCrossAttention: {
+      attn::CrossAttention<S> m(c.d_in, c.kdim, c.d_out, c.num_heads, c.qkv_bias);
+      return fn(m);
+    }
+  }
+  FAIL() << "unknown module kind";
+}
+
+/// A rank-1 or rank-2 fixture array copied into a parameter view (same shape).
+template <class S>
+void load(const attn::NamedParameter<S>& p, const Array<S>& values) {
+  ASSERT_EQ(p.shape(), std::vector<Index>(values.shape.begin(), values.shape.begin() + values.rank))
+      << p.name();
+  const TensorView<S, 2> m = p.matrix();
+  Index i = 0;
+  for (Index r = 0; r < m.extent(0); ++r) {
+    for (Index k = 0; k < m.extent(1); ++k) m(r, k) = values.values[i++];
+  }
+}
+
+template <class S>
+std::vector<std::string> names_of(const std::vector<NamedArray<S>>& list) {
+  std::vector<std::string> names;
+  for (const auto& a : list) names.emplace_back(a.name);
+  return names;
+}
+
+/// The module's forward on the case's inputs, with `saved` a training forward.
+/// (`shape`: the output's.)
+template <class S, class Module>
+Tensor<S, 3> run(const Module& m, const std::vector<TensorView<const S, 3>>& in,
+                 const attn::Shape<3>& shape, const AttentionMask<S>& mask,
+                 attn::SavedForward<S>* saved) {
+  Tensor<S, 3> out(shape);
+  attn::Workspace ws;
+  if (saved != nullptr) {
+    m.forward(in[0], out.view(), *saved, ws, mask);
+  } else {
+    m.forward(in[0], out.view(), ws, mask);
+  }
+  return out;
+}
+template <class S>
+Tensor<S, 3> run(const attn::MultiHeadAttention<S>& m,
+                 const std::vector<TensorView<const S, 3>>& in, const attn::Shape<3>& shape,
+                 const AttentionMask<S>& mask, attn::SavedForward<S>* saved) {
+  Tensor<S, 3> out(shape);
+  attn::Workspace ws;
+  const auto& q = in[0];
+  const auto& k = in.size() > 1 ? in[1] : in[0];
+  const auto& v = in.size() > 2 ? in[2] : k;  // two inputs: value is key
+  if (saved != nullptr) {
+    m.forward(q, k, v, out.view(), *saved, ws, mask);
+  } else {
+    m.forward(q, k, v, out.view(), ws, mask);
+  }
+  return out;
+}
+template <class S>
+Tensor<S, 3> run(const attn::CrossAttention<S>& m, const std::vector<TensorView<const S, 3>>& in,
+                 const attn::Shape<3>& shape, const AttentionMask<S>& mask,
+                 attn::SavedForward<S>* saved) {
+  Tensor<S, 3> out(shape);
+  attn::Workspace ws;
+  if (saved != nullptr) {
+    m.forward(in[0], in[1], out.view(), *saved, ws, mask);
+  } else {
+    m.forward(in[0], in[1], out.view(), ws, mask);
+  }
+  return out;
+}
+
+// The output is a chain of reductions (projection, scores, softmax sum, weights * V,
+// out_proj); their lengths add (see mha_parity_test.cpp).
+template <class S>
+double output_tolerance(const ModuleGradCase<S>& c) {
+  const Index tk = c.inputs.size() > 1 ? c.inputs[1].array.shape[1] : c.inputs[0].array.shape[1];
+  return reduction_tolerance<S>(std::max({c.d_in, c.kdim, c.vdim}) + c.d_out + 2 * tk + c.d_out);
+}
+
+TYPED_TEST(GradFixtures, EveryModuleLoadsItsCaseAndComputesPyTorchsOutput) {
+  using S = TypeParam;
+  const auto cases = attn::test::pytorch::module_grad_cases<S>();
+  ASSERT_EQ(cases.size(), 13u);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.name) + ": " + c.covers);
+    EXPECT_EQ(names_of(c.grad_parameters), names_of(c.parameters));
+    EXPECT_EQ(names_of(c.grad_inputs), names_of(c.inputs));
+    for (std::size_t i = 0; i < c.inputs.size(); ++i) {
+      EXPECT_EQ(c.grad_inputs[i].array.shape, c.inputs[i].array.shape) << c.inputs[i].name;
+    }
+    for (std::size_t i = 0; i < c.parameters.size(); ++i) {
+      EXPECT_EQ(c.grad_parameters[i].array.shape, c.parameters[i].array.shape)
+          << c.parameters[i].name;
+    }
+    EXPECT_EQ(c.grad_output.shape, c.output.shape);
+    AttentionMask<S> mask;
+    if (c.attn_mask_bool.present()) mask.blocked(view<2>(c.attn_mask_bool));
+    if (c.attn_mask_float.present()) mask.additive(view<2>(c.attn_mask_float));
+    if (c.key_padding_mask.present()) mask.key_padding(view<2>(c.key_padding_mask));
+    std::vector<TensorView<const S, 3>> inputs;
+    for (const auto& in : c.inputs) inputs.push_back(view<3>(in.array));
+    const attn::Shape<3> shape = view<3>(c.output).shape();
+    // The notebooks' MultiHeadAttention names its parameters as nn.MultiheadAttention by
+    // default; the fixture keeps the notebook class's own state_dict names.
+    const attn::ParameterNames names = c.module == GradModule::kMultiHeadAttention
+                                           ? attn::ParameterNames::kNotebook
+                                           : attn::ParameterNames::kDefault;
+    with_module(c, [&](auto& m) {
+      const auto params = m.named_parameters(names);
+      ASSERT_EQ(params.names(), names_of(c.parameters));
+      for (std::size_t i = 0; i < params.size(); ++i) load(params[i], c.parameters[i].array);
+      const auto expected = attn::test::pytorch::expected_values(c.output);
+      const double tol = output_tolerance(c);
+      EXPECT_TRUE(attn::test::pytorch::near(
+          run(m, inputs, shape, mask, static_cast<attn::SavedForward<S>*>(nullptr)).view(),
+          c.output, expected, tol, std::string(c.name) + " forward"));
+      attn::SavedForward<S> saved;
+      EXPECT_TRUE(attn::test::pytorch::near(run(m, inputs, shape, mask, &saved).view(), c.output,
+                                            expected, tol,
+                                            std::string(c.name) + " training forward"));
+      EXPECT_TRUE(saved.filled());
+    });
+  }
+}
+
+}  // namespace
