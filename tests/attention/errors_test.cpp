@@ -534,6 +534,21 @@ TEST(ModuleSizes, BuffersThatWouldOverflowAreAShapeError) {
   EXPECT_EQ(ws.bytes(), 0u);  // nothing was allocated
 }
 
+// Known gap, outside the checks: the materialised kernel sizes its per-thread scores as
+// (64 + d) * T_k elements unchecked (attention/detail/kernel.hpp, workspace_get), so 2^58
+// broadcast keys overflow that product (UBSan: signed overflow; ASan: a 2^62-byte request).
+// Enable once those sizes are computed with attn/detail/checked.hpp.
+TEST(ModuleSizes, DISABLED_KernelScratchThatWouldOverflowIsAShapeError) {
+  const Tensor<float, 4> q({1, 1, 2, 4}, 0.5f);
+  const float kv[4] = {1, 2, 3, 4};
+  const TensorView<const float, 4> k(kv, {1, 1, Index(1) << 58, 4}, {0, 0, 0, 1});
+  Tensor<float, 4> out({1, 1, 2, 4});
+  AttentionOptions options;
+  options.path = AttentionPath::kMaterialized;
+  EXPECT_THROW(attn::scaled_dot_product_attention<float>(q.view(), k, k, out.view(), {}, options),
+               attn::ShapeError);
+}
+
 // Everything attn throws is an attn::Error, and still the standard exception it was.
 template <class Kind, class Std>
 ::testing::AssertionResult throws_as(const std::function<void()>& fn) {

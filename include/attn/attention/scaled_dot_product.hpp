@@ -40,7 +40,9 @@ enum class AttentionPath {
 
 /// Options of scaled_dot_product_attention().
 struct AttentionOptions {
-  /// Multiplies Q K^T; unset means 1/sqrt(head_dim). Set 1.0 for unscaled attention.
+  /// Multiplies Q K^T; unset means 1/sqrt(head_dim). Set 1.0 for unscaled attention. It must
+  /// be finite in the attention's scalar type (|scale| <= 3.4e38 for float); one that rounds
+  /// to 0 there is accepted (scores that small give uniform weights anyway).
   std::optional<double> scale;
   /// Inverted dropout on the attention weights with this probability (0 = off). The
   /// keep decisions are a hash of (dropout_seed, dropout_call, batch, head, query, key).
