@@ -385,9 +385,9 @@ TYPED_TEST(AttentionErrors, ScaleOutsideTheScalarRangeIsAConfigurationError) {
   AttentionOptions options;
   options.scale = 1e39;
   if (std::is_same_v<Scalar, float>) {
-    EXPECT_TRUE(throws_config_error([&] { this->sdpa({}, options); },
-                                    {kSdpa, "scale=1e+39", "is not finite as float",
-                                     "largest 3.40282347e+38"}));
+    EXPECT_TRUE(throws_config_error(
+        [&] { this->sdpa({}, options); },
+        {kSdpa, "scale=1e+39", "is not finite as float", "largest 3.40282347e+38"}));
     options.scale = -1e39;
     EXPECT_TRUE(throws_config_error([&] { this->sdpa({}, options); }, {"scale=-1e+39", "float"}));
   } else {
@@ -449,10 +449,12 @@ TYPED_TEST(AttentionErrors, WeightsOverlappingAnInputOrOutIsAShapeError) {
   const auto w = big.view();
   // weights over out, q, k, v in turn: each lies at the start of a (2, 2, 5, 7) buffer
   const TensorView<Scalar, 4> out(big.data(), {2, 2, 5, 3});
-  EXPECT_THAT([&] {
-    attn::scaled_dot_product_attention_with_weights<Scalar>(this->q.view(), this->k.view(),
-                                                            this->v.view(), out, w);
-  }, ThrowsMessage<attn::ShapeError>(HasSubstr("weights (2, 2, 5, 7) overlaps out (2, 2, 5, 3)")));
+  EXPECT_THAT(
+      [&] {
+        attn::scaled_dot_product_attention_with_weights<Scalar>(this->q.view(), this->k.view(),
+                                                                this->v.view(), out, w);
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("weights (2, 2, 5, 7) overlaps out (2, 2, 5, 3)")));
   const char* names[3] = {"q", "k", "v"};
   const Shape<4> shapes[3] = {this->q.shape(), this->k.shape(), this->v.shape()};
   for (int which = 0; which < 3; ++which) {
@@ -461,11 +463,13 @@ TYPED_TEST(AttentionErrors, WeightsOverlappingAnInputOrOutIsAShapeError) {
     const auto arg = [&](int i, const Tensor<Scalar, 4>& own) {
       return i == which ? in : own.view();
     };
-    EXPECT_THAT([&] {
-      attn::scaled_dot_product_attention_with_weights<Scalar>(
-          arg(0, this->q), arg(1, this->k), arg(2, this->v), this->out.view(), w);
-    }, ThrowsMessage<attn::ShapeError>(HasSubstr(std::string("weights (2, 2, 5, 7) overlaps ") +
-                                                 names[which])));
+    EXPECT_THAT(
+        [&] {
+          attn::scaled_dot_product_attention_with_weights<Scalar>(
+              arg(0, this->q), arg(1, this->k), arg(2, this->v), this->out.view(), w);
+        },
+        ThrowsMessage<attn::ShapeError>(
+            HasSubstr(std::string("weights (2, 2, 5, 7) overlaps ") + names[which])));
   }
 }
 
@@ -479,9 +483,9 @@ TYPED_TEST(AttentionErrors, OutputsSharingElementsOrOverlappingTheMaskAreShapeEr
         attn::scaled_dot_product_attention<Scalar>(this->q.view(), this->k.view(), this->v.view(),
                                                    broadcast);
       },
-      ThrowsMessage<attn::ShapeError>(AllOf(
-          HasSubstr("out has shape (2, 2, 5, 3) and strides (0, 0, 3, 1)"),
-          HasSubstr("share memory"))));
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("out has shape (2, 2, 5, 3) and strides (0, 0, 3, 1)"),
+                HasSubstr("share memory"))));
   Tensor<Scalar, 3> w_rows({2, 5, 7});
   const TensorView<Scalar, 4> w_broadcast(w_rows.data(), {2, 2, 5, 7}, {0, 35, 7, 1});
   EXPECT_THAT([&] { this->sdpa({}, {}, w_broadcast); },
@@ -494,8 +498,9 @@ TYPED_TEST(AttentionErrors, OutputsSharingElementsOrOverlappingTheMaskAreShapeEr
   // a boolean mask read from the weights' memory
   Tensor<Scalar, 4> weights({2, 2, 5, 7});
   const TensorView<const bool, 2> blocked(reinterpret_cast<const bool*>(weights.data()), {5, 7});
-  EXPECT_THAT([&] { this->sdpa(AttentionMask<Scalar>().blocked(blocked), {}, weights.view()); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("weights (2, 2, 5, 7) overlaps the boolean mask")));
+  EXPECT_THAT(
+      [&] { this->sdpa(AttentionMask<Scalar>().blocked(blocked), {}, weights.view()); },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("weights (2, 2, 5, 7) overlaps the boolean mask")));
 }
 
 // ---- sizes that overflow: named as such, never "empty input" and never a crash ----
@@ -506,10 +511,13 @@ TEST(ModuleSizes, ShapesThatOverflowAreNamedNotReportedEmpty) {
   const Index two32 = Index(1) << 32, two31 = Index(1) << 31;
   // (2^32, 2^32, 2) elements: shape_size overflowed (UBSan, then SEGV) and MultiHeadAttention
   // reported an "empty input". The view cannot be built at all now.
-  EXPECT_THAT([&] { mha.forward(TensorView<const float, 3>(x, {two32, two32, 2}, {0, 0, 1})); },
-              ThrowsMessage<attn::ShapeError>(AllOf(
-                  HasSubstr("shape (4294967296, 4294967296, 2) has more elements than an index"),
-                  ::testing::Not(HasSubstr("empty")))));
+  EXPECT_THAT(
+      [&] {
+        mha.forward(TensorView<const float, 3>(x, {two32, two32, 2}, {0, 0, 1}));
+      },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("shape (4294967296, 4294967296, 2) has more elements than an index"),
+                ::testing::Not(HasSubstr("empty")))));
   // (2^31, 2^30, 2) fits an index as a broadcast view, but its output needs 2^64 bytes.
   const TensorView<const float, 3> wide(x, {two31, two31 / 2, 2}, {0, 0, 1});
   EXPECT_THAT([&] { mha.forward(wide); },
@@ -528,9 +536,9 @@ TEST(ModuleSizes, BuffersThatWouldOverflowAreAShapeError) {
   Tensor<float, 3> out({1, 2, 8});
   attn::Workspace ws;
   EXPECT_THAT([&] { mha.forward(query.view(), keys, keys, out.view(), ws); },
-              ThrowsMessage<attn::ShapeError>(AllOf(
-                  HasSubstr(kMhaForward), HasSubstr("key (1, 576460752303423488, 1)"),
-                  HasSubstr("would need buffers of more than 9223372036854775807 bytes"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr(kMhaForward), HasSubstr("key (1, 576460752303423488, 1)"),
+                        HasSubstr("would need buffers of more than 9223372036854775807 bytes"))));
   EXPECT_EQ(ws.bytes(), 0u);  // nothing was allocated
 }
 

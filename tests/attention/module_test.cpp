@@ -288,8 +288,8 @@ struct InPlace {
   InPlace(const decltype(Case::inputs())& original, Index tq, Index d_out) : inputs(original) {
     std::apply(
         [&](const auto&... x) {
-          (buffers.emplace_back(Shape<3>{x.extent(0), std::max(x.extent(1), tq),
-                                         std::max(x.extent(2), d_out)}),
+          (buffers.emplace_back(
+               Shape<3>{x.extent(0), std::max(x.extent(1), tq), std::max(x.extent(2), d_out)}),
            ...);
         },
         inputs);
@@ -332,7 +332,8 @@ TYPED_TEST(ModuleApi, InPlaceForwardIsCorrectOverEveryInput) {
     EXPECT_TRUE(ref::same_bits(TensorView<const S, 3>(out), expected.view()));
     // forward_with_weights into out over the same input, and weights over another buffer
     InPlace<TypeParam> again(this->inputs, tq, d_out);
-    const auto r = again.with_views([&](auto... x) { return this->module.forward_with_weights(x...); });
+    const auto r =
+        again.with_views([&](auto... x) { return this->module.forward_with_weights(x...); });
     auto weights = decltype(r.weights)(r.weights.shape());
     const TensorView<S, 3> out2 = corner(again.buffers[target], tq, d_out);
     again.with_views(
@@ -346,13 +347,14 @@ TYPED_TEST(ModuleApi, WeightsOverAnInputAreCorrect) {
   // The weights written over the query's memory: the inputs are copied first, as for out.
   this->module.eval();
   InPlace<TypeParam> place(this->inputs, 0, 0);
-  const auto r = place.with_views([&](auto... x) { return this->module.forward_with_weights(x...); });
+  const auto r =
+      place.with_views([&](auto... x) { return this->module.forward_with_weights(x...); });
   // a buffer that starts with the query and is long enough for the weights
   Tensor<S, 1> buffer({std::max<Index>(r.weights.size(), place.buffers[0].size())});
   std::copy_n(place.buffers[0].data(), place.buffers[0].size(), buffer.data());
   const TensorView<const S, 3> query(buffer.data(), place.buffers[0].shape());
-  auto weights = attn::reshape(attn::slice(buffer.view(), 0, 0, r.weights.size()),
-                               r.weights.shape());
+  auto weights =
+      attn::reshape(attn::slice(buffer.view(), 0, 0, r.weights.size()), r.weights.shape());
   Tensor<S, 3> out(r.output.shape());
   attn::Workspace ws;
   place.with_views([&](auto, auto... rest) {
@@ -364,18 +366,20 @@ TYPED_TEST(ModuleApi, WeightsOverAnInputAreCorrect) {
 
 TYPED_TEST(ModuleApi, OutputsSharingMemoryWithEachOtherOrTheMaskAreShapeErrors) {
   this->module.eval();
-  const auto r = this->with_inputs([&](auto... x) { return this->module.forward_with_weights(x...); });
+  const auto r =
+      this->with_inputs([&](auto... x) { return this->module.forward_with_weights(x...); });
   const Shape<3> out_shape = r.output.shape();
   const auto weights_shape = r.weights.shape();
   attn::Workspace ws;
   // weights over out
   Tensor<S, 1> shared({r.output.size() + r.weights.size()});
   const TensorView<S, 3> out(shared.data(), out_shape);
-  const auto weights = attn::reshape(attn::slice(shared.view(), 0, 0, r.weights.size()),
-                                     weights_shape);
+  const auto weights =
+      attn::reshape(attn::slice(shared.view(), 0, 0, r.weights.size()), weights_shape);
   EXPECT_THAT(
       [&] {
-        this->with_inputs([&](auto... x) { this->module.forward_with_weights(x..., out, weights, ws); });
+        this->with_inputs(
+            [&](auto... x) { this->module.forward_with_weights(x..., out, weights, ws); });
       },
       ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps out")));
   // out broadcast over the batch (a zero stride): both items would write one place

@@ -98,8 +98,8 @@ TEST(Concurrency, ConstSelfAttentionForwardFromThreadsMatchesSingleThread) {
 // meanwhile, sees the weights unchanged.
 TEST(Concurrency, TrainingModeCallsFromThreadsDrawDistinctDropoutCalls) {
   attn::TorchGenerator gen(9);
-  attn::MultiHeadAttention<float> mha(attn::MultiHeadAttentionOptions::pytorch(16, 2, true, 0, 0, 0.3),
-                                      gen);
+  attn::MultiHeadAttention<float> mha(
+      attn::MultiHeadAttentionOptions::pytorch(16, 2, true, 0, 0, 0.3), gen);
   const auto x = attn::test::random_tensor<float, 3>({2, 10, 16}, 3);
   constexpr int kCalls = kThreads * kRepeats;
   mha.seed(5);

@@ -339,9 +339,10 @@ TYPED_TEST(LinearTest, OutputWhoseElementsShareMemoryIsRejected) {
   const auto x = attn::test::random_tensor<TypeParam, 2>({4, 3}, 1);
   Tensor<TypeParam, 1> row({2});
   const TensorView<TypeParam, 2> broadcast(row.data(), {4, 2}, {0, 1});
-  EXPECT_THAT([&] { layer.forward(cview(x), broadcast); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("Linear::forward"),
-                                                    HasSubstr("y has shape (4, 2) and strides (0, 1)"))));
+  EXPECT_THAT(
+      [&] { layer.forward(cview(x), broadcast); },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("Linear::forward"), HasSubstr("y has shape (4, 2) and strides (0, 1)"))));
 }
 
 TYPED_TEST(LinearTest, ForwardRejectsWrongShapesNamingThem) {

@@ -181,8 +181,8 @@ TYPED_TEST(EigenBridgeTest, EmptyViewsMapToEmptyMatrices) {
 // ---- Eigen -> view ----
 
 TYPED_TEST(EigenBridgeTest, NullMapWithElementsIsRejected) {
-  const Eigen::Map<const Eigen::Matrix<TypeParam, Eigen::Dynamic, Eigen::Dynamic>> null_map(
-      nullptr, 3, 4);
+  const Eigen::Map<const Eigen::Matrix<TypeParam, Eigen::Dynamic, Eigen::Dynamic>> null_map(nullptr,
+                                                                                            3, 4);
   EXPECT_THAT([&] { (void)attn::as_view(null_map); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("null data with shape (3, 4)")));
 }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // tests/tensor/overlap_test.cpp: attn/tensor/overlap.hpp, the address-range tests behind
 // the checks that keep an output from overwriting what a call still reads.
+#include "attn/tensor/overlap.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,7 +10,6 @@
 #include <limits>
 
 #include "attn/attn.hpp"
-#include "attn/tensor/overlap.hpp"
 
 namespace {
 
@@ -95,7 +96,8 @@ TEST(Overlap, RequireDisjointNamesBothViews) {
   float x[4] = {};
   EXPECT_THAT(
       [&] {
-        attn::detail::require_distinct_elements("f", "out", TensorView<float, 2>(x, {3, 4}, {0, 1}));
+        attn::detail::require_distinct_elements("f", "out",
+                                                TensorView<float, 2>(x, {3, 4}, {0, 1}));
       },
       ThrowsMessage<attn::ShapeError>(
           AllOf(HasSubstr("out has shape (3, 4) and strides (0, 1)"), HasSubstr("share memory"))));

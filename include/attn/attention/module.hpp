@@ -139,8 +139,9 @@ class ModuleForwards {
     static_assert(Rank == 2 || Rank == 3,
                   "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
     if constexpr (Rank == 3) {
-      derived().run(stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws), out, ws, mask,
-                    {});
+      const ModuleInputs<Scalar> x =
+          stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws);
+      derived().run(x, out, ws, mask, {});
     } else {
       forward(unsqueeze(in, 0)..., unsqueeze(out, 0), ws, mask);
     }
@@ -170,8 +171,9 @@ class ModuleForwards {
     } else {
       heads_weights = unsqueeze(weights, 1);
     }
-    derived().run(stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, heads_weights, ws), out,
-                  ws, mask, heads_weights);
+    const ModuleInputs<Scalar> x =
+        stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, heads_weights, ws);
+    derived().run(x, out, ws, mask, heads_weights);
   }
 
   // ---- unbatched: (T, features) -> (T, d_out), as a batch of one ----

@@ -193,8 +193,7 @@ class AttentionCore {
       }
       const std::size_t extents[3] = {static_cast<std::size_t>(query.extent(0)), rows + tq,
                                       static_cast<std::size_t>(features)};
-      return checked_extent_product(extents, count) &&
-             checked_bytes(count, sizeof(Scalar), bytes);
+      return checked_extent_product(extents, count) && checked_bytes(count, sizeof(Scalar), bytes);
     };
     require(fits(), config_.forward_name, [&] {
       return "query " + to_string(query.shape()) + ", key " + to_string(key.shape()) +

@@ -142,12 +142,11 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
   // The kernel multiplies by the scale in Scalar: a double past Scalar's range would become
   // inf there (and every score inf or NaN). A scale that underflows to 0 is kept: scores that
   // small give uniform weights in any precision.
-  require_config(!options.scale || std::abs(*options.scale) <= std::numeric_limits<Scalar>::max(),
-                 where, [&] {
-                   return "scale=" + number(*options.scale) + " is not finite as " +
-                          scalar_name<Scalar>() + " (largest " +
-                          number(std::numeric_limits<Scalar>::max()) + ")";
-                 });
+  require_config(
+      !options.scale || std::abs(*options.scale) <= std::numeric_limits<Scalar>::max(), where, [&] {
+        return "scale=" + number(*options.scale) + " is not finite as " + scalar_name<Scalar>() +
+               " (largest " + number(std::numeric_limits<Scalar>::max()) + ")";
+      });
   require(!(options.path == AttentionPath::kStreaming && weights.data() != nullptr), where, [] {
     return std::string("the streaming path cannot return attention weights; use kMaterialized");
   });
