@@ -476,6 +476,48 @@ TYPED_TEST(KernelPaths, LongStridedKeysAreCopiedHeadMajorWithoutChangingResults)
                             expected.output.view(), ref::kernel_tolerance<Scalar>(hd, tk)));
 }
 
+// out may be q itself (same data, shape and strides): every task reads its query rows before
+// it writes the same output rows, on both paths, at any thread count. The result is the
+// out-of-place one, bit for bit.
+TYPED_TEST(KernelPaths, OutExactlyOverQGivesTheOutOfPlaceBits) {
+  using Scalar = TypeParam;
+  const Index b = 2, h = 2, t = 130, d = 16;  // three query tiles, two key tiles
+  const auto k = attn::test::random_tensor<Scalar>(Shape<4>{b, h, t, d}, 91);
+  const auto v = attn::test::random_tensor<Scalar>(Shape<4>{b, h, t, d}, 92);
+  AttentionMask<Scalar> mask;
+  mask.causal();
+  for (const bool split : {false, true}) {
+    for (const int threads : {1, 2}) {
+      attn::set_num_threads(threads);
+      for (const AttentionPath path : {AttentionPath::kMaterialized, AttentionPath::kStreaming}) {
+        SCOPED_TRACE(std::string(name(path)) + (split ? " split" : " contiguous") +
+                     " threads=" + std::to_string(threads));
+        AttentionOptions options;
+        options.path = path;
+        const Shape<4> shape = split ? Shape<4>{b, t, h, d} : Shape<4>{b, h, t, d};
+        Tensor<Scalar, 4> storage = attn::test::random_tensor<Scalar>(shape, 93);
+        const TensorView<Scalar, 4> q = heads_view(storage, split);
+        Tensor<Scalar, 4> expected({b, h, t, d});
+        attn::scaled_dot_product_attention<Scalar>(q, k.view(), v.view(), expected.view(), mask,
+                                                   options);
+        attn::scaled_dot_product_attention<Scalar>(q, k.view(), v.view(), q, mask, options);
+        EXPECT_TRUE(ref::same_bits(TensorView<const Scalar, 4>(q), expected.view()));
+        if (path == AttentionPath::kStreaming) continue;
+        // with weights (materialised), in place too (q refilled where it is: q views storage)
+        const Tensor<Scalar, 4> fresh = attn::test::random_tensor<Scalar>(shape, 93);
+        attn::copy(fresh.view(), storage.view());
+        Tensor<Scalar, 4> weights({b, h, t, t}), expected_weights({b, h, t, t});
+        attn::scaled_dot_product_attention_with_weights<Scalar>(
+            q, k.view(), v.view(), expected.view(), expected_weights.view(), mask);
+        attn::scaled_dot_product_attention_with_weights<Scalar>(q, k.view(), v.view(), q,
+                                                                weights.view(), mask);
+        EXPECT_TRUE(ref::same_bits(TensorView<const Scalar, 4>(q), expected.view()));
+        EXPECT_TRUE(ref::same_bits(weights.view(), expected_weights.view()));
+      }
+    }
+  }
+}
+
 TYPED_TEST(KernelPaths, AllocatingRank2And3FormsMatchReference) {
   using Scalar = TypeParam;
   const Index t = 90, tk = 140, d = 3, dv = 5;

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <tuple>
@@ -27,6 +28,8 @@ using attn::Tensor;
 using attn::TensorView;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 
 using S = double;
@@ -264,6 +267,139 @@ TYPED_TEST(ModuleApi, NamedParametersAreTheStateDictNamesAsViews) {
   EXPECT_FALSE(ref::same_bits(this->forward().view(), before.view()));
   w(0, 0) = saved;
   EXPECT_TRUE(ref::same_bits(this->forward().view(), before.view()));
+}
+
+// ---- in place: out (and weights) over the inputs' memory ----
+
+// Each input copied into the top-left corner of a buffer (B, max(T, T_q), max(features,
+// d_out)), so that `out` (B, T_q, d_out) can be laid over any input's corner: over the query
+// it is the usual in-place call (exactly x when d_out == features), over a key or value it
+// is an output overwriting what the module still reads.
+template <class Scalar>
+TensorView<Scalar, 3> corner(Tensor<Scalar, 3>& buffer, Index t, Index features) {
+  return attn::slice(attn::slice(buffer.view(), 1, 0, t), 2, 0, features);
+}
+
+template <class Case>
+struct InPlace {
+  std::vector<Tensor<S, 3>> buffers;
+  decltype(Case::inputs()) inputs;
+
+  InPlace(const decltype(Case::inputs())& original, Index tq, Index d_out) : inputs(original) {
+    std::apply(
+        [&](const auto&... x) {
+          (buffers.emplace_back(
+               Shape<3>{x.extent(0), std::max(x.extent(1), tq), std::max(x.extent(2), d_out)}),
+           ...);
+        },
+        inputs);
+    std::size_t i = 0;
+    std::apply([&](const auto&... x) { (attn::copy(x.view(), view_of(i++, x)), ...); }, inputs);
+  }
+  TensorView<S, 3> view_of(std::size_t i, const Input& x) {
+    return corner(buffers[i], x.extent(1), x.extent(2));
+  }
+  // Calls fn(the inputs as views of their buffers...).
+  template <class Fn>
+  decltype(auto) with_views(Fn&& fn) {
+    return call(std::forward<Fn>(fn),
+                std::make_index_sequence<std::tuple_size_v<decltype(Case::inputs())>>());
+  }
+  template <class Fn, std::size_t... I>
+  decltype(auto) call(Fn&& fn, std::index_sequence<I...>) {
+    return fn(TensorView<const S, 3>(view_of(I, std::get<I>(inputs)))...);
+  }
+};
+
+TYPED_TEST(ModuleApi, InPlaceForwardIsCorrectOverEveryInput) {
+  // MultiHeadAttentionWrapper::forward(x, x, ws) was wrong (error 0.22): its second head read
+  // x after the first had written its slice. Every module now copies an input that shares
+  // memory with out first, so the result is the out-of-place one, bit for bit.
+  this->module.eval();
+  const Tensor<S, 3> y = this->forward();
+  const Index tq = y.extent(1), d_out = y.extent(2);
+  constexpr std::size_t kInputs = std::tuple_size_v<decltype(TypeParam::inputs())>;
+  attn::Workspace ws;
+  for (std::size_t target = 0; target < kInputs; ++target) {
+    SCOPED_TRACE("out over input " + std::to_string(target));
+    InPlace<TypeParam> place(this->inputs, tq, d_out);
+    // the reference: the same (strided) input views, out elsewhere
+    const Tensor<S, 3> expected =
+        place.with_views([&](auto... x) { return this->module.forward(x...); });
+    EXPECT_LE(attn::test::max_abs_diff(expected.view(), y.view()), 1e-12);
+    const TensorView<S, 3> out = corner(place.buffers[target], tq, d_out);
+    place.with_views([&](auto... x) { this->module.forward(x..., out, ws); });
+    EXPECT_TRUE(ref::same_bits(TensorView<const S, 3>(out), expected.view()));
+    // forward_with_weights into out over the same input, and weights over another buffer
+    InPlace<TypeParam> again(this->inputs, tq, d_out);
+    const auto r =
+        again.with_views([&](auto... x) { return this->module.forward_with_weights(x...); });
+    auto weights = decltype(r.weights)(r.weights.shape());
+    const TensorView<S, 3> out2 = corner(again.buffers[target], tq, d_out);
+    again.with_views(
+        [&](auto... x) { this->module.forward_with_weights(x..., out2, weights.view(), ws); });
+    EXPECT_TRUE(ref::same_bits(TensorView<const S, 3>(out2), r.output.view()));
+    EXPECT_TRUE(ref::same_bits(weights.view(), r.weights.view()));
+  }
+}
+
+TYPED_TEST(ModuleApi, WeightsOverAnInputAreCorrect) {
+  // The weights written over the query's memory: the inputs are copied first, as for out.
+  this->module.eval();
+  InPlace<TypeParam> place(this->inputs, 0, 0);
+  const auto r =
+      place.with_views([&](auto... x) { return this->module.forward_with_weights(x...); });
+  // a buffer that starts with the query and is long enough for the weights
+  Tensor<S, 1> buffer({std::max<Index>(r.weights.size(), place.buffers[0].size())});
+  std::copy_n(place.buffers[0].data(), place.buffers[0].size(), buffer.data());
+  const TensorView<const S, 3> query(buffer.data(), place.buffers[0].shape());
+  auto weights =
+      attn::reshape(attn::slice(buffer.view(), 0, 0, r.weights.size()), r.weights.shape());
+  Tensor<S, 3> out(r.output.shape());
+  attn::Workspace ws;
+  place.with_views([&](auto, auto... rest) {
+    this->module.forward_with_weights(query, rest..., out.view(), weights, ws);
+  });
+  EXPECT_TRUE(ref::same_bits(out.view(), r.output.view()));
+  EXPECT_EQ(attn::test::to_vector(weights), r.weights.to_vector());
+}
+
+TYPED_TEST(ModuleApi, OutputsSharingMemoryWithEachOtherOrTheMaskAreShapeErrors) {
+  this->module.eval();
+  const auto r =
+      this->with_inputs([&](auto... x) { return this->module.forward_with_weights(x...); });
+  const Shape<3> out_shape = r.output.shape();
+  const auto weights_shape = r.weights.shape();
+  attn::Workspace ws;
+  // weights over out
+  Tensor<S, 1> shared({r.output.size() + r.weights.size()});
+  const TensorView<S, 3> out(shared.data(), out_shape);
+  const auto weights =
+      attn::reshape(attn::slice(shared.view(), 0, 0, r.weights.size()), weights_shape);
+  EXPECT_THAT(
+      [&] {
+        this->with_inputs(
+            [&](auto... x) { this->module.forward_with_weights(x..., out, weights, ws); });
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps out")));
+  // out broadcast over the batch (a zero stride): both items would write one place
+  Tensor<S, 2> rows({out_shape[1], out_shape[2]});
+  const TensorView<S, 3> broadcast(rows.data(), out_shape, {0, out_shape[2], 1});
+  EXPECT_THAT(
+      [&] { this->with_inputs([&](auto... x) { this->module.forward(x..., broadcast, ws); }); },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("share memory")));
+  // an additive mask read from out's memory
+  const Index tq = out_shape[1], tk = weights_shape[weights_shape.size() - 1];
+  Tensor<S, 1> big({std::max(r.output.size(), tq * tk)});
+  const TensorView<S, 3> out_big(big.data(), out_shape);
+  const TensorView<const S, 2> additive(big.data(), {tq, tk});
+  EXPECT_THAT(
+      [&] {
+        this->with_inputs([&](auto... x) {
+          this->module.forward(x..., out_big, ws, AttentionMask<S>().additive(additive));
+        });
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps the additive mask")));
 }
 
 // ---- what is particular to one module ----

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
-// tests/concurrency/concurrency_test.cpp: const forward() on one module from several
-// std::threads at once (each with its own Workspace) gives the single-threaded result, bit
-// for bit.
+// tests/concurrency/concurrency_test.cpp: the safe side of the thread-safety contract (README,
+// "Threads"): const members (forward, forward_with_weights, named_parameters() const) on one
+// module from several std::threads at once, each with its own Workspace, give the
+// single-threaded results bit for bit (in training mode: the same set of dropout draws).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -87,6 +90,49 @@ TEST(Concurrency, ConstSelfAttentionForwardFromThreadsMatchesSingleThread) {
   }
   for (auto& thread : threads) thread.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(outputs[t], expected) << "thread " << t;
+}
+
+// Training mode: each call draws the dropout masks of its own call number (the counter is
+// atomic). Calls from several threads get distinct numbers, so together they give exactly
+// the outputs of as many calls in a row, in some order. named_parameters() const, read
+// meanwhile, sees the weights unchanged.
+TEST(Concurrency, TrainingModeCallsFromThreadsDrawDistinctDropoutCalls) {
+  attn::TorchGenerator gen(9);
+  attn::MultiHeadAttention<float> mha(
+      attn::MultiHeadAttentionOptions::pytorch(16, 2, true, 0, 0, 0.3), gen);
+  const auto x = attn::test::random_tensor<float, 3>({2, 10, 16}, 3);
+  constexpr int kCalls = kThreads * kRepeats;
+  mha.seed(5);
+  std::vector<std::vector<float>> sequential;
+  for (int c = 0; c < kCalls; ++c) sequential.push_back(mha.forward(x.view()).to_vector());
+  const std::vector<float> weights_before =
+      attn::test::to_vector(std::as_const(mha).named_parameters()[0].matrix());
+
+  mha.seed(5);
+  const attn::MultiHeadAttention<float>& shared = mha;
+  std::vector<std::vector<float>> outputs(kCalls);
+  std::vector<char> weights_unchanged(kThreads, 1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      attn::Workspace ws;
+      attn::Tensor<float, 3> out({2, 10, 16});
+      for (int r = 0; r < kRepeats; ++r) {
+        shared.forward(x.view(), out.view(), ws);
+        outputs[static_cast<std::size_t>(t * kRepeats + r)] = out.to_vector();
+        if (attn::test::to_vector(shared.named_parameters()[0].matrix()) != weights_before) {
+          weights_unchanged[static_cast<std::size_t>(t)] = 0;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(weights_unchanged[t]) << "thread " << t;
+  std::sort(sequential.begin(), sequential.end());
+  std::sort(outputs.begin(), outputs.end());
+  EXPECT_EQ(outputs, sequential);
+  EXPECT_EQ(std::adjacent_find(sequential.begin(), sequential.end()), sequential.end())
+      << "dropout made every call differ";
 }
 
 }  // namespace

@@ -148,6 +148,38 @@ TEST(ATTN_FILE_TEST, SaveFailingPastAFileSizeLimitKeepsTheOldFile) {
       "the file is unchanged");
 }
 
+TEST(ATTN_FILE_TEST, SaveKilledBySigxfszKeepsTheOldFileButLeavesTheTemporary) {
+  // The caveat docs/io.md states: past a file size limit the kernel sends SIGXFSZ, which
+  // ends a process that does not ignore it before save() can clean up.
+  const TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  writer_of(8, 1.0f).save(path);
+  const std::vector<char> before = read_bytes(path);
+  const int status = run_in_child([&] {
+    const rlimit limit{8192, 8192};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 3;
+    writer_of(100000, 2.0f).save(path);
+    return 1;
+  });
+  EXPECT_EQ(status, 128 + SIGXFSZ) << "3: setup failed; 1: the save succeeded";
+  EXPECT_EQ(read_bytes(path), before);
+  const auto others = dir.others("w.safetensors");
+  ASSERT_EQ(others.size(), 1u);
+  EXPECT_EQ(others[0].rfind(".w.safetensors.tmp-", 0), 0u) << others[0];
+}
+
+TEST(ATTN_FILE_TEST, SaveReplacesASymbolicLinkInsteadOfFollowingIt) {
+  const TempDir dir;
+  const std::string target = dir.file("target.safetensors"), link = dir.file("link.safetensors");
+  writer_of(3, 1.0f).save(target);
+  const std::vector<char> target_bytes = read_bytes(target);
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  writer_of(5, 2.0f).save(link);
+  EXPECT_FALSE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(SafetensorsFile::open(link).values<float>("x"), std::vector<float>(5, 2.0f));
+  EXPECT_EQ(read_bytes(target), target_bytes);
+}
+
 TEST(ATTN_FILE_TEST, SaveIntoADirectoryThatCannotBeWrittenKeepsTheOldFile) {
   expect_failed_save_keeps_the_old_file(
       [](const TempDir& dir) {

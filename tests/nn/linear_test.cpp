@@ -312,6 +312,39 @@ TYPED_TEST(LinearTest, NonContiguousInputAndOutput) {
   EXPECT_EQ(y.to_vector(), y_ref.to_vector());
 }
 
+TYPED_TEST(LinearTest, InPlaceForwardIsCorrect) {
+  // y over x's memory (in == out features): the GEMM wrote rows of y while it still read
+  // them as x. 200 features span several column tiles and micro-panels on every ISA.
+  attn::TorchGenerator gen(6);
+  for (const bool frozen : {false, true}) {
+    Linear<TypeParam> layer(200, 200, true, gen);
+    if (frozen) layer.freeze();
+    auto x = attn::test::random_tensor<TypeParam, 3>({2, 7, 200}, 8);
+    const auto expected = layer.forward(cview(x));
+    layer.forward(cview(x), x.view());
+    EXPECT_EQ(x.to_vector(), expected.to_vector()) << (frozen ? "frozen" : "unfrozen");
+  }
+  // y partly over x (shifted by one row), through a strided view
+  const Linear<TypeParam> small(4, 4, false, gen);
+  Tensor<TypeParam, 2> buffer = attn::test::random_tensor<TypeParam, 2>({6, 4}, 9);
+  const auto x = attn::slice(cview(buffer), 0, 0, 5);
+  const auto expected = small.forward(x);
+  small.forward(x, attn::slice(buffer.view(), 0, 1, 6));
+  EXPECT_EQ(attn::test::to_vector(attn::slice(cview(buffer), 0, 1, 6)), expected.to_vector());
+}
+
+TYPED_TEST(LinearTest, OutputWhoseElementsShareMemoryIsRejected) {
+  attn::TorchGenerator gen(7);
+  const Linear<TypeParam> layer(3, 2, true, gen);
+  const auto x = attn::test::random_tensor<TypeParam, 2>({4, 3}, 1);
+  Tensor<TypeParam, 1> row({2});
+  const TensorView<TypeParam, 2> broadcast(row.data(), {4, 2}, {0, 1});
+  EXPECT_THAT(
+      [&] { layer.forward(cview(x), broadcast); },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("Linear::forward"), HasSubstr("y has shape (4, 2) and strides (0, 1)"))));
+}
+
 TYPED_TEST(LinearTest, ForwardRejectsWrongShapesNamingThem) {
   attn::TorchGenerator gen(1);
   const Linear<TypeParam> layer(3, 2, true, gen);

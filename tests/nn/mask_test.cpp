@@ -182,10 +182,29 @@ TEST(AttentionMask, SquareCausalNeedsEqualLengths) {
   EXPECT_NO_THROW(mask.check(kWhere, 1, 1, 2, 6));
 }
 
-TEST(AttentionMask, NullMaskDataIsRejected) {
-  const TensorView<const bool, 2> null_view(nullptr, {4, 4});
-  EXPECT_THAT([&] { AttentionMask<float>().allowed(null_view); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("null mask data")));
+// An empty mask used to be silently ignored (its null data read as "no mask"): a (0, 0)
+// boolean or (0, 5, 5) additive mask then masked nothing. No empty shape broadcasts to an
+// attention's (B, H, T_q, T_k), so each is a ShapeError when it is added.
+TEST(AttentionMask, EmptyMasksAreShapeErrors) {
+  const Tensor<bool, 2> none({0, 0});
+  EXPECT_THAT([&] { AttentionMask<float>().allowed(none.view()); },
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("attn::AttentionMask::allowed: mask has shape (0, 0)"),
+                        HasSubstr("needs every extent positive"))));
+  EXPECT_THAT([&] { AttentionMask<float>().blocked(none); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("AttentionMask::blocked")));
+  const Tensor<float, 3> additive({0, 5, 5});
+  EXPECT_THAT([&] { AttentionMask<float>().additive(additive); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("mask has shape (0, 5, 5)")));
+  const Tensor<bool, 4> no_head({2, 0, 5, 5});
+  EXPECT_THAT([&] { AttentionMask<float>().allowed(no_head); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 0, 5, 5)")));
+  const Tensor<bool, 2> padding({2, 0});
+  EXPECT_THAT([&] { AttentionMask<float>().key_padding(padding); },
+              ThrowsMessage<attn::ShapeError>(
+                  HasSubstr("attn::AttentionMask::key_padding: mask has shape (2, 0)")));
+  const Tensor<bool, 2> one({1, 1}, true);  // one element: a mask (check() judges its fit)
+  EXPECT_NO_THROW(AttentionMask<float>().allowed(one));
 }
 
 // ---- notebook helpers ----

@@ -180,6 +180,13 @@ TYPED_TEST(EigenBridgeTest, EmptyViewsMapToEmptyMatrices) {
 
 // ---- Eigen -> view ----
 
+TYPED_TEST(EigenBridgeTest, NullMapWithElementsIsRejected) {
+  const Eigen::Map<const Eigen::Matrix<TypeParam, Eigen::Dynamic, Eigen::Dynamic>> null_map(nullptr,
+                                                                                            3, 4);
+  EXPECT_THAT([&] { (void)attn::as_view(null_map); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("null data with shape (3, 4)")));
+}
+
 template <class Scalar>
 using ColMatrix = Eigen::Matrix<Scalar, Eigen::Dynamic, Eigen::Dynamic>;  // Eigen's default
 

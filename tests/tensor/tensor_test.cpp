@@ -111,6 +111,26 @@ TYPED_TEST(TensorViewTest, NegativeExtentOrStrideThrowsShapeError) {
       ThrowsMessage<attn::ShapeError>(HasSubstr("(3, -1)")));
 }
 
+// A view with null data and elements used to reach the kernels and segfault there (SDPA,
+// MultiHeadAttention): no such view can be built, so no entry point ever receives one.
+TYPED_TEST(TensorViewTest, NullDataWithElementsThrowsShapeError) {
+  EXPECT_THAT(
+      [] {
+        (TensorView<const TypeParam, 4>(nullptr, {1, 1, 4, 8}));
+      },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("attn::TensorView: null data with shape (1, 1, 4, 8) (32 elements)"),
+                HasSubstr("only an empty view may have null data"))));
+  EXPECT_THAT(
+      [] {
+        (TensorView<TypeParam, 2>(nullptr, {3, 1}, {0, 0}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("null data with shape (3, 1)")));
+  // Empty views may have null data: the default view, a zero extent.
+  EXPECT_NO_THROW((TensorView<TypeParam, 3>(nullptr, {2, 0, 5})));
+  EXPECT_EQ((TensorView<TypeParam, 3>(nullptr, {2, 0, 5})).size(), 0);
+}
+
 TYPED_TEST(TensorViewTest, ConvertsToConstViewOverTheSameElements) {
   auto data = iota<TypeParam>(6);
   const TensorView<TypeParam, 2> mutable_view(data.data(), {2, 3}, {1, 2});

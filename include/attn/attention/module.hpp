@@ -8,14 +8,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -58,6 +61,38 @@ ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> query,
   return {query, key, value};
 }
 
+/// `x` with every input that shares memory with an output (`out`, `weights`) replaced by a
+/// contiguous copy in the workspace, so that every module is correct in place
+/// (forward(x, x, ws)): some write an output before they have read all of their inputs
+/// (MultiHeadAttentionWrapper's later heads read x after the first wrote its slice of out;
+/// SimpleSelfAttention's kernel reads K and V while it writes). The copies go to the
+/// projection's staging slots; being contiguous, they are read where they are and never
+/// staged again. An input given twice (x as key and value) is copied once, so the projection
+/// still sees one tensor. An input too large to copy is left as it is: the module's shape
+/// checks reject it (see AttentionCore::check).
+template <class Scalar>
+ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
+                                       TensorView<const Scalar, 3> out,
+                                       TensorView<const Scalar, 4> weights, Workspace& ws) {
+  const auto stage = [&](TensorView<const Scalar, 3> in, WorkspaceSlot slot) {
+    std::size_t bytes = 0;
+    if ((!overlaps(in, out) && !overlaps(in, weights)) ||
+        !checked_bytes(static_cast<std::size_t>(in.size()), sizeof(Scalar), bytes)) {
+      return in;
+    }
+    const TensorView<Scalar, 3> staged(workspace_get<Scalar>(ws, slot, in.size()), in.shape());
+    copy(in, staged);
+    return TensorView<const Scalar, 3>(staged);
+  };
+  ModuleInputs<Scalar> staged;
+  staged.query = stage(x.query, WorkspaceSlot::kQueryStaging);
+  staged.key = same_view(x.key, x.query) ? staged.query : stage(x.key, WorkspaceSlot::kKeyStaging);
+  staged.value = same_view(x.value, x.key)     ? staged.key
+                 : same_view(x.value, x.query) ? staged.query
+                                               : stage(x.value, WorkspaceSlot::kValueStaging);
+  return staged;
+}
+
 /// The forward overloads of an attention module whose tensor arguments are `Inputs` (one
 /// tag each), written once for every module. Arguments always come in the order
 /// (inputs..., outputs, workspace, mask), as in scaled_dot_product_attention:
@@ -70,6 +105,14 @@ ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> query,
 ///   forward_with_weights(in..., out, weights, ws, mask = {})
 /// and the same for unbatched (T, features) inputs. Weights are (B, H, T_q, T_k) when
 /// WeightsRank is 4, (B, T_q, T_k) for single-head modules (WeightsRank 3).
+///
+/// In place is fine: inputs that share memory with `out` or `weights` are copied first
+/// (stage_overlapping). The outputs must not share memory with each other or the mask, and
+/// each needs one location per element (ShapeError otherwise).
+///
+/// Threads: every forward is const, and safe to call on one module from several threads at
+/// once, each thread with its own Workspace. A module's non-const members (train, eval, seed,
+/// freeze, unfreeze, weight accessors, named_parameters(), loading) need exclusive access.
 ///
 /// Derived provides run(ModuleInputs, out (B, T_q, d_out), ws, mask, weights (B, H, T_q,
 /// T_k) or empty, SavedForward* (null unless training)) const, output_features(ModuleInputs)
@@ -100,7 +143,9 @@ class ModuleForwards {
     static_assert(Rank == 2 || Rank == 3,
                   "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
     if constexpr (Rank == 3) {
-      derived().run(gather_inputs<Scalar>(in...), out, ws, mask, {});
+      const ModuleInputs<Scalar> x =
+          stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws);
+      derived().run(x, out, ws, mask, {});
     } else {
       forward(unsqueeze(in, 0)..., unsqueeze(out, 0), ws, mask);
     }
@@ -143,7 +188,9 @@ class ModuleForwards {
     } else {
       heads_weights = unsqueeze(weights, 1);
     }
-    derived().run(gather_inputs<Scalar>(in...), out, ws, mask, heads_weights);
+    const ModuleInputs<Scalar> x =
+        stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, heads_weights, ws);
+    derived().run(x, out, ws, mask, heads_weights);
   }
 
   // ---- unbatched: (T, features) -> (T, d_out), as a batch of one ----
@@ -171,7 +218,10 @@ class ModuleForwards {
 };
 
 /// A module that is one AttentionCore: its modes, freezing and parameters, written once.
-/// (The forward overloads come from ModuleForwards.)
+/// (The forward overloads come from ModuleForwards.) The const members may run from several
+/// threads at once; the non-const ones (modes, seed, freeze/unfreeze, the non-const weight
+/// accessors and named_parameters()) need exclusive access: none may run while another
+/// thread is in forward().
 template <class Scalar>
 class CoreModule {
  public:

@@ -5,8 +5,11 @@
 // Glossary: B = batch, T = tokens, H = heads, hd = head dim, D = H * hd = d_out.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/dropout.hpp"
 #include "attn/nn/linear.hpp"
@@ -74,7 +78,9 @@ struct CoreConfig {
 /// feature added here reaches every module.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
-/// Workspace (dropout's call counter is atomic). Non-const members need exclusive access.
+/// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
+/// unfreeze, the weight accessors, named_parameters()) need exclusive access: none may run
+/// while another thread is in forward().
 template <class Scalar>
 class AttentionCore {
  public:
@@ -124,7 +130,7 @@ class AttentionCore {
                TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out, Workspace& ws,
                const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
                SavedForward<Scalar>* saved = nullptr) const {
-    check(query, key, value, out);
+    check(query, key, value, out, weights, mask);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
     const Index batch = query.extent(0), tq = query.extent(1), d = d_out(), hd = head_dim();
@@ -153,9 +159,13 @@ class AttentionCore {
     }
   }
 
-  /// Step 1: the shapes of a call. @throws ShapeError, or ConfigError past context_length.
+  /// Step 1: the shapes of a call, the sizes its buffers take, and the memory of its outputs
+  /// (check_output_memory; inputs sharing memory with them were copied by
+  /// stage_overlapping(), and are projected before anything is written anyway).
+  /// @throws ShapeError, or ConfigError past context_length.
   void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
-             TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out) const {
+             TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out,
+             TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) const {
     const char* where = config_.forward_name;
     const char* name = config_.input_name != nullptr ? config_.input_name : "query";
     check_input(where, name, query, d_in(), "d_in");
@@ -176,6 +186,34 @@ class AttentionCore {
     if (config_.input_name == nullptr) {
       check_context(where, "key", key.extent(1), config_.context_length);
     }
+    check_buffer_sizes(query, key, value);
+    check_output_memory(where, out, weights, mask);
+  }
+
+  /// Every buffer a forward sizes from its call (staged inputs, the projections, the context)
+  /// holds at most B (T_q + 2 T_k) max(d_in, kdim, vdim, D) elements: that bound is checked
+  /// once here, so no size computed from it downstream overflows. Only views with zero strides
+  /// (a few elements seen as 2^60) get near it. @throws ShapeError naming the inputs.
+  void check_buffer_sizes(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
+                          TensorView<const Scalar, 3> value) const {
+    const Index features = std::max({d_in(), kdim(), vdim(), d_out()});
+    const auto fits = [&] {
+      const auto tq = static_cast<std::size_t>(query.extent(1));
+      std::size_t rows = 0, count = 0, bytes = 0;  // rows: T_q + 2 T_k
+      if (!checked_mul<std::size_t>(2, static_cast<std::size_t>(key.extent(1)), rows) ||
+          rows > std::numeric_limits<std::size_t>::max() - tq) {
+        return false;
+      }
+      const std::size_t extents[3] = {static_cast<std::size_t>(query.extent(0)), rows + tq,
+                                      static_cast<std::size_t>(features)};
+      return checked_extent_product(extents, count) && checked_bytes(count, sizeof(Scalar), bytes);
+    };
+    require(fits(), config_.forward_name, [&] {
+      return "query " + to_string(query.shape()) + ", key " + to_string(key.shape()) +
+             " and value " + to_string(value.shape()) + " would need buffers of more than " +
+             std::to_string(kMaxObjectBytes) + " bytes (B * (T_q + 2 T_k) * " +
+             std::to_string(features) + " elements)";
+    });
   }
 
   /// The kernel's options for one call: the module's scale and, in training mode with

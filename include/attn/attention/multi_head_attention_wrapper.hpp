@@ -35,6 +35,11 @@ ATTN_NAMESPACE_BEGIN
 ///
 /// Shapes: x (B, T, d_in) -> (B, T, num_heads * d_out); unbatched (T, d_in) ->
 /// (T, num_heads * d_out).
+///
+/// In place (forward(x, x, ws) with d_in == num_heads * d_out) is correct: x is copied
+/// before the first head writes. Const members are safe from several threads at once (each
+/// with its own Workspace); non-const ones (train, eval, seed, freeze, head(h), loading)
+/// need exclusive access.
 /// @tparam Scalar float or double.
 /// @throws ConfigError from the constructor if a size is not positive (and as
 ///         CausalAttention does); ShapeError / ConfigError from forward() as
@@ -140,6 +145,10 @@ class MultiHeadAttentionWrapper
       return "out has shape " + detail::to_string(out.shape()) + ", expected " +
              detail::to_string(expected);
     });
+    // Each head checks its own slices; across heads, a later head would read a mask (or
+    // write out) over what an earlier one wrote. (Inputs sharing memory with out or weights
+    // were copied first by the shared forward, so every head reads the caller's x.)
+    detail::check_output_memory(where, out, weights, mask);
     const bool per_head = mask.heads() > 1;
     if (per_head)
       mask.check(where, x.query.extent(0), num_heads(), x.query.extent(1), x.query.extent(1));

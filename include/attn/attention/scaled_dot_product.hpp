@@ -13,11 +13,13 @@
 #include <type_traits>
 
 #include "attn/attention/detail/kernel.hpp"
+#include "attn/attention/detail/module_support.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/dropout.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/parallel.hpp"
+#include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -38,7 +40,9 @@ enum class AttentionPath {
 
 /// Options of scaled_dot_product_attention().
 struct AttentionOptions {
-  /// Multiplies Q K^T; unset means 1/sqrt(head_dim). Set 1.0 for unscaled attention.
+  /// Multiplies Q K^T; unset means 1/sqrt(head_dim). Set 1.0 for unscaled attention. It must
+  /// be finite in the attention's scalar type (|scale| <= 3.4e38 for float); one that rounds
+  /// to 0 there is accepted (scores that small give uniform weights anyway).
   std::optional<double> scale;
   /// Inverted dropout on the attention weights with this probability (0 = off). The
   /// keep decisions are a hash of (dropout_seed, dropout_call, batch, head, query, key).
@@ -49,6 +53,49 @@ struct AttentionOptions {
 };
 
 namespace detail {
+
+template <class Scalar>
+const char* scalar_name() noexcept {
+  return std::is_same_v<Scalar, float> ? "float" : "double";
+}
+
+/// The memory a call writes: `out` and `weights` (empty: none) each have one location per
+/// element, share none with each other, and none with the mask's tensors (boolean, additive,
+/// key padding), which are read while they are written. For the kernel and every module
+/// (whose `out` is (B, T_q, D)).
+template <class Scalar, std::size_t OutRank>
+void check_output_memory(const char* where, TensorView<Scalar, OutRank> out,
+                         TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) {
+  require_distinct_elements(where, "out", out);
+  require_distinct_elements(where, "weights", weights);
+  require_disjoint(where, "weights", weights, "out", out);
+  const auto mask_disjoint = [&](const char* name, const auto& written) {
+    require_disjoint(where, name, written, "the boolean mask", mask.bool_mask());
+    require_disjoint(where, name, written, "the additive mask", mask.additive_mask());
+    require_disjoint(where, name, written, "the key padding mask", mask.padding_mask());
+  };
+  mask_disjoint("out", out);
+  mask_disjoint("weights", weights);
+}
+
+/// Memory contract of the kernel: check_output_memory(), and neither output shares memory
+/// with k or v; `out` is either disjoint from q or q itself (same data, shape and strides).
+/// That exact aliasing is safe on both paths: each task (one batch, head and query tile) reads
+/// its q rows (into the packed Q^T, or into the scores) before it writes the same out rows,
+/// and no task reads another's rows. A partial overlap is not.
+template <class Scalar>
+void check_sdpa_memory(const char* where, TensorView<const Scalar, 4> q,
+                       TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
+                       TensorView<Scalar, 4> out, TensorView<Scalar, 4> weights,
+                       const AttentionMask<Scalar>& mask) {
+  check_output_memory(where, out, weights, mask);
+  if (!same_view(q, out)) require_disjoint(where, "out", out, "q", q);
+  require_disjoint(where, "out", out, "k", k);
+  require_disjoint(where, "out", out, "v", v);
+  require_disjoint(where, "weights", weights, "q", q);
+  require_disjoint(where, "weights", weights, "k", k);
+  require_disjoint(where, "weights", weights, "v", v);
+}
 
 template <class Scalar>
 void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
@@ -92,10 +139,19 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
                  [&] { return "dropout=" + number(options.dropout) + " must be in [0, 1)"; });
   require_config(!options.scale || std::isfinite(*options.scale), where,
                  [&] { return "scale=" + number(*options.scale) + " must be finite"; });
+  // The kernel multiplies by the scale in Scalar: a double past Scalar's range would become
+  // inf there (and every score inf or NaN). A scale that underflows to 0 is kept: scores that
+  // small give uniform weights in any precision.
+  require_config(
+      !options.scale || std::abs(*options.scale) <= std::numeric_limits<Scalar>::max(), where, [&] {
+        return "scale=" + number(*options.scale) + " is not finite as " + scalar_name<Scalar>() +
+               " (largest " + number(std::numeric_limits<Scalar>::max()) + ")";
+      });
   require(!(options.path == AttentionPath::kStreaming && weights.data() != nullptr), where, [] {
     return std::string("the streaming path cannot return attention weights; use kMaterialized");
   });
   mask.check(where, b, h, tq, tk);
+  check_sdpa_memory(where, q, k, v, out, weights, mask);
 }
 
 /// Checks, then runs the kernel. `module_causal` adds a module's own causal bound to `mask`
@@ -158,14 +214,17 @@ using identity_t = typename identity<T>::type;
 ///
 /// Shapes: q (B, H, T_q, d), k (B, H, T_k, d), v (B, H, T_k, d_v) -> out (B, H, T_q, d_v).
 /// The last axis of every view must have stride 1; the other strides are free (heads split
-/// by view work directly). `out` must not overlap the inputs.
+/// by view work directly). `out` may be `q` itself (same data, shape and strides: in place,
+/// when d_v == d); otherwise `out` and `weights` must share no memory with q, k, v, the
+/// mask or each other, and each needs one location per element (no zero strides).
 ///
 /// A query row with no visible key (fully masked) gives zeros in `out`. Runs in parallel
 /// over (batch, head, query tile) when built with OpenMP; results are bit-identical for any
 /// thread count.
 ///
-/// @throws ShapeError on mismatched or empty shapes, a misfitting mask, or non-unit inner
-///         strides; ConfigError on dropout outside [0, 1) or a non-finite scale.
+/// @throws ShapeError on mismatched or empty shapes, a misfitting mask, non-unit inner
+///         strides, or outputs that share memory as above; ConfigError on dropout outside
+///         [0, 1) or a scale that is not finite as a double or as Scalar.
 template <class Scalar>
 void scaled_dot_product_attention(TensorView<const detail::identity_t<Scalar>, 4> q,
                                   TensorView<const detail::identity_t<Scalar>, 4> k,

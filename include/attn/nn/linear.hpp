@@ -13,6 +13,7 @@
 #include "attn/error.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/tensor/overlap.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -47,7 +48,8 @@ inline double xavier_uniform_bound(Index fan_in, Index fan_out) {
 }
 
 /// y = x W^T + b over the last axis for any leading shape; W (out, in), bias may be null;
-/// `packed` is W packed once (PackedGemmB), or empty to pack per call.
+/// `packed` is W packed once (PackedGemmB), or empty to pack per call. y may share memory
+/// with x (in place); it needs one location per element.
 template <class Scalar, std::size_t Rank>
 void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const Scalar* bias,
                     TensorView<const Scalar, Rank> x, TensorView<Scalar, Rank> y,
@@ -60,9 +62,12 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
            ", expected x (..., " + std::to_string(in) + ") and y (..., " + std::to_string(out) +
            ")";
   });
+  require_distinct_elements(where, "y", y);
   ATTN_ASSERT(weight.is_contiguous());
   const Index rows = y.size() / std::max<Index>(out, 1);  // from y: in may be 0
-  if (x.is_contiguous() && y.is_contiguous()) {
+  // The GEMM writes y while it still reads x: in place (y sharing memory with x) it goes
+  // through the copies below, which read all of x first.
+  if (x.is_contiguous() && y.is_contiguous() && !overlaps(x, y)) {
     gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias, packed, ws);
     return;
   }
@@ -151,8 +156,10 @@ class Linear {
     copy(bias, bias_.view());
   }
 
-  /// y = x W^T + b into a preallocated output (any leading shape, any strides).
-  /// @throws ShapeError if x's last extent is not in_features or y's shape does not match.
+  /// y = x W^T + b into a preallocated output (any leading shape, any strides). In place
+  /// (y over x's memory, with in_features == out_features) is correct.
+  /// @throws ShapeError if x's last extent is not in_features, y's shape does not match, or
+  ///         elements of y share memory (a zero stride).
   template <class XScalar, std::size_t Rank>
   void forward(TensorView<XScalar, Rank> x, TensorView<Scalar, Rank> y) const {
     forward_impl<XScalar, Rank>(x, y, nullptr);

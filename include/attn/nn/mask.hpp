@@ -42,6 +42,8 @@ enum class CausalAlignment {
 /// Boolean and additive masks broadcast: (T_q, T_k), (B, T_q, T_k) or (B, H, T_q, T_k), where
 /// any B or H extent may also be 1. All parts combine (a key is visible only if every part
 /// allows it). A query row with no visible key gives zero output and zero weights, never NaN.
+/// A mask with a zero extent ((0, 0), (0, T_q, T_k), a (B, 0) key padding) is a ShapeError
+/// when it is added, never silently ignored.
 ///
 /// The mask stores views of the caller's mask tensors (not copies): they must outlive it.
 ///
@@ -109,8 +111,7 @@ class AttentionMask {
   AttentionMask& key_padding(TensorView<Element, 2> padding) {
     static_assert(std::is_same_v<std::remove_const_t<Element>, bool>,
                   "attn::AttentionMask::key_padding: the mask holds bool");
-    detail::require(padding.data() != nullptr || padding.empty(), "AttentionMask::key_padding",
-                    [] { return std::string("null mask data"); });
+    require_elements(padding, "AttentionMask::key_padding");
     padding_ = TensorView<const bool, 4>(padding.data(), {padding.extent(0), 1, 1, padding.extent(1)},
                                          {padding.stride(0), 0, 0, padding.stride(1)});
     has_padding_ = true;
@@ -210,8 +211,7 @@ class AttentionMask {
     static_assert(Rank >= 2 && Rank <= 4,
                   "attn::AttentionMask: a mask has rank 2 (T_q, T_k), 3 (B, T_q, T_k) or 4 "
                   "(B, H, T_q, T_k)");
-    detail::require(m.data() != nullptr || m.empty(), where,
-                    [] { return std::string("null mask data"); });
+    require_elements(m, where);
     Shape<4> shape{1, 1, 1, 1}, strides{0, 0, 0, 0};
     // Right-align the mask's axes into (B, H, T_q, T_k); a 3-D mask is (B, T_q, T_k).
     if constexpr (Rank == 2) {
@@ -228,6 +228,18 @@ class AttentionMask {
       if (shape[r] == 1) strides[r] = 0;  // broadcast
     }
     return {m.data(), shape, strides};
+  }
+
+  // An empty mask would be indistinguishable from none (kernels test data() for presence),
+  // and no empty shape broadcasts to an attention's (B, H, T_q, T_k), whose extents are all
+  // positive: it is an error, not silently ignored.
+  template <class Element, std::size_t Rank>
+  static void require_elements(const TensorView<Element, Rank>& m, const char* where) {
+    detail::require(!m.empty(), where, [&] {
+      return "mask has shape " + detail::to_string(m.shape()) +
+             ", which holds no element; a mask broadcasts to (B, H, T_q, T_k) and needs every "
+             "extent positive";
+    });
   }
 
   template <class Element>

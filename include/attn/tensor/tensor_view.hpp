@@ -40,12 +40,14 @@ class TensorView {
   TensorView() = default;
 
   /// A view of contiguous row-major data with the given shape.
-  /// @throws ShapeError if an extent is negative.
+  /// @throws ShapeError as the constructor with strides.
   TensorView(Scalar* data, const Shape<Rank>& shape)
       : TensorView(data, shape, row_major_strides(shape)) {}
 
   /// A view with explicit strides (in elements).
-  /// @throws ShapeError if an extent or a stride is negative, or the element count overflows.
+  /// @throws ShapeError if an extent or a stride is negative, the element count overflows, or
+  ///         `data` is null while the shape holds elements (so no view that attn's functions
+  ///         receive has null data unless it is empty).
   TensorView(Scalar* data, const Shape<Rank>& shape, const Shape<Rank>& strides)
       : data_(data), shape_(shape), strides_(strides) {
     for (std::size_t r = 0; r < Rank; ++r) {
@@ -54,7 +56,11 @@ class TensorView {
                detail::to_string(strides) + " has a negative extent or stride";
       });
     }
-    detail::checked_shape_size(shape, "TensorView");  // size() never overflows
+    const Index count = detail::checked_shape_size(shape, "TensorView");  // size() never overflows
+    detail::require(data != nullptr || count == 0, "TensorView", [&] {
+      return "null data with shape " + detail::to_string(shape) + " (" + std::to_string(count) +
+             " elements); only an empty view may have null data";
+    });
   }
 
   /// Mutable -> read-only is implicit; the reverse does not compile.
