@@ -20,6 +20,7 @@
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/nn/rope.hpp"
 #include "attn/nn/softmax.hpp"
 
 #include "attn/attention/causal_attention.hpp"
