@@ -25,6 +25,7 @@
 
 #include "attn/attention/causal_attention.hpp"
 #include "attn/attention/cross_attention.hpp"
+#include "attn/attention/kv_cache.hpp"
 #include "attn/attention/module.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/multi_head_attention.hpp"

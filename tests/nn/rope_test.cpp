@@ -2,6 +2,8 @@
 // tests/nn/rope_test.cpp: RotaryEmbedding against PyTorch 1.13 fixtures written like Hugging
 // Face's, GPT-J's and Meta's code (both pair conventions, partial rotary, float and double,
 // positions near 0 and past 5000), every call form, RoPE's identities, and bad arguments.
+#include "attn/nn/rope.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "attn/nn/rope.hpp"
 #include "fixtures/pytorch/rope_cases.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
@@ -29,8 +30,8 @@ using attn::RotaryOptions;
 using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
-using attn::test::pytorch::RopeCase;
 using attn::test::pytorch::rope_cases;
+using attn::test::pytorch::RopeCase;
 
 template <class Scalar>
 RotaryEmbedding<Scalar> embedding_of(const RopeCase<Scalar>& c) {
@@ -64,15 +65,15 @@ template <class Scalar>
 double tolerance(double a, double b, Index position, bool rotated) {
   if (!rotated) return 0.0;
   const double eps = std::numeric_limits<Scalar>::epsilon();
-  const double angle_term = std::is_same_v<Scalar, double> ? 4.0 * static_cast<double>(position) : 0.0;
+  const double angle_term =
+      std::is_same_v<Scalar, double> ? 4.0 * static_cast<double>(position) : 0.0;
   return eps * (4.0 + angle_term) * (std::abs(a) + std::abs(b));
 }
 
 template <class Scalar>
 void expect_matches_fixture(const RopeCase<Scalar>& c, const Tensor<Scalar, 4>& got,
                             const std::string& form) {
-  const Index batch = c.x.shape[0], heads = c.x.shape[1], tokens = c.x.shape[2],
-              hd = c.x.shape[3];
+  const Index batch = c.x.shape[0], heads = c.x.shape[1], tokens = c.x.shape[2], hd = c.x.shape[3];
   Index failures = 0;
   double worst_ratio = 0;
   for (Index b = 0; b < batch; ++b) {
@@ -84,15 +85,15 @@ void expect_matches_fixture(const RopeCase<Scalar>& c, const Tensor<Scalar, 4>& 
           const double expected = c.expected.values[base + f];
           const double actual = got(b, h, t, f);
           const Index g = partner(f, c.rotary_dim, c.interleaved);
-          const double tol = tolerance<Scalar>(c.x.values[base + f], c.x.values[base + g],
-                                               position, f < c.rotary_dim);
+          const double tol = tolerance<Scalar>(c.x.values[base + f], c.x.values[base + g], position,
+                                               f < c.rotary_dim);
           const double err = std::abs(actual - expected);
           if (!(err <= tol)) {
             if (++failures <= 5) {
               ADD_FAILURE() << c.name << " (" << form << "): (" << b << ", " << h << ", " << t
                             << ", " << f << ") at position " << position << ": attn " << actual
-                            << ", PyTorch " << expected << ", |error| " << err
-                            << " > tolerance " << tol;
+                            << ", PyTorch " << expected << ", |error| " << err << " > tolerance "
+                            << tol;
             }
           } else if (tol > 0) {
             worst_ratio = std::max(worst_ratio, err / tol);
@@ -103,7 +104,7 @@ void expect_matches_fixture(const RopeCase<Scalar>& c, const Tensor<Scalar, 4>& 
   }
   EXPECT_EQ(failures, 0) << c.name << " (" << form << ")";
   ::testing::Test::RecordProperty(std::string(c.name) + "_" + form + "_worst_error_over_tolerance",
-                 std::to_string(worst_ratio));
+                                  std::to_string(worst_ratio));
 }
 
 template <class Scalar>
@@ -233,14 +234,15 @@ TEST(Rope, ReservePositionsExtendsTheSameTables) {
 TEST(Rope, BadConfigurationsNameTheValues) {
   using attn::ConfigError;
   const auto make = [](Index hd, Index rd, double theta, Index max_positions) {
-    return [=] { RotaryEmbedding<float>(RotaryOptions{hd, rd, theta, RopeStyle::kHalfSplit,
-                                                      max_positions}); };
+    return [=] {
+      RotaryEmbedding<float>(RotaryOptions{hd, rd, theta, RopeStyle::kHalfSplit, max_positions});
+    };
   };
   EXPECT_THAT(make(8, 5, 1e4, 16),
               ThrowsMessage<ConfigError>(AllOf(HasSubstr("attn::RotaryEmbedding"),
                                                HasSubstr("rotary_dim=5"), HasSubstr("even"))));
-  EXPECT_THAT(make(8, 10, 1e4, 16),
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("head_dim=8"), HasSubstr("rotary_dim=10"))));
+  EXPECT_THAT(make(8, 10, 1e4, 16), ThrowsMessage<ConfigError>(AllOf(HasSubstr("head_dim=8"),
+                                                                     HasSubstr("rotary_dim=10"))));
   EXPECT_THAT(make(8, -2, 1e4, 16), ThrowsMessage<ConfigError>(HasSubstr("rotary_dim=-2")));
   EXPECT_THAT(make(7, 0, 1e4, 16),
               ThrowsMessage<ConfigError>(AllOf(HasSubstr("head_dim=7"), HasSubstr("even"))));
@@ -254,9 +256,9 @@ TEST(Rope, PositionsOutsideTheTablesAreErrorsNamingThem) {
   using attn::ConfigError;
   const RotaryEmbedding<float> rope(8, 100);
   Tensor<float, 4> x({1, 1, 4, 8});
-  EXPECT_THAT([&] { rope.apply(x.view(), 97); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("positions [97, 101)"),
-                                               HasSubstr("[0, 100)"))));
+  EXPECT_THAT(
+      [&] { rope.apply(x.view(), 97); },
+      ThrowsMessage<ConfigError>(AllOf(HasSubstr("positions [97, 101)"), HasSubstr("[0, 100)"))));
   EXPECT_THAT([&] { rope.apply(x.view(), -1); },
               ThrowsMessage<ConfigError>(HasSubstr("positions [-1, 3)")));
   const Tensor<Index, 2> positions({1, 4}, {0, 5, 100, 2});
@@ -280,7 +282,8 @@ TEST(Rope, WrongShapesAreShapeErrors) {
               ThrowsMessage<ShapeError>(HasSubstr("first_positions has shape (3)")));
   Tensor<float, 4> wide({1, 1, 2, 16});
   const TensorView<float, 4> strided(wide.data(), {1, 1, 2, 8}, {32, 32, 16, 2});
-  EXPECT_THAT([&] { rope.apply(strided, 0); }, ThrowsMessage<ShapeError>(HasSubstr("unit last stride")));
+  EXPECT_THAT([&] { rope.apply(strided, 0); },
+              ThrowsMessage<ShapeError>(HasSubstr("unit last stride")));
 }
 
 }  // namespace

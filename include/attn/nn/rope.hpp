@@ -27,11 +27,11 @@ enum class RopeStyle {
 
 /// Configuration of a RotaryEmbedding.
 struct RotaryOptions {
-  Index head_dim = 0;           ///< features per head
-  Index rotary_dim = 0;         ///< features that rotate (the first R); 0 means head_dim
-  double theta = 10000.0;       ///< the base of the frequencies (Llama 3: 500000)
+  Index head_dim = 0;      ///< features per head
+  Index rotary_dim = 0;    ///< features that rotate (the first R); 0 means head_dim
+  double theta = 10000.0;  ///< the base of the frequencies (Llama 3: 500000)
   RopeStyle style = RopeStyle::kHalfSplit;
-  Index max_positions = 4096;   ///< the tables cover positions [0, max_positions)
+  Index max_positions = 4096;  ///< the tables cover positions [0, max_positions)
 };
 
 /// Rotary position embeddings: the pair (a, b) of features of a token at absolute position p
@@ -151,7 +151,8 @@ class RotaryEmbedding {
   /// @throws ShapeError on a shape mismatch; ConfigError for positions outside the tables.
   void apply(TensorView<Scalar, 4> x, Index first_position = 0) const {
     check_view(x, "RotaryEmbedding::apply");
-    for_each_head(x, [&](Scalar* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
+    for_each_head(
+        x, [&](Scalar* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
   }
   /// Token t of item b at position first_positions(b) + t (ragged caches), (B).
   void apply(TensorView<Scalar, 4> x, TensorView<const Index, 1> first_positions) const {
@@ -186,8 +187,8 @@ class RotaryEmbedding {
   static RotaryOptions checked(const RotaryOptions& o) {
     const char* where = "RotaryEmbedding";
     const auto values = [&] {
-      return "head_dim=" + std::to_string(o.head_dim) + ", rotary_dim=" +
-             std::to_string(o.rotary_dim) + ", theta=" + detail::number(o.theta) +
+      return "head_dim=" + std::to_string(o.head_dim) +
+             ", rotary_dim=" + std::to_string(o.rotary_dim) + ", theta=" + detail::number(o.theta) +
              ", max_positions=" + std::to_string(o.max_positions);
     };
     detail::require_config(o.head_dim > 0, where,
@@ -222,25 +223,23 @@ class RotaryEmbedding {
   }
 
   void check_position(Index position) const {
-    detail::require_config(position >= 0 && position < options_.max_positions,
-                           "RotaryEmbedding::apply", [&] {
-                             return "position " + std::to_string(position) +
-                                    " is outside the table [0, " +
-                                    std::to_string(options_.max_positions) +
-                                    ") (build with a larger max_positions or call "
-                                    "reserve_positions())";
-                           });
+    detail::require_config(
+        position >= 0 && position < options_.max_positions, "RotaryEmbedding::apply", [&] {
+          return "position " + std::to_string(position) + " is outside the table [0, " +
+                 std::to_string(options_.max_positions) +
+                 ") (build with a larger max_positions or call "
+                 "reserve_positions())";
+        });
   }
 
   void check_view(const TensorView<Scalar, 4>& x, const char* where) const {
-    detail::require(x.extent(3) == options_.head_dim && (x.stride(3) == 1 || x.empty()), where,
-                    [&] {
-                      return "x has shape " + detail::to_string(x.shape()) + " and strides " +
-                             detail::to_string(x.strides()) + ", expected (B, H, T, " +
-                             std::to_string(options_.head_dim) +
-                             ") with a unit last stride (head_dim=" +
-                             std::to_string(options_.head_dim) + ")";
-                    });
+    detail::require(
+        x.extent(3) == options_.head_dim && (x.stride(3) == 1 || x.empty()), where, [&] {
+          return "x has shape " + detail::to_string(x.shape()) + " and strides " +
+                 detail::to_string(x.strides()) + ", expected (B, H, T, " +
+                 std::to_string(options_.head_dim) +
+                 ") with a unit last stride (head_dim=" + std::to_string(options_.head_dim) + ")";
+        });
   }
 
   template <class Fn>
