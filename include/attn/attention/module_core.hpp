@@ -246,6 +246,12 @@ class AttentionCore {
     constexpr const char* kNames[3] = {"q_proj_weight", "k_proj_weight", "v_proj_weight"};
     return kNames[part];
   }
+  /// Hugging Face Llama's names of the three projections (".weight", ".bias" follow).
+  static const char* llama_name(int part) noexcept {
+    constexpr const char* kNames[3] = {"q_proj", "k_proj", "v_proj"};
+    return kNames[part];
+  }
+  static constexpr const char* kLlamaOutProj = "o_proj.";
   static constexpr const char* kInProjWeight = "in_proj_weight";
   static constexpr const char* kInProjBias = "in_proj_bias";
   static constexpr const char* kOutProj = "out_proj.";
@@ -274,8 +280,8 @@ class AttentionCore {
     std::vector<ParameterNames> all{config_.names, ParameterNames::kNotebook,
                                     ParameterNames::kNotebookRaw};
     if (config_.out_proj) {
-      all.insert(all.begin() + 1,
-                 {ParameterNames::kMultiheadAttention, ParameterNames::kSeparateProjections});
+      all.insert(all.begin() + 1, {ParameterNames::kMultiheadAttention,
+                                   ParameterNames::kSeparateProjections, ParameterNames::kLlama});
     }
     std::vector<ParameterNames> unique;
     for (const ParameterNames n : all) {
@@ -298,7 +304,15 @@ class AttentionCore {
     auto& proj = self.proj_;
     ParameterList<Element> list;
     const ParameterNames n = self.resolve(names);
-    if (n == ParameterNames::kNotebook || n == ParameterNames::kNotebookRaw) {
+    const char* out_proj = kOutProj;
+    if (n == ParameterNames::kLlama) {
+      for (int p = 0; p < 3; ++p) {
+        const std::string name = llama_name(p);
+        list.add(name + ".weight", proj.weight(p));
+        list.add(name + ".bias", proj.bias(p));
+      }
+      out_proj = kLlamaOutProj;
+    } else if (n == ParameterNames::kNotebook || n == ParameterNames::kNotebookRaw) {
       const bool raw = n == ParameterNames::kNotebookRaw;
       for (int p = 0; p < 3; ++p) {
         const std::string name = notebook_name(p);
@@ -322,7 +336,7 @@ class AttentionCore {
         list.absent(name, ": add_bias_kv=True is not supported by attn::MultiHeadAttention");
       }
     }
-    if (self.config_.out_proj) list.append(kOutProj, self.out_proj_.named_parameters());
+    if (self.config_.out_proj) list.append(out_proj, self.out_proj_.named_parameters());
     return list;
   }
 
