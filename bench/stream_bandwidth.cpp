@@ -25,9 +25,7 @@
 #include <string>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+#include "attn/parallel.hpp"  // set_num_threads, num_threads, OpenMP's header when enabled
 
 namespace {
 
@@ -37,29 +35,13 @@ typedef float Line __attribute__((vector_size(64)));
 constexpr std::size_t kLine = 16;
 constexpr int kAccumulators = 8;
 
-int thread_count() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-void set_threads(int n) {
-#if defined(_OPENMP)
-  omp_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
-
 // [begin, end) of this thread's share of n lines (what a static schedule gives it).
 void share(std::size_t n, std::size_t& begin, std::size_t& end) {
-#if defined(_OPENMP)
-  const auto t = static_cast<std::size_t>(omp_get_thread_num());
+  const auto t = static_cast<std::size_t>(attn::detail::thread_id());
+#if ATTN_HAS_OPENMP
   const auto nt = static_cast<std::size_t>(omp_get_num_threads());
 #else
-  const std::size_t t = 0, nt = 1;
+  const std::size_t nt = 1;
 #endif
   begin = n * t / nt;
   end = n * (t + 1) / nt;
@@ -148,10 +130,10 @@ int main(int argc, char** argv) {
   }
   const std::size_t floats = mib * 1024 * 1024 / sizeof(float), lines = floats / kLine;
   float* arrays[3] = {allocate(floats), allocate(floats), allocate(floats)};
-  const int available = thread_count();
+  const int available = attn::num_threads();
   double sink = 0;
   for (const int t : threads) {
-    set_threads(t);
+    attn::set_num_threads(t);
     touch(arrays, 3, lines);  // with this thread count's partition
     for (const char* kernel : {"read", "triad"}) {
       const bool read = std::strcmp(kernel, "read") == 0;

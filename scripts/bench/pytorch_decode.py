@@ -40,10 +40,10 @@ import argparse
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import time
+
+from timing import medians as median_times, time_variants
 
 OPS = {"decode": 1, "prefill": 128}
 VARIANTS = ["index_copy_grouped", "cat_grouped", "index_copy_repeat", "cat_repeat"]
@@ -131,30 +131,10 @@ def measure(a):
     unknown = [n for n in names if n not in available]
     if unknown:
         sys.exit(f"variants {unknown} are not known; available: {VARIANTS}")
-    times = {n: [] for n in names}
-    with torch.inference_mode():
-        reference = None
-        for n in names:  # warm up every variant, and check they agree
-            for _ in range(max(1, a.warmup)):
-                y = available[n]()
-            if reference is None:
-                reference = y
-            elif not torch.allclose(y, reference, atol=1e-4, rtol=1e-3):
-                err = (y - reference).abs().max().item()
-                print(f"warning: variant {n} differs from {names[0]} by {err:g}", file=sys.stderr)
-        spent = 0.0
-        for _ in range(max(1, a.reps)):  # interleaved, so machine noise hits them alike
-            for n in names:
-                t0 = time.perf_counter()
-                available[n]()
-                dt = time.perf_counter() - t0
-                times[n].append(dt * 1e3)
-                spent += dt
-            if spent >= a.max_seconds * len(names) and len(times[names[0]]) >= 3:
-                break
+    times = time_variants(torch, available, names, a.warmup, a.reps, a.max_seconds)
     rss = max_rss_mib()
     nbytes = step_bytes(b, length, t_new, d, h, h_kv, hd)
-    medians = {n: statistics.median(ts) for n, ts in times.items()}
+    medians = median_times(times)
     for n in names:
         print(f"variant={n} median_ms={medians[n]:.4f} min_ms={min(times[n]):.4f} "
               f"gbps={nbytes / (medians[n] * 1e-3) * 1e-9:.2f}")

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -19,6 +18,7 @@
 #include "attn/attn.hpp"
 #include "attn/io/io.hpp"
 #include "attn_run/cli.hpp"
+#include "io/fixture_support.hpp"
 
 namespace {
 
@@ -30,20 +30,6 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 const std::string kDir = std::string(ATTN_IO_FIXTURES_DIR) + "/llama";
-
-std::vector<std::string> llama_cases() {
-  std::vector<std::string> cases;
-  const std::string suffix = ".expected.safetensors";
-  for (const auto& entry : std::filesystem::directory_iterator(kDir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      cases.push_back(name.substr(0, name.size() - suffix.size()));
-    }
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
 
 // attn_run's arguments from a fixture's recorded flags (file names are placeholders).
 attn_run::Arguments arguments_of(const std::string& flags) {
@@ -78,7 +64,7 @@ struct Fixture {
 };
 
 TEST(AttnRunLlama, EveryFixtureMatchesTheReference) {
-  const std::vector<std::string> cases = llama_cases();
+  const std::vector<std::string> cases = attn::test::fixture_cases(kDir);
   ASSERT_GE(cases.size(), 5u) << "fixtures missing in " << kDir;
   for (const std::string& name : cases) {
     SCOPED_TRACE(name);
