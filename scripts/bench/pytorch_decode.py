@@ -8,7 +8,7 @@
 # Usage: /usr/bin/python3 scripts/bench/pytorch_decode.py OP B L threads reps
 #            [--max-seconds S] [--warmup N] [--variants auto|name,...] [shape options]
 #        /usr/bin/python3 scripts/bench/pytorch_decode.py --sweep [--ops decode,prefill]
-#            [--batches 1,4] [--lengths 512,1024,2048,4096,8192] [--threads 1,2] [reps]
+#            [--batches 1,4] [--lengths 512,1024,2048,4096,8192] [--threads 1,2] [--reps N]
 # OP is `decode` (T_new = 1) or `prefill` (T_new = 128, --chunk to change). The caller sets
 # OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / OPENBLAS_CORETYPE and the glibc MALLOC_*
 # variables before Python starts (they are read at library load time); this script also
@@ -179,6 +179,7 @@ def main():
     p.add_argument("L", nargs="?", type=int)
     p.add_argument("threads", nargs="?", type=int)
     p.add_argument("reps", nargs="?", type=int, default=20)
+    p.add_argument("--reps", dest="reps_option", type=int, help="reps (for --sweep)")
     p.add_argument("--max-seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--variants", default="auto")
@@ -192,6 +193,8 @@ def main():
     p.add_argument("--lengths", default="512,1024,2048,4096,8192")
     p.add_argument("--threads-list", "--threads", dest="threads_list", default="1,2")
     a = p.parse_args()
+    if a.reps_option is not None:
+        a.reps = a.reps_option
     if a.sweep:
         if a.op is not None:
             p.error("--sweep takes no positional OP B L threads")
