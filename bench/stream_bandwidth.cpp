@@ -48,7 +48,7 @@ void share(std::size_t n, std::size_t& begin, std::size_t& end) {
 }
 
 float* allocate(std::size_t floats) {
-  return static_cast<float*>(::operator new(floats * sizeof(float), std::align_val_t{64}));
+  return static_cast<float*>(::operator new (floats * sizeof(float), std::align_val_t{64}));
 }
 
 // Writes every array with the partition the kernels use (first touch by the streaming thread).
@@ -58,7 +58,8 @@ void touch(float* const* arrays, int count, std::size_t lines) {
     std::size_t begin = 0, end = 0;
     share(lines, begin, end);
     for (int a = 0; a < count; ++a) {
-      for (std::size_t i = begin * kLine; i < end * kLine; ++i) arrays[a][i] = 1.0f + 1e-7f * static_cast<float>(a);
+      for (std::size_t i = begin * kLine; i < end * kLine; ++i)
+        arrays[a][i] = 1.0f + 1e-7f * static_cast<float>(a);
     }
   }
 }
@@ -101,7 +102,8 @@ std::vector<int> parse_list(const char* text) {
   std::size_t at = 0;
   while (at <= s.size()) {
     const std::size_t comma = s.find(',', at);
-    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const std::string item =
+        s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     if (!item.empty()) out.push_back(std::max(1, std::atoi(item.c_str())));
     if (comma == std::string::npos) break;
     at = comma + 1;
@@ -146,19 +148,21 @@ int main(int argc, char** argv) {
         } else {
           triad_kernel(arrays[0], arrays[1], arrays[2], lines, 0.5f);
         }
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r >= 0) gbps.push_back(bytes / s * 1e-9);
       }
       std::sort(gbps.begin(), gbps.end());
       const double median = gbps.size() % 2 == 1
                                 ? gbps[gbps.size() / 2]
                                 : 0.5 * (gbps[gbps.size() / 2 - 1] + gbps[gbps.size() / 2]);
-      std::printf("stream kernel=%s threads=%d array_mib=%zu runs=%d median_gbps=%.2f max_gbps=%.2f%s\n",
-                  kernel, t, mib, runs, median, gbps.back(),
-                  t > available ? " (more threads than OpenMP's default)" : "");
+      std::printf(
+          "stream kernel=%s threads=%d array_mib=%zu runs=%d median_gbps=%.2f max_gbps=%.2f%s\n",
+          kernel, t, mib, runs, median, gbps.back(),
+          t > available ? " (more threads than OpenMP's default)" : "");
       std::fflush(stdout);
     }
   }
-  for (float* a : arrays) ::operator delete(a, std::align_val_t{64});
+  for (float* a : arrays) ::operator delete (a, std::align_val_t{64});
   return sink == 42.0 ? 1 : 0;  // keeps the reads from being optimised away
 }

@@ -118,10 +118,10 @@ TEST(AttnRunLlama, ErrorsNameTheFileAndTheValues) {
   o.num_heads = 4;
   EXPECT_NO_THROW(attn_run::run_llama<float>(llama_weights(4), hidden_states(), o));
   o.num_kv_heads = 2;
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
-              ThrowsMessage<std::invalid_argument>(
-                  AllOf(HasSubstr("--num-kv-heads 2 does not fit 'w.safetensors'"),
-                        HasSubstr("gives 4"))));
+  EXPECT_THAT(
+      [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
+      ThrowsMessage<std::invalid_argument>(
+          AllOf(HasSubstr("--num-kv-heads 2 does not fit 'w.safetensors'"), HasSubstr("gives 4"))));
   o.num_kv_heads = 0;
   o.head_dim = 8;
   EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
@@ -131,8 +131,9 @@ TEST(AttnRunLlama, ErrorsNameTheFileAndTheValues) {
   EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
               ThrowsMessage<attn::io::FormatError>(HasSubstr("has no 'model.q_proj.weight'")));
   o.prefix = "";
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4, "lm_head.bias"), hidden_states(), o); },
-              ThrowsMessage<attn::io::StateDictError>(HasSubstr("unexpected tensor 'lm_head.bias'")));
+  EXPECT_THAT(
+      [&] { attn_run::run_llama<float>(llama_weights(4, "lm_head.bias"), hidden_states(), o); },
+      ThrowsMessage<attn::io::StateDictError>(HasSubstr("unexpected tensor 'lm_head.bias'")));
   o.rotary_dim = 3;
   EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
               ThrowsMessage<attn::ConfigError>(HasSubstr("rotary_dim=3")));
@@ -159,11 +160,34 @@ TEST(AttnRunLlama, IncrementalConfigurationsSayTheyAreNotImplementedYet) {
 }
 
 TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
-  const ParsedArguments p = attn_run::parse_arguments(
-      {"--format", "llama", "--weights", "w", "--input", "x", "--output", "y", "--num-heads", "8",
-       "--num-kv-heads", "2", "--head-dim", "64", "--rope-theta", "5e5", "--rotary-dim", "32",
-       "--rope-interleaved", "--sliding-window", "4096", "--prefill", "100", "--chunk", "16",
-       "--prefix", "model.layers.0.self_attn.", "--double"});
+  const ParsedArguments p = attn_run::parse_arguments({"--format",
+                                                       "llama",
+                                                       "--weights",
+                                                       "w",
+                                                       "--input",
+                                                       "x",
+                                                       "--output",
+                                                       "y",
+                                                       "--num-heads",
+                                                       "8",
+                                                       "--num-kv-heads",
+                                                       "2",
+                                                       "--head-dim",
+                                                       "64",
+                                                       "--rope-theta",
+                                                       "5e5",
+                                                       "--rotary-dim",
+                                                       "32",
+                                                       "--rope-interleaved",
+                                                       "--sliding-window",
+                                                       "4096",
+                                                       "--prefill",
+                                                       "100",
+                                                       "--chunk",
+                                                       "16",
+                                                       "--prefix",
+                                                       "model.layers.0.self_attn.",
+                                                       "--double"});
   ASSERT_EQ(p.action, ParsedArguments::Action::kRun) << p.error;
   const attn_run::LlamaOptions& l = p.arguments.llama_options;
   EXPECT_TRUE(p.arguments.llama && p.arguments.use_double && l.rope_interleaved);
@@ -176,8 +200,8 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   EXPECT_EQ(l.prefill, 100);
   EXPECT_EQ(l.chunk, 16);
   EXPECT_EQ(l.prefix, "model.layers.0.self_attn.");
-  const std::vector<std::string> base{"--weights", "w", "--input", "x", "--output", "y",
-                                      "--num-heads", "2"};
+  const std::vector<std::string> base{"--weights", "w", "--input",     "x",
+                                      "--output",  "y", "--num-heads", "2"};
   const std::vector<std::pair<std::vector<std::string>, std::string>> errors = {
       {{"--format", "gpt"}, "--format expects mha or llama, got 'gpt'"},
       {{"--rope-theta", "abc"}, "--rope-theta expects a positive number, got 'abc'"},

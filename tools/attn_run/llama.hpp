@@ -115,10 +115,9 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
            std::to_string(options.chunk) + " do not fit T=" + std::to_string(tokens);
   });
   io_require<std::invalid_argument>(
-      mha.num_kv_heads() == heads && options.sliding_window == 0 && prefill == tokens, where,
-      [&] {
-        return "num_kv_heads=" + std::to_string(mha.num_kv_heads()) + " (num_heads=" +
-               std::to_string(heads) + "), --sliding-window " +
+      mha.num_kv_heads() == heads && options.sliding_window == 0 && prefill == tokens, where, [&] {
+        return "num_kv_heads=" + std::to_string(mha.num_kv_heads()) +
+               " (num_heads=" + std::to_string(heads) + "), --sliding-window " +
                std::to_string(options.sliding_window) + ", --prefill " + std::to_string(prefill) +
                " of T=" + std::to_string(tokens) +
                ": grouped-query attention, sliding windows and prefill/chunk splits need the "
