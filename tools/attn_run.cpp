@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: MIT
 // tools/attn_run.cpp: command-line runner for PyTorch-trained nn.MultiheadAttention weights
-// (the logic is in tools/attn_run/; see docs/io.md).
+// and Hugging Face Llama-family attention layers (the logic is in tools/attn_run/; see
+// docs/io.md).
 //
 //   attn_run --weights W.safetensors --input X.safetensors --output Y.safetensors
 //            --num-heads H [--prefix P] [--causal] [--need-weights] [--per-head-weights]
 //            [--double]
+//   attn_run --format llama --weights W.safetensors --input X.safetensors --output Y.safetensors
+//            --num-heads H [--num-kv-heads HKV] [--head-dim HD] [--rope-theta THETA]
+//            [--rotary-dim R] [--rope-interleaved] [--sliding-window W] [--prefill N]
+//            [--chunk C] [--prefix P] [--double]
 #include <csignal>
 #include <iostream>
 #include <string>

@@ -22,6 +22,7 @@
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/nn/rope.hpp"
 #include "attn/nn/softmax.hpp"
 #include "attn/nn/softmax_backward.hpp"
 
@@ -31,6 +32,7 @@
 
 #include "attn/attention/causal_attention.hpp"
 #include "attn/attention/cross_attention.hpp"
+#include "attn/attention/kv_cache.hpp"
 #include "attn/attention/module.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/multi_head_attention.hpp"

@@ -34,9 +34,8 @@
 import argparse
 import inspect
 import resource
-import statistics
-import sys
-import time
+
+from timing import medians as median_times, time_variants
 
 
 def max_rss_mib():
@@ -135,32 +134,11 @@ def main():
         p.error(f"variants {unknown} do not apply here; available: {sorted(available)}")
 
     flops = mha_flops(a.B, a.Tq, a.Tk, a.D, a.H, causal, cross)
-    times = {n: [] for n in names}
-    with torch.inference_mode():
-        reference = None
-        for n in names:  # warm up every variant, and check they agree
-            for _ in range(max(1, a.warmup)):
-                y = available[n]()
-            y = y.transpose(0, 1) if n == "functional" else y
-            if reference is None:
-                reference = y
-            elif not torch.allclose(y, reference, atol=1e-4, rtol=1e-3):
-                err = (y - reference).abs().max().item()
-                print(f"warning: variant {n} differs from {names[0]} by {err:g}", file=sys.stderr)
-        # Interleave the variants so machine noise hits them alike.
-        total = 0.0
-        for _ in range(max(1, a.reps)):
-            for n in names:
-                t0 = time.perf_counter()
-                available[n]()
-                dt = time.perf_counter() - t0
-                times[n].append(dt * 1e3)
-                total += dt
-            if total >= a.max_seconds * len(names) and len(times[names[0]]) >= 3:
-                break
+    times = time_variants(torch, available, names, a.warmup, a.reps, a.max_seconds,
+                          lambda n, y: y.transpose(0, 1) if n == "functional" else y)
 
     rss = max_rss_mib()
-    medians = {n: statistics.median(ts) for n, ts in times.items()}
+    medians = median_times(times)
     for n in names:
         print(f"variant={n} median_ms={medians[n]:.4f} min_ms={min(times[n]):.4f} "
               f"gflops={flops / (medians[n] * 1e-3) * 1e-9:.2f}")

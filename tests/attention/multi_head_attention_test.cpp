@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // tests/attention/multi_head_attention_test.cpp: MultiHeadAttention
 // (attn/attention/multi_head_attention.hpp): every projection layout against the long double
-// reference, unbatched and strided inputs, weights, frozen weights.
+// reference, unbatched and strided inputs, weights, frozen weights, an explicit head_dim, and
+// grouped-query configurations (built, projected and refused by forward until the kernel).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,6 +34,9 @@ using attn::test::inv_sqrt;
 using attn::test::module_tolerance;
 using attn::test::wide;
 using attn::test::WideWeights;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 using ref::Real;
 
@@ -395,6 +399,74 @@ TYPED_TEST(MultiHeadAttentionModule, MultiHeadWeightAccessorsUnfreeze) {
   EXPECT_TRUE(cross.is_frozen());
   static_cast<void>(cross.module().k_proj_weight());
   EXPECT_FALSE(cross.is_frozen());
+}
+
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadExplicitHeadDimMatchesReference) {
+  // head_dim * num_heads != d_out (Gemma-like): W_q (H hd, d_in), out_proj (d_out, H hd).
+  using Scalar = TypeParam;
+  const Index b = 2, t = 9, d = 6, heads = 2, hd = 5;
+  auto options = MultiHeadAttentionOptions::pytorch(d, heads, true);
+  options.head_dim = hd;
+  options.causal = true;
+  attn::TorchGenerator gen(31);
+  const MultiHeadAttention<Scalar> mha(options, gen);
+  EXPECT_EQ(mha.head_dim(), hd);
+  EXPECT_EQ(mha.d_out(), d);
+  EXPECT_EQ(mha.q_proj_weight().shape(), (Shape<2>{heads * hd, d}));
+  EXPECT_EQ(mha.out_proj().weight().shape(), (Shape<2>{d, heads * hd}));
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{b, t, d}, 32);
+  ref::DenseMask causal(b, heads, t, t);
+  causal.causal(CausalAlignment::kSquare);
+  const auto expected = ref::module_forward(x.view(), x.view(), x.view(), wide(mha).views(), heads,
+                                            causal, inv_sqrt(hd));
+  EXPECT_TRUE(ref::all_near(mha.forward(x.view()).view(), expected.view(),
+                            module_tolerance<Scalar>(d, hd, t, heads * hd)));
+}
+
+TYPED_TEST(MultiHeadAttentionModule, MultiHeadGroupedQueryIsConfiguredButNotRunYet) {
+  using Scalar = TypeParam;
+  for (const Index kv_heads : {Index(2), Index(1)}) {  // grouped-query, multi-query
+    auto options = MultiHeadAttentionOptions::pytorch(16, 4, true);
+    options.num_kv_heads = kv_heads;
+    MultiHeadAttention<Scalar> mha(options);
+    EXPECT_EQ(mha.num_heads(), 4);
+    EXPECT_EQ(mha.num_kv_heads(), kv_heads);
+    EXPECT_EQ(mha.head_dim(), 4);
+    EXPECT_EQ(mha.q_proj_weight().shape(), (Shape<2>{16, 16}));
+    EXPECT_EQ(mha.k_proj_weight().shape(), (Shape<2>{4 * kv_heads, 16}));
+    EXPECT_EQ(mha.v_proj_weight().shape(), (Shape<2>{4 * kv_heads, 16}));
+    EXPECT_EQ(mha.in_proj_weight().shape(), (Shape<2>{16 + 8 * kv_heads, 16}));
+    const auto x = attn::test::random_tensor<Scalar>(Shape<3>{1, 3, 16}, 1);
+    EXPECT_THAT([&] { mha.forward(x.view()); },
+                ThrowsMessage<attn::ConfigError>(
+                    AllOf(HasSubstr("attn::MultiHeadAttention::forward"),
+                          HasSubstr("num_kv_heads=" + std::to_string(kv_heads) + " != num_heads=4"),
+                          HasSubstr("not yet supported"))));
+  }
+}
+
+TEST(MultiHeadAttentionConfig, GroupedQueryAndHeadDimErrorsNameTheValues) {
+  auto options = MultiHeadAttentionOptions::pytorch(12, 4);
+  options.num_kv_heads = 3;
+  EXPECT_THAT([&] { MultiHeadAttention<float> m(options); },
+              ThrowsMessage<attn::ConfigError>(
+                  AllOf(HasSubstr("num_heads=4 is not divisible by num_kv_heads=3"),
+                        HasSubstr("the number of heads in key and value must divide the number of "
+                                  "heads in query"))));
+  options.num_kv_heads = -1;
+  EXPECT_THAT([&] { MultiHeadAttention<float> m(options); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("num_kv_heads=-1")));
+  options = MultiHeadAttentionOptions::pytorch(10, 4);
+  EXPECT_THAT(
+      [&] { MultiHeadAttention<float> m(options); },
+      ThrowsMessage<attn::ConfigError>(AllOf(HasSubstr("d_out=10 is not divisible by num_heads=4"),
+                                             HasSubstr("or set head_dim"))));
+  options.head_dim = 3;  // now fine: W_q (12, 10), out_proj (10, 12)
+  const MultiHeadAttention<float> m(options);
+  EXPECT_EQ(m.q_proj_weight().shape(), (Shape<2>{12, 10}));
+  options.head_dim = -2;
+  EXPECT_THAT([&] { MultiHeadAttention<float> bad(options); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("head_dim=-2")));
 }
 
 }  // namespace

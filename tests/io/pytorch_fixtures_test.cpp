@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "attn/attn.hpp"
 #include "attn/io/io.hpp"
 #include "attn_run/run.hpp"
+#include "io/fixture_support.hpp"
 
 namespace {
 
@@ -27,18 +27,7 @@ using ::testing::ThrowsMessage;
 
 const std::string kDir = ATTN_IO_FIXTURES_DIR;
 
-std::vector<std::string> fixture_cases() {
-  std::vector<std::string> cases;
-  for (const auto& entry : std::filesystem::directory_iterator(kDir)) {
-    const std::string name = entry.path().filename().string();
-    const std::string suffix = ".expected.safetensors";
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      cases.push_back(name.substr(0, name.size() - suffix.size()));
-    }
-  }
-  std::sort(cases.begin(), cases.end());
-  return cases;
-}
+std::vector<std::string> fixture_cases() { return attn::test::fixture_cases(kDir); }
 
 struct Comparison {
   double max_rel = 0, max_weights = 0;

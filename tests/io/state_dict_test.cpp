@@ -169,7 +169,91 @@ TEST(StateDict, OptionsFromStateDictReadShapes) {
   EXPECT_TRUE(o.qkv_bias);
   EXPECT_TRUE(o.out_bias);
   EXPECT_THAT([&] { attn::io::options_from_state_dict(reopen(w), 4, "x."); },
-              ThrowsMessage<StateDictError>(HasSubstr("has none of 'x.in_proj_weight'")));
+              ThrowsMessage<StateDictError>(AllOf(HasSubstr("has none of 'x.in_proj_weight'"),
+                                                  HasSubstr("'x.q_proj.weight'"))));
+}
+
+// A Hugging Face Llama-family attention layer: num_kv_heads key/value heads, biases as given.
+template <class Scalar>
+attn::MultiHeadAttention<Scalar> make_llama(attn::Index d, attn::Index heads, attn::Index kv_heads,
+                                            bool qkv_bias, bool out_bias, std::uint64_t seed) {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = d;
+  o.num_heads = heads;
+  o.num_kv_heads = kv_heads;
+  o.qkv_bias = qkv_bias;
+  o.out_bias = out_bias;
+  attn::TorchGenerator gen(seed);
+  attn::MultiHeadAttention<Scalar> m(o, gen);
+  m.eval();
+  return m;
+}
+
+template <class Scalar>
+std::vector<std::vector<Scalar>> parameter_values(const attn::MultiHeadAttention<Scalar>& m,
+                                                  attn::ParameterNames names) {
+  std::vector<std::vector<Scalar>> values;
+  for (const auto& p : m.named_parameters(names))
+    values.push_back(attn::test::to_vector(p.matrix()));
+  return values;
+}
+
+TEST(StateDict, LlamaNamesRoundTripUnderAPrefix) {
+  // Qwen2-like: grouped-query (4 query heads, 2 key/value heads), q/k/v biases, no o_proj bias.
+  const std::string prefix = "model.layers.0.self_attn.";
+  const auto source = make_llama<float>(16, 4, 2, true, false, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, prefix, StateDictNames::kLlama);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(), ElementsAre(prefix + "k_proj.bias", prefix + "k_proj.weight",
+                                        prefix + "o_proj.weight", prefix + "q_proj.bias",
+                                        prefix + "q_proj.weight", prefix + "v_proj.bias",
+                                        prefix + "v_proj.weight"));
+  EXPECT_THAT(file.shape(prefix + "k_proj.weight"), ElementsAre(8, 16));
+  EXPECT_THAT(file.shape(prefix + "v_proj.bias"), ElementsAre(8));
+  EXPECT_THAT(file.shape(prefix + "o_proj.weight"), ElementsAre(16, 16));
+  const auto o = attn::io::options_from_state_dict(file, 4, prefix);
+  EXPECT_EQ(o.d_in, 16);
+  EXPECT_EQ(o.d_out, 16);
+  EXPECT_EQ(o.num_kv_heads, 2);
+  EXPECT_EQ(o.head_dim, 4);
+  EXPECT_TRUE(o.qkv_bias);
+  EXPECT_FALSE(o.out_bias);
+  attn::MultiHeadAttention<float> target(o);
+  attn::io::load_state_dict(target, file, prefix);  // strict; the naming is found by itself
+  EXPECT_EQ(parameter_values(target, StateDictNames::kLlama),
+            parameter_values(source, StateDictNames::kLlama));
+}
+
+TEST(StateDict, LlamaNamesLoadAMultiHeadLayerThatRuns) {
+  // Llama-2-7B-like (H_kv = H, no biases): the loaded module computes what the source does.
+  const auto source = make_llama<double>(12, 3, 3, false, false, 2);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, "", StateDictNames::kLlama);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(),
+              ElementsAre("k_proj.weight", "o_proj.weight", "q_proj.weight", "v_proj.weight"));
+  auto target = make_llama<double>(12, 3, 3, false, false, 3);
+  attn::io::load_state_dict(target, file);
+  expect_same_forward(source, target);
+  // An o_proj.bias the module lacks is named, with the reason.
+  const auto with_bias = make_llama<double>(12, 3, 3, false, true, 4);
+  SafetensorsWriter wb;
+  attn::io::save_state_dict(with_bias, wb, "", StateDictNames::kLlama);
+  EXPECT_THAT([&] { attn::io::load_state_dict(target, reopen(wb)); },
+              ThrowsMessage<StateDictError>(
+                  AllOf(HasSubstr("'o_proj.bias'"), HasSubstr("built without that bias"))));
+}
+
+TEST(StateDict, LlamaHeadsMustSplitEvenly) {
+  const auto m = make_llama<float>(12, 4, 2, false, false, 1);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w, "", StateDictNames::kLlama);
+  EXPECT_THAT([&] { attn::io::options_from_state_dict(reopen(w), 5); },
+              ThrowsMessage<StateDictError>(
+                  AllOf(HasSubstr("q_proj.weight [12, 12]"), HasSubstr("num_heads=5"))));
+  EXPECT_EQ(attn::io::options_from_state_dict(reopen(w), 2).num_kv_heads,
+            1);  // hd 6: k is one head
 }
 
 TEST(StateDict, HalfPrecisionWeightsLoadIntoFloat) {

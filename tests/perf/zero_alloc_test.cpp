@@ -442,4 +442,29 @@ TYPED_TEST(ZeroAllocation, ScaledDotProductAttentionWithWorkspace) {
   }
 }
 
+TYPED_TEST(ZeroAllocation, KVCacheStepsAndReorder) {
+  // A generation step's cache work (append, in-place rows and advance, truncate, beam-search
+  // reorder with repeats and a cycle, RoPE on the new rows) allocates nothing; the ring wraps.
+  using Scalar = TypeParam;
+  attn::KVCache<Scalar> cache = attn::KVCache<Scalar>::sliding_window(4, 2, 16, 8, 2);
+  const attn::RotaryEmbedding<Scalar> rope(16, 4096);
+  const auto k = attn::test::random_tensor<Scalar>(Shape<4>{4, 2, 2, 16}, 1);
+  const std::vector<Index> beams{2, 2, 0, 1}, cycle{1, 2, 3, 0};
+  Index step = 0;
+  expect_steady_state_without_allocation([&] {
+    for (int i = 0; i < 4; ++i, ++step) {
+      cache.append(k.view(), k.view());
+      rope.apply(cache.k_slot(0, 1, cache.length(0) - 1), 1, 16, cache.length(0) - 1);
+      cache.truncate(3, cache.length(3) - 1);
+      cache.reorder(step % 2 == 0 ? beams : cycle);
+    }
+  });
+  attn::KVCache<Scalar> linear(2, 2, 16, 4096);
+  expect_steady_state_without_allocation([&] {
+    const TensorView<Scalar, 4> rows = linear.next_rows(1);
+    rows(1, 3, 0, 5) = Scalar(1);
+    linear.advance(1);
+  });
+}
+
 }  // namespace

@@ -3,6 +3,7 @@
 // tests and the fuzz target can call it) and the whole program as a function.
 #pragma once
 
+#include <cmath>
 #include <exception>
 #include <ostream>
 #include <string>
@@ -11,12 +12,17 @@
 #include "attn/io/safetensors.hpp"
 #include "attn/isa.hpp"
 #include "attn/version.hpp"
+#include "attn_run/llama.hpp"
 #include "attn_run/run.hpp"
 
 namespace attn_run {
 
 inline constexpr const char* kUsage = R"(usage: attn_run --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [options]
+       attn_run --format llama --weights W.safetensors --input X.safetensors
+                --output Y.safetensors --num-heads H [--num-kv-heads HKV] [--head-dim HD]
+                [--rope-theta THETA] [--rotary-dim R] [--rope-interleaved]
+                [--sliding-window W] [--prefill N] [--chunk C] [--prefix P] [--double]
 
 Runs torch.nn.MultiheadAttention(batch_first=True) in eval mode with the state_dict in
 W (in_proj_weight, in_proj_bias or q/k/v_proj_weight, out_proj.weight, out_proj.bias;
@@ -33,7 +39,15 @@ and writes to Y: output (B, T_q, E), and weights (B, T_q, T_k) with --need-weigh
 Fully masked rows give zeros (PyTorch gives NaN). Y is replaced atomically: if writing it
 fails, the old file is left as it was (so --output may name the --input file).
 
+With --format llama it runs a Hugging Face Llama / Mistral / Qwen2 attention layer (W holds
+q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight and optional q/k/v/o_proj.bias)
+on X's `query` (B, T, D) hidden states and writes `output` (B, T, D): LlamaAttention's
+forward with a causal mask, RoPE at positions 0..T-1. Grouped-query attention, sliding
+windows and prefill/chunk splits are accepted on the command line but not run yet (they
+need the incremental forward).
+
 options:
+  --format mha|llama    what W holds (default mha: nn.MultiheadAttention)
   --weights PATH        safetensors file with the module's state_dict
   --input PATH          safetensors file with the inputs
   --output PATH         safetensors file to write
@@ -46,6 +60,15 @@ options:
   --backward            also write grad_query (with key and value: grad_key, grad_value)
                         and grad.<name> per parameter (grad.in_proj_weight, ...); not
                         available yet: the backward passes are being written (issue 13)
+llama options:
+  --num-kv-heads HKV    key/value heads (default: what k_proj.weight holds)
+  --head-dim HD         features per head (default: D / num_heads)
+  --rope-theta THETA    RoPE base (default 10000)
+  --rotary-dim R        rotate the first R features of each head (default: head_dim)
+  --rope-interleaved    pairs (x[2i], x[2i+1]) (Meta, GPT-J); default rotate_half (HF)
+  --sliding-window W    query at position p sees keys in (p - W, p] (Mistral)
+  --prefill N           tokens of the first step (default: all); the rest in chunks
+  --chunk C             tokens per step after the prefill (default 1)
   --help                print this help
   --version             print attn's version and the kernel set it runs (ATTN_ISA forces one)
 exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
@@ -53,7 +76,9 @@ exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
 
 struct Arguments {
   std::string weights, input, output;
-  RunOptions run;
+  bool llama = false;  ///< --format llama
+  RunOptions run;      ///< num_heads and prefix are shared by both formats
+  LlamaOptions llama_options;
   bool use_double = false;
 };
 
@@ -77,6 +102,16 @@ inline bool parse_positive(const std::string& text, attn::Index& out) {
   return true;
 }
 
+inline bool parse_positive(const std::string& text, double& out) {
+  std::size_t used = 0;
+  try {
+    out = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == text.size() && std::isfinite(out) && out > 0;
+}
+
 /// Parses attn_run's arguments (without the program name).
 inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   ParsedArguments parsed;
@@ -86,12 +121,36 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     parsed.error = message;
     return parsed;
   };
+  LlamaOptions& llama = args.llama_options;
+  // Flags of one format only: which, for the error when they meet the other.
+  std::vector<std::string> mha_flags, llama_flags;
+  const auto positive = [&](const std::string& flag, const std::string& value, auto& out) {
+    llama_flags.push_back(flag);
+    return parse_positive(value, out);
+  };
   for (std::size_t i = 0; i < argv.size(); ++i) {
     const std::string& flag = argv[i];
     const bool takes_value = flag == "--weights" || flag == "--input" || flag == "--output" ||
-                             flag == "--num-heads" || flag == "--prefix";
+                             flag == "--num-heads" || flag == "--prefix" || flag == "--format" ||
+                             flag == "--num-kv-heads" || flag == "--head-dim" ||
+                             flag == "--rope-theta" || flag == "--rotary-dim" ||
+                             flag == "--sliding-window" || flag == "--prefill" ||
+                             flag == "--chunk";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
+    if (flag == "--num-kv-heads" || flag == "--head-dim" || flag == "--rotary-dim" ||
+        flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk") {
+      attn::Index* const target = flag == "--num-kv-heads"     ? &llama.num_kv_heads
+                                  : flag == "--head-dim"       ? &llama.head_dim
+                                  : flag == "--rotary-dim"     ? &llama.rotary_dim
+                                  : flag == "--sliding-window" ? &llama.sliding_window
+                                  : flag == "--prefill"        ? &llama.prefill
+                                                               : &llama.chunk;
+      if (!positive(flag, value, *target)) {
+        return error(flag + " expects a positive integer, got '" + value + "'");
+      }
+      continue;
+    }
     if (flag == "--help" || flag == "-h") {
       parsed.action = ParsedArguments::Action::kHelp;
       return parsed;
@@ -110,11 +169,26 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       }
     } else if (flag == "--prefix") {
       args.run.prefix = value;
+    } else if (flag == "--format") {
+      if (value != "mha" && value != "llama") {
+        return error("--format expects mha or llama, got '" + value + "'");
+      }
+      args.llama = value == "llama";
+    } else if (flag == "--rope-theta") {
+      if (!positive(flag, value, llama.rope_theta)) {
+        return error(flag + " expects a positive number, got '" + value + "'");
+      }
+    } else if (flag == "--rope-interleaved") {
+      llama_flags.push_back(flag);
+      llama.rope_interleaved = true;
     } else if (flag == "--causal") {
+      mha_flags.push_back(flag);
       args.run.causal = true;
     } else if (flag == "--need-weights") {
+      mha_flags.push_back(flag);
       args.run.need_weights = true;
     } else if (flag == "--per-head-weights") {
+      mha_flags.push_back(flag);
       args.run.need_weights = true;
       args.run.average_weights = false;
     } else if (flag == "--double") {
@@ -129,6 +203,13 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   if (args.input.empty()) return error("--input is required");
   if (args.output.empty()) return error("--output is required");
   if (args.run.num_heads == 0) return error("--num-heads is required");
+  const std::vector<std::string>& misplaced = args.llama ? mha_flags : llama_flags;
+  if (!misplaced.empty()) {
+    return error(misplaced.front() + (args.llama ? " is not used with --format llama"
+                                                 : " needs --format llama"));
+  }
+  llama.num_heads = args.run.num_heads;
+  llama.prefix = args.run.prefix;
   return parsed;
 }
 
@@ -136,6 +217,10 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
 inline attn::io::SafetensorsWriter run(const Arguments& args,
                                        const attn::io::SafetensorsFile& weights,
                                        const attn::io::SafetensorsFile& input) {
+  if (args.llama) {
+    return args.use_double ? run_llama<double>(weights, input, args.llama_options)
+                           : run_llama<float>(weights, input, args.llama_options);
+  }
   return args.use_double ? run_multi_head_attention<double>(weights, input, args.run)
                          : run_multi_head_attention<float>(weights, input, args.run);
 }

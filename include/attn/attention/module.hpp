@@ -268,9 +268,12 @@ class CoreModule {
   // ---- configuration ----
 
   Index d_in() const noexcept { return core_.d_in(); }
-  /// Width of the attention output (num_heads * head_dim).
+  /// Output features: num_heads * head_dim, unless head_dim was set and out_proj maps
+  /// num_heads * head_dim features to d_out.
   Index d_out() const noexcept { return core_.d_out(); }
   Index num_heads() const noexcept { return core_.num_heads(); }
+  /// Heads of the keys and values (grouped-query attention when below num_heads).
+  Index num_kv_heads() const noexcept { return core_.num_kv_heads(); }
   Index head_dim() const noexcept { return core_.head_dim(); }
   /// Longest accepted sequence (0: unlimited).
   Index context_length() const noexcept { return core_.config().context_length; }

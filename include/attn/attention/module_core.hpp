@@ -2,7 +2,8 @@
 // attn/attention/module_core.hpp: AttentionCore, the one forward path of every attention
 // module with weights (checks -> Q/K/V projection -> kernel -> output projection), its
 // modes, freezing and parameter names.
-// Glossary: B = batch, T = tokens, H = heads, hd = head dim, D = H * hd = d_out.
+// Glossary: B = batch, T = tokens, H = heads, H_kv = key/value heads, hd = head dim,
+// A = H * hd (the attention width; d_out unless head_dim is set).
 #pragma once
 
 #include <algorithm>
@@ -55,12 +56,14 @@ struct CoreConfig {
   const char* forward_name = "";       ///< "<name>::forward", a string literal
   const char* input_name = nullptr;    ///< "x" for single-input modules; else query/key/value
   Index d_in = 0, kdim = 0, vdim = 0;  ///< features of query, key, value (0: kdim = vdim = d_in)
-  Index d_out = 0;                     ///< attention width D = num_heads * head_dim
+  Index d_out = 0;                     ///< output features (= A = H * hd without out_proj)
   Index num_heads = 1;
+  Index num_kv_heads = 0;    ///< key/value heads H_kv, dividing num_heads (0: num_heads)
+  Index head_dim = 0;        ///< features per head (0: d_out / num_heads)
   Index context_length = 0;  ///< longest accepted sequence; 0 = unlimited
   double dropout = 0.0;      ///< on the attention weights, training mode only
   bool qkv_bias = false;
-  bool out_proj = false, out_bias = false;  ///< an output projection (D, D), with bias
+  bool out_proj = false, out_bias = false;  ///< an output projection (d_out, A), with bias
   bool causal = false;
   CausalAlignment alignment = CausalAlignment::kSquare;
   InitScheme init = InitScheme::kLinear;
@@ -71,9 +74,12 @@ struct CoreConfig {
 ///   1. checks: shapes, batch and lengths, out, context_length (messages name the module);
 ///   2. projections: QkvProjection writes Q, K, V head-major into the workspace;
 ///   3. kernel: attend() runs scaled_dot_product_attention over (B, H, T, hd) views, the
-///      context written into (B, T_q, H, hd) == (B, T_q, D), the module's own causal bound,
+///      context written into (B, T_q, H, hd) == (B, T_q, A), the module's own causal bound,
 ///      scale and dropout applied;
-///   4. output projection: out_proj (D, D) from that buffer, or the context is the output.
+///   4. output projection: out_proj (d_out, A) from that buffer, or the context is the output.
+/// Grouped-query attention (num_kv_heads < num_heads) is configured and projected (K and V
+/// with H_kv heads) but forward() refuses it until the kernel maps query head h to key/value
+/// head h / (H / H_kv).
 /// Every notebook class is a thin header over one core (or, for the wrapper, several); a
 /// feature added here reaches every module.
 ///
@@ -94,18 +100,21 @@ class AttentionCore {
     const Index kdim = c.kdim > 0 ? c.kdim : c.d_in, vdim = c.vdim > 0 ? c.vdim : c.d_in;
     config_.kdim = kdim;
     config_.vdim = vdim;
-    proj_ =
-        QkvProjection<Scalar>(c.d_in, kdim, vdim, c.num_heads, c.d_out / c.num_heads, c.qkv_bias);
+    config_.num_kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
+    config_.head_dim = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
+    const Index width = attention_width();
+    proj_ = QkvProjection<Scalar>(c.d_in, kdim, vdim, c.num_heads, config_.head_dim, c.qkv_bias,
+                                  config_.num_kv_heads);
     dropout_ = Dropout<Scalar>(c.dropout);
     if (c.init == InitScheme::kNone) {  // nothing drawn: the caller sets the weights
       TorchGenerator unused;
-      if (c.out_proj) out_proj_ = Linear<Scalar>(c.d_out, c.d_out, c.out_bias, unused);
+      if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, unused);
       return;
     }
     const auto draw = [&](TorchGenerator& g) {
       if (c.init == InitScheme::kLinear) proj_.init_linear(g);
       if (c.init == InitScheme::kRand) proj_.init_rand(g);
-      if (c.out_proj) out_proj_ = Linear<Scalar>(c.d_out, c.d_out, c.out_bias, g);
+      if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, g);
       if (c.init == InitScheme::kMultiheadAttention) {
         proj_.init_xavier(g);
         const TensorView<Scalar, 1> b = out_proj_.bias();
@@ -121,7 +130,7 @@ class AttentionCore {
 
   // ---- the forward path ----
 
-  /// query (B, T_q, d_in), key (B, T_k, kdim), value (B, T_k, vdim) -> out (B, T_q, D);
+  /// query (B, T_q, d_in), key (B, T_k, kdim), value (B, T_k, vdim) -> out (B, T_q, d_out);
   /// `weights`, when not empty, (B, H, T_q, T_k) receives the attention weights (the
   /// materialised kernel path). With `saved` (a training forward) the input rows, the
   /// projections and the context go into saved->storage instead of `ws` (which keeps only
@@ -133,8 +142,9 @@ class AttentionCore {
     check(query, key, value, out, weights, mask);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
-    const Index batch = query.extent(0), tq = query.extent(1), d = d_out(), hd = head_dim();
-    // The context (B, T_q, H, hd) == (B, T_q, D): out itself when no projection follows
+    const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
+                hd = head_dim();
+    // The context (B, T_q, H, hd) == (B, T_q, A): out itself when no projection follows
     // (and no backward needs it kept).
     const bool direct = saved == nullptr && !config_.out_proj && out.stride(2) == 1;
     Scalar* ctx =
@@ -162,11 +172,19 @@ class AttentionCore {
   /// Step 1: the shapes of a call, the sizes its buffers take, and the memory of its outputs
   /// (check_output_memory; inputs sharing memory with them were copied by
   /// stage_overlapping(), and are projected before anything is written anyway).
-  /// @throws ShapeError, or ConfigError past context_length.
+  /// @throws ShapeError; ConfigError past context_length or for grouped-query attention (not
+  /// supported by the kernel yet).
   void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
              TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out,
              TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) const {
     const char* where = config_.forward_name;
+    require_config(num_kv_heads() == num_heads(), where, [&] {
+      return "num_kv_heads=" + std::to_string(num_kv_heads()) +
+             " != num_heads=" + std::to_string(num_heads()) +
+             ": grouped-query attention is not yet supported by the attention kernel (query "
+             "head h reading key/value head h / (num_heads / num_kv_heads)); the module's "
+             "configuration, weights and projections already support it";
+    });
     const char* name = config_.input_name != nullptr ? config_.input_name : "query";
     check_input(where, name, query, d_in(), "d_in");
     if (config_.input_name == nullptr) {
@@ -265,7 +283,10 @@ class AttentionCore {
   Index vdim() const noexcept { return config_.vdim; }
   Index d_out() const noexcept { return config_.d_out; }
   Index num_heads() const noexcept { return config_.num_heads; }
-  Index head_dim() const noexcept { return config_.d_out / config_.num_heads; }
+  Index num_kv_heads() const noexcept { return config_.num_kv_heads; }
+  Index head_dim() const noexcept { return config_.head_dim; }
+  /// A = num_heads * head_dim: the context's features, out_proj's input.
+  Index attention_width() const noexcept { return config_.num_heads * config_.head_dim; }
   double dropout() const noexcept { return dropout_.p(); }
   QkvProjection<Scalar>& projection() noexcept { return proj_; }
   const QkvProjection<Scalar>& projection() const noexcept { return proj_; }
@@ -284,6 +305,12 @@ class AttentionCore {
     constexpr const char* kNames[3] = {"q_proj_weight", "k_proj_weight", "v_proj_weight"};
     return kNames[part];
   }
+  /// Hugging Face Llama's names of the three projections (".weight", ".bias" follow).
+  static const char* llama_name(int part) noexcept {
+    constexpr const char* kNames[3] = {"q_proj", "k_proj", "v_proj"};
+    return kNames[part];
+  }
+  static constexpr const char* kLlamaOutProj = "o_proj.";
   static constexpr const char* kInProjWeight = "in_proj_weight";
   static constexpr const char* kInProjBias = "in_proj_bias";
   static constexpr const char* kOutProj = "out_proj.";
@@ -312,8 +339,8 @@ class AttentionCore {
     std::vector<ParameterNames> all{config_.names, ParameterNames::kNotebook,
                                     ParameterNames::kNotebookRaw};
     if (config_.out_proj) {
-      all.insert(all.begin() + 1,
-                 {ParameterNames::kMultiheadAttention, ParameterNames::kSeparateProjections});
+      all.insert(all.begin() + 1, {ParameterNames::kMultiheadAttention,
+                                   ParameterNames::kSeparateProjections, ParameterNames::kLlama});
     }
     std::vector<ParameterNames> unique;
     for (const ParameterNames n : all) {
@@ -336,7 +363,15 @@ class AttentionCore {
     auto& proj = self.proj_;
     ParameterList<Element> list;
     const ParameterNames n = self.resolve(names);
-    if (n == ParameterNames::kNotebook || n == ParameterNames::kNotebookRaw) {
+    const char* out_proj = kOutProj;
+    if (n == ParameterNames::kLlama) {
+      for (int p = 0; p < 3; ++p) {
+        const std::string name = llama_name(p);
+        list.add(name + ".weight", proj.weight(p));
+        list.add(name + ".bias", proj.bias(p));
+      }
+      out_proj = kLlamaOutProj;
+    } else if (n == ParameterNames::kNotebook || n == ParameterNames::kNotebookRaw) {
       const bool raw = n == ParameterNames::kNotebookRaw;
       for (int p = 0; p < 3; ++p) {
         const std::string name = notebook_name(p);
@@ -360,27 +395,46 @@ class AttentionCore {
         list.absent(name, ": add_bias_kv=True is not supported by attn::MultiHeadAttention");
       }
     }
-    if (self.config_.out_proj) list.append(kOutProj, self.out_proj_.named_parameters());
+    if (self.config_.out_proj) list.append(out_proj, self.out_proj_.named_parameters());
     return list;
   }
 
   static CoreConfig checked(const CoreConfig& c) {
     require_config(c.d_in > 0 && c.d_out > 0 && c.num_heads > 0 && c.kdim >= 0 && c.vdim >= 0 &&
-                       c.context_length >= 0,
+                       c.context_length >= 0 && c.num_kv_heads >= 0 && c.head_dim >= 0,
                    c.name, [&] {
                      std::string sizes =
                          "d_in=" + std::to_string(c.d_in) + ", d_out=" + std::to_string(c.d_out);
                      if (c.num_heads != 1) sizes += ", num_heads=" + std::to_string(c.num_heads);
+                     if (c.num_kv_heads != 0) {
+                       sizes += ", num_kv_heads=" + std::to_string(c.num_kv_heads);
+                     }
+                     if (c.head_dim != 0) sizes += ", head_dim=" + std::to_string(c.head_dim);
                      if (c.kdim != 0) sizes += ", kdim=" + std::to_string(c.kdim);
                      if (c.vdim != 0) sizes += ", vdim=" + std::to_string(c.vdim);
                      return sizes + ", context_length=" + std::to_string(c.context_length) +
-                            ": sizes must be positive (kdim, vdim, context_length: 0 = default)";
+                            ": sizes must be positive (kdim, vdim, num_kv_heads, head_dim, "
+                            "context_length: 0 = default)";
                    });
-    require_config(c.d_out % c.num_heads == 0, c.name, [&] {
+    require_config(c.head_dim > 0 || c.d_out % c.num_heads == 0, c.name, [&] {
       return "d_out=" + std::to_string(c.d_out) +
              " is not divisible by num_heads=" + std::to_string(c.num_heads) +
-             " (d_out % num_heads = " + std::to_string(c.d_out % c.num_heads) + ")";
+             " (d_out % num_heads = " + std::to_string(c.d_out % c.num_heads) +
+             "; or set head_dim)";
     });
+    const Index kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
+    require_config(c.num_heads % kv_heads == 0, c.name, [&] {
+      return "num_heads=" + std::to_string(c.num_heads) +
+             " is not divisible by num_kv_heads=" + std::to_string(kv_heads) +
+             ": the number of heads in key and value must divide the number of heads in query";
+    });
+    require_config(c.out_proj || c.head_dim == 0 || c.head_dim * c.num_heads == c.d_out, c.name,
+                   [&] {
+                     return "num_heads=" + std::to_string(c.num_heads) +
+                            " x head_dim=" + std::to_string(c.head_dim) +
+                            " != d_out=" + std::to_string(c.d_out) +
+                            ": without an output projection the context is the output";
+                   });
     check_dropout(c.dropout, c.name);
     return c;
   }

@@ -23,6 +23,12 @@ struct MultiHeadAttentionOptions {
   Index d_in = 0;            ///< query features (nn.MultiheadAttention's embed_dim)
   Index d_out = 0;           ///< model width = output features; 0 means d_in
   Index num_heads = 1;
+  /// Key/value heads H_kv (grouped-query attention; 1: multi-query); 0 means num_heads.
+  /// H_kv must divide num_heads. K and V are projected to H_kv * head_dim features.
+  Index num_kv_heads = 0;
+  /// Features per head; 0 means d_out / num_heads. When set, Q is projected to num_heads *
+  /// head_dim features and out_proj maps those to d_out (Gemma-like shapes).
+  Index head_dim = 0;
   Index kdim = 0;            ///< key features; 0 means d_in
   Index vdim = 0;            ///< value features; 0 means d_in
   Index context_length = 0;  ///< longest accepted sequence; 0 means unlimited
@@ -98,6 +104,12 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// (B, T_q, d_out); weights (B, H, T_q, T_k). Unbatched (T, d_in) inputs give (T, d_out).
 /// Weights follow torch.nn.Linear: q_proj_weight() is (d_out, d_in) and y = x W^T + b.
 ///
+/// Grouped-query and multi-query attention (MultiHeadAttentionOptions::num_kv_heads < num_heads,
+/// Llama 2 70B, Llama 3, Mistral, Qwen2): W_k and W_v are (H_kv hd, kdim/vdim) and K, V have
+/// H_kv heads; with head_dim set, W_q is (H hd, d_in) and out_proj (d_out, H hd). Such a
+/// module builds, loads and saves (ParameterNames::kLlama: q_proj.weight, ...), but forward()
+/// throws ConfigError until the kernel maps query head h to key/value head h / (H / H_kv).
+///
 /// forward() is const and may be called from several threads at once (dropout's call
 /// counter is atomic; give each thread its own Workspace).
 ///
@@ -149,7 +161,8 @@ class MultiHeadAttention
   Index vdim() const noexcept { return this->core_.vdim(); }
   bool is_causal() const noexcept { return this->core_.config().causal; }
   bool has_qkv_bias() const noexcept { return this->core_.projection().has_bias(); }
-  /// True when d_in == kdim == vdim, so Q/K/V share one (3 d_out, d_in) weight.
+  /// True when d_in == kdim == vdim, so Q/K/V share one (3 d_out, d_in) weight (((H + 2 H_kv)
+  /// hd, d_in) with grouped-query attention).
   bool qkv_same_embed_dim() const noexcept { return this->core_.projection().fused(); }
 
   // ---- parameters (PyTorch names; w_query() etc. give the notebooks' view) ----
@@ -163,7 +176,8 @@ class MultiHeadAttention
   TensorView<Scalar, 1> in_proj_bias() noexcept { return proj().fused_bias(); }
   TensorView<const Scalar, 1> in_proj_bias() const noexcept { return proj().fused_bias(); }
 
-  /// W_q (d_out, d_in), W_k (d_out, kdim), W_v (d_out, vdim); the non-const forms unfreeze.
+  /// W_q (d_out, d_in), W_k (d_out, kdim), W_v (d_out, vdim) (H hd and H_kv hd rows with
+  /// head_dim or num_kv_heads set); the non-const forms unfreeze.
   TensorView<Scalar, 2> q_proj_weight() noexcept { return proj().weight(0); }
   TensorView<Scalar, 2> k_proj_weight() noexcept { return proj().weight(1); }
   TensorView<Scalar, 2> v_proj_weight() noexcept { return proj().weight(2); }
@@ -171,8 +185,8 @@ class MultiHeadAttention
   TensorView<const Scalar, 2> k_proj_weight() const noexcept { return proj().weight(1); }
   TensorView<const Scalar, 2> v_proj_weight() const noexcept { return proj().weight(2); }
 
-  /// The output projection (d_out, d_out); a Linear, which unfreezes itself when its
-  /// weight is written through it.
+  /// The output projection (d_out, H hd), H hd = d_out unless head_dim is set; a Linear,
+  /// which unfreezes itself when its weight is written through it.
   Linear<Scalar>& out_proj() noexcept { return this->core_.out_proj(); }
   const Linear<Scalar>& out_proj() const noexcept { return this->core_.out_proj(); }
 
@@ -211,6 +225,8 @@ class MultiHeadAttention
     c.vdim = o.vdim;
     c.d_out = o.d_out > 0 ? o.d_out : o.d_in;
     c.num_heads = o.num_heads;
+    c.num_kv_heads = o.num_kv_heads;
+    c.head_dim = o.head_dim;
     c.context_length = o.context_length;
     c.dropout = o.dropout;
     c.qkv_bias = o.qkv_bias;

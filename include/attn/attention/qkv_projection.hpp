@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // attn/attention/qkv_projection.hpp: QkvProjection, the Q/K/V projections of every attention
 // module: their storage (fused, separate, kdim/vdim), init, freezing and GEMMs.
-// Glossary: B = batch, T = tokens, H = heads, hd = head dim, D = H * hd (the projection width).
+// Glossary: B = batch, T = tokens, H = query heads, H_kv = key/value heads (H_kv divides H;
+// grouped-query attention when H_kv < H), hd = head dim, D = H * hd (the query width).
 #pragma once
 
 #include <cstddef>
@@ -31,17 +32,25 @@ enum class QkvLayout {
 };
 
 /// The query, key and value projections of an attention module, y = x W^T + b each, with
-/// W (D, in_features) in nn.Linear's layout. The storage follows the input sizes:
-/// - d_in == kdim == vdim: one (3 D, d_in) weight [W_q; W_k; W_v] (nn.MultiheadAttention's
-///   in_proj_weight), so self-attention projects with one GEMM;
-/// - kdim == vdim != d_in: W_q, and one (2 D, kdim) [W_k; W_v] (one GEMM when key and
+/// W in nn.Linear's layout: W_q (H hd, d_in), W_k (H_kv hd, kdim), W_v (H_kv hd, vdim).
+/// The storage follows the input sizes:
+/// - d_in == kdim == vdim: one ((H + 2 H_kv) hd, d_in) weight [W_q; W_k; W_v]
+///   (nn.MultiheadAttention's in_proj_weight when H_kv == H), so self-attention projects
+///   with one GEMM;
+/// - kdim == vdim != d_in: W_q, and one (2 H_kv hd, kdim) [W_k; W_v] (one GEMM when key and
 ///   value are the same tensor);
 /// - otherwise three weights.
-/// The bias is one (3 D) vector [b_q; b_k; b_v] (nn.MultiheadAttention's in_proj_bias).
+/// The bias is one ((H + 2 H_kv) hd) vector [b_q; b_k; b_v] (nn.MultiheadAttention's
+/// in_proj_bias).
 ///
-/// project() writes Q, K and V straight into a head-major (B, P*H, T, hd) buffer of the
-/// workspace (P projections per GEMM), so each head's rows are a contiguous (T, hd) block:
-/// the kernel's best access pattern, with no split or copy step.
+/// Grouped-query attention (H_kv < H) keeps the stacked storage: the GEMM writes its output
+/// in head-dim-wide segments with one stride between them, so Q's H segments followed by
+/// K's and V's H_kv each are one head-major (B, H + 2 H_kv, T, hd) buffer whatever the row
+/// counts, and self-attention stays one GEMM reading x once.
+///
+/// project() writes Q, K and V straight into a head-major (B, P, T, hd) buffer of the
+/// workspace (P heads per GEMM), so each head's rows are a contiguous (T, hd) block: the
+/// kernel's best access pattern, with no split or copy step.
 ///
 /// freeze() packs the weights into the GEMM's layout once; results are bit for bit those
 /// of the unfrozen projection. Every non-const weight accessor unfreezes.
@@ -56,9 +65,9 @@ class QkvProjection {
   /// Projection indices.
   static constexpr int kQuery = 0, kKey = 1, kValue = 2;
 
-  /// Q, K, V as (B, H, T, hd) views into the workspace (valid until its next use), and the
-  /// input rows each projection read (the inputs themselves, or staged copies in the
-  /// workspace): what a backward needs for the weight gradients.
+  /// Q (B, H, T_q, hd), K and V (B, H_kv, T_k, hd) as views into the workspace (valid until
+  /// its next use), and the input rows each projection read (the inputs themselves, or staged
+  /// copies in the workspace): what a backward needs for the weight gradients.
   struct Heads {
     TensorView<const Scalar, 4> query, key, value;
     detail::RowsRef<const Scalar> rows[3];
@@ -66,26 +75,31 @@ class QkvProjection {
 
   QkvProjection() = default;
 
-  /// Zero weights for inputs of d_in (query), kdim (key) and vdim (value) features, each
-  /// projected to num_heads * head_dim features.
-  QkvProjection(Index d_in, Index kdim, Index vdim, Index num_heads, Index head_dim, bool bias)
-      : in_{d_in, kdim, vdim}, heads_(num_heads), head_dim_(head_dim) {
-    const Index d = width();
+  /// Zero weights for inputs of d_in (query), kdim (key) and vdim (value) features, the
+  /// query projected to num_heads * head_dim features, key and value to num_kv_heads *
+  /// head_dim (0: num_heads). Sizes are the caller's to check (H_kv divides H).
+  QkvProjection(Index d_in, Index kdim, Index vdim, Index num_heads, Index head_dim, bool bias,
+                Index num_kv_heads = 0)
+      : in_{d_in, kdim, vdim},
+        heads_(num_heads),
+        kv_heads_(num_kv_heads > 0 ? num_kv_heads : num_heads),
+        head_dim_(head_dim) {
+    const Index qw = width(kQuery), kvw = width(kKey);
     storage_ = d_in == kdim && kdim == vdim ? Storage::kFused
                : kdim == vdim               ? Storage::kKeyValueFused
                                             : Storage::kSeparate;
     if (storage_ == Storage::kFused) {
-      w_[0] = Tensor<Scalar, 2>({3 * d, d_in});
+      w_[0] = Tensor<Scalar, 2>({qw + 2 * kvw, d_in});
     } else {
-      w_[0] = Tensor<Scalar, 2>({d, d_in});
+      w_[0] = Tensor<Scalar, 2>({qw, d_in});
       if (storage_ == Storage::kKeyValueFused) {
-        w_[1] = Tensor<Scalar, 2>({2 * d, kdim});
+        w_[1] = Tensor<Scalar, 2>({2 * kvw, kdim});
       } else {
-        w_[1] = Tensor<Scalar, 2>({d, kdim});
-        w_[2] = Tensor<Scalar, 2>({d, vdim});
+        w_[1] = Tensor<Scalar, 2>({kvw, kdim});
+        w_[2] = Tensor<Scalar, 2>({kvw, vdim});
       }
     }
-    if (bias) bias_ = Tensor<Scalar, 1>({3 * d});
+    if (bias) bias_ = Tensor<Scalar, 1>({qw + 2 * kvw});
   }
 
   // ---- sizes ----
@@ -93,16 +107,20 @@ class QkvProjection {
   /// Input features of projection `part` (kQuery: d_in, kKey: kdim, kValue: vdim).
   Index in_features(int part) const noexcept { return in_[part]; }
   Index num_heads() const noexcept { return heads_; }
+  /// Heads of the key and value projections (H_kv).
+  Index num_kv_heads() const noexcept { return kv_heads_; }
   Index head_dim() const noexcept { return head_dim_; }
-  /// Output features of each projection: num_heads * head_dim.
+  /// Output features of the query projection: num_heads * head_dim.
   Index width() const noexcept { return heads_ * head_dim_; }
+  /// Output features of projection `part`: H hd for kQuery, H_kv hd for kKey and kValue.
+  Index width(int part) const noexcept { return (part == kQuery ? heads_ : kv_heads_) * head_dim_; }
   bool has_bias() const noexcept { return !bias_.empty(); }
   /// True when Q, K and V share one (3 D, d_in) weight (d_in == kdim == vdim).
   bool fused() const noexcept { return storage_ == Storage::kFused; }
 
   // ---- weights ----
 
-  /// W of projection `part`, (D, in_features(part)). The non-const form unfreezes.
+  /// W of projection `part`, (width(part), in_features(part)). The non-const form unfreezes.
   TensorView<Scalar, 2> weight(int part) noexcept {
     unfreeze();
     return weight_view(part);
@@ -110,15 +128,15 @@ class QkvProjection {
   TensorView<const Scalar, 2> weight(int part) const noexcept {
     return const_cast<QkvProjection*>(this)->weight_view(part);
   }
-  /// b of projection `part`, (D); an empty view without bias (biases are read live).
+  /// b of projection `part`, (width(part)); an empty view without bias (read live).
   TensorView<Scalar, 1> bias(int part) noexcept {
     if (!has_bias()) return {};
-    return slice(bias_.view(), 0, part * width(), (part + 1) * width());
+    return slice(bias_.view(), 0, offset(part), offset(part) + width(part));
   }
   TensorView<const Scalar, 1> bias(int part) const noexcept {
     return const_cast<QkvProjection*>(this)->bias(part);
   }
-  /// The fused (3 D, d_in) weight [W_q; W_k; W_v]; unfreezes.
+  /// The fused ((H + 2 H_kv) hd, d_in) weight [W_q; W_k; W_v]; unfreezes.
   /// @throws ConfigError naming `who` unless fused().
   TensorView<Scalar, 2> fused_weight(const char* who) {
     require_fused(who);
@@ -129,30 +147,35 @@ class QkvProjection {
     require_fused(who);
     return w_[0].view();
   }
-  /// The (3 D) bias [b_q; b_k; b_v]; empty without bias.
+  /// The ((H + 2 H_kv) hd) bias [b_q; b_k; b_v]; empty without bias.
   TensorView<Scalar, 1> fused_bias() noexcept { return bias_.view(); }
   TensorView<const Scalar, 1> fused_bias() const noexcept { return bias_.view(); }
 
-  /// Loads a fused (3 D, d_in) weight and optional (3 D) bias (an empty view: none) given
-  /// in `layout`'s row order. `who` names the caller in messages.
-  /// @throws ConfigError unless fused(); ShapeError on wrong shapes or a bias without qkv_bias.
+  /// Loads a fused ((H + 2 H_kv) hd, d_in) weight and optional bias (an empty view: none)
+  /// given in `layout`'s row order. `who` names the caller in messages.
+  /// @throws ConfigError unless fused() (and H_kv == H for kPerHead); ShapeError on wrong
+  ///         shapes or a bias without qkv_bias.
   void set_fused(TensorView<const Scalar, 2> weight, TensorView<const Scalar, 1> bias,
                  QkvLayout layout, const char* who) {
     require_fused(who);
-    const Index d = width(), hd = head_dim_;
-    const Shape<2> expected{3 * d, in_[0]};
+    detail::require_config(layout == QkvLayout::kStacked || kv_heads_ == heads_, who, [&] {
+      return "the per-head [q; k; v] layout needs num_kv_heads == num_heads (got " +
+             std::to_string(kv_heads_) + " and " + std::to_string(heads_) + ")";
+    });
+    const Index d = width(), hd = head_dim_, rows = offset(3);
+    const Shape<2> expected{rows, in_[0]};
     detail::require(weight.shape() == expected, who, [&] {
       return "weight has shape " + detail::to_string(weight.shape()) + ", expected " +
              detail::to_string(expected);
     });
     const bool with_bias = bias.data() != nullptr;
-    detail::require(!with_bias || (has_bias() && bias.extent(0) == 3 * d), who, [&] {
+    detail::require(!with_bias || (has_bias() && bias.extent(0) == rows), who, [&] {
       return has_bias() ? "bias has shape " + detail::to_string(bias.shape()) + ", expected (" +
-                              std::to_string(3 * d) + ")"
+                              std::to_string(rows) + ")"
                         : std::string("this module was built without qkv_bias");
     });
     unfreeze();
-    for (Index row = 0; row < 3 * d; ++row) {
+    for (Index row = 0; row < rows; ++row) {
       // destination row in [Q; K; V] order for source row `row`
       Index dst = row;
       if (layout == QkvLayout::kPerHead) {
@@ -180,7 +203,7 @@ class QkvProjection {
   void init_rand(TorchGenerator& gen) {
     unfreeze();
     for (int p = 0; p < 3; ++p) {
-      const Tensor<Scalar, 2> w = rand<Scalar>(Shape<2>{in_[p], width()}, gen);
+      const Tensor<Scalar, 2> w = rand<Scalar>(Shape<2>{in_[p], width(p)}, gen);
       copy(transpose(w.view()), weight_view(p));
     }
   }
@@ -229,38 +252,40 @@ class QkvProjection {
                 TensorView<const Scalar, 3> value, Workspace& ws) const {
     using detail::WorkspaceSlot;
     const Index batch = query.extent(0), tq = query.extent(1), tk = key.extent(1);
-    const Index d = width();
+    const Index qw = width(kQuery), kvw = width(kKey);
     const bool kv_same = detail::same_view(key, value);
-    const auto heads = [&](const Scalar* base, Index tokens, int stacked) {
-      return TensorView<const Scalar, 4>(base, {batch, heads_, tokens, head_dim_},
-                                         {stacked * tokens * d, tokens * head_dim_, head_dim_, 1});
+    // `heads` heads of hd at base, in a buffer of `columns` features per token.
+    const auto view = [&](const Scalar* base, Index heads, Index tokens, Index columns) {
+      return TensorView<const Scalar, 4>(base, {batch, heads, tokens, head_dim_},
+                                         {tokens * columns, tokens * head_dim_, head_dim_, 1});
     };
     const auto xq = detail::as_rows(query, ws, WorkspaceSlot::kQueryStaging);
     if (fused() && kv_same && detail::same_view(query, key)) {
-      // x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, 3H, T, hd)
-      Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * 3 * d);
+      // x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, H + 2 H_kv, T, hd)
+      const Index all = qw + 2 * kvw;
+      Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * all);
       gemm_into(xq, tq, kQuery, 3, qkv, ws);
-      return {heads(qkv, tq, 3),
-              heads(qkv + tq * d, tq, 3),
-              heads(qkv + 2 * tq * d, tq, 3),
-              {xq, xq, xq}};
+      return {view(qkv, heads_, tq, all), view(qkv + tq * qw, kv_heads_, tq, all),
+              view(qkv + tq * (qw + kvw), kv_heads_, tq, all), {xq, xq, xq}};
     }
     const Index kv_rows = batch * tk;
     Scalar* qbuf = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
-                                                 xq.rows * d + kv_rows * 2 * d);
-    Scalar* kbuf = qbuf + xq.rows * d;
+                                                 xq.rows * qw + kv_rows * 2 * kvw);
+    Scalar* kbuf = qbuf + xq.rows * qw;
     gemm_into(xq, tq, kQuery, 1, qbuf, ws);  // (B, H, T_q, hd)
     const auto xk = detail::as_rows(key, ws, WorkspaceSlot::kKeyStaging);
     if (kv_same && storage_ != Storage::kSeparate) {
-      // key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2H, T_k, hd)
+      // key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2 H_kv, T_k, hd)
       gemm_into(xk, tk, kKey, 2, kbuf, ws);
-      return {heads(qbuf, tq, 1), heads(kbuf, tk, 2), heads(kbuf + tk * d, tk, 2), {xq, xk, xk}};
+      return {view(qbuf, heads_, tq, qw), view(kbuf, kv_heads_, tk, 2 * kvw),
+              view(kbuf + tk * kvw, kv_heads_, tk, 2 * kvw), {xq, xk, xk}};
     }
-    Scalar* vbuf = kbuf + kv_rows * d;
+    Scalar* vbuf = kbuf + kv_rows * kvw;
     gemm_into(xk, tk, kKey, 1, kbuf, ws);
     const auto xv = detail::as_rows(value, ws, WorkspaceSlot::kValueStaging);
     gemm_into(xv, tk, kValue, 1, vbuf, ws);
-    return {heads(qbuf, tq, 1), heads(kbuf, tk, 1), heads(vbuf, tk, 1), {xq, xk, xv}};
+    return {view(qbuf, heads_, tq, qw), view(kbuf, kv_heads_, tk, kvw),
+            view(vbuf, kv_heads_, tk, kvw), {xq, xk, xv}};
   }
 
  private:
@@ -274,18 +299,22 @@ class QkvProjection {
   Location locate(int part) const noexcept {
     switch (storage_) {
       case Storage::kFused:
-        return {0, part * width()};
+        return {0, offset(part)};
       case Storage::kKeyValueFused:
-        return {part == 0 ? 0 : 1, part == 0 ? 0 : (part - 1) * width()};
+        return {part == 0 ? 0 : 1, part == 0 ? 0 : offset(part) - offset(kKey)};
       case Storage::kSeparate:
         break;
     }
     return {part, 0};
   }
+  // First row of projection `part` in [W_q; W_k; W_v] (and of its bias); offset(3): all rows.
+  Index offset(int part) const noexcept {
+    return part == 0 ? 0 : width(kQuery) + (part - 1) * width(kKey);
+  }
 
   TensorView<Scalar, 2> weight_view(int part) noexcept {
     const Location at = locate(part);
-    return slice(w_[at.storage].view(), 0, at.row, at.row + width());
+    return slice(w_[at.storage].view(), 0, at.row, at.row + width(part));
   }
 
   void require_fused(const char* who) const {
@@ -298,27 +327,27 @@ class QkvProjection {
 
   // Projections part .. part + count - 1 (stacked in one storage tensor) of the rows `x`
   // of an input with `tokens` tokens per batch item, written head-major into `dst`:
-  // (B, count*H, T, hd), each head's rows a contiguous (T, hd) block.
+  // (B, heads of those projections, T, hd), each head's rows a contiguous (T, hd) block.
   void gemm_into(const detail::RowsRef<const Scalar>& x, Index tokens, int part, int count,
                  Scalar* dst, Workspace& ws) const {
     const Location at = locate(part);
-    const Index d = width(), in = in_[part];
+    const Index columns = offset(part + count) - offset(part), in = in_[part];
     detail::GemmOutput<Scalar> out;
     out.data = dst;
     out.ldc = head_dim_;
     out.rows_per_batch = tokens;
-    out.batch_stride = count * tokens * d;
+    out.batch_stride = tokens * columns;
     out.segment = head_dim_;
     out.segment_stride = tokens * head_dim_;
-    const Scalar* bias = has_bias() ? bias_.data() + part * d : nullptr;
+    const Scalar* bias = has_bias() ? bias_.data() + offset(part) : nullptr;
     const detail::PackedB<Scalar> packed =
         frozen_ ? detail::PackedB<Scalar>{&pack_[at.storage], at.row} : detail::PackedB<Scalar>{};
-    detail::gemm_nt(x.rows, count * d, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in,
-                    out, bias, packed, &ws);
+    detail::gemm_nt(x.rows, columns, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in, out,
+                    bias, packed, &ws);
   }
 
   Index in_[3] = {0, 0, 0};
-  Index heads_ = 0, head_dim_ = 0;
+  Index heads_ = 0, kv_heads_ = 0, head_dim_ = 0;
   Storage storage_ = Storage::kFused;
   Tensor<Scalar, 2> w_[3];  // see locate(): which holds which projection
   Tensor<Scalar, 1> bias_;

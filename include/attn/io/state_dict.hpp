@@ -227,9 +227,11 @@ void save_state_dict(const Module& module, const std::string& path,
 }
 
 /// The MultiHeadAttentionOptions of the torch.nn.MultiheadAttention (or notebook
-/// MultiHeadAttention) whose state_dict `file` holds under `prefix`: embed_dim (d_in,
-/// d_out), kdim, vdim and bias presence come from the tensors' shapes; num_heads is not
-/// stored in a state_dict and must be given.
+/// MultiHeadAttention, or Hugging Face Llama / Mistral / Qwen2 attention) whose state_dict
+/// `file` holds under `prefix`: embed_dim (d_in, d_out), kdim, vdim and bias presence come
+/// from the tensors' shapes; num_heads is not stored in a state_dict and must be given. With
+/// Llama's names (q_proj.weight, ...) head_dim is q_proj's rows / num_heads and num_kv_heads
+/// k_proj's rows / head_dim.
 /// @throws StateDictError if no known layout is found or the shapes are inconsistent.
 inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& file,
                                                          Index num_heads,
@@ -251,6 +253,35 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
   const std::string out_bias = std::string(Names::kOutProj) + "bias";
   MultiHeadAttentionOptions o;
   o.num_heads = num_heads;
+  const auto llama = [](int part, const char* what) {
+    return std::string(Names::llama_name(part)) + what;
+  };
+  if (has(llama(0, ".weight"))) {
+    const auto q = matrix_shape(llama(0, ".weight"));
+    const auto k = has(llama(1, ".weight")) ? matrix_shape(llama(1, ".weight")) : q;
+    const std::string o_proj = std::string(Names::kLlamaOutProj) + "weight";
+    const auto out = has(o_proj) ? matrix_shape(o_proj) : std::vector<Index>{q[1], q[0]};
+    const Index head_dim = num_heads > 0 ? q[0] / num_heads : 0;
+    detail::io_require<StateDictError>(
+        num_heads > 0 && q[0] > 0 && q[0] % num_heads == 0 && k[0] > 0 && k[0] % head_dim == 0,
+        where, [&] {
+          return "'" + file.source() + "': " + prefix + llama(0, ".weight") + " " +
+                 detail::shape_text(q) + " and " + prefix + llama(1, ".weight") + " " +
+                 detail::shape_text(k) +
+                 " do not split into num_heads=" + std::to_string(num_heads) +
+                 " query heads and whole key/value heads";
+        });
+    o.d_in = q[1];
+    o.d_out = out[0];
+    o.head_dim = head_dim;
+    o.num_kv_heads = k[0] / head_dim;
+    o.kdim = k[1];
+    o.vdim = has(llama(2, ".weight")) ? matrix_shape(llama(2, ".weight"))[1] : k[1];
+    o.qkv_bias = has(llama(0, ".bias"));
+    o.out_bias = has(std::string(Names::kLlamaOutProj) + "bias");
+    o.init = InitScheme::kNone;
+    return o;
+  }
   if (has(notebook(0, ".weight"))) {
     const auto q = matrix_shape(notebook(0, ".weight"));
     o.d_out = q[0];
@@ -278,8 +309,8 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
   } else {
     detail::io_require<StateDictError>(false, where, [&] {
       return "'" + file.source() + "' has none of '" + prefix + Names::kInProjWeight + "', '" +
-             prefix + Names::separate_name(0) + "' or '" + prefix + notebook(0, ".weight") +
-             "' (is the prefix right?)";
+             prefix + Names::separate_name(0) + "', '" + prefix + notebook(0, ".weight") +
+             "' or '" + prefix + llama(0, ".weight") + "' (is the prefix right?)";
     });
   }
   // nn.MultiheadAttention's one `bias` flag makes both in_proj_bias and out_proj.bias: either

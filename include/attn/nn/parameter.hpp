@@ -36,6 +36,10 @@ enum class ParameterNames {
   /// Notebook 003's SelfAttention_v1: raw W_query, W_key, W_value parameters of shape
   /// (d_in, d_out), applied as x @ W (the transposes of the nn.Linear weights).
   kNotebookRaw,
+  /// Hugging Face's Llama / Mistral / Qwen2 attention (`self_attn.`): q_proj.weight
+  /// (H hd, d_in), k_proj.weight and v_proj.weight (H_kv hd, d_in), o_proj.weight (d_out,
+  /// H hd), and q_proj.bias, k_proj.bias, v_proj.bias, o_proj.bias when the module has them.
+  kLlama,
 };
 
 /// One parameter: its name and a view of its values (rank 1 or 2). The view may be strided

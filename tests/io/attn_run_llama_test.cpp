@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: MIT
+// tests/io/attn_run_llama_test.cpp: `attn_run --format llama` (tools/attn_run/llama.hpp)
+// reproduces Hugging Face's LlamaAttention as scripts/llama_reference.py writes it in PyTorch
+// 1.13, on the committed fixtures (tests/fixtures/io/llama/, written by
+// scripts/parity_vs_pytorch.py: both RoPE conventions, partial rotary, biases, a prefix with
+// an old checkpoint's rotary_emb.inv_freq, float and double), without Python; its arguments;
+// and its errors, including the configurations that wait for the incremental forward.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "attn/io/io.hpp"
+#include "attn_run/cli.hpp"
+#include "io/fixture_support.hpp"
+
+namespace {
+
+using attn::io::SafetensorsFile;
+using attn::io::SafetensorsWriter;
+using attn_run::ParsedArguments;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+const std::string kDir = std::string(ATTN_IO_FIXTURES_DIR) + "/llama";
+
+// attn_run's arguments from a fixture's recorded flags (file names are placeholders).
+attn_run::Arguments arguments_of(const std::string& flags) {
+  std::vector<std::string> argv{"--weights", "w", "--input", "x", "--output", "y"};
+  std::istringstream in(flags);
+  for (std::string flag; in >> flag;) argv.push_back(flag);
+  const ParsedArguments parsed = attn_run::parse_arguments(argv);
+  EXPECT_EQ(parsed.action, ParsedArguments::Action::kRun) << parsed.error;
+  return parsed.arguments;
+}
+
+// max |got - want| / max |want| of `output`.
+double relative_error(const SafetensorsWriter& result, const SafetensorsFile& expected) {
+  const auto got = SafetensorsFile::from_bytes(result.to_bytes()).values<double>("output");
+  const auto want = expected.values<double>("output");
+  EXPECT_EQ(got.size(), want.size());
+  double scale = 0, err = 0;
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    scale = std::max(scale, std::abs(want[i]));
+    err = std::max(err, std::abs(got[i] - want[i]));
+    EXPECT_TRUE(std::isfinite(got[i]));
+  }
+  return err / std::max(scale, 1e-30);
+}
+
+struct Fixture {
+  SafetensorsFile weights, input, expected;
+  explicit Fixture(const std::string& name)
+      : weights(SafetensorsFile::open(kDir + "/" + name + ".weights.safetensors")),
+        input(SafetensorsFile::open(kDir + "/" + name + ".input.safetensors")),
+        expected(SafetensorsFile::open(kDir + "/" + name + ".expected.safetensors")) {}
+};
+
+TEST(AttnRunLlama, EveryFixtureMatchesTheReference) {
+  const std::vector<std::string> cases = attn::test::fixture_cases(kDir);
+  ASSERT_GE(cases.size(), 5u) << "fixtures missing in " << kDir;
+  for (const std::string& name : cases) {
+    SCOPED_TRACE(name);
+    const Fixture f(name);
+    const std::string flags = f.expected.metadata().at("flags");
+    const attn_run::Arguments args = arguments_of(flags);
+    ASSERT_TRUE(args.llama) << flags;
+    // The tolerance of scripts/parity_vs_pytorch.py (the 1e-5 relative in float).
+    const double tol = args.use_double ? 1e-12 : 1e-5;
+    EXPECT_LE(relative_error(attn_run::run(args, f.weights, f.input), f.expected), tol)
+        << f.expected.metadata().at("case");
+  }
+}
+
+TEST(AttnRunLlama, TheWrongRopeConventionIsFarOff) {
+  // llama001: interleaved pairs, a prefix and an old checkpoint's rotary_emb.inv_freq.
+  const Fixture f("llama001");
+  attn_run::Arguments args = arguments_of(f.expected.metadata().at("flags"));
+  ASSERT_TRUE(args.llama_options.rope_interleaved);
+  EXPECT_TRUE(f.weights.contains(args.llama_options.prefix + "rotary_emb.inv_freq"));
+  EXPECT_LE(relative_error(attn_run::run(args, f.weights, f.input), f.expected), 1e-5);
+  args.llama_options.rope_interleaved = false;
+  EXPECT_GT(relative_error(attn_run::run(args, f.weights, f.input), f.expected), 1e-2);
+  args.llama_options.rope_interleaved = true;
+  args.llama_options.rope_theta = 20000.0;
+  EXPECT_GT(relative_error(attn_run::run(args, f.weights, f.input), f.expected), 1e-3);
+}
+
+// A small Llama layer's state_dict: 4 query heads of 4 over D = 16, kv_heads key/value heads.
+SafetensorsFile llama_weights(attn::Index kv_heads, const std::string& extra = "") {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 16;
+  o.num_heads = 4;
+  o.num_kv_heads = kv_heads;
+  attn::TorchGenerator gen(5);
+  const attn::MultiHeadAttention<float> m(o, gen);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(m, w, "", attn::ParameterNames::kLlama);
+  if (!extra.empty()) w.add(extra, attn::Tensor<float, 1>({2}));
+  return SafetensorsFile::from_bytes(w.to_bytes(), "w.safetensors");
+}
+
+SafetensorsFile hidden_states(attn::Index tokens = 6) {
+  SafetensorsWriter w;
+  w.add("query", attn::Tensor<float, 3>({2, tokens, 16}, 0.25f));
+  return SafetensorsFile::from_bytes(w.to_bytes(), "x.safetensors");
+}
+
+TEST(AttnRunLlama, ErrorsNameTheFileAndTheValues) {
+  attn_run::LlamaOptions o;
+  o.num_heads = 4;
+  EXPECT_NO_THROW(attn_run::run_llama<float>(llama_weights(4), hidden_states(), o));
+  o.num_kv_heads = 2;
+  EXPECT_THAT(
+      [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
+      ThrowsMessage<std::invalid_argument>(
+          AllOf(HasSubstr("--num-kv-heads 2 does not fit 'w.safetensors'"), HasSubstr("gives 4"))));
+  o.num_kv_heads = 0;
+  o.head_dim = 8;
+  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("--head-dim 8 does not fit")));
+  o.head_dim = 0;
+  o.prefix = "model.";
+  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
+              ThrowsMessage<attn::io::FormatError>(HasSubstr("has no 'model.q_proj.weight'")));
+  o.prefix = "";
+  EXPECT_THAT(
+      [&] { attn_run::run_llama<float>(llama_weights(4, "lm_head.bias"), hidden_states(), o); },
+      ThrowsMessage<attn::io::StateDictError>(HasSubstr("unexpected tensor 'lm_head.bias'")));
+  o.rotary_dim = 3;
+  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("rotary_dim=3")));
+}
+
+TEST(AttnRunLlama, IncrementalConfigurationsSayTheyAreNotImplementedYet) {
+  attn_run::LlamaOptions o;
+  o.num_heads = 4;
+  const auto refused = [&](const SafetensorsFile& weights, const char* what) {
+    EXPECT_THAT([&] { attn_run::run_llama<float>(weights, hidden_states(), o); },
+                ThrowsMessage<std::invalid_argument>(
+                    AllOf(HasSubstr(what), HasSubstr("need the incremental forward"))));
+  };
+  refused(llama_weights(2), "num_kv_heads=2 (num_heads=4)");  // grouped-query
+  refused(llama_weights(1), "num_kv_heads=1 (num_heads=4)");  // multi-query
+  o.sliding_window = 3;
+  refused(llama_weights(4), "--sliding-window 3");
+  o.sliding_window = 0;
+  o.prefill = 2;
+  refused(llama_weights(4), "--prefill 2 of T=6");
+  o.prefill = 7;
+  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("do not fit T=6")));
+}
+
+TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
+  const ParsedArguments p = attn_run::parse_arguments({"--format",
+                                                       "llama",
+                                                       "--weights",
+                                                       "w",
+                                                       "--input",
+                                                       "x",
+                                                       "--output",
+                                                       "y",
+                                                       "--num-heads",
+                                                       "8",
+                                                       "--num-kv-heads",
+                                                       "2",
+                                                       "--head-dim",
+                                                       "64",
+                                                       "--rope-theta",
+                                                       "5e5",
+                                                       "--rotary-dim",
+                                                       "32",
+                                                       "--rope-interleaved",
+                                                       "--sliding-window",
+                                                       "4096",
+                                                       "--prefill",
+                                                       "100",
+                                                       "--chunk",
+                                                       "16",
+                                                       "--prefix",
+                                                       "model.layers.0.self_attn.",
+                                                       "--double"});
+  ASSERT_EQ(p.action, ParsedArguments::Action::kRun) << p.error;
+  const attn_run::LlamaOptions& l = p.arguments.llama_options;
+  EXPECT_TRUE(p.arguments.llama && p.arguments.use_double && l.rope_interleaved);
+  EXPECT_EQ(l.num_heads, 8);
+  EXPECT_EQ(l.num_kv_heads, 2);
+  EXPECT_EQ(l.head_dim, 64);
+  EXPECT_EQ(l.rope_theta, 5e5);
+  EXPECT_EQ(l.rotary_dim, 32);
+  EXPECT_EQ(l.sliding_window, 4096);
+  EXPECT_EQ(l.prefill, 100);
+  EXPECT_EQ(l.chunk, 16);
+  EXPECT_EQ(l.prefix, "model.layers.0.self_attn.");
+  const std::vector<std::string> base{"--weights", "w", "--input",     "x",
+                                      "--output",  "y", "--num-heads", "2"};
+  const std::vector<std::pair<std::vector<std::string>, std::string>> errors = {
+      {{"--format", "gpt"}, "--format expects mha or llama, got 'gpt'"},
+      {{"--rope-theta", "abc"}, "--rope-theta expects a positive number, got 'abc'"},
+      {{"--rope-theta", "-1"}, "got '-1'"},
+      {{"--chunk", "0"}, "--chunk expects a positive integer, got '0'"},
+      {{"--rope-interleaved"}, "--rope-interleaved needs --format llama"},
+      {{"--num-kv-heads", "1"}, "--num-kv-heads needs --format llama"},
+      {{"--format", "llama", "--causal"}, "--causal is not used with --format llama"},
+      {{"--format", "llama", "--need-weights"}, "--need-weights is not used with --format llama"},
+  };
+  for (const auto& [flags, message] : errors) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const ParsedArguments e = attn_run::parse_arguments(argv);
+    EXPECT_EQ(e.action, ParsedArguments::Action::kError) << message;
+    EXPECT_THAT(e.error, HasSubstr(message));
+  }
+}
+
+}  // namespace

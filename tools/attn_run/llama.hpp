@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: MIT
+// tools/attn_run/llama.hpp: `attn_run --format llama`: a Hugging Face Llama / Mistral / Qwen2
+// attention layer (safetensors state_dict) run on hidden states, causal, with RoPE.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attn/attention/multi_head_attention.hpp"
+#include "attn/attention/scaled_dot_product.hpp"
+#include "attn/config.hpp"
+#include "attn/io/error.hpp"
+#include "attn/io/safetensors.hpp"
+#include "attn/io/state_dict.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/nn/rope.hpp"
+#include "attn/tensor/tensor.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn/workspace.hpp"
+#include "attn_run/run.hpp"
+
+namespace attn_run {
+
+/// Options of run_llama() (the flags of `attn_run --format llama`).
+struct LlamaOptions {
+  attn::Index num_heads = 0;     ///< required
+  attn::Index num_kv_heads = 0;  ///< 0: what k_proj.weight holds (checked when given)
+  attn::Index head_dim = 0;      ///< 0: q_proj.weight's rows / num_heads (checked when given)
+  double rope_theta = 10000.0;
+  attn::Index rotary_dim = 0;  ///< 0: head_dim
+  bool rope_interleaved = false;
+  attn::Index sliding_window = 0;  ///< 0: none
+  attn::Index prefill = 0;         ///< tokens of the first, whole step; 0: all of them
+  attn::Index chunk = 1;           ///< tokens per later step
+  std::string prefix;              ///< prefix of the weights' names
+};
+
+/// Hugging Face's LlamaAttention forward with a causal mask, on `inputs`' `query` (B, T, D)
+/// (or (T, D)) and the state_dict in `weights` (q_proj.weight, k_proj.weight, v_proj.weight,
+/// o_proj.weight, optional biases; an old checkpoint's rotary_emb.inv_freq buffer is
+/// accepted and ignored): Q, K, V projections, RoPE at positions 0..T-1, causal softmax
+/// attention, o_proj. Returns a writer holding `output` (B, T, D) (or (T, D)) as Scalar.
+///
+/// This is the whole-sequence path, the reference of the incremental forward to come
+/// (issue 12, phase 2): grouped-query attention (num_kv_heads < num_heads), a sliding
+/// window and a prefill shorter than T (chunks after it) need that forward, so they are
+/// refused for now with a std::invalid_argument saying so.
+///
+/// @throws StateDictError / FormatError naming the file and tensor for a bad file;
+///         std::invalid_argument for options that do not fit it (naming both values);
+///         attn::ConfigError / ShapeError from the library (RoPE sizes, shapes).
+template <class Scalar>
+attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
+                                      const attn::io::SafetensorsFile& inputs,
+                                      const LlamaOptions& options) {
+  using attn::Index;
+  using attn::io::detail::io_require;
+  const char* where = "run_llama";
+  const std::string& prefix = options.prefix;
+  io_require<std::invalid_argument>(options.num_heads > 0, where, [&] {
+    return "num_heads=" + std::to_string(options.num_heads) + " must be positive";
+  });
+  io_require<attn::io::FormatError>(weights.contains(prefix + "q_proj.weight"), where, [&] {
+    return "'" + weights.source() + "' has no '" + prefix +
+           "q_proj.weight': --format llama reads Hugging Face's q_proj/k_proj/v_proj/o_proj "
+           "names (is the prefix right?)";
+  });
+  attn::MultiHeadAttentionOptions config =
+      attn::io::options_from_state_dict(weights, options.num_heads, prefix);
+  const auto agree = [&](const char* flag, Index given, Index found, const char* source) {
+    io_require<std::invalid_argument>(given == 0 || given == found, where, [&] {
+      return std::string(flag) + " " + std::to_string(given) + " does not fit '" +
+             weights.source() + "': " + source + " gives " + std::to_string(found);
+    });
+  };
+  agree("--head-dim", options.head_dim, config.head_dim, "q_proj.weight / num_heads");
+  agree("--num-kv-heads", options.num_kv_heads, config.num_kv_heads, "k_proj.weight / head_dim");
+  config.causal = true;
+  attn::MultiHeadAttention<Scalar> mha(config);
+  mha.eval();
+  const attn::io::LoadResult loaded =
+      attn::io::load_state_dict(mha, weights, prefix, attn::io::Strict::kNo);
+  for (const std::string& name : loaded.unexpected) {
+    io_require<attn::io::StateDictError>(name == prefix + "rotary_emb.inv_freq", where, [&] {
+      return "'" + weights.source() + "' has unexpected tensor '" + name + "'";
+    });
+  }
+  io_require<attn::io::StateDictError>(loaded.missing.empty(), where, [&] {
+    return "'" + weights.source() + "' has no tensor '" + loaded.missing.front() + "'";
+  });
+
+  // ---- inputs ----
+  io_require<attn::io::FormatError>(inputs.contains("query"), where, [&] {
+    return "'" + inputs.source() + "' has no tensor 'query'";
+  });
+  const std::size_t rank = inputs.rank("query");
+  io_require<attn::io::FormatError>(rank == 2 || rank == 3, where, [&] {
+    return "'" + inputs.source() + "': query has shape " +
+           attn::io::detail::shape_text(inputs.shape("query")) + ", expected (B, T, D) or (T, D)";
+  });
+  const attn::Tensor<Scalar, 3> x =
+      rank == 3 ? detail::read_float<Scalar, 3>(inputs, "query")
+                : attn::Tensor<Scalar, 3>(
+                      attn::unsqueeze(detail::read_float<Scalar, 2>(inputs, "query").view(), 0));
+  const Index batch = x.extent(0), tokens = x.extent(1), heads = mha.num_heads(),
+              hd = mha.head_dim();
+  io_require<attn::io::FormatError>(x.extent(2) == mha.d_in(), where, [&] {
+    return "'" + inputs.source() + "': query has " + std::to_string(x.extent(2)) +
+           " features, the weights expect " + std::to_string(mha.d_in());
+  });
+  const Index prefill = options.prefill > 0 ? options.prefill : tokens;
+  io_require<std::invalid_argument>(prefill <= tokens && options.chunk > 0, where, [&] {
+    return "--prefill " + std::to_string(prefill) + " and --chunk " +
+           std::to_string(options.chunk) + " do not fit T=" + std::to_string(tokens);
+  });
+  io_require<std::invalid_argument>(
+      mha.num_kv_heads() == heads && options.sliding_window == 0 && prefill == tokens, where, [&] {
+        return "num_kv_heads=" + std::to_string(mha.num_kv_heads()) +
+               " (num_heads=" + std::to_string(heads) + "), --sliding-window " +
+               std::to_string(options.sliding_window) + ", --prefill " + std::to_string(prefill) +
+               " of T=" + std::to_string(tokens) +
+               ": grouped-query attention, sliding windows and prefill/chunk splits need the "
+               "incremental forward (issue 12, phase 2), not implemented yet";
+      });
+
+  // ---- the layer: projections, RoPE on Q and K, causal attention, o_proj ----
+  const attn::RotaryEmbedding<Scalar> rope(attn::RotaryOptions{
+      hd, options.rotary_dim, options.rope_theta,
+      options.rope_interleaved ? attn::RopeStyle::kInterleaved : attn::RopeStyle::kHalfSplit,
+      tokens});
+  attn::Tensor<Scalar, 3> q = mha.w_query().forward(x.view());
+  attn::Tensor<Scalar, 3> k = mha.w_key().forward(x.view());
+  const attn::Tensor<Scalar, 3> v = mha.w_value().forward(x.view());
+  rope.apply(attn::split_heads(q.view(), heads), 0);
+  rope.apply(attn::split_heads(k.view(), mha.num_kv_heads()), 0);
+  attn::Tensor<Scalar, 3> context({batch, tokens, heads * hd});
+  attn::AttentionMask<Scalar> mask;
+  mask.causal();
+  attn::Workspace ws;
+  attn::scaled_dot_product_attention<Scalar>(
+      attn::split_heads(attn::TensorView<const Scalar, 3>(q.view()), heads),
+      attn::split_heads(attn::TensorView<const Scalar, 3>(k.view()), heads),
+      attn::split_heads(v.view(), heads), attn::split_heads(context.view(), heads), ws, mask);
+  const attn::Tensor<Scalar, 3> y = mha.out_proj().forward(context.view());
+  attn::io::SafetensorsWriter out;
+  out.set_metadata("producer", "attn_run --format llama");
+  if (rank == 3) {
+    out.add("output", y);
+  } else {
+    out.add("output", attn::select(y.view(), 0, 0));
+  }
+  return out;
+}
+
+}  // namespace attn_run
