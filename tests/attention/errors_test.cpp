@@ -542,11 +542,11 @@ TEST(ModuleSizes, BuffersThatWouldOverflowAreAShapeError) {
   EXPECT_EQ(ws.bytes(), 0u);  // nothing was allocated
 }
 
-// Known gap, outside the checks: the materialised kernel sizes its per-thread scores as
-// (64 + d) * T_k elements unchecked (attention/detail/kernel.hpp, workspace_get), so 2^58
-// broadcast keys overflow that product (UBSan: signed overflow; ASan: a 2^62-byte request).
-// Enable once those sizes are computed with attn/detail/checked.hpp.
-TEST(ModuleSizes, DISABLED_KernelScratchThatWouldOverflowIsAShapeError) {
+// The materialised kernel sizes its per-thread scores as
+// (64 + d) * T_k elements, so 2^58 broadcast keys would overflow that product (before: UBSan
+// signed overflow, then a 2^62-byte request).
+// check_sdpa now checks that size (materialized_scratch_fits) before the kernel runs.
+TEST(ModuleSizes, KernelScratchThatWouldOverflowIsAShapeError) {
   const Tensor<float, 4> q({1, 1, 2, 4}, 0.5f);
   const float kv[4] = {1, 2, 3, 4};
   const TensorView<const float, 4> k(kv, {1, 1, Index(1) << 58, 4}, {0, 0, 0, 1});

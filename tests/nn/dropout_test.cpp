@@ -287,3 +287,11 @@ TYPED_TEST(DropoutTest, BackwardOfAnInactiveForwardAddsGradYAndChecksShapes) {
 }
 
 }  // namespace
+
+// Dropout::forward_ writes in place: a broadcast view would be scaled several times over.
+TEST(DropoutInPlace, ViewsWhoseElementsShareMemoryAreShapeErrors) {
+  float data[4] = {1, 2, 3, 4};
+  const attn::TensorView<float, 2> broadcast(data, {3, 4}, {0, 1});
+  attn::Dropout<float> dropout(0.5);
+  EXPECT_THROW(dropout.forward_(broadcast), attn::ShapeError);
+}

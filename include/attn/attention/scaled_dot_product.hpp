@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "attn/attention/detail/kernel.hpp"
+#include "attn/kernels/types.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
@@ -149,6 +150,12 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
       });
   require(!(options.path == AttentionPath::kStreaming && weights.data() != nullptr), where, [] {
     return std::string("the streaming path cannot return attention weights; use kMaterialized");
+  });
+  const bool materialized = weights.data() != nullptr || options.path == AttentionPath::kMaterialized;
+  require(!materialized || materialized_scratch_fits<Scalar>(d, dv, tk), where, [&] {
+    return "the materialised path would need a score block of " + std::to_string(kQueryBlock) +
+           " x " + std::to_string(tk) + " elements per thread, more than fits in memory: " +
+           shapes();
   });
   mask.check(where, b, h, tq, tk);
   check_sdpa_memory(where, q, k, v, out, weights, mask);

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/isa.hpp"
 #include "attn/memory.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -43,6 +44,16 @@ inline constexpr Index kKeyBlock = 128;
 /// block and K^T (d, T_k), later V (T_k, d_v) when it must be cleaned.
 constexpr Index materialized_scratch_size(Index head_dim, Index value_dim, Index keys) noexcept {
   return kQueryBlock * keys + std::max(head_dim, value_dim) * keys + 64;
+}
+
+/// Whether materialized_scratch_size() for these sizes is an object the machine can hold
+/// (broadcast views with zero strides can claim 2^60 keys): callers check this first.
+template <class Scalar>
+constexpr bool materialized_scratch_fits(Index head_dim, Index value_dim, Index keys) noexcept {
+  std::size_t count = 0, bytes = 0;
+  const auto width = static_cast<std::size_t>(kQueryBlock + std::max(head_dim, value_dim));
+  return checked_mul(width, static_cast<std::size_t>(keys), count) && count < kMaxObjectBytes &&
+         checked_bytes(count + 64, sizeof(Scalar), bytes);
 }
 
 /// Scratch elements one streaming attention task needs: Q^T (d, kQueryBlock), a score tile

@@ -11,6 +11,7 @@
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
@@ -105,6 +106,7 @@ class Dropout {
   /// backward() needs (the call number it claimed).
   template <std::size_t Rank>
   DropoutRecord forward_(TensorView<Scalar, Rank> x) const {
+    detail::require_distinct_elements("Dropout::forward_", "x", x);  // written in place
     DropoutRecord record;
     record.size = x.size();
     record.columns = x.extent(Rank - 1);

@@ -11,6 +11,7 @@
 #include "attn/config.hpp"
 #include "attn/kernels/dispatch.hpp"
 #include "attn/error.hpp"
+#include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -40,6 +41,7 @@ void softmax_(TensorView<Scalar, Rank> x, std::size_t axis = Rank - 1) {
     return "axis " + std::to_string(axis) + " does not exist in a view of shape " +
            detail::to_string(x.shape());
   });
+  detail::require_distinct_elements("softmax_", "x", x);  // written in place
   if (x.empty()) return;
   // Iterate over every position of the other axes; each is one row along `axis`.
   const auto moved = transpose(x, axis, Rank - 1);
