@@ -77,9 +77,8 @@ struct CoreConfig {
 ///      context written into (B, T_q, H, hd) == (B, T_q, A), the module's own causal bound,
 ///      scale and dropout applied;
 ///   4. output projection: out_proj (d_out, A) from that buffer, or the context is the output.
-/// Grouped-query attention (num_kv_heads < num_heads) is configured and projected (K and V
-/// with H_kv heads) but forward() refuses it until the kernel maps query head h to key/value
-/// head h / (H / H_kv).
+/// Grouped-query attention (num_kv_heads < num_heads): K and V are projected with H_kv heads
+/// and the kernel maps query head h to key/value head h / (H / H_kv), copying nothing.
 /// Every notebook class is a thin header over one core (or, for the wrapper, several); a
 /// feature added here reaches every module.
 ///
@@ -172,19 +171,11 @@ class AttentionCore {
   /// Step 1: the shapes of a call, the sizes its buffers take, and the memory of its outputs
   /// (check_output_memory; inputs sharing memory with them were copied by
   /// stage_overlapping(), and are projected before anything is written anyway).
-  /// @throws ShapeError; ConfigError past context_length or for grouped-query attention (not
-  /// supported by the kernel yet).
+  /// @throws ShapeError; ConfigError past context_length.
   void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
              TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out,
              TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) const {
     const char* where = config_.forward_name;
-    require_config(num_kv_heads() == num_heads(), where, [&] {
-      return "num_kv_heads=" + std::to_string(num_kv_heads()) +
-             " != num_heads=" + std::to_string(num_heads()) +
-             ": grouped-query attention is not yet supported by the attention kernel (query "
-             "head h reading key/value head h / (num_heads / num_kv_heads)); the module's "
-             "configuration, weights and projections already support it";
-    });
     const char* name = config_.input_name != nullptr ? config_.input_name : "query";
     check_input(where, name, query, d_in(), "d_in");
     if (config_.input_name == nullptr) {

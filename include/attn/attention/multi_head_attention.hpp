@@ -106,9 +106,9 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 ///
 /// Grouped-query and multi-query attention (MultiHeadAttentionOptions::num_kv_heads < num_heads,
 /// Llama 2 70B, Llama 3, Mistral, Qwen2): W_k and W_v are (H_kv hd, kdim/vdim) and K, V have
-/// H_kv heads; with head_dim set, W_q is (H hd, d_in) and out_proj (d_out, H hd). Such a
-/// module builds, loads and saves (ParameterNames::kLlama: q_proj.weight, ...), but forward()
-/// throws ConfigError until the kernel maps query head h to key/value head h / (H / H_kv).
+/// H_kv heads; with head_dim set, W_q is (H hd, d_in) and out_proj (d_out, H hd). Query head
+/// h reads key/value head h / (H / H_kv) (PyTorch's enable_gqa, Hugging Face's repeat_kv)
+/// without copying K or V. Llama-family names: ParameterNames::kLlama (q_proj.weight, ...).
 ///
 /// forward() is const and may be called from several threads at once (dropout's call
 /// counter is atomic; give each thread its own Workspace).
