@@ -27,6 +27,7 @@
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/nn/rope.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -66,6 +67,11 @@ struct CoreConfig {
   bool out_proj = false, out_bias = false;  ///< an output projection (d_out, A), with bias
   bool causal = false;
   CausalAlignment alignment = CausalAlignment::kSquare;
+  /// Rotary embeddings applied to Q and K as they leave the projection (head_dim 0: none; else
+  /// the module's head dim), at positions 0..T-1, or the cache's positions incrementally.
+  RotaryOptions rope{};
+  /// Sliding window W (0: none; needs causal): the query at position p sees keys (p - W, p].
+  Index sliding_window = 0;
   InitScheme init = InitScheme::kLinear;
   ParameterNames names = ParameterNames::kNotebook;  ///< what ParameterNames::kDefault means
 };
@@ -105,6 +111,7 @@ class AttentionCore {
     proj_ = QkvProjection<Scalar>(c.d_in, kdim, vdim, c.num_heads, config_.head_dim, c.qkv_bias,
                                   config_.num_kv_heads);
     dropout_ = Dropout<Scalar>(c.dropout);
+    if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Scalar>(c.rope);
     if (c.init == InitScheme::kNone) {  // nothing drawn: the caller sets the weights
       TorchGenerator unused;
       if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, unused);
@@ -141,6 +148,12 @@ class AttentionCore {
     check(query, key, value, out, weights, mask);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
+    if (has_rope()) {  // positions 0..T-1, in the projection's own buffer
+      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.query.data()),
+                                        heads.query.shape(), heads.query.strides()));
+      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.key.data()), heads.key.shape(),
+                                        heads.key.strides()));
+    }
     const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
                 hd = head_dim();
     // The context (B, T_q, H, hd) == (B, T_q, A): out itself when no projection follows
@@ -244,7 +257,7 @@ class AttentionCore {
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
-                   weights, ws, config_.causal, config_.alignment);
+                   weights, ws, config_.causal, config_.alignment, config_.sliding_window);
   }
 
   // ---- modes ----
@@ -276,6 +289,11 @@ class AttentionCore {
   Index num_heads() const noexcept { return config_.num_heads; }
   Index num_kv_heads() const noexcept { return config_.num_kv_heads; }
   Index head_dim() const noexcept { return config_.head_dim; }
+  /// The sliding window (0: none).
+  Index sliding_window() const noexcept { return config_.sliding_window; }
+  bool has_rope() const noexcept { return rope_.head_dim() > 0; }
+  /// The rotary embedding (head_dim 0: none).
+  const RotaryEmbedding<Scalar>& rope() const noexcept { return rope_; }
   /// A = num_heads * head_dim: the context's features, out_proj's input.
   Index attention_width() const noexcept { return config_.num_heads * config_.head_dim; }
   double dropout() const noexcept { return dropout_.p(); }
@@ -426,6 +444,15 @@ class AttentionCore {
                             " != d_out=" + std::to_string(c.d_out) +
                             ": without an output projection the context is the output";
                    });
+    const Index hd = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
+    require_config(c.rope.head_dim == 0 || c.rope.head_dim == hd, c.name, [&] {
+      return "rope.head_dim=" + std::to_string(c.rope.head_dim) +
+             " must be 0 (no rotary embedding) or the head dim " + std::to_string(hd);
+    });
+    require_config(c.sliding_window >= 0 && (c.sliding_window == 0 || c.causal), c.name, [&] {
+      return "sliding_window=" + std::to_string(c.sliding_window) +
+             " must be 0 or positive, and a window needs causal=true";
+    });
     check_dropout(c.dropout, c.name);
     return c;
   }
@@ -434,6 +461,7 @@ class AttentionCore {
   QkvProjection<Scalar> proj_;
   Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
   Dropout<Scalar> dropout_{0.0};
+  RotaryEmbedding<Scalar> rope_;  // head_dim 0 unless config_.rope.head_dim
   bool scaled_ = true;  // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
 };
 

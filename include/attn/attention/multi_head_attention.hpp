@@ -13,6 +13,7 @@
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/nn/rope.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
@@ -37,6 +38,12 @@ struct MultiHeadAttentionOptions {
   bool out_bias = true;      ///< bias of out_proj
   bool causal = false;       ///< always apply a causal bound (self-attention decoders)
   CausalAlignment causal_alignment = CausalAlignment::kSquare;
+  /// Rotary position embeddings on Q and K (rope.head_dim 0: none; else head_dim), as Llama,
+  /// Mistral and Qwen2: at positions 0..T-1 in forward(), the cache's positions in the
+  /// incremental forward.
+  RotaryOptions rope{};
+  /// Sliding window W (Mistral; 0: none; needs causal): position p sees keys in (p - W, p].
+  Index sliding_window = 0;
   InitScheme init = InitScheme::kLinear;  ///< kLinear, kMultiheadAttention or kRand
 
   /// The configuration of `torch.nn.MultiheadAttention(embed_dim, num_heads, dropout,
@@ -234,6 +241,8 @@ class MultiHeadAttention
     c.out_bias = o.out_bias;
     c.causal = o.causal;
     c.alignment = o.causal_alignment;
+    c.rope = o.rope;
+    c.sliding_window = o.sliding_window;
     c.init = o.init;
     c.names = ParameterNames::kMultiheadAttention;
     return c;
