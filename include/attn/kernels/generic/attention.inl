@@ -139,6 +139,22 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
   }
 }
 
+/// sum_e a[e] b[e] over n elements, lanes then one reduction.
+template <class Scalar>
+inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
+  using V = Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  auto t0 = V::zero(), t1 = V::zero();
+  Index e = 0;
+  for (; e + 2 * W <= n; e += 2 * W) {
+    t0 = V::fmadd(V::load(a + e), V::load(b + e), t0);
+    t1 = V::fmadd(V::load(a + e + W), V::load(b + e + W), t1);
+  }
+  for (; e + W <= n; e += W) t0 = V::fmadd(V::load(a + e), V::load(b + e), t0);
+  if (e < n) t1 = V::fmadd(V::load_partial(a + e, n - e), V::load_partial(b + e, n - e), t1);
+  return V::reduce_add(V::add(t0, t1));
+}
+
 /// Streaming path for one task (see StreamTask): query rows of one or more heads of a
 /// key/value group against tiles of K/V with an online softmax (running max m and sum l per
 /// row). It works on transposed scores S^T (keys x rows), so
@@ -190,15 +206,21 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
     min_end = std::min(min_end, end[r]);
   }
   const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
-  for (Index g = 0; g < task.heads; ++g) {
-    const Scalar* q = p.q.data() + task.b * p.q.stride(0) + (task.h0 + g) * p.q.stride(1) +
-                      i0 * q_rs;
-    pack_transposed(q, q_rs, 0, nq, 0, d, qt + g * nq, rows);
-  }
   const Scalar* k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
   const Scalar* v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
   const bool elementwise = masks[0].elementwise();
   const Index col_group = micro_cols<Scalar>();
+  // Dot products cost rows (d / W + ~8 for the reduction) per key, the micro-kernel about
+  // d kMicroVecs whatever the row count: 4x less for a decode step's 4 rows (AVX-512, d 128).
+  const bool dot_rows = rows * (d / W + 8) < d * kMicroVecs;
+  const Scalar* qrow[kQueryBlock];
+  for (Index r = 0; r < rows; ++r) {
+    qrow[r] = p.q.data() + task.b * p.q.stride(0) + (task.h0 + r / nq) * p.q.stride(1) +
+              (i0 + r % nq) * q_rs;
+  }
+  for (Index g = 0; g < (dot_rows ? 0 : task.heads); ++g) {
+    pack_transposed(qrow[g * nq], q_rs, 0, nq, 0, d, qt + g * nq, rows);
+  }
 
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
@@ -208,8 +230,17 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
     // Every row sees every key of the tile (no bound inside it)?
     const bool full = j0 >= max_begin && j0 + width <= min_end;
     // pass 1: s^T (width, rows) = k[j0:j0+width] q^T * scale; in a boundary tile each group
-    // of keys only against the column groups holding rows that see one of its keys.
-    for (Index gk = 0; gk < width; gk += kMicroRows) {
+    // of keys only against the column groups holding rows that see one of its keys. With few
+    // rows (decoding) one dot product per (key, row) instead: the micro-kernel's tile would
+    // be mostly idle lanes.
+    if (dot_rows) {
+      for (Index j = 0; j < width; ++j) {
+        for (Index r = 0; r < rows; ++r) {
+          st[j * ld + r] = dot(kt + j * k_rs, qrow[r], d) * p.scale;
+        }
+      }
+    }
+    for (Index gk = 0; gk < (dot_rows ? 0 : width); gk += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, width - gk);
       const Index first = j0 + gk, last = first + group - 1;
       for (Index c = 0; c < rows;) {
