@@ -25,10 +25,7 @@
 // allocation and the keys and values it holds (capacity L + T_new); workspace_bytes: the
 // Workspace after the steps.
 
-#include <sys/resource.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -37,31 +34,21 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "timer_support.hpp"
 
 namespace {
 
-double max_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: KiB
-}
+constexpr const char* kArguments =
+    "decode|prefill|gemm B L threads reps [--max-seconds S] "
+    "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
+    "[--head-dim hd]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s decode|prefill|gemm B L threads reps [--max-seconds S] "
-               "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
-               "[--head-dim hd]\n",
-               argv0, why.c_str(), argv0);
-  std::exit(2);
+  attn::bench::usage_error(argv0, why, kArguments);
 }
 
 long parse_int(const char* argv0, const char* text, const char* what) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 0) {
-    usage(argv0, std::string("bad ") + what + " '" + text + "'");
-  }
-  return value;
+  return attn::bench::parse_count(argv0, text, what, kArguments);
 }
 
 /// Values in [-scale, scale) from a 64-bit hash of (seed, i): fast enough for 40M weights.
@@ -75,25 +62,6 @@ void fill(View x, std::uint64_t seed, float scale) {
     z ^= z >> 31;
     data[i] = scale * (static_cast<float>(z >> 40) / 8388608.0f - 1.0f);
   }
-}
-
-/// Times `step` (after `warmup` untimed calls): sorted times in ms.
-template <class Step>
-std::vector<double> time_steps(Step&& step, long warmup, long reps, double max_seconds) {
-  for (long i = 0; i < warmup; ++i) step();
-  std::vector<double> ms;
-  double total = 0;
-  for (long i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    step();
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ms.push_back(s * 1e3);
-    total += s;
-    if (total >= max_seconds && ms.size() >= 3) break;
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms;
 }
 
 }  // namespace
@@ -110,9 +78,9 @@ int main(int argc, char** argv) {
     };
     if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) {
       max_seconds = std::atof(argv[++i]);
-    } else if (!option("--warmup", warmup) && !option("--chunk", chunk) &&
-               !option("--dim", dim) && !option("--heads", heads) &&
-               !option("--kv-heads", kv_heads) && !option("--head-dim", head_dim)) {
+    } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
+               !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
+               !option("--head-dim", head_dim)) {
       positional.push_back(argv[i]);
     }
   }
@@ -127,7 +95,7 @@ int main(int argc, char** argv) {
   if (b < 1 || dim < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 2) {
     usage(argv[0], "need positive sizes, H_kv dividing H and an even head dim");
   }
-  const double base_rss = max_rss_mib();
+  const double base_rss = attn::bench::max_rss_mib();
   attn::set_num_threads(threads);
 
   attn::MultiHeadAttentionOptions o;
@@ -138,8 +106,7 @@ int main(int argc, char** argv) {
   o.causal = true;
   o.out_bias = false;
   o.init = attn::InitScheme::kNone;
-  o.rope = attn::RotaryOptions{head_dim, 0, 500000.0, attn::RopeStyle::kHalfSplit,
-                               length + t_new};
+  o.rope = attn::RotaryOptions{head_dim, 0, 500000.0, attn::RopeStyle::kHalfSplit, length + t_new};
   attn::MultiHeadAttention<float> mha(o);
   mha.eval();
   const float bound = 1.0f / std::sqrt(static_cast<float>(dim));
@@ -160,7 +127,8 @@ int main(int argc, char** argv) {
     attn::Linear<float> linear(dim, proj.extent(0), /*bias=*/false);
     attn::copy(proj, linear.weight());
     linear.freeze();
-    ms = time_steps([&] { linear.forward(x.view(), y.view(), ws); }, warmup, reps, max_seconds);
+    ms = attn::bench::time_calls([&] { linear.forward(x.view(), y.view(), ws); }, warmup, reps,
+                                 max_seconds);
     bytes = 4 * proj.extent(0) * dim;
   } else {
     attn::KVCache<float> cache(b, kv_heads, head_dim, length + t_new);
@@ -169,7 +137,7 @@ int main(int argc, char** argv) {
     cache.advance(length);
     attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
     fill(x.view(), 6, 1.0f);
-    ms = time_steps(
+    ms = attn::bench::time_calls(
         [&] {
           mha.forward(x.view(), y.view(), ws, cache);
           for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
@@ -180,7 +148,7 @@ int main(int argc, char** argv) {
     kv_bytes = static_cast<std::int64_t>(cache.payload_bytes());
   }
   const std::size_t n = ms.size();
-  const double median = n % 2 == 1 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  const double median = attn::bench::median_of(ms);
   std::printf(
       "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "
@@ -188,7 +156,7 @@ int main(int argc, char** argv) {
       op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new), dim,
       heads, kv_heads, head_dim, threads, n, median, ms.front(), static_cast<long long>(bytes),
       static_cast<double>(bytes) / (median * 1e-3) * 1e-9, static_cast<long long>(cache_bytes),
-      static_cast<long long>(kv_bytes), ws.bytes(), max_rss_mib(), base_rss,
+      static_cast<long long>(kv_bytes), ws.bytes(), attn::bench::max_rss_mib(), base_rss,
       attn::isa_name(attn::active_isa()));
   return 0;
 }
