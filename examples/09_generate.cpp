@@ -66,8 +66,7 @@ struct TinyModel {
 
   /// The hidden state x + attention(x) of a row, and the greedy next token from it.
   Index next_token(TensorView<const float, 1> hidden) const {
-    const Tensor<float, 2> logits =
-        head.forward(attn::reshape(hidden, Shape<2>{1, kDim}));
+    const Tensor<float, 2> logits = head.forward(attn::reshape(hidden, Shape<2>{1, kDim}));
     Index best = 0;
     for (Index v = 1; v < kVocab; ++v) best = logits(0, v) > logits(0, best) ? v : best;
     return best;
@@ -107,8 +106,8 @@ std::vector<Index> generate(const TinyModel& model, attn::KVCache<float>& cache,
   }
   char diff[32];
   std::snprintf(diff, sizeof diff, "max |diff| %.1e", worst);
-  check.that(label + ": every step's hidden state equals the whole-prefix forward",
-             worst <= 1e-5, diff);
+  check.that(label + ": every step's hidden state equals the whole-prefix forward", worst <= 1e-5,
+             diff);
   check.that(label + ": every step picks the whole-prefix forward's token", same_tokens);
   return tokens;
 }

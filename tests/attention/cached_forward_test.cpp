@@ -96,10 +96,9 @@ void check_random_splits(const Config& c, Index batch, std::uint64_t seed) {
   SCOPED_TRACE(describe(c) + " B=" + std::to_string(batch) + " seed=" + std::to_string(seed));
   const Index total = 70, max_chunk = 9;
   const MultiHeadAttention<Scalar> m = make_module<Scalar>(c, 2 * total);
-  KVCache<Scalar> cache = c.window > 0
-                              ? KVCache<Scalar>::sliding_window(batch, c.kv_heads, c.head_dim,
-                                                                c.window, max_chunk)
-                              : KVCache<Scalar>(batch, c.kv_heads, c.head_dim, 2 * total);
+  KVCache<Scalar> cache = c.window > 0 ? KVCache<Scalar>::sliding_window(
+                                             batch, c.kv_heads, c.head_dim, c.window, max_chunk)
+                                       : KVCache<Scalar>(batch, c.kv_heads, c.head_dim, 2 * total);
   std::mt19937_64 rng(seed);
   std::vector<Sequence<Scalar>> seqs(static_cast<std::size_t>(batch));
   attn::Workspace ws;

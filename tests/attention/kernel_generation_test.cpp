@@ -50,14 +50,14 @@ std::string describe(const Dims& s) {
 // Grouped (H_kv < H), multi-query (H_kv = 1) and plain shapes; T_q <= 8 takes the split-keys
 // path (more than one 512-key chunk from T_k = 600 on), the others the tiled one.
 const std::vector<Dims> kShapes = {
-    {2, 4, 2, 5, 7, 3, 3},        // tiny, split keys, one chunk
-    {1, 8, 2, 64, 128, 8, 8},     // tile multiples, group of 4
-    {2, 6, 1, 70, 257, 16, 5},    // multi-query, ragged tiles, d_v != d
-    {2, 8, 2, 1, 1100, 16, 16},   // decoding: three key chunks
-    {1, 4, 1, 3, 700, 8, 8},      // multi-query chunked prefill of 3
-    {2, 12, 3, 8, 600, 8, 8},     // the largest split-keys T_q
-    {1, 3, 3, 20, 90, 8, 8},      // H_kv = H, short queries stacked per head
-    {1, 64, 1, 2, 130, 4, 4},     // 64 heads of one group: two head chunks of rows
+    {2, 4, 2, 5, 7, 3, 3},       // tiny, split keys, one chunk
+    {1, 8, 2, 64, 128, 8, 8},    // tile multiples, group of 4
+    {2, 6, 1, 70, 257, 16, 5},   // multi-query, ragged tiles, d_v != d
+    {2, 8, 2, 1, 1100, 16, 16},  // decoding: three key chunks
+    {1, 4, 1, 3, 700, 8, 8},     // multi-query chunked prefill of 3
+    {2, 12, 3, 8, 600, 8, 8},    // the largest split-keys T_q
+    {1, 3, 3, 20, 90, 8, 8},     // H_kv = H, short queries stacked per head
+    {1, 64, 1, 2, 130, 4, 4},    // 64 heads of one group: two head chunks of rows
 };
 
 std::vector<Isa> runnable_sets() {
@@ -89,8 +89,8 @@ void check(const Dims& s, const AttentionMask<Scalar>& mask, const ref::DenseMas
   const auto k_rep = ref::repeat_kv(in.k.view(), s.h);
   const auto v_rep = ref::repeat_kv(in.v.view(), s.h);
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
-  const ref::Result expected = ref::attention(in.q.view(), k_rep.view(), v_rep.view(), dense,
-                                              static_cast<ref::Real>(scale));
+  const ref::Result expected =
+      ref::attention(in.q.view(), k_rep.view(), v_rep.view(), dense, static_cast<ref::Real>(scale));
   const double tol = ref::kernel_tolerance<Scalar>(s.d, s.tk);
   for (const AttentionPath path : {AttentionPath::kMaterialized, AttentionPath::kStreaming}) {
     SCOPED_TRACE(path == AttentionPath::kMaterialized ? "materialized" : "streaming");
@@ -134,8 +134,8 @@ TYPED_TEST(KernelGeneration, GroupedQueryMatchesRepeatedKeysOnEverySet) {
       check<S>(s, {}, ref::DenseMask(s.b, s.h, s.tq, s.tk), 11);
       AttentionMask<S> causal;
       causal.causal(CausalAlignment::kBottomRight);
-      check<S>(s, causal, ref::DenseMask(s.b, s.h, s.tq, s.tk).causal(CausalAlignment::kBottomRight),
-               12);
+      check<S>(s, causal,
+               ref::DenseMask(s.b, s.h, s.tq, s.tk).causal(CausalAlignment::kBottomRight), 12);
     }
   }
 }
@@ -240,14 +240,14 @@ TYPED_TEST(KernelGeneration, HeadCountsThatDoNotGroupAreShapeErrors) {
   using S = TypeParam;
   const Tensor<S, 4> q({1, 6, 3, 4}), k4({1, 4, 5, 4}), k3({1, 3, 5, 4}), v2({1, 2, 5, 4});
   Tensor<S, 4> out({1, 6, 3, 4});
-  EXPECT_THAT([&] { attn::scaled_dot_product_attention<S>(q.view(), k4.view(), k4.view(),
-                                                           out.view()); },
-              ::testing::ThrowsMessage<attn::ShapeError>(::testing::HasSubstr(
-                  "number of heads in key and value must divide the number of heads in query")));
-  EXPECT_THAT([&] { attn::scaled_dot_product_attention<S>(q.view(), k3.view(), v2.view(),
-                                                           out.view()); },
-              ::testing::ThrowsMessage<attn::ShapeError>(
-                  ::testing::HasSubstr("key and value must have the same number of heads")));
+  EXPECT_THAT(
+      [&] { attn::scaled_dot_product_attention<S>(q.view(), k4.view(), k4.view(), out.view()); },
+      ::testing::ThrowsMessage<attn::ShapeError>(::testing::HasSubstr(
+          "number of heads in key and value must divide the number of heads in query")));
+  EXPECT_THAT(
+      [&] { attn::scaled_dot_product_attention<S>(q.view(), k3.view(), v2.view(), out.view()); },
+      ::testing::ThrowsMessage<attn::ShapeError>(
+          ::testing::HasSubstr("key and value must have the same number of heads")));
   AttentionMask<S> bad;
   EXPECT_THROW(bad.sliding_window(0), attn::ConfigError);
 }

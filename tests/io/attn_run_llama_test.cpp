@@ -158,10 +158,10 @@ TEST(AttnRunLlama, PrefillAndChunkSplitsAgree) {
            std::vector<std::pair<attn::Index, attn::Index>>{{1, 1}, {4, 1}, {2, 3}, {5, 4}}) {
         o.prefill = prefill;
         o.chunk = chunk;
-        EXPECT_LE(relative_error(
-                      attn_run::run_llama<float>(llama_weights(kv_heads), hidden_states(9), o),
-                      whole),
-                  1e-5)
+        EXPECT_LE(
+            relative_error(attn_run::run_llama<float>(llama_weights(kv_heads), hidden_states(9), o),
+                           whole),
+            1e-5)
             << "prefill " << prefill << " chunk " << chunk;
       }
     }

@@ -40,7 +40,8 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
   const Index batch = x.extent(0), tokens = x.extent(1);
   require_config(core.projection().fused(), where, [&] {
     return "the incremental forward is self-attention and needs kdim == vdim == d_in (got "
-           "d_in=" + std::to_string(core.d_in()) + ", kdim=" + std::to_string(core.kdim()) +
+           "d_in=" +
+           std::to_string(core.d_in()) + ", kdim=" + std::to_string(core.kdim()) +
            ", vdim=" + std::to_string(core.vdim()) + ")";
   });
   require(cache.batch() == batch && cache.num_kv_heads() == core.num_kv_heads() &&
@@ -48,8 +49,9 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
           where, [&] {
             return "the cache holds B=" + std::to_string(cache.batch()) +
                    ", H_kv=" + std::to_string(cache.num_kv_heads()) +
-                   ", head_dim=" + std::to_string(cache.head_dim()) + "; the call needs B=" +
-                   std::to_string(batch) + ", H_kv=" + std::to_string(core.num_kv_heads()) +
+                   ", head_dim=" + std::to_string(cache.head_dim()) +
+                   "; the call needs B=" + std::to_string(batch) +
+                   ", H_kv=" + std::to_string(core.num_kv_heads()) +
                    ", head_dim=" + std::to_string(core.head_dim());
           });
   const Index window = core.sliding_window();
@@ -59,8 +61,9 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
            " (0: none): it would read keys the ring no longer holds";
   });
   require_config(mask.empty(), where, [] {
-    return std::string("the incremental forward takes no mask: the cache's lengths, the causal "
-                       "bound and the module's window are its mask");
+    return std::string(
+        "the incremental forward takes no mask: the cache's lengths, the causal "
+        "bound and the module's window are its mask");
   });
   check_output(where, out, {batch, tokens, core.d_out()});
   for (Index b = 0; b < batch; ++b) {
@@ -99,8 +102,8 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
   // they are one strided block (equal lengths, no ring wrap), else through the workspace.
   const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kQueryStaging);
-  Scalar* q = workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
-                                    batch * t * (a + 2 * kv_heads * hd));
+  Scalar* q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
   proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
   const Index cap = cache.capacity();
   if (cache.uniform() && cache.length(0) % cap + t <= cap) {
@@ -142,14 +145,16 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
       .causal(CausalAlignment::kBottomRightPerItem);
   if (core.sliding_window() > 0) mask.sliding_window(core.sliding_window());
   const bool direct = !core.config().out_proj && out.stride(2) == 1;
-  Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
+  Scalar* ctx =
+      direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
   const AttentionOptions options = core.kernel_options({});
   KernelParams<Scalar> p;
   p.q = TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1});
   p.k = cache.k_storage();
   p.v = cache.v_storage();
-  p.out = TensorView<Scalar, 4>(ctx, {batch, heads, t, hd}, {ctx_strides[0], hd, ctx_strides[1], 1});
+  p.out =
+      TensorView<Scalar, 4>(ctx, {batch, heads, t, hd}, {ctx_strides[0], hd, ctx_strides[1], 1});
   p.mask = &mask;
   p.ring = cache.window() > 0 ? cap : 0;
   p.key_first = cache.first_positions();

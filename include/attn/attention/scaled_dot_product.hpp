@@ -113,9 +113,8 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
           [&] { return "empty input: " + shapes() + " (every extent must be positive)"; });
   require(k.extent(0) == b && v.extent(0) == b, where,
           [&] { return "batch sizes differ: " + shapes(); });
-  require(k.extent(1) == v.extent(1), where, [&] {
-    return "key and value must have the same number of heads: " + shapes();
-  });
+  require(k.extent(1) == v.extent(1), where,
+          [&] { return "key and value must have the same number of heads: " + shapes(); });
   require(h % k.extent(1) == 0, where, [&] {
     return "number of heads in key and value must divide the number of heads in query "
            "(grouped-query attention: query head h reads key/value head h / (H / H_kv)): " +
