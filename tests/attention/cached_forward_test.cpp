@@ -200,6 +200,21 @@ TYPED_TEST(CachedForward, ModulesOnOneCoreRunIt) {
   EXPECT_TRUE(ref::all_near(out.view(), whole.view(), 2 * module_tolerance<S>(8, 8, 12, 8)));
 }
 
+TYPED_TEST(CachedForward, ModulesWithoutOneCoreRefuseIt) {
+  using S = TypeParam;
+  attn::manual_seed(3);
+  const attn::MultiHeadAttentionWrapper<S> wrapper(8, 4, 16, 0.0, 2);
+  const attn::SimpleSelfAttention<S> simple;
+  KVCache<S> cache(1, 1, 4, 16);
+  attn::Workspace ws;
+  const auto x = attn::test::random_tensor<S>(Shape<3>{1, 3, 8}, 1);
+  Tensor<S, 3> out({1, 3, 8});
+  EXPECT_THAT([&] { wrapper.forward(x.view(), out.view(), ws, cache); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("use MultiHeadAttention")));
+  EXPECT_THAT([&] { simple.forward(x.view(), out.view(), ws, cache); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("no projections")));
+}
+
 TYPED_TEST(CachedForward, ErrorsNameTheValuesAndLeaveTheCacheAlone) {
   using S = TypeParam;
   const Config c{32, 4, 2, 8, 8, 0, RopeStyle::kHalfSplit, false};

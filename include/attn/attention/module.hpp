@@ -96,6 +96,13 @@ ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
   return staged;
 }
 
+/// For modules without one core (SimpleSelfAttention, MultiHeadAttentionWrapper): the
+/// incremental forward is refused, naming the module and what to use instead.
+[[noreturn]] inline void refuse_cached(const char* where, const char* why) {
+  throw ConfigError(std::string("attn::") + where +
+                    ": the incremental forward (a KVCache) is not available: " + why);
+}
+
 /// The forward overloads of an attention module whose tensor arguments are `Inputs` (one
 /// tag each), written once for every module. Arguments always come in the order
 /// (inputs..., outputs, workspace, mask), as in scaled_dot_product_attention:
