@@ -200,6 +200,23 @@ TYPED_TEST(CachedForward, ModulesOnOneCoreRunIt) {
   EXPECT_TRUE(ref::all_near(out.view(), whole.view(), 2 * module_tolerance<S>(8, 8, 12, 8)));
 }
 
+// In place (x is out) with a ring that takes 2 tokens at a time: the 5 tokens run in three
+// chunks, each reading rows of the staged copy of x; the same bits as out of place.
+TYPED_TEST(CachedForward, InPlaceLongerThanTheRingsChunkGivesTheSameBits) {
+  using S = TypeParam;
+  const Config c{32, 4, 2, 8, 8, 4, RopeStyle::kHalfSplit, true};
+  const MultiHeadAttention<S> m = make_module<S>(c, 16);
+  const auto x = attn::test::random_tensor<S>(Shape<3>{2, 5, c.d}, 4);
+  Tensor<S, 3> expected({2, 5, c.d});
+  attn::Workspace ws;
+  auto cache = KVCache<S>::sliding_window(2, c.kv_heads, c.head_dim, c.window, 2);
+  m.forward(x.view(), expected.view(), ws, cache);
+  Tensor<S, 3> inout = x;
+  auto cache2 = KVCache<S>::sliding_window(2, c.kv_heads, c.head_dim, c.window, 2);
+  m.forward(inout.view(), inout.view(), ws, cache2);
+  EXPECT_TRUE(ref::same_bits(inout.view(), expected.view()));
+}
+
 TYPED_TEST(CachedForward, ModulesWithoutOneCoreRefuseIt) {
   using S = TypeParam;
   attn::manual_seed(3);

@@ -101,7 +101,9 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   };
   // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
   // they are one strided block (equal lengths, no ring wrap), else through the workspace.
-  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kQueryStaging);
+  // Staged (strided rows, e.g. one chunk of a longer x) into the key slot: the query slot may
+  // hold x itself, copied there by stage_overlapping() when it overlaps out.
+  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
   Scalar* q =
       workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
   proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
