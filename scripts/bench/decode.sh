@@ -21,7 +21,7 @@
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
 #                                [--batches 1,4] [--lengths 512,...] [--out DIR]
-#   --quick  B 1, L 512 and 2048, 1 thread, one round of 3 reps: a smoke test (seconds)
+#   --quick  B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
 # Settings: scripts/bench/env.sh's bench_env (threads for every layer, glibc malloc kept,
 # OpenBLAS's kernels); attn gets OMP_WAIT_POLICY=ACTIVE, PyTorch the default, as in
 # bench_vs_pytorch.sh. ATTN_BENCH_BUILD_DIR changes the build directory.
@@ -29,8 +29,7 @@ set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
 source "$(dirname "$0")/env.sh"
 
-quick=0 rounds=3 reps=10 threads_list=1,2 batches=1,4 lengths=512,1024,2048,4096,8192
-out="$ATTN_ROOT/bench/results"
+quick=0 rounds="" reps="" threads_list="" batches="" lengths="" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -45,10 +44,13 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-if [ "$quick" = 1 ]; then
-  rounds=1 reps=3 threads_list=1 batches=1 lengths=512,2048
-  out="$ATTN_ROOT/bench/results/tmp"
+if [ "$quick" = 1 ]; then  # defaults of a smoke run; options given still win
+  rounds="${rounds:-1}" reps="${reps:-3}" threads_list="${threads_list:-1}" batches="${batches:-1}"
+  lengths="${lengths:-512,2048}" out="${out:-$ATTN_ROOT/bench/results/tmp}"
 fi
+rounds="${rounds:-3}" reps="${reps:-10}" threads_list="${threads_list:-1,2}"
+batches="${batches:-1,4}" lengths="${lengths:-512,1024,2048,4096,8192}"
+out="${out:-$ATTN_ROOT/bench/results}"
 max_seconds=$([ "$quick" = 1 ] && echo 1 || echo 4)
 mkdir -p "$out"
 
