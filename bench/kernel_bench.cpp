@@ -197,6 +197,39 @@ void BM_NaiveScaledDotProduct_Cross(benchmark::State& state) {
   run_naive<Scalar>(state, /*causal=*/false, /*cross=*/true);
 }
 
+// Grouped-query attention (issue 12: "at least as fast per FLOP as MHA"): head-major
+// q (B, H, T, hd) and k, v (B, H_kv, T, hd), causal self-attention, as a Llama layer's
+// prefill runs it. Args: B, T, H, H_kv, hd; compare the FLOPS counter across H_kv at one
+// (B, T, H, hd) (H_kv = H is multi-head attention).
+void BM_ScaledDotProduct_GroupedQueryCausal(benchmark::State& state) {
+  const Index b = state.range(0), t = state.range(1), h = state.range(2), hkv = state.range(3),
+              hd = state.range(4);
+  const auto q = attn::bench::random_tensor<float, 4>({b, h, t, hd}, 1);
+  const auto k = attn::bench::random_tensor<float, 4>({b, hkv, t, hd}, 2);
+  const auto v = attn::bench::random_tensor<float, 4>({b, hkv, t, hd}, 3);
+  attn::Tensor<float, 4> out({b, h, t, hd});
+  attn::AttentionMask<float> mask;
+  mask.causal();
+  attn::Workspace ws;
+  for (auto _ : state) {
+    attn::scaled_dot_product_attention<float>(q.view(), k.view(), v.view(), out.view(), ws, mask);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(attn::bench::attention_flops(b, h, t, t, hd, true),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = attn::num_threads();
+}
+BENCHMARK(BM_ScaledDotProduct_GroupedQueryCausal)
+    ->ArgNames({"B", "T", "H", "H_kv", "hd"})
+    ->Args({1, 1024, 32, 32, 128})
+    ->Args({1, 1024, 32, 8, 128})
+    ->Args({1, 1024, 32, 1, 128})
+    ->Args({1, 2048, 8, 8, 64})
+    ->Args({1, 2048, 8, 2, 64})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // Every self-attention shape of the issue and the reference list, each run causal and not.
 void add_shapes(benchmark::internal::Benchmark* bm, bool cross, bool issue, bool reference) {
   if (cross) {

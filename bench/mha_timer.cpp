@@ -20,10 +20,7 @@
 // max_rss_mib is getrusage's ru_maxrss (peak resident set of the process); base_rss_mib
 // the same taken before the module and inputs are built.
 
-#include <sys/resource.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,30 +29,20 @@
 
 #include "attn/attn.hpp"
 #include "bench_support.hpp"
+#include "timer_support.hpp"
 
 namespace {
 
-double max_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: KiB
-}
+constexpr const char* kArguments =
+    "B Tq Tk D H causal cross threads reps [--max-seconds S] "
+    "[--warmup N] [--no-freeze]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s B Tq Tk D H causal cross threads reps [--max-seconds S] "
-               "[--warmup N] [--no-freeze]\n",
-               argv0, why.c_str(), argv0);
-  std::exit(2);
+  attn::bench::usage_error(argv0, why, kArguments);
 }
 
 long parse_int(const char* argv0, const char* text, const char* what) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 0) {
-    usage(argv0, std::string("bad ") + what + " '" + text + "'");
-  }
-  return value;
+  return attn::bench::parse_count(argv0, text, what, kArguments);
 }
 
 }  // namespace
@@ -92,7 +79,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: built without OpenMP, running on one thread\n", argv[0]);
   }
 
-  const double base_rss = max_rss_mib();
+  const double base_rss = attn::bench::max_rss_mib();
   attn::set_num_threads(threads);
   const auto mha = attn::bench::make_mha<float>(d, h, /*seed=*/1234, frozen);
   const auto xq = attn::bench::random_tensor<float, 3>({b, tq, d}, /*seed=*/42);
@@ -103,28 +90,14 @@ int main(int argc, char** argv) {
   const auto mask = attn::bench::make_mask<float>(causal);
   attn::Workspace ws;
 
-  for (long i = 0; i < warmup; ++i) mha.forward(xq.view(), kv, kv, out.view(), ws, mask);
-
-  std::vector<double> times_ms;
-  times_ms.reserve(static_cast<std::size_t>(reps));
-  double total_s = 0;
-  for (long i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    mha.forward(xq.view(), kv, kv, out.view(), ws, mask);
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    times_ms.push_back(s * 1e3);
-    total_s += s;
-    if (total_s >= max_seconds && times_ms.size() >= 3) break;
-  }
+  const std::vector<double> sorted = attn::bench::time_calls(
+      [&] { mha.forward(xq.view(), kv, kv, out.view(), ws, mask); }, warmup, reps, max_seconds);
   // Keep the result observable so nothing is optimised away.
   double checksum = 0;
   for (attn::Index i = 0; i < out.size(); i += 97) checksum += out.data()[i];
 
-  std::vector<double> sorted = times_ms;
-  std::sort(sorted.begin(), sorted.end());
   const std::size_t n = sorted.size();
-  const double median = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  const double median = attn::bench::median_of(sorted);
   const double flops = attn::bench::mha_flops(b, tq, tk, d, h, causal, cross);
   std::printf(
       "impl=attn B=%ld Tq=%ld Tk=%ld D=%ld H=%ld causal=%d cross=%d threads=%d reps=%zu "
@@ -132,7 +105,7 @@ int main(int argc, char** argv) {
       "checksum=%.6g frozen=%d isa=%s\n",
       static_cast<long>(b), static_cast<long>(tq), static_cast<long>(tk), static_cast<long>(d),
       static_cast<long>(h), causal ? 1 : 0, cross ? 1 : 0, threads, n, median, sorted.front(),
-      flops / (median * 1e-3) * 1e-9, max_rss_mib(), base_rss, checksum, frozen ? 1 : 0,
-      attn::isa_name(attn::active_isa()));
+      flops / (median * 1e-3) * 1e-9, attn::bench::max_rss_mib(), base_rss, checksum,
+      frozen ? 1 : 0, attn::isa_name(attn::active_isa()));
   return 0;
 }

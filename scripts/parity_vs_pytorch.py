@@ -291,7 +291,7 @@ FIXTURE_CASES = {0, 3, 7, 10, 12, 17, 20, 22, 25, 44, 45, 52, 53, 54, 55, 56, 59
 
 # ---- Llama cases (attn_run --format llama vs scripts/llama_reference.py) ----
 
-PENDING = "need the incremental forward"  # attn_run's refusal of phase-2 configurations
+PENDING = "need the incremental forward"  # attn_run's refusal (none left since phase 2)
 
 
 def make_llama_cases():
@@ -312,6 +312,9 @@ def make_llama_cases():
         (32, 4, 4, None, None, False, 1e4, 0, 5, 1, False, False, 2, 11, ""),     # decode
         (32, 4, 2, None, None, True, 1e4, 0, 3, 4, True, False, 1, 14, "model.layers.3.self_attn."),
         (48, 6, 3, None, 4, False, 1e6, 5, 6, 3, True, True, 2, 17, ""),  # all of it
+        # Past one 512-key chunk of the decode kernel: a ring that wraps, then MQA decoding.
+        (64, 8, 2, None, None, False, 1e4, 100, 600, 7, True, False, 1, 620, ""),
+        (32, 4, 1, None, None, True, 5e5, 0, 530, 2, False, True, 2, 540, ""),
     ]
     for dtype in ("float32", "float64"):
         for (d, h, hkv, hd, r, inter, theta, window, prefill, chunk, qb, ob, b, t,
@@ -403,8 +406,9 @@ def run_llama_case(torch, attn_run, c, rng, workdir, index, fixtures_dir=None):
                 out_abs=out_abs, out_rel=out_rel)
 
 
-# Llama cases committed as tests/fixtures/io/llama/ (only what attn_run runs today).
-FIXTURE_LLAMA_CASES = {0, 1, 2, 3, 5, 13, 15}
+# Llama cases committed as tests/fixtures/io/llama/ (the small ones: every float32 feature,
+# and double with a prefix, partial rotary, GQA, a window and every split).
+FIXTURE_LLAMA_CASES = {0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 15, 17, 20, 22, 25}
 
 
 def main():
@@ -511,9 +515,9 @@ def main():
             f.write("`attn_run --format llama` against Hugging Face's `LlamaAttention` forward "
                     "(causal, RoPE at positions 0..T-1) written out in "
                     "`scripts/llama_reference.py`, on random weights and hidden states. "
-                    "`H=a/b`: query/key-value heads; pending: attn_run refuses the case until "
-                    "the incremental forward exists (GQA/MQA, windows, prefill/chunk "
-                    "splits).\n\n")
+                    "`H=a/b`: query/key-value heads; `prefill=N,chunk=C`: the first N tokens "
+                    "in one step through a KV cache, then C at a time (otherwise all T in one "
+                    "step).\n\n")
             f.write("| # | dtype | case | B | T | D | output rel. error | output abs. error "
                     "| result |\n")
             f.write("|---:|---|---|---:|---:|---:|---:|---:|---|\n")

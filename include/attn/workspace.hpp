@@ -25,6 +25,7 @@ enum class WorkspaceSlot : std::size_t {
   kKernelKeyValue,  // head-major copy of long, strided K/V for the streaming kernel
   kThread,          // per-thread attention kernel scratch (one buffer per thread)
   kGemmPack,        // per-thread GEMM packing buffer (one per thread)
+  kKernelPartials,  // the attention kernel's per-key-chunk partial softmax states (decoding)
   kCount            // number of slots (not a slot)
 };
 

@@ -2,7 +2,7 @@
 // tests/attention/multi_head_attention_test.cpp: MultiHeadAttention
 // (attn/attention/multi_head_attention.hpp): every projection layout against the long double
 // reference, unbatched and strided inputs, weights, frozen weights, an explicit head_dim, and
-// grouped-query configurations (built, projected and refused by forward until the kernel).
+// grouped-query configurations (equal to multi-head attention with repeated K/V weights).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -423,25 +423,53 @@ TYPED_TEST(MultiHeadAttentionModule, MultiHeadExplicitHeadDimMatchesReference) {
                             module_tolerance<Scalar>(d, hd, t, heads * hd)));
 }
 
-TYPED_TEST(MultiHeadAttentionModule, MultiHeadGroupedQueryIsConfiguredButNotRunYet) {
+// Grouped-query attention is multi-head attention with each key/value head's weights
+// repeated for its group (Hugging Face's repeat_kv on the projections): both modules must
+// agree, causal and not, on one and two threads.
+TYPED_TEST(MultiHeadAttentionModule, GroupedQueryEqualsMultiHeadWithRepeatedKeyValueWeights) {
   using Scalar = TypeParam;
+  const Index d = 16, heads = 4, hd = 4, t = 9;
   for (const Index kv_heads : {Index(2), Index(1)}) {  // grouped-query, multi-query
-    auto options = MultiHeadAttentionOptions::pytorch(16, 4, true);
-    options.num_kv_heads = kv_heads;
-    MultiHeadAttention<Scalar> mha(options);
-    EXPECT_EQ(mha.num_heads(), 4);
-    EXPECT_EQ(mha.num_kv_heads(), kv_heads);
-    EXPECT_EQ(mha.head_dim(), 4);
-    EXPECT_EQ(mha.q_proj_weight().shape(), (Shape<2>{16, 16}));
-    EXPECT_EQ(mha.k_proj_weight().shape(), (Shape<2>{4 * kv_heads, 16}));
-    EXPECT_EQ(mha.v_proj_weight().shape(), (Shape<2>{4 * kv_heads, 16}));
-    EXPECT_EQ(mha.in_proj_weight().shape(), (Shape<2>{16 + 8 * kv_heads, 16}));
-    const auto x = attn::test::random_tensor<Scalar>(Shape<3>{1, 3, 16}, 1);
-    EXPECT_THAT([&] { mha.forward(x.view()); },
-                ThrowsMessage<attn::ConfigError>(
-                    AllOf(HasSubstr("attn::MultiHeadAttention::forward"),
-                          HasSubstr("num_kv_heads=" + std::to_string(kv_heads) + " != num_heads=4"),
-                          HasSubstr("not yet supported"))));
+    for (const bool causal : {false, true}) {
+      auto options = MultiHeadAttentionOptions::pytorch(d, heads, true);
+      options.num_kv_heads = kv_heads;
+      options.causal = causal;
+      options.init = attn::InitScheme::kLinear;  // non-zero biases
+      MultiHeadAttention<Scalar> gqa(options);
+      EXPECT_EQ(gqa.num_kv_heads(), kv_heads);
+      EXPECT_EQ(gqa.k_proj_weight().shape(), (Shape<2>{hd * kv_heads, d}));
+      EXPECT_EQ(gqa.in_proj_weight().shape(), (Shape<2>{d + 2 * hd * kv_heads, d}));
+      options.num_kv_heads = 0;
+      MultiHeadAttention<Scalar> mha(options);
+      attn::copy(gqa.q_proj_weight(), mha.q_proj_weight());
+      attn::copy(gqa.out_proj().weight(), mha.out_proj().weight());
+      attn::copy(gqa.out_proj().bias(), mha.out_proj().bias());
+      const Index group = heads / kv_heads;
+      for (Index h = 0; h < heads; ++h) {
+        for (Index e = 0; e < hd; ++e) {
+          const Index to = h * hd + e, from = (h / group) * hd + e;
+          attn::copy(attn::select(gqa.k_proj_weight(), 0, from),
+                     attn::select(mha.k_proj_weight(), 0, to));
+          attn::copy(attn::select(gqa.v_proj_weight(), 0, from),
+                     attn::select(mha.v_proj_weight(), 0, to));
+          mha.w_key().bias()(to) = gqa.w_key().bias()(from);
+          mha.w_value().bias()(to) = gqa.w_value().bias()(from);
+        }
+      }
+      attn::copy(gqa.w_query().bias(), mha.w_query().bias());
+      gqa.eval();
+      mha.eval();
+      const auto x = attn::test::random_tensor<Scalar>(Shape<3>{2, t, d}, 3);
+      const Tensor<Scalar, 3> expected = mha.forward(x.view());
+      const int saved_threads = attn::num_threads();
+      for (const int threads : {1, 2}) {
+        attn::set_num_threads(threads);
+        EXPECT_TRUE(ref::all_near(gqa.forward(x.view()).view(), expected.view(),
+                                  module_tolerance<Scalar>(d, hd, t, d)))
+            << "kv_heads=" << kv_heads << " causal=" << causal << " threads=" << threads;
+      }
+      attn::set_num_threads(saved_threads);
+    }
   }
 }
 

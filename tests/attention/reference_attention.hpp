@@ -63,6 +63,16 @@ struct DenseMask {
     return *this;
   }
 
+  /// Causal bound per item with an optional sliding window: query i of item b, on diagonal
+  /// position p = i + offsets[b], sees keys p - W < j <= p (W = 0: no lower bound).
+  DenseMask& causal_window(const std::vector<Index>& offsets, Index window) {
+    for_all([&](Index b, Index, Index i, Index j) {
+      const Index p = i + offsets[static_cast<std::size_t>(b)];
+      return j <= p && (window == 0 || j > p - window);
+    });
+    return *this;
+  }
+
   /// Boolean mask (T_q, T_k), (B or 1, T_q, T_k) or (B or 1, H or 1, T_q, T_k).
   /// `allows`: true = may attend; otherwise true = blocked.
   template <class Element, std::size_t Rank>
@@ -193,6 +203,20 @@ Result attention(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v, con
     }
   }
   return r;
+}
+
+/// x (B, H_kv, T, d) with each head repeated H / H_kv times -> (B, H, T, d): Hugging Face's
+/// repeat_kv (torch.repeat_interleave on the heads axis), the reference of grouped-query
+/// attention.
+template <class Scalar>
+Tensor<std::remove_const_t<Scalar>, 4> repeat_kv(TensorView<Scalar, 4> x, Index heads) {
+  const Index group = heads / x.extent(1);
+  Tensor<std::remove_const_t<Scalar>, 4> y({x.extent(0), heads, x.extent(2), x.extent(3)});
+  for (Index b = 0; b < x.extent(0); ++b)
+    for (Index h = 0; h < heads; ++h)
+      for (Index t = 0; t < x.extent(2); ++t)
+        for (Index e = 0; e < x.extent(3); ++e) y(b, h, t, e) = x(b, h / group, t, e);
+  return y;
 }
 
 /// y (..., out) = x (..., in) W^T + b in long double, W (out, in) in nn.Linear's layout;

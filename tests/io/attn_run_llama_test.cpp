@@ -4,7 +4,7 @@
 // 1.13, on the committed fixtures (tests/fixtures/io/llama/, written by
 // scripts/parity_vs_pytorch.py: both RoPE conventions, partial rotary, biases, a prefix with
 // an old checkpoint's rotary_emb.inv_freq, float and double), without Python; its arguments;
-// and its errors, including the configurations that wait for the incremental forward.
+// and its errors; and that prefill/chunk splits agree with one prefill.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -109,7 +109,9 @@ SafetensorsFile llama_weights(attn::Index kv_heads, const std::string& extra = "
 
 SafetensorsFile hidden_states(attn::Index tokens = 6) {
   SafetensorsWriter w;
-  w.add("query", attn::Tensor<float, 3>({2, tokens, 16}, 0.25f));
+  attn::Tensor<float, 3> x({2, tokens, 16});  // distinct tokens in [-1, 1]
+  for (attn::Index i = 0; i < x.size(); ++i) x.data()[i] = std::sin(0.37f * static_cast<float>(i));
+  w.add("query", x);
   return SafetensorsFile::from_bytes(w.to_bytes(), "x.safetensors");
 }
 
@@ -139,24 +141,35 @@ TEST(AttnRunLlama, ErrorsNameTheFileAndTheValues) {
               ThrowsMessage<attn::ConfigError>(HasSubstr("rotary_dim=3")));
 }
 
-TEST(AttnRunLlama, IncrementalConfigurationsSayTheyAreNotImplementedYet) {
+// Every split of the sequence (one prefill, token by token, chunks; with grouped-query heads
+// and a window) gives the whole-sequence result to float rounding (a few eps of the outputs,
+// which are O(1) here: 1e-5 is the parity tolerance); a wrong split would be off by 1e-2.
+TEST(AttnRunLlama, PrefillAndChunkSplitsAgree) {
   attn_run::LlamaOptions o;
   o.num_heads = 4;
-  const auto refused = [&](const SafetensorsFile& weights, const char* what) {
-    EXPECT_THAT([&] { attn_run::run_llama<float>(weights, hidden_states(), o); },
-                ThrowsMessage<std::invalid_argument>(
-                    AllOf(HasSubstr(what), HasSubstr("need the incremental forward"))));
-  };
-  refused(llama_weights(2), "num_kv_heads=2 (num_heads=4)");  // grouped-query
-  refused(llama_weights(1), "num_kv_heads=1 (num_heads=4)");  // multi-query
-  o.sliding_window = 3;
-  refused(llama_weights(4), "--sliding-window 3");
+  for (const attn::Index kv_heads : {attn::Index(4), attn::Index(2), attn::Index(1)}) {
+    for (const attn::Index window : {attn::Index(0), attn::Index(3)}) {
+      SCOPED_TRACE("kv_heads " + std::to_string(kv_heads) + " window " + std::to_string(window));
+      o.sliding_window = window;
+      o.prefill = 0;
+      const SafetensorsFile whole = SafetensorsFile::from_bytes(
+          attn_run::run_llama<float>(llama_weights(kv_heads), hidden_states(9), o).to_bytes());
+      for (const auto& [prefill, chunk] :
+           std::vector<std::pair<attn::Index, attn::Index>>{{1, 1}, {4, 1}, {2, 3}, {5, 4}}) {
+        o.prefill = prefill;
+        o.chunk = chunk;
+        EXPECT_LE(
+            relative_error(attn_run::run_llama<float>(llama_weights(kv_heads), hidden_states(9), o),
+                           whole),
+            1e-5)
+            << "prefill " << prefill << " chunk " << chunk;
+      }
+    }
+  }
   o.sliding_window = 0;
-  o.prefill = 2;
-  refused(llama_weights(4), "--prefill 2 of T=6");
-  o.prefill = 7;
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("do not fit T=6")));
+  o.prefill = 10;
+  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(9), o); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("do not fit T=9")));
 }
 
 TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {

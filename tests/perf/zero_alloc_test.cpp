@@ -296,6 +296,41 @@ TYPED_TEST(ZeroAllocation, MultiHeadSelfAttentionForward) {
   expect_steady_state_without_allocation([&] { mha.forward(x.view(), out.view(), ws); });
 }
 
+// A decoding step through a KV cache: grouped-query heads, rotary embeddings, frozen weights;
+// a cache with ragged lengths (K/V go through the workspace) and a sliding-window ring that
+// wraps (K/V straight into the cache), over more than one 512-key chunk.
+TYPED_TEST(ZeroAllocation, DecodeStepThroughAKeyValueCache) {
+  using Scalar = TypeParam;
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = kDim;
+  o.num_heads = kHeads;
+  o.num_kv_heads = kHeads / 2;
+  o.causal = true;
+  o.qkv_bias = true;
+  o.rope = attn::RotaryOptions{kDim / kHeads, 0, 10000.0, attn::RopeStyle::kHalfSplit, 4096};
+  for (const Index window : {Index(0), Index(600)}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    o.sliding_window = window;
+    attn::manual_seed(1);
+    MultiHeadAttention<Scalar> mha(o);
+    mha.eval();
+    mha.freeze();
+    const Index hd = kDim / kHeads, prompt = 1030;
+    attn::KVCache<Scalar> cache =
+        window > 0 ? attn::KVCache<Scalar>::sliding_window(kBatch, kHeads / 2, hd, window, 64)
+                   : attn::KVCache<Scalar>(kBatch, kHeads / 2, hd, 2048);
+    attn::Workspace ws;
+    const auto x = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, prompt, kDim}, 3);
+    Tensor<Scalar, 3> y({kBatch, prompt, kDim});
+    mha.forward(x.view(), y.view(), ws, cache);
+    if (window == 0) cache.truncate(1, prompt - 7);  // ragged
+    const auto token = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, 1, kDim}, 4);
+    Tensor<Scalar, 3> out({kBatch, 1, kDim});
+    expect_steady_state_without_allocation(
+        [&] { mha.forward(token.view(), out.view(), ws, cache); });
+  }
+}
+
 TYPED_TEST(ZeroAllocation, MultiHeadCrossAttentionForwardWithMask) {
   using Scalar = TypeParam;
   attn::TorchGenerator gen(3);

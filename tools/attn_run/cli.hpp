@@ -42,9 +42,9 @@ fails, the old file is left as it was (so --output may name the --input file).
 With --format llama it runs a Hugging Face Llama / Mistral / Qwen2 attention layer (W holds
 q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight and optional q/k/v/o_proj.bias)
 on X's `query` (B, T, D) hidden states and writes `output` (B, T, D): LlamaAttention's
-forward with a causal mask, RoPE at positions 0..T-1. Grouped-query attention, sliding
-windows and prefill/chunk splits are accepted on the command line but not run yet (they
-need the incremental forward).
+forward with a causal mask, RoPE at positions 0..T-1, grouped-query heads and an optional
+sliding window. It runs as generation does, through a KV cache: the first --prefill tokens
+(default T) in one step, then the rest --chunk tokens at a time (default 1).
 
 options:
   --format mha|llama    what W holds (default mha: nn.MultiheadAttention)

@@ -3,10 +3,12 @@
 // attention layer (safetensors state_dict) run on hidden states, causal, with RoPE.
 #pragma once
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "attn/attention/kv_cache.hpp"
 #include "attn/attention/multi_head_attention.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
@@ -40,12 +42,12 @@ struct LlamaOptions {
 /// (or (T, D)) and the state_dict in `weights` (q_proj.weight, k_proj.weight, v_proj.weight,
 /// o_proj.weight, optional biases; an old checkpoint's rotary_emb.inv_freq buffer is
 /// accepted and ignored): Q, K, V projections, RoPE at positions 0..T-1, causal softmax
-/// attention, o_proj. Returns a writer holding `output` (B, T, D) (or (T, D)) as Scalar.
+/// attention over grouped key/value heads (repeat_kv) within the optional sliding window,
+/// o_proj. Returns a writer holding `output` (B, T, D) (or (T, D)) as Scalar.
 ///
-/// This is the whole-sequence path, the reference of the incremental forward to come
-/// (issue 12, phase 2): grouped-query attention (num_kv_heads < num_heads), a sliding
-/// window and a prefill shorter than T (chunks after it) need that forward, so they are
-/// refused for now with a std::invalid_argument saying so.
+/// It runs as generation does: the first `prefill` tokens (default T) as one step through a
+/// KVCache (a ring with a window), then the rest in steps of `chunk` tokens (default 1, token
+/// by token), each through MultiHeadAttention's incremental forward.
 ///
 /// @throws StateDictError / FormatError naming the file and tensor for a bad file;
 ///         std::invalid_argument for options that do not fit it (naming both values);
@@ -77,6 +79,19 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   agree("--head-dim", options.head_dim, config.head_dim, "q_proj.weight / num_heads");
   agree("--num-kv-heads", options.num_kv_heads, config.num_kv_heads, "k_proj.weight / head_dim");
   config.causal = true;
+  config.sliding_window = options.sliding_window;
+  io_require<std::invalid_argument>(options.sliding_window >= 0, where, [&] {
+    return "--sliding-window " + std::to_string(options.sliding_window) +
+           " must be 0 (none) or positive";
+  });
+  const Index tokens = inputs.contains("query") && inputs.rank("query") >= 2
+                           ? static_cast<Index>(inputs.shape("query")[inputs.rank("query") - 2])
+                           : 0;
+  const Index hd = config.head_dim > 0 ? config.head_dim : config.d_out / config.num_heads;
+  config.rope = attn::RotaryOptions{
+      hd, options.rotary_dim, options.rope_theta,
+      options.rope_interleaved ? attn::RopeStyle::kInterleaved : attn::RopeStyle::kHalfSplit,
+      tokens};
   attn::MultiHeadAttention<Scalar> mha(config);
   mha.eval();
   const attn::io::LoadResult loaded =
@@ -89,6 +104,7 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   io_require<attn::io::StateDictError>(loaded.missing.empty(), where, [&] {
     return "'" + weights.source() + "' has no tensor '" + loaded.missing.front() + "'";
   });
+  mha.freeze();
 
   // ---- inputs ----
   io_require<attn::io::FormatError>(inputs.contains("query"), where, [&] {
@@ -103,8 +119,7 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
       rank == 3 ? detail::read_float<Scalar, 3>(inputs, "query")
                 : attn::Tensor<Scalar, 3>(
                       attn::unsqueeze(detail::read_float<Scalar, 2>(inputs, "query").view(), 0));
-  const Index batch = x.extent(0), tokens = x.extent(1), heads = mha.num_heads(),
-              hd = mha.head_dim();
+  const Index batch = x.extent(0);
   io_require<attn::io::FormatError>(x.extent(2) == mha.d_in(), where, [&] {
     return "'" + inputs.source() + "': query has " + std::to_string(x.extent(2)) +
            " features, the weights expect " + std::to_string(mha.d_in());
@@ -114,35 +129,21 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
     return "--prefill " + std::to_string(prefill) + " and --chunk " +
            std::to_string(options.chunk) + " do not fit T=" + std::to_string(tokens);
   });
-  io_require<std::invalid_argument>(
-      mha.num_kv_heads() == heads && options.sliding_window == 0 && prefill == tokens, where, [&] {
-        return "num_kv_heads=" + std::to_string(mha.num_kv_heads()) +
-               " (num_heads=" + std::to_string(heads) + "), --sliding-window " +
-               std::to_string(options.sliding_window) + ", --prefill " + std::to_string(prefill) +
-               " of T=" + std::to_string(tokens) +
-               ": grouped-query attention, sliding windows and prefill/chunk splits need the "
-               "incremental forward (issue 12, phase 2), not implemented yet";
-      });
 
-  // ---- the layer: projections, RoPE on Q and K, causal attention, o_proj ----
-  const attn::RotaryEmbedding<Scalar> rope(attn::RotaryOptions{
-      hd, options.rotary_dim, options.rope_theta,
-      options.rope_interleaved ? attn::RopeStyle::kInterleaved : attn::RopeStyle::kHalfSplit,
-      tokens});
-  attn::Tensor<Scalar, 3> q = mha.w_query().forward(x.view());
-  attn::Tensor<Scalar, 3> k = mha.w_key().forward(x.view());
-  const attn::Tensor<Scalar, 3> v = mha.w_value().forward(x.view());
-  rope.apply(attn::split_heads(q.view(), heads), 0);
-  rope.apply(attn::split_heads(k.view(), mha.num_kv_heads()), 0);
-  attn::Tensor<Scalar, 3> context({batch, tokens, heads * hd});
-  attn::AttentionMask<Scalar> mask;
-  mask.causal();
+  // ---- the steps: a prefill, then chunks, through one KV cache ----
+  const Index max_chunk = std::max(prefill, options.chunk);
+  attn::KVCache<Scalar> cache =
+      options.sliding_window > 0
+          ? attn::KVCache<Scalar>::sliding_window(batch, mha.num_kv_heads(), hd,
+                                                  options.sliding_window, max_chunk)
+          : attn::KVCache<Scalar>(batch, mha.num_kv_heads(), hd, tokens);
+  attn::Tensor<Scalar, 3> y({batch, tokens, mha.d_out()});
   attn::Workspace ws;
-  attn::scaled_dot_product_attention<Scalar>(
-      attn::split_heads(attn::TensorView<const Scalar, 3>(q.view()), heads),
-      attn::split_heads(attn::TensorView<const Scalar, 3>(k.view()), heads),
-      attn::split_heads(v.view(), heads), attn::split_heads(context.view(), heads), ws, mask);
-  const attn::Tensor<Scalar, 3> y = mha.out_proj().forward(context.view());
+  for (Index t0 = 0, step = prefill; t0 < tokens; t0 += step, step = options.chunk) {
+    const Index t1 = std::min(tokens, t0 + step);
+    mha.forward(attn::slice(attn::TensorView<const Scalar, 3>(x.view()), 1, t0, t1),
+                attn::slice(y.view(), 1, t0, t1), ws, cache);
+  }
   attn::io::SafetensorsWriter out;
   out.set_metadata("producer", "attn_run --format llama");
   if (rank == 3) {

@@ -6,9 +6,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "attn/attention/cached_forward.hpp"
 #include "attn/attention/detail/module_support.hpp"
+#include "attn/attention/kv_cache.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
@@ -93,6 +96,13 @@ ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
   return staged;
 }
 
+/// For modules without one core (SimpleSelfAttention, MultiHeadAttentionWrapper): the
+/// incremental forward is refused, naming the module and what to use instead.
+[[noreturn]] inline void refuse_cached(const char* where, const char* why) {
+  throw ConfigError(std::string("attn::") + where +
+                    ": the incremental forward (a KVCache) is not available: " + why);
+}
+
 /// The forward overloads of an attention module whose tensor arguments are `Inputs` (one
 /// tag each), written once for every module. Arguments always come in the order
 /// (inputs..., outputs, workspace, mask), as in scaled_dot_product_attention:
@@ -162,6 +172,20 @@ class ModuleForwards {
     } else {
       forward(unsqueeze(in, 0)..., unsqueeze(out, 0), saved, ws, mask);
     }
+  }
+  /// Incremental (generation) forward: the inputs hold each item's next T tokens (B, T,
+  /// features; for (query, key, value) modules all three the same tensor: self-attention);
+  /// their keys and values are appended to `cache` (one per layer, KVCache) and every token
+  /// attends causally to its item's cached keys (and the module's sliding window), with the
+  /// module's rotary embeddings at the cached positions. Any split of a sequence (a prefill,
+  /// chunks, single tokens; ragged items) gives the whole-sequence forward's rows to float
+  /// rounding. `mask` must be empty (the cache is the mask). Allocation-free with a warm
+  /// workspace. @throws as forward(), and ConfigError when the cache has no room.
+  void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
+               KVCache<Scalar>& cache, const Mask& mask = {}) const {
+    const ModuleInputs<Scalar> x =
+        stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws);
+    derived().run_cached(x, out, ws, cache, mask);
   }
   AttentionResult<Scalar, 3, WeightsRank> forward_with_weights(In<Inputs, 3>... in,
                                                                const Mask& mask = {}) const {
@@ -304,6 +328,16 @@ class CoreModule {
            const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
            SavedForward<Scalar>* saved = nullptr) const {
     core_.forward(x.query, x.key, x.value, out, ws, mask, weights, saved);
+  }
+  void run_cached(const ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
+                  KVCache<Scalar>& cache, const AttentionMask<Scalar>& mask) const {
+    require_config(same_view(x.query, x.key) && same_view(x.key, x.value),
+                   core_.config().forward_name, [] {
+                     return std::string(
+                         "the incremental forward is self-attention: pass one tensor as "
+                         "query, key and value");
+                   });
+    forward_cached(core_, x.query, out, ws, cache, mask);
   }
   Index output_features(const ModuleInputs<Scalar>&) const noexcept { return core_.d_out(); }
   Index weight_heads() const noexcept { return core_.num_heads(); }

@@ -27,6 +27,7 @@
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/nn/rope.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -66,6 +67,11 @@ struct CoreConfig {
   bool out_proj = false, out_bias = false;  ///< an output projection (d_out, A), with bias
   bool causal = false;
   CausalAlignment alignment = CausalAlignment::kSquare;
+  /// Rotary embeddings applied to Q and K as they leave the projection (head_dim 0: none; else
+  /// the module's head dim), at positions 0..T-1, or the cache's positions incrementally.
+  RotaryOptions rope{};
+  /// Sliding window W (0: none; needs causal): the query at position p sees keys (p - W, p].
+  Index sliding_window = 0;
   InitScheme init = InitScheme::kLinear;
   ParameterNames names = ParameterNames::kNotebook;  ///< what ParameterNames::kDefault means
 };
@@ -77,9 +83,8 @@ struct CoreConfig {
 ///      context written into (B, T_q, H, hd) == (B, T_q, A), the module's own causal bound,
 ///      scale and dropout applied;
 ///   4. output projection: out_proj (d_out, A) from that buffer, or the context is the output.
-/// Grouped-query attention (num_kv_heads < num_heads) is configured and projected (K and V
-/// with H_kv heads) but forward() refuses it until the kernel maps query head h to key/value
-/// head h / (H / H_kv).
+/// Grouped-query attention (num_kv_heads < num_heads): K and V are projected with H_kv heads
+/// and the kernel maps query head h to key/value head h / (H / H_kv), copying nothing.
 /// Every notebook class is a thin header over one core (or, for the wrapper, several); a
 /// feature added here reaches every module.
 ///
@@ -106,6 +111,7 @@ class AttentionCore {
     proj_ = QkvProjection<Scalar>(c.d_in, kdim, vdim, c.num_heads, config_.head_dim, c.qkv_bias,
                                   config_.num_kv_heads);
     dropout_ = Dropout<Scalar>(c.dropout);
+    if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Scalar>(c.rope);
     if (c.init == InitScheme::kNone) {  // nothing drawn: the caller sets the weights
       TorchGenerator unused;
       if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, unused);
@@ -142,6 +148,12 @@ class AttentionCore {
     check(query, key, value, out, weights, mask);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
+    if (has_rope()) {  // positions 0..T-1, in the projection's own buffer
+      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.query.data()),
+                                        heads.query.shape(), heads.query.strides()));
+      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.key.data()), heads.key.shape(),
+                                        heads.key.strides()));
+    }
     const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
                 hd = head_dim();
     // The context (B, T_q, H, hd) == (B, T_q, A): out itself when no projection follows
@@ -172,19 +184,11 @@ class AttentionCore {
   /// Step 1: the shapes of a call, the sizes its buffers take, and the memory of its outputs
   /// (check_output_memory; inputs sharing memory with them were copied by
   /// stage_overlapping(), and are projected before anything is written anyway).
-  /// @throws ShapeError; ConfigError past context_length or for grouped-query attention (not
-  /// supported by the kernel yet).
+  /// @throws ShapeError; ConfigError past context_length.
   void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
              TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out,
              TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) const {
     const char* where = config_.forward_name;
-    require_config(num_kv_heads() == num_heads(), where, [&] {
-      return "num_kv_heads=" + std::to_string(num_kv_heads()) +
-             " != num_heads=" + std::to_string(num_heads()) +
-             ": grouped-query attention is not yet supported by the attention kernel (query "
-             "head h reading key/value head h / (num_heads / num_kv_heads)); the module's "
-             "configuration, weights and projections already support it";
-    });
     const char* name = config_.input_name != nullptr ? config_.input_name : "query";
     check_input(where, name, query, d_in(), "d_in");
     if (config_.input_name == nullptr) {
@@ -253,7 +257,7 @@ class AttentionCore {
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
-                   weights, ws, config_.causal, config_.alignment);
+                   weights, ws, config_.causal, config_.alignment, config_.sliding_window);
   }
 
   // ---- modes ----
@@ -285,6 +289,11 @@ class AttentionCore {
   Index num_heads() const noexcept { return config_.num_heads; }
   Index num_kv_heads() const noexcept { return config_.num_kv_heads; }
   Index head_dim() const noexcept { return config_.head_dim; }
+  /// The sliding window (0: none).
+  Index sliding_window() const noexcept { return config_.sliding_window; }
+  bool has_rope() const noexcept { return rope_.head_dim() > 0; }
+  /// The rotary embedding (head_dim 0: none).
+  const RotaryEmbedding<Scalar>& rope() const noexcept { return rope_; }
   /// A = num_heads * head_dim: the context's features, out_proj's input.
   Index attention_width() const noexcept { return config_.num_heads * config_.head_dim; }
   double dropout() const noexcept { return dropout_.p(); }
@@ -435,6 +444,15 @@ class AttentionCore {
                             " != d_out=" + std::to_string(c.d_out) +
                             ": without an output projection the context is the output";
                    });
+    const Index hd = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
+    require_config(c.rope.head_dim == 0 || c.rope.head_dim == hd, c.name, [&] {
+      return "rope.head_dim=" + std::to_string(c.rope.head_dim) +
+             " must be 0 (no rotary embedding) or the head dim " + std::to_string(hd);
+    });
+    require_config(c.sliding_window >= 0 && (c.sliding_window == 0 || c.causal), c.name, [&] {
+      return "sliding_window=" + std::to_string(c.sliding_window) +
+             " must be 0 or positive, and a window needs causal=true";
+    });
     check_dropout(c.dropout, c.name);
     return c;
   }
@@ -443,6 +461,7 @@ class AttentionCore {
   QkvProjection<Scalar> proj_;
   Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
   Dropout<Scalar> dropout_{0.0};
+  RotaryEmbedding<Scalar> rope_;  // head_dim 0 unless config_.rope.head_dim
   bool scaled_ = true;  // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
 };
 

@@ -13,6 +13,7 @@
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/nn/rope.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
@@ -37,6 +38,12 @@ struct MultiHeadAttentionOptions {
   bool out_bias = true;      ///< bias of out_proj
   bool causal = false;       ///< always apply a causal bound (self-attention decoders)
   CausalAlignment causal_alignment = CausalAlignment::kSquare;
+  /// Rotary position embeddings on Q and K (rope.head_dim 0: none; else head_dim), as Llama,
+  /// Mistral and Qwen2: at positions 0..T-1 in forward(), the cache's positions in the
+  /// incremental forward.
+  RotaryOptions rope{};
+  /// Sliding window W (Mistral; 0: none; needs causal): position p sees keys in (p - W, p].
+  Index sliding_window = 0;
   InitScheme init = InitScheme::kLinear;  ///< kLinear, kMultiheadAttention or kRand
 
   /// The configuration of `torch.nn.MultiheadAttention(embed_dim, num_heads, dropout,
@@ -106,9 +113,9 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 ///
 /// Grouped-query and multi-query attention (MultiHeadAttentionOptions::num_kv_heads < num_heads,
 /// Llama 2 70B, Llama 3, Mistral, Qwen2): W_k and W_v are (H_kv hd, kdim/vdim) and K, V have
-/// H_kv heads; with head_dim set, W_q is (H hd, d_in) and out_proj (d_out, H hd). Such a
-/// module builds, loads and saves (ParameterNames::kLlama: q_proj.weight, ...), but forward()
-/// throws ConfigError until the kernel maps query head h to key/value head h / (H / H_kv).
+/// H_kv heads; with head_dim set, W_q is (H hd, d_in) and out_proj (d_out, H hd). Query head
+/// h reads key/value head h / (H / H_kv) (PyTorch's enable_gqa, Hugging Face's repeat_kv)
+/// without copying K or V. Llama-family names: ParameterNames::kLlama (q_proj.weight, ...).
 ///
 /// forward() is const and may be called from several threads at once (dropout's call
 /// counter is atomic; give each thread its own Workspace).
@@ -234,6 +241,8 @@ class MultiHeadAttention
     c.out_bias = o.out_bias;
     c.causal = o.causal;
     c.alignment = o.causal_alignment;
+    c.rope = o.rope;
+    c.sliding_window = o.sliding_window;
     c.init = o.init;
     c.names = ParameterNames::kMultiheadAttention;
     return c;

@@ -136,6 +136,11 @@ class MultiHeadAttentionWrapper
 
   // Head h into columns [h d_out, (h + 1) d_out) of out, its weights into weights[:, h];
   // a training forward records each head in saved->parts[h].
+  void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
+                  KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
+    detail::refuse_cached("MultiHeadAttentionWrapper::forward",
+                          "it runs num_heads separate single-head modules; use MultiHeadAttention (one core, one cache)");
+  }
   void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
            const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
            SavedForward<Scalar>* saved = nullptr) const {

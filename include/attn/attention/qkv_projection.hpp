@@ -330,8 +330,7 @@ class QkvProjection {
   // (B, heads of those projections, T, hd), each head's rows a contiguous (T, hd) block.
   void gemm_into(const detail::RowsRef<const Scalar>& x, Index tokens, int part, int count,
                  Scalar* dst, Workspace& ws) const {
-    const Location at = locate(part);
-    const Index columns = offset(part + count) - offset(part), in = in_[part];
+    const Index columns = offset(part + count) - offset(part);
     detail::GemmOutput<Scalar> out;
     out.data = dst;
     out.ldc = head_dim_;
@@ -339,6 +338,19 @@ class QkvProjection {
     out.batch_stride = tokens * columns;
     out.segment = head_dim_;
     out.segment_stride = tokens * head_dim_;
+    project_rows(x, part, count, out, ws);
+  }
+
+ public:
+  /// Projections part .. part + count - 1 of the rows x (B T rows of in_features(part)
+  /// features), written through `out` in head_dim-wide segments (see detail::GemmOutput):
+  /// for a caller that places the heads itself, as the incremental forward writes K and V
+  /// straight into a KVCache. The projections must share one stored weight (count 1, the
+  /// fused storage, or K and V with kdim == vdim). Sizes are the caller's to check.
+  void project_rows(const detail::RowsRef<const Scalar>& x, int part, int count,
+                    const detail::GemmOutput<Scalar>& out, Workspace& ws) const {
+    const Location at = locate(part);
+    const Index columns = offset(part + count) - offset(part), in = in_[part];
     const Scalar* bias = has_bias() ? bias_.data() + offset(part) : nullptr;
     const detail::PackedB<Scalar> packed =
         frozen_ ? detail::PackedB<Scalar>{&pack_[at.storage], at.row} : detail::PackedB<Scalar>{};
@@ -346,6 +358,7 @@ class QkvProjection {
                     bias, packed, &ws);
   }
 
+ private:
   Index in_[3] = {0, 0, 0};
   Index heads_ = 0, kv_heads_ = 0, head_dim_ = 0;
   Storage storage_ = Storage::kFused;

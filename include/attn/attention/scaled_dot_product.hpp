@@ -113,8 +113,13 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
           [&] { return "empty input: " + shapes() + " (every extent must be positive)"; });
   require(k.extent(0) == b && v.extent(0) == b, where,
           [&] { return "batch sizes differ: " + shapes(); });
-  require(k.extent(1) == h && v.extent(1) == h, where,
-          [&] { return "head counts differ: " + shapes(); });
+  require(k.extent(1) == v.extent(1), where,
+          [&] { return "key and value must have the same number of heads: " + shapes(); });
+  require(h % k.extent(1) == 0, where, [&] {
+    return "number of heads in key and value must divide the number of heads in query "
+           "(grouped-query attention: query head h reads key/value head h / (H / H_kv)): " +
+           shapes();
+  });
   require(k.extent(3) == d, where,
           [&] { return "q and k head dimensions differ: " + shapes(); });
   require(v.extent(2) == tk, where,
@@ -168,7 +173,7 @@ void attend(const char* where, TensorView<const Scalar, 4> q, TensorView<const S
             TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
             const AttentionMask<Scalar>& mask, const AttentionOptions& options,
             TensorView<Scalar, 4> weights, Workspace& workspace, bool module_causal = false,
-            CausalAlignment module_alignment = CausalAlignment::kSquare) {
+            CausalAlignment module_alignment = CausalAlignment::kSquare, Index module_window = 0) {
   check_sdpa(where, q, k, v, out, weights, mask, options);
   if (module_causal && module_alignment == CausalAlignment::kSquare) {
     require(q.extent(2) == k.extent(2), where, [&] {
@@ -186,6 +191,7 @@ void attend(const char* where, TensorView<const Scalar, 4> q, TensorView<const S
   params.mask = &mask;
   params.module_causal = module_causal;
   params.module_alignment = module_alignment;
+  params.module_window = module_window;
   params.scale = static_cast<Scalar>(
       options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(q.extent(3))));
   params.dropout = options.dropout;
@@ -219,7 +225,10 @@ using identity_t = typename identity<T>::type;
 /// options (the modules' forward(x, out, ws, mask) is the same order). The workspace may be
 /// left out (a temporary one is used); with one, a steady-state call does not allocate.
 ///
-/// Shapes: q (B, H, T_q, d), k (B, H, T_k, d), v (B, H, T_k, d_v) -> out (B, H, T_q, d_v).
+/// Shapes: q (B, H, T_q, d), k (B, H_kv, T_k, d), v (B, H_kv, T_k, d_v) -> out (B, H, T_q,
+/// d_v). H_kv = H is multi-head attention; H_kv dividing H is grouped-query (H_kv = 1:
+/// multi-query) attention, PyTorch's enable_gqa: query head h reads key/value head
+/// h / (H / H_kv), with no copy of K or V. Masks and weights have H heads.
 /// The last axis of every view must have stride 1; the other strides are free (heads split
 /// by view work directly). `out` may be `q` itself (same data, shape and strides: in place,
 /// when d_v == d); otherwise `out` and `weights` must share no memory with q, k, v, the

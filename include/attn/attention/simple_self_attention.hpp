@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attn/attention/detail/module_support.hpp"
+#include "attn/attention/kv_cache.hpp"
 #include "attn/attention/module.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
@@ -66,6 +67,11 @@ class SimpleSelfAttention
 
   // The kernel on x as one head: q = k = v = x (B, 1, T, d). A training forward reads x
   // from its rows (staged into saved->storage if strided) and keeps the kernel's output.
+  void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
+                  KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
+    detail::refuse_cached("SimpleSelfAttention::forward",
+                          "the module has no projections whose keys and values a cache could hold");
+  }
   void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
            const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
            SavedForward<Scalar>* saved = nullptr) const {

@@ -40,6 +40,13 @@ inline constexpr Index kGemmCols = 768;
 inline constexpr Index kQueryBlock = 64;
 inline constexpr Index kKeyBlock = 128;
 
+/// Decoding (T_q <= kSplitKeysQueries): the keys of each (batch, key/value head) are split
+/// into chunks of kKeyChunk, fixed in the logical key index (never in the thread count), each
+/// a task whose partial softmax state is merged in chunk order: bit-identical for any thread
+/// count, and two threads share even one head's keys at B = 1.
+inline constexpr Index kKeyChunk = 512;
+inline constexpr Index kSplitKeysQueries = 8;
+
 /// Scratch elements one materialised attention task needs: a (kQueryBlock, T_k) score
 /// block and K^T (d, T_k), later V (T_k, d_v) when it must be cleaned.
 constexpr Index materialized_scratch_size(Index head_dim, Index value_dim, Index keys) noexcept {
@@ -205,21 +212,46 @@ struct GemmPlan {
 };
 
 /// One attention call's operands, (B, H, T, d) views: query, key, value, output and (for
-/// the materialised path, optional) weights; the score scale and dropout probability.
+/// the materialised path, optional) weights; the score scale and dropout probability. k and
+/// v may have fewer heads than q (grouped-query attention: query head h reads key/value head
+/// h / (H / H_kv)). With `ring` > 0 the keys live in a ring of that many rows (a
+/// sliding-window KVCache): logical key j is row j % ring of k and v (streaming path only).
 template <class Scalar>
 struct AttentionArgs {
   TensorView<const Scalar, 4> q, k, v;
   TensorView<Scalar, 4> out, weights;
   Scalar scale = 1;
   double dropout = 0.0;
+  Index ring = 0;
 };
 
-/// The mask of one (batch, head), resolved to pointers and a per-row visible bound.
+/// One streaming task: query rows [i0, i1) of the heads h0 .. h0 + heads - 1, which share
+/// key/value head kv_head, stacked head by head (row r is query i0 + r % (i1 - i0) of head
+/// h0 + r / (i1 - i0); heads * (i1 - i0) <= kQueryBlock), over the keys [j_begin, j_end).
+/// With `partial` null the task owns all of its rows' keys and writes their output; else it
+/// writes each row's unnormalised state there, kPartialExtra + d_v values per row (see
+/// partial_row_size) for merge_partials() to combine the key chunks in order.
+template <class Scalar>
+struct StreamTask {
+  Index b = 0, kv_head = 0, h0 = 0, heads = 1, i0 = 0, i1 = 0;
+  Index j_begin = 0, j_end = std::numeric_limits<Index>::max();
+  Scalar* partial = nullptr;
+};
+
+/// Values a partial row holds before its d_v accumulator: the running max m, the sum l and
+/// a flag, 1 when the row saw a key its element-wise masks allow.
+inline constexpr Index kPartialExtra = 3;
+constexpr Index partial_row_size(Index value_dim) noexcept { return value_dim + kPartialExtra; }
+
+/// The mask of one (batch, head), resolved to pointers and per-row visible bounds: row i
+/// sees keys j in [row_begin(i), row_end(i)) that the element-wise parts do not hide.
 template <class Scalar>
 struct HeadMask {
   Index key_limit = 0;  // keys j >= key_limit are invisible (lengths, T_k)
+  Index key_first = 0;  // keys j < key_first are invisible (a ring's overwritten positions)
   bool causal = false;
   Index causal_offset = 0;  // row i sees j <= i + causal_offset
+  Index window = 0;         // with causal: row i sees j > i + causal_offset - window (0: none)
   const bool* bool_row0 = nullptr;
   Index bool_rs = 0, bool_cs = 0;
   bool bool_allows = false;
@@ -234,6 +266,12 @@ struct HeadMask {
     if (causal) end = std::min(end, i + causal_offset + 1);
     return std::max<Index>(end, 0);
   }
+  /// The first key row i may see (a sliding window's lower bound).
+  Index row_begin(Index i) const noexcept {
+    Index begin = key_first;
+    if (causal && window > 0) begin = std::max(begin, i + causal_offset - window + 1);
+    return std::max<Index>(begin, 0);
+  }
   bool elementwise() const noexcept {
     return bool_row0 != nullptr || pad != nullptr || add_row0 != nullptr;
   }
@@ -245,8 +283,10 @@ struct HeadMask {
            (add_row0 != nullptr &&
             add_row0[i * add_rs + j * add_cs] == -std::numeric_limits<Scalar>::infinity());
   }
-  /// Whether row i sees key j: inside the loop bound and not hidden.
-  bool sees(Index i, Index j) const noexcept { return j < row_end(i) && !hides(i, j); }
+  /// Whether row i sees key j: inside the loop bounds and not hidden.
+  bool sees(Index i, Index j) const noexcept {
+    return j < row_end(i) && j >= row_begin(i) && !hides(i, j);
+  }
   /// Applies the element-wise parts to scores s[0..n) of row i, columns j0..j0+n: a hidden
   /// score becomes -inf (whatever it was: a NaN score the row cannot see must not reach it),
   /// the additive mask is added to the others. Returns how many it left visible.

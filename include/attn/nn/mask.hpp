@@ -28,6 +28,11 @@ enum class CausalAlignment {
   /// Query i sees keys j <= i + (T_k - T_q): the last query sees every key. This is what a
   /// KV cache needs (FlashAttention >= 2.1, ONNX). Queries with i + T_k - T_q < 0 see nothing.
   kBottomRight,
+  /// Bottom-right per batch item, relative to the item's own key count L_b (its key length;
+  /// T_k without key_lengths): query i of item b sees j <= i + (L_b - T_q), so the last query
+  /// of every item sees that item's last key. A ragged batch of KV caches (FlashAttention's
+  /// variable-length form).
+  kBottomRightPerItem,
 };
 
 /// What a query may attend to, built from any combination of:
@@ -38,7 +43,9 @@ enum class CausalAlignment {
 /// - `additive(m)`: added to the scaled scores (-inf blocks), like a float attn_mask;
 /// - `key_lengths({...})`: per-batch count of valid keys (key padding by lengths);
 /// - `key_padding(m)`: (B, T_k) boolean, true = padding (nn.MultiheadAttention's
-///   key_padding_mask).
+///   key_padding_mask);
+/// - `sliding_window(W)`: the query at position p sees keys in (p - W, p] (Mistral), p its
+///   causal diagonal; a loop bound like the causal one (it implies it), never a mask tensor.
 /// Boolean and additive masks broadcast: (T_q, T_k), (B, T_q, T_k) or (B, H, T_q, T_k), where
 /// any B or H extent may also be 1. All parts combine (a key is visible only if every part
 /// allows it). A query row with no visible key gives zero output and zero weights, never NaN.
@@ -103,7 +110,34 @@ class AttentionMask {
       });
     }
     lengths_ = std::move(lengths);
+    external_lengths_ = {};
     has_lengths_ = true;
+    return *this;
+  }
+  /// The same from the caller's memory, not copied (no allocation: what a decoding step
+  /// passes, e.g. KVCache::lengths()); the view must outlive the mask.
+  /// @throws ConfigError if a length is negative.
+  AttentionMask& key_lengths(TensorView<const Index, 1> lengths) {
+    for (Index b = 0; b < lengths.extent(0); ++b) {
+      detail::require_config(lengths(b) >= 0, "AttentionMask::key_lengths", [&] {
+        return "length " + std::to_string(lengths(b)) + " of batch item " + std::to_string(b) +
+               " is negative";
+      });
+    }
+    lengths_.clear();
+    external_lengths_ = lengths;
+    has_lengths_ = true;
+    return *this;
+  }
+  /// Adds a sliding window of W keys: the query on causal diagonal position p (see
+  /// CausalAlignment; causal() sets the alignment) sees keys in (p - W, p]. Implies the
+  /// causal bound. @throws ConfigError unless W > 0.
+  AttentionMask& sliding_window(Index window) {
+    detail::require_config(window > 0, "AttentionMask::sliding_window", [&] {
+      return "window=" + std::to_string(window) + " must be positive";
+    });
+    causal_ = true;
+    window_ = window;
     return *this;
   }
   /// (B, T_k) boolean, true = padding (blocked), like key_padding_mask in PyTorch.
@@ -121,6 +155,8 @@ class AttentionMask {
   AttentionMask& key_padding(Tensor<bool, 2>&&) = delete;
 
   bool is_causal() const noexcept { return causal_; }
+  /// The sliding window (0: none).
+  Index window() const noexcept { return window_; }
   CausalAlignment alignment() const noexcept { return alignment_; }
   bool empty() const noexcept {
     return !causal_ && bool_.data() == nullptr && additive_.data() == nullptr && !has_lengths_ &&
@@ -133,7 +169,13 @@ class AttentionMask {
   const TensorView<const bool, 4>& padding_mask() const noexcept { return padding_; }
   bool has_key_lengths() const noexcept { return has_lengths_; }
   bool has_key_padding() const noexcept { return has_padding_; }
+  /// The key lengths given as a vector (empty when given as a view).
   const std::vector<Index>& lengths() const noexcept { return lengths_; }
+  /// The key lengths however they were given (empty without key lengths).
+  TensorView<const Index, 1> key_lengths_view() const noexcept {
+    if (external_lengths_.data() != nullptr) return external_lengths_;
+    return {lengths_.data(), {static_cast<Index>(lengths_.size())}};
+  }
 
   /// The number of heads the boolean and additive parts distinguish (their H extent;
   /// 1 when they broadcast over heads or are absent).
@@ -183,13 +225,14 @@ class AttentionMask {
       });
     }
     if (has_lengths_) {
-      detail::require(static_cast<Index>(lengths_.size()) == batch, where, [&] {
-        return "key_lengths has " + std::to_string(lengths_.size()) +
+      const TensorView<const Index, 1> lengths = key_lengths_view();
+      detail::require(lengths.extent(0) == batch, where, [&] {
+        return "key_lengths has " + std::to_string(lengths.extent(0)) +
                " entries, expected one per batch item (B=" + std::to_string(batch) + ")";
       });
-      for (std::size_t b = 0; b < lengths_.size(); ++b) {
-        detail::require(lengths_[b] <= tk, where, [&] {
-          return "key_lengths[" + std::to_string(b) + "]=" + std::to_string(lengths_[b]) +
+      for (Index b = 0; b < batch; ++b) {
+        detail::require(lengths(b) <= tk, where, [&] {
+          return "key_lengths[" + std::to_string(b) + "]=" + std::to_string(lengths(b)) +
                  " exceeds T_k=" + std::to_string(tk);
         });
       }
@@ -254,6 +297,8 @@ class AttentionMask {
   TensorView<const Scalar, 4> additive_{};
   TensorView<const bool, 4> padding_{};
   std::vector<Index> lengths_;
+  TensorView<const Index, 1> external_lengths_{};
+  Index window_ = 0;
   CausalAlignment alignment_ = CausalAlignment::kSquare;
   bool causal_ = false;
   bool bool_allows_ = false;

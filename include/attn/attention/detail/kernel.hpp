@@ -27,30 +27,40 @@ namespace detail {
 
 template <class Scalar>
 struct KernelParams {
-  TensorView<const Scalar, 4> q, k, v;
+  TensorView<const Scalar, 4> q, k, v;  // k, v: H_kv heads, H_kv dividing q's H
   TensorView<Scalar, 4> out, weights;
   const AttentionMask<Scalar>* mask = nullptr;
   bool module_causal = false;  // a module's own causal flag, combined with `mask`
   CausalAlignment module_alignment = CausalAlignment::kSquare;
+  Index module_window = 0;           // a module's own sliding window (0: none)
+  Index ring = 0;                    // keys in a ring of this many rows (see AttentionArgs)
+  const Index* key_first = nullptr;  // per item: keys before it are gone (a ring), or null
   Scalar scale = 1;
   double dropout = 0.0;
   std::uint64_t dropout_seed = 0, dropout_call = 0;
 };
 
+/// Head (b, h)'s mask: loop bounds (key lengths, causal diagonal, sliding window) and
+/// pointers to the element-wise parts. The bounds do not depend on h.
 template <class Scalar>
-HeadMask<Scalar> resolve_mask(const AttentionMask<Scalar>& mask, bool module_causal,
-                              CausalAlignment module_alignment, Index b, Index h, Index tq,
-                              Index tk) {
+HeadMask<Scalar> resolve_mask(const KernelParams<Scalar>& p, Index b, Index h) {
+  const AttentionMask<Scalar>& mask = *p.mask;
+  const Index tq = p.q.extent(2), tk = p.k.extent(2);
   HeadMask<Scalar> m;
-  m.key_limit = mask.has_key_lengths() ? mask.lengths()[static_cast<std::size_t>(b)] : tk;
+  m.key_limit = mask.has_key_lengths() ? mask.key_lengths_view()(b) : tk;
+  if (p.key_first != nullptr) m.key_first = p.key_first[b];
   const auto offset = [&](CausalAlignment a) {
-    return a == CausalAlignment::kBottomRight ? tk - tq : Index{0};
+    if (a == CausalAlignment::kBottomRight) return tk - tq;
+    return a == CausalAlignment::kBottomRightPerItem ? m.key_limit - tq : Index{0};
   };
-  if (mask.is_causal() || module_causal) {
+  if (mask.is_causal() || p.module_causal) {
     m.causal = true;
     m.causal_offset = std::numeric_limits<Index>::max() / 2;
     if (mask.is_causal()) m.causal_offset = std::min(m.causal_offset, offset(mask.alignment()));
-    if (module_causal) m.causal_offset = std::min(m.causal_offset, offset(module_alignment));
+    if (p.module_causal) m.causal_offset = std::min(m.causal_offset, offset(p.module_alignment));
+    for (const Index w : {mask.window(), p.module_window}) {
+      if (w > 0) m.window = m.window > 0 ? std::min(m.window, w) : w;
+    }
   }
   if (const auto& bm = mask.bool_mask(); bm.data() != nullptr) {
     m.bool_row0 = bm.data() + (bm.extent(0) == 1 ? 0 : b * bm.stride(0)) +
@@ -88,14 +98,55 @@ bool wants_head_major_copy(const TensorView<const Scalar, 4>& x) {
          kKeyValueCopyBytes;
 }
 
-/// Runs one path over every (batch, head, query tile) task, in parallel when OpenMP is on.
-/// Each output element is written by exactly one task in a fixed order, so results do not
-/// depend on the thread count or schedule.
+/// How one streaming call is cut into tasks (see StreamTask): query tiles of `rows_per_head`
+/// rows, `group_heads` heads of a key/value group per task, and, for short queries, the keys
+/// in `chunks` chunks of kKeyChunk from chunk `first_chunk` of the logical key index on.
+struct StreamPlan {
+  Index rows_per_head = 0, tiles = 0, group_heads = 1, head_chunks = 1;
+  Index first_chunk = 0, chunks = 1;
+  bool split = false;
+  Index tasks(Index batch, Index kv_heads) const noexcept {
+    return batch * kv_heads * head_chunks * tiles * chunks;
+  }
+};
+
+template <class Scalar>
+StreamPlan plan_streaming(const KernelParams<Scalar>& p) {
+  const Index batch = p.q.extent(0), tq = p.q.extent(2), group = p.q.extent(1) / p.k.extent(1);
+  StreamPlan plan;
+  plan.split = tq <= kSplitKeysQueries;
+  plan.rows_per_head = std::min(tq, kQueryBlock);
+  plan.tiles = (tq + plan.rows_per_head - 1) / plan.rows_per_head;
+  // Short queries stack the group's heads (up to kQueryBlock rows), so each K/V row loaded
+  // serves all of them; a full tile of one head already has kQueryBlock rows per K/V tile.
+  plan.group_heads = std::min(group, std::max<Index>(1, kQueryBlock / plan.rows_per_head));
+  plan.head_chunks = (group + plan.group_heads - 1) / plan.group_heads;
+  if (plan.split) {
+    // The keys some item's queries see (the bounds are non-decreasing in the query index
+    // and the same for every head).
+    Index lo = std::numeric_limits<Index>::max(), hi = 0;
+    for (Index b = 0; b < batch; ++b) {
+      const HeadMask<Scalar> m = resolve_mask(p, b, 0);
+      const Index end = m.row_end(tq - 1), begin = m.row_begin(0);
+      if (end > begin) lo = std::min(lo, begin), hi = std::max(hi, end);
+    }
+    if (hi > 0) {
+      plan.first_chunk = lo / kKeyChunk;
+      plan.chunks = (hi + kKeyChunk - 1) / kKeyChunk - plan.first_chunk;
+    }
+  }
+  return plan;
+}
+
+/// Runs one path over every task, in parallel when OpenMP is on: the materialised path per
+/// (batch, head, query tile), the streaming path per StreamPlan task. Each output element is
+/// written by exactly one task (or merged from its key chunks in chunk order), so results do
+/// not depend on the thread count or schedule.
 template <class Scalar>
 void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspace& ws) {
   KernelParams<Scalar> copied;
-  const bool copy_k = !materialize && wants_head_major_copy(params.k);
-  const bool copy_v = !materialize && wants_head_major_copy(params.v);
+  const bool copy_k = !materialize && params.ring == 0 && wants_head_major_copy(params.k);
+  const bool copy_v = !materialize && params.ring == 0 && wants_head_major_copy(params.v);
   if (copy_k || copy_v) {
     copied = params;
     const Index k_size = copy_k ? params.k.size() : 0, v_size = copy_v ? params.v.size() : 0;
@@ -117,26 +168,82 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
   args.q = p.q, args.k = p.k, args.v = p.v, args.out = p.out, args.weights = p.weights;
   args.scale = p.scale;
   args.dropout = p.dropout;
+  args.ring = p.ring;
   const Index batch = p.q.extent(0), heads = p.q.extent(1), tq = p.q.extent(2);
+  const Index kv_heads = p.k.extent(1), group = heads / kv_heads;
   const Index tk = p.k.extent(2), dv = p.v.extent(3);
-  const Index tiles = (tq + kQueryBlock - 1) / kQueryBlock;
-  const Index tasks = batch * heads * tiles;
+  const auto drop_of = [&](Index b, Index h) {
+    return make_dropout_stream(p.dropout, p.dropout_seed, p.dropout_call, b, h);
+  };
+  const StreamPlan plan = materialize ? StreamPlan{} : plan_streaming(p);
+  const Index mtiles = (tq + kQueryBlock - 1) / kQueryBlock;
+  const Index tasks = materialize ? batch * heads * mtiles : plan.tasks(batch, kv_heads);
   const Index scratch = materialize ? materialized_scratch_size(p.q.extent(3), dv, tk)
                                     : stream_scratch_size(p.q.extent(3), dv);
   const int threads = static_cast<int>(std::min<Index>(num_threads(), tasks));
   for (int t = 0; t < threads; ++t) workspace_get<Scalar>(ws, WorkspaceSlot::kThread, scratch, t);
+  // Split keys: each task's rows leave their partial state here, chunk after chunk.
+  const Index row_size = partial_row_size(dv);
+  const Index chunk_stride = plan.group_heads * plan.rows_per_head * row_size;
+  Scalar* partials =
+      plan.split ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, tasks * chunk_stride)
+                 : nullptr;
+  const double keep = 1.0 - (p.dropout > 0.0 ? p.dropout : 0.0);
 
   with_kernels(kernel_isa(), [&](auto set) {
-    const auto run_task = [&](Index task, Scalar* buffer) {
-      const Index tile = task % tiles, bh = task / tiles;
-      const Index b = bh / heads, h = bh % heads;
-      const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
-      const HeadMask<Scalar> mask =
-          resolve_mask(*p.mask, p.module_causal, p.module_alignment, b, h, tq, tk);
-      const DropoutStream drop =
-          make_dropout_stream(p.dropout, p.dropout_seed, p.dropout_call, b, h);
-      set.attention_task(args, mask, drop, materialize, b, h, i0, i1, buffer);
+    // A streaming task, or (c < 0) the task's rows without their key chunk, for the merge.
+    const auto stream_task = [&](Index task, Index& c) {
+      // task = (((b * H_kv + kv_head) * head_chunks + head chunk) * tiles + tile) * chunks + c
+      StreamTask<Scalar> t;
+      Index rest = task;
+      if (c >= 0) c = rest % plan.chunks, rest /= plan.chunks;
+      const Index tile = rest % plan.tiles;
+      rest /= plan.tiles;
+      const Index hc = rest % plan.head_chunks;
+      rest /= plan.head_chunks;
+      t.kv_head = rest % kv_heads;
+      t.b = rest / kv_heads;
+      t.h0 = t.kv_head * group + hc * plan.group_heads;
+      t.heads = std::min(plan.group_heads, (t.kv_head + 1) * group - t.h0);
+      t.i0 = tile * plan.rows_per_head;
+      t.i1 = std::min(tq, t.i0 + plan.rows_per_head);
+      return t;
     };
+    const auto run_task = [&](Index task, Scalar* buffer) {
+      if (materialize) {
+        const Index tile = task % mtiles, bh = task / mtiles;
+        const Index b = bh / heads, h = bh % heads;
+        const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
+        set.materialized_task(args, resolve_mask(p, b, h), drop_of(b, h), b, h, i0, i1, buffer);
+        return;
+      }
+      Index c = 0;
+      StreamTask<Scalar> t = stream_task(task, c);
+      if (plan.split) {
+        t.j_begin = (plan.first_chunk + c) * kKeyChunk;
+        t.j_end = t.j_begin + kKeyChunk;
+        t.partial = partials + task * chunk_stride;
+      }
+      HeadMask<Scalar> masks[kQueryBlock];
+      DropoutStream drops[kQueryBlock];
+      for (Index g = 0; g < t.heads; ++g) {
+        masks[g] = resolve_mask(p, t.b, t.h0 + g);
+        drops[g] = drop_of(t.b, t.h0 + g);
+      }
+      set.streaming_task(args, masks, drops, t, buffer);
+    };
+    // Combines the key chunks of one split task's rows, in chunk order.
+    const auto merge = [&](Index task) {
+      Index none = -1;
+      const StreamTask<Scalar> t = stream_task(task, none);
+      const Index nq = t.i1 - t.i0;
+      const Scalar* first = partials + task * plan.chunks * chunk_stride;
+      for (Index r = 0; r < t.heads * nq; ++r) {
+        set.merge_partials(first + r * row_size, plan.chunks, chunk_stride, dv, keep,
+                           &p.out(t.b, t.h0 + r / nq, t.i0 + r % nq, 0));
+      }
+    };
+    const Index merges = plan.split ? tasks / plan.chunks : 0;
 #if ATTN_HAS_OPENMP
     if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -144,12 +251,15 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
         Scalar* buffer = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread_id());
 #pragma omp for schedule(dynamic, 1)
         for (Index task = 0; task < tasks; ++task) run_task(task, buffer);
+#pragma omp for schedule(static)
+        for (Index task = 0; task < merges; ++task) merge(task);
       }
       return;
     }
 #endif
     Scalar* buffer = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread);
     for (Index task = 0; task < tasks; ++task) run_task(task, buffer);
+    for (Index task = 0; task < merges; ++task) merge(task);
   });
 }
 

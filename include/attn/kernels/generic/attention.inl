@@ -62,22 +62,23 @@ void add_nonfinite_values(Index rows, Index n, Index dv, const Scalar* p, Index 
   }
 }
 
-/// Materialised path for query rows [i0, i1) of head (b, h): the full score rows, an
-/// exact (two-pass) softmax, then weights times V. Straightforward on purpose: it is the
-/// reference the streaming path is tested against, and what returns weights.
-/// A row whose masks hide every key gets zero weights and output; otherwise the softmax
-/// follows IEEE over the keys it sees (NaN in, NaN out; every visible score -inf: NaN, as
-/// PyTorch computes). scratch: materialized_scratch_size() elements.
+/// Materialised path for query rows [i0, i1) of head (b, h) (key/value head h / (H / H_kv)):
+/// the full score rows, an exact (two-pass) softmax, then weights times V. Straightforward
+/// on purpose: it is the reference the streaming path is tested against, and what returns
+/// weights. A row whose masks hide every key gets zero weights and output; otherwise the
+/// softmax follows IEEE over the keys it sees (NaN in, NaN out; every visible score -inf:
+/// NaN, as PyTorch computes). scratch: materialized_scratch_size() elements.
 template <class Scalar>
 void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& mask,
                        const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
                        Scalar* scratch) {
   const Index rows = i1 - i0, tk = p.k.extent(2), d = p.q.extent(3), dv = p.v.extent(3);
-  Scalar* scores = scratch;                // (rows, T_k)
+  const Index kv_head = h / (p.q.extent(1) / p.k.extent(1));
+  Scalar* scores = scratch;                 // (rows, T_k)
   Scalar* kt = scratch + kQueryBlock * tk;  // K^T (d, T_k), then V cleaned (T_k, d_v)
   const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
-  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
-  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + kv_head * p.k.stride(1);
+  const Scalar* v = p.v.data() + b * p.v.stride(0) + kv_head * p.v.stride(1);
   // pass 1: scores (rows, T_k) = q k^T * scale (the micro-kernel never threads, so the
   // result does not depend on the thread count).
   pack_transposed(k, p.k.stride(2), 0, tk, 0, d, kt);
@@ -85,22 +86,27 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
                      nullptr);
   const Scalar keep_scale =
       drop.active ? Scalar(1) / static_cast<Scalar>(1.0 - p.dropout) : Scalar(1);
+  Index key_begin = tk, key_end = 0;  // the keys some row sees
   for (Index r = 0; r < rows; ++r) {
     const Index i = i0 + r;
     Scalar* s = scores + r * tk;
-    // pass 2: masks (a loop bound, then element-wise parts) and a stable softmax over
-    // the visible keys; invisible keys get weight 0.
-    const Index end = mask.row_end(i);
-    const Index seen = mask.elementwise() ? mask.apply(i, 0, s, end) : end;
+    // pass 2: masks (loop bounds, then element-wise parts) and a stable softmax over the
+    // visible keys; invisible keys get weight 0.
+    const Index end = mask.row_end(i), begin = std::min(mask.row_begin(i), end);
+    const Index seen = mask.elementwise() ? mask.apply(i, begin, s + begin, end - begin)
+                                          : end - begin;
     if (seen > 0) {
-      softmax_row(s, end, /*all_minus_inf_is_masked=*/false);
+      softmax_row(s + begin, end - begin, /*all_minus_inf_is_masked=*/false);
+      key_begin = std::min(key_begin, begin);
+      key_end = std::max(key_end, end);
     } else {
-      std::fill(s, s + end, Scalar(0));
+      std::fill(s + begin, s + end, Scalar(0));
     }
+    std::fill(s, s + begin, Scalar(0));
     std::fill(s + end, s + tk, Scalar(0));
     if (drop.active) {
       const std::uint64_t key = drop.row_key(i);
-      for (Index j = 0; j < end; ++j) {
+      for (Index j = begin; j < end; ++j) {
         s[j] = DropoutStream::keep(key, j, drop.threshold) ? s[j] * keep_scale : Scalar(0);
       }
     }
@@ -109,17 +115,20 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
   // (the weights of the rest are 0), value rows that are not finite only where seen.
   Scalar* out = p.out.data() + b * p.out.stride(0) + h * p.out.stride(1) + i0 * p.out.stride(2);
   const Index ldo = p.out.stride(2), v_rs = p.v.stride(2);
-  Index key_end = 0;
-  for (Index i = i0; i < i1; ++i) key_end = std::max(key_end, mask.row_end(i));
+  key_begin = std::min(key_begin, key_end);
+  const Index n = key_end - key_begin;
+  const Scalar* w0 = scores + key_begin;
+  const Scalar* v0 = v + key_begin * v_rs;
   Scalar* clean = kt;
-  if (clean_values(v, v_rs, key_end, dv, clean)) {
-    micro_gemm<Scalar>(rows, dv, key_end, scores, tk, 1, clean, dv, out, ldo, Scalar(1), false,
-                       nullptr);
-    add_nonfinite_values(rows, key_end, dv, scores, tk, 1, v, v_rs, clean, out, ldo,
-                         [&](Index r, Index j) { return mask.sees(i0 + r, j); });
+  if (n == 0) {
+    for (Index r = 0; r < rows; ++r) std::fill(out + r * ldo, out + r * ldo + dv, Scalar(0));
+  } else if (clean_values(v0, v_rs, n, dv, clean)) {
+    micro_gemm<Scalar>(rows, dv, n, w0, tk, 1, clean, dv, out, ldo, Scalar(1), false, nullptr);
+    add_nonfinite_values(rows, n, dv, w0, tk, 1, v0, v_rs, clean, out, ldo, [&](Index r, Index j) {
+      return mask.sees(i0 + r, key_begin + j);
+    });
   } else {
-    micro_gemm<Scalar>(rows, dv, key_end, scores, tk, 1, v, v_rs, out, ldo, Scalar(1), false,
-                       nullptr);
+    micro_gemm<Scalar>(rows, dv, n, w0, tk, 1, v0, v_rs, out, ldo, Scalar(1), false, nullptr);
   }
   if (p.weights.data() != nullptr) {
     Scalar* w = p.weights.data() + b * p.weights.stride(0) + h * p.weights.stride(1) +
@@ -130,79 +139,146 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
   }
 }
 
-/// Streaming path for query rows [i0, i1) of head (b, h): tiles of K/V with an online
-/// softmax (running max m and sum l per query). It works on transposed scores
-/// S^T (keys x queries), so
-///  - Q^T is packed once per task and K, V are read in place (no per-tile packing);
-///  - the softmax statistics of all queries are vectors: max, exp and sums run across
-///    queries with no horizontal reductions;
-///  - causal tiles wholly above the diagonal are never visited, and inside the diagonal
-///    tile each group of keys is multiplied only with the queries that can see it.
+/// sum_e a[e] b[e] over n elements, lanes then one reduction.
 template <class Scalar>
-void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& mask,
-                    const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
-                    Scalar* scratch) {
+inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
+  using V = Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  auto t0 = V::zero(), t1 = V::zero();
+  Index e = 0;
+  for (; e + 2 * W <= n; e += 2 * W) {
+    t0 = V::fmadd(V::load(a + e), V::load(b + e), t0);
+    t1 = V::fmadd(V::load(a + e + W), V::load(b + e + W), t1);
+  }
+  for (; e + W <= n; e += W) t0 = V::fmadd(V::load(a + e), V::load(b + e), t0);
+  if (e < n) t1 = V::fmadd(V::load_partial(a + e, n - e), V::load_partial(b + e, n - e), t1);
+  return V::reduce_add(V::add(t0, t1));
+}
+
+/// Streaming path for one task (see StreamTask): query rows of one or more heads of a
+/// key/value group against tiles of K/V with an online softmax (running max m and sum l per
+/// row). It works on transposed scores S^T (keys x rows), so
+///  - Q^T is packed once per task and K, V are read in place (no per-tile packing), each
+///    tile serving every row of the task: with short queries (decoding) the rows are the
+///    whole group's heads, so a grouped K/V row is read once for all of them;
+///  - the softmax statistics of all rows are vectors: max, exp and sums run across rows
+///    with no horizontal reductions;
+///  - tiles wholly outside every row's bounds (causal diagonal, sliding window) are never
+///    visited, and inside a boundary tile each group of keys is multiplied only with the
+///    rows that can see one of them.
+/// Tiles end at multiples of kKeyBlock and, for keys in a ring, where the ring wraps.
+template <class Scalar>
+void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* masks,
+                    const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
   using V = Vec<Scalar>;
   constexpr Index W = V::kWidth;
   constexpr Scalar kNegInf = -std::numeric_limits<Scalar>::infinity();
   constexpr Index ld = kQueryBlock;  // row stride of s^T
-  static_assert(kQueryBlock % W == 0, "the per-query statistics are whole vectors");
-  const Index rows = i1 - i0, d = p.q.extent(3), dv = p.v.extent(3);
+  static_assert(kQueryBlock % W == 0, "the per-row statistics are whole vectors");
+  const Index nq = task.i1 - task.i0, rows = task.heads * nq, d = p.q.extent(3);
+  const Index dv = p.v.extent(3), i0 = task.i0;
   Scalar* qt = scratch;                    // Q^T (d, rows)
-  Scalar* st = qt + d * kQueryBlock;       // s^T, then p^T (keys, queries)
+  Scalar* st = qt + d * kQueryBlock;       // s^T, then p^T (keys, rows)
   Scalar* acc = st + kKeyBlock * ld;       // unnormalised output (rows, d_v)
-  Scalar* m = acc + kQueryBlock * dv;      // running max per query
-  Scalar* l = m + kQueryBlock;             // running sum per query
-  Scalar* shift = l + kQueryBlock;         // this tile's exp shift per query
-  Scalar* corr = shift + kQueryBlock;      // rescale factor per query
-  Scalar* seen = corr + kQueryBlock;       // 1 once a query has seen a key its masks allow
+  Scalar* m = acc + kQueryBlock * dv;      // running max per row
+  Scalar* l = m + kQueryBlock;             // running sum per row
+  Scalar* shift = l + kQueryBlock;         // this tile's exp shift per row
+  Scalar* corr = shift + kQueryBlock;      // rescale factor per row
+  Scalar* seen = corr + kQueryBlock;       // 1 once a row has seen a key its masks allow
   Scalar* clean = seen + kQueryBlock;      // a V tile with non-finite rows zeroed (rarely)
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
   std::fill(l, l + kQueryBlock, Scalar(0));
   std::fill(seen, seen + kQueryBlock, Scalar(0));
 
-  const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
-  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
-  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  // Row r is query i0 + r % nq of head h0 + r / nq; it sees keys [begin[r], end[r]) of the
+  // task's range, less what the element-wise parts hide.
+  Index begin[kQueryBlock], end[kQueryBlock];
+  Index lo = std::numeric_limits<Index>::max(), hi = 0, max_begin = 0;
+  Index min_end = std::numeric_limits<Index>::max();
+  for (Index r = 0; r < rows; ++r) {
+    const HeadMask<Scalar>& mask = masks[r / nq];
+    const Index i = i0 + r % nq;
+    end[r] = std::min(mask.row_end(i), task.j_end);
+    begin[r] = std::min(std::max(mask.row_begin(i), task.j_begin), end[r]);
+    if (end[r] > begin[r]) lo = std::min(lo, begin[r]), hi = std::max(hi, end[r]);
+    max_begin = std::max(max_begin, begin[r]);
+    min_end = std::min(min_end, end[r]);
+  }
   const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
-  pack_transposed(q, q_rs, 0, rows, 0, d, qt);
-
-  // Key j is visible to query i iff j < row_end(i); row_end is non-decreasing in i for
-  // causal and key-length bounds, so query i sees j iff i >= first_query(j).
-  Index key_end = 0;
-  for (Index i = i0; i < i1; ++i) key_end = std::max(key_end, mask.row_end(i));
-  const auto first_row = [&](Index j) -> Index {  // first local row that may see key j
-    if (!mask.causal) return 0;
-    return std::clamp<Index>(j - mask.causal_offset - i0, 0, rows);
-  };
-  const bool elementwise = mask.elementwise();
+  const Scalar* k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
+  const Scalar* v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+  const bool elementwise = masks[0].elementwise();
   const Index col_group = micro_cols<Scalar>();
+  // Dot products cost rows (d / W + ~8 for the reduction) per key, the micro-kernel about
+  // d kMicroVecs whatever the row count: 4x less for a decode step's 4 rows (AVX-512, d 128).
+  const bool dot_rows = rows * (d / W + 8) < d * kMicroVecs;
+  const Scalar* qrow[kQueryBlock];
+  for (Index r = 0; r < rows; ++r) {
+    qrow[r] = p.q.data() + task.b * p.q.stride(0) + (task.h0 + r / nq) * p.q.stride(1) +
+              (i0 + r % nq) * q_rs;
+  }
+  for (Index g = 0; g < (dot_rows ? 0 : task.heads); ++g) {
+    pack_transposed(qrow[g * nq], q_rs, 0, nq, 0, d, qt + g * nq, rows);
+  }
 
-  for (Index j0 = 0; j0 < key_end; j0 += kKeyBlock) {
-    const Index width = std::min(kKeyBlock, key_end - j0);
-    // pass 1: s^T (width, rows) = k[j0:j0+width] q^T * scale; each group of keys only
-    // against the queries that can see its first key.
-    for (Index g = 0; g < width; g += kMicroRows) {
-      const Index group = std::min<Index>(kMicroRows, width - g);
-      const Index c0 = first_row(j0 + g) / col_group * col_group;
-      if (c0 >= rows) continue;
-      micro_gemm<Scalar>(group, rows - c0, d, k + (j0 + g) * k_rs, k_rs, 1, qt + c0, rows,
-                         st + g * ld + c0, ld, p.scale, false, nullptr);
+  for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
+    width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
+    if (p.ring > 0) width = std::min(width, p.ring - j0 % p.ring);  // no tile crosses the wrap
+    const Scalar* kt = k + (p.ring > 0 ? j0 % p.ring : j0) * k_rs;
+    const Scalar* vt = v + (p.ring > 0 ? j0 % p.ring : j0) * v_rs;
+    // Every row sees every key of the tile (no bound inside it)?
+    const bool full = j0 >= max_begin && j0 + width <= min_end;
+    // pass 1: s^T (width, rows) = k[j0:j0+width] q^T * scale; in a boundary tile each group
+    // of keys only against the column groups holding rows that see one of its keys. With few
+    // rows (decoding) one dot product per (key, row) instead: the micro-kernel's tile would
+    // be mostly idle lanes.
+    if (dot_rows) {
+      for (Index j = 0; j < width; ++j) {
+        for (Index r = 0; r < rows; ++r) {
+          st[j * ld + r] = dot(kt + j * k_rs, qrow[r], d) * p.scale;
+        }
+      }
     }
-    // pass 2: masks. Causal / key-length bounds: -inf before each key's first query.
-    // Element-wise parts (boolean, additive, padding) where present.
-    for (Index j = 0; j < width; ++j) {
-      const Index c = first_row(j0 + j);
-      std::fill(st + j * ld, st + j * ld + c, kNegInf);
+    for (Index gk = 0; gk < (dot_rows ? 0 : width); gk += kMicroRows) {
+      const Index group = std::min<Index>(kMicroRows, width - gk);
+      const Index first = j0 + gk, last = first + group - 1;
+      for (Index c = 0; c < rows;) {
+        Index c0 = 0, c1 = rows;
+        if (!full) {  // the next run of rows that see one of these keys
+          while (c < rows && (end[c] <= first || begin[c] > last)) ++c;
+          c1 = c;
+          while (c1 < rows && end[c1] > first && begin[c1] <= last) ++c1;
+          if (c == rows) break;
+          c0 = c / col_group * col_group;
+          c1 = std::min(rows, (c1 + col_group - 1) / col_group * col_group);
+        }
+        micro_gemm<Scalar>(group, c1 - c0, d, kt + gk * k_rs, k_rs, 1, qt + c0, rows,
+                           st + gk * ld + c0, ld, p.scale, false, nullptr);
+        c = c1;
+      }
+    }
+    // pass 2: masks. Loop bounds: -inf outside each row's [begin, end). Element-wise parts
+    // (boolean, additive, padding) where present.
+    if (!full) {
+      for (Index r = 0; r < rows; ++r) {
+        const Index a = std::clamp<Index>(begin[r] - j0, 0, width);
+        const Index e = std::clamp<Index>(end[r] - j0, 0, width);
+        for (Index j = 0; j < a; ++j) st[j * ld + r] = kNegInf;
+        for (Index j = std::max(a, e); j < width; ++j) st[j * ld + r] = kNegInf;
+        if (e <= a) {
+          for (Index j = 0; j < width; ++j) st[j * ld + r] = kNegInf;
+        }
+      }
     }
     if (elementwise) {
       alignas(64) Scalar column[kKeyBlock];
       for (Index r = 0; r < rows; ++r) {
-        const Index visible = std::clamp<Index>(mask.row_end(i0 + r) - j0, 0, width);
-        for (Index j = 0; j < visible; ++j) column[j] = st[j * ld + r];
-        if (mask.apply(i0 + r, j0, column, visible) > 0) seen[r] = Scalar(1);
-        for (Index j = 0; j < visible; ++j) st[j * ld + r] = column[j];
+        const Index a = std::clamp<Index>(begin[r] - j0, 0, width);
+        const Index e = std::clamp<Index>(end[r] - j0, a, width);
+        for (Index j = a; j < e; ++j) column[j] = st[j * ld + r];
+        if (masks[r / nq].apply(i0 + r % nq, j0 + a, column + a, e - a) > 0) seen[r] = Scalar(1);
+        for (Index j = a; j < e; ++j) st[j * ld + r] = column[j];
       }
     }
     // pass 3: per-query tile max -> new running max m, the exp shift, and the factor
@@ -256,43 +332,58 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& mask
     for (Index r = 0; r < rows; ++r) {
       if (corr[r] != Scalar(1)) scale_row(acc + r * dv, dv, corr[r]);
     }
-    if (drop.active) {
+    if (drops[0].active) {
       for (Index r = 0; r < rows; ++r) {
-        const std::uint64_t key = drop.row_key(i0 + r);
+        const DropoutStream& drop = drops[r / nq];
+        const std::uint64_t key = drop.row_key(i0 + r % nq);
         for (Index j = 0; j < width; ++j) {
           if (!DropoutStream::keep(key, j0 + j, drop.threshold)) st[j * ld + r] = Scalar(0);
         }
       }
     }
     // pass 5: acc (rows, d_v) += p (rows, width) v[j0:j0+width]; p is read transposed out
-    // of p^T, and each group of queries stops at its last visible key. Value rows that are
-    // not finite enter only for the queries that see them (see clean_values()).
-    const Scalar* vt = v + j0 * v_rs;
-    Index vt_rs = v_rs;
-    const Index tile_need = std::clamp<Index>(mask.row_end(i1 - 1) - j0, 0, width);
+    // of p^T, and each group of rows stops at its last visible key. Value rows that are
+    // not finite enter only for the rows that see them (see clean_values()).
+    const auto need_of = [&](Index r0, Index r1) {
+      Index need = 0;
+      for (Index r = r0; r < r1; ++r) need = std::max(need, end[r] - j0);
+      return std::clamp<Index>(need, 0, width);
+    };
+    const Index tile_need = need_of(0, rows);
+    const Scalar* vc = vt;
+    Index vc_rs = v_rs;
     const bool dirty = clean_values(vt, v_rs, tile_need, dv, clean);
-    if (dirty) vt = clean, vt_rs = dv;
+    if (dirty) vc = clean, vc_rs = dv;
     for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, rows - r0);
-      const Index need =
-          std::clamp<Index>(mask.row_end(i0 + r0 + group - 1) - j0, 0, width);
+      const Index need = need_of(r0, r0 + group);
       if (need > 0) {
-        micro_gemm<Scalar>(group, dv, need, st + r0, 1, ld, vt, vt_rs, acc + r0 * dv, dv,
+        micro_gemm<Scalar>(group, dv, need, st + r0, 1, ld, vc, vc_rs, acc + r0 * dv, dv,
                            Scalar(1), true, nullptr);
       }
     }
     if (dirty) {
-      add_nonfinite_values(rows, tile_need, dv, st, 1, ld, v + j0 * v_rs, v_rs, clean, acc, dv,
-                           [&](Index r, Index j) { return mask.sees(i0 + r, j0 + j); });
+      add_nonfinite_values(rows, tile_need, dv, st, 1, ld, vt, v_rs, clean, acc, dv,
+                           [&](Index r, Index j) {
+                             return j0 + j >= begin[r] && j0 + j < end[r] &&
+                                    !masks[r / nq].hides(i0 + r % nq, j0 + j);
+                           });
     }
   }
-  // pass 6: normalise into out. A query its masks hide every key from stays zero; the others
+  // pass 6: normalise into out. A row its masks hide every key from stays zero; the others
   // divide by l, IEEE (l = 0 when every visible score was -inf: 0/0 = NaN, as in PyTorch).
-  Scalar* out = p.out.data() + b * p.out.stride(0) + h * p.out.stride(1) + i0 * p.out.stride(2);
-  const double keep = 1.0 - (drop.active ? p.dropout : 0.0);
+  // A task over one chunk of the keys leaves (m, l, seen, acc) for merge_partials().
+  const double keep = 1.0 - (drops[0].active ? p.dropout : 0.0);
   for (Index r = 0; r < rows; ++r) {
-    Scalar* o = out + r * p.out.stride(2);
-    const bool any = elementwise ? seen[r] != Scalar(0) : mask.row_end(i0 + r) > 0;
+    const bool any = elementwise ? seen[r] != Scalar(0) : end[r] > begin[r];
+    if (task.partial != nullptr) {
+      Scalar* row = task.partial + r * partial_row_size(dv);
+      row[0] = m[r], row[1] = l[r], row[2] = any ? Scalar(1) : Scalar(0);
+      std::copy(acc + r * dv, acc + (r + 1) * dv, row + kPartialExtra);
+      continue;
+    }
+    Scalar* o = p.out.data() + task.b * p.out.stride(0) + (task.h0 + r / nq) * p.out.stride(1) +
+                (i0 + r % nq) * p.out.stride(2);
     if (any) {
       const Scalar inv = static_cast<Scalar>(1.0 / (static_cast<double>(l[r]) * keep));
       for (Index e = 0; e < dv; ++e) o[e] = acc[r * dv + e] * inv;

@@ -30,14 +30,21 @@ struct KernelSet {
     return kernels::ATTN_KERNEL_SET::softmax_row(row, n);
   }
   template <class Scalar>
-  static void attention_task(const AttentionArgs<Scalar>& args, const HeadMask<Scalar>& mask,
-                             const DropoutStream& drop, bool materialize, Index b, Index h,
-                             Index i0, Index i1, Scalar* scratch) {
-    if (materialize) {
-      materialized_tile(args, mask, drop, b, h, i0, i1, scratch);
-    } else {
-      streaming_tile(args, mask, drop, b, h, i0, i1, scratch);
-    }
+  static void materialized_task(const AttentionArgs<Scalar>& args, const HeadMask<Scalar>& mask,
+                                const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
+                                Scalar* scratch) {
+    materialized_tile(args, mask, drop, b, h, i0, i1, scratch);
+  }
+  template <class Scalar>
+  static void streaming_task(const AttentionArgs<Scalar>& args, const HeadMask<Scalar>* masks,
+                             const DropoutStream* drops, const StreamTask<Scalar>& task,
+                             Scalar* scratch) {
+    streaming_tile(args, masks, drops, task, scratch);
+  }
+  template <class Scalar>
+  static void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv,
+                             double keep, Scalar* out) noexcept {
+    kernels::ATTN_KERNEL_SET::merge_partials(partial, chunks, stride, dv, keep, out);
   }
 };
 
@@ -58,10 +65,11 @@ struct KernelSet {
   ATTN_KERNELS_EXPLICIT_ template void materialized_tile<S>(                                    \
       const AttentionArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, Index,   \
       Index, S*);                                                                               \
-  ATTN_KERNELS_EXPLICIT_ template void streaming_tile<S>(const AttentionArgs<S>&,              \
-                                                         const HeadMask<S>&,                   \
-                                                         const DropoutStream&, Index, Index,   \
-                                                         Index, Index, S*);
+  ATTN_KERNELS_EXPLICIT_ template void streaming_tile<S>(                                       \
+      const AttentionArgs<S>&, const HeadMask<S>*, const DropoutStream*, const StreamTask<S>&,  \
+      S*);                                                                                      \
+  ATTN_KERNELS_EXPLICIT_ template void merge_partials<S>(const S*, Index, Index, Index, double, \
+                                                         S*) noexcept;
 ATTN_KERNELS_INSTANCES_(float)
 ATTN_KERNELS_INSTANCES_(double)
 #undef ATTN_KERNELS_INSTANCES_

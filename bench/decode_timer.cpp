@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: MIT
+// bench/decode_timer.cpp: times one generation step of a Llama-3-8B-shaped attention layer
+// (D 4096, H 32, H_kv 8, hd 128, RoPE, causal, frozen float32 weights, no biases) with a KV
+// cache holding L tokens: a decode step (T_new = 1) or a chunk of a chunked prefill (T_new =
+// 128), through MultiHeadAttention's incremental forward. The attn side of the decode
+// benchmarks of issue 12 (scripts/bench/decode.sh); scripts/bench/pytorch_decode.py is the
+// PyTorch side and prints the same fields. One fresh process per measurement.
+// Glossary: B = batch, L = cached tokens, T_new = new tokens, D = model width, H / H_kv =
+// query / key-value heads, hd = head dim.
+//
+// Usage: decode_timer OP B L threads reps [--max-seconds S] [--warmup N] [--chunk C]
+//                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
+//   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), or gemm: the Q/K/V
+//   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
+//   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows.
+//   The cache is filled with random keys and values for L tokens (no prefill is run); after
+//   every timed step it is truncated back to L, so each step sees the same cache.
+// Output, one line:
+//   impl=attn op=decode B=1 L=512 T_new=1 D=4096 H=32 H_kv=8 hd=128 threads=1 reps=20
+//   median_ms=.. min_ms=.. bytes=.. gbps=.. cache_bytes=.. kv_bytes=.. workspace_bytes=..
+//   max_rss_mib=.. base_rss_mib=.. isa=..
+// bytes: what the step must read, 4 ((H + 2 H_kv) hd D + D H hd) for the weights plus
+// 4 * 2 B H_kv (L + T_new) hd for the cache (pytorch_decode.py's formula); gbps = bytes /
+// median. For op=gemm, bytes are the weight's alone. cache_bytes / kv_bytes: the cache's
+// allocation and the keys and values it holds (capacity L + T_new); workspace_bytes: the
+// Workspace after the steps.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "timer_support.hpp"
+
+namespace {
+
+constexpr const char* kArguments =
+    "decode|prefill|gemm B L threads reps [--max-seconds S] "
+    "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
+    "[--head-dim hd]";
+
+[[noreturn]] void usage(const char* argv0, const std::string& why) {
+  attn::bench::usage_error(argv0, why, kArguments);
+}
+
+long parse_int(const char* argv0, const char* text, const char* what) {
+  return attn::bench::parse_count(argv0, text, what, kArguments);
+}
+
+/// Values in [-scale, scale) from a 64-bit hash of (seed, i): fast enough for 40M weights.
+template <class View>
+void fill(View x, std::uint64_t seed, float scale) {
+  float* data = x.data();
+  for (attn::Index i = 0; i < x.size(); ++i) {
+    std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    data[i] = scale * (static_cast<float>(z >> 40) / 8388608.0f - 1.0f);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<const char*> positional;
+  double max_seconds = 5.0;
+  long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128;
+  for (int i = 1; i < argc; ++i) {
+    const auto option = [&](const char* name, long& value) {
+      if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
+      value = parse_int(argv[0], argv[++i], name);
+      return true;
+    };
+    if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) {
+      max_seconds = std::atof(argv[++i]);
+    } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
+               !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
+               !option("--head-dim", head_dim)) {
+      positional.push_back(argv[i]);
+    }
+  }
+  if (positional.size() != 5) usage(argv[0], "expected 5 positional arguments");
+  const std::string op = positional[0];
+  if (op != "decode" && op != "prefill" && op != "gemm") usage(argv[0], "bad OP '" + op + "'");
+  const attn::Index b = parse_int(argv[0], positional[1], "B");
+  const attn::Index length = parse_int(argv[0], positional[2], "L");
+  const int threads = static_cast<int>(std::max(1L, parse_int(argv[0], positional[3], "threads")));
+  const long reps = std::max(1L, parse_int(argv[0], positional[4], "reps"));
+  const attn::Index t_new = op == "prefill" ? chunk : 1;
+  if (b < 1 || dim < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 2) {
+    usage(argv[0], "need positive sizes, H_kv dividing H and an even head dim");
+  }
+  const double base_rss = attn::bench::max_rss_mib();
+  attn::set_num_threads(threads);
+
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = dim;
+  o.num_heads = heads;
+  o.num_kv_heads = kv_heads;
+  o.head_dim = head_dim;
+  o.causal = true;
+  o.out_bias = false;
+  o.init = attn::InitScheme::kNone;
+  o.rope = attn::RotaryOptions{head_dim, 0, 500000.0, attn::RopeStyle::kHalfSplit, length + t_new};
+  attn::MultiHeadAttention<float> mha(o);
+  mha.eval();
+  const float bound = 1.0f / std::sqrt(static_cast<float>(dim));
+  fill(mha.in_proj_weight(), 1, bound);
+  fill(mha.out_proj().weight(), 2, bound);
+  mha.freeze();
+  const std::int64_t weight_bytes =
+      4 * ((heads + 2 * kv_heads) * head_dim * dim + dim * heads * head_dim);
+  attn::Workspace ws;
+  std::vector<double> ms;
+  std::int64_t bytes = 0, cache_bytes = 0, kv_bytes = 0;
+
+  if (op == "gemm") {
+    // The Q/K/V projection alone: (B, D) x (frozen ((H + 2 H_kv) hd, D))^T.
+    const auto& proj = mha.in_proj_weight();
+    attn::Tensor<float, 2> x({b, dim}), y({b, proj.extent(0)});
+    fill(x.view(), 3, 1.0f);
+    attn::Linear<float> linear(dim, proj.extent(0), /*bias=*/false);
+    attn::copy(proj, linear.weight());
+    linear.freeze();
+    ms = attn::bench::time_calls([&] { linear.forward(x.view(), y.view(), ws); }, warmup, reps,
+                                 max_seconds);
+    bytes = 4 * proj.extent(0) * dim;
+  } else {
+    attn::KVCache<float> cache(b, kv_heads, head_dim, length + t_new);
+    fill(cache.k_storage(), 4, 1.0f);  // every slot: random keys and values
+    fill(cache.v_storage(), 5, 1.0f);
+    cache.advance(length);
+    attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
+    fill(x.view(), 6, 1.0f);
+    ms = attn::bench::time_calls(
+        [&] {
+          mha.forward(x.view(), y.view(), ws, cache);
+          for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
+        },
+        warmup, reps, max_seconds);
+    bytes = weight_bytes + 4 * 2 * b * kv_heads * (length + t_new) * head_dim;
+    cache_bytes = static_cast<std::int64_t>(cache.bytes());
+    kv_bytes = static_cast<std::int64_t>(cache.payload_bytes());
+  }
+  const std::size_t n = ms.size();
+  const double median = attn::bench::median_of(ms);
+  std::printf(
+      "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
+      "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "
+      "workspace_bytes=%zu max_rss_mib=%.1f base_rss_mib=%.1f isa=%s\n",
+      op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new), dim,
+      heads, kv_heads, head_dim, threads, n, median, ms.front(), static_cast<long long>(bytes),
+      static_cast<double>(bytes) / (median * 1e-3) * 1e-9, static_cast<long long>(cache_bytes),
+      static_cast<long long>(kv_bytes), ws.bytes(), attn::bench::max_rss_mib(), base_rss,
+      attn::isa_name(attn::active_isa()));
+  return 0;
+}

@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/cached_forward.hpp: the incremental (generation) forward of every module
+// built on one AttentionCore: new tokens through a KVCache, written once for all of them.
+// Glossary: B = batch, T = new tokens, H = heads, H_kv = key/value heads, hd = head dim,
+// A = H * hd, L_b = item b's cache length (the position of its next token), W = window.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "attn/attention/detail/kernel.hpp"
+#include "attn/attention/detail/module_support.hpp"
+#include "attn/attention/kv_cache.hpp"
+#include "attn/attention/module_core.hpp"
+#include "attn/attention/qkv_projection.hpp"
+#include "attn/attention/scaled_dot_product.hpp"
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/kernels/types.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn/workspace.hpp"
+
+ATTN_NAMESPACE_BEGIN
+namespace detail {
+
+/// The checks of forward_cached(), all before anything is written (the cache included).
+/// @throws ShapeError on shapes that do not fit; ConfigError for a module that is not
+///         self-attention, a mask, a cache without room, a window the cache cannot hold,
+///         positions past context_length or the rotary tables.
+template <class Scalar>
+void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                  TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
+                  const AttentionMask<Scalar>& mask) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index batch = x.extent(0), tokens = x.extent(1);
+  require_config(core.projection().fused(), where, [&] {
+    return "the incremental forward is self-attention and needs kdim == vdim == d_in (got "
+           "d_in=" +
+           std::to_string(core.d_in()) + ", kdim=" + std::to_string(core.kdim()) +
+           ", vdim=" + std::to_string(core.vdim()) + ")";
+  });
+  require(cache.batch() == batch && cache.num_kv_heads() == core.num_kv_heads() &&
+              cache.head_dim() == core.head_dim(),
+          where, [&] {
+            return "the cache holds B=" + std::to_string(cache.batch()) +
+                   ", H_kv=" + std::to_string(cache.num_kv_heads()) +
+                   ", head_dim=" + std::to_string(cache.head_dim()) +
+                   "; the call needs B=" + std::to_string(batch) +
+                   ", H_kv=" + std::to_string(core.num_kv_heads()) +
+                   ", head_dim=" + std::to_string(core.head_dim());
+          });
+  const Index window = core.sliding_window();
+  require_config(cache.window() == 0 || (window > 0 && window <= cache.window()), where, [&] {
+    return "the cache is a ring for a window of " + std::to_string(cache.window()) +
+           " keys, but the module's sliding_window is " + std::to_string(window) +
+           " (0: none): it would read keys the ring no longer holds";
+  });
+  require_config(mask.empty(), where, [] {
+    return std::string(
+        "the incremental forward takes no mask: the cache's lengths, the causal "
+        "bound and the module's window are its mask");
+  });
+  check_output(where, out, {batch, tokens, core.d_out()});
+  for (Index b = 0; b < batch; ++b) {
+    const Index end = cache.length(b) + tokens;
+    require_config(cache.window() > 0 || end <= cache.capacity(), where, [&] {
+      return "item " + std::to_string(b) + " has " + std::to_string(cache.length(b)) +
+             " cached tokens; " + std::to_string(tokens) +
+             " more exceed the cache's capacity=" + std::to_string(cache.capacity());
+    });
+    require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
+      return "item " + std::to_string(b) + " would reach " + std::to_string(end) +
+             " tokens, more than context_length=" + std::to_string(c.context_length);
+    });
+    require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
+      return "item " + std::to_string(b) + " would reach position " + std::to_string(end - 1) +
+             ", outside the rotary tables [0, " + std::to_string(core.rope().max_positions()) +
+             ") (set rope.max_positions)";
+    });
+  }
+  check_output_memory(where, out, {}, mask);
+}
+
+/// One step of at most cache.max_chunk() tokens (see forward_cached()).
+template <class Scalar>
+void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                 TensorView<Scalar, 3> out, Workspace& ws, KVCache<Scalar>& cache) {
+  const QkvProjection<Scalar>& proj = core.projection();
+  const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
+  const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), a = heads * hd;
+  const auto head_major = [&](Scalar* data, Index width) {  // (B, width / hd, t, hd)
+    GemmOutput<Scalar> o;
+    o.data = data, o.ldc = hd, o.rows_per_batch = t, o.batch_stride = t * width;
+    o.segment = hd, o.segment_stride = t * hd;
+    return o;
+  };
+  // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
+  // they are one strided block (equal lengths, no ring wrap), else through the workspace.
+  // Staged (strided rows, e.g. one chunk of a longer x) into the key slot: the query slot may
+  // hold x itself, copied there by stage_overlapping() when it overlaps out.
+  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
+  Scalar* q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
+  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
+  const Index cap = cache.capacity();
+  if (cache.uniform() && cache.length(0) % cap + t <= cap) {
+    const TensorView<Scalar, 4> next = cache.next_rows(t);
+    GemmOutput<Scalar> o;
+    o.data = next.data(), o.ldc = next.stride(2), o.rows_per_batch = t;
+    o.batch_stride = next.stride(0), o.segment = hd, o.segment_stride = next.stride(1);
+    proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, o, ws);
+  } else {
+    Scalar* kv = q + batch * t * a;  // (B, 2 H_kv, t, hd)
+    proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, head_major(kv, 2 * kv_heads * hd), ws);
+    for (Index b = 0; b < batch; ++b) {
+      for (Index h = 0; h < kv_heads; ++h) {
+        const Scalar* k_rows = kv + (b * 2 * kv_heads + h) * t * hd;
+        const Scalar* v_rows = k_rows + kv_heads * t * hd;
+        for (Index i = 0; i < t; ++i) {
+          std::copy_n(k_rows + i * hd, hd, cache.k_slot(b, h, cache.length(b) + i));
+          std::copy_n(v_rows + i * hd, hd, cache.v_slot(b, h, cache.length(b) + i));
+        }
+      }
+    }
+  }
+  // 2. RoPE on Q and the new K rows at each item's positions L_b .. L_b + t - 1.
+  if (core.has_rope()) {
+    const RotaryEmbedding<Scalar>& rope = core.rope();
+    for (Index b = 0; b < batch; ++b) {
+      const Index first = cache.length(b);
+      for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
+      for (Index h = 0; h < kv_heads; ++h) {
+        for (Index i = 0; i < t; ++i) rope.apply(cache.k_slot(b, h, first + i), 1, hd, first + i);
+      }
+    }
+  }
+  cache.advance(t);
+  // 3. The kernel over the cache: query i of item b at position L_b - t + i sees the keys of
+  // (L_b - t + i - W, L_b - t + i] (per-item bottom-right causal bound, the window).
+  AttentionMask<Scalar> mask;
+  mask.key_lengths(TensorView<const Index, 1>(cache.lengths(), {batch}))
+      .causal(CausalAlignment::kBottomRightPerItem);
+  if (core.sliding_window() > 0) mask.sliding_window(core.sliding_window());
+  const bool direct = !core.config().out_proj && out.stride(2) == 1;
+  Scalar* ctx =
+      direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
+  const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
+  const AttentionOptions options = core.kernel_options({});
+  KernelParams<Scalar> p;
+  p.q = TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1});
+  p.k = cache.k_storage();
+  p.v = cache.v_storage();
+  p.out =
+      TensorView<Scalar, 4>(ctx, {batch, heads, t, hd}, {ctx_strides[0], hd, ctx_strides[1], 1});
+  p.mask = &mask;
+  p.ring = cache.window() > 0 ? cap : 0;
+  p.key_first = cache.first_positions();
+  p.scale = static_cast<Scalar>(*options.scale);
+  p.dropout = options.dropout;
+  p.dropout_seed = options.dropout_seed;
+  p.dropout_call = options.dropout_call;
+  run_attention(p, /*materialize=*/false, ws);
+  // 4. The output projection.
+  if (direct) return;
+  const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
+  if (core.config().out_proj) {
+    core.out_proj().forward(context, out, ws);
+  } else {
+    copy(context, out);
+  }
+}
+
+/// The incremental forward: x (B, T, d_in) holds each item's next T tokens; their keys and
+/// values are appended to `cache` and every token attends to its item's cached keys, causally
+/// (and within the module's window), with rotary embeddings at the cached positions: out
+/// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens, to float
+/// rounding, however the sequence is split (prefill, chunks, single tokens). T beyond
+/// cache.max_chunk() (a sliding-window ring) runs in chunks of it. Allocation-free with a
+/// warm workspace. `x` must not share memory with `out` (the module stages it if it does).
+template <class Scalar>
+void forward_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                    TensorView<Scalar, 3> out, Workspace& ws, KVCache<Scalar>& cache,
+                    const AttentionMask<Scalar>& mask) {
+  check_cached(core, x, out, cache, mask);
+  const Index tokens = x.extent(1), chunk = cache.max_chunk();
+  for (Index t0 = 0; t0 < tokens; t0 += chunk) {
+    const Index t1 = std::min(tokens, t0 + chunk);
+    cached_step(core, slice(x, 1, t0, t1), slice(out, 1, t0, t1), ws, cache);
+  }
+}
+
+}  // namespace detail
+ATTN_NAMESPACE_END

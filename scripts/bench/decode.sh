@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# The decode benchmarks of issue 12 (item 9), a section of scripts/bench_vs_pytorch.sh that
+# also runs alone: one generation step of a Llama-3-8B-shaped attention layer (D 4096, H 32,
+# H_kv 8, hd 128, RoPE, frozen float32 weights) after L cached tokens, attn
+# (bench/decode_timer: MultiHeadAttention's incremental forward through a KVCache) against
+# PyTorch 1.13 (scripts/bench/pytorch_decode.py: LlamaAttention by hand with its best cache,
+# index_copy_ or torch.cat, grouped or repeat_kv), and against the machine's memory bandwidth
+# (bench/stream_bandwidth, the 8-accumulator streaming read, median, per thread count).
+#   1. builds decode_timer and stream_bandwidth (default flags, the consumer's build);
+#   2. measures the bandwidth at 1 and 2 threads;
+#   3. for op in decode (T_new = 1) and prefill (a 128-token chunk), B in 1 and 4, L in
+#      512 .. 8192 and threads 1 and 2: one attn process and one PyTorch process each,
+#      alternating who goes first, --rounds times, keeping each side's fastest median;
+#   4. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
+#      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
+#        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
+#      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows (the
+#      issue's target: >= 0.80); decode_speedup_min / prefill_chunk_speedup_min: the smallest
+#      PyTorch / attn time ratio over the decode / prefill rows (targets 2 and 1.5).
+# Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
+# (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
+# Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
+#                                [--batches 1,4] [--lengths 512,...] [--out DIR]
+#   --quick  B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
+# Settings: scripts/bench/env.sh's bench_env (threads for every layer, glibc malloc kept,
+# OpenBLAS's kernels); attn gets OMP_WAIT_POLICY=ACTIVE, PyTorch the default, as in
+# bench_vs_pytorch.sh. ATTN_BENCH_BUILD_DIR changes the build directory.
+set -euo pipefail
+source "$(dirname "$0")/../lib/common.sh"
+source "$(dirname "$0")/env.sh"
+
+quick=0 rounds="" reps="" threads_list="" batches="" lengths="" out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --rounds) rounds="$2"; shift ;;
+    --reps) reps="$2"; shift ;;
+    --threads) threads_list="$2"; shift ;;
+    --batches) batches="$2"; shift ;;
+    --lengths) lengths="$2"; shift ;;
+    --out) out="$2"; shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    *) echo "decode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ "$quick" = 1 ]; then  # defaults of a smoke run; options given still win
+  rounds="${rounds:-1}" reps="${reps:-3}" threads_list="${threads_list:-1}" batches="${batches:-1}"
+  lengths="${lengths:-512,2048}" out="${out:-$ATTN_ROOT/bench/results/tmp}"
+fi
+rounds="${rounds:-3}" reps="${reps:-10}" threads_list="${threads_list:-1,2}"
+batches="${batches:-1,4}" lengths="${lengths:-512,1024,2048,4096,8192}"
+out="${out:-$ATTN_ROOT/bench/results}"
+max_seconds=$([ "$quick" = 1 ] && echo 1 || echo 4)
+mkdir -p "$out"
+
+ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+build="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-decode"
+log "building decode_timer and stream_bandwidth in $build"
+cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
+  -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_NATIVE=OFF >/dev/null
+cmake --build "$build" --target decode_timer stream_bandwidth -j "$ATTN_JOBS" >/dev/null
+
+raw="$out/decode.raw"
+: >"$raw"
+run_env() {  # run_env threads wait_policy command...: one measured process
+  local t="$1" wait="$2"
+  shift 2
+  mapfile -t vars < <(bench_env "$t" "$wait")
+  env -u OMP_WAIT_POLICY -u OPENBLAS_CORETYPE -u GOMP_SPINCOUNT "${vars[@]}" "$@"
+}
+
+log "memory bandwidth (bench/stream_bandwidth)"
+for t in ${threads_list//,/ }; do
+  run_env "$t" ACTIVE "$build/bench/stream_bandwidth" --threads "$t" \
+    --runs "$([ "$quick" = 1 ] && echo 3 || echo 10)" | tee -a "$raw"
+done
+
+log "decode steps and 128-token chunks (attn vs PyTorch, $rounds round(s))"
+for op in decode prefill; do
+  for b in ${batches//,/ }; do
+    for l in ${lengths//,/ }; do
+      for t in ${threads_list//,/ }; do
+        for ((r = 0; r < rounds; ++r)); do
+          attn_cmd=(run_env "$t" ACTIVE "$build/bench/decode_timer" "$op" "$b" "$l" "$t" "$reps"
+                    --max-seconds "$max_seconds")
+          torch_cmd=(run_env "$t" "" "$BENCH_PYTHON" "$ATTN_ROOT/scripts/bench/pytorch_decode.py"
+                     "$op" "$b" "$l" "$t" "$reps" --max-seconds "$max_seconds")
+          if ((r % 2 == 0)); then
+            "${attn_cmd[@]}" | tee -a "$raw"
+            "${torch_cmd[@]}" | grep '^impl=' | tee -a "$raw"
+          else
+            "${torch_cmd[@]}" | grep '^impl=' | tee -a "$raw"
+            "${attn_cmd[@]}" | tee -a "$raw"
+          fi
+        done
+      done
+    done
+  done
+done
+
+log "report"
+"$BENCH_PYTHON" - "$raw" "$out" <<'PY' | tee "$out/decode.txt"
+import csv, os, sys
+raw, out = sys.argv[1], sys.argv[2]
+bw, rows = {}, {}
+for line in open(raw):
+    f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+    if line.startswith("stream") and f.get("kernel") == "read":
+        bw[int(f["threads"])] = float(f["median_gbps"])
+    elif line.startswith("impl="):
+        key = (f["op"], int(f["B"]), int(f["L"]), int(f["threads"]), f["impl"])
+        best = rows.get(key)
+        if best is None or float(f["median_ms"]) < float(best["median_ms"]):
+            rows[key] = f  # the fastest median over the rounds
+configs = sorted({k[:4] for k in rows})
+print(f"bandwidth (streaming read, median GB/s): "
+      + ", ".join(f"{t} thread(s) {g:.1f}" for t, g in sorted(bw.items())))
+print(f"{'op':8s}{'B':>3s}{'L':>6s}{'thr':>4s}{'attn ms':>10s}{'GB/s':>8s}{'of bw':>7s}"
+      f"{'torch ms':>10s}{'speedup':>9s}  torch variant")
+fractions, decode_speedups, prefill_speedups = [], [], []
+with open(os.path.join(out, "decode.csv"), "w", newline="") as fcsv:
+    w = csv.writer(fcsv)
+    w.writerow(["op", "B", "L", "threads", "impl", "median_ms", "min_ms", "bytes", "gbps",
+                "bw_fraction", "variant"])
+    for c in configs:
+        a, p = rows.get(c + ("attn",)), rows.get(c + ("pytorch",))
+        frac = float(a["gbps"]) / bw[c[3]] if a and c[3] in bw else float("nan")
+        speed = float(p["median_ms"]) / float(a["median_ms"]) if a and p else float("nan")
+        if a and c[0] == "decode" and c[1] == 1:
+            fractions.append(frac)
+        if a and p:
+            (decode_speedups if c[0] == "decode" else prefill_speedups).append(speed)
+        for r in (a, p):
+            if r:
+                w.writerow([c[0], c[1], c[2], c[3], r["impl"], r["median_ms"], r["min_ms"],
+                            r["bytes"], r["gbps"], f"{frac:.3f}" if r is a else "",
+                            r.get("variant", "")])
+        print(f"{c[0]:8s}{c[1]:3d}{c[2]:6d}{c[3]:4d}"
+              f"{float(a['median_ms']) if a else float('nan'):10.2f}"
+              f"{float(a['gbps']) if a else float('nan'):8.2f}{frac:7.2f}"
+              f"{float(p['median_ms']) if p else float('nan'):10.2f}{speed:9.2f}  "
+              f"{p.get('variant', '') if p else ''}")
+fmin = lambda v: min(v) if v else float("nan")
+print(f"summary: decode_bw_fraction_min={fmin(fractions):.2f} "
+      f"decode_speedup_min={fmin(decode_speedups):.2f} "
+      f"prefill_chunk_speedup_min={fmin(prefill_speedups):.2f}")
+PY
+
+if command -v gnuplot >/dev/null; then
+  plot_data="$out/decode_plot.dat"
+  awk -F, 'NR > 1 && $1 == "decode" { print $5 "_B" $2 "_t" $4, $3, $6 }' "$out/decode.csv" \
+    | sort -k1,1 -k2,2n >"$plot_data"
+  series=$(cut -d' ' -f1 "$plot_data" | sort -u)
+  plot=""
+  for s in $series; do
+    plot+="${plot:+, }'< grep \"^$s \" $plot_data' using 2:3 with linespoints title '${s//_/ }'"
+  done
+  gnuplot -e "set terminal png size 900,560; set output '$out/decode_step_vs_length.png';
+    set title 'Decode step of a Llama-3-8B-shaped layer (frozen float32)';
+    set xlabel 'cache length L (tokens)'; set ylabel 'step time (ms)'; set logscale x 2;
+    set key top left; set grid; plot $plot" && echo "plot: $out/decode_step_vs_length.png"
+fi
+rm -f "$raw"
