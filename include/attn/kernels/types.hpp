@@ -185,17 +185,29 @@ struct PackedB {
   Index offset = 0;
 };
 
-/// One GEMM, C (m, n) (+)= A (m, k) B^T [+ bias], as the driver (detail::gemm_nt) planned
-/// it: tasks are column tiles of `tile_cols` times row chunks of `chunk_rows`; each packs
-/// its B^T panel per depth block (unless `pre` holds B packed for this set) and streams row
-/// blocks of A past it.
+/// One GEMM, C (m, n) (+)= op(A) (m, k) op(B) (k, n) [+ bias], as the driver
+/// (detail::gemm) planned it: tasks are column tiles of `tile_cols` times row chunks of
+/// `chunk_rows`; each packs its op(B) panel per depth block (unless `pre` holds B packed for
+/// this set) and streams row blocks of op(A) past it.
+///  - A: row-major (a, lda), op(A) = A (m, k) or, `a_transposed`, A^T with A stored (k, m);
+///    or, `a_pack`, any GemmOutput layout (a head-major (B, P*H, T, hd) gradient) in
+///    `a_layout`, copied row block by row block into the task's buffer first.
+///  - B: (b, ldb) row-major, stored (n, k) (op(B) = B^T: y = x W^T, the forward) unless
+///    `b_kn`, stored (k, n) (op(B) = B: dX = dY W, dW = dY^T X).
+///  - `accumulate`: C += the product (the backward passes add into gradients); else C =.
 template <class Scalar>
 struct GemmPlan {
   Index m = 0, n = 0, k = 0;
-  const Scalar* a = nullptr;  // A (m, k), row-major, leading dimension lda
+  const Scalar* a = nullptr;  // A row-major, leading dimension lda
   Index lda = 0;
-  const Scalar* b = nullptr;  // B (n, k), row-major, leading dimension ldb
+  bool a_transposed = false;
+  bool a_pack = false;
+  GemmOutput<const Scalar> a_layout;  // with a_pack: A's memory, any layout
+  Index a_segment = 0;                // a_layout's segment width (its columns when 0)
+  const Scalar* b = nullptr;  // B row-major, leading dimension ldb
   Index ldb = 0;
+  bool b_kn = false;
+  bool accumulate = false;
   GemmOutput<Scalar> out;
   const Scalar* bias = nullptr;
   const PackedGemmB<Scalar>* pre = nullptr;  // B packed for this kernel set, or null

@@ -26,6 +26,11 @@ struct KernelSet {
     kernels::ATTN_KERNEL_SET::pack_gemm_b(b, ldb, pack);
   }
   template <class Scalar>
+  static void column_sums(Index m, Index j0, Index j1, const GemmOutput<const Scalar>& a,
+                          Index segment, Scalar* sums) noexcept {
+    kernels::ATTN_KERNEL_SET::column_sums(m, j0, j1, a, segment, sums);
+  }
+  template <class Scalar>
   static Scalar softmax_row(Scalar* row, Index n) noexcept {
     return kernels::ATTN_KERNEL_SET::softmax_row(row, n);
   }
@@ -54,6 +59,8 @@ struct KernelSet {
 #define ATTN_KERNELS_INSTANCES_(S)                                                              \
   ATTN_KERNELS_EXPLICIT_ template void gemm_task<S>(const GemmPlan<S>&, Index, S*) noexcept;    \
   ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<S>(const S*, Index, PackedGemmB<S>&) noexcept; \
+  ATTN_KERNELS_EXPLICIT_ template void column_sums<S>(Index, Index, Index,                       \
+                                                      const GemmOutput<const S>&, Index, S*) noexcept; \
   ATTN_KERNELS_EXPLICIT_ template S softmax_row<S>(S*, Index, bool) noexcept;                   \
   ATTN_KERNELS_EXPLICIT_ template void materialized_tile<S>(                                    \
       const AttentionArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, Index,   \
