@@ -64,6 +64,22 @@ constexpr Index stream_scratch_size(Index head_dim, Index value_dim) noexcept {
          5 * kQueryBlock + kKeyBlock * value_dim + 64;
 }
 
+/// Scratch elements one streaming backward task needs: Q^T (d, kQueryBlock), dO^T (d_v,
+/// kQueryBlock), D and lse per query, P^T, dS^T and the dropout factors (kKeyBlock,
+/// kQueryBlock) each, and accumulators for dK and dV (kKeyBlock, d + d_v) or dQ
+/// (kQueryBlock, d).
+constexpr Index stream_backward_scratch_size(Index head_dim, Index value_dim) noexcept {
+  return (head_dim + value_dim + 2) * kQueryBlock + 3 * kKeyBlock * kQueryBlock +
+         std::max(kKeyBlock * (head_dim + value_dim), kQueryBlock * head_dim) + 64;
+}
+
+/// Scratch elements one materialised backward task needs: P (then A) and dA (then dS),
+/// (T_q, T_k) each, and K^T or V^T (max(d, d_v), T_k).
+constexpr Index materialized_backward_scratch_size(Index queries, Index head_dim, Index value_dim,
+                                                   Index keys) noexcept {
+  return 2 * queries * keys + std::max(head_dim, value_dim) * keys + 64;
+}
+
 /// Where a GEMM writes C. Row i = b * rows_per_batch + t and column j = s * segment + e
 /// go to data[b * batch_stride + t * ldc + s * segment_stride + e]. The plain row-major
 /// layout is one batch and one segment; the head-split layout of the Q/K/V projection,
@@ -218,13 +234,32 @@ struct GemmPlan {
 
 /// One attention call's operands, (B, H, T, d) views: query, key, value, output and (for
 /// the materialised path, optional) weights; the score scale and dropout probability.
+/// `lse`, when not empty, (B, H, T_q) receives each query's logsumexp of its masked, scaled
+/// scores (before dropout; +inf for a query its masks hide every key from): what the
+/// streaming backward recomputes the probabilities from.
 template <class Scalar>
 struct AttentionArgs {
   TensorView<const Scalar, 4> q, k, v;
   TensorView<Scalar, 4> out, weights;
   Scalar scale = 1;
   double dropout = 0.0;
+  TensorView<Scalar, 3> lse;
 };
+
+/// One attention backward call's operands: the forward's inputs, output and logsumexp
+/// (B, H, T_q), the output's gradient, and the gradients the backward adds into.
+template <class Scalar>
+struct AttentionBackwardArgs {
+  TensorView<const Scalar, 4> q, k, v, out, grad_out;
+  TensorView<const Scalar, 3> lse;
+  TensorView<Scalar, 4> grad_q, grad_k, grad_v;
+  Scalar scale = 1;
+  double dropout = 0.0;
+};
+
+/// What one attention backward task computes: dK and dV of a key tile (streaming), dQ of a
+/// query tile (streaming), or a whole head (materialised).
+enum class BackwardTask { kKeys, kQueries, kMaterialized };
 
 /// The mask of one (batch, head), resolved to pointers and a per-row visible bound.
 template <class Scalar>

@@ -29,6 +29,7 @@ template <class Scalar>
 struct KernelParams {
   TensorView<const Scalar, 4> q, k, v;
   TensorView<Scalar, 4> out, weights;
+  TensorView<Scalar, 3> lse;  // optional: each query's logsumexp (the backward's input)
   const AttentionMask<Scalar>* mask = nullptr;
   bool module_causal = false;  // a module's own causal flag, combined with `mask`
   CausalAlignment module_alignment = CausalAlignment::kSquare;
@@ -115,6 +116,7 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
   const KernelParams<Scalar>& p = (copy_k || copy_v) ? copied : params;
   AttentionArgs<Scalar> args;
   args.q = p.q, args.k = p.k, args.v = p.v, args.out = p.out, args.weights = p.weights;
+  args.lse = p.lse;
   args.scale = p.scale;
   args.dropout = p.dropout;
   const Index batch = p.q.extent(0), heads = p.q.extent(1), tq = p.q.extent(2);

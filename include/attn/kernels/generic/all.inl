@@ -18,4 +18,5 @@
 #include "attn/kernels/generic/gemm.inl"
 #include "attn/kernels/generic/softmax.inl"
 #include "attn/kernels/generic/attention.inl"
+#include "attn/kernels/generic/attention_backward.inl"
 #include "attn/kernels/generic/kernel_set.inl"

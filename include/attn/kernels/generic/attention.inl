@@ -62,6 +62,16 @@ void add_nonfinite_values(Index rows, Index n, Index dv, const Scalar* p, Index 
   }
 }
 
+/// lse(b, h, i) = max + log(sum) (the logsumexp of a row's visible scores, given its max
+/// and the sum of exp(score - max)), or +inf when the masks hide every key (`any` false).
+template <class Scalar>
+void write_lse(const AttentionArgs<Scalar>& p, Index b, Index h, Index i, Scalar max, Scalar sum,
+               bool any = true) noexcept {
+  p.lse.data()[b * p.lse.stride(0) + h * p.lse.stride(1) + i * p.lse.stride(2)] =
+      any ? static_cast<Scalar>(static_cast<double>(max) + std::log(static_cast<double>(sum)))
+          : std::numeric_limits<Scalar>::infinity();
+}
+
 /// Materialised path for query rows [i0, i1) of head (b, h): the full score rows, an
 /// exact (two-pass) softmax, then weights times V. Straightforward on purpose: it is the
 /// reference the streaming path is tested against, and what returns weights.
@@ -93,9 +103,12 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
     const Index end = mask.row_end(i);
     const Index seen = mask.elementwise() ? mask.apply(i, 0, s, end) : end;
     if (seen > 0) {
-      softmax_row(s, end, /*all_minus_inf_is_masked=*/false);
+      const Scalar top = p.lse.data() != nullptr ? *std::max_element(s, s + end) : Scalar(0);
+      const Scalar sum = softmax_row(s, end, /*all_minus_inf_is_masked=*/false);
+      if (p.lse.data() != nullptr) write_lse(p, b, h, i, top, sum);
     } else {
       std::fill(s, s + end, Scalar(0));
+      if (p.lse.data() != nullptr) write_lse(p, b, h, i, Scalar(0), Scalar(0), false);
     }
     std::fill(s + end, s + tk, Scalar(0));
     if (drop.active) {
@@ -299,5 +312,6 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& mask
     } else {
       std::fill(o, o + dv, Scalar(0));
     }
+    if (p.lse.data() != nullptr) write_lse(p, b, h, i0 + r, m[r], l[r], any);
   }
 }

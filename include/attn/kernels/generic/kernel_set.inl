@@ -44,6 +44,20 @@ struct KernelSet {
       streaming_tile(args, mask, drop, b, h, i0, i1, scratch);
     }
   }
+  template <class Scalar>
+  static void attention_backward_task(const AttentionBackwardArgs<Scalar>& args,
+                                      const HeadMask<Scalar>& mask, const DropoutStream& drop,
+                                      BackwardTask kind, Index b, Index h, Index r0, Index r1,
+                                      Scalar* scratch) noexcept {
+    switch (kind) {
+      case BackwardTask::kKeys:
+        return backward_key_task(args, mask, drop, b, h, r0, r1 - r0, scratch);
+      case BackwardTask::kQueries:
+        return backward_query_task(args, mask, drop, b, h, r0, r1, scratch);
+      case BackwardTask::kMaterialized:
+        return materialized_backward_task(args, mask, drop, b, h, scratch);
+    }
+  }
 };
 
 // ---- optional explicit instantiation (faster builds; see attn/kernels/instantiate.hpp) ----
@@ -69,6 +83,19 @@ struct KernelSet {
                                                          const HeadMask<S>&,                   \
                                                          const DropoutStream&, Index, Index,   \
                                                          Index, Index, S*);
+#define ATTN_KERNELS_BACKWARD_INSTANCES_(S)                                                     \
+  ATTN_KERNELS_EXPLICIT_ template void backward_key_task<S>(                                    \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
+      Index, Index, S*) noexcept;                                                               \
+  ATTN_KERNELS_EXPLICIT_ template void backward_query_task<S>(                                  \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
+      Index, Index, S*) noexcept;                                                               \
+  ATTN_KERNELS_EXPLICIT_ template void materialized_backward_task<S>(                           \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
+      S*) noexcept;
+ATTN_KERNELS_BACKWARD_INSTANCES_(float)
+ATTN_KERNELS_BACKWARD_INSTANCES_(double)
+#undef ATTN_KERNELS_BACKWARD_INSTANCES_
 ATTN_KERNELS_INSTANCES_(float)
 ATTN_KERNELS_INSTANCES_(double)
 #undef ATTN_KERNELS_INSTANCES_
