@@ -33,14 +33,6 @@ using attn::Shape;
 using attn::Tensor;
 namespace ref = attn::test::ref;
 
-std::vector<Isa> runnable_sets() {
-  std::vector<Isa> sets;
-  for (const Isa isa : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa <= attn::best_isa()) sets.push_back(isa);
-  }
-  return sets;
-}
-
 struct Problem {
   Index b, h, tq, tk, d, dv;
 };
@@ -235,7 +227,7 @@ void check_against_reference(double dropout) {
                                                     dropout > 0 ? &keep : nullptr, dropout);
       // The reductions: scores over d, dP over d_v, D over d_v, then T_k (dQ) or T_q (dK, dV).
       const double tol = attn::test::reduction_tolerance<Scalar>(p.d + 2 * p.dv + p.tq + p.tk);
-      for (const Isa isa : runnable_sets()) {
+      for (const Isa isa : attn::test::runnable_sets()) {
         attn::set_isa(isa);
         for (const AttentionPath path : kPaths) {
           options.path = path;

@@ -251,14 +251,6 @@ std::vector<Scalar> run_nn(const NnCase& c, const StoredA<Scalar>& a,
   return out;
 }
 
-std::vector<Isa> gemm_sets() {
-  std::vector<Isa> sets;
-  for (const Isa isa : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa <= attn::best_isa()) sets.push_back(isa);
-  }
-  return sets;
-}
-
 class GemmBackwardForms : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -270,7 +262,7 @@ class GemmBackwardForms : public ::testing::Test {
 
 template <class Scalar>
 void check_nn_against_loop() {
-  for (const Isa isa : gemm_sets()) {
+  for (const Isa isa : attn::test::runnable_sets()) {
     attn::set_isa(isa);
     for (const NnCase& c : kNnCases) {
       const StoredA<Scalar> a = stored_a<Scalar>(c);
@@ -319,7 +311,7 @@ TEST_F(GemmBackwardForms, MatchLongDoubleLoopsOnEverySet) {
 
 template <class Scalar>
 void check_nn_threads() {
-  for (const Isa isa : gemm_sets()) {
+  for (const Isa isa : attn::test::runnable_sets()) {
     attn::set_isa(isa);
     for (const NnCase& c : kNnCases) {
       const StoredA<Scalar> a = stored_a<Scalar>(c);
@@ -363,7 +355,7 @@ TEST_F(GemmBackwardForms, TransposedAIsBitIdenticalToATransposedCopy) {
 
 TEST_F(GemmBackwardForms, ColumnSumsAddEveryRowInOrder) {
   using Scalar = double;
-  for (const Isa isa : gemm_sets()) {
+  for (const Isa isa : attn::test::runnable_sets()) {
     attn::set_isa(isa);
     for (const NnCase& c : kNnCases) {
       // the stored A of the case as an (rows, cols) matrix: plain or head-major

@@ -332,13 +332,7 @@ class QkvProjection {
                  Scalar* dst, Workspace& ws) const {
     const Location at = locate(part);
     const Index columns = offset(part + count) - offset(part), in = in_[part];
-    detail::GemmOutput<Scalar> out;
-    out.data = dst;
-    out.ldc = head_dim_;
-    out.rows_per_batch = tokens;
-    out.batch_stride = tokens * columns;
-    out.segment = head_dim_;
-    out.segment_stride = tokens * head_dim_;
+    const auto out = detail::GemmOutput<Scalar>::head_major(dst, tokens, columns, head_dim_);
     const Scalar* bias = has_bias() ? bias_.data() + offset(part) : nullptr;
     const detail::PackedB<Scalar> packed =
         frozen_ ? detail::PackedB<Scalar>{&pack_[at.storage], at.row} : detail::PackedB<Scalar>{};

@@ -53,10 +53,12 @@ void check_backward_memory(const char* where, const BackwardParams<Scalar>& p) {
 
 /// Checks a backward call, then runs it. The forward's checks (check_sdpa) on q, k, v, out,
 /// the mask and the options; then grad_out (out's shape), the logsumexp ((B, H, T_q), needed
-/// by the streaming path), the gradients (their inputs' shapes) and their memory.
+/// by the streaming path), the gradients (their inputs' shapes) and, unless `own_gradients`
+/// (a module's backward, whose head-major dQ, dK, dV interleave per batch item in its own
+/// buffer without sharing an element), their memory.
 template <class Scalar>
 void attend_backward(const char* where, BackwardParams<Scalar> p, const AttentionOptions& options,
-                     Workspace& ws) {
+                     Workspace& ws, bool own_gradients = false) {
   AttentionBackwardArgs<Scalar>& a = p.args;
   const TensorView<Scalar, 4> out_checked(const_cast<Scalar*>(a.out.data()), a.out.shape(),
                                           a.out.strides());  // read only: check_sdpa's shape
@@ -96,7 +98,7 @@ void attend_backward(const char* where, BackwardParams<Scalar> p, const Attentio
                      " elements per thread, more than fits in memory";
             });
   }
-  check_backward_memory(where, p);
+  if (!own_gradients) check_backward_memory(where, p);
   a.scale = static_cast<Scalar>(options.scale ? *options.scale
                                               : 1.0 / std::sqrt(static_cast<double>(d)));
   a.dropout = options.dropout;

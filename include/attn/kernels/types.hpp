@@ -99,6 +99,18 @@ struct GemmOutput {
     out.ldc = ldc;
     return out;
   }
+  /// The head-major layout (B, columns / segment, T, segment) of rows b * tokens + t and
+  /// `columns` columns: each segment-wide block of a batch item's rows contiguous.
+  static GemmOutput head_major(Scalar* c, Index tokens, Index columns, Index segment) noexcept {
+    GemmOutput out;
+    out.data = c;
+    out.ldc = segment;
+    out.rows_per_batch = tokens;
+    out.batch_stride = tokens * columns;
+    out.segment = segment;
+    out.segment_stride = tokens * segment;
+    return out;
+  }
   Scalar* row(Index i) const noexcept {
     if (rows_per_batch <= 0) return data + i * ldc;
     return data + (i / rows_per_batch) * batch_stride + (i % rows_per_batch) * ldc;
