@@ -20,74 +20,32 @@
 // max_rss_mib is getrusage's ru_maxrss (peak resident set of the process); base_rss_mib
 // the same taken before the module and inputs are built.
 
-#include <sys/resource.h>
-
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "attn/attn.hpp"
 #include "bench_support.hpp"
-
-namespace {
-
-double max_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: KiB
-}
-
-[[noreturn]] void usage(const char* argv0, const std::string& why) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s B Tq Tk D H causal cross threads reps [--max-seconds S] "
-               "[--warmup N] [--no-freeze]\n",
-               argv0, why.c_str(), argv0);
-  std::exit(2);
-}
-
-long parse_int(const char* argv0, const char* text, const char* what) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value < 0) {
-    usage(argv0, std::string("bad ") + what + " '" + text + "'");
-  }
-  return value;
-}
-
-}  // namespace
+#include "timer_support.hpp"
 
 int main(int argc, char** argv) {
-  std::vector<const char*> positional;
-  double max_seconds = 10.0;
-  long warmup = 1;
+  using attn::bench::max_rss_mib;
+  const attn::bench::TimerArgs args(
+      argc, argv, 9, "B Tq Tk D H causal cross threads reps [--max-seconds S] [--warmup N] "
+                     "[--no-freeze]");
   bool frozen = true;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) {
-      max_seconds = std::atof(argv[++i]);
-    } else if (std::strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
-      warmup = parse_int(argv[0], argv[++i], "--warmup");
-    } else if (std::strcmp(argv[i], "--no-freeze") == 0) {
-      frozen = false;
-    } else {
-      positional.push_back(argv[i]);
-    }
+  for (const std::string& flag : args.flags) {
+    if (flag != "--no-freeze") args.fail("unknown option " + flag);
+    frozen = false;
   }
-  if (positional.size() != 9) usage(argv[0], "expected 9 positional arguments");
-  const char* names[] = {"B", "Tq", "Tk", "D", "H", "causal", "cross", "threads", "reps"};
-  long v[9];
-  for (int i = 0; i < 9; ++i) v[i] = parse_int(argv[0], positional[i], names[i]);
+  const auto& v = args.positional;
   const attn::Index b = v[0], tq = v[1], tk = v[2], d = v[3], h = v[4];
   const bool causal = v[5] != 0, cross = v[6] != 0;
   const int threads = static_cast<int>(std::max(1L, v[7]));
-  const long reps = std::max(1L, v[8]);
   if (b < 1 || tq < 1 || tk < 1 || d < 1 || h < 1 || d % h != 0) {
-    usage(argv[0], "need positive sizes and D divisible by H");
+    args.fail("need positive sizes and D divisible by H");
   }
-  if (!cross && tk != tq) usage(argv[0], "self-attention (cross=0) needs Tk == Tq");
+  if (!cross && tk != tq) args.fail("self-attention (cross=0) needs Tk == Tq");
   if (threads > 1 && !ATTN_HAS_OPENMP) {
     std::fprintf(stderr, "%s: built without OpenMP, running on one thread\n", argv[0]);
   }
@@ -103,28 +61,15 @@ int main(int argc, char** argv) {
   const auto mask = attn::bench::make_mask<float>(causal);
   attn::Workspace ws;
 
-  for (long i = 0; i < warmup; ++i) mha.forward(xq.view(), kv, kv, out.view(), ws, mask);
-
-  std::vector<double> times_ms;
-  times_ms.reserve(static_cast<std::size_t>(reps));
-  double total_s = 0;
-  for (long i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    mha.forward(xq.view(), kv, kv, out.view(), ws, mask);
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    times_ms.push_back(s * 1e3);
-    total_s += s;
-    if (total_s >= max_seconds && times_ms.size() >= 3) break;
-  }
+  const std::vector<double> sorted = attn::bench::time_calls(
+      [&] { mha.forward(xq.view(), kv, kv, out.view(), ws, mask); }, args.warmup, v[8],
+      args.max_seconds);
   // Keep the result observable so nothing is optimised away.
   double checksum = 0;
   for (attn::Index i = 0; i < out.size(); i += 97) checksum += out.data()[i];
 
-  std::vector<double> sorted = times_ms;
-  std::sort(sorted.begin(), sorted.end());
   const std::size_t n = sorted.size();
-  const double median = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  const double median = attn::bench::median(sorted);
   const double flops = attn::bench::mha_flops(b, tq, tk, d, h, causal, cross);
   std::printf(
       "impl=attn B=%ld Tq=%ld Tk=%ld D=%ld H=%ld causal=%d cross=%d threads=%d reps=%zu "
