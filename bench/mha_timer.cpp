@@ -31,8 +31,9 @@
 int main(int argc, char** argv) {
   using attn::bench::max_rss_mib;
   const attn::bench::TimerArgs args(
-      argc, argv, 9, "B Tq Tk D H causal cross threads reps [--max-seconds S] [--warmup N] "
-                     "[--no-freeze]");
+      argc, argv, 9,
+      "B Tq Tk D H causal cross threads reps [--max-seconds S] [--warmup N] "
+      "[--no-freeze]");
   bool frozen = true;
   for (const std::string& flag : args.flags) {
     if (flag != "--no-freeze") args.fail("unknown option " + flag);
@@ -61,9 +62,9 @@ int main(int argc, char** argv) {
   const auto mask = attn::bench::make_mask<float>(causal);
   attn::Workspace ws;
 
-  const std::vector<double> sorted = attn::bench::time_calls(
-      [&] { mha.forward(xq.view(), kv, kv, out.view(), ws, mask); }, args.warmup, v[8],
-      args.max_seconds);
+  const std::vector<double> sorted =
+      attn::bench::time_calls([&] { mha.forward(xq.view(), kv, kv, out.view(), ws, mask); },
+                              args.warmup, v[8], args.max_seconds);
   // Keep the result observable so nothing is optimised away.
   double checksum = 0;
   for (attn::Index i = 0; i < out.size(); i += 97) checksum += out.data()[i];

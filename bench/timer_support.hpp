@@ -57,7 +57,8 @@ struct TimerArgs {
   long parse(const char* text, const char* what) const {
     char* end = nullptr;
     const long value = std::strtol(text, &end, 10);
-    if (end == text || *end != '\0' || value < 0) fail(std::string("bad ") + what + " '" + text + "'");
+    if (end == text || *end != '\0' || value < 0)
+      fail(std::string("bad ") + what + " '" + text + "'");
     return value;
   }
   const char* argv0_;

@@ -166,8 +166,7 @@ int main() {
   constexpr int kCompared = static_cast<int>(std::size(example::kReferenceLosses));
   for (int i = 0; i < kCompared; ++i) {
     check.close("loss at step " + std::to_string(i) + " vs PyTorch",
-                losses[static_cast<std::size_t>(i)],
-                example::kReferenceLosses[i], 1e-5);
+                losses[static_cast<std::size_t>(i)], example::kReferenceLosses[i], 1e-5);
   }
   check.that("the copy is learnt: loss below 0.01 after " + std::to_string(kSteps) + " steps",
              losses.back() < 0.01, "loss " + std::to_string(losses.back()));

@@ -36,11 +36,11 @@ Tensor<double, 3> input(Index t, Index d, std::uint64_t seed) {
 /// input grads)` its training forward and backward. Inputs are perturbed through `inputs`,
 /// parameters through the module's named_parameters().
 template <class Module>
-void check_module(Module& m, std::vector<Tensor<double, 3>*> inputs, const Shape<3>& out_shape,
-                  const std::function<void(attn::TensorView<double, 3>)>& forward,
-                  const std::function<void(attn::TensorView<const double, 3>,
-                                           attn::Gradients<double>&,
-                                           std::vector<Tensor<double, 3>>&)>& backward) {
+void check_module(
+    Module& m, std::vector<Tensor<double, 3>*> inputs, const Shape<3>& out_shape,
+    const std::function<void(attn::TensorView<double, 3>)>& forward,
+    const std::function<void(attn::TensorView<const double, 3>, attn::Gradients<double>&,
+                             std::vector<Tensor<double, 3>>&)>& backward) {
   const auto w = attn::test::random_tensor<double>(out_shape, 99);
   attn::Gradients<double> grads(m.named_parameters());
   std::vector<Tensor<double, 3>> input_grads;
@@ -48,8 +48,8 @@ void check_module(Module& m, std::vector<Tensor<double, 3>*> inputs, const Shape
   backward(w.view(), grads, input_grads);
   std::vector<fd::Variable> variables;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    variables.push_back(fd::variable("input " + std::to_string(i), inputs[i]->view(),
-                                     input_grads[i].view()));
+    variables.push_back(
+        fd::variable("input " + std::to_string(i), inputs[i]->view(), input_grads[i].view()));
   }
   const auto params = m.named_parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {

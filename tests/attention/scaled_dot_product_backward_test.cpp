@@ -147,8 +147,8 @@ Grads<Scalar> backward(const Inputs<Scalar>& in, const AttentionMask<Scalar>& ma
     attn::copy(start->v.view(), g.v.view());
   }
   attn::scaled_dot_product_attention_backward<Scalar>(
-      in.q.view(), in.k.view(), in.v.view(), out.view(), in.grad_out.view(), lse.view(),
-      g.q.view(), g.k.view(), g.v.view(), ws, mask, options);
+      in.q.view(), in.k.view(), in.v.view(), out.view(), in.grad_out.view(), lse.view(), g.q.view(),
+      g.k.view(), g.v.view(), ws, mask, options);
   return g;
 }
 
@@ -222,9 +222,9 @@ void check_against_reference(double dropout) {
       options.dropout_call = 3;
       const auto keep = keep_decisions(p, options);
       const ref::Real scale = 1 / std::sqrt(static_cast<ref::Real>(p.d));
-      const auto expected = ref::attention_backward(in.q.view(), in.k.view(), in.v.view(),
-                                                    in.grad_out.view(), mc->dense, scale,
-                                                    dropout > 0 ? &keep : nullptr, dropout);
+      const auto expected =
+          ref::attention_backward(in.q.view(), in.k.view(), in.v.view(), in.grad_out.view(),
+                                  mc->dense, scale, dropout > 0 ? &keep : nullptr, dropout);
       // The reductions: scores over d, dP over d_v, D over d_v, then T_k (dQ) or T_q (dK, dV).
       const double tol = attn::test::reduction_tolerance<Scalar>(p.d + 2 * p.dv + p.tq + p.tk);
       for (const Isa isa : attn::test::runnable_sets()) {
@@ -275,18 +275,18 @@ TEST_F(SdpaBackward, MatchesFiniteDifferencesOfTheForward) {
                                                      out.view(), mc->mask, options);
           return attn::test::fd::weighted_sum(out.view(), in.grad_out.view());
         };
-        EXPECT_TRUE(attn::test::fd::check(
-            loss, {attn::test::fd::variable("dq", in.q.view(), g.q.view()),
-                   attn::test::fd::variable("dk", in.k.view(), g.k.view()),
-                   attn::test::fd::variable("dv", in.v.view(), g.v.view())}));
+        EXPECT_TRUE(
+            attn::test::fd::check(loss, {attn::test::fd::variable("dq", in.q.view(), g.q.view()),
+                                         attn::test::fd::variable("dk", in.k.view(), g.k.view()),
+                                         attn::test::fd::variable("dv", in.v.view(), g.v.view())}));
       }
     }
   }
 }
 
 TEST_F(SdpaBackward, StreamingMatchesMaterialisedOnALongCausalHead) {
-  const Problem p = ref::kOptimizedBuild ? Problem{1, 2, 300, 300, 32, 32}
-                                         : Problem{1, 1, 140, 140, 8, 8};
+  const Problem p =
+      ref::kOptimizedBuild ? Problem{1, 2, 300, 300, 32, 32} : Problem{1, 1, 140, 140, 8, 8};
   const Inputs<float> in(p);
   AttentionMask<float> mask;
   mask.causal();
@@ -310,8 +310,8 @@ TEST_F(SdpaBackward, StreamingMatchesMaterialisedOnALongCausalHead) {
 }
 
 TEST_F(SdpaBackward, BitIdenticalForAnyThreadCount) {
-  const Problem p = ref::kOptimizedBuild ? Problem{2, 3, 150, 260, 16, 8}
-                                         : Problem{1, 2, 70, 140, 8, 8};
+  const Problem p =
+      ref::kOptimizedBuild ? Problem{2, 3, 150, 260, 16, 8} : Problem{1, 2, 70, 140, 8, 8};
   const Inputs<float> in(p);
   for (const auto& mc : mask_cases<float>(p)) {
     for (const AttentionPath path : kPaths) {
@@ -369,8 +369,8 @@ TEST_F(SdpaBackward, OneGradientForSelfAttentionReceivesTheSum) {
     Tensor<double, 4> out(x.shape());
     Tensor<double, 3> lse({p.b, p.h, p.tq});
     attn::Workspace ws;
-    attn::scaled_dot_product_attention<double>(x.view(), x.view(), x.view(), out.view(),
-                                               lse.view(), ws, mask, options);
+    attn::scaled_dot_product_attention<double>(x.view(), x.view(), x.view(), out.view(), lse.view(),
+                                               ws, mask, options);
     Tensor<double, 4> one(x.shape()), dq(x.shape()), dk(x.shape()), dv(x.shape());
     attn::scaled_dot_product_attention_backward<double>(x.view(), x.view(), x.view(), out.view(),
                                                         w.view(), lse.view(), one.view(),
@@ -412,8 +412,8 @@ TEST_F(SdpaBackward, LogsumexpMatchesTheScoresAndLeavesTheOutputUnchanged) {
       attn::Workspace ws;
       attn::scaled_dot_product_attention<double>(in.q.view(), in.k.view(), in.v.view(),
                                                  plain.view(), ws, mc->mask, options);
-      attn::scaled_dot_product_attention<double>(in.q.view(), in.k.view(), in.v.view(),
-                                                 out.view(), lse.view(), ws, mc->mask, options);
+      attn::scaled_dot_product_attention<double>(in.q.view(), in.k.view(), in.v.view(), out.view(),
+                                                 lse.view(), ws, mc->mask, options);
       EXPECT_EQ(attn::test::to_vector(out), attn::test::to_vector(plain)) << mc->name;
       const ref::Real scale = 1 / std::sqrt(static_cast<ref::Real>(p.d));
       for (Index b = 0; b < p.b; ++b) {
@@ -427,8 +427,8 @@ TEST_F(SdpaBackward, LogsumexpMatchesTheScoresAndLeavesTheOutputUnchanged) {
               for (Index e = 0; e < p.d; ++e) dot += in.q(b, h, i, e) * in.k(b, h, j, e);
               sum += std::exp(dot * scale + mc->dense.bias[at]);
             }
-            const double expected =
-                sum > 0 ? static_cast<double>(std::log(sum)) : std::numeric_limits<double>::infinity();
+            const double expected = sum > 0 ? static_cast<double>(std::log(sum))
+                                            : std::numeric_limits<double>::infinity();
             if (std::isinf(expected)) {
               EXPECT_EQ(lse(b, h, i), expected) << mc->name << " " << name(path);
             } else {
@@ -458,8 +458,7 @@ TEST_F(SdpaBackward, RejectsBadArgumentsNamingThem) {
   };
   EXPECT_THAT([&] { run(bad.view(), lse.view()); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("grad_q has shape (1, 2, 6, 4)")));
-  EXPECT_THAT([&] { run(gq.view(), {}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("logsumexp")));
+  EXPECT_THAT([&] { run(gq.view(), {}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("logsumexp")));
   EXPECT_THAT([&] { run(gk.view(), lse.view()); },  // grad_q shape is k's, not q's
               ThrowsMessage<attn::ShapeError>(HasSubstr("grad_q")));
   Tensor<float, 1> buffer({100});

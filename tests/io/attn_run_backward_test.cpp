@@ -32,11 +32,9 @@ TEST(AttnRunBackwardFixtures, EveryGradientMatchesPyTorchAutograd) {
     const auto expected = SafetensorsFile::open(kDir + "/" + name + ".expected.safetensors");
     const auto [options, use_double] = attn::test::fixture_run(expected.metadata());
     ASSERT_TRUE(options.backward);
-    const auto bytes = use_double
-                           ? attn_run::run_multi_head_attention<double>(weights, input, options)
-                                 .to_bytes()
-                           : attn_run::run_multi_head_attention<float>(weights, input, options)
-                                 .to_bytes();
+    const auto bytes =
+        use_double ? attn_run::run_multi_head_attention<double>(weights, input, options).to_bytes()
+                   : attn_run::run_multi_head_attention<float>(weights, input, options).to_bytes();
     const auto got = SafetensorsFile::from_bytes(bytes, "attn_run");
     const double tol = use_double ? 1e-10 : 1e-5;
     for (const std::string& tensor : expected.names()) {

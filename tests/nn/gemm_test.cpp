@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/gemm_test.cpp: detail::gemm_nt, the packed GEMM behind Linear and the Q/K/V and
 // output projections, and its backward forms gemm_nn (dX = dY W, dW = dY^T X, A row-major
-// or head-major, plain or transposed) and column_sums (bias gradients), on shapes that cross every blocking boundary (several column tiles
-// of unequal remainder, several depth blocks, ragged micro-tiles, head-split segments that
-// are not a multiple of the micro-panel width), against a long double loop, and
-// bit-identical for any thread count.
+// or head-major, plain or transposed) and column_sums (bias gradients), on shapes that cross every
+// blocking boundary (several column tiles of unequal remainder, several depth blocks, ragged
+// micro-tiles, head-split segments that are not a multiple of the micro-panel width), against a
+// long double loop, and bit-identical for any thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -196,12 +196,12 @@ std::string describe(const NnCase& c) {
 const NnCase kNnCases[] = {
     {1, 1, 1, false, 0, 0},
     {7, 37, 19, false, 0, 0},
-    {97, 769, 513, false, 0, 0},         // 2 row blocks, 2 tiles, 2 depth blocks
+    {97, 769, 513, false, 0, 0},          // 2 row blocks, 2 tiles, 2 depth blocks
     {2 * 45, 70, 3 * 64, false, 45, 64},  // dX of a fused projection: head-major dQKV
     {3 * 33, 50, 5 * 24, false, 33, 24},
     {37, 19, 7, true, 0, 0},
-    {130, 1100, 1300, true, 0, 0},        // dW, k = 1300 tokens in three depth blocks
-    {3 * 64, 70, 2 * 45, true, 45, 64},   // dW of a fused projection: (3 D, d_in) += dQKV^T X
+    {130, 1100, 1300, true, 0, 0},       // dW, k = 1300 tokens in three depth blocks
+    {3 * 64, 70, 2 * 45, true, 45, 64},  // dW of a fused projection: (3 D, d_in) += dQKV^T X
     {5 * 24, 50, 3 * 33, true, 33, 24},
     {6 * 40, 33, 2 * 300, true, 300, 40},  // 600 tokens: two depth blocks crossing a batch
 };

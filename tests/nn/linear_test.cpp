@@ -477,7 +477,8 @@ TEST(LinearBackward, MatchesFiniteDifferencesForInputWeightAndBias) {
     std::vector<attn::test::fd::Variable> vars{
         attn::test::fd::variable("x", x, gx.view()),
         attn::test::fd::variable("weight", layer.weight(), grads.at("weight").matrix())};
-    if (bias) vars.push_back(attn::test::fd::variable("bias", layer.bias(), grads.at("bias").vector()));
+    if (bias)
+      vars.push_back(attn::test::fd::variable("bias", layer.bias(), grads.at("bias").vector()));
     EXPECT_TRUE(attn::test::fd::check(loss, vars)) << "bias " << bias;
   }
 }

@@ -167,7 +167,8 @@ Tensor<S, 3> run(const attn::CrossAttention<S>& m, const std::vector<TensorView<
 /// The module's training forward on the case's inputs, then its backward for grad_output,
 /// into `grads` and input gradients (same shapes as the inputs, zeroed first).
 template <class S, class Module>
-std::vector<Tensor<S, 3>> run_backward(const Module& m, const std::vector<TensorView<const S, 3>>& in,
+std::vector<Tensor<S, 3>> run_backward(const Module& m,
+                                       const std::vector<TensorView<const S, 3>>& in,
                                        const attn::Shape<3>& shape, const AttentionMask<S>& mask,
                                        TensorView<const S, 3> grad_out, attn::Gradients<S>& grads) {
   Tensor<S, 3> out(shape);
@@ -276,8 +277,7 @@ TYPED_TEST(GradFixtures, EveryModuleBackwardGivesPyTorchsGradients) {
       for (std::size_t i = 0; i < grads.size(); ++i) {
         const auto& ref = c.grad_parameters[i];
         const TensorView<const S, 2> got = grads[i].matrix();
-        const TensorView<const S, 2> want(ref.array.values,
-                                          {got.extent(0), got.extent(1)});
+        const TensorView<const S, 2> want(ref.array.values, {got.extent(0), got.extent(1)});
         for (Index r = 0; r < got.extent(0); ++r) {
           for (Index k = 0; k < got.extent(1); ++k) {
             const double e = want(r, k), a = got(r, k);

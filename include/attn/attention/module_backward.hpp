@@ -52,8 +52,9 @@ void check_module_backward(const char* where, const void* owner, const SavedForw
                            const TensorView<Scalar, 3> (&grad_in)[3], const Index (&in_features)[3],
                            const char* const (&names)[3]) {
   require(saved.filled() && saved.owner == owner, where, [] {
-    return std::string("`saved` was not filled by this module's training forward "
-                       "forward(inputs..., out, saved, ws, mask)");
+    return std::string(
+        "`saved` was not filled by this module's training forward "
+        "forward(inputs..., out, saved, ws, mask)");
   });
   const Shape<3> out_shape{saved.batch, saved.query_tokens, out_features};
   require(grad_out.shape() == out_shape, where, [&] {
@@ -163,9 +164,9 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     Index offset = 0;  // first head of part p in the group
     for (int p = starts[g]; p < group_end[g]; ++p) {
       const Index part_heads = proj.width(p) / hd;
-      part_grad[p] = TensorView<Scalar, 4>(cursor + offset * tokens * hd,
-                                           {batch, part_heads, tokens, hd},
-                                           {tokens * columns, tokens * hd, hd, 1});
+      part_grad[p] =
+          TensorView<Scalar, 4>(cursor + offset * tokens * hd, {batch, part_heads, tokens, hd},
+                                {tokens * columns, tokens * hd, hd, 1});
       offset += part_heads;
     }
     group_rows[g] = GemmOutput<const Scalar>::head_major(cursor, tokens, columns, hd);
@@ -175,9 +176,9 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   params.args.q = saved.query, params.args.k = saved.key, params.args.v = saved.value;
   params.args.out = TensorView<const Scalar, 4>(saved.context.data(), {batch, heads, tq, hd},
                                                 {tq * width, hd, width, 1});
-  params.args.grad_out = TensorView<const Scalar, 4>(
-      grad_context.data(), {batch, heads, tq, hd},
-      {grad_context.stride(0), hd, grad_context.stride(1), 1});
+  params.args.grad_out =
+      TensorView<const Scalar, 4>(grad_context.data(), {batch, heads, tq, hd},
+                                  {grad_context.stride(0), hd, grad_context.stride(1), 1});
   params.args.lse = saved.logsumexp;
   params.args.grad_q = part_grad[0], params.args.grad_k = part_grad[1];
   params.args.grad_v = part_grad[2];

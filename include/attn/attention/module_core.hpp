@@ -155,9 +155,9 @@ class AttentionCore {
     const TensorView<Scalar, 3> lse =
         saved == nullptr
             ? TensorView<Scalar, 3>()
-            : TensorView<Scalar, 3>(workspace_get<Scalar>(keep, WorkspaceSlot::kLogsumexp,
-                                                          batch * num_heads() * tq),
-                                    {batch, num_heads(), tq});
+            : TensorView<Scalar, 3>(
+                  workspace_get<Scalar>(keep, WorkspaceSlot::kLogsumexp, batch * num_heads() * tq),
+                  {batch, num_heads(), tq});
     attend(heads,
            TensorView<Scalar, 4>(ctx, {batch, num_heads(), tq, hd},
                                  {ctx_strides[0], hd, ctx_strides[1], 1}),

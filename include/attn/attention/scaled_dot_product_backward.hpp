@@ -82,9 +82,10 @@ void attend_backward(const char* where, BackwardParams<Scalar> p, const Attentio
   const Index tk = a.k.extent(2), d = a.q.extent(3), dv = a.v.extent(3);
   if (!materialize) {
     require(a.lse.data() != nullptr, where, [] {
-      return std::string("the streaming backward needs the forward's logsumexp (B, H, T_q); "
-                         "pass the one scaled_dot_product_attention(q, k, v, out, logsumexp, "
-                         "...) wrote, or use AttentionPath::kMaterialized");
+      return std::string(
+          "the streaming backward needs the forward's logsumexp (B, H, T_q); "
+          "pass the one scaled_dot_product_attention(q, k, v, out, logsumexp, "
+          "...) wrote, or use AttentionPath::kMaterialized");
     });
     shape_is("logsumexp", a.lse, Shape<3>{batch, heads, tq});
   } else {
@@ -99,8 +100,8 @@ void attend_backward(const char* where, BackwardParams<Scalar> p, const Attentio
             });
   }
   if (!own_gradients) check_backward_memory(where, p);
-  a.scale = static_cast<Scalar>(options.scale ? *options.scale
-                                              : 1.0 / std::sqrt(static_cast<double>(d)));
+  a.scale =
+      static_cast<Scalar>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(d)));
   a.dropout = options.dropout;
   p.dropout_seed = options.dropout_seed;
   p.dropout_call = options.dropout_call;
@@ -133,8 +134,8 @@ void scaled_dot_product_attention(TensorView<const detail::identity_t<Scalar>, 4
                 "attn::scaled_dot_product_attention: Scalar must be float or double");
   detail::require(logsumexp.data() != nullptr, "scaled_dot_product_attention",
                   [] { return std::string("logsumexp is empty"); });
-  detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, {}, workspace,
-                 false, CausalAlignment::kSquare, logsumexp);
+  detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, {}, workspace, false,
+                 CausalAlignment::kSquare, logsumexp);
 }
 
 /// The backward pass of out = scaled_dot_product_attention(q, k, v, mask, options): given

@@ -10,8 +10,8 @@
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/module.hpp"
 #include "attn/attention/saved_forward.hpp"
-#include "attn/attention/scaled_dot_product_backward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/scaled_dot_product_backward.hpp"
 #include "attn/config.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/mask.hpp"
@@ -94,8 +94,8 @@ class SimpleSelfAttention
         detail::workspace_get<Scalar>(saved->storage, detail::WorkspaceSlot::kLogsumexp,
                                       batch * tokens),
         {batch, 1, tokens});
-    detail::attend("scaled_dot_product_attention", x4, x4, x4, unsqueeze(context, 1), mask,
-                   options, weights, ws, false, CausalAlignment::kSquare, lse);
+    detail::attend("scaled_dot_product_attention", x4, x4, x4, unsqueeze(context, 1), mask, options,
+                   weights, ws, false, CausalAlignment::kSquare, lse);
     detail::record_forward<Scalar>(*saved, this, {rows, rows, rows}, true, true, x4, x4, x4,
                                    context, mask, options, lse);
     copy(TensorView<const Scalar, 3>(context), out);
@@ -109,8 +109,8 @@ class SimpleSelfAttention
       return std::string("`saved` was not filled by this module's training forward");
     });
     const Shape<3> expected{saved.batch, saved.query_tokens, saved.query.extent(3)};
-    detail::require(grad_out.shape() == expected && (grad_in[0].data() == nullptr ||
-                                                     grad_in[0].shape() == expected),
+    detail::require(grad_out.shape() == expected &&
+                        (grad_in[0].data() == nullptr || grad_in[0].shape() == expected),
                     where, [&] {
                       return "grad_out has shape " + detail::to_string(grad_out.shape()) +
                              " and grad_x " + detail::to_string(grad_in[0].shape()) +

@@ -232,7 +232,7 @@ struct GemmPlan {
   bool a_pack = false;
   GemmOutput<const Scalar> a_layout;  // with a_pack: A's memory, any layout
   Index a_segment = 0;                // a_layout's segment width (its columns when 0)
-  const Scalar* b = nullptr;  // B row-major, leading dimension ldb
+  const Scalar* b = nullptr;          // B row-major, leading dimension ldb
   Index ldb = 0;
   bool b_kn = false;
   bool accumulate = false;

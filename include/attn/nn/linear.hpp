@@ -250,11 +250,10 @@ class Linear {
     Tensor<Scalar, Rank> gx;
     if (!direct_x) gx = Tensor<Scalar, Rank>(grad_x);
     Scalar* gxd = grad_x.data() == nullptr ? nullptr : direct_x ? grad_x.data() : gx.data();
-    detail::linear_backward<Scalar>(
-        rows, weight_.view(), xd, in_features(),
-        detail::GemmOutput<const Scalar>::row_major(gd, out_features()),
-        detail::GemmOutput<Scalar>::row_major(gxd, in_features()), gw.data(),
-        has_bias_ ? gb.data() : nullptr, &ws);
+    detail::linear_backward<Scalar>(rows, weight_.view(), xd, in_features(),
+                                    detail::GemmOutput<const Scalar>::row_major(gd, out_features()),
+                                    detail::GemmOutput<Scalar>::row_major(gxd, in_features()),
+                                    gw.data(), has_bias_ ? gb.data() : nullptr, &ws);
     if (!direct_x) copy(gx.view(), grad_x);
   }
   /// The same with a temporary workspace.

@@ -81,22 +81,22 @@ void run_attention_backward(const BackwardParams<Scalar>& p, bool materialize, W
     if (materialize) {
       run_backward_tasks<Scalar>(batch * heads, ws, [&](Index task, Scalar* buffer) {
         const Index b = task / heads, h = task % heads;
-        set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kMaterialized,
-                                    b, h, 0, 0, buffer);
+        set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kMaterialized, b,
+                                    h, 0, 0, buffer);
       });
       return;
     }
     run_backward_tasks<Scalar>(batch * heads * k_tiles, ws, [&](Index task, Scalar* buffer) {
       const Index tile = task % k_tiles, bh = task / k_tiles, b = bh / heads, h = bh % heads;
       const Index j0 = tile * kKeyBlock, j1 = std::min(tk, j0 + kKeyBlock);
-      set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kKeys, b, h, j0,
-                                  j1, buffer);
+      set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kKeys, b, h, j0, j1,
+                                  buffer);
     });
     run_backward_tasks<Scalar>(batch * heads * q_tiles, ws, [&](Index task, Scalar* buffer) {
       const Index tile = task % q_tiles, bh = task / q_tiles, b = bh / heads, h = bh % heads;
       const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
-      set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kQueries, b, h,
-                                  i0, i1, buffer);
+      set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kQueries, b, h, i0,
+                                  i1, buffer);
     });
   });
 }

@@ -73,7 +73,8 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
   for (Index g = 0; g < width; g += kMicroRows) {
     const Index group = std::min<Index>(kMicroRows, width - g);
     const Index c0 = std::min(first_row(j0 + g) / col_group * col_group, rows);
-    for (Index r = 0; r < group; ++r) std::fill(dst + (g + r) * ld, dst + (g + r) * ld + c0, Scalar(0));
+    for (Index r = 0; r < group; ++r)
+      std::fill(dst + (g + r) * ld, dst + (g + r) * ld + c0, Scalar(0));
     if (c0 >= rows) continue;
     micro_gemm<Scalar>(group, rows - c0, d, k + (j0 + g) * k_rs, k_rs, 1, qt + c0, rows,
                        at + g * ld + c0, ld, p.scale, false, nullptr);
@@ -174,7 +175,8 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
     // dV += A^T dO and dK += scale dS^T Q, each group of keys from its first query on.
     for (Index g = 0; g < end; g += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, end - g);
-      const Index c0 = mask.causal ? std::clamp<Index>(j0 + g - mask.causal_offset - i0, 0, rows) : 0;
+      const Index c0 =
+          mask.causal ? std::clamp<Index>(j0 + g - mask.causal_offset - i0, 0, rows) : 0;
       if (c0 >= rows) continue;
       micro_gemm<Scalar>(group, dv, rows - c0, at + g * ld + c0, ld, 1, go + (i0 + c0) * go_rs,
                          go_rs, dvv + g * dv, dv, Scalar(1), true, nullptr);
@@ -229,8 +231,8 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
       }
     }
   }
-  Scalar* to = p.grad_q.data() + b * p.grad_q.stride(0) + h * p.grad_q.stride(1) +
-               i0 * p.grad_q.stride(2);
+  Scalar* to =
+      p.grad_q.data() + b * p.grad_q.stride(0) + h * p.grad_q.stride(1) + i0 * p.grad_q.stride(2);
   for (Index r = 0; r < rows; ++r) {
     Scalar* row = to + r * p.grad_q.stride(2);
     for (Index e = 0; e < d; ++e) row[e] += dq[r * d + e];
@@ -246,9 +248,9 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
                                 const HeadMask<Scalar>& mask, const DropoutStream& drop, Index b,
                                 Index h, Scalar* scratch) noexcept {
   const Index tq = p.q.extent(2), tk = p.k.extent(2), d = p.q.extent(3), dv = p.v.extent(3);
-  Scalar* prob = scratch;             // P, then A (T_q, T_k)
-  Scalar* grad = prob + tq * tk;      // dA, then dS (T_q, T_k)
-  Scalar* packed = grad + tq * tk;    // K^T (d, T_k), then V^T (d_v, T_k)
+  Scalar* prob = scratch;           // P, then A (T_q, T_k)
+  Scalar* grad = prob + tq * tk;    // dA, then dS (T_q, T_k)
+  Scalar* packed = grad + tq * tk;  // K^T (d, T_k), then V^T (d_v, T_k)
   const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1);
   const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
   const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
@@ -303,8 +305,8 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
   // (this task owns the head).
   micro_gemm<Scalar>(tk, dv, tq, prob, 1, tk, go, go_rs, target(p.grad_v), p.grad_v.stride(2),
                      Scalar(1), true, nullptr);
-  micro_gemm<Scalar>(tq, d, tk, grad, tk, 1, k, k_rs, target(p.grad_q), p.grad_q.stride(2),
-                     p.scale, true, nullptr);
-  micro_gemm<Scalar>(tk, d, tq, grad, 1, tk, q, q_rs, target(p.grad_k), p.grad_k.stride(2),
-                     p.scale, true, nullptr);
+  micro_gemm<Scalar>(tq, d, tk, grad, tk, 1, k, k_rs, target(p.grad_q), p.grad_q.stride(2), p.scale,
+                     true, nullptr);
+  micro_gemm<Scalar>(tk, d, tq, grad, 1, tk, q, q_rs, target(p.grad_k), p.grad_k.stride(2), p.scale,
+                     true, nullptr);
 }
