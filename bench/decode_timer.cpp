@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     kv_bytes = static_cast<std::int64_t>(cache.payload_bytes());
   }
   const std::size_t n = ms.size();
-  const double median = attn::bench::median_of(ms);
+  const double median = attn::bench::median(ms);
   std::printf(
       "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "

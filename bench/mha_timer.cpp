@@ -20,10 +20,7 @@
 // max_rss_mib is getrusage's ru_maxrss (peak resident set of the process); base_rss_mib
 // the same taken before the module and inputs are built.
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -31,55 +28,30 @@
 #include "bench_support.hpp"
 #include "timer_support.hpp"
 
-namespace {
-
-constexpr const char* kArguments =
-    "B Tq Tk D H causal cross threads reps [--max-seconds S] "
-    "[--warmup N] [--no-freeze]";
-
-[[noreturn]] void usage(const char* argv0, const std::string& why) {
-  attn::bench::usage_error(argv0, why, kArguments);
-}
-
-long parse_int(const char* argv0, const char* text, const char* what) {
-  return attn::bench::parse_count(argv0, text, what, kArguments);
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  std::vector<const char*> positional;
-  double max_seconds = 10.0;
-  long warmup = 1;
+  using attn::bench::max_rss_mib;
+  const attn::bench::TimerArgs args(
+      argc, argv, 9,
+      "B Tq Tk D H causal cross threads reps [--max-seconds S] [--warmup N] "
+      "[--no-freeze]");
   bool frozen = true;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) {
-      max_seconds = std::atof(argv[++i]);
-    } else if (std::strcmp(argv[i], "--warmup") == 0 && i + 1 < argc) {
-      warmup = parse_int(argv[0], argv[++i], "--warmup");
-    } else if (std::strcmp(argv[i], "--no-freeze") == 0) {
-      frozen = false;
-    } else {
-      positional.push_back(argv[i]);
-    }
+  for (const std::string& flag : args.flags) {
+    if (flag != "--no-freeze") args.fail("unknown option " + flag);
+    frozen = false;
   }
-  if (positional.size() != 9) usage(argv[0], "expected 9 positional arguments");
-  const char* names[] = {"B", "Tq", "Tk", "D", "H", "causal", "cross", "threads", "reps"};
-  long v[9];
-  for (int i = 0; i < 9; ++i) v[i] = parse_int(argv[0], positional[i], names[i]);
+  const auto& v = args.positional;
   const attn::Index b = v[0], tq = v[1], tk = v[2], d = v[3], h = v[4];
   const bool causal = v[5] != 0, cross = v[6] != 0;
   const int threads = static_cast<int>(std::max(1L, v[7]));
-  const long reps = std::max(1L, v[8]);
   if (b < 1 || tq < 1 || tk < 1 || d < 1 || h < 1 || d % h != 0) {
-    usage(argv[0], "need positive sizes and D divisible by H");
+    args.fail("need positive sizes and D divisible by H");
   }
-  if (!cross && tk != tq) usage(argv[0], "self-attention (cross=0) needs Tk == Tq");
+  if (!cross && tk != tq) args.fail("self-attention (cross=0) needs Tk == Tq");
   if (threads > 1 && !ATTN_HAS_OPENMP) {
     std::fprintf(stderr, "%s: built without OpenMP, running on one thread\n", argv[0]);
   }
 
-  const double base_rss = attn::bench::max_rss_mib();
+  const double base_rss = max_rss_mib();
   attn::set_num_threads(threads);
   const auto mha = attn::bench::make_mha<float>(d, h, /*seed=*/1234, frozen);
   const auto xq = attn::bench::random_tensor<float, 3>({b, tq, d}, /*seed=*/42);
@@ -90,14 +62,15 @@ int main(int argc, char** argv) {
   const auto mask = attn::bench::make_mask<float>(causal);
   attn::Workspace ws;
 
-  const std::vector<double> sorted = attn::bench::time_calls(
-      [&] { mha.forward(xq.view(), kv, kv, out.view(), ws, mask); }, warmup, reps, max_seconds);
+  const std::vector<double> sorted =
+      attn::bench::time_calls([&] { mha.forward(xq.view(), kv, kv, out.view(), ws, mask); },
+                              args.warmup, v[8], args.max_seconds);
   // Keep the result observable so nothing is optimised away.
   double checksum = 0;
   for (attn::Index i = 0; i < out.size(); i += 97) checksum += out.data()[i];
 
   const std::size_t n = sorted.size();
-  const double median = attn::bench::median_of(sorted);
+  const double median = attn::bench::median(sorted);
   const double flops = attn::bench::mha_flops(b, tq, tk, d, h, causal, cross);
   std::printf(
       "impl=attn B=%ld Tq=%ld Tk=%ld D=%ld H=%ld causal=%d cross=%d threads=%d reps=%zu "
@@ -105,7 +78,7 @@ int main(int argc, char** argv) {
       "checksum=%.6g frozen=%d isa=%s\n",
       static_cast<long>(b), static_cast<long>(tq), static_cast<long>(tk), static_cast<long>(d),
       static_cast<long>(h), causal ? 1 : 0, cross ? 1 : 0, threads, n, median, sorted.front(),
-      flops / (median * 1e-3) * 1e-9, attn::bench::max_rss_mib(), base_rss, checksum,
-      frozen ? 1 : 0, attn::isa_name(attn::active_isa()));
+      flops / (median * 1e-3) * 1e-9, max_rss_mib(), base_rss, checksum, frozen ? 1 : 0,
+      attn::isa_name(attn::active_isa()));
   return 0;
 }

@@ -22,6 +22,13 @@
 # sliding windows and prefill/chunk splits, same tolerance. A case attn_run refuses because
 # it needs the incremental forward (issue 12, phase 2) is reported as pending, not failed.
 #
+# Backward cases (after the Llama ones): `attn_run --backward` against PyTorch autograd on random
+# nn.MultiheadAttention configurations (self and cross, kdim/vdim, bias on and off, bool and
+# float masks, key padding, causal): `y.backward(grad_output)` with a random grad_output, and
+# every gradient compared, max |attn - torch| / max |torch| <= 1e-5 (float32) or 1e-10
+# (float64), per tensor: output, grad_query (the whole gradient of x for self-attention,
+# m(x, x, x)), grad_key, grad_value and grad.<name> for every parameter.
+#
 # Also usable as a module: save_torch_state_dict(module, path) writes module.state_dict()
 # as safetensors (with the `safetensors` package if importable, else the writer below).
 import argparse
@@ -411,6 +418,94 @@ def run_llama_case(torch, attn_run, c, rng, workdir, index, fixtures_dir=None):
 FIXTURE_LLAMA_CASES = {0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 15, 17, 20, 22, 25}
 
 
+# ---- backward cases (attn_run --backward vs PyTorch autograd) ----
+
+def make_backward_cases():
+    """Self and cross, kdim/vdim, bias on and off, bool and float masks, padding, causal."""
+    cases = []
+    masks = ["none", "bool2d", "bool3d", "float2d", "float3d", "padding", "causal",
+             "causal+padding", "bool2d+padding", "float2d+padding"]
+    for dtype in ("float32", "float64"):
+        for i, mask in enumerate(masks):
+            for cross in (False, True):
+                e, h = [(8, 2), (16, 4), (24, 3), (32, 4), (12, 2)][(i + cross) % 5]
+                cases.append(dict(
+                    dtype=dtype, embed=e, heads=h, bias=bool((i + cross) % 2 == 0),
+                    cross=cross, kdim=(e + 4 if cross and i % 3 == 1 else e),
+                    vdim=(e // 2 if cross and i % 3 == 2 else e),
+                    batch=1 + (i % 3), tq=3 + (i % 5), tk=(2 + ((i * 3) % 7)) if cross else None,
+                    mask=mask, need_weights=False, unbatched=False, nan_rows=False))
+        cases.append(dict(dtype=dtype, embed=32, heads=4, bias=True, cross=False, kdim=32,
+                          vdim=32, batch=2, tq=70, tk=None, mask="causal+padding",
+                          need_weights=False, unbatched=False, nan_rows=False))
+        cases.append(dict(dtype=dtype, embed=16, heads=2, bias=False, cross=True, kdim=16,
+                          vdim=16, batch=1, tq=5, tk=None, mask="bool2d", need_weights=False,
+                          unbatched=True, nan_rows=False))
+    for c in cases:
+        if c["unbatched"]:
+            c["tk"] = 7
+    return cases
+
+
+def relative(got, want):
+    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
+
+
+def run_backward_case(torch, attn_run, case, rng, workdir, index, fixtures_dir=None):
+    mha, inputs, flags, kwargs = build_case(torch, case, rng)
+    tdtype = getattr(torch, case["dtype"])
+    nd = np.float32 if case["dtype"] == "float32" else np.float64
+    y_shape = inputs["query"].shape
+    inputs["grad_output"] = rng.normal(0, 1, y_shape).astype(nd)
+    q = torch.from_numpy(inputs["query"]).requires_grad_()
+    if "key" in inputs:
+        k = torch.from_numpy(inputs["key"]).requires_grad_()
+        v = torch.from_numpy(inputs["value"]).requires_grad_()
+    else:
+        k = v = q  # m(x, x, x): q.grad is the whole gradient of x
+    mha.zero_grad()
+    y, _ = mha(q, k, v, need_weights=False, **kwargs)
+    y.backward(torch.from_numpy(inputs["grad_output"]))
+    want = {"output": y.detach().to(tdtype).numpy(), "grad_query": q.grad.numpy()}
+    if "key" in inputs:
+        want["grad_key"] = k.grad.numpy()
+        want["grad_value"] = v.grad.numpy()
+    for name, p in mha.named_parameters():
+        want["grad." + name] = p.grad.numpy()
+    stem = os.path.join(workdir, f"backward{index:03d}")
+    save_torch_state_dict(mha, stem + ".weights.safetensors")
+    save_file(inputs, stem + ".input.safetensors")
+    flags = flags + ["--backward"]
+    cmd = [attn_run, "--weights", stem + ".weights.safetensors", "--input",
+           stem + ".input.safetensors", "--output", stem + ".output.safetensors",
+           "--num-heads", str(case["heads"])] + flags
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return dict(ok=False, error=proc.stderr.strip(), worst=float("nan"), worst_name="")
+    got = load_file(stem + ".output.safetensors")
+    worst, worst_name, missing = 0.0, "", [n for n in want if n not in got]
+    for name, w in want.items():
+        if name in got:
+            r = relative(got[name], w)
+            if not r <= worst:  # NaN too
+                worst, worst_name = r, name
+    tol = 1e-5 if case["dtype"] == "float32" else 1e-10
+    if fixtures_dir is not None:
+        os.makedirs(fixtures_dir, exist_ok=True)
+        name = os.path.join(fixtures_dir, f"backward{index:03d}")
+        save_torch_state_dict(mha, name + ".weights.safetensors")
+        save_file(inputs, name + ".input.safetensors")
+        save_file(want, name + ".expected.safetensors",
+                  metadata={"flags": " ".join(flags), "num_heads": str(case["heads"]),
+                            "case": describe(case), "torch": torch.__version__})
+    return dict(ok=not missing and worst <= tol, error=("missing " + ", ".join(missing))
+                if missing else "", worst=worst, worst_name=worst_name)
+
+
+# Backward cases committed as tests/fixtures/io/backward/ for tests/io/attn_run_backward_test.
+FIXTURE_BACKWARD_CASES = {0, 3, 7, 12, 15, 21, 22, 23, 28, 36, 43}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--attn-run", required=True, help="path of the attn_run executable")
@@ -445,6 +540,15 @@ def main():
             print(f"L{i:2d} {case['dtype']:7s} {describe_llama(case):55s} out rel "
                   f"{r['out_rel']:.2e}  {status}" + (f"  {r['error']}" if r["error"] and
                                                      not r["pending"] else ""), flush=True)
+        backward_rows = []
+        for i, case in enumerate(make_backward_cases()):
+            fixtures = (os.path.join(args.fixtures, "backward")
+                        if (args.fixtures and i in FIXTURE_BACKWARD_CASES) else None)
+            r = run_backward_case(torch, args.attn_run, case, rng, work, i, fixtures)
+            backward_rows.append((i, case, r))
+            print(f"B{i:2d} {case['dtype']:7s} {describe(case):55s} worst rel {r['worst']:.2e}"
+                  f" ({r['worst_name']})  {'ok' if r['ok'] else 'FAIL'}"
+                  + (f"  {r['error']}" if r["error"] else ""), flush=True)
     elapsed = time.time() - start
 
     failed = [i for i, _, r in rows if not r["ok"]]
@@ -453,6 +557,11 @@ def main():
 
     def llama_worst(dtype, key):
         vals = [r[key] for _, c, r in llama_rows if c["dtype"] == dtype and r["ok"]]
+        return max(vals) if vals else float("nan")
+    backward_failed = [i for i, _, r in backward_rows if not r["ok"]]
+
+    def backward_worst(dtype):
+        vals = [r["worst"] for _, c, r in backward_rows if c["dtype"] == dtype and not r["error"]]
         return max(vals) if vals else float("nan")
     def worst(dtype, key):
         vals = [r[key] for _, c, r in rows if c["dtype"] == dtype and r["error"] == ""]
@@ -476,6 +585,11 @@ def main():
         f"the incremental forward): {len(llama_pending)}; max output error "
         f"{llama_worst('float32', 'out_rel'):.2e} (float32), "
         f"{llama_worst('float64', 'out_rel'):.2e} (float64) relative",
+        f"backward cases (`attn_run --backward` vs PyTorch autograd): {len(backward_rows)}; "
+        f"passed: {len(backward_rows) - len(backward_failed)}; failed: {len(backward_failed)} "
+        f"{backward_failed if backward_failed else ''}; max gradient error "
+        f"{backward_worst('float32'):.2e} (float32, tolerance 1e-5), "
+        f"{backward_worst('float64'):.2e} (float64, tolerance 1e-10) relative",
         f"torch {torch.__version__}, numpy {np.__version__}, safetensors writer: "
         f"{'safetensors package' if _st_save else 'built-in'}; {elapsed:.1f} s",
     ]
@@ -526,7 +640,21 @@ def main():
                 f.write(f"| L{i} | {c['dtype']} | {describe_llama(c)} | {c['batch']} | "
                         f"{c['tokens']} | {c['dim']} | {r['out_rel']:.2e} | {r['out_abs']:.2e} "
                         f"| {result} |\n")
-    return 1 if failed or llama_failed else 0
+            f.write("\n## Backward cases\n\n")
+            f.write("`attn_run --backward` against PyTorch autograd: `y.backward(grad_output)` "
+                    "with a random `grad_output`; the worst of the output's and every "
+                    "gradient's `max|attn - torch| / max|torch|` (grad_query, grad_key, "
+                    "grad_value, grad.<parameter>), and which tensor it was.\n\n")
+            f.write("| # | dtype | case | B | T_q | T_k | E | H | worst rel. error | in | "
+                    "result |\n")
+            f.write("|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|\n")
+            for i, c, r in backward_rows:
+                tk = c["tk"] if c["cross"] else c["tq"]
+                f.write(f"| B{i} | {c['dtype']} | {describe(c)} | "
+                        f"{'-' if c['unbatched'] else c['batch']} | {c['tq']} | {tk} | "
+                        f"{c['embed']} | {c['heads']} | {r['worst']:.2e} | {r['worst_name']} "
+                        f"| {'pass' if r['ok'] else 'FAIL'} |\n")
+    return 1 if failed or llama_failed or backward_failed else 0
 
 
 if __name__ == "__main__":

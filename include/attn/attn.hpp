@@ -40,5 +40,6 @@
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/scaled_dot_product_backward.hpp"
 #include "attn/attention/self_attention.hpp"
 #include "attn/attention/simple_self_attention.hpp"

@@ -26,6 +26,9 @@ enum class WorkspaceSlot : std::size_t {
   kThread,          // per-thread attention kernel scratch (one buffer per thread)
   kGemmPack,        // per-thread GEMM packing buffer (one per thread)
   kKernelPartials,  // the attention kernel's per-key-chunk partial softmax states (decoding)
+  kLogsumexp,       // a training forward's logsumexp per query (B, H, T_q), in SavedForward
+  kGradContext,     // the backward's gradient of the context (B, T_q, H, hd)
+  kGradProjection,  // the backward's dQ, dK, dV, head-major like the projections
   kCount            // number of slots (not a slot)
 };
 

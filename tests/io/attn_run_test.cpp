@@ -195,9 +195,9 @@ TEST(AttnRunArguments, ParsesEveryFlag) {
   EXPECT_EQ(parse({"--output", "y", "--help"}).action, ParsedArguments::Action::kHelp);
 }
 
-// --backward checks grad_output's shape; the gradients themselves need the backward passes
-// (issue 13, phase 2): until then it says so instead of writing a partial file.
-TEST(AttnRunBackward, ChecksGradOutputThenSaysTheBackwardIsNotAvailable) {
+// --backward checks grad_output's shape, then writes the output and the gradients: those of
+// sum(output) without grad_output, twice as large with grad_output = 2 (linearity).
+TEST(AttnRunBackward, ChecksGradOutputAndWritesEveryGradient) {
   RunOptions o;
   o.num_heads = kH;
   o.backward = true;
@@ -207,11 +207,36 @@ TEST(AttnRunBackward, ChecksGradOutputThenSaysTheBackwardIsNotAvailable) {
   EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(weights(), bad, o); },
               ThrowsMessage<FormatError>(HasSubstr(
                   "'x': grad_output has shape [2, 4, 9], expected the output's shape [2, 4, 8]")));
-  SafetensorsWriter good = query_writer();
-  good.add("grad_output", attn::test::random_tensor<float, 3>({kB, kT, kE}, 8));
-  const auto in = SafetensorsFile::from_bytes(good.to_bytes(), "x");
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(weights(), in, o); },
-              ThrowsMessage<std::runtime_error>(HasSubstr("not implemented yet")));
+  const auto ones = SafetensorsFile::from_bytes(query_writer().to_bytes(), "x");
+  const auto y1 = SafetensorsFile::from_bytes(
+      attn_run::run_multi_head_attention<float>(weights(), ones, o).to_bytes(), "y1");
+  SafetensorsWriter twos = query_writer();
+  attn::Tensor<float, 3> two({kB, kT, kE});
+  two.fill(2.0f);
+  twos.add("grad_output", two);
+  const auto y2 = SafetensorsFile::from_bytes(
+      attn_run::run_multi_head_attention<float>(
+          weights(), SafetensorsFile::from_bytes(twos.to_bytes(), "x"), o)
+          .to_bytes(),
+      "y2");
+  for (const char* name : {"output", "grad_query", "grad.in_proj_weight", "grad.in_proj_bias",
+                           "grad.out_proj.weight", "grad.out_proj.bias"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(y1.contains(name));
+    EXPECT_FALSE(y1.contains("grad_key"));
+    const auto values = [&](const SafetensorsFile& f) {
+      std::vector<float> v;
+      if (f.rank(name) == 1) v = attn::test::to_vector(f.get<float, 1>(name));
+      if (f.rank(name) == 2) v = attn::test::to_vector(f.get<float, 2>(name));
+      if (f.rank(name) == 3) v = attn::test::to_vector(f.get<float, 3>(name));
+      return v;
+    };
+    const std::vector<float> a = values(y1), b = values(y2);
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    const float scale = std::string(name) == "output" ? 1.0f : 2.0f;
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_FLOAT_EQ(b[i], scale * a[i]);
+  }
 }
 
 TEST(AttnRunArguments, UsageErrorsSayWhat) {

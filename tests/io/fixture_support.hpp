@@ -1,12 +1,17 @@
 // SPDX-License-Identifier: MIT
 // tests/io/fixture_support.hpp: the committed safetensors fixture cases of a directory
-// (tests/fixtures/io/ and its llama/, written by scripts/parity_vs_pytorch.py).
+// (tests/fixtures/io/ and its llama/ and backward/, written by scripts/parity_vs_pytorch.py),
+// and how a case's attn_run flags become RunOptions.
 #pragma once
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "attn_run/run.hpp"
 
 namespace attn::test {
 
@@ -23,6 +28,25 @@ inline std::vector<std::string> fixture_cases(const std::string& dir) {
   }
   std::sort(cases.begin(), cases.end());
   return cases;
+}
+
+/// The RunOptions of a case's `expected` metadata (`num_heads`, and the attn_run `flags`
+/// --causal, --need-weights, --backward), and whether it runs in double (--double).
+struct FixtureRun {
+  attn_run::RunOptions options;
+  bool use_double = false;
+};
+inline FixtureRun fixture_run(const std::map<std::string, std::string>& metadata) {
+  FixtureRun run;
+  run.options.num_heads = std::stol(metadata.at("num_heads"));
+  std::istringstream flags(metadata.at("flags"));
+  for (std::string flag; flags >> flag;) {
+    if (flag == "--causal") run.options.causal = true;
+    if (flag == "--need-weights") run.options.need_weights = true;
+    if (flag == "--backward") run.options.backward = true;
+    if (flag == "--double") run.use_double = true;
+  }
+  return run;
 }
 
 }  // namespace attn::test

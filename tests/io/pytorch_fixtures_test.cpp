@@ -71,15 +71,7 @@ TEST(PytorchFixtures, EveryCaseMatchesPyTorch) {
     const auto weights = SafetensorsFile::open(kDir + "/" + name + ".weights.safetensors");
     const auto input = SafetensorsFile::open(kDir + "/" + name + ".input.safetensors");
     const auto expected = SafetensorsFile::open(kDir + "/" + name + ".expected.safetensors");
-    RunOptions options;
-    options.num_heads = std::stol(expected.metadata().at("num_heads"));
-    std::istringstream flags(expected.metadata().at("flags"));
-    bool use_double = false;
-    for (std::string flag; flags >> flag;) {
-      if (flag == "--causal") options.causal = true;
-      if (flag == "--need-weights") options.need_weights = true;
-      if (flag == "--double") use_double = true;
-    }
+    const auto [options, use_double] = attn::test::fixture_run(expected.metadata());
     const SafetensorsWriter result =
         use_double ? attn_run::run_multi_head_attention<double>(weights, input, options)
                    : attn_run::run_multi_head_attention<float>(weights, input, options);

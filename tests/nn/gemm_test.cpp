@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/gemm_test.cpp: detail::gemm_nt, the packed GEMM behind Linear and the Q/K/V and
-// output projections, on shapes that cross every blocking boundary (several column tiles
-// of unequal remainder, several depth blocks, ragged micro-tiles, head-split segments that
-// are not a multiple of the micro-panel width), against a long double loop, and
-// bit-identical for any thread count.
+// output projections, and its backward forms gemm_nn (dX = dY W, dW = dY^T X, A row-major
+// or head-major, plain or transposed) and column_sums (bias gradients), on shapes that cross every
+// blocking boundary (several column tiles of unequal remainder, several depth blocks, ragged
+// micro-tiles, head-split segments that are not a multiple of the micro-panel width), against a
+// long double loop, and bit-identical for any thread count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 namespace {
 
 using attn::Index;
+using attn::Isa;
 
 struct GemmCase {
   Index m, n, k;
@@ -177,6 +179,203 @@ TYPED_TEST(GemmTest, PrePackedBIsBitIdenticalToPackingPerCall) {
     }
   }
   attn::set_num_threads(saved);
+}
+
+// ---- the backward forms: C (+)= op(A) B with B stored (k, n) ----
+
+struct NnCase {
+  Index m, n, k;
+  bool transposed;       // op(A) = A^T, A stored (k, m)
+  Index rows_per_batch;  // A's stored layout: 0 plain row-major, else head-major
+  Index segment;         // of A's stored columns
+};
+
+std::string describe(const NnCase& c) {
+  return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+         (c.transposed ? " A^T" : " A") + " rows_per_batch=" + std::to_string(c.rows_per_batch) +
+         " segment=" + std::to_string(c.segment);
+}
+
+// dX = dY W shapes (A (tokens, out), plain or head-major (B, S, T, hd)) and dW = dY^T X shapes
+// (k = tokens, A^T of a plain or head-major dY), across the same blocking boundaries as above.
+const NnCase kNnCases[] = {
+    {1, 1, 1, false, 0, 0},
+    {7, 37, 19, false, 0, 0},
+    {97, 769, 513, false, 0, 0},          // 2 row blocks, 2 tiles, 2 depth blocks
+    {2 * 45, 70, 3 * 64, false, 45, 64},  // dX of a fused projection: head-major dQKV
+    {3 * 33, 50, 5 * 24, false, 33, 24},
+    {37, 19, 7, true, 0, 0},
+    {130, 1100, 1300, true, 0, 0},       // dW, k = 1300 tokens in three depth blocks
+    {3 * 64, 70, 2 * 45, true, 45, 64},  // dW of a fused projection: (3 D, d_in) += dQKV^T X
+    {5 * 24, 50, 3 * 33, true, 33, 24},
+    {6 * 40, 33, 2 * 300, true, 300, 40},  // 600 tokens: two depth blocks crossing a batch
+};
+
+// A's storage and its layout; element (i, j) of the stored (rows, cols) matrix is at(i, j).
+template <class Scalar>
+struct StoredA {
+  std::vector<Scalar> data;
+  attn::detail::GemmOutput<const Scalar> layout;
+  Index rows, cols;
+  Index offset(Index i, Index j) const {
+    const Index seg = layout.segment > 0 ? layout.segment : cols;
+    return layout.row(i) - data.data() + layout.column(j, seg);
+  }
+  Scalar at(Index i, Index j) const { return data[static_cast<std::size_t>(offset(i, j))]; }
+};
+
+template <class Scalar>
+StoredA<Scalar> stored_a(const NnCase& c) {
+  StoredA<Scalar> a;
+  a.rows = c.transposed ? c.k : c.m;
+  a.cols = c.transposed ? c.m : c.k;
+  const auto values = attn::test::random_tensor<Scalar, 1>({a.rows * a.cols}, 5 + c.m * c.k);
+  a.data.assign(values.data(), values.data() + values.size());
+  a.layout.data = a.data.data();
+  if (c.rows_per_batch > 0) {
+    a.layout.ldc = c.segment;
+    a.layout.rows_per_batch = c.rows_per_batch;
+    a.layout.batch_stride = c.rows_per_batch * a.cols;
+    a.layout.segment = c.segment;
+    a.layout.segment_stride = c.rows_per_batch * c.segment;
+  } else {
+    a.layout.ldc = a.cols;
+  }
+  return a;
+}
+
+// C (m, n) row-major with leading dimension n + 3, starting from `initial`.
+template <class Scalar>
+std::vector<Scalar> run_nn(const NnCase& c, const StoredA<Scalar>& a,
+                           const attn::Tensor<Scalar, 2>& b, const std::vector<Scalar>& initial,
+                           bool accumulate) {
+  std::vector<Scalar> out = initial;
+  attn::detail::gemm_nn<Scalar>(c.m, c.n, c.k, a.layout, c.transposed, b.data(), c.n,
+                                attn::detail::GemmOutput<Scalar>::row_major(out.data(), c.n + 3),
+                                accumulate);
+  return out;
+}
+
+class GemmBackwardForms : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    attn::set_isa(attn::best_isa());
+    attn::set_num_threads(threads_);
+  }
+  int threads_ = attn::num_threads();
+};
+
+template <class Scalar>
+void check_nn_against_loop() {
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    for (const NnCase& c : kNnCases) {
+      const StoredA<Scalar> a = stored_a<Scalar>(c);
+      const auto b = attn::test::random_tensor<Scalar, 2>({c.k, c.n}, 17 + c.n);
+      const auto init = attn::test::random_tensor<Scalar, 1>({c.m * (c.n + 3)}, 3);
+      const std::vector<Scalar> initial(init.data(), init.data() + init.size());
+      for (const bool accumulate : {false, true}) {
+        const auto got = run_nn(c, a, b, initial, accumulate);
+        const double tol = attn::test::reduction_tolerance<Scalar>(c.k + 1);
+        Index bad = 0;
+        for (Index i = 0; i < c.m && bad < 5; ++i) {
+          const Index r = i % 96;
+          if (r != 5 && r != 6 && r != 95 && i % 7 != 0 && i != c.m - 1) continue;
+          for (Index j = 0; j < c.n + 3 && bad < 5; ++j) {
+            const std::size_t o = static_cast<std::size_t>(i * (c.n + 3) + j);
+            if (j >= c.n) {  // past the row: untouched
+              EXPECT_EQ(got[o], initial[o]);
+              continue;
+            }
+            // every 5th column, both sides of each micro-panel edge, the last two
+            if (j % 5 != 0 && j % 16 > 1 && j % 16 < 15 && j < c.n - 2) continue;
+            long double ref = accumulate ? static_cast<long double>(initial[o]) : 0.0L;
+            for (Index p = 0; p < c.k; ++p) {
+              const Scalar av = c.transposed ? a.at(p, i) : a.at(i, p);
+              ref += static_cast<long double>(av) * static_cast<long double>(b(p, j));
+            }
+            const double expected = static_cast<double>(ref);
+            if (!(std::abs(static_cast<double>(got[o]) - expected) <=
+                  tol * (1.0 + std::abs(expected)))) {
+              ADD_FAILURE() << describe(c) << " set " << attn::isa_name(isa)
+                            << " accumulate=" << accumulate << " at (" << i << ", " << j
+                            << "): " << got[o] << " vs " << expected;
+              ++bad;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GemmBackwardForms, MatchLongDoubleLoopsOnEverySet) {
+  check_nn_against_loop<float>();
+  check_nn_against_loop<double>();
+}
+
+template <class Scalar>
+void check_nn_threads() {
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    for (const NnCase& c : kNnCases) {
+      const StoredA<Scalar> a = stored_a<Scalar>(c);
+      const auto b = attn::test::random_tensor<Scalar, 2>({c.k, c.n}, 17 + c.n);
+      const std::vector<Scalar> initial(static_cast<std::size_t>(c.m * (c.n + 3)), Scalar(0.5));
+      attn::set_num_threads(1);
+      const auto one = run_nn(c, a, b, initial, true);
+      for (const int threads : {2, 3}) {
+        attn::set_num_threads(threads);
+        EXPECT_EQ(run_nn(c, a, b, initial, true), one)
+            << describe(c) << " set " << attn::isa_name(isa) << " threads=" << threads;
+      }
+    }
+  }
+}
+
+TEST_F(GemmBackwardForms, BitIdenticalForAnyThreadCount) {
+  check_nn_threads<float>();
+  check_nn_threads<double>();
+}
+
+// A transposed product reads the same numbers as the plain one on the transposed matrix:
+// A^T B with A stored (k, m) equals A' B with A' = A^T stored (m, k), bit for bit (the
+// micro-kernel sums each element over p in the same order either way).
+TEST_F(GemmBackwardForms, TransposedAIsBitIdenticalToATransposedCopy) {
+  using Scalar = float;
+  for (const NnCase& c : kNnCases) {
+    if (!c.transposed) continue;
+    const StoredA<Scalar> a = stored_a<Scalar>(c);
+    NnCase plain{c.m, c.n, c.k, false, 0, 0};
+    StoredA<Scalar> copy = stored_a<Scalar>(plain);
+    for (Index i = 0; i < c.m; ++i) {
+      for (Index p = 0; p < c.k; ++p) copy.data[static_cast<std::size_t>(i * c.k + p)] = a.at(p, i);
+    }
+    const auto b = attn::test::random_tensor<Scalar, 2>({c.k, c.n}, 17 + c.n);
+    const std::vector<Scalar> initial(static_cast<std::size_t>(c.m * (c.n + 3)), Scalar(0));
+    EXPECT_EQ(run_nn(c, a, b, initial, false), run_nn(plain, copy, b, initial, false))
+        << describe(c);
+  }
+}
+
+TEST_F(GemmBackwardForms, ColumnSumsAddEveryRowInOrder) {
+  using Scalar = double;
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    for (const NnCase& c : kNnCases) {
+      // the stored A of the case as an (rows, cols) matrix: plain or head-major
+      const StoredA<Scalar> a = stored_a<Scalar>(c);
+      std::vector<Scalar> sums(static_cast<std::size_t>(a.cols), Scalar(0.25));
+      attn::detail::column_sums<Scalar>(a.rows, a.cols, a.layout, sums.data());
+      for (Index j = 0; j < a.cols; ++j) {
+        long double ref = 0.25L;
+        for (Index i = 0; i < a.rows; ++i) ref += static_cast<long double>(a.at(i, j));
+        EXPECT_NEAR(sums[static_cast<std::size_t>(j)], static_cast<double>(ref),
+                    attn::test::reduction_tolerance<Scalar>(a.rows) * (1 + std::abs(double(ref))))
+            << describe(c) << " set " << attn::isa_name(isa) << " column " << j;
+      }
+    }
+  }
 }
 
 }  // namespace

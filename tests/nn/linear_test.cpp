@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "support/finite_difference.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
@@ -454,6 +455,56 @@ TEST(Linear, ForwardAcceptsMutableViews) {
   EXPECT_TRUE((AcceptsView<Linear<float>, TensorView<float, 2>>::value))
       << "Linear::forward(TensorView<float, 2>) does not compile; callers must convert to a "
          "const view by hand";
+}
+
+// ---- backward ----
+
+// Central differences in double: y = x W^T + b with x (2, 3, 5) (and a strided x, every
+// other row of a larger tensor), loss sum(w * y).
+TEST(LinearBackward, MatchesFiniteDifferencesForInputWeightAndBias) {
+  attn::manual_seed(3);
+  for (const bool bias : {true, false}) {
+    Linear<double> layer(5, 4, bias);
+    auto big = attn::test::random_tensor<double>(attn::Shape<3>{2, 6, 5}, 1);
+    const TensorView<double, 3> x(big.data(), {2, 3, 5}, {30, 10, 1});  // every other row
+    const auto w = attn::test::random_tensor<double>(attn::Shape<3>{2, 3, 4}, 2);
+    attn::Gradients<double> grads(layer.named_parameters());
+    Tensor<double, 3> gx({2, 3, 5});
+    layer.backward(x, w.view(), gx.view(), grads);
+    const auto loss = [&] {
+      return attn::test::fd::weighted_sum(layer.forward(x).view(), w.view());
+    };
+    std::vector<attn::test::fd::Variable> vars{
+        attn::test::fd::variable("x", x, gx.view()),
+        attn::test::fd::variable("weight", layer.weight(), grads.at("weight").matrix())};
+    if (bias)
+      vars.push_back(attn::test::fd::variable("bias", layer.bias(), grads.at("bias").vector()));
+    EXPECT_TRUE(attn::test::fd::check(loss, vars)) << "bias " << bias;
+  }
+}
+
+// The backward adds: twice gives twice, into a strided grad_x too; an empty grad_x is skipped.
+TEST(LinearBackward, AddsIntoTheGradientsAndSkipsAnEmptyInputGradient) {
+  attn::manual_seed(4);
+  Linear<float> layer(7, 3);
+  const auto x = attn::test::random_tensor<float>(attn::Shape<2>{9, 7}, 5);
+  const auto w = attn::test::random_tensor<float>(attn::Shape<2>{9, 3}, 6);
+  attn::Gradients<float> grads(layer.named_parameters());
+  Tensor<float, 2> big({9, 14});
+  const TensorView<float, 2> gx(big.data(), {9, 7}, {14, 1});  // strided rows
+  attn::Workspace ws;
+  layer.backward(x.view(), w.view(), gx, grads, ws);
+  const auto once = attn::test::to_vector(gx);
+  const auto w_once = attn::test::to_vector(grads.at("weight").matrix());
+  layer.backward(x.view(), w.view(), TensorView<float, 2>(), grads, ws);
+  EXPECT_EQ(attn::test::to_vector(gx), once);
+  const auto w_twice = attn::test::to_vector(grads.at("weight").matrix());
+  for (std::size_t i = 0; i < w_once.size(); ++i) EXPECT_FLOAT_EQ(w_twice[i], 2 * w_once[i]);
+  EXPECT_THAT([&] { layer.backward(x.view(), x.view(), gx, grads, ws); },
+              ::testing::ThrowsMessage<attn::ShapeError>(::testing::HasSubstr("grad_y (9, 7)")));
+  Linear<float> other(7, 3);
+  EXPECT_THAT([&] { other.backward(x.view(), w.view(), gx, grads, ws); },
+              ::testing::ThrowsMessage<attn::ConfigError>(::testing::HasSubstr("Gradients::of")));
 }
 
 }  // namespace

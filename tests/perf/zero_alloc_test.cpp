@@ -429,6 +429,52 @@ TYPED_TEST(ZeroAllocation, TrainingForwardWithSavedState) {
       [&] { simple.forward(x.view(), out.view(), saved, ws, mask); });
 }
 
+// A whole training step (training forward, zeroing, backward into the input and parameter
+// gradients, an optimizer step) allocates nothing once warm: every module kind.
+TYPED_TEST(ZeroAllocation, TrainingStepForwardBackwardAndAdamW) {
+  using Scalar = TypeParam;
+  attn::manual_seed(19);
+  MultiHeadAttention<Scalar> mha(kDim, kDim, kTokens, /*dropout=*/0.1, kHeads, true);
+  attn::MultiHeadAttentionWrapper<Scalar> wrapper(kDim, kDim / kHeads, kTokens, 0.1, kHeads);
+  attn::CrossAttention<Scalar> cross(kDim, kDim / 2, kDim, kHeads, true);
+  const attn::SimpleSelfAttention<Scalar> simple;
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 20);
+  const auto kv = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kKeyTokens, kDim / 2}, 21);
+  const auto grad_out = attn::test::random_tensor<Scalar>(Shape<3>{kBatch, kTokens, kDim}, 22);
+  AttentionMask<Scalar> mask;
+  mask.key_lengths({kTokens, kTokens - 3});
+  AttentionMask<Scalar> cross_mask;
+  cross_mask.key_lengths({kKeyTokens, kKeyTokens - 5});
+  Tensor<Scalar, 3> out({kBatch, kTokens, kDim}), gx({kBatch, kTokens, kDim});
+  Tensor<Scalar, 3> gkv({kBatch, kKeyTokens, kDim / 2});
+  attn::Workspace ws;
+  attn::SavedForward<Scalar> saved;
+  attn::Gradients<Scalar> grads(mha.named_parameters());
+  attn::optim::AdamW<Scalar> adamw(mha.named_parameters());
+  expect_steady_state_without_allocation([&] {
+    mha.forward(x.view(), out.view(), saved, ws, mask);
+    grads.zero();
+    gx.fill(Scalar(0));
+    mha.backward(grad_out.view(), saved, gx.view(), grads, ws);
+    adamw.step(grads);
+  });
+  attn::Gradients<Scalar> wrapper_grads(wrapper.named_parameters());
+  expect_steady_state_without_allocation([&] {
+    wrapper.forward(x.view(), out.view(), saved, ws, mask);
+    wrapper.backward(grad_out.view(), saved, gx.view(), wrapper_grads, ws);
+  });
+  attn::Gradients<Scalar> cross_grads(cross.named_parameters());
+  expect_steady_state_without_allocation([&] {
+    cross.forward(x.view(), kv.view(), out.view(), saved, ws, cross_mask);
+    cross.backward(grad_out.view(), saved, gx.view(), gkv.view(), cross_grads, ws);
+  });
+  attn::Gradients<Scalar> none(simple.named_parameters());
+  expect_steady_state_without_allocation([&] {
+    simple.forward(x.view(), out.view(), saved, ws, mask);
+    simple.backward(grad_out.view(), saved, gx.view(), none, ws);
+  });
+}
+
 // Optimizer steps allocate nothing: the state is allocated with the optimizer, and the
 // gradients of a module (any naming, strided raw parameters included) are found by address.
 TYPED_TEST(ZeroAllocation, OptimizerSteps) {

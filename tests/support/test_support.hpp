@@ -71,4 +71,14 @@ constexpr double reduction_tolerance(Index n) {
   return 8.0 * static_cast<double>(n) * std::numeric_limits<Scalar>::epsilon();
 }
 
+/// Every kernel set this CPU runs, narrowest first (for loops that set_isa() each; restore
+/// attn::set_isa(attn::best_isa()) afterwards).
+inline std::vector<Isa> runnable_sets() {
+  std::vector<Isa> sets;
+  for (const Isa isa : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
+    if (isa <= best_isa()) sets.push_back(isa);
+  }
+  return sets;
+}
+
 }  // namespace attn::test

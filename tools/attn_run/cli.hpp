@@ -58,8 +58,8 @@ options:
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
   --double              compute in double (F64 output); default float (F32)
   --backward            also write grad_query (with key and value: grad_key, grad_value)
-                        and grad.<name> per parameter (grad.in_proj_weight, ...); not
-                        available yet: the backward passes are being written (issue 13)
+                        and grad.<name> per parameter (grad.in_proj_weight, ...): the
+                        gradients of sum(grad_output * output), as PyTorch autograd gives
 llama options:
   --num-kv-heads HKV    key/value heads (default: what k_proj.weight holds)
   --head-dim HD         features per head (default: D / num_heads)

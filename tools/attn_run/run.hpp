@@ -9,11 +9,14 @@
 #include <vector>
 
 #include "attn/attention/multi_head_attention.hpp"
+#include "attn/attention/saved_forward.hpp"
 #include "attn/config.hpp"
 #include "attn/io/error.hpp"
 #include "attn/io/safetensors.hpp"
 #include "attn/io/state_dict.hpp"
+#include "attn/nn/gradients.hpp"
 #include "attn/nn/mask.hpp"
+#include "attn/nn/parameter.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -27,7 +30,7 @@ struct RunOptions {
   bool causal = false;         ///< add a causal bound, top-left aligned: triu(ones(T_q, T_k), 1)
   bool need_weights = false;   ///< also write "weights"
   bool average_weights = true; ///< average the weights over heads, like PyTorch's default
-  bool backward = false;       ///< also the gradients (--backward; needs the backward passes)
+  bool backward = false;       ///< also the gradients (--backward)
   std::string prefix;          ///< prefix of the weights' names
 };
 
@@ -57,6 +60,9 @@ attn::Tensor<Scalar, Rank> read_float(const attn::io::SafetensorsFile& file,
 /// - optionally `attn_mask` and `key_padding_mask`, read as Masks::read() says.
 /// Returns a writer holding `output` (B, T_q, E) (or (T_q, E)) and, with need_weights,
 /// `weights` (B, T_q, T_k) averaged over heads (or (B, H, T_q, T_k) per head), as Scalar.
+/// With `backward`: also `grad_query` (and `grad_key`, `grad_value` when key and value were
+/// given) and `grad.<name>` for every parameter (nn.MultiheadAttention's names), the
+/// gradients of sum(grad_output * output) (`grad_output` from the inputs, else ones).
 /// Rows with no visible key give zeros (PyTorch gives NaN there).
 ///
 /// @throws StateDictError / FormatError naming the file and tensor for a bad file; ShapeError
@@ -115,10 +121,11 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
   masks.read(inputs, mask);
 
   // ---- backward: grad_output (optional: the gradient of sum(output), ones) ----
+  attn::Tensor<Scalar, 3> grad_output;
   if (options.backward) {
+    const attn::Index e = mha.embed_dim();
     if (inputs.contains("grad_output")) {
-      const attn::Tensor<Scalar, 3> grad_output = read3("grad_output");
-      const attn::Index e = mha.embed_dim();
+      grad_output = read3("grad_output");
       io_require<FormatError>(grad_output.shape() == attn::Shape<3>{batch, tq, e}, where, [&] {
         const std::vector<attn::Index> want =
             batched ? std::vector<attn::Index>{batch, tq, e} : std::vector<attn::Index>{tq, e};
@@ -126,11 +133,10 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
                shape_text(inputs.shape("grad_output")) + ", expected the output's shape " +
                shape_text(want);
       });
+    } else {
+      grad_output = attn::Tensor<Scalar, 3>({batch, tq, e});
+      grad_output.fill(Scalar(1));
     }
-    io_require<std::runtime_error>(false, where, [] {
-      return std::string("--backward needs the backward passes of the modules (issue 13, "
-                         "phase 2), which are not implemented yet");
-    });
   }
 
   // ---- run ----
@@ -146,12 +152,43 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
       out.add(name, attn::select(y.view(), 0, 0));
     }
   };
+  if (options.backward) {
+    // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
+    // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
+    // grad_query is the whole gradient of the one input.
+    attn::Workspace ws;
+    attn::SavedForward<Scalar> saved;
+    attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
+    attn::Gradients<Scalar> grads(mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
+    attn::Tensor<Scalar, 3> grad_query(query.shape());
+    if (has_key) {
+      attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
+      mha.forward(q, k, v, output.view(), saved, ws, mask);
+      mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(), grad_value.view(),
+                   grads, ws);
+      add("grad_key", grad_key);
+      add("grad_value", grad_value);
+    } else {
+      mha.forward(q, output.view(), saved, ws, mask);
+      mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
+    }
+    add("output", output);
+    add("grad_query", grad_query);
+    for (const auto& g : grads) {
+      const std::string name = "grad." + g.name();
+      if (g.rank() == 1) {
+        out.add(name, attn::Tensor<Scalar, 1>(g.vector()));
+      } else {
+        out.add(name, attn::Tensor<Scalar, 2>(g.matrix()));
+      }
+    }
+  }
   if (!options.need_weights) {
-    add("output", mha.forward(q, k, v, mask));
+    if (!options.backward) add("output", mha.forward(q, k, v, mask));
     return out;
   }
   const attn::MultiHeadAttentionOutput<Scalar> r = mha.forward_with_weights(q, k, v, mask);
-  add("output", r.output);
+  if (!options.backward) add("output", r.output);
   if (options.average_weights) {
     add("weights", attn::average_heads(r.weights.view()));
   } else {

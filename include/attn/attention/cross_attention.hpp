@@ -36,6 +36,8 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   /// forward(x_q, x_kv, ...) and forward_with_weights(x_q, x_kv, ...), as every module's.
   using Forwards::forward;
   using Forwards::forward_with_weights;
+  /// backward(grad_out, saved, grad_x_q, grad_x_kv, grads, ws) after a training forward.
+  using Forwards::backward;
 
   using Module::eval;
   using Module::freeze;
@@ -56,6 +58,7 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   friend Forwards;
   using Module::output_features;
   using Module::run;
+  using Module::run_backward;
   using Module::weight_heads;
 
   // nn.MultiheadAttention's layout with kdim = vdim = d_kv, but the notebook's widths, its

@@ -12,11 +12,13 @@
 #include "attn/attention/cached_forward.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/kv_cache.hpp"
+#include "attn/attention/module_backward.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
+#include "attn/nn/gradients.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
@@ -47,6 +49,26 @@ template <class Tag, class View>
 struct InputView {
   using type = View;
 };
+
+/// The gradients of one backward call's inputs, one per projection input (query, key,
+/// value); an input given twice has one view given twice.
+template <class Scalar>
+struct ModuleGrads {
+  TensorView<Scalar, 3> views[3];
+};
+template <class Scalar>
+ModuleGrads<Scalar> gather_grads(TensorView<Scalar, 3> x) {
+  return {{x, x, x}};
+}
+template <class Scalar>
+ModuleGrads<Scalar> gather_grads(TensorView<Scalar, 3> query, TensorView<Scalar, 3> key_value) {
+  return {{query, key_value, key_value}};
+}
+template <class Scalar>
+ModuleGrads<Scalar> gather_grads(TensorView<Scalar, 3> query, TensorView<Scalar, 3> key,
+                                 TensorView<Scalar, 3> value) {
+  return {{query, key, value}};
+}
 
 template <class Scalar>
 ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> x) {
@@ -111,6 +133,8 @@ ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
 ///   forward(in..., out, ws, mask = {})        into out, reusing ws: no allocation once warm
 ///   forward(in..., out, saved, ws, mask = {}) the same, recording in `saved` what the
 ///                                             backward needs (training)
+///   backward(grad_out, saved, grad_in..., grads, ws)  adds the input and parameter
+///                                             gradients (module_backward.hpp)
 ///   forward_with_weights(in..., mask = {})    -> {output, weights} (materialised path)
 ///   forward_with_weights(in..., out, weights, ws, mask = {})
 /// and the same for unbatched (T, features) inputs. Weights are (B, H, T_q, T_k) when
@@ -125,14 +149,17 @@ ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
 /// freeze, unfreeze, weight accessors, named_parameters(), loading) need exclusive access.
 ///
 /// Derived provides run(ModuleInputs, out (B, T_q, d_out), ws, mask, weights (B, H, T_q,
-/// T_k) or empty, SavedForward* (null unless training)) const, output_features(ModuleInputs)
-/// and weight_heads().
+/// T_k) or empty, SavedForward* (null unless training)) const, run_backward(grad_out,
+/// saved, the input gradients [query, key, value], grads, ws) const, output_features(
+/// ModuleInputs) and weight_heads().
 template <class Derived, class Scalar, std::size_t WeightsRank, class... Inputs>
 class ModuleForwards {
   static_assert(WeightsRank == 3 || WeightsRank == 4,
                 "attn::ModuleForwards: weights are (B, T_q, T_k) or (B, H, T_q, T_k)");
   template <class Tag, std::size_t Rank>
   using In = typename InputView<Tag, TensorView<const Scalar, Rank>>::type;
+  template <class Tag, std::size_t Rank>
+  using Grad = typename InputView<Tag, TensorView<Scalar, Rank>>::type;
   using Mask = AttentionMask<Scalar>;
 
  public:
@@ -187,6 +214,24 @@ class ModuleForwards {
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws);
     derived().run_cached(x, out, ws, cache, mask);
   }
+  /// Backward of a training forward: given grad_out = dL/d out ((B, T_q, d_out), or
+  /// (T_q, d_out) unbatched) and the `saved` record of that forward, ADDS dL/d input into
+  /// grad_in (one view per input, as the forward took them; an empty view skips one; for
+  /// self-attention the one x gets the whole gradient, as autograd gives it for m(x, x, x))
+  /// and the parameter gradients into `grads` (made from named_parameters(), any naming).
+  /// Zero them first (PyTorch's .grad). With a warm `ws`, no allocation.
+  /// @throws ShapeError on shapes that do not match the forward's, gradients sharing memory
+  ///         with grad_out, the inputs or each other, or a `saved` of another module;
+  ///         ConfigError when `grads` does not hold this module's parameters.
+  void backward(In<InputX, 3> grad_out, const SavedForward<Scalar>& saved,
+                Grad<Inputs, 3>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
+    derived().run_backward(grad_out, saved, gather_grads<Scalar>(grad_in...).views, grads, ws);
+  }
+  void backward(In<InputX, 2> grad_out, const SavedForward<Scalar>& saved,
+                Grad<Inputs, 2>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
+    backward(unsqueeze(grad_out, 0), saved, unsqueeze(grad_in, 0)..., grads, ws);
+  }
+
   AttentionResult<Scalar, 3, WeightsRank> forward_with_weights(In<Inputs, 3>... in,
                                                                const Mask& mask = {}) const {
     const ModuleInputs<Scalar> x = gather_inputs<Scalar>(in...);
@@ -338,6 +383,12 @@ class CoreModule {
                          "query, key and value");
                    });
     forward_cached(core_, x.query, out, ws, cache, mask);
+  }
+
+  void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,
+                    const TensorView<Scalar, 3> (&grad_in)[3], Gradients<Scalar>& grads,
+                    Workspace& ws) const {
+    core_backward(core_, grad_out, saved, grad_in, grads, ws);
   }
   Index output_features(const ModuleInputs<Scalar>&) const noexcept { return core_.d_out(); }
   Index weight_heads() const noexcept { return core_.num_heads(); }

@@ -163,16 +163,23 @@ class AttentionCore {
         direct ? out.data() : workspace_get<Scalar>(keep, WorkspaceSlot::kContext, batch * tq * d);
     const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{tq * d, d, 1};
     const AttentionOptions options = kernel_options(weights);
+    // A training forward keeps each query's logsumexp for the streaming backward.
+    const TensorView<Scalar, 3> lse =
+        saved == nullptr
+            ? TensorView<Scalar, 3>()
+            : TensorView<Scalar, 3>(
+                  workspace_get<Scalar>(keep, WorkspaceSlot::kLogsumexp, batch * num_heads() * tq),
+                  {batch, num_heads(), tq});
     attend(heads,
            TensorView<Scalar, 4>(ctx, {batch, num_heads(), tq, hd},
                                  {ctx_strides[0], hd, ctx_strides[1], 1}),
-           mask, options, weights, ws);
+           mask, options, weights, ws, lse);
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
     if (saved != nullptr) {
       record_forward(*saved, this, heads.rows, same_view(query, key) && same_view(key, value),
                      same_view(key, value), heads.query, heads.key, heads.value, context, mask,
-                     options);
+                     options, TensorView<const Scalar, 3>(lse));
     }
     if (config_.out_proj) {
       out_proj_.forward(context, out, ws);
@@ -253,11 +260,13 @@ class AttentionCore {
     return options;
   }
 
-  /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd).
+  /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd) (and, when
+  /// not empty, each query's logsumexp into `lse` (B, H, T_q)).
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
-              const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws) const {
+              const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
+              TensorView<Scalar, 3> lse = {}) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
-                   weights, ws, config_.causal, config_.alignment, config_.sliding_window);
+                   weights, ws, config_.causal, config_.alignment, config_.sliding_window, lse);
   }
 
   // ---- modes ----

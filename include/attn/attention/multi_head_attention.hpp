@@ -160,6 +160,11 @@ class MultiHeadAttention
   using Forwards::forward_with_weights;
   using SelfForwards::forward;
   using SelfForwards::forward_with_weights;
+  /// backward(grad_out, saved, grad_x, grads, ws) after a self-attention training forward,
+  /// backward(grad_out, saved, grad_query, grad_key, grad_value, grads, ws) after forward(query,
+  /// key, value, ...) (give one view twice where one tensor was given twice).
+  using Forwards::backward;
+  using SelfForwards::backward;
 
   // ---- configuration (PyTorch names) ----
 

@@ -13,6 +13,7 @@
 #include "attn/attention/saved_forward.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/nn/gradients.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
@@ -174,6 +175,27 @@ class MultiHeadAttentionWrapper
       } else {
         heads_[h].forward(x.query, out_h, ws, per_head ? own : mask);
       }
+    }
+  }
+  // Head h's backward from columns [h d_out, (h + 1) d_out) of grad_out, every head adding
+  // into the one input gradient.
+  void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,
+                    const TensorView<Scalar, 3> (&grad_in)[3], Gradients<Scalar>& grads,
+                    Workspace& ws) const {
+    const char* where = "MultiHeadAttentionWrapper::backward";
+    detail::require(saved.owner == this && saved.parts.size() == heads_.size(), where, [] {
+      return std::string("`saved` was not filled by this module's training forward");
+    });
+    const Shape<3> expected{saved.parts.front().batch, saved.parts.front().query_tokens, d_out()};
+    detail::require(grad_out.shape() == expected, where, [&] {
+      return "grad_out has shape " + detail::to_string(grad_out.shape()) + ", expected " +
+             detail::to_string(expected);
+    });
+    const Index width = heads_.front().d_out();
+    for (std::size_t h = 0; h < heads_.size(); ++h) {
+      const Index hi = static_cast<Index>(h);
+      heads_[h].backward(slice(grad_out, 2, hi * width, (hi + 1) * width), saved.parts[h],
+                         grad_in[0], grads, ws);
     }
   }
   Index output_features(const detail::ModuleInputs<Scalar>&) const noexcept { return d_out(); }

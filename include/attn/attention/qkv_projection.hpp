@@ -331,14 +331,8 @@ class QkvProjection {
   void gemm_into(const detail::RowsRef<const Scalar>& x, Index tokens, int part, int count,
                  Scalar* dst, Workspace& ws) const {
     const Index columns = offset(part + count) - offset(part);
-    detail::GemmOutput<Scalar> out;
-    out.data = dst;
-    out.ldc = head_dim_;
-    out.rows_per_batch = tokens;
-    out.batch_stride = tokens * columns;
-    out.segment = head_dim_;
-    out.segment_stride = tokens * head_dim_;
-    project_rows(x, part, count, out, ws);
+    project_rows(x, part, count,
+                 detail::GemmOutput<Scalar>::head_major(dst, tokens, columns, head_dim_), ws);
   }
 
  public:

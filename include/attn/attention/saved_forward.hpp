@@ -3,33 +3,22 @@
 // module keeps for its backward (explicit saved state: no tape, no allocation once warm).
 // Glossary: B = batch, T_q / T_k = query / key tokens, H = heads, hd = head dim, D = H * hd.
 //
-// The training API (issue 13): Gradients (nn/gradients.hpp), the training forward below, the
-// element-wise backward ops (nn/softmax_backward.hpp, Dropout::backward) and the optimizers
-// (optim/) exist; the backward passes that need the GEMM variants and the attention backward
-// kernels are planned as follows:
+// The training API (issue 13), where each piece lives:
 //
-//   module.forward(in..., out, saved, ws, mask = {})            records `saved`
+//   module.forward(in..., out, saved, ws, mask = {})            records `saved` (module.hpp)
 //   module.backward(grad_out, saved, grad_in..., grads, ws)     grad_in: one view per input
 //       (x | x_q, x_kv | query, key, value), an empty view skips it; grads: Gradients made
-//       from the module's named_parameters(), any naming (found by address, Gradients::of)
-//   linear.backward(x, grad_y, grad_x, grads)                   grad_x += grad_y W,
-//       grads.of(weight) += grad_y^T x, grads.of(bias) += column sums of grad_y
+//       from the module's named_parameters(), any naming (found by address, Gradients::of);
+//       written once in attention/module_backward.hpp
+//   linear.backward(x, grad_y, grad_x, grads, ws)               nn/linear.hpp
 //   scaled_dot_product_attention(q, k, v, out, logsumexp, ws, mask, options)
 //   scaled_dot_product_attention_backward(q, k, v, out, grad_out, logsumexp,
-//       grad_q, grad_k, grad_v, ws, mask, options)              same options (dropout call)
+//       grad_q, grad_k, grad_v, ws, mask, options)              attention/scaled_dot_product_
+//                                                               backward.hpp
 //
 // Every backward ADDS into its gradient outputs, input gradients included (PyTorch's .grad,
 // llm.c's backward passes): zero them first. Then self-attention's x (read by Q, K and V),
 // key = value, residual connections and the wrapper's heads need no special case.
-//
-// The core's backward, given dY (B*T_q, d_out):
-//   1. out_proj: dC = dY W_o; grads.of(W_o) += dY^T C (C = saved.context); db_o += sum dY
-//   2. kernel:   dQ, dK, dV from dC (as (B, H, T_q, hd)), Q, K, V, O = C and the saved
-//                logsumexp (streaming: P = exp(S - lse) tile by tile, D = rowsum(dO * O),
-//                dS = P * (dP - D)) or P (materialised), the mask and the dropout call;
-//                written head-major like the projections, (B, P*H, T, hd)
-//   3. projections: grads.of(W) += dQKV^T X and dX += dQKV W, one GEMM each for the fused
-//                (3 D, d_in) block of self-attention (X = saved.inputs); db += sums.
 #pragma once
 
 #include <cstddef>
@@ -59,9 +48,8 @@ ATTN_NAMESPACE_BEGIN
 /// - a copy of the mask (its tensors must outlive the backward) and the kernel's options
 ///   with everything resolved: the scale, the dropout probability, seed and call number
 ///   (the backward redraws the same keep decisions), and which path ran.
-/// The backward kernels will add the streaming path's logsumexp per query, (B, H, T_q) with
-/// +inf for a query that sees no key, and the materialised path's probabilities before
-/// dropout, (B, H, T_q, T_k).
+/// - the kernel's logsumexp per query, (B, H, T_q), +inf for a query that sees no key: the
+///   streaming backward recomputes the probabilities from it.
 ///
 /// The members are filled by the module and read by its backward; treat them as read-only.
 /// A SavedForward is movable (the views stay valid) but not copyable.
@@ -82,6 +70,8 @@ struct SavedForward {
   TensorView<const Scalar, 4> query, key, value;
   /// The kernel's output, (B, T_q, D) = (B, T_q, H, hd) merged.
   TensorView<const Scalar, 3> context;
+  /// The kernel's logsumexp per query, (B, H, T_q).
+  TensorView<const Scalar, 3> logsumexp;
   /// The caller's mask (the module's own causal bound is not in it; the module adds it).
   AttentionMask<Scalar> mask;
   /// The kernel's options, resolved: scale set, the dropout call number claimed, path
@@ -105,14 +95,15 @@ struct SavedForward {
 namespace detail {
 
 /// Fills `saved` after a training forward of `owner`: the input rows [query, key, value],
-/// the heads the kernel read, its output `context`, the caller's mask and the resolved
-/// kernel options. The buffers the views point into belong to saved.storage or the caller.
+/// the heads the kernel read, its output `context` and logsumexp, the caller's mask and the
+/// resolved kernel options. The buffers the views point into belong to saved.storage or the caller.
 template <class Scalar>
 void record_forward(SavedForward<Scalar>& saved, const void* owner,
                     const RowsRef<const Scalar> (&rows)[3], bool self_attention, bool key_is_value,
                     TensorView<const Scalar, 4> query, TensorView<const Scalar, 4> key,
                     TensorView<const Scalar, 4> value, TensorView<const Scalar, 3> context,
-                    const AttentionMask<Scalar>& mask, const AttentionOptions& options) {
+                    const AttentionMask<Scalar>& mask, const AttentionOptions& options,
+                    TensorView<const Scalar, 3> logsumexp) {
   saved.owner = owner;
   saved.batch = query.extent(0);
   saved.query_tokens = query.extent(2);
@@ -124,6 +115,7 @@ void record_forward(SavedForward<Scalar>& saved, const void* owner,
   saved.key = key;
   saved.value = value;
   saved.context = context;
+  saved.logsumexp = logsumexp;
   saved.mask = mask;  // copy-assigned: no allocation once the key lengths' capacity suffices
   saved.options = options;
 }

@@ -166,15 +166,41 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
   check_sdpa_memory(where, q, k, v, out, weights, mask);
 }
 
+/// A logsumexp output (B, H, T_q) for q: its shape, one location per element, and no memory
+/// shared with the inputs, the other outputs or the mask.
+template <class Scalar>
+void check_logsumexp(const char* where, TensorView<const Scalar, 4> q,
+                     TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
+                     TensorView<Scalar, 3> lse, TensorView<Scalar, 4> out,
+                     TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) {
+  const Shape<3> expected{q.extent(0), q.extent(1), q.extent(2)};
+  require(lse.shape() == expected, where, [&] {
+    return "logsumexp has shape " + to_string(lse.shape()) + ", expected " + to_string(expected) +
+           " (B, H, T_q) for q " + to_string(q.shape());
+  });
+  require_distinct_elements(where, "logsumexp", lse);
+  require_disjoint(where, "logsumexp", lse, "q", q);
+  require_disjoint(where, "logsumexp", lse, "k", k);
+  require_disjoint(where, "logsumexp", lse, "v", v);
+  require_disjoint(where, "logsumexp", lse, "out", out);
+  require_disjoint(where, "logsumexp", lse, "weights", weights);
+  require_disjoint(where, "logsumexp", lse, "the boolean mask", mask.bool_mask());
+  require_disjoint(where, "logsumexp", lse, "the additive mask", mask.additive_mask());
+  require_disjoint(where, "logsumexp", lse, "the key padding mask", mask.padding_mask());
+}
+
 /// Checks, then runs the kernel. `module_causal` adds a module's own causal bound to `mask`
-/// without copying the mask.
+/// without copying the mask. `lse`, when not empty, (B, H, T_q) receives each query's
+/// logsumexp (for the backward, attention/scaled_dot_product_backward.hpp).
 template <class Scalar>
 void attend(const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
             TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
             const AttentionMask<Scalar>& mask, const AttentionOptions& options,
             TensorView<Scalar, 4> weights, Workspace& workspace, bool module_causal = false,
-            CausalAlignment module_alignment = CausalAlignment::kSquare, Index module_window = 0) {
+            CausalAlignment module_alignment = CausalAlignment::kSquare, Index module_window = 0,
+            TensorView<Scalar, 3> lse = {}) {
   check_sdpa(where, q, k, v, out, weights, mask, options);
+  if (lse.data() != nullptr) check_logsumexp(where, q, k, v, lse, out, weights, mask);
   if (module_causal && module_alignment == CausalAlignment::kSquare) {
     require(q.extent(2) == k.extent(2), where, [&] {
       return "causal attention with T_q=" + std::to_string(q.extent(2)) +
@@ -188,6 +214,7 @@ void attend(const char* where, TensorView<const Scalar, 4> q, TensorView<const S
   params.v = v;
   params.out = out;
   params.weights = weights;
+  params.lse = lse;
   params.mask = &mask;
   params.module_causal = module_causal;
   params.module_alignment = module_alignment;

@@ -12,7 +12,9 @@
 #include "attn/attention/module.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/scaled_dot_product_backward.hpp"
 #include "attn/config.hpp"
+#include "attn/nn/gradients.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -94,11 +96,42 @@ class SimpleSelfAttention
         detail::workspace_get<Scalar>(saved->storage, detail::WorkspaceSlot::kContext,
                                       batch * tokens * d),
         {batch, tokens, d});
-    scaled_dot_product_attention_with_weights<Scalar>(x4, x4, x4, unsqueeze(context, 1), weights,
-                                                      ws, mask, options);
+    const TensorView<Scalar, 3> lse(
+        detail::workspace_get<Scalar>(saved->storage, detail::WorkspaceSlot::kLogsumexp,
+                                      batch * tokens),
+        {batch, 1, tokens});
+    detail::attend("scaled_dot_product_attention", x4, x4, x4, unsqueeze(context, 1), mask, options,
+                   weights, ws, false, CausalAlignment::kSquare, 0, lse);
     detail::record_forward<Scalar>(*saved, this, {rows, rows, rows}, true, true, x4, x4, x4,
-                                   context, mask, options);
+                                   context, mask, options, lse);
     copy(TensorView<const Scalar, 3>(context), out);
+  }
+  // The kernel's backward with q = k = v = x: the one input gradient receives dQ + dK + dV.
+  void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,
+                    const TensorView<Scalar, 3> (&grad_in)[3], Gradients<Scalar>&,
+                    Workspace& ws) const {
+    const char* where = "SimpleSelfAttention::backward";
+    detail::require(saved.owner == this, where, [] {
+      return std::string("`saved` was not filled by this module's training forward");
+    });
+    const Shape<3> expected{saved.batch, saved.query_tokens, saved.query.extent(3)};
+    detail::require(grad_out.shape() == expected &&
+                        (grad_in[0].data() == nullptr || grad_in[0].shape() == expected),
+                    where, [&] {
+                      return "grad_out has shape " + detail::to_string(grad_out.shape()) +
+                             " and grad_x " + detail::to_string(grad_in[0].shape()) +
+                             ", expected " + detail::to_string(expected);
+                    });
+    if (grad_in[0].data() == nullptr) return;  // no parameters: nothing else to compute
+    const TensorView<Scalar, 4> g = unsqueeze(grad_in[0], 1);
+    detail::BackwardParams<Scalar> p;
+    p.args.q = saved.query, p.args.k = saved.key, p.args.v = saved.value;
+    p.args.out = unsqueeze(saved.context, 1);
+    p.args.grad_out = unsqueeze(grad_out, 1);
+    p.args.lse = saved.logsumexp;
+    p.args.grad_q = g, p.args.grad_k = g, p.args.grad_v = g;
+    p.mask = &saved.mask;
+    detail::attend_backward(where, p, saved.options, ws);
   }
   Index output_features(const detail::ModuleInputs<Scalar>& x) const noexcept {
     return x.value.extent(2);

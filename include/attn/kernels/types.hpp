@@ -71,6 +71,22 @@ constexpr Index stream_scratch_size(Index head_dim, Index value_dim) noexcept {
          5 * kQueryBlock + kKeyBlock * value_dim + 64;
 }
 
+/// Scratch elements one streaming backward task needs: Q^T (d, kQueryBlock), dO^T (d_v,
+/// kQueryBlock), D and lse per query, P^T, dS^T and the dropout factors (kKeyBlock,
+/// kQueryBlock) each, and accumulators for dK and dV (kKeyBlock, d + d_v) or dQ
+/// (kQueryBlock, d).
+constexpr Index stream_backward_scratch_size(Index head_dim, Index value_dim) noexcept {
+  return (head_dim + value_dim + 2) * kQueryBlock + 3 * kKeyBlock * kQueryBlock +
+         std::max(kKeyBlock * (head_dim + value_dim), kQueryBlock * head_dim) + 64;
+}
+
+/// Scratch elements one materialised backward task needs: P (then A) and dA (then dS),
+/// (T_q, T_k) each, and K^T or V^T (max(d, d_v), T_k).
+constexpr Index materialized_backward_scratch_size(Index queries, Index head_dim, Index value_dim,
+                                                   Index keys) noexcept {
+  return 2 * queries * keys + std::max(head_dim, value_dim) * keys + 64;
+}
+
 /// Where a GEMM writes C. Row i = b * rows_per_batch + t and column j = s * segment + e
 /// go to data[b * batch_stride + t * ldc + s * segment_stride + e]. The plain row-major
 /// layout is one batch and one segment; the head-split layout of the Q/K/V projection,
@@ -88,6 +104,18 @@ struct GemmOutput {
     GemmOutput out;
     out.data = c;
     out.ldc = ldc;
+    return out;
+  }
+  /// The head-major layout (B, columns / segment, T, segment) of rows b * tokens + t and
+  /// `columns` columns: each segment-wide block of a batch item's rows contiguous.
+  static GemmOutput head_major(Scalar* c, Index tokens, Index columns, Index segment) noexcept {
+    GemmOutput out;
+    out.data = c;
+    out.ldc = segment;
+    out.rows_per_batch = tokens;
+    out.batch_stride = tokens * columns;
+    out.segment = segment;
+    out.segment_stride = tokens * segment;
     return out;
   }
   Scalar* row(Index i) const noexcept {
@@ -192,17 +220,29 @@ struct PackedB {
   Index offset = 0;
 };
 
-/// One GEMM, C (m, n) (+)= A (m, k) B^T [+ bias], as the driver (detail::gemm_nt) planned
-/// it: tasks are column tiles of `tile_cols` times row chunks of `chunk_rows`; each packs
-/// its B^T panel per depth block (unless `pre` holds B packed for this set) and streams row
-/// blocks of A past it.
+/// One GEMM, C (m, n) (+)= op(A) (m, k) op(B) (k, n) [+ bias], as the driver
+/// (detail::gemm) planned it: tasks are column tiles of `tile_cols` times row chunks of
+/// `chunk_rows`; each packs its op(B) panel per depth block (unless `pre` holds B packed for
+/// this set) and streams row blocks of op(A) past it.
+///  - A: row-major (a, lda), op(A) = A (m, k) or, `a_transposed`, A^T with A stored (k, m);
+///    or, `a_pack`, any GemmOutput layout (a head-major (B, P*H, T, hd) gradient) in
+///    `a_layout`, copied row block by row block into the task's buffer first.
+///  - B: (b, ldb) row-major, stored (n, k) (op(B) = B^T: y = x W^T, the forward) unless
+///    `b_kn`, stored (k, n) (op(B) = B: dX = dY W, dW = dY^T X).
+///  - `accumulate`: C += the product (the backward passes add into gradients); else C =.
 template <class Scalar>
 struct GemmPlan {
   Index m = 0, n = 0, k = 0;
-  const Scalar* a = nullptr;  // A (m, k), row-major, leading dimension lda
+  const Scalar* a = nullptr;  // A row-major, leading dimension lda
   Index lda = 0;
-  const Scalar* b = nullptr;  // B (n, k), row-major, leading dimension ldb
+  bool a_transposed = false;
+  bool a_pack = false;
+  GemmOutput<const Scalar> a_layout;  // with a_pack: A's memory, any layout
+  Index a_segment = 0;                // a_layout's segment width (its columns when 0)
+  const Scalar* b = nullptr;          // B row-major, leading dimension ldb
   Index ldb = 0;
+  bool b_kn = false;
+  bool accumulate = false;
   GemmOutput<Scalar> out;
   const Scalar* bias = nullptr;
   const PackedGemmB<Scalar>* pre = nullptr;  // B packed for this kernel set, or null
@@ -216,6 +256,9 @@ struct GemmPlan {
 /// v may have fewer heads than q (grouped-query attention: query head h reads key/value head
 /// h / (H / H_kv)). With `ring` > 0 the keys live in a ring of that many rows (a
 /// sliding-window KVCache): logical key j is row j % ring of k and v (streaming path only).
+/// `lse`, when not empty, (B, H, T_q) receives each query's logsumexp of its masked, scaled
+/// scores (before dropout; +inf for a query its masks hide every key from): what the
+/// streaming backward recomputes the probabilities from.
 template <class Scalar>
 struct AttentionArgs {
   TensorView<const Scalar, 4> q, k, v;
@@ -223,7 +266,23 @@ struct AttentionArgs {
   Scalar scale = 1;
   double dropout = 0.0;
   Index ring = 0;
+  TensorView<Scalar, 3> lse;
 };
+
+/// One attention backward call's operands: the forward's inputs, output and logsumexp
+/// (B, H, T_q), the output's gradient, and the gradients the backward adds into.
+template <class Scalar>
+struct AttentionBackwardArgs {
+  TensorView<const Scalar, 4> q, k, v, out, grad_out;
+  TensorView<const Scalar, 3> lse;
+  TensorView<Scalar, 4> grad_q, grad_k, grad_v;
+  Scalar scale = 1;
+  double dropout = 0.0;
+};
+
+/// What one attention backward task computes: dK and dV of a key tile (streaming), dQ of a
+/// query tile (streaming), or a whole head (materialised).
+enum class BackwardTask { kKeys, kQueries, kMaterialized };
 
 /// One streaming task: query rows [i0, i1) of the heads h0 .. h0 + heads - 1, which share
 /// key/value head kv_head, stacked head by head (row r is query i0 + r % (i1 - i0) of head

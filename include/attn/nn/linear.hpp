@@ -11,6 +11,7 @@
 #include "attn/config.hpp"
 #include "attn/detail/gemm.hpp"
 #include "attn/error.hpp"
+#include "attn/nn/gradients.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
 #include "attn/tensor/overlap.hpp"
@@ -75,6 +76,26 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
   Tensor<Scalar, Rank> yc(y.shape());
   gemm_nt(rows, out, in, xc.data(), in, weight.data(), in, yc.data(), out, bias, packed, ws);
   copy(yc.view(), y);
+}
+
+/// The backward of y = x W^T + b over `rows` rows, ADDING into the gradients given (a null
+/// pointer or empty layout skips one): grad_x += grad_y W, grad_w += grad_y^T x (W's
+/// (out, in) row-major layout), grad_b += the column sums of grad_y. x is row-major with
+/// leading dimension ldx; grad_y and grad_x in any GemmOutput layout (head-major included).
+template <class Scalar>
+void linear_backward(Index rows, TensorView<const Scalar, 2> weight, const Scalar* x, Index ldx,
+                     const GemmOutput<const Scalar>& grad_y, const GemmOutput<Scalar>& grad_x,
+                     Scalar* grad_w, Scalar* grad_b, Workspace* ws) {
+  const Index out = weight.extent(0), in = weight.extent(1);
+  ATTN_ASSERT(weight.is_contiguous());
+  if (grad_x.data != nullptr) {
+    gemm_nn(rows, in, out, grad_y, false, weight.data(), in, grad_x, true, ws);
+  }
+  if (grad_w != nullptr) {
+    gemm_nn(out, in, rows, grad_y, true, x, ldx, GemmOutput<Scalar>::row_major(grad_w, in), true,
+            ws);
+  }
+  if (grad_b != nullptr) column_sums(rows, out, grad_y, grad_b);
 }
 
 }  // namespace detail
@@ -183,6 +204,64 @@ class Linear {
   template <std::size_t Rank>
   Tensor<Scalar, Rank> forward(const Tensor<Scalar, Rank>& x) const {
     return forward(x.view());
+  }
+
+  /// The backward of y = forward(x): given grad_y = dL/dy, ADDS dL/dx = grad_y W into
+  /// grad_x (an empty view skips it) and dL/dW = grad_y^T x, dL/db = the column sums of
+  /// grad_y into grads.of(weight()) and grads.of(bias()) (PyTorch's .grad: zero them first).
+  /// x (..., in), grad_y and grad_x with x's leading shape; `grads` made from this layer's
+  /// (or its module's) named_parameters(). Deterministic (the GEMMs' fixed order) and, with
+  /// a warm `ws` and contiguous views, allocation-free; other views are copied first.
+  /// @throws ShapeError on mismatched shapes; ConfigError when `grads` does not hold this
+  ///         layer's parameters.
+  template <class XScalar, class GScalar, std::size_t Rank>
+  void backward(TensorView<XScalar, Rank> x, TensorView<GScalar, Rank> grad_y,
+                TensorView<Scalar, Rank> grad_x, Gradients<Scalar>& grads, Workspace& ws) const {
+    static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar> &&
+                      std::is_same_v<std::remove_const_t<GScalar>, Scalar>,
+                  "attn::Linear::backward: x and grad_y must hold the layer's Scalar");
+    const char* where = "Linear::backward";
+    Shape<Rank> y_shape = x.shape();
+    y_shape[Rank - 1] = out_features();
+    detail::require(x.extent(Rank - 1) == in_features() && grad_y.shape() == y_shape &&
+                        (grad_x.data() == nullptr || grad_x.shape() == x.shape()),
+                    where, [&] {
+                      return "x has shape " + detail::to_string(x.shape()) + ", grad_y " +
+                             detail::to_string(grad_y.shape()) + " and grad_x " +
+                             detail::to_string(grad_x.shape()) + ", expected x (..., " +
+                             std::to_string(in_features()) + "), grad_y (..., " +
+                             std::to_string(out_features()) + ") and grad_x like x";
+                    });
+    detail::require_distinct_elements(where, "grad_x", grad_x);
+    const TensorView<Scalar, 2> gw = grads.of(weight_.view());
+    const TensorView<Scalar, 1> gb = has_bias_ ? grads.of(bias_.view()) : TensorView<Scalar, 1>();
+    detail::require(!detail::overlaps(grad_x, gw) && !detail::overlaps(grad_x, gb), where,
+                    [] { return std::string("grad_x overlaps the parameter gradients"); });
+    const Index rows = x.size() / std::max<Index>(in_features(), 1);
+    // Contiguous copies of views the GEMMs cannot read in place.
+    const auto contiguous = [](auto view) {
+      using S = std::remove_const_t<typename decltype(view)::value_type>;
+      return view.is_contiguous() ? Tensor<S, Rank>() : Tensor<S, Rank>(view);
+    };
+    const Tensor<Scalar, Rank> xc = contiguous(x), gc = contiguous(grad_y);
+    const Scalar* xd = xc.empty() ? x.data() : xc.data();
+    const Scalar* gd = gc.empty() ? grad_y.data() : gc.data();
+    const bool direct_x = grad_x.data() == nullptr || grad_x.is_contiguous();
+    Tensor<Scalar, Rank> gx;
+    if (!direct_x) gx = Tensor<Scalar, Rank>(grad_x);
+    Scalar* gxd = grad_x.data() == nullptr ? nullptr : direct_x ? grad_x.data() : gx.data();
+    detail::linear_backward<Scalar>(rows, weight_.view(), xd, in_features(),
+                                    detail::GemmOutput<const Scalar>::row_major(gd, out_features()),
+                                    detail::GemmOutput<Scalar>::row_major(gxd, in_features()),
+                                    gw.data(), has_bias_ ? gb.data() : nullptr, &ws);
+    if (!direct_x) copy(gx.view(), grad_x);
+  }
+  /// The same with a temporary workspace.
+  template <class XScalar, class GScalar, std::size_t Rank>
+  void backward(TensorView<XScalar, Rank> x, TensorView<GScalar, Rank> grad_y,
+                TensorView<Scalar, Rank> grad_x, Gradients<Scalar>& grads) const {
+    Workspace ws;
+    backward(x, grad_y, grad_x, grads, ws);
   }
 
   /// Packs the weight for the GEMM once (as much memory again as the weight); forward()

@@ -29,6 +29,7 @@ template <class Scalar>
 struct KernelParams {
   TensorView<const Scalar, 4> q, k, v;  // k, v: H_kv heads, H_kv dividing q's H
   TensorView<Scalar, 4> out, weights;
+  TensorView<Scalar, 3> lse;  // optional: each query's logsumexp (the backward's input)
   const AttentionMask<Scalar>* mask = nullptr;
   bool module_causal = false;  // a module's own causal flag, combined with `mask`
   CausalAlignment module_alignment = CausalAlignment::kSquare;
@@ -114,7 +115,9 @@ template <class Scalar>
 StreamPlan plan_streaming(const KernelParams<Scalar>& p) {
   const Index batch = p.q.extent(0), tq = p.q.extent(2), group = p.q.extent(1) / p.k.extent(1);
   StreamPlan plan;
-  plan.split = tq <= kSplitKeysQueries;
+  // A training forward (lse wanted) never splits: a chunk's partial state has no logsumexp
+  // of the whole row, and training shapes are long anyway.
+  plan.split = tq <= kSplitKeysQueries && p.lse.data() == nullptr;
   plan.rows_per_head = std::min(tq, kQueryBlock);
   plan.tiles = (tq + plan.rows_per_head - 1) / plan.rows_per_head;
   // Short queries stack the group's heads (up to kQueryBlock rows), so each K/V row loaded
@@ -166,6 +169,7 @@ void run_attention(const KernelParams<Scalar>& params, bool materialize, Workspa
   const KernelParams<Scalar>& p = (copy_k || copy_v) ? copied : params;
   AttentionArgs<Scalar> args;
   args.q = p.q, args.k = p.k, args.v = p.v, args.out = p.out, args.weights = p.weights;
+  args.lse = p.lse;
   args.scale = p.scale;
   args.dropout = p.dropout;
   args.ring = p.ring;

@@ -19,4 +19,5 @@
 #include "attn/kernels/generic/softmax.inl"
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
+#include "attn/kernels/generic/attention_backward.inl"
 #include "attn/kernels/generic/kernel_set.inl"

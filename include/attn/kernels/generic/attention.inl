@@ -62,6 +62,16 @@ void add_nonfinite_values(Index rows, Index n, Index dv, const Scalar* p, Index 
   }
 }
 
+/// lse(b, h, i) = max + log(sum) (the logsumexp of a row's visible scores, given its max
+/// and the sum of exp(score - max)), or +inf when the masks hide every key (`any` false).
+template <class Scalar>
+void write_lse(const AttentionArgs<Scalar>& p, Index b, Index h, Index i, Scalar max, Scalar sum,
+               bool any = true) noexcept {
+  p.lse.data()[b * p.lse.stride(0) + h * p.lse.stride(1) + i * p.lse.stride(2)] =
+      any ? static_cast<Scalar>(static_cast<double>(max) + std::log(static_cast<double>(sum)))
+          : std::numeric_limits<Scalar>::infinity();
+}
+
 /// Materialised path for query rows [i0, i1) of head (b, h) (key/value head h / (H / H_kv)):
 /// the full score rows, an exact (two-pass) softmax, then weights times V. Straightforward
 /// on purpose: it is the reference the streaming path is tested against, and what returns
@@ -96,11 +106,15 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
     const Index seen = mask.elementwise() ? mask.apply(i, begin, s + begin, end - begin)
                                           : end - begin;
     if (seen > 0) {
-      softmax_row(s + begin, end - begin, /*all_minus_inf_is_masked=*/false);
+      const Scalar top =
+          p.lse.data() != nullptr ? *std::max_element(s + begin, s + end) : Scalar(0);
+      const Scalar sum = softmax_row(s + begin, end - begin, /*all_minus_inf_is_masked=*/false);
+      if (p.lse.data() != nullptr) write_lse(p, b, h, i, top, sum);
       key_begin = std::min(key_begin, begin);
       key_end = std::max(key_end, end);
     } else {
       std::fill(s + begin, s + end, Scalar(0));
+      if (p.lse.data() != nullptr) write_lse(p, b, h, i, Scalar(0), Scalar(0), false);
     }
     std::fill(s, s + begin, Scalar(0));
     std::fill(s + end, s + tk, Scalar(0));
@@ -389,6 +403,9 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
       for (Index e = 0; e < dv; ++e) o[e] = acc[r * dv + e] * inv;
     } else {
       std::fill(o, o + dv, Scalar(0));
+    }
+    if (p.lse.data() != nullptr) {
+      write_lse(p, task.b, task.h0 + r / nq, i0 + r % nq, m[r], l[r], any);
     }
   }
 }

@@ -64,9 +64,47 @@ void pack_gemm_b(const Scalar* b, Index ldb, PackedGemmB<Scalar>& pack) noexcept
   }
 }
 
+/// Packs op(B) for columns [j0, j0 + cols) and depth [p0, p0 + depth) when B is stored
+/// (k, n) row-major (C = A B): row copies, out[p * ldo + c].
+template <class Scalar>
+inline void pack_rows(const Scalar* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
+                      Scalar* out, Index ldo) noexcept {
+  for (Index p = 0; p < depth; ++p) {
+    const Scalar* row = b + (p0 + p) * ldb + j0;
+    std::copy(row, row + cols, out + p * ldo);
+  }
+}
+
+/// Copies op(A) rows [i0, i0 + rows) x depth [p0, p0 + depth) of a plan whose A has a
+/// general layout (a_pack) into `out`, in the order its memory runs: row-major (rows x
+/// depth) for op(A) = A, depth-major (depth x rows) for A^T. Returns the strides (row,
+/// depth) to read it with.
+template <class Scalar>
+inline std::pair<Index, Index> pack_a(const GemmPlan<Scalar>& g, Index i0, Index rows, Index p0,
+                                      Index depth, Scalar* out) noexcept {
+  const GemmOutput<const Scalar>& a = g.a_layout;
+  const Index seg = g.a_segment;
+  // Stored row `row`, columns [c0, c0 + n) to `to`, one run per segment.
+  const auto copy_run = [&](Index row, Index c0, Index n, Scalar* to) {
+    const Scalar* base = a.row(row);
+    for (Index c = c0; c < c0 + n;) {
+      const Index run = std::min(seg - c % seg, c0 + n - c);
+      const Scalar* from = base + a.column(c, seg);
+      std::copy(from, from + run, to + (c - c0));
+      c += run;
+    }
+  };
+  if (!g.a_transposed) {
+    for (Index r = 0; r < rows; ++r) copy_run(i0 + r, p0, depth, out + r * depth);
+    return {depth, 1};
+  }
+  for (Index p = 0; p < depth; ++p) copy_run(p0 + p, i0, rows, out + p * rows);
+  return {1, rows};
+}
+
 /// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
-/// `packed` is the calling thread's buffer of depth_block * tile_cols elements (unused with
-/// a pre-packed B).
+/// `packed` is the calling thread's buffer: depth_block * tile_cols elements for op(B)
+/// (none with a pre-packed B), then kGemmRows * depth_block for A when a_pack.
 template <class Scalar>
 void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
   const Index jt = task % g.col_tiles, rt = task / g.col_tiles;
@@ -74,12 +112,13 @@ void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
   const Index r0 = rt * g.chunk_rows, r1 = std::min(g.m, r0 + g.chunk_rows);
   const Index group_cols = micro_cols<Scalar>(), segment = g.segment;
   const PackedGemmB<Scalar>* pre = g.pre;
+  Scalar* a_buffer = packed + (pre == nullptr ? g.depth_block * g.tile_cols : 0);
   Scalar* crow[kMicroRows];
   for (Index p0 = 0; p0 < g.k; p0 += g.depth_block) {
     const Index depth = std::min(g.depth_block, g.k - p0);
     const bool first = p0 == 0;
     // The tile's column groups as (column jj, width, micro-panel, its row stride). Groups
-    // never straddle a segment, so each is contiguous in C. Packed per call: B^T in
+    // never straddle a segment, so each is contiguous in C. Packed per call: op(B) in
     // micro-panels, one per group (depth x width contiguous), so the micro-kernel reads it
     // sequentially. Pre-packed: the pack's groups, cut at the tile's edges.
     const auto for_each_group = [&](auto&& f) {
@@ -100,21 +139,58 @@ void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
     };
     if (pre == nullptr) {
       for_each_group([&](Index jj, Index width, const Scalar*, Index) {
-        pack_transposed(g.b, g.ldb, jj, width, p0, depth, packed + (jj - j0) * depth, width);
+        Scalar* to = packed + (jj - j0) * depth;
+        if (g.b_kn) {
+          pack_rows(g.b, g.ldb, jj, width, p0, depth, to, width);
+        } else {
+          pack_transposed(g.b, g.ldb, jj, width, p0, depth, to, width);
+        }
       });
     }
     for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
       const Index rows = std::min(kGemmRows, r1 - i0);
+      // op(A)'s block: broadcast in place (row-major A or A^T) or from its packed copy.
+      const Scalar* a_block = nullptr;
+      Index ars = 0, acs = 0;
+      if (g.a_pack) {
+        const std::pair<Index, Index> strides = pack_a(g, i0, rows, p0, depth, a_buffer);
+        a_block = a_buffer, ars = strides.first, acs = strides.second;
+      } else if (g.a_transposed) {
+        a_block = g.a + p0 * g.lda + i0, ars = 1, acs = g.lda;
+      } else {
+        a_block = g.a + i0 * g.lda + p0, ars = g.lda, acs = 1;
+      }
       for_each_group([&](Index jj, Index width, const Scalar* panel, Index panel_ld) {
         const Index offset = g.out.column(jj, segment);
         const Scalar* bias_j = first && g.bias != nullptr ? g.bias + jj : nullptr;
         for (Index i = 0; i < rows; i += kMicroRows) {
           const Index group = std::min<Index>(kMicroRows, rows - i);
           for (Index r = 0; r < group; ++r) crow[r] = g.out.row(i0 + i + r) + offset;
-          micro_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, 1, panel, panel_ld,
-                          crow, width, Scalar(1), !first, bias_j);
+          micro_tile_rows(group, depth, a_block + i * ars, ars, acs, panel, panel_ld, crow, width,
+                          Scalar(1), !first || g.accumulate, bias_j);
         }
       });
+    }
+  }
+}
+
+/// sums[j] += sum over rows i of A(i, j), columns [j0, j1) of an (m, n) matrix in any
+/// GemmOutput layout (`segment` its segment width), rows in order: a bias gradient.
+template <class Scalar>
+void column_sums(Index m, Index j0, Index j1, const GemmOutput<const Scalar>& a, Index segment,
+                 Scalar* sums) noexcept {
+  using V = Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  for (Index i = 0; i < m; ++i) {
+    const Scalar* base = a.row(i);
+    for (Index c = j0; c < j1;) {
+      const Index run = std::min(segment - c % segment, j1 - c);
+      const Scalar* x = base + a.column(c, segment);
+      Scalar* s = sums + c;
+      Index e = 0;
+      for (; e + W <= run; e += W) V::store(s + e, V::add(V::load(s + e), V::load(x + e)));
+      for (; e < run; ++e) s[e] += x[e];
+      c += run;
     }
   }
 }

@@ -26,6 +26,11 @@ struct KernelSet {
     kernels::ATTN_KERNEL_SET::pack_gemm_b(b, ldb, pack);
   }
   template <class Scalar>
+  static void column_sums(Index m, Index j0, Index j1, const GemmOutput<const Scalar>& a,
+                          Index segment, Scalar* sums) noexcept {
+    kernels::ATTN_KERNEL_SET::column_sums(m, j0, j1, a, segment, sums);
+  }
+  template <class Scalar>
   static Scalar softmax_row(Scalar* row, Index n) noexcept {
     return kernels::ATTN_KERNEL_SET::softmax_row(row, n);
   }
@@ -46,6 +51,20 @@ struct KernelSet {
                              double keep, Scalar* out) noexcept {
     kernels::ATTN_KERNEL_SET::merge_partials(partial, chunks, stride, dv, keep, out);
   }
+  template <class Scalar>
+  static void attention_backward_task(const AttentionBackwardArgs<Scalar>& args,
+                                      const HeadMask<Scalar>& mask, const DropoutStream& drop,
+                                      BackwardTask kind, Index b, Index h, Index r0, Index r1,
+                                      Scalar* scratch) noexcept {
+    switch (kind) {
+      case BackwardTask::kKeys:
+        return backward_key_task(args, mask, drop, b, h, r0, r1 - r0, scratch);
+      case BackwardTask::kQueries:
+        return backward_query_task(args, mask, drop, b, h, r0, r1, scratch);
+      case BackwardTask::kMaterialized:
+        return materialized_backward_task(args, mask, drop, b, h, scratch);
+    }
+  }
 };
 
 // ---- optional explicit instantiation (faster builds; see attn/kernels/instantiate.hpp) ----
@@ -61,6 +80,8 @@ struct KernelSet {
 #define ATTN_KERNELS_INSTANCES_(S)                                                              \
   ATTN_KERNELS_EXPLICIT_ template void gemm_task<S>(const GemmPlan<S>&, Index, S*) noexcept;    \
   ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<S>(const S*, Index, PackedGemmB<S>&) noexcept; \
+  ATTN_KERNELS_EXPLICIT_ template void column_sums<S>(Index, Index, Index,                       \
+                                                      const GemmOutput<const S>&, Index, S*) noexcept; \
   ATTN_KERNELS_EXPLICIT_ template S softmax_row<S>(S*, Index, bool) noexcept;                   \
   ATTN_KERNELS_EXPLICIT_ template void materialized_tile<S>(                                    \
       const AttentionArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, Index,   \
@@ -70,6 +91,19 @@ struct KernelSet {
       S*);                                                                                      \
   ATTN_KERNELS_EXPLICIT_ template void merge_partials<S>(const S*, Index, Index, Index, double, \
                                                          S*) noexcept;
+#define ATTN_KERNELS_BACKWARD_INSTANCES_(S)                                                     \
+  ATTN_KERNELS_EXPLICIT_ template void backward_key_task<S>(                                    \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
+      Index, Index, S*) noexcept;                                                               \
+  ATTN_KERNELS_EXPLICIT_ template void backward_query_task<S>(                                  \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
+      Index, Index, S*) noexcept;                                                               \
+  ATTN_KERNELS_EXPLICIT_ template void materialized_backward_task<S>(                           \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
+      S*) noexcept;
+ATTN_KERNELS_BACKWARD_INSTANCES_(float)
+ATTN_KERNELS_BACKWARD_INSTANCES_(double)
+#undef ATTN_KERNELS_BACKWARD_INSTANCES_
 ATTN_KERNELS_INSTANCES_(float)
 ATTN_KERNELS_INSTANCES_(double)
 #undef ATTN_KERNELS_INSTANCES_

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/module_backward.hpp: the one backward path of every attention module with
+// weights (AttentionCore): out_proj -> attention kernel -> Q/K/V projections, adding into
+// the input gradients and the parameter gradients (Gradients, found by address).
+// Glossary: B = batch, T_q / T_k = query / key tokens, H = heads, hd = head dim,
+// A = H * hd (the context's width), P = heads in one projection GEMM.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+
+#include "attn/attention/detail/module_support.hpp"
+#include "attn/attention/module_core.hpp"
+#include "attn/attention/saved_forward.hpp"
+#include "attn/attention/scaled_dot_product_backward.hpp"
+#include "attn/config.hpp"
+#include "attn/detail/gemm.hpp"
+#include "attn/error.hpp"
+#include "attn/nn/gradients.hpp"
+#include "attn/nn/linear.hpp"
+#include "attn/tensor/overlap.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/workspace.hpp"
+
+ATTN_NAMESPACE_BEGIN
+namespace detail {
+
+/// A (B, T, features) gradient view as a GEMM output: rows b * T + t, unit inner stride.
+/// An empty view gives an empty layout (nothing written).
+template <class Scalar>
+GemmOutput<Scalar> gradient_rows(const char* where, const char* name, TensorView<Scalar, 3> g) {
+  GemmOutput<Scalar> out;
+  if (g.data() == nullptr) return out;
+  require(g.stride(2) == 1 || g.extent(2) == 1, where, [&] {
+    return std::string(name) + " must have stride 1 on its last axis (got " +
+           to_string(g.strides()) + ")";
+  });
+  out.data = g.data();
+  out.ldc = g.stride(1);
+  out.rows_per_batch = g.extent(1);
+  out.batch_stride = g.stride(0);
+  return out;
+}
+
+/// The checks of a module backward: `saved` is a record of `owner`'s training forward,
+/// grad_out has the output's shape, each input gradient (or an empty view) its input's
+/// shape, and no input gradient overlaps grad_out or another one (unless the same view).
+template <class Scalar>
+void check_module_backward(const char* where, const void* owner, const SavedForward<Scalar>& saved,
+                           TensorView<const Scalar, 3> grad_out, Index out_features,
+                           const TensorView<Scalar, 3> (&grad_in)[3], const Index (&in_features)[3],
+                           const char* const (&names)[3]) {
+  require(saved.filled() && saved.owner == owner, where, [] {
+    return std::string(
+        "`saved` was not filled by this module's training forward "
+        "forward(inputs..., out, saved, ws, mask)");
+  });
+  const Shape<3> out_shape{saved.batch, saved.query_tokens, out_features};
+  require(grad_out.shape() == out_shape, where, [&] {
+    return "grad_out has shape " + to_string(grad_out.shape()) + ", expected " +
+           to_string(out_shape) + " (the output's)";
+  });
+  for (int p = 0; p < 3; ++p) {
+    const TensorView<Scalar, 3>& g = grad_in[p];
+    if (g.data() == nullptr) continue;
+    const Shape<3> expected{saved.batch, p == 0 ? saved.query_tokens : saved.key_tokens,
+                            in_features[p]};
+    require(g.shape() == expected, where, [&] {
+      return std::string(names[p]) + " has shape " + to_string(g.shape()) + ", expected " +
+             to_string(expected) + " (its input's)";
+    });
+    require_distinct_elements(where, names[p], g);
+    require_disjoint(where, names[p], g, "grad_out", grad_out);
+    for (int i = 0; i < 3; ++i) {  // the backward reads the inputs after writing their grads
+      const RowsRef<const Scalar>& x = saved.inputs[i];
+      require_disjoint(where, names[p], g, "the inputs",
+                       TensorView<const Scalar, 2>(x.data, {x.rows, x.cols}, {x.ld, 1}));
+    }
+    for (int o = 0; o < p; ++o) {
+      if (grad_in[o].data() != nullptr && !same_view(g, grad_in[o])) {
+        require_disjoint(where, names[p], g, names[o], grad_in[o]);
+      }
+    }
+  }
+}
+
+/// The backward of core.forward(query, key, value, out, ws, mask, {}, &saved): given
+/// grad_out dY (B, T_q, d_out), ADDS dL/d query, key, value into grad_in[0..3) (empty views
+/// are skipped; views may be the same view, which then receives the sum) and the parameter
+/// gradients into `grads` (found by address: any naming of the module's parameters).
+///   1. out_proj: dC = dY W_o (scratch), dW_o += dY^T C, db_o += column sums of dY; without
+///      out_proj, dC = dY;
+///   2. kernel: dQ, dK, dV from dC, Q, K, V, the context and logsumexp, written head-major
+///      (B, P*H, T, hd) as the projections wrote Q, K, V;
+///   3. projections: for each run of projections that read the same input rows, have
+///      adjacent weights and the same input gradient (self-attention's fused [W_q; W_k; W_v],
+///      key = value's [W_k; W_v]): dW += dQKV^T X and dX += dQKV W, one GEMM each, and
+///      db += column sums of dQKV.
+/// Grouped-query attention (H_kv < H) is refused by the forward; its backward would sum dK
+/// and dV over each group of query heads in step 2 (the projections' part is written for
+/// H_kv heads already).
+template <class Scalar>
+void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> grad_out,
+                   const SavedForward<Scalar>& saved, const TensorView<Scalar, 3> (&grad_in)[3],
+                   Gradients<Scalar>& grads, Workspace& ws) {
+  const CoreConfig& c = core.config();
+  const char* where = c.name;
+  const QkvProjection<Scalar>& proj = core.projection();
+  const Index in_features[3] = {c.d_in, c.kdim, c.vdim};
+  const char* const names[3] = {"grad_query", "grad_key", "grad_value"};
+  check_module_backward(where, &core, saved, grad_out, core.d_out(), grad_in, in_features, names);
+  const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
+  const Index heads = core.num_heads(), hd = core.head_dim(), width = core.attention_width();
+  const Index q_rows = batch * tq;
+
+  // 1. dC (B, T_q, A): through out_proj, or dY itself.
+  const GemmOutput<const Scalar> dy_rows = gradient_rows<const Scalar>(where, "grad_out", grad_out);
+  TensorView<const Scalar, 3> grad_context = grad_out;
+  if (c.out_proj) {
+    const Linear<Scalar>& o = core.out_proj();
+    Scalar* dc = workspace_get<Scalar>(ws, WorkspaceSlot::kGradContext, q_rows * width);
+    std::fill(dc, dc + q_rows * width, Scalar(0));
+    linear_backward<Scalar>(q_rows, o.weight(), saved.context.data(), width, dy_rows,
+                            GemmOutput<Scalar>::row_major(dc, width), grads.of(o.weight()).data(),
+                            o.has_bias() ? grads.of(o.bias()).data() : nullptr, &ws);
+    grad_context = TensorView<const Scalar, 3>(dc, {batch, tq, width});
+  }
+
+  // Projection groups: runs of parts reading the same rows, with adjacent weights and the
+  // same input gradient.
+  int group_end[3] = {1, 2, 3};
+  int groups = 0, starts[3] = {0, 0, 0};
+  for (int p = 0; p < 3;) {
+    int end = p + 1;
+    while (end < 3) {
+      const RowsRef<const Scalar>& a = saved.inputs[end - 1];
+      const RowsRef<const Scalar>& b = saved.inputs[end];
+      const auto wa = proj.weight(end - 1), wb = proj.weight(end);
+      const bool same_rows = a.data == b.data && a.ld == b.ld && a.rows == b.rows;
+      const bool adjacent = wa.data() + wa.size() == wb.data() && wa.extent(1) == wb.extent(1);
+      const bool same_grad = same_view(grad_in[end - 1], grad_in[end]);
+      if (!(same_rows && adjacent && same_grad)) break;
+      ++end;
+    }
+    starts[groups] = p;
+    group_end[groups++] = end;
+    p = end;
+  }
+
+  // 2. The kernel's backward into head-major dQ, dK, dV: group g's buffer is (B, P_g*H, T, hd)
+  //    like its projection's output, zeroed (the backward adds).
+  Index total = 0;
+  for (int p = 0; p < 3; ++p) total += batch * (p == 0 ? tq : tk) * proj.width(p);
+  Scalar* dqkv = workspace_get<Scalar>(ws, WorkspaceSlot::kGradProjection, total);
+  std::fill(dqkv, dqkv + total, Scalar(0));
+  TensorView<Scalar, 4> part_grad[3];
+  GemmOutput<const Scalar> group_rows[3];
+  Scalar* cursor = dqkv;
+  for (int g = 0; g < groups; ++g) {
+    const Index tokens = starts[g] == 0 ? tq : tk;
+    Index columns = 0;
+    for (int p = starts[g]; p < group_end[g]; ++p) columns += proj.width(p);
+    Index offset = 0;  // first head of part p in the group
+    for (int p = starts[g]; p < group_end[g]; ++p) {
+      const Index part_heads = proj.width(p) / hd;
+      part_grad[p] =
+          TensorView<Scalar, 4>(cursor + offset * tokens * hd, {batch, part_heads, tokens, hd},
+                                {tokens * columns, tokens * hd, hd, 1});
+      offset += part_heads;
+    }
+    group_rows[g] = GemmOutput<const Scalar>::head_major(cursor, tokens, columns, hd);
+    cursor += batch * tokens * columns;
+  }
+  BackwardParams<Scalar> params;
+  params.args.q = saved.query, params.args.k = saved.key, params.args.v = saved.value;
+  params.args.out = TensorView<const Scalar, 4>(saved.context.data(), {batch, heads, tq, hd},
+                                                {tq * width, hd, width, 1});
+  params.args.grad_out =
+      TensorView<const Scalar, 4>(grad_context.data(), {batch, heads, tq, hd},
+                                  {grad_context.stride(0), hd, grad_context.stride(1), 1});
+  params.args.lse = saved.logsumexp;
+  params.args.grad_q = part_grad[0], params.args.grad_k = part_grad[1];
+  params.args.grad_v = part_grad[2];
+  params.mask = &saved.mask;
+  params.module_causal = c.causal;
+  params.module_alignment = c.alignment;
+  params.module_window = c.sliding_window;
+  attend_backward(where, params, saved.options, ws, /*own_gradients=*/true);
+
+  // 3. The projections' backward, one GEMM per group for dW and one for dX.
+  const Scalar* bias0 = proj.has_bias() ? proj.bias(0).data() : nullptr;
+  for (int g = 0; g < groups; ++g) {
+    const int first = starts[g], last = group_end[g] - 1;
+    const TensorView<const Scalar, 2> w0 = proj.weight(first), wl = proj.weight(last);
+    const Index rows_out = (wl.data() - w0.data()) / w0.extent(1) + wl.extent(0);
+    const TensorView<const Scalar, 2> block(w0.data(), {rows_out, w0.extent(1)});
+    Scalar* gb = nullptr;
+    if (bias0 != nullptr) {
+      const TensorView<const Scalar, 1> b0 = proj.bias(first), bl = proj.bias(last);
+      gb = grads.of(TensorView<const Scalar, 1>(b0.data(), {bl.data() - b0.data() + bl.extent(0)}))
+               .data();
+    }
+    const RowsRef<const Scalar>& x = saved.inputs[first];
+    linear_backward<Scalar>(x.rows, block, x.data, x.ld, group_rows[g],
+                            gradient_rows<Scalar>(where, names[first], grad_in[first]),
+                            grads.of(block).data(), gb, &ws);
+  }
+}
+
+}  // namespace detail
+ATTN_NAMESPACE_END

@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/generic/attention_backward.inl: the backward pass of both attention paths, per
+// task, written once over a set's Vec and micro-kernel. The driver
+// (attn/attention/detail/kernel_backward.hpp) resolves masks and dropout streams and runs the
+// tasks on its threads.
+// Glossary: B = batch, H = heads, T_q / T_k = query / key lengths, d = head dim, d_v = value
+// head dim; P the attention probabilities (before dropout), A = P Z / (1 - p) the weights
+// after dropout (Z the keep decisions), O = A V the output, dO its gradient.
+//
+// With dA = dO V^T, dP = dA Z / (1 - p) and D_i = sum_j P_ij dP_ij = dO_i . O_i:
+//   dV = A^T dO,  dS = P (dP - D),  dQ = scale dS K,  dK = scale dS^T Q.
+// An entry with P = 0 (a key the query cannot see, or an exp that underflowed) gets dS = 0
+// exactly, whatever dP holds there (a value row the query cannot see, or memory the masked
+// tile never computed), unless P is NaN: select(P > 0, P (dP - D), P * 0).
+
+/// The operands of one query tile, rows [i0, i0 + rows) of head (b, h), as every block of
+/// the streaming backward reads them: Q^T (d, rows), dO^T (d_v, rows), D_i = dO_i . O_i
+/// and the forward's logsumexp, padded with +inf to kQueryBlock lanes.
+template <class Scalar>
+void backward_query_tile(const AttentionBackwardArgs<Scalar>& p, Index b, Index h, Index i0,
+                         Index rows, Scalar* qt, Scalar* dot, Scalar* dvec, Scalar* lse) noexcept {
+  using V = Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  const Index d = p.q.extent(3), dv = p.v.extent(3);
+  const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
+  const Scalar* go = p.grad_out.data() + b * p.grad_out.stride(0) + h * p.grad_out.stride(1) +
+                     i0 * p.grad_out.stride(2);
+  const Scalar* o = p.out.data() + b * p.out.stride(0) + h * p.out.stride(1) + i0 * p.out.stride(2);
+  pack_transposed(q, p.q.stride(2), 0, rows, 0, d, qt);
+  pack_transposed(go, p.grad_out.stride(2), 0, rows, 0, dv, dot);
+  for (Index r = 0; r < rows; ++r) {
+    const Scalar* g = go + r * p.grad_out.stride(2);
+    const Scalar* x = o + r * p.out.stride(2);
+    auto acc = V::zero();
+    Index e = 0;
+    for (; e + W <= dv; e += W) acc = V::fmadd(V::load(g + e), V::load(x + e), acc);
+    if (e < dv) acc = V::fmadd(V::load_partial(g + e, dv - e), V::load_partial(x + e, dv - e), acc);
+    dvec[r] = V::reduce_add(acc);
+  }
+  std::fill(dvec + rows, dvec + kQueryBlock, Scalar(0));
+  const Scalar* l = p.lse.data() + b * p.lse.stride(0) + h * p.lse.stride(1) + i0 * p.lse.stride(2);
+  for (Index r = 0; r < kQueryBlock; ++r) {
+    lse[r] = r < rows ? l[r * p.lse.stride(2)] : std::numeric_limits<Scalar>::infinity();
+  }
+}
+
+/// One block of the streaming backward: query rows [i0, i0 + rows) (their operands from
+/// backward_query_tile()) against keys [j0, j0 + width). Leaves A^T (width, rows) in `at`
+/// and dS^T (width, rows, not yet multiplied by the scale) in `dst`, row stride
+/// kQueryBlock; entries a query cannot see are 0 in both. The scores are computed, masked
+/// and bounded exactly as the forward's streaming_tile() does; P = exp(S - lse) from the
+/// forward's logsumexp. `zf` holds the dropout factors when dropout is active.
+template <class Scalar>
+void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
+                    const DropoutStream& drop, Index b, Index h, Index i0, Index rows, Index j0,
+                    Index width, const Scalar* qt, const Scalar* dot, const Scalar* dvec,
+                    const Scalar* lse, Scalar* at, Scalar* dst, Scalar* zf) noexcept {
+  using V = Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  constexpr Index ld = kQueryBlock;
+  constexpr Scalar kNegInf = -std::numeric_limits<Scalar>::infinity();
+  const Index d = p.q.extent(3), dv = p.v.extent(3);
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
+  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  const Index k_rs = p.k.stride(2), v_rs = p.v.stride(2);
+  const auto first_row = [&](Index j) -> Index {  // first local row that may see key j
+    if (!mask.causal) return 0;
+    return std::clamp<Index>(j - mask.causal_offset - i0, 0, rows);
+  };
+  const Index col_group = micro_cols<Scalar>();
+  // S^T = K Q^T scale and dA^T = V dO^T, each group of keys only against the queries that
+  // may see its first key (the rest of its row is zero in dA^T and -inf in S^T below).
+  for (Index g = 0; g < width; g += kMicroRows) {
+    const Index group = std::min<Index>(kMicroRows, width - g);
+    const Index c0 = std::min(first_row(j0 + g) / col_group * col_group, rows);
+    for (Index r = 0; r < group; ++r)
+      std::fill(dst + (g + r) * ld, dst + (g + r) * ld + c0, Scalar(0));
+    if (c0 >= rows) continue;
+    micro_gemm<Scalar>(group, rows - c0, d, k + (j0 + g) * k_rs, k_rs, 1, qt + c0, rows,
+                       at + g * ld + c0, ld, p.scale, false, nullptr);
+    micro_gemm<Scalar>(group, rows - c0, dv, v + (j0 + g) * v_rs, v_rs, 1, dot + c0, rows,
+                       dst + g * ld + c0, ld, Scalar(1), false, nullptr);
+  }
+  // Masks, as the forward applies them.
+  for (Index j = 0; j < width; ++j) {
+    const Index c = first_row(j0 + j);
+    std::fill(at + j * ld, at + j * ld + c, kNegInf);
+  }
+  if (mask.elementwise()) {
+    alignas(64) Scalar column[kKeyBlock];
+    for (Index r = 0; r < rows; ++r) {
+      const Index visible = std::clamp<Index>(mask.row_end(i0 + r) - j0, 0, width);
+      for (Index j = 0; j < visible; ++j) column[j] = at[j * ld + r];
+      mask.apply(i0 + r, j0, column, visible);
+      for (Index j = 0; j < visible; ++j) at[j * ld + r] = column[j];
+      for (Index j = visible; j < width; ++j) at[j * ld + r] = kNegInf;
+    }
+  } else {
+    for (Index r = 0; r < rows; ++r) {  // past a key-length bound
+      const Index visible = std::clamp<Index>(mask.row_end(i0 + r) - j0, 0, width);
+      for (Index j = visible; j < width; ++j) at[j * ld + r] = kNegInf;
+    }
+  }
+  if (drop.active) {
+    const Scalar inv = Scalar(1) / static_cast<Scalar>(1.0 - p.dropout);
+    for (Index r = 0; r < rows; ++r) {
+      const std::uint64_t key = drop.row_key(i0 + r);
+      for (Index j = 0; j < width; ++j) {
+        zf[j * ld + r] = DropoutStream::keep(key, j0 + j, drop.threshold) ? inv : Scalar(0);
+      }
+    }
+  }
+  // P = exp(S - lse); dP = dA Z / (1 - p); dS = P (dP - D); A = P Z / (1 - p). Vectors run
+  // across queries.
+  const auto zero = V::zero();
+  for (Index c = 0; c < rows; c += W) {
+    const Index n = std::min(W, rows - c);
+    const auto l = V::load(lse + c);  // kQueryBlock lanes: always in bounds
+    const auto dd = V::load(dvec + c);
+    for (Index j = 0; j < width; ++j) {
+      Scalar* a = at + j * ld + c;
+      Scalar* s = dst + j * ld + c;
+      const auto pr = vexp<V>(V::sub(n == W ? V::load(a) : V::load_partial(a, n), l));
+      auto dp = n == W ? V::load(s) : V::load_partial(s, n);
+      auto weight = pr;
+      if (drop.active) {
+        const auto z = n == W ? V::load(zf + j * ld + c) : V::load_partial(zf + j * ld + c, n);
+        dp = V::mul(dp, z);
+        weight = V::mul(pr, z);
+      }
+      const auto ds = V::select(V::greater(pr, zero), V::mul(pr, V::sub(dp, dd)), V::mul(pr, zero));
+      if (n == W) {
+        V::store(a, weight);
+        V::store(s, ds);
+      } else {
+        V::store_partial(a, weight, n);
+        V::store_partial(s, ds, n);
+      }
+    }
+  }
+}
+
+/// Streaming backward, key tile [j0, j0 + width) of head (b, h): dK and dV of those keys
+/// (this task owns them), summed over every query tile that can see one of them, in query
+/// order, then added into grad_k and grad_v. scratch: stream_backward_scratch_size().
+template <class Scalar>
+void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
+                       const DropoutStream& drop, Index b, Index h, Index j0, Index width,
+                       Scalar* scratch) noexcept {
+  const Index tq = p.q.extent(2), d = p.q.extent(3), dv = p.v.extent(3);
+  constexpr Index ld = kQueryBlock;
+  Scalar* qt = scratch;
+  Scalar* dot = qt + d * kQueryBlock;
+  Scalar* dvec = dot + dv * kQueryBlock;
+  Scalar* lse = dvec + kQueryBlock;
+  Scalar* at = lse + kQueryBlock;
+  Scalar* dst = at + kKeyBlock * ld;
+  Scalar* zf = dst + kKeyBlock * ld;
+  Scalar* dk = zf + kKeyBlock * ld;  // (width, d)
+  Scalar* dvv = dk + kKeyBlock * d;  // (width, d_v)
+  std::fill(dk, dk + width * d, Scalar(0));
+  std::fill(dvv, dvv + width * dv, Scalar(0));
+  // The first query that may see key j0 (row_end is non-decreasing in the query).
+  Index first = 0;
+  if (mask.causal) first = std::clamp<Index>(j0 - mask.causal_offset, 0, tq);
+  const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1);
+  const Scalar* go = p.grad_out.data() + b * p.grad_out.stride(0) + h * p.grad_out.stride(1);
+  const Index q_rs = p.q.stride(2), go_rs = p.grad_out.stride(2);
+  for (Index i0 = first / kQueryBlock * kQueryBlock; i0 < tq; i0 += kQueryBlock) {
+    const Index rows = std::min(kQueryBlock, tq - i0);
+    const Index end = std::min(width, mask.row_end(i0 + rows - 1) - j0);  // keys seen here
+    if (end <= 0) continue;
+    backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse);
+    backward_block(p, mask, drop, b, h, i0, rows, j0, end, qt, dot, dvec, lse, at, dst, zf);
+    // dV += A^T dO and dK += scale dS^T Q, each group of keys from its first query on.
+    for (Index g = 0; g < end; g += kMicroRows) {
+      const Index group = std::min<Index>(kMicroRows, end - g);
+      const Index c0 =
+          mask.causal ? std::clamp<Index>(j0 + g - mask.causal_offset - i0, 0, rows) : 0;
+      if (c0 >= rows) continue;
+      micro_gemm<Scalar>(group, dv, rows - c0, at + g * ld + c0, ld, 1, go + (i0 + c0) * go_rs,
+                         go_rs, dvv + g * dv, dv, Scalar(1), true, nullptr);
+      micro_gemm<Scalar>(group, d, rows - c0, dst + g * ld + c0, ld, 1, q + (i0 + c0) * q_rs, q_rs,
+                         dk + g * d, d, p.scale, true, nullptr);
+    }
+  }
+  const auto add_rows = [&](const TensorView<Scalar, 4>& grad, const Scalar* acc, Index cols) {
+    Scalar* to = grad.data() + b * grad.stride(0) + h * grad.stride(1) + j0 * grad.stride(2);
+    for (Index j = 0; j < width; ++j) {
+      Scalar* row = to + j * grad.stride(2);
+      for (Index e = 0; e < cols; ++e) row[e] += acc[j * cols + e];
+    }
+  };
+  add_rows(p.grad_k, dk, d);
+  add_rows(p.grad_v, dvv, dv);
+}
+
+/// Streaming backward, query rows [i0, i1) of head (b, h): dQ of those queries (this task
+/// owns them), summed over the key tiles they see, in key order, then added into grad_q.
+template <class Scalar>
+void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
+                         const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
+                         Scalar* scratch) noexcept {
+  const Index rows = i1 - i0, d = p.q.extent(3), dv = p.v.extent(3);
+  constexpr Index ld = kQueryBlock;
+  Scalar* qt = scratch;
+  Scalar* dot = qt + d * kQueryBlock;
+  Scalar* dvec = dot + dv * kQueryBlock;
+  Scalar* lse = dvec + kQueryBlock;
+  Scalar* at = lse + kQueryBlock;
+  Scalar* dst = at + kKeyBlock * ld;
+  Scalar* zf = dst + kKeyBlock * ld;
+  Scalar* dq = zf + kKeyBlock * ld;  // (rows, d)
+  std::fill(dq, dq + rows * d, Scalar(0));
+  Index key_end = 0;
+  for (Index i = i0; i < i1; ++i) key_end = std::max(key_end, mask.row_end(i));
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
+  const Index k_rs = p.k.stride(2);
+  if (key_end > 0) backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse);
+  for (Index j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+    const Index width = std::min(kKeyBlock, key_end - j0);
+    backward_block(p, mask, drop, b, h, i0, rows, j0, width, qt, dot, dvec, lse, at, dst, zf);
+    // dQ += scale dS K: dS read transposed out of dS^T; each group of queries stops at its
+    // last visible key.
+    for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
+      const Index group = std::min<Index>(kMicroRows, rows - r0);
+      const Index need = std::clamp<Index>(mask.row_end(i0 + r0 + group - 1) - j0, 0, width);
+      if (need > 0) {
+        micro_gemm<Scalar>(group, d, need, dst + r0, 1, ld, k + j0 * k_rs, k_rs, dq + r0 * d, d,
+                           p.scale, true, nullptr);
+      }
+    }
+  }
+  Scalar* to =
+      p.grad_q.data() + b * p.grad_q.stride(0) + h * p.grad_q.stride(1) + i0 * p.grad_q.stride(2);
+  for (Index r = 0; r < rows; ++r) {
+    Scalar* row = to + r * p.grad_q.stride(2);
+    for (Index e = 0; e < d; ++e) row[e] += dq[r * d + e];
+  }
+}
+
+/// Materialised backward of head (b, h): P recomputed over whole rows exactly as the
+/// forward's materialized_tile() computes it (the same scores, masks and softmax_row), then
+/// the dense formulas with D_i = sum_j P_ij dP_ij. The simple form the streaming backward is
+/// tested against. scratch: materialized_backward_scratch_size().
+template <class Scalar>
+void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
+                                const HeadMask<Scalar>& mask, const DropoutStream& drop, Index b,
+                                Index h, Scalar* scratch) noexcept {
+  const Index tq = p.q.extent(2), tk = p.k.extent(2), d = p.q.extent(3), dv = p.v.extent(3);
+  Scalar* prob = scratch;           // P, then A (T_q, T_k)
+  Scalar* grad = prob + tq * tk;    // dA, then dS (T_q, T_k)
+  Scalar* packed = grad + tq * tk;  // K^T (d, T_k), then V^T (d_v, T_k)
+  const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1);
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
+  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  const Scalar* go = p.grad_out.data() + b * p.grad_out.stride(0) + h * p.grad_out.stride(1);
+  const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
+  const Index go_rs = p.grad_out.stride(2);
+  // P, as the forward: scores = q k^T scale in blocks of kQueryBlock rows, masks, softmax.
+  pack_transposed(k, k_rs, 0, tk, 0, d, packed);
+  for (Index i0 = 0; i0 < tq; i0 += kQueryBlock) {
+    const Index rows = std::min(kQueryBlock, tq - i0);
+    micro_gemm<Scalar>(rows, tk, d, q + i0 * q_rs, q_rs, 1, packed, tk, prob + i0 * tk, tk, p.scale,
+                       false, nullptr);
+  }
+  for (Index i = 0; i < tq; ++i) {
+    Scalar* s = prob + i * tk;
+    const Index end = mask.row_end(i);
+    const Index seen = mask.elementwise() ? mask.apply(i, 0, s, end) : end;
+    if (seen > 0) {
+      softmax_row(s, end, /*all_minus_inf_is_masked=*/false);
+    } else {
+      std::fill(s, s + end, Scalar(0));
+    }
+    std::fill(s + end, s + tk, Scalar(0));
+  }
+  // dA = dO V^T.
+  pack_transposed(v, v_rs, 0, tk, 0, dv, packed);
+  micro_gemm<Scalar>(tq, tk, dv, go, go_rs, 1, packed, tk, grad, tk, Scalar(1), false, nullptr);
+  const Scalar inv = drop.active ? Scalar(1) / static_cast<Scalar>(1.0 - p.dropout) : Scalar(1);
+  for (Index i = 0; i < tq; ++i) {
+    Scalar* pr = prob + i * tk;
+    Scalar* g = grad + i * tk;
+    const Index end = mask.row_end(i);
+    const std::uint64_t key = drop.active ? drop.row_key(i) : 0;
+    const auto factor = [&](Index j) {
+      return !drop.active ? Scalar(1)
+                          : (DropoutStream::keep(key, j, drop.threshold) ? inv : Scalar(0));
+    };
+    Scalar dsum = 0;  // D_i = sum_j P_ij dP_ij
+    for (Index j = 0; j < end; ++j) {
+      g[j] *= factor(j);
+      dsum += pr[j] * g[j];
+    }
+    for (Index j = 0; j < tk; ++j) {
+      g[j] = j < end && pr[j] > Scalar(0) ? pr[j] * (g[j] - dsum) : pr[j] * Scalar(0);
+      if (j < end) pr[j] *= factor(j);
+    }
+  }
+  const auto target = [&](const TensorView<Scalar, 4>& t) {
+    return t.data() + b * t.stride(0) + h * t.stride(1);
+  };
+  // dV += A^T dO, dQ += scale dS K, dK += scale dS^T Q: added straight into the gradients
+  // (this task owns the head).
+  micro_gemm<Scalar>(tk, dv, tq, prob, 1, tk, go, go_rs, target(p.grad_v), p.grad_v.stride(2),
+                     Scalar(1), true, nullptr);
+  micro_gemm<Scalar>(tq, d, tk, grad, tk, 1, k, k_rs, target(p.grad_q), p.grad_q.stride(2), p.scale,
+                     true, nullptr);
+  micro_gemm<Scalar>(tk, d, tq, grad, 1, tk, q, q_rs, target(p.grad_k), p.grad_k.stride(2), p.scale,
+                     true, nullptr);
+}
