@@ -3,7 +3,8 @@
 // module_backward.hpp through the module API): central finite differences in double of the
 // module's own forward for the inputs and every parameter, with masks, for the simple,
 // single-head v1 (raw transposed parameters) and v2, causal, wrapper, multi-head (fused,
-// separate kdim/vdim, self, cross, key = value) and cross-attention classes; unbatched
+// separate kdim/vdim, self, cross, key = value; grouped-query, rotary, windowed) and
+// cross-attention classes; unbatched
 // inputs; bit-identical gradients for 1, 2 and 3 threads; accumulation; the checks.
 // (PyTorch's own gradients: tests/parity/grad_fixtures_test.cpp.)
 #include <gmock/gmock.h>
@@ -124,6 +125,45 @@ TEST(ModuleBackward, MultiHeadSelfAttentionMatchesFiniteDifferences) {
   AttentionMask<double> mask;
   mask.blocked(blocked.view()).additive(additive.view());
   check_self(torch_like, kD, kD, mask);
+}
+
+// Llama-style layers: grouped-query and multi-query heads (dK, dV summed over each group),
+// rotary embeddings in both pair conventions (dQ, dK rotated back by R^T), partial rotary,
+// a sliding window, an explicit head_dim.
+TEST(ModuleBackward, GroupedQueryRotaryAndWindowedAttentionMatchFiniteDifferences) {
+  attn::manual_seed(8);
+  struct Config {
+    Index kv_heads, rotary_dim, window;
+    attn::RopeStyle style;
+    bool bias;
+  };
+  const Config configs[] = {
+      {2, 4, 0, attn::RopeStyle::kHalfSplit, true},
+      {1, 2, 2, attn::RopeStyle::kInterleaved, false},
+      {4, 0, 3, attn::RopeStyle::kHalfSplit, false},  // MHA with a window
+      {2, 0, 0, attn::RopeStyle::kHalfSplit, false},  // no rope: GQA alone
+  };
+  for (const Config& c : configs) {
+    SCOPED_TRACE("H_kv " + std::to_string(c.kv_heads) + ", rotary_dim " +
+                 std::to_string(c.rotary_dim) + ", window " + std::to_string(c.window));
+    attn::MultiHeadAttentionOptions o;
+    o.d_in = kD;
+    o.num_heads = 4;
+    o.num_kv_heads = c.kv_heads;
+    o.head_dim = 4;
+    o.qkv_bias = c.bias;
+    o.out_bias = c.bias;
+    o.causal = true;
+    o.sliding_window = c.window;
+    if (c.rotary_dim > 0) {
+      o.rope.head_dim = 4;
+      o.rope.rotary_dim = c.rotary_dim;
+      o.rope.style = c.style;
+      o.rope.theta = 100.0;  // angles that turn noticeably over 5 positions
+    }
+    attn::MultiHeadAttention<double> m(o);
+    check_self(m, kD, kD);
+  }
 }
 
 // Three inputs: separate weights (kdim/vdim), a fused weight read by three tensors, and key =

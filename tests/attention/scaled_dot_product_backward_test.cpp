@@ -284,6 +284,75 @@ TEST_F(SdpaBackward, MatchesFiniteDifferencesOfTheForward) {
   }
 }
 
+// Grouped-query attention (K/V with H_kv < H heads: each dK, dV row sums its group's
+// shares) and sliding windows (a lower loop bound the backward must honour as the forward
+// does), per-item bottom-right alignment, on both paths and every set: against the reference
+// on repeat_kv'd keys and values, its dK, dV summed over each group.
+TEST_F(SdpaBackward, GroupedQueryAndWindowsMatchTheReference) {
+  struct Case {
+    Problem p;
+    Index kv_heads, window;
+  };
+  const Case cases[] = {
+      {{2, 4, 5, 6, 3, 4}, 2, 0},   {{2, 4, 5, 6, 3, 4}, 1, 2},
+      {{1, 4, 7, 7, 4, 3}, 4, 3},   {{2, 6, 70, 200, 8, 8}, 3, 50},
+      {{1, 2, 130, 130, 16, 16}, 1, 40},
+  };
+  for (const Case& c : cases) {
+    const Problem& p = c.p;
+    if (!ref::kOptimizedBuild && p.tq > 100) continue;
+    const Problem kv_problem{p.b, c.kv_heads, p.tq, p.tk, p.d, p.dv};
+    const Inputs<double> kv(kv_problem);
+    Inputs<double> in(p);
+    in.k = Tensor<double, 4>(kv.k.shape());
+    in.v = Tensor<double, 4>(kv.v.shape());
+    attn::copy(kv.k.view(), in.k.view());
+    attn::copy(kv.v.view(), in.v.view());
+    const auto k_rep = ref::repeat_kv(in.k.view(), p.h);
+    const auto v_rep = ref::repeat_kv(in.v.view(), p.h);
+    // Item 1 holds fewer keys; bottom-right per item puts its last query on its last key.
+    std::vector<Index> lengths(static_cast<std::size_t>(p.b), p.tk);
+    if (p.b > 1) lengths[1] = p.tk - 2;
+    AttentionMask<double> mask;
+    mask.key_lengths(lengths).causal(CausalAlignment::kBottomRightPerItem);
+    if (c.window > 0) mask.sliding_window(c.window);
+    std::vector<Index> offsets;
+    for (const Index n : lengths) offsets.push_back(n - p.tq);
+    ref::DenseMask dense(p.b, p.h, p.tq, p.tk);
+    dense.key_lengths(lengths).causal_window(offsets, c.window);
+    const ref::Real scale = 1 / std::sqrt(static_cast<ref::Real>(p.d));
+    const auto expected = ref::attention_backward(in.q.view(), k_rep.view(), v_rep.view(),
+                                                  in.grad_out.view(), dense, scale);
+    const Index group = p.h / c.kv_heads;
+    const auto grouped = [&](const Tensor<double, 4>& per_head) {
+      Tensor<double, 4> sum({p.b, c.kv_heads, per_head.extent(2), per_head.extent(3)});
+      for (Index b = 0; b < p.b; ++b)
+        for (Index h = 0; h < p.h; ++h)
+          for (Index t = 0; t < per_head.extent(2); ++t)
+            for (Index e = 0; e < per_head.extent(3); ++e)
+              sum(b, h / group, t, e) += per_head(b, h, t, e);
+      return sum;
+    };
+    const auto expected_k = grouped(expected.key), expected_v = grouped(expected.value);
+    const double tol =
+        attn::test::reduction_tolerance<double>(p.d + 2 * p.dv + p.tq + p.tk + group);
+    for (const Isa isa : attn::test::runnable_sets()) {
+      attn::set_isa(isa);
+      for (const AttentionPath path : kPaths) {
+        AttentionOptions options;
+        options.path = path;
+        SCOPED_TRACE(std::string(name(path)) + ", set " + attn::isa_name(isa) + ", H " +
+                     std::to_string(p.h) + "/" + std::to_string(c.kv_heads) + ", window " +
+                     std::to_string(c.window) + ", T_q " + std::to_string(p.tq));
+        const Grads<double> g = backward(in, mask, options);
+        EXPECT_TRUE(near(g.q, expected.query, tol)) << "dq";
+        EXPECT_TRUE(near(g.k, expected_k, tol)) << "dk";
+        EXPECT_TRUE(near(g.v, expected_v, tol)) << "dv";
+      }
+    }
+  }
+}
+
 TEST_F(SdpaBackward, StreamingMatchesMaterialisedOnALongCausalHead) {
   const Problem p =
       ref::kOptimizedBuild ? Problem{1, 2, 300, 300, 32, 32} : Problem{1, 1, 140, 140, 8, 8};

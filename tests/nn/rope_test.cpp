@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // tests/nn/rope_test.cpp: RotaryEmbedding against PyTorch 1.13 fixtures written like Hugging
 // Face's, GPT-J's and Meta's code (both pair conventions, partial rotary, float and double,
-// positions near 0 and past 5000), every call form, RoPE's identities, and bad arguments.
+// positions near 0 and past 5000), every call form, RoPE's identities (the transposed
+// rotation the backward uses included), and bad arguments.
 #include "attn/nn/rope.hpp"
 
 #include <gmock/gmock.h>
@@ -201,6 +202,35 @@ TEST(Rope, ScoresDependOnlyOnTheRelativePosition) {
     EXPECT_NEAR(score(7, 12), score(1507, 1512), 1e-11);
     EXPECT_GT(std::abs(score(3, 1) - score(3, 2)), 1e-3);  // and it does depend on it
   }
+}
+
+TEST(Rope, TransposedRotationIsTheAdjoint) {
+  // The backward's identity: <R x, y> = <x, R^T y> for every position, both conventions and
+  // partial rotary (the features past rotary_dim pass through both), and R^T R x = x.
+  for (const RopeStyle style : {RopeStyle::kHalfSplit, RopeStyle::kInterleaved}) {
+    for (const Index rotary : {Index{0}, Index{4}}) {
+      const RotaryEmbedding<double> rope(8, 64, 50.0, style, rotary);
+      const Tensor<double, 4> x = attn::test::random_tensor<double, 4>({2, 3, 5, 8}, 3);
+      const Tensor<double, 4> y = attn::test::random_tensor<double, 4>({2, 3, 5, 8}, 4);
+      Tensor<double, 4> rx = x, rty = y, back = x;
+      rope.apply(rx.view(), 7);
+      rope.apply_transposed(rty.view(), 7);
+      rope.apply(back.view(), 7);
+      rope.apply_transposed(back.view(), 7);
+      double lhs = 0, rhs = 0, moved = 0;
+      for (Index i = 0; i < x.size(); ++i) {
+        lhs += rx.data()[i] * y.data()[i];
+        rhs += x.data()[i] * rty.data()[i];
+        moved = std::max(moved, std::abs(rx.data()[i] - x.data()[i]));
+        EXPECT_NEAR(back.data()[i], x.data()[i], 1e-15) << "element " << i;
+      }
+      EXPECT_NEAR(lhs, rhs, 1e-13);
+      EXPECT_GT(moved, 0.1);  // the rotation did move x
+    }
+  }
+  const RotaryEmbedding<float> rope(8, 16);
+  Tensor<float, 4> x({1, 1, 4, 8});
+  EXPECT_THROW(rope.apply_transposed(x.view(), 13), attn::ConfigError);  // past the table
 }
 
 TEST(Rope, FloatTablesFollowHuggingFacesFloat32Steps) {

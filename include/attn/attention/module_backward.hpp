@@ -92,14 +92,13 @@ void check_module_backward(const char* where, const void* owner, const SavedForw
 ///   1. out_proj: dC = dY W_o (scratch), dW_o += dY^T C, db_o += column sums of dY; without
 ///      out_proj, dC = dY;
 ///   2. kernel: dQ, dK, dV from dC, Q, K, V, the context and logsumexp, written head-major
-///      (B, P*H, T, hd) as the projections wrote Q, K, V;
+///      (B, P*H, T, hd) as the projections wrote Q, K, V (grouped-query attention: dK and dV
+///      of the H_kv heads, each summed over its group of query heads); with rotary
+///      embeddings, dQ and dK rotated back (R^T) to the projections' outputs;
 ///   3. projections: for each run of projections that read the same input rows, have
 ///      adjacent weights and the same input gradient (self-attention's fused [W_q; W_k; W_v],
 ///      key = value's [W_k; W_v]): dW += dQKV^T X and dX += dQKV W, one GEMM each, and
 ///      db += column sums of dQKV.
-/// Grouped-query attention (H_kv < H) is refused by the forward; its backward would sum dK
-/// and dV over each group of query heads in step 2 (the projections' part is written for
-/// H_kv heads already).
 template <class Scalar>
 void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> grad_out,
                    const SavedForward<Scalar>& saved, const TensorView<Scalar, 3> (&grad_in)[3],
@@ -187,6 +186,10 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   params.module_alignment = c.alignment;
   params.module_window = c.sliding_window;
   attend_backward(where, params, saved.options, ws, /*own_gradients=*/true);
+  if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1
+    core.rope().apply_transposed(part_grad[0]);
+    core.rope().apply_transposed(part_grad[1]);
+  }
 
   // 3. The projections' backward, one GEMM per group for dW and one for dX.
   const Scalar* bias0 = proj.has_bias() ? proj.bias(0).data() : nullptr;

@@ -126,14 +126,7 @@ class RotaryEmbedding {
   /// (in elements), token r at position first_position + r. Allocation-free.
   /// @throws ConfigError naming the positions if they leave [0, max_positions).
   void apply(Scalar* data, Index rows, Index row_stride, Index first_position) const {
-    detail::require_config(
-        rows >= 0 && first_position >= 0 && first_position <= options_.max_positions - rows,
-        "RotaryEmbedding::apply", [&] {
-          return "positions [" + std::to_string(first_position) + ", " +
-                 std::to_string(first_position + rows) + ") leave the table [0, " +
-                 std::to_string(options_.max_positions) +
-                 ") (build with a larger max_positions or call reserve_positions())";
-        });
+    check_range(first_position, rows);
     for (Index r = 0; r < rows; ++r) rotate(data + r * row_stride, first_position + r);
   }
   /// The same with one position per row (positions[r] for row r).
@@ -153,6 +146,17 @@ class RotaryEmbedding {
     check_view(x, "RotaryEmbedding::apply");
     for_each_head(
         x, [&](Scalar* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
+  }
+  /// The transposed rotation R(p)^T = R(-p) at positions first_position + t: the backward of
+  /// apply(x, first_position), dL/dx = R^T dL/dy (a training step's dQ and dK).
+  void apply_transposed(TensorView<Scalar, 4> x, Index first_position = 0) const {
+    check_view(x, "RotaryEmbedding::apply_transposed");
+    check_range(first_position, x.extent(2));
+    for_each_head(x, [&](Scalar* head, Index) {
+      for (Index t = 0; t < x.extent(2); ++t) {
+        rotate<true>(head + t * x.stride(2), first_position + t);
+      }
+    });
   }
   /// Token t of item b at position first_positions(b) + t (ragged caches), (B).
   void apply(TensorView<Scalar, 4> x, TensorView<const Index, 1> first_positions) const {
@@ -222,6 +226,16 @@ class RotaryEmbedding {
     return static_cast<double>(static_cast<Scalar>(p) * inv_freq_(i));
   }
 
+  void check_range(Index first_position, Index rows) const {
+    detail::require_config(
+        rows >= 0 && first_position >= 0 && first_position <= options_.max_positions - rows,
+        "RotaryEmbedding::apply", [&] {
+          return "positions [" + std::to_string(first_position) + ", " +
+                 std::to_string(first_position + rows) + ") leave the table [0, " +
+                 std::to_string(options_.max_positions) +
+                 ") (build with a larger max_positions or call reserve_positions())";
+        });
+  }
   void check_position(Index position) const {
     detail::require_config(
         position >= 0 && position < options_.max_positions, "RotaryEmbedding::apply", [&] {
@@ -250,23 +264,25 @@ class RotaryEmbedding {
     }
   }
 
-  // One token's features at `position` (checked by the caller).
+  // One token's features at `position` (checked by the caller); Transposed: by R^T, the
+  // angle negated (sin's sign flips, the same products otherwise).
+  template <bool Transposed = false>
   void rotate(Scalar* x, Index position) const noexcept {
     const Scalar* c = cos_row(position);
     const Scalar* s = sin_row(position);
     const Index half = half_;
-    if (options_.style == RopeStyle::kHalfSplit) {
-      Scalar* y = x + half;
-      for (Index i = 0; i < half; ++i) {
-        const Scalar a = x[i], b = y[i];
-        x[i] = a * c[i] - b * s[i];
-        y[i] = b * c[i] + a * s[i];
-      }
-    } else {
-      for (Index i = 0; i < half; ++i) {
-        const Scalar a = x[2 * i], b = x[2 * i + 1];
-        x[2 * i] = a * c[i] - b * s[i];
-        x[2 * i + 1] = b * c[i] + a * s[i];
+    // Element i of the pair (a, b) and its partner's step: contiguous halves or neighbours.
+    Scalar* first = x;
+    Scalar* second = options_.style == RopeStyle::kHalfSplit ? x + half : x + 1;
+    const Index step = options_.style == RopeStyle::kHalfSplit ? 1 : 2;
+    for (Index i = 0; i < half; ++i) {
+      const Scalar a = first[i * step], b = second[i * step];
+      if constexpr (Transposed) {  // R^T: the angle negated
+        first[i * step] = a * c[i] + b * s[i];
+        second[i * step] = b * c[i] - a * s[i];
+      } else {
+        first[i * step] = a * c[i] - b * s[i];
+        second[i * step] = b * c[i] + a * s[i];
       }
     }
   }

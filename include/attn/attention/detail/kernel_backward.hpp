@@ -60,10 +60,14 @@ void run_backward_tasks(Index tasks, Workspace& ws, Fn&& fn) {
 ///   its queries see (causal: up to the diagonal). Both recompute P = exp(S - lse) by
 ///   tiles: O(T (d + d_v)) memory, no atomics, each gradient row owned by one task.
 /// - materialised: one task per (batch, head), whole (T_q, T_k) score rows.
+/// Grouped-query attention (H_kv < H): a task that writes dK and dV (a key tile, or a whole
+/// head materialised) covers one key/value head and runs the group's query heads one after
+/// the other, in head order, each adding its share: every gradient row still has one owner.
 template <class Scalar>
 void run_attention_backward(const BackwardParams<Scalar>& p, bool materialize, Workspace& ws) {
   const AttentionBackwardArgs<Scalar>& args = p.args;
   const Index batch = args.q.extent(0), heads = args.q.extent(1), tq = args.q.extent(2);
+  const Index kv_heads = args.k.extent(1), group = heads / kv_heads;
   const Index tk = args.k.extent(2), d = args.q.extent(3), dv = args.v.extent(3);
   const Index q_tiles = (tq + kQueryBlock - 1) / kQueryBlock;
   const Index k_tiles = (tk + kKeyBlock - 1) / kKeyBlock;
@@ -82,18 +86,23 @@ void run_attention_backward(const BackwardParams<Scalar>& p, bool materialize, W
   };
   with_kernels(kernel_isa(), [&](auto set) {
     if (materialize) {
-      run_backward_tasks<Scalar>(batch * heads, ws, [&](Index task, Scalar* buffer) {
-        const Index b = task / heads, h = task % heads;
-        set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kMaterialized, b,
-                                    h, 0, 0, buffer);
+      run_backward_tasks<Scalar>(batch * kv_heads, ws, [&](Index task, Scalar* buffer) {
+        const Index b = task / kv_heads, kvh = task % kv_heads;
+        for (Index h = kvh * group; h < (kvh + 1) * group; ++h) {
+          set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kMaterialized,
+                                      b, h, 0, 0, buffer);
+        }
       });
       return;
     }
-    run_backward_tasks<Scalar>(batch * heads * k_tiles, ws, [&](Index task, Scalar* buffer) {
-      const Index tile = task % k_tiles, bh = task / k_tiles, b = bh / heads, h = bh % heads;
+    run_backward_tasks<Scalar>(batch * kv_heads * k_tiles, ws, [&](Index task, Scalar* buffer) {
+      const Index tile = task % k_tiles, bh = task / k_tiles, b = bh / kv_heads;
+      const Index kvh = bh % kv_heads;
       const Index j0 = tile * kKeyBlock, j1 = std::min(tk, j0 + kKeyBlock);
-      set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kKeys, b, h, j0, j1,
-                                  buffer);
+      for (Index h = kvh * group; h < (kvh + 1) * group; ++h) {
+        set.attention_backward_task(args, head(b, h), stream(b, h), BackwardTask::kKeys, b, h, j0,
+                                    j1, buffer);
+      }
     });
     run_backward_tasks<Scalar>(batch * heads * q_tiles, ws, [&](Index task, Scalar* buffer) {
       const Index tile = task % q_tiles, bh = task / q_tiles, b = bh / heads, h = bh % heads;

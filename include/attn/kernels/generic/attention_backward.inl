@@ -13,6 +13,12 @@
 // exactly, whatever dP holds there (a value row the query cannot see, or memory the masked
 // tile never computed), unless P is NaN: select(P > 0, P (dP - D), P * 0).
 
+/// The key/value head query head h reads (grouped-query attention: H / H_kv heads share one).
+template <class Scalar>
+Index backward_kv_head(const AttentionBackwardArgs<Scalar>& p, Index h) noexcept {
+  return h / (p.q.extent(1) / p.k.extent(1));
+}
+
 /// The operands of one query tile, rows [i0, i0 + rows) of head (b, h), as every block of
 /// the streaming backward reads them: Q^T (d, rows), dO^T (d_v, rows), D_i = dO_i . O_i
 /// and the forward's logsumexp, padded with +inf to kQueryBlock lanes.
@@ -59,9 +65,9 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
   constexpr Index W = V::kWidth;
   constexpr Index ld = kQueryBlock;
   constexpr Scalar kNegInf = -std::numeric_limits<Scalar>::infinity();
-  const Index d = p.q.extent(3), dv = p.v.extent(3);
-  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
-  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  const Index d = p.q.extent(3), dv = p.v.extent(3), kvh = backward_kv_head(p, h);
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + kvh * p.k.stride(1);
+  const Scalar* v = p.v.data() + b * p.v.stride(0) + kvh * p.v.stride(1);
   const Index k_rs = p.k.stride(2), v_rs = p.v.stride(2);
   const auto first_row = [&](Index j) -> Index {  // first local row that may see key j
     if (!mask.causal) return 0;
@@ -81,25 +87,23 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
     micro_gemm<Scalar>(group, rows - c0, dv, v + (j0 + g) * v_rs, v_rs, 1, dot + c0, rows,
                        dst + g * ld + c0, ld, Scalar(1), false, nullptr);
   }
-  // Masks, as the forward applies them.
+  // Masks, as the forward applies them: the causal diagonal, then per row the keys before
+  // its window and past its end, and the element-wise parts in between.
   for (Index j = 0; j < width; ++j) {
     const Index c = first_row(j0 + j);
     std::fill(at + j * ld, at + j * ld + c, kNegInf);
   }
-  if (mask.elementwise()) {
-    alignas(64) Scalar column[kKeyBlock];
-    for (Index r = 0; r < rows; ++r) {
-      const Index visible = std::clamp<Index>(mask.row_end(i0 + r) - j0, 0, width);
-      for (Index j = 0; j < visible; ++j) column[j] = at[j * ld + r];
-      mask.apply(i0 + r, j0, column, visible);
-      for (Index j = 0; j < visible; ++j) at[j * ld + r] = column[j];
-      for (Index j = visible; j < width; ++j) at[j * ld + r] = kNegInf;
+  alignas(64) Scalar column[kKeyBlock];
+  for (Index r = 0; r < rows; ++r) {
+    const Index visible = std::clamp<Index>(mask.row_end(i0 + r) - j0, 0, width);
+    const Index first = std::clamp<Index>(mask.row_begin(i0 + r) - j0, 0, visible);
+    for (Index j = 0; j < first; ++j) at[j * ld + r] = kNegInf;
+    if (mask.elementwise() && visible > first) {
+      for (Index j = first; j < visible; ++j) column[j - first] = at[j * ld + r];
+      mask.apply(i0 + r, j0 + first, column, visible - first);
+      for (Index j = first; j < visible; ++j) at[j * ld + r] = column[j - first];
     }
-  } else {
-    for (Index r = 0; r < rows; ++r) {  // past a key-length bound
-      const Index visible = std::clamp<Index>(mask.row_end(i0 + r) - j0, 0, width);
-      for (Index j = visible; j < width; ++j) at[j * ld + r] = kNegInf;
-    }
+    for (Index j = visible; j < width; ++j) at[j * ld + r] = kNegInf;
   }
   if (drop.active) {
     const Scalar inv = Scalar(1) / static_cast<Scalar>(1.0 - p.dropout);
@@ -140,9 +144,11 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
   }
 }
 
-/// Streaming backward, key tile [j0, j0 + width) of head (b, h): dK and dV of those keys
-/// (this task owns them), summed over every query tile that can see one of them, in query
-/// order, then added into grad_k and grad_v. scratch: stream_backward_scratch_size().
+/// Streaming backward, key tile [j0, j0 + width) as query head (b, h) sees it: that head's
+/// share of dK and dV of those keys, summed over every query tile that can see one of them,
+/// in query order, then added into grad_k and grad_v of its key/value head. The driver runs
+/// the heads of a key/value group one after the other in one task, which owns those rows.
+/// scratch: stream_backward_scratch_size().
 template <class Scalar>
 void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
                        const DropoutStream& drop, Index b, Index h, Index j0, Index width,
@@ -168,6 +174,9 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
   const Index q_rs = p.q.stride(2), go_rs = p.grad_out.stride(2);
   for (Index i0 = first / kQueryBlock * kQueryBlock; i0 < tq; i0 += kQueryBlock) {
     const Index rows = std::min(kQueryBlock, tq - i0);
+    // Windows: row_begin is non-decreasing too, so once a tile's first query starts past
+    // these keys, so do all later ones.
+    if (mask.row_begin(i0) >= j0 + width) break;
     const Index end = std::min(width, mask.row_end(i0 + rows - 1) - j0);  // keys seen here
     if (end <= 0) continue;
     backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse);
@@ -185,7 +194,8 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
     }
   }
   const auto add_rows = [&](const TensorView<Scalar, 4>& grad, const Scalar* acc, Index cols) {
-    Scalar* to = grad.data() + b * grad.stride(0) + h * grad.stride(1) + j0 * grad.stride(2);
+    Scalar* to = grad.data() + b * grad.stride(0) + backward_kv_head(p, h) * grad.stride(1) +
+                 j0 * grad.stride(2);
     for (Index j = 0; j < width; ++j) {
       Scalar* row = to + j * grad.stride(2);
       for (Index e = 0; e < cols; ++e) row[e] += acc[j * cols + e];
@@ -214,10 +224,11 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
   std::fill(dq, dq + rows * d, Scalar(0));
   Index key_end = 0;
   for (Index i = i0; i < i1; ++i) key_end = std::max(key_end, mask.row_end(i));
-  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
+  const Index key_begin = std::min(mask.row_begin(i0), key_end);  // non-decreasing in i
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + backward_kv_head(p, h) * p.k.stride(1);
   const Index k_rs = p.k.stride(2);
-  if (key_end > 0) backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse);
-  for (Index j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+  if (key_end > key_begin) backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse);
+  for (Index j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
     const Index width = std::min(kKeyBlock, key_end - j0);
     backward_block(p, mask, drop, b, h, i0, rows, j0, width, qt, dot, dvec, lse, at, dst, zf);
     // dQ += scale dS K: dS read transposed out of dS^T; each group of queries stops at its
@@ -242,7 +253,9 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
 /// Materialised backward of head (b, h): P recomputed over whole rows exactly as the
 /// forward's materialized_tile() computes it (the same scores, masks and softmax_row), then
 /// the dense formulas with D_i = sum_j P_ij dP_ij. The simple form the streaming backward is
-/// tested against. scratch: materialized_backward_scratch_size().
+/// tested against. Adds into grad_k and grad_v of h's key/value head: the driver runs the
+/// heads of a group one after the other in one task. scratch:
+/// materialized_backward_scratch_size().
 template <class Scalar>
 void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
                                 const HeadMask<Scalar>& mask, const DropoutStream& drop, Index b,
@@ -252,8 +265,9 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
   Scalar* grad = prob + tq * tk;    // dA, then dS (T_q, T_k)
   Scalar* packed = grad + tq * tk;  // K^T (d, T_k), then V^T (d_v, T_k)
   const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1);
-  const Scalar* k = p.k.data() + b * p.k.stride(0) + h * p.k.stride(1);
-  const Scalar* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+  const Index kvh = backward_kv_head(p, h);
+  const Scalar* k = p.k.data() + b * p.k.stride(0) + kvh * p.k.stride(1);
+  const Scalar* v = p.v.data() + b * p.v.stride(0) + kvh * p.v.stride(1);
   const Scalar* go = p.grad_out.data() + b * p.grad_out.stride(0) + h * p.grad_out.stride(1);
   const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
   const Index go_rs = p.grad_out.stride(2);
@@ -266,13 +280,15 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
   }
   for (Index i = 0; i < tq; ++i) {
     Scalar* s = prob + i * tk;
-    const Index end = mask.row_end(i);
-    const Index seen = mask.elementwise() ? mask.apply(i, 0, s, end) : end;
+    const Index end = mask.row_end(i), begin = std::min(mask.row_begin(i), end);
+    const Index seen =
+        mask.elementwise() ? mask.apply(i, begin, s + begin, end - begin) : end - begin;
     if (seen > 0) {
-      softmax_row(s, end, /*all_minus_inf_is_masked=*/false);
+      softmax_row(s + begin, end - begin, /*all_minus_inf_is_masked=*/false);
     } else {
-      std::fill(s, s + end, Scalar(0));
+      std::fill(s + begin, s + end, Scalar(0));
     }
+    std::fill(s, s + begin, Scalar(0));
     std::fill(s + end, s + tk, Scalar(0));
   }
   // dA = dO V^T.
@@ -282,24 +298,25 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
   for (Index i = 0; i < tq; ++i) {
     Scalar* pr = prob + i * tk;
     Scalar* g = grad + i * tk;
-    const Index end = mask.row_end(i);
+    const Index end = mask.row_end(i), begin = std::min(mask.row_begin(i), end);
     const std::uint64_t key = drop.active ? drop.row_key(i) : 0;
     const auto factor = [&](Index j) {
       return !drop.active ? Scalar(1)
                           : (DropoutStream::keep(key, j, drop.threshold) ? inv : Scalar(0));
     };
     Scalar dsum = 0;  // D_i = sum_j P_ij dP_ij
-    for (Index j = 0; j < end; ++j) {
+    for (Index j = begin; j < end; ++j) {
       g[j] *= factor(j);
       dsum += pr[j] * g[j];
     }
     for (Index j = 0; j < tk; ++j) {
-      g[j] = j < end && pr[j] > Scalar(0) ? pr[j] * (g[j] - dsum) : pr[j] * Scalar(0);
+      g[j] = j >= begin && j < end && pr[j] > Scalar(0) ? pr[j] * (g[j] - dsum)
+                                                         : pr[j] * Scalar(0);
       if (j < end) pr[j] *= factor(j);
     }
   }
   const auto target = [&](const TensorView<Scalar, 4>& t) {
-    return t.data() + b * t.stride(0) + h * t.stride(1);
+    return t.data() + b * t.stride(0) + (t.extent(1) == p.q.extent(1) ? h : kvh) * t.stride(1);
   };
   // dV += A^T dO, dQ += scale dS K, dK += scale dS^T Q: added straight into the gradients
   // (this task owns the head).
