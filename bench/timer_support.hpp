@@ -67,9 +67,7 @@ struct TimerArgs {
       fail("expected " + std::to_string(count) + " positional arguments");
     }
   }
-  [[noreturn]] void fail(const std::string& why) const {
-    usage_error(argv0_, why, synopsis_);
-  }
+  [[noreturn]] void fail(const std::string& why) const { usage_error(argv0_, why, synopsis_); }
 
  private:
   long parse(const char* text, const char* what) const {

@@ -18,12 +18,20 @@
 #      (scripts/bench/pytorch_mha.py, best of its variants), rotating who goes first, and
 #      takes the median of the per-process medians;
 #   4. sweeps T at B1 D512 H8 (1 thread) for the GFLOP/s-vs-T plot;
-#   5. prints the machine, the table and, as the very last line,
+#   5. prints the machine and the table;
+#   6. runs the decode section (scripts/bench/decode.sh: a Llama-3-8B-shaped layer's decode
+#      step and 128-token chunk through a KV cache vs PyTorch and the memory bandwidth) and
+#      the training section (scripts/bench/train.sh: forward + backward vs PyTorch autograd);
+#   7. prints, as the very last line,
 #        summary: speedup_min=X.XX speedup_median=X.XX peak_fraction_best=0.XX
-#                 ort_speedup_min=X.XX default_vs_native_min=X.XX   (one line)
-#      (attn's figures are the default-flags build's; the report says what each field is).
+#                 ort_speedup_min=X.XX default_vs_native_min=X.XX decode_bw_fraction_min=0.XX
+#                 decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
+#                 train_speedup_min=X.XX train_peak_fraction_best=0.XX   (one line)
+#      (attn's figures are the default-flags build's; the report and the sections say what
+#      each field is).
 # Writes bench/results/<date>.csv (one row per shape, threads and implementation),
-# bench/results/<date>.txt (what was printed), bench/results/gflops_vs_seqlen.png.
+# bench/results/<date>.txt (what was printed), bench/results/gflops_vs_seqlen.png, and the
+# sections' decode.csv, decode.txt, decode_step_vs_length.png and <date>-train.txt.
 # --quick: a few small shapes, one round, into bench/results/tmp/ (git-ignored).
 # Without node/npm, registry access or python3-onnx the ONNX Runtime columns stay empty and
 # the report says why; the rest runs as before.
@@ -48,7 +56,8 @@ source "$(dirname "$0")/bench/env.sh"
 usage() {
   cat <<USAGE
 usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--threads 1,2]
-          [--no-sweep] [--no-ort] [--shape "B Tq Tk D H causal cross"]... [--out DIR]
+          [--no-sweep] [--no-ort] [--no-decode] [--no-train]
+          [--shape "B Tq Tk D H causal cross"]... [--out DIR]
   --quick        smoke test: 3 small shapes, T sweep 128..512, 1 round, 3 reps
   --rounds N     alternating process groups per shape and thread count (default 3)
   --reps N       timed calls per process, at most (default 20)
@@ -57,6 +66,8 @@ usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--th
   --threads L    comma-separated thread counts (default 1,2)
   --no-sweep     skip the T sweep (no plot unless a main shape is on the sweep line)
   --no-ort       leave ONNX Runtime out
+  --no-decode    skip the decode section (scripts/bench/decode.sh, issue 12)
+  --no-train     skip the training section (scripts/bench/train.sh, issue 13)
   --shape S      measure these shapes instead of the issue's (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
 USAGE
@@ -64,6 +75,7 @@ USAGE
 }
 
 QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" WARMUP=2 THREADS="1,2" SWEEP=1 OUT_DIR="" WANT_ORT=1
+WANT_DECODE=1 WANT_TRAIN=1
 USER_SHAPES=()
 COMMAND_LINE="scripts/bench_vs_pytorch.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
@@ -76,6 +88,8 @@ while [ $# -gt 0 ]; do
     --threads) THREADS="$2"; shift ;;
     --no-sweep) SWEEP=0 ;;
     --no-ort) WANT_ORT=0 ;;
+    --no-decode) WANT_DECODE=0 ;;
+    --no-train) WANT_TRAIN=0 ;;
     --shape) USER_SHAPES+=("$2"); shift ;;
     --out) OUT_DIR="$2"; shift ;;
     -h|--help) usage ;;
@@ -343,3 +357,30 @@ log "results"
   echo
   "$PYTHON" "$ATTN_ROOT/scripts/bench/report.py" "${REPORT_ARGS[@]}"
 } | tee "$TXT"
+
+# ---- 5. the decode and training sections; one summary line for all ----
+SUMMARY="$(grep '^summary:' "$TXT" | tail -n 1)"
+[ -n "$SUMMARY" ] || SUMMARY="summary:"
+if [ "$WANT_DECODE" -eq 1 ]; then
+  log "decode section (scripts/bench/decode.sh)"
+  DECODE_ARGS=(--out "$OUT_DIR" --threads "$THREADS")
+  [ "$QUICK" -eq 1 ] && DECODE_ARGS+=(--quick)
+  if bash "$ATTN_ROOT/scripts/bench/decode.sh" "${DECODE_ARGS[@]}" | tee "$OUT_DIR/$DATE-decode.log"; then
+    line="$(grep '^summary:' "$OUT_DIR/$DATE-decode.log" | tail -n 1)"
+    SUMMARY="$SUMMARY ${line#summary: }"
+  else
+    SUMMARY="$SUMMARY decode=failed"
+  fi
+fi
+if [ "$WANT_TRAIN" -eq 1 ]; then
+  log "training section (scripts/bench/train.sh)"
+  TRAIN_ARGS=(--threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt")
+  [ "$QUICK" -eq 1 ] && TRAIN_ARGS+=(--quick)
+  if bash "$ATTN_ROOT/scripts/bench/train.sh" "${TRAIN_ARGS[@]}" | tee "$OUT_DIR/$DATE-train.txt"; then
+    line="$(grep '^train_summary:' "$OUT_DIR/$DATE-train.txt" | tail -n 1)"
+    SUMMARY="$SUMMARY ${line#train_summary: }"
+  else
+    SUMMARY="$SUMMARY train=failed"
+  fi
+fi
+echo "$SUMMARY" | tee -a "$TXT"

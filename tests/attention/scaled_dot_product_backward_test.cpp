@@ -294,9 +294,8 @@ TEST_F(SdpaBackward, GroupedQueryAndWindowsMatchTheReference) {
     Index kv_heads, window;
   };
   const Case cases[] = {
-      {{2, 4, 5, 6, 3, 4}, 2, 0},   {{2, 4, 5, 6, 3, 4}, 1, 2},
-      {{1, 4, 7, 7, 4, 3}, 4, 3},   {{2, 6, 70, 200, 8, 8}, 3, 50},
-      {{1, 2, 130, 130, 16, 16}, 1, 40},
+      {{2, 4, 5, 6, 3, 4}, 2, 0},     {{2, 4, 5, 6, 3, 4}, 1, 2},        {{1, 4, 7, 7, 4, 3}, 4, 3},
+      {{2, 6, 70, 200, 8, 8}, 3, 50}, {{1, 2, 130, 130, 16, 16}, 1, 40},
   };
   for (const Case& c : cases) {
     const Problem& p = c.p;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/attention/module_core.hpp: AttentionCore, the one forward path of every attention
 // module with weights (checks -> Q/K/V projection -> kernel -> output projection), its
-// modes, freezing and parameter names.
+// modes, freezing and parameter names. What configures it: core_config.hpp.
 // Glossary: B = batch, T = tokens, H = heads, H_kv = key/value heads, hd = head dim,
 // A = H * hd (the attention width; d_out unless head_dim is set).
 #pragma once
@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attn/attention/core_config.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/saved_forward.hpp"
@@ -35,46 +36,7 @@
 
 ATTN_NAMESPACE_BEGIN
 
-/// How initial weights are drawn (from a TorchGenerator, bit-compatible with PyTorch).
-enum class InitScheme {
-  /// As the notebooks' modules: nn.Linear init for W_query, W_key, W_value, then out_proj.
-  kLinear,
-  /// As torch.nn.MultiheadAttention: out_proj drawn as nn.Linear, then xavier_uniform_ on
-  /// in_proj_weight (or q/k/v_proj_weight), then every bias set to zero.
-  kMultiheadAttention,
-  /// As notebook 003's SelfAttention_v1: torch.rand(d_in, d_out) for W_query, W_key,
-  /// W_value (then out_proj, if any, as nn.Linear).
-  kRand,
-  /// Zero weights, nothing drawn (the caller sets them).
-  kNone,
-};
-
 namespace detail {
-
-/// What tells one attention module from another: sizes, options, names and defaults.
-struct CoreConfig {
-  const char* name = "";               ///< class name in messages, a string literal
-  const char* forward_name = "";       ///< "<name>::forward", a string literal
-  const char* input_name = nullptr;    ///< "x" for single-input modules; else query/key/value
-  Index d_in = 0, kdim = 0, vdim = 0;  ///< features of query, key, value (0: kdim = vdim = d_in)
-  Index d_out = 0;                     ///< output features (= A = H * hd without out_proj)
-  Index num_heads = 1;
-  Index num_kv_heads = 0;    ///< key/value heads H_kv, dividing num_heads (0: num_heads)
-  Index head_dim = 0;        ///< features per head (0: d_out / num_heads)
-  Index context_length = 0;  ///< longest accepted sequence; 0 = unlimited
-  double dropout = 0.0;      ///< on the attention weights, training mode only
-  bool qkv_bias = false;
-  bool out_proj = false, out_bias = false;  ///< an output projection (d_out, A), with bias
-  bool causal = false;
-  CausalAlignment alignment = CausalAlignment::kSquare;
-  /// Rotary embeddings applied to Q and K as they leave the projection (head_dim 0: none; else
-  /// the module's head dim), at positions 0..T-1, or the cache's positions incrementally.
-  RotaryOptions rope{};
-  /// Sliding window W (0: none; needs causal): the query at position p sees keys (p - W, p].
-  Index sliding_window = 0;
-  InitScheme init = InitScheme::kLinear;
-  ParameterNames names = ParameterNames::kNotebook;  ///< what ParameterNames::kDefault means
-};
 
 /// The one forward path of the attention modules with weights, and their state:
 ///   1. checks: shapes, batch and lengths, out, context_length (messages name the module);
@@ -101,7 +63,7 @@ class AttentionCore {
 
   /// Validates `c` and draws the weights from `gen`, or from the global generator when null.
   /// @throws ConfigError naming c.name and the values.
-  AttentionCore(const CoreConfig& c, TorchGenerator* gen) : config_(checked(c)) {
+  AttentionCore(const CoreConfig& c, TorchGenerator* gen) : config_(checked_core_config(c)) {
     const Index kdim = c.kdim > 0 ? c.kdim : c.d_in, vdim = c.vdim > 0 ? c.vdim : c.d_in;
     config_.kdim = kdim;
     config_.vdim = vdim;
@@ -417,61 +379,12 @@ class AttentionCore {
     return list;
   }
 
-  static CoreConfig checked(const CoreConfig& c) {
-    require_config(c.d_in > 0 && c.d_out > 0 && c.num_heads > 0 && c.kdim >= 0 && c.vdim >= 0 &&
-                       c.context_length >= 0 && c.num_kv_heads >= 0 && c.head_dim >= 0,
-                   c.name, [&] {
-                     std::string sizes =
-                         "d_in=" + std::to_string(c.d_in) + ", d_out=" + std::to_string(c.d_out);
-                     if (c.num_heads != 1) sizes += ", num_heads=" + std::to_string(c.num_heads);
-                     if (c.num_kv_heads != 0) {
-                       sizes += ", num_kv_heads=" + std::to_string(c.num_kv_heads);
-                     }
-                     if (c.head_dim != 0) sizes += ", head_dim=" + std::to_string(c.head_dim);
-                     if (c.kdim != 0) sizes += ", kdim=" + std::to_string(c.kdim);
-                     if (c.vdim != 0) sizes += ", vdim=" + std::to_string(c.vdim);
-                     return sizes + ", context_length=" + std::to_string(c.context_length) +
-                            ": sizes must be positive (kdim, vdim, num_kv_heads, head_dim, "
-                            "context_length: 0 = default)";
-                   });
-    require_config(c.head_dim > 0 || c.d_out % c.num_heads == 0, c.name, [&] {
-      return "d_out=" + std::to_string(c.d_out) +
-             " is not divisible by num_heads=" + std::to_string(c.num_heads) +
-             " (d_out % num_heads = " + std::to_string(c.d_out % c.num_heads) +
-             "; or set head_dim)";
-    });
-    const Index kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
-    require_config(c.num_heads % kv_heads == 0, c.name, [&] {
-      return "num_heads=" + std::to_string(c.num_heads) +
-             " is not divisible by num_kv_heads=" + std::to_string(kv_heads) +
-             ": the number of heads in key and value must divide the number of heads in query";
-    });
-    require_config(c.out_proj || c.head_dim == 0 || c.head_dim * c.num_heads == c.d_out, c.name,
-                   [&] {
-                     return "num_heads=" + std::to_string(c.num_heads) +
-                            " x head_dim=" + std::to_string(c.head_dim) +
-                            " != d_out=" + std::to_string(c.d_out) +
-                            ": without an output projection the context is the output";
-                   });
-    const Index hd = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
-    require_config(c.rope.head_dim == 0 || c.rope.head_dim == hd, c.name, [&] {
-      return "rope.head_dim=" + std::to_string(c.rope.head_dim) +
-             " must be 0 (no rotary embedding) or the head dim " + std::to_string(hd);
-    });
-    require_config(c.sliding_window >= 0 && (c.sliding_window == 0 || c.causal), c.name, [&] {
-      return "sliding_window=" + std::to_string(c.sliding_window) +
-             " must be 0 or positive, and a window needs causal=true";
-    });
-    check_dropout(c.dropout, c.name);
-    return c;
-  }
-
   CoreConfig config_;
   QkvProjection<Scalar> proj_;
   Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
   Dropout<Scalar> dropout_{0.0};
   RotaryEmbedding<Scalar> rope_;  // head_dim 0 unless config_.rope.head_dim
-  bool scaled_ = true;  // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
+  bool scaled_ = true;            // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
 };
 
 }  // namespace detail

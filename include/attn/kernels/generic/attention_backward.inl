@@ -310,8 +310,7 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
       dsum += pr[j] * g[j];
     }
     for (Index j = 0; j < tk; ++j) {
-      g[j] = j >= begin && j < end && pr[j] > Scalar(0) ? pr[j] * (g[j] - dsum)
-                                                         : pr[j] * Scalar(0);
+      g[j] = j >= begin && j < end && pr[j] > Scalar(0) ? pr[j] * (g[j] - dsum) : pr[j] * Scalar(0);
       if (j < end) pr[j] *= factor(j);
     }
   }

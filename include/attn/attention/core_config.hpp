@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/core_config.hpp: what configures an attention module's core (CoreConfig:
+// sizes, heads, masks, rotary embeddings, window, names), how its weights are first drawn
+// (InitScheme), and the one validation of a configuration, with messages naming the values.
+// Glossary: H = heads, H_kv = key/value heads, hd = head dim.
+#pragma once
+
+#include <string>
+
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/nn/dropout.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/nn/parameter.hpp"
+#include "attn/nn/rope.hpp"
+#include "attn/tensor/tensor_view.hpp"
+
+ATTN_NAMESPACE_BEGIN
+
+/// How initial weights are drawn (from a TorchGenerator, bit-compatible with PyTorch).
+enum class InitScheme {
+  /// As the notebooks' modules: nn.Linear init for W_query, W_key, W_value, then out_proj.
+  kLinear,
+  /// As torch.nn.MultiheadAttention: out_proj drawn as nn.Linear, then xavier_uniform_ on
+  /// in_proj_weight (or q/k/v_proj_weight), then every bias set to zero.
+  kMultiheadAttention,
+  /// As notebook 003's SelfAttention_v1: torch.rand(d_in, d_out) for W_query, W_key,
+  /// W_value (then out_proj, if any, as nn.Linear).
+  kRand,
+  /// Zero weights, nothing drawn (the caller sets them).
+  kNone,
+};
+
+namespace detail {
+
+/// What tells one attention module from another: sizes, options, names and defaults.
+struct CoreConfig {
+  const char* name = "";               ///< class name in messages, a string literal
+  const char* forward_name = "";       ///< "<name>::forward", a string literal
+  const char* input_name = nullptr;    ///< "x" for single-input modules; else query/key/value
+  Index d_in = 0, kdim = 0, vdim = 0;  ///< features of query, key, value (0: kdim = vdim = d_in)
+  Index d_out = 0;                     ///< output features (= A = H * hd without out_proj)
+  Index num_heads = 1;
+  Index num_kv_heads = 0;    ///< key/value heads H_kv, dividing num_heads (0: num_heads)
+  Index head_dim = 0;        ///< features per head (0: d_out / num_heads)
+  Index context_length = 0;  ///< longest accepted sequence; 0 = unlimited
+  double dropout = 0.0;      ///< on the attention weights, training mode only
+  bool qkv_bias = false;
+  bool out_proj = false, out_bias = false;  ///< an output projection (d_out, A), with bias
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::kSquare;
+  /// Rotary embeddings applied to Q and K as they leave the projection (head_dim 0: none; else
+  /// the module's head dim), at positions 0..T-1, or the cache's positions incrementally.
+  RotaryOptions rope{};
+  /// Sliding window W (0: none; needs causal): the query at position p sees keys (p - W, p].
+  Index sliding_window = 0;
+  InitScheme init = InitScheme::kLinear;
+  ParameterNames names = ParameterNames::kNotebook;  ///< what ParameterNames::kDefault means
+};
+
+/// `c` when it describes a module that can exist; else a ConfigError naming the values (the
+/// sizes, head counts, head dim, rotary head dim, window and dropout).
+inline CoreConfig checked_core_config(const CoreConfig& c) {
+  require_config(c.d_in > 0 && c.d_out > 0 && c.num_heads > 0 && c.kdim >= 0 && c.vdim >= 0 &&
+                     c.context_length >= 0 && c.num_kv_heads >= 0 && c.head_dim >= 0,
+                 c.name, [&] {
+                   std::string sizes =
+                       "d_in=" + std::to_string(c.d_in) + ", d_out=" + std::to_string(c.d_out);
+                   if (c.num_heads != 1) sizes += ", num_heads=" + std::to_string(c.num_heads);
+                   if (c.num_kv_heads != 0) {
+                     sizes += ", num_kv_heads=" + std::to_string(c.num_kv_heads);
+                   }
+                   if (c.head_dim != 0) sizes += ", head_dim=" + std::to_string(c.head_dim);
+                   if (c.kdim != 0) sizes += ", kdim=" + std::to_string(c.kdim);
+                   if (c.vdim != 0) sizes += ", vdim=" + std::to_string(c.vdim);
+                   return sizes + ", context_length=" + std::to_string(c.context_length) +
+                          ": sizes must be positive (kdim, vdim, num_kv_heads, head_dim, "
+                          "context_length: 0 = default)";
+                 });
+  require_config(c.head_dim > 0 || c.d_out % c.num_heads == 0, c.name, [&] {
+    return "d_out=" + std::to_string(c.d_out) +
+           " is not divisible by num_heads=" + std::to_string(c.num_heads) +
+           " (d_out % num_heads = " + std::to_string(c.d_out % c.num_heads) + "; or set head_dim)";
+  });
+  const Index kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
+  require_config(c.num_heads % kv_heads == 0, c.name, [&] {
+    return "num_heads=" + std::to_string(c.num_heads) +
+           " is not divisible by num_kv_heads=" + std::to_string(kv_heads) +
+           ": the number of heads in key and value must divide the number of heads in query";
+  });
+  require_config(c.out_proj || c.head_dim == 0 || c.head_dim * c.num_heads == c.d_out, c.name, [&] {
+    return "num_heads=" + std::to_string(c.num_heads) +
+           " x head_dim=" + std::to_string(c.head_dim) + " != d_out=" + std::to_string(c.d_out) +
+           ": without an output projection the context is the output";
+  });
+  const Index hd = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
+  require_config(c.rope.head_dim == 0 || c.rope.head_dim == hd, c.name, [&] {
+    return "rope.head_dim=" + std::to_string(c.rope.head_dim) +
+           " must be 0 (no rotary embedding) or the head dim " + std::to_string(hd);
+  });
+  require_config(c.sliding_window >= 0 && (c.sliding_window == 0 || c.causal), c.name, [&] {
+    return "sliding_window=" + std::to_string(c.sliding_window) +
+           " must be 0 or positive, and a window needs causal=true";
+  });
+  check_dropout(c.dropout, c.name);
+  return c;
+}
+
+}  // namespace detail
+ATTN_NAMESPACE_END
