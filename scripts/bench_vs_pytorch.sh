@@ -361,26 +361,27 @@ log "results"
 # ---- 5. the decode and training sections; one summary line for all ----
 SUMMARY="$(grep '^summary:' "$TXT" | tail -n 1)"
 [ -n "$SUMMARY" ] || SUMMARY="summary:"
-if [ "$WANT_DECODE" -eq 1 ]; then
-  log "decode section (scripts/bench/decode.sh)"
-  DECODE_ARGS=(--out "$OUT_DIR" --threads "$THREADS")
-  [ "$QUICK" -eq 1 ] && DECODE_ARGS+=(--quick)
-  if bash "$ATTN_ROOT/scripts/bench/decode.sh" "${DECODE_ARGS[@]}" | tee "$OUT_DIR/$DATE-decode.log"; then
-    line="$(grep '^summary:' "$OUT_DIR/$DATE-decode.log" | tail -n 1)"
-    SUMMARY="$SUMMARY ${line#summary: }"
+# run_section NAME SCRIPT LOG PREFIX ARGS...: runs scripts/bench/SCRIPT, its printout into LOG,
+# and appends the fields of its last "PREFIX: ..." line to SUMMARY (or NAME=failed).
+run_section() {
+  local name="$1" script="$2" section_log="$3" prefix="$4" line
+  shift 4
+  log "$name section (scripts/bench/$script)"
+  if bash "$ATTN_ROOT/scripts/bench/$script" "$@" | tee "$section_log"; then
+    line="$(grep "^$prefix:" "$section_log" | tail -n 1)"
+    SUMMARY="$SUMMARY ${line#"$prefix: "}"
   else
-    SUMMARY="$SUMMARY decode=failed"
+    SUMMARY="$SUMMARY $name=failed"
   fi
+}
+QUICK_ARG=()
+[ "$QUICK" -eq 1 ] && QUICK_ARG=(--quick)
+if [ "$WANT_DECODE" -eq 1 ]; then
+  run_section decode decode.sh "$OUT_DIR/$DATE-decode.log" summary \
+    --out "$OUT_DIR" --threads "$THREADS" "${QUICK_ARG[@]}"
 fi
 if [ "$WANT_TRAIN" -eq 1 ]; then
-  log "training section (scripts/bench/train.sh)"
-  TRAIN_ARGS=(--threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt")
-  [ "$QUICK" -eq 1 ] && TRAIN_ARGS+=(--quick)
-  if bash "$ATTN_ROOT/scripts/bench/train.sh" "${TRAIN_ARGS[@]}" | tee "$OUT_DIR/$DATE-train.txt"; then
-    line="$(grep '^train_summary:' "$OUT_DIR/$DATE-train.txt" | tail -n 1)"
-    SUMMARY="$SUMMARY ${line#train_summary: }"
-  else
-    SUMMARY="$SUMMARY train=failed"
-  fi
+  run_section train train.sh "$OUT_DIR/$DATE-train.txt" train_summary \
+    --threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt" "${QUICK_ARG[@]}"
 fi
 echo "$SUMMARY" | tee -a "$TXT"

@@ -55,10 +55,11 @@ max_seconds=$([ "$quick" = 1 ] && echo 1 || echo 4)
 mkdir -p "$out"
 
 ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
-build="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-decode"
+# The default-flags build tree bench_vs_pytorch.sh and train.sh use (same cache variables).
+build="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-default"
 log "building decode_timer and stream_bandwidth in $build"
 cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
-  -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_NATIVE=OFF >/dev/null
+  -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_INSTALL=OFF -DATTN_NATIVE=OFF >/dev/null
 cmake --build "$build" --target decode_timer stream_bandwidth -j "$ATTN_JOBS" >/dev/null
 
 raw="$out/decode.raw"
