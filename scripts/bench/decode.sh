@@ -57,7 +57,7 @@ mkdir -p "$out"
 ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
 # The default-flags build tree bench_vs_pytorch.sh and train.sh use (same cache variables).
 build="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-default"
-log "building decode_timer and stream_bandwidth in $build"
+log "building decode_timer and stream_bandwidth in ${build#"$ATTN_ROOT"/}"
 cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
   -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_INSTALL=OFF -DATTN_NATIVE=OFF >/dev/null
 cmake --build "$build" --target decode_timer stream_bandwidth -j "$ATTN_JOBS" >/dev/null
@@ -160,6 +160,6 @@ if command -v gnuplot >/dev/null; then
   gnuplot -e "set terminal png size 900,560; set output '$out/decode_step_vs_length.png';
     set title 'Decode step of a Llama-3-8B-shaped layer (frozen float32)';
     set xlabel 'cache length L (tokens)'; set ylabel 'step time (ms)'; set logscale x 2;
-    set key top left; set grid; plot $plot" && echo "plot: $out/decode_step_vs_length.png"
+    set key top left; set grid; plot $plot" && echo "plot: ${out#"$ATTN_ROOT"/}/decode_step_vs_length.png"
 fi
 rm -f "$raw"

@@ -61,7 +61,7 @@ IFS=',' read -r -a THREAD_LIST <<< "$THREADS"
 # ---- 1. packages and build ----
 ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
 BUILD="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-default"
-log "building train_timer and fma_peak in $BUILD (Release, default flags)"
+log "building train_timer and fma_peak in ${BUILD#"$ATTN_ROOT"/} (Release, default flags)"
 cmake -S "$ATTN_ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
   -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_INSTALL=OFF -DATTN_NATIVE=OFF >/dev/null
 cmake --build "$BUILD" -j "$ATTN_JOBS" --target train_timer fma_peak
