@@ -27,9 +27,7 @@ TEST(AttnRunBackwardFixtures, EveryGradientMatchesPyTorchAutograd) {
   ASSERT_GE(cases.size(), 8u) << "fixtures missing in " << kDir;
   for (const std::string& name : cases) {
     SCOPED_TRACE(name);
-    const auto weights = SafetensorsFile::open(kDir + "/" + name + ".weights.safetensors");
-    const auto input = SafetensorsFile::open(kDir + "/" + name + ".input.safetensors");
-    const auto expected = SafetensorsFile::open(kDir + "/" + name + ".expected.safetensors");
+    const auto [weights, input, expected] = attn::test::Fixture(kDir, name);
     const auto [options, use_double] = attn::test::fixture_run(expected.metadata());
     ASSERT_TRUE(options.backward);
     const auto bytes =

@@ -55,20 +55,12 @@ double relative_error(const SafetensorsWriter& result, const SafetensorsFile& ex
   return err / std::max(scale, 1e-30);
 }
 
-struct Fixture {
-  SafetensorsFile weights, input, expected;
-  explicit Fixture(const std::string& name)
-      : weights(SafetensorsFile::open(kDir + "/" + name + ".weights.safetensors")),
-        input(SafetensorsFile::open(kDir + "/" + name + ".input.safetensors")),
-        expected(SafetensorsFile::open(kDir + "/" + name + ".expected.safetensors")) {}
-};
-
 TEST(AttnRunLlama, EveryFixtureMatchesTheReference) {
   const std::vector<std::string> cases = attn::test::fixture_cases(kDir);
   ASSERT_GE(cases.size(), 5u) << "fixtures missing in " << kDir;
   for (const std::string& name : cases) {
     SCOPED_TRACE(name);
-    const Fixture f(name);
+    const attn::test::Fixture f(kDir, name);
     const std::string flags = f.expected.metadata().at("flags");
     const attn_run::Arguments args = arguments_of(flags);
     ASSERT_TRUE(args.llama) << flags;
@@ -81,7 +73,7 @@ TEST(AttnRunLlama, EveryFixtureMatchesTheReference) {
 
 TEST(AttnRunLlama, TheWrongRopeConventionIsFarOff) {
   // llama001: interleaved pairs, a prefix and an old checkpoint's rotary_emb.inv_freq.
-  const Fixture f("llama001");
+  const attn::test::Fixture f(kDir, "llama001");
   attn_run::Arguments args = arguments_of(f.expected.metadata().at("flags"));
   ASSERT_TRUE(args.llama_options.rope_interleaved);
   EXPECT_TRUE(f.weights.contains(args.llama_options.prefix + "rotary_emb.inv_freq"));

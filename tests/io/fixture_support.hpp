@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // tests/io/fixture_support.hpp: the committed safetensors fixture cases of a directory
 // (tests/fixtures/io/ and its llama/ and backward/, written by scripts/parity_vs_pytorch.py),
-// and how a case's attn_run flags become RunOptions.
+// the three files of one case, and how a case's attn_run flags become RunOptions.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/io/io.hpp"
 #include "attn_run/run.hpp"
 
 namespace attn::test {
@@ -29,6 +30,15 @@ inline std::vector<std::string> fixture_cases(const std::string& dir) {
   std::sort(cases.begin(), cases.end());
   return cases;
 }
+
+/// One case's files: <dir>/<name>.weights, .input and .expected.safetensors.
+struct Fixture {
+  io::SafetensorsFile weights, input, expected;
+  Fixture(const std::string& dir, const std::string& name)
+      : weights(io::SafetensorsFile::open(dir + "/" + name + ".weights.safetensors")),
+        input(io::SafetensorsFile::open(dir + "/" + name + ".input.safetensors")),
+        expected(io::SafetensorsFile::open(dir + "/" + name + ".expected.safetensors")) {}
+};
 
 /// The RunOptions of a case's `expected` metadata (`num_heads`, and the attn_run `flags`
 /// --causal, --need-weights, --backward), and whether it runs in double (--double).

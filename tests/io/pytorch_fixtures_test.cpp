@@ -68,9 +68,7 @@ TEST(PytorchFixtures, EveryCaseMatchesPyTorch) {
   ASSERT_GE(cases.size(), 5u) << "fixtures missing in " << kDir;
   for (const std::string& name : cases) {
     SCOPED_TRACE(name);
-    const auto weights = SafetensorsFile::open(kDir + "/" + name + ".weights.safetensors");
-    const auto input = SafetensorsFile::open(kDir + "/" + name + ".input.safetensors");
-    const auto expected = SafetensorsFile::open(kDir + "/" + name + ".expected.safetensors");
+    const auto [weights, input, expected] = attn::test::Fixture(kDir, name);
     const auto [options, use_double] = attn::test::fixture_run(expected.metadata());
     const SafetensorsWriter result =
         use_double ? attn_run::run_multi_head_attention<double>(weights, input, options)
@@ -89,9 +87,7 @@ TEST(PytorchFixtures, EveryCaseMatchesPyTorch) {
 
 TEST(PytorchFixtures, FullyMaskedRowsAreZeroWhereTorchGivesNan) {
   // case045: bool (B*H, T_q, T_k) mask with two fully masked (batch, head, query) rows.
-  const auto weights = SafetensorsFile::open(kDir + "/case045.weights.safetensors");
-  const auto input = SafetensorsFile::open(kDir + "/case045.input.safetensors");
-  const auto expected = SafetensorsFile::open(kDir + "/case045.expected.safetensors");
+  const auto [weights, input, expected] = attn::test::Fixture(kDir, "case045");
   RunOptions options;
   options.num_heads = 4;
   options.need_weights = true;

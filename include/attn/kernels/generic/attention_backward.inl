@@ -314,15 +314,15 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
       if (j < end) pr[j] *= factor(j);
     }
   }
-  const auto target = [&](const TensorView<Scalar, 4>& t) {
-    return t.data() + b * t.stride(0) + (t.extent(1) == p.q.extent(1) ? h : kvh) * t.stride(1);
+  const auto target = [&](const TensorView<Scalar, 4>& t, Index head) {
+    return t.data() + b * t.stride(0) + head * t.stride(1);
   };
   // dV += A^T dO, dQ += scale dS K, dK += scale dS^T Q: added straight into the gradients
   // (this task owns the head).
-  micro_gemm<Scalar>(tk, dv, tq, prob, 1, tk, go, go_rs, target(p.grad_v), p.grad_v.stride(2),
+  micro_gemm<Scalar>(tk, dv, tq, prob, 1, tk, go, go_rs, target(p.grad_v, kvh), p.grad_v.stride(2),
                      Scalar(1), true, nullptr);
-  micro_gemm<Scalar>(tq, d, tk, grad, tk, 1, k, k_rs, target(p.grad_q), p.grad_q.stride(2), p.scale,
-                     true, nullptr);
-  micro_gemm<Scalar>(tk, d, tq, grad, 1, tk, q, q_rs, target(p.grad_k), p.grad_k.stride(2), p.scale,
-                     true, nullptr);
+  micro_gemm<Scalar>(tq, d, tk, grad, tk, 1, k, k_rs, target(p.grad_q, h), p.grad_q.stride(2),
+                     p.scale, true, nullptr);
+  micro_gemm<Scalar>(tk, d, tq, grad, 1, tk, q, q_rs, target(p.grad_k, kvh), p.grad_k.stride(2),
+                     p.scale, true, nullptr);
 }
