@@ -5,8 +5,9 @@
 // Glossary: B = batch, T = tokens (T_q queries, T_k keys), D = embedding width, H = heads.
 //
 // Run (one thread / all threads; FLOPS is "useful FLOP/s", see bench_support.hpp):
-//   OMP_NUM_THREADS=1 build/bench/bench/attention_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-//   OMP_WAIT_POLICY=ACTIVE build/bench/bench/attention_bench --benchmark_filter=Causal
+//   OMP_NUM_THREADS=1 build/bench/bench/attention_bench --benchmark_repetitions=5
+//   --benchmark_report_aggregates_only=true OMP_WAIT_POLICY=ACTIVE
+//   build/bench/bench/attention_bench --benchmark_filter=Causal
 // The naive reference (BM_NaiveAttention*) runs only on bench_support.hpp's
 // reference_shapes(); compare it with the BM_MultiHeadAttention* row of the same shape.
 
@@ -28,9 +29,9 @@ using attn::Index;
 using attn::bench::MhaShape;
 
 void set_counters(benchmark::State& state, const MhaShape& s) {
-  state.counters["FLOPS"] = benchmark::Counter(
-      attn::bench::mha_flops(s.b, s.tq, s.tk, s.d, s.h, s.causal, s.cross),
-      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOPS"] =
+      benchmark::Counter(attn::bench::mha_flops(s.b, s.tq, s.tk, s.d, s.h, s.causal, s.cross),
+                         benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = attn::num_threads();
 }
 
@@ -164,9 +165,8 @@ void add_shapes(benchmark::internal::Benchmark* bm, bool causal, bool cross, boo
   const auto add = [&](const std::vector<MhaShape>& shapes) {
     for (const MhaShape& s : shapes) {
       if (s.causal != causal || s.cross != cross) continue;
-      std::vector<std::int64_t> args =
-          cross ? std::vector<std::int64_t>{s.b, s.tq, s.tk, s.d, s.h}
-                : std::vector<std::int64_t>{s.b, s.tq, s.d, s.h};
+      std::vector<std::int64_t> args = cross ? std::vector<std::int64_t>{s.b, s.tq, s.tk, s.d, s.h}
+                                             : std::vector<std::int64_t>{s.b, s.tq, s.d, s.h};
       if (std::find(added.begin(), added.end(), args) != added.end()) continue;
       added.push_back(args);
       bm->Args(args);
@@ -192,19 +192,33 @@ void NaiveCrossShapes(benchmark::internal::Benchmark* bm) {
 // Real (wall) time: attn's OpenMP threads do the work, so the main thread's CPU time
 // would overstate the rate.
 BENCHMARK_TEMPLATE(BM_MultiHeadAttention, float)
-    ->Apply(SelfShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Apply(SelfShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_MultiHeadAttention_Unfrozen, float)
-    ->Apply(SelfShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Apply(SelfShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_MultiHeadAttention_Causal, float)
-    ->Apply(CausalShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Apply(CausalShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_MultiHeadAttention_Cross, float)
-    ->Apply(CrossShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Apply(CrossShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_NaiveAttention, float)
-    ->Apply(NaiveSelfShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Apply(NaiveSelfShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_NaiveAttention_Causal, float)
-    ->Apply(NaiveCausalShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Apply(NaiveCausalShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_NaiveAttention_Cross, float)
-    ->Apply(NaiveCrossShapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Apply(NaiveCrossShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -66,8 +66,7 @@ constexpr double out_proj_flops(Index b, Index tq, Index d) {
 }
 
 /// A whole multi-head attention forward (self when !cross, then T_k must equal T_q).
-constexpr double mha_flops(Index b, Index tq, Index tk, Index d, Index h, bool causal,
-                           bool cross) {
+constexpr double mha_flops(Index b, Index tq, Index tk, Index d, Index h, bool causal, bool cross) {
   return projection_flops(b, tq, tk, d, cross) + out_proj_flops(b, tq, d) +
          attention_flops(b, h, tq, tk, d / h, causal);
 }
@@ -91,9 +90,9 @@ struct MhaShape {
 /// D512 H8 causal and not; cross B8 T_q128 T_k512 D512 H8.
 inline const std::vector<MhaShape>& issue_shapes() {
   static const std::vector<MhaShape> shapes = {
-      {1, 128, 128, 512, 8, false, false},   {8, 512, 512, 512, 8, false, false},
+      {1, 128, 128, 512, 8, false, false},    {8, 512, 512, 512, 8, false, false},
       {1, 2048, 2048, 768, 12, false, false}, {1, 8192, 8192, 512, 8, false, false},
-      {1, 8192, 8192, 512, 8, true, false},  {8, 128, 512, 512, 8, false, true},
+      {1, 8192, 8192, 512, 8, true, false},   {8, 128, 512, 512, 8, false, true},
   };
   return shapes;
 }

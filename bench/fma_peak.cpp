@@ -47,7 +47,8 @@ constexpr float kAdd = 1e-6f;
 
 __attribute__((target("avx512f"))) float fma_loop_avx512(long outer) {
   __m512 acc[kChains512];
-  for (int j = 0; j < kChains512; ++j) acc[j] = _mm512_set1_ps(1.0f + 0.001f * static_cast<float>(j));
+  for (int j = 0; j < kChains512; ++j)
+    acc[j] = _mm512_set1_ps(1.0f + 0.001f * static_cast<float>(j));
   const __m512 m = _mm512_set1_ps(kMul), c = _mm512_set1_ps(kAdd);
   for (long i = 0; i < outer; ++i) {
     for (long r = 0; r < kInner; ++r) {
@@ -67,7 +68,8 @@ __attribute__((target("avx512f"))) float fma_loop_avx512(long outer) {
 
 __attribute__((target("avx2,fma"))) float fma_loop_avx2(long outer) {
   __m256 acc[kChains256];
-  for (int j = 0; j < kChains256; ++j) acc[j] = _mm256_set1_ps(1.0f + 0.001f * static_cast<float>(j));
+  for (int j = 0; j < kChains256; ++j)
+    acc[j] = _mm256_set1_ps(1.0f + 0.001f * static_cast<float>(j));
   const __m256 m = _mm256_set1_ps(kMul), c = _mm256_set1_ps(kAdd);
   for (long i = 0; i < outer; ++i) {
     for (long r = 0; r < kInner; ++r) {
@@ -146,7 +148,8 @@ std::vector<int> parse_list(const char* text) {
   std::size_t pos = 0;
   while (pos <= s.size()) {
     const std::size_t comma = s.find(',', pos);
-    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const std::string item =
+        s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (!item.empty()) values.push_back(std::max(1, std::atoi(item.c_str())));
     if (comma == std::string::npos) break;
     pos = comma + 1;

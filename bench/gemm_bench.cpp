@@ -7,7 +7,8 @@
 // Counter: FLOPS = 2*M*N*K per second.
 //
 // Run:
-//   OMP_NUM_THREADS=1 build/bench/bench/gemm_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   OMP_NUM_THREADS=1 build/bench/bench/gemm_bench --benchmark_repetitions=5
+//   --benchmark_report_aggregates_only=true
 
 #include <benchmark/benchmark.h>
 
@@ -31,7 +32,8 @@ template <class Scalar>
 void set_flops(benchmark::State& state) {
   const double flops = 2.0 * static_cast<double>(state.range(0)) *
                        static_cast<double>(state.range(1)) * static_cast<double>(state.range(2));
-  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOPS"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = attn::num_threads();
 }
 
@@ -39,7 +41,9 @@ void set_flops(benchmark::State& state) {
 template <class Scalar>
 struct Operands {
   explicit Operands(const benchmark::State& state)
-      : m(state.range(0)), n(state.range(1)), k(state.range(2)),
+      : m(state.range(0)),
+        n(state.range(1)),
+        k(state.range(2)),
         x(attn::bench::random_tensor<Scalar, 2>({m, k}, /*seed=*/1)),
         w(attn::bench::random_tensor<Scalar, 2>({n, k}, /*seed=*/2)),
         y({m, n}) {}
@@ -75,7 +79,10 @@ void BM_EigenGemm(benchmark::State& state) {
 }
 
 BENCHMARK_TEMPLATE(BM_Gemm, float)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_TEMPLATE(BM_EigenGemm, float)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_TEMPLATE(BM_EigenGemm, float)
+    ->Apply(GemmShapes)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 

@@ -12,7 +12,8 @@
 //
 // Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/kernel_bench --benchmark_filter=Streaming
-//   build/bench/bench/kernel_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   build/bench/bench/kernel_bench --benchmark_repetitions=5
+//   --benchmark_report_aggregates_only=true
 
 #include <benchmark/benchmark.h>
 
@@ -34,7 +35,7 @@ using attn::bench::MhaShape;
 // Packed inputs and the output of one kernel call, as MultiHeadAttention builds them.
 template <class Scalar>
 struct KernelInputs {
-  attn::Tensor<Scalar, 3> q_buf, kv_buf, out_buf;  // token-major: the naive loop's layout
+  attn::Tensor<Scalar, 3> q_buf, kv_buf, out_buf;     // token-major: the naive loop's layout
   attn::Tensor<Scalar, 4> q_heads, k_heads, v_heads;  // head-major copies: attn's inputs
   attn::TensorView<const Scalar, 4> q, k, v;
   attn::TensorView<Scalar, 4> out;
@@ -126,9 +127,9 @@ void run_naive(benchmark::State& state, bool causal, bool cross) {
   std::vector<Scalar> scratch(
       static_cast<std::size_t>(attn::bench::reference::max_threads() * s.tk));
   const auto call = [&] {
-    attn::bench::reference::attention_forward(in.out_buf.data(), in.q_buf.data(), in.q_ld,
-                                              in.k_ptr, in.v_ptr, in.kv_ld, s.b, s.tq, s.tk, s.d,
-                                              s.h, causal, scratch.data());
+    attn::bench::reference::attention_forward(in.out_buf.data(), in.q_buf.data(), in.q_ld, in.k_ptr,
+                                              in.v_ptr, in.kv_ld, s.b, s.tq, s.tk, s.d, s.h, causal,
+                                              scratch.data());
   };
 
   // The reference must agree with attn's kernel before its time means anything.
@@ -138,8 +139,8 @@ void run_naive(benchmark::State& state, bool causal, bool cross) {
                                              attn::bench::make_mask<Scalar>(causal));
   double max_err = 0;
   for (Index i = 0; i < naive_out.size(); ++i) {
-    max_err = std::max(
-        max_err, std::abs(static_cast<double>(naive_out.data()[i] - in.out_buf.data()[i])));
+    max_err = std::max(max_err,
+                       std::abs(static_cast<double>(naive_out.data()[i] - in.out_buf.data()[i])));
   }
   if (!(max_err < 1e-4)) {
     state.SkipWithError(("naive kernel and attn differ by " + std::to_string(max_err)).c_str());
@@ -241,9 +242,8 @@ void add_shapes(benchmark::internal::Benchmark* bm, bool cross, bool issue, bool
   const auto add = [&](const std::vector<MhaShape>& shapes) {
     for (const MhaShape& s : shapes) {
       if (s.cross != cross) continue;
-      std::vector<std::int64_t> args =
-          cross ? std::vector<std::int64_t>{s.b, s.tq, s.tk, s.d, s.h}
-                : std::vector<std::int64_t>{s.b, s.tq, s.d, s.h};
+      std::vector<std::int64_t> args = cross ? std::vector<std::int64_t>{s.b, s.tq, s.tk, s.d, s.h}
+                                             : std::vector<std::int64_t>{s.b, s.tq, s.d, s.h};
       if (std::find(added.begin(), added.end(), args) != added.end()) continue;
       added.push_back(args);
       bm->Args(args);

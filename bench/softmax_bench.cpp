@@ -8,7 +8,8 @@
 // FMA-bound, so it has no FLOPS counter.
 //
 // Run:
-//   build/bench/bench/softmax_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   build/bench/bench/softmax_bench --benchmark_repetitions=5
+//   --benchmark_report_aggregates_only=true
 
 #include <benchmark/benchmark.h>
 
@@ -24,10 +25,11 @@ using attn::Index;
 
 void set_counters(benchmark::State& state, Index rows, Index n, std::size_t scalar_bytes) {
   const double elems = static_cast<double>(rows) * static_cast<double>(n);
-  state.counters["Elems"] = benchmark::Counter(elems, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["Bytes"] =
-      benchmark::Counter(2.0 * elems * static_cast<double>(scalar_bytes),
-                         benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1024);
+  state.counters["Elems"] =
+      benchmark::Counter(elems, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["Bytes"] = benchmark::Counter(2.0 * elems * static_cast<double>(scalar_bytes),
+                                               benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1024);
 }
 
 // attn::softmax_ over the last (contiguous) axis, in place. The input is scores drawn in

@@ -6,7 +6,8 @@
 //
 // Args: B, T, D, H. Counter Bytes = bytes read + written per second (copy) or read per
 // second (access).
-// Run: build/bench/bench/tensor_view_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+// Run: build/bench/bench/tensor_view_bench --benchmark_repetitions=5
+// --benchmark_report_aggregates_only=true
 
 #include <benchmark/benchmark.h>
 
@@ -18,8 +19,8 @@ namespace {
 using attn::Index;
 
 void set_bytes(benchmark::State& state, double bytes) {
-  state.counters["Bytes"] = benchmark::Counter(
-      bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1024);
+  state.counters["Bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1024);
 }
 
 // attn::copy(split_heads(x), out): (B, T, D) -> contiguous (B, H, T, hd).

@@ -57,10 +57,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const attn_run::Arguments& args = parsed.arguments;
   const std::size_t file_begin = line_end < size ? line_end + 1 : size;
   try {
-    const auto input = attn::io::SafetensorsFile::from_bytes(data + file_begin, size - file_begin,
-                                                             "input");
-    const bool own_weights = !args.run.prefix.empty() &&
-                             input.contains(args.run.prefix + "out_proj.weight");
+    const auto input =
+        attn::io::SafetensorsFile::from_bytes(data + file_begin, size - file_begin, "input");
+    const bool own_weights =
+        !args.run.prefix.empty() && input.contains(args.run.prefix + "out_proj.weight");
     const attn::io::SafetensorsWriter result =
         attn_run::run(args, own_weights ? input : fixed_weights(), input);
     const auto back = attn::io::SafetensorsFile::from_bytes(result.to_bytes());

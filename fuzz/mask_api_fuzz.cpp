@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <type_traits>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -152,11 +152,13 @@ void build_mask(Bytes& in, Index b, Index h, Index tq, Index tk, MaskParts<Scala
   if (what & 4) {
     if (in.flag()) {
       parts.a2 = make_strided<Scalar, 2>(mask_shape<2>(in, b, h, tq, tk), in);
-      for (std::size_t i = 0; i < parts.a2.count; ++i) parts.a2.storage[i] = additive_value<Scalar>(in.u8());
+      for (std::size_t i = 0; i < parts.a2.count; ++i)
+        parts.a2.storage[i] = additive_value<Scalar>(in.u8());
       mask.additive(parts.a2.view);
     } else {
       parts.a4 = make_strided<Scalar, 4>(mask_shape<4>(in, b, h, tq, tk), in);
-      for (std::size_t i = 0; i < parts.a4.count; ++i) parts.a4.storage[i] = additive_value<Scalar>(in.u8());
+      for (std::size_t i = 0; i < parts.a4.count; ++i)
+        parts.a4.storage[i] = additive_value<Scalar>(in.u8());
       mask.additive(parts.a4.view);
     }
   }
@@ -167,7 +169,8 @@ void build_mask(Bytes& in, Index b, Index h, Index tq, Index tk, MaskParts<Scala
     mask.key_lengths(lengths);
   }
   if (what & 16) {
-    parts.padding = make_strided<bool, 2>(Shape<2>{in.u8() % 8 ? b : b + 1, in.u8() % 8 ? tk : 1}, in);
+    parts.padding =
+        make_strided<bool, 2>(Shape<2>{in.u8() % 8 ? b : b + 1, in.u8() % 8 ? tk : 1}, in);
     mask.key_padding(parts.padding.view);
   }
 }
@@ -207,8 +210,8 @@ void fuzz_sdpa(Bytes& in) {
   if (o & 4) options.dropout = (o & 8) ? 1.5 : 0.0;
   const Index ob = std::max<Index>(b, 0), oh = std::max<Index>(h, 0), oq = std::max<Index>(tq, 0),
               ok = std::max<Index>(tk, 0);
-  std::vector<Scalar> out1(static_cast<std::size_t>(ob * oh * oq * dv) + 1),
-      out2(out1.size()), weights(static_cast<std::size_t>(ob * oh * oq * ok) + 1);
+  std::vector<Scalar> out1(static_cast<std::size_t>(ob * oh * oq * dv) + 1), out2(out1.size()),
+      weights(static_cast<std::size_t>(ob * oh * oq * ok) + 1);
   const TensorView<Scalar, 4> o1(out1.data(), {ob, oh, oq, dv}), o2(out2.data(), {ob, oh, oq, dv});
   const TensorView<Scalar, 4> w(weights.data(), {ob, oh, oq, ok});
   attn::Workspace ws;
@@ -274,7 +277,8 @@ void fuzz_sizes(Bytes& in) {
   Index count = 0;
   const bool fits = attn::detail::checked_extent_product(shape, count);
   std::size_t bytes = 0;
-  const bool bytes_fit = fits && attn::detail::checked_bytes(static_cast<std::size_t>(count), 4, bytes);
+  const bool bytes_fit =
+      fits && attn::detail::checked_bytes(static_cast<std::size_t>(count), 4, bytes);
   const float x = 0;
   TensorView<const float, 3> v;
   try {
@@ -309,11 +313,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Bytes in(data, size);
   try {
     switch (in.u8() % 5) {
-      case 0: fuzz_sdpa<float>(in); break;
-      case 1: fuzz_sdpa<double>(in); break;
-      case 2: fuzz_view_ops(in); break;
-      case 3: fuzz_module(in); break;
-      default: fuzz_sizes(in); break;
+      case 0:
+        fuzz_sdpa<float>(in);
+        break;
+      case 1:
+        fuzz_sdpa<double>(in);
+        break;
+      case 2:
+        fuzz_view_ops(in);
+        break;
+      case 3:
+        fuzz_module(in);
+        break;
+      default:
+        fuzz_sizes(in);
+        break;
     }
   } catch (const std::logic_error&) {  // ShapeError, std::invalid_argument, std::out_of_range
   }

@@ -24,11 +24,21 @@ void read_all_ranks(const SafetensorsFile& file, const std::string& name) {
   try {
     switch (file.rank(name)) {
       case 0:
-      case 1: (void)file.get<Scalar, 1>(name); break;
-      case 2: (void)file.get<Scalar, 2>(name); break;
-      case 3: (void)file.get<Scalar, 3>(name); break;
-      case 4: (void)file.get<Scalar, 4>(name); break;
-      default: (void)file.values<Scalar>(name); break;
+      case 1:
+        (void)file.get<Scalar, 1>(name);
+        break;
+      case 2:
+        (void)file.get<Scalar, 2>(name);
+        break;
+      case 3:
+        (void)file.get<Scalar, 3>(name);
+        break;
+      case 4:
+        (void)file.get<Scalar, 4>(name);
+        break;
+      default:
+        (void)file.values<Scalar>(name);
+        break;
     }
     (void)file.get<Scalar, 2>(name);  // usually a rank mismatch
   } catch (const attn::io::FormatError&) {
@@ -40,7 +50,8 @@ void round_trip(const SafetensorsFile& file) {
   attn::io::SafetensorsWriter writer;
   for (const std::string& name : file.names()) {
     const attn::io::TensorInfo& info = file.info(name);
-    std::vector<unsigned char> bytes(file.raw_data(name), file.raw_data(name) + (info.end - info.begin));
+    std::vector<unsigned char> bytes(file.raw_data(name),
+                                     file.raw_data(name) + (info.end - info.begin));
     writer.add_raw(name, info.dtype, info.shape, std::move(bytes));
   }
   for (const auto& [key, value] : file.metadata()) writer.set_metadata(key, value);
@@ -49,7 +60,8 @@ void round_trip(const SafetensorsFile& file) {
   for (const std::string& name : file.names()) {
     const auto& a = file.info(name);
     const auto& b = again.info(name);
-    if (a.dtype != b.dtype || a.shape != b.shape || a.end - a.begin != b.end - b.begin) __builtin_trap();
+    if (a.dtype != b.dtype || a.shape != b.shape || a.end - a.begin != b.end - b.begin)
+      __builtin_trap();
   }
 }
 

@@ -31,6 +31,8 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 unset ATTN_ISA
 
 start=$(date +%s)
+# 0. Formatting: every C++ file as clang-format makes it (skipped without clang-format).
+"$ATTN_ROOT/scripts/check_format.sh"
 run_suite release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_BENCHMARKS=ON
 # 1b. Every test (but packaging and compile-fail, which run no kernel) on each narrower kernel

@@ -24,7 +24,8 @@
 
 #if defined(_OPENMP)
 #include <omp.h>
-#define ATTN_BENCH_OMP_PARALLEL_FOR_COLLAPSE2 _Pragma("omp parallel for collapse(2) schedule(static)")
+#define ATTN_BENCH_OMP_PARALLEL_FOR_COLLAPSE2 \
+  _Pragma("omp parallel for collapse(2) schedule(static)")
 #else
 #define ATTN_BENCH_OMP_PARALLEL_FOR_COLLAPSE2
 #endif
@@ -141,8 +142,8 @@ class NaiveMultiHeadAttention {
     Scalar* ctx = grow(ctx_, batch * t * d);
     Scalar* att = grow(att_, static_cast<Index>(max_threads()) * t);
     matmul_forward(qkv, 3 * d, x, w_in_.data(), b_in_.data(), batch * t, d, 3 * d);
-    attention_forward(ctx, qkv, 3 * d, qkv + d, qkv + 2 * d, 3 * d, batch, t, t, d, heads_,
-                      causal, att);
+    attention_forward(ctx, qkv, 3 * d, qkv + d, qkv + 2 * d, 3 * d, batch, t, t, d, heads_, causal,
+                      att);
     matmul_forward(out, d, ctx, w_out_.data(), b_out_.data(), batch * t, d, d);
   }
 

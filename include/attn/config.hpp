@@ -128,13 +128,13 @@
 #endif
 #define ATTN_ABI_DIGITS9_(a, b, c, d, e, f, g, h, i) a##b##c##d##e##f##g##h##i
 #define ATTN_ABI_DIGITS9(...) ATTN_ABI_DIGITS9_(__VA_ARGS__)
-#define ATTN_ABI_D1_                                                                     \
-  ATTN_ABI_DIGITS9(ATTN_ABI_SSE3_, ATTN_ABI_SSSE3_, ATTN_ABI_SSE41_, ATTN_ABI_SSE42_,     \
+#define ATTN_ABI_D1_                                                                  \
+  ATTN_ABI_DIGITS9(ATTN_ABI_SSE3_, ATTN_ABI_SSSE3_, ATTN_ABI_SSE41_, ATTN_ABI_SSE42_, \
                    ATTN_ABI_POPCNT_, ATTN_ABI_AVX_, ATTN_ABI_AVX2_, ATTN_ABI_FMA_, ATTN_ABI_F16C_)
-#define ATTN_ABI_D2_                                                                     \
-  ATTN_ABI_DIGITS9(ATTN_ABI_BMI_, ATTN_ABI_BMI2_, ATTN_ABI_LZCNT_, ATTN_ABI_MOVBE_,       \
-                   ATTN_ABI_AVX512F_, ATTN_ABI_AVX512CD_, ATTN_ABI_AVX512BW_,             \
-                   ATTN_ABI_AVX512DQ_, ATTN_ABI_AVX512VL_)
+#define ATTN_ABI_D2_                                                                              \
+  ATTN_ABI_DIGITS9(ATTN_ABI_BMI_, ATTN_ABI_BMI2_, ATTN_ABI_LZCNT_, ATTN_ABI_MOVBE_,               \
+                   ATTN_ABI_AVX512F_, ATTN_ABI_AVX512CD_, ATTN_ABI_AVX512BW_, ATTN_ABI_AVX512DQ_, \
+                   ATTN_ABI_AVX512VL_)
 #define ATTN_ABI_ISA_ ATTN_ABI_X86_(x86_)
 #else
 #define ATTN_ABI_ISA_ generic

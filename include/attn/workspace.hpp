@@ -67,7 +67,8 @@ class Workspace {
   // slots only; the others stay empty).
   static std::size_t index(detail::WorkspaceSlot slot, int thread) noexcept {
     return static_cast<std::size_t>(slot) +
-           static_cast<std::size_t>(thread) * static_cast<std::size_t>(detail::WorkspaceSlot::kCount);
+           static_cast<std::size_t>(thread) *
+               static_cast<std::size_t>(detail::WorkspaceSlot::kCount);
   }
 
   std::vector<detail::AlignedBuffer<std::byte>> slots_;

@@ -472,8 +472,8 @@ TYPED_TEST(KernelPaths, LongStridedKeysAreCopiedHeadMajorWithoutChangingResults)
   dense.causal(CausalAlignment::kBottomRight);
   dense.key_lengths({tk - 7});
   const auto expected = ref::attention(q.view(), k, v, dense, 1 / std::sqrt(ref::Real(hd)));
-  EXPECT_TRUE(ref::all_near(TensorView<const Scalar, 4>(out_strided.view()),
-                            expected.output.view(), ref::kernel_tolerance<Scalar>(hd, tk)));
+  EXPECT_TRUE(ref::all_near(TensorView<const Scalar, 4>(out_strided.view()), expected.output.view(),
+                            ref::kernel_tolerance<Scalar>(hd, tk)));
 }
 
 // out may be q itself (same data, shape and strides): every task reads its query rows before

@@ -104,8 +104,8 @@ TYPED_TEST(NonFiniteTest, CausalFutureKeysNeverReachEarlierQueries) {
         if (where == 1) dirty.v(0, 0, bad, 5) = nan;
         if (where == 2) dirty.v(0, 0, bad, 0) = inf;
         const T4<Scalar> out = attend(dirty, causal, path);
-        const std::string at = std::string(attn::isa_name(isa)) + " " + path.name + " case " +
-                               std::to_string(where);
+        const std::string at =
+            std::string(attn::isa_name(isa)) + " " + path.name + " case " + std::to_string(where);
         for (Index i = 0; i < kT; ++i) {
           if (i < bad) {
             for (Index e = 0; e < kD; ++e) {

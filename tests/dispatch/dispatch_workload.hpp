@@ -16,10 +16,10 @@
 #define ATTN_TEST_STR(x) ATTN_TEST_STR_(x)
 
 struct DispatchDigest {
-  std::uint64_t hash = 0;     // FNV-1a over the bytes of every output
-  std::string ran_on;         // attn::active_isa() while the workload ran
-  std::string abi_tag;        // this translation unit's inline namespace
-  std::string compiled_for;   // whether the unit was compiled with AVX2 / AVX-512 flags
+  std::uint64_t hash = 0;    // FNV-1a over the bytes of every output
+  std::string ran_on;        // attn::active_isa() while the workload ran
+  std::string abi_tag;       // this translation unit's inline namespace
+  std::string compiled_for;  // whether the unit was compiled with AVX2 / AVX-512 flags
 };
 
 DispatchDigest run_baseline_unit(attn::Isa isa, int threads);
@@ -53,9 +53,9 @@ void workload(Fnv& fnv) {
   mask.causal(attn::CausalAlignment::kTopLeft).key_lengths({77, 60});
   for (const bool frozen : {false, true}) {
     if (frozen) mha.freeze();
-    fnv.add(mha.forward(x));                                  // streaming, one fused GEMM
-    fnv.add(mha.forward(x, x, x, mask));                      // streaming with loop bounds
-    const auto r = mha.forward_with_weights(x, kv, kv);       // materialised, cross
+    fnv.add(mha.forward(x));                             // streaming, one fused GEMM
+    fnv.add(mha.forward(x, x, x, mask));                 // streaming with loop bounds
+    const auto r = mha.forward_with_weights(x, kv, kv);  // materialised, cross
     fnv.add(r.output);
     fnv.add(r.weights);
   }

@@ -127,8 +127,8 @@ void sdpa_cases(const std::string& tag) {
     attn::Index b, h, tq, tk, d, dv;
   };
   int si = 0;
-  for (const Shape s : {Shape{2, 3, 70, 150, 24, 16}, Shape{1, 2, 130, 130, 64, 64},
-                        Shape{2, 1, 5, 7, 8, 3}}) {
+  for (const Shape s :
+       {Shape{2, 3, 70, 150, 24, 16}, Shape{1, 2, 130, 130, 64, 64}, Shape{2, 1, 5, 7, 8, 3}}) {
     const std::string base = tag + "/sdpa" + std::to_string(si++);
     const auto q = rnd<Scalar>(attn::Shape<4>{s.b, s.h, s.tq, s.d}, 10 + si, -2, 2);
     const auto k = rnd<Scalar>(attn::Shape<4>{s.b, s.h, s.tk, s.d}, 20 + si, -2, 2);
@@ -162,8 +162,8 @@ void sdpa_cases(const std::string& tag) {
       unscaled.scale = 1.0;
       emit(base + "/" + name + "/alloc_unscaled",
            attn::scaled_dot_product_attention(q.view(), k.view(), v.view(), mask, unscaled));
-      const auto r = attn::scaled_dot_product_attention_with_weights(q.view(), k.view(), v.view(),
-                                                                      mask);
+      const auto r =
+          attn::scaled_dot_product_attention_with_weights(q.view(), k.view(), v.view(), mask);
       emit(base + "/" + name + "/allocw_out", r.output);
       emit(base + "/" + name + "/allocw_w", r.weights);
     }
@@ -220,8 +220,8 @@ void simple_cases(const std::string& tag) {
 }
 
 template <class Scalar, class Module>
-void single_head_module(const std::string& base, const Module& m, attn::Index d_in,
-                        attn::Index t, std::uint64_t seed, int calls) {
+void single_head_module(const std::string& base, const Module& m, attn::Index d_in, attn::Index t,
+                        std::uint64_t seed, int calls) {
   const auto x3 = rnd<Scalar>(attn::Shape<3>{2, t, d_in}, seed);
   const auto x2 = rnd<Scalar>(attn::Shape<2>{t, d_in}, seed + 1);
   const auto wide = rnd<Scalar>(attn::Shape<3>{2, t, d_in + 4}, seed + 2);
@@ -379,8 +379,7 @@ void mha_cases(const std::string& tag) {
       attn::manual_seed(123);
       attn::MultiHeadAttention<Scalar> m(6, 8, 100, p, 2, bias);
       m.seed(3);
-      const std::string base =
-          tag + "/mha_nb_b" + std::to_string(bias) + "_p" + std::to_string(p);
+      const std::string base = tag + "/mha_nb_b" + std::to_string(bias) + "_p" + std::to_string(p);
       mha_run<Scalar>(base, m, 100, 100, 100, true, false);
       m.eval();
       mha_run<Scalar>(base + "_eval", m, 100, 100, 100, true, false);
@@ -393,10 +392,10 @@ void mha_cases(const std::string& tag) {
     bool bias;
   };
   int ci = 0;
-  for (const Config c : {Config{12, 3, 0, 0, 0, true}, Config{12, 3, 0, 0, 0, false},
-                         Config{8, 2, 5, 5, 0, true}, Config{6, 2, 5, 7, 8, false},
-                         Config{768, 32, 0, 0, 0, true}, Config{768, 32, 40, 56, 0, false},
-                         Config{64, 1, 0, 0, 0, true}}) {
+  for (const Config c :
+       {Config{12, 3, 0, 0, 0, true}, Config{12, 3, 0, 0, 0, false}, Config{8, 2, 5, 5, 0, true},
+        Config{6, 2, 5, 7, 8, false}, Config{768, 32, 0, 0, 0, true},
+        Config{768, 32, 40, 56, 0, false}, Config{64, 1, 0, 0, 0, true}}) {
     auto o = O::pytorch(c.d, c.heads, c.bias, c.kdim, c.vdim);
     if (c.d_out > 0) o.d_out = c.d_out;
     attn::TorchGenerator gen(200 + ci);

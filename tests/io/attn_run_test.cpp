@@ -4,7 +4,6 @@
 // --output naming the --input file never destroys it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/resource.h>
 
 #include <csignal>
@@ -71,7 +70,7 @@ std::vector<unsigned char> integer_bytes(const std::vector<int>& v, DType d, int
   return out;
 }
 const std::vector<int> kTriu = {0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0};  // (T, T)
-const std::vector<int> kPadding = {0, 0, 1, 1, 0, 1, 0, 0};                      // (B, T)
+const std::vector<int> kPadding = {0, 0, 1, 1, 0, 1, 0, 0};                       // (B, T)
 
 TEST(AttnRunMasks, U8AttnMaskBlocksLikeBool) {
   // U8 was added to the scores as 0/1 floats (relative error ~1 against PyTorch).
@@ -96,17 +95,18 @@ TEST(AttnRunMasks, OtherIntegerMasksAreErrors) {
       } else {
         w.add_raw(name, d, {kB, kT}, integer_bytes(kPadding, d));
       }
-      EXPECT_THAT([&] { output_of(w); },
-                  ThrowsMessage<FormatError>(HasSubstr(std::string(name) + " has dtype " +
-                                                       attn::io::dtype_name(d) +
-                                                       "; expected BOOL or U8")));
+      EXPECT_THAT(
+          [&] { output_of(w); },
+          ThrowsMessage<FormatError>(HasSubstr(std::string(name) + " has dtype " +
+                                               attn::io::dtype_name(d) + "; expected BOOL or U8")));
     }
   }
 }
 
 TEST(AttnRunMasks, U8KeyPaddingMaskBlocksLikeBool) {
   SafetensorsWriter as_bool = query_writer();
-  as_bool.add_raw("key_padding_mask", DType::kBool, {kB, kT}, integer_bytes(kPadding, DType::kBool));
+  as_bool.add_raw("key_padding_mask", DType::kBool, {kB, kT},
+                  integer_bytes(kPadding, DType::kBool));
   SafetensorsWriter as_u8 = query_writer();
   as_u8.add_raw("key_padding_mask", DType::kU8, {kB, kT}, integer_bytes(kPadding, DType::kU8, 3));
   EXPECT_EQ(output_of(as_u8), output_of(as_bool));
@@ -153,9 +153,10 @@ TEST(AttnRunMasks, FloatKeyPaddingMaskNextToAnAttnMaskIsAnError) {
     } else {
       w.add("attn_mask", Tensor<float, 2>({kT, kT}));
     }
-    EXPECT_THAT([&] { output_of(w); },
-                ThrowsMessage<FormatError>(HasSubstr(
-                    "key_padding_mask is F32 (added to the scores) and an attn_mask is given too")));
+    EXPECT_THAT(
+        [&] { output_of(w); },
+        ThrowsMessage<FormatError>(HasSubstr(
+            "key_padding_mask is F32 (added to the scores) and an attn_mask is given too")));
   }
 }
 
@@ -163,8 +164,8 @@ TEST(AttnRunMasks, KeyPaddingMaskShapeIsChecked) {
   SafetensorsWriter w = query_writer();
   w.add("key_padding_mask", Tensor<float, 2>({kB, kT + 1}));
   EXPECT_THAT([&] { output_of(w); },
-              ThrowsMessage<FormatError>(HasSubstr(
-                  "key_padding_mask has shape [2, 5], expected (B, T_k) = [2, 4]")));
+              ThrowsMessage<FormatError>(
+                  HasSubstr("key_padding_mask has shape [2, 5], expected (B, T_k) = [2, 4]")));
 }
 
 TEST(AttnRunMasks, HugeBatchTimesHeadsIsAMismatchNotAnOverflow) {
@@ -275,8 +276,9 @@ TEST(AttnRunFiles, OutputOverInputFailingKeepsTheInput) {
     const rlimit limit{256, 256};  // the output alone is 256 bytes of data
     if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 3;
     std::ostringstream out, err;
-    const int code = attn_run::main({"--weights", w, "--input", x, "--output", x,
-                                     "--num-heads", "2", "--need-weights"}, out, err);
+    const int code = attn_run::main(
+        {"--weights", w, "--input", x, "--output", x, "--num-heads", "2", "--need-weights"}, out,
+        err);
     return code == 1 && err.str().find("the file is unchanged") != std::string::npos ? 0 : 1;
   });
   EXPECT_EQ(status, 0);
@@ -290,8 +292,10 @@ TEST(AttnRunFiles, OutputOverInputSucceedingReplacesIt) {
   weights_writer().save(w);
   query_writer().save(x);
   std::ostringstream out, err;
-  ASSERT_EQ(attn_run::main({"--weights", w, "--input", x, "--output", x, "--num-heads", "2"},
-                           out, err), 0) << err.str();
+  ASSERT_EQ(
+      attn_run::main({"--weights", w, "--input", x, "--output", x, "--num-heads", "2"}, out, err),
+      0)
+      << err.str();
   const SafetensorsFile y = SafetensorsFile::open(x);
   EXPECT_EQ(y.values<float>("output"), output_of(query_writer()));
 }

@@ -5,7 +5,6 @@
 // standard-library backend: streamed reading, no POSIX calls).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,13 +28,13 @@
 
 namespace {
 
-using attn::test::read_bytes;
-using attn::test::run_in_child;
-using attn::test::TempDir;
 using attn::io::FormatError;
 using attn::io::IoError;
 using attn::io::SafetensorsFile;
 using attn::io::SafetensorsWriter;
+using attn::test::read_bytes;
+using attn::test::run_in_child;
+using attn::test::TempDir;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::ThrowsMessage;
@@ -67,7 +66,8 @@ TEST(ATTN_FILE_TEST, FifoIsRejectedAtOnce) {
           SafetensorsFile::open(fifo);
         } catch (const IoError& e) {
           return std::string(e.what()).find("is not a regular file (a FIFO)") != std::string::npos
-                     ? 0 : 2;
+                     ? 0
+                     : 2;
         }
         return 1;
       },
@@ -79,8 +79,9 @@ TEST(ATTN_FILE_TEST, DirectoriesAndDevicesAreNotRegularFiles) {
   const TempDir dir;
   EXPECT_THAT([&] { SafetensorsFile::open(dir.path()); },
               ThrowsMessage<IoError>(HasSubstr("is not a regular file (a directory)")));
-  EXPECT_THAT([] { SafetensorsFile::open("/dev/null"); },
-              ThrowsMessage<IoError>(HasSubstr("'/dev/null' is not a regular file (a character device)")));
+  EXPECT_THAT(
+      [] { SafetensorsFile::open("/dev/null"); },
+      ThrowsMessage<IoError>(HasSubstr("'/dev/null' is not a regular file (a character device)")));
 }
 
 TEST(ATTN_FILE_TEST, ReadsFilesLargerThanOneChunk) {
@@ -192,7 +193,8 @@ TEST(ATTN_FILE_TEST, SaveIntoADirectoryThatCannotBeWrittenKeepsTheOldFile) {
 
 TEST(ATTN_FILE_TEST, SaveIntoAMissingDirectoryNamesThePath) {
   EXPECT_THAT([] { writer_of(1, 0.0f).save("/nonexistent/dir/out.safetensors"); },
-              ThrowsMessage<IoError>(HasSubstr("cannot open '/nonexistent/dir/out.safetensors' for writing")));
+              ThrowsMessage<IoError>(
+                  HasSubstr("cannot open '/nonexistent/dir/out.safetensors' for writing")));
 }
 
 TEST(ATTN_FILE_TEST, MissingOrEmptyFile) {

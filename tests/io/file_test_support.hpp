@@ -3,6 +3,7 @@
 // body in a forked child (for process limits, dropped privileges and calls that may hang).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -17,8 +18,6 @@
 #include <string>
 #include <system_error>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace attn::test {
 

@@ -19,9 +19,9 @@
 namespace {
 
 using attn::io::FormatError;
-using attn_run::RunOptions;
 using attn::io::SafetensorsFile;
 using attn::io::SafetensorsWriter;
+using attn_run::RunOptions;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
@@ -108,7 +108,9 @@ SafetensorsFile small_weights() {
   return SafetensorsFile::from_bytes(w.to_bytes(), "w.safetensors");
 }
 
-SafetensorsFile inputs(SafetensorsWriter& w) { return SafetensorsFile::from_bytes(w.to_bytes(), "x.safetensors"); }
+SafetensorsFile inputs(SafetensorsWriter& w) {
+  return SafetensorsFile::from_bytes(w.to_bytes(), "x.safetensors");
+}
 
 TEST(Runner, RejectsMissingQueryAndUnpairedKey) {
   RunOptions o;
@@ -118,9 +120,11 @@ TEST(Runner, RejectsMissingQueryAndUnpairedKey) {
   EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(none), o); },
               ThrowsMessage<FormatError>(HasSubstr("'x.safetensors' has no tensor 'query'")));
   SafetensorsWriter key_only;
-  key_only.add("query", attn::Tensor<float, 3>({1, 2, 4})).add("key", attn::Tensor<float, 3>({1, 3, 4}));
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(key_only), o); },
-              ThrowsMessage<FormatError>(HasSubstr("has 'key' but no 'value'")));
+  key_only.add("query", attn::Tensor<float, 3>({1, 2, 4}))
+      .add("key", attn::Tensor<float, 3>({1, 3, 4}));
+  EXPECT_THAT(
+      [&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(key_only), o); },
+      ThrowsMessage<FormatError>(HasSubstr("has 'key' but no 'value'")));
 }
 
 TEST(Runner, RejectsMisshapedMasksNamingTheExpectedShapes) {
@@ -137,8 +141,8 @@ TEST(Runner, RejectsMisshapedMasksNamingTheExpectedShapes) {
   p.add("query", attn::Tensor<float, 3>({3, 2, 4}));
   p.add("key_padding_mask", attn::Tensor<bool, 2>({3, 3}));
   EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(p), o); },
-              ThrowsMessage<FormatError>(HasSubstr(
-                  "key_padding_mask has shape [3, 3], expected (B, T_k) = [3, 2]")));
+              ThrowsMessage<FormatError>(
+                  HasSubstr("key_padding_mask has shape [3, 3], expected (B, T_k) = [3, 2]")));
 }
 
 TEST(Runner, WrongEmbeddingSizeIsAShapeError) {

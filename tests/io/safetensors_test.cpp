@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // tests/io/safetensors_test.cpp: safetensors round trips, dtype conversion, and a clear
 // FormatError (never a crash) for every kind of malformed file.
+#include "attn/io/safetensors.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "attn/attn.hpp"
-#include "attn/io/safetensors.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -42,9 +43,7 @@ SafetensorsFile parse(const std::string& header, std::size_t data_bytes) {
   return SafetensorsFile::from_bytes(make_file(header, data_bytes), "test.safetensors");
 }
 
-std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "attn_io_" + name;
-}
+std::string temp_path(const std::string& name) { return ::testing::TempDir() + "attn_io_" + name; }
 
 TEST(Safetensors, RoundTripsFloatDoubleAndBool) {
   const auto f = attn::test::random_tensor<float, 3>({2, 3, 4}, 1);
@@ -143,10 +142,9 @@ TEST(Safetensors, BoolBytesOtherThanOneReadAsTrue) {
 
 TEST(Safetensors, AcceptsEmptyAndZeroSizedTensorsAndScalars) {
   EXPECT_EQ(parse("{}", 0).size(), 0u);
-  const auto file = parse(
-      R"({"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},)"
-      R"("s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})",
-      4);
+  const auto file = parse(R"({"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},)"
+                          R"("s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})",
+                          4);
   EXPECT_EQ((file.get<float, 2>("z")).size(), 0);
   EXPECT_THAT((file.get<float, 1>("s")).shape(), ElementsAre(1));
 }
@@ -154,14 +152,18 @@ TEST(Safetensors, AcceptsEmptyAndZeroSizedTensorsAndScalars) {
 // ---- malformed files: each is a FormatError naming the file and the values ----
 
 TEST(SafetensorsMalformed, FileShorterThanLengthField) {
-  EXPECT_THAT([] { SafetensorsFile::from_bytes(std::vector<unsigned char>{1, 2, 3}, "short"); },
-              ThrowsMessage<FormatError>(HasSubstr("'short': file is 3 bytes")));
+  EXPECT_THAT(
+      [] {
+        SafetensorsFile::from_bytes(std::vector<unsigned char>{1, 2, 3}, "short");
+      },
+      ThrowsMessage<FormatError>(HasSubstr("'short': file is 3 bytes")));
 }
 
 TEST(SafetensorsMalformed, HugeHeaderLength) {
   const auto bytes = make_file("{}", 0, 1ull << 40);
-  EXPECT_THAT([&] { SafetensorsFile::from_bytes(bytes); },
-              ThrowsMessage<FormatError>(HasSubstr("header length 1099511627776 exceeds the limit")));
+  EXPECT_THAT(
+      [&] { SafetensorsFile::from_bytes(bytes); },
+      ThrowsMessage<FormatError>(HasSubstr("header length 1099511627776 exceeds the limit")));
 }
 
 TEST(SafetensorsMalformed, HeaderLengthPastEndOfFile) {
@@ -217,8 +219,7 @@ TEST(SafetensorsMalformed, OverflowingShape) {
   // zero elements, but the other extents would still overflow strides
   EXPECT_THAT(
       [] {
-        parse(R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})",
-              0);
+        parse(R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", 0);
       },
       ThrowsMessage<FormatError>(HasSubstr("overflows")));
   // element count fits, bytes (x8) overflow 2^64
@@ -265,7 +266,8 @@ TEST(SafetensorsMalformed, OverlappingTensors) {
 
 TEST(SafetensorsMalformed, GapAndTrailingBytes) {
   EXPECT_THAT([] { parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8); },
-              ThrowsMessage<FormatError>(HasSubstr("bytes [0, 4) of the data section belong to no tensor")));
+              ThrowsMessage<FormatError>(
+                  HasSubstr("bytes [0, 4) of the data section belong to no tensor")));
   EXPECT_THAT([] { parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 9); },
               ThrowsMessage<FormatError>(HasSubstr("cover 4 bytes but the data section has 9")));
 }
@@ -282,10 +284,12 @@ TEST(SafetensorsMalformed, UnconvertibleDtypes) {
                           R"("w":{"dtype":"F32","shape":[1],"data_offsets":[2,6]},)"
                           R"("e":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[6,7]}})",
                           7);
-  EXPECT_THAT([&] { (file.get<float, 1>("m")); },
-              ThrowsMessage<FormatError>(HasSubstr("'m' has dtype BOOL, which cannot be read as float")));
-  EXPECT_THAT([&] { (file.get<bool, 1>("w")); },
-              ThrowsMessage<FormatError>(HasSubstr("'w' has dtype F32, which cannot be read as bool")));
+  EXPECT_THAT(
+      [&] { (file.get<float, 1>("m")); },
+      ThrowsMessage<FormatError>(HasSubstr("'m' has dtype BOOL, which cannot be read as float")));
+  EXPECT_THAT(
+      [&] { (file.get<bool, 1>("w")); },
+      ThrowsMessage<FormatError>(HasSubstr("'w' has dtype F32, which cannot be read as bool")));
   EXPECT_THAT([&] { (file.get<double, 1>("e")); },
               ThrowsMessage<FormatError>(HasSubstr("8-bit float formats are not supported")));
 }
@@ -306,12 +310,12 @@ std::string nested(std::size_t depth, const std::string& inner = "") {
 TEST(SafetensorsNesting, DeepHeadersAreFormatErrorsWherever) {
   const std::string deep = nested(100000);
   const std::vector<std::string> headers = {
-      "{\"x\":" + deep + "}",                                                    // a tensor entry
-      R"({"w":{"dtype":)" + deep + R"(,"shape":[1],"data_offsets":[0,4]}})",   // a dtype
-      R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,4]}})", // a shape
-      R"({"__metadata__":{"k":)" + deep + "}}",                                // __metadata__
+      "{\"x\":" + deep + "}",                                                   // a tensor entry
+      R"({"w":{"dtype":)" + deep + R"(,"shape":[1],"data_offsets":[0,4]}})",    // a dtype
+      R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,4]}})",  // a shape
+      R"({"__metadata__":{"k":)" + deep + "}}",                                 // __metadata__
       R"({"__metadata__":)" + deep + "}",
-      deep,                                                                    // the header
+      deep,  // the header
   };
   for (const std::string& header : headers) {
     SCOPED_TRACE(header.substr(0, 40));
@@ -368,12 +372,18 @@ TEST(SafetensorsMalformed, DuplicateTensorNamesAndKeys) {
 TEST(SafetensorsWriter, ByteCountsThatOverflowAreRejected) {
   SafetensorsWriter writer;
   // 2^62 x 4 x 4 bytes: the byte count wraps to 0 in 64 bits, which an empty buffer matched
-  EXPECT_THAT([&] { writer.add_raw("w", DType::kF32, {attn::Index(1) << 62, 4}, {}); },
-              ThrowsMessage<std::invalid_argument>(
-                  HasSubstr("tensor 'w' (F32, shape [4611686018427387904, 4]) has a byte count "
-                            "that overflows")));
-  EXPECT_THAT([&] { writer.add_raw("w", DType::kU8, {attn::Index(1) << 32, attn::Index(1) << 32}, {}); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("overflows")));
+  EXPECT_THAT(
+      [&] {
+        writer.add_raw("w", DType::kF32, {attn::Index(1) << 62, 4}, {});
+      },
+      ThrowsMessage<std::invalid_argument>(
+          HasSubstr("tensor 'w' (F32, shape [4611686018427387904, 4]) has a byte count "
+                    "that overflows")));
+  EXPECT_THAT(
+      [&] {
+        writer.add_raw("w", DType::kU8, {attn::Index(1) << 32, attn::Index(1) << 32}, {});
+      },
+      ThrowsMessage<std::invalid_argument>(HasSubstr("overflows")));
   // a broadcast view of 2^62 floats: sizes fit an index, bytes (2^64) do not
   const float one = 1.0f;
   const attn::TensorView<const float, 1> broadcast(&one, {attn::Index(1) << 62}, {0});
@@ -398,8 +408,11 @@ TEST(SafetensorsWriter, RejectsDuplicateReservedAndMissizedTensors) {
               ThrowsMessage<std::invalid_argument>(HasSubstr("tensor 'a' was already added")));
   EXPECT_THAT([&] { writer.add("__metadata__", attn::Tensor<float, 1>({2})); },
               ThrowsMessage<std::invalid_argument>(HasSubstr("reserved")));
-  EXPECT_THAT([&] { writer.add_raw("b", DType::kF32, {3}, {0, 0, 0, 0}); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("needs 12 bytes, got 4")));
+  EXPECT_THAT(
+      [&] {
+        writer.add_raw("b", DType::kF32, {3}, {0, 0, 0, 0});
+      },
+      ThrowsMessage<std::invalid_argument>(HasSubstr("needs 12 bytes, got 4")));
   EXPECT_THAT([&] { writer.save("/nonexistent/dir/out.safetensors"); },
               ThrowsMessage<IoError>(HasSubstr("cannot open '/nonexistent/dir/out.safetensors'")));
 }

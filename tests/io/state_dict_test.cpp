@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
 // tests/io/state_dict_test.cpp: loading and saving modules under PyTorch's state_dict names.
+#include "attn/io/state_dict.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "attn/attn.hpp"
-#include "attn/io/state_dict.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -24,12 +25,11 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 template <class Scalar>
-attn::MultiHeadAttention<Scalar> make_mha(attn::Index e, attn::Index h, bool bias,
-                                          attn::Index kdim, attn::Index vdim,
-                                          std::uint64_t seed) {
+attn::MultiHeadAttention<Scalar> make_mha(attn::Index e, attn::Index h, bool bias, attn::Index kdim,
+                                          attn::Index vdim, std::uint64_t seed) {
   attn::TorchGenerator gen(seed);
-  attn::MultiHeadAttention<Scalar> m(attn::MultiHeadAttentionOptions::pytorch(e, h, bias, kdim, vdim),
-                                     gen);
+  attn::MultiHeadAttention<Scalar> m(
+      attn::MultiHeadAttentionOptions::pytorch(e, h, bias, kdim, vdim), gen);
   m.eval();
   // pytorch() zeroes the biases: give them values so a lost bias shows.
   if (bias) {
@@ -41,7 +41,9 @@ attn::MultiHeadAttention<Scalar> make_mha(attn::Index e, attn::Index h, bool bia
   return m;
 }
 
-SafetensorsFile reopen(const SafetensorsWriter& w) { return SafetensorsFile::from_bytes(w.to_bytes()); }
+SafetensorsFile reopen(const SafetensorsWriter& w) {
+  return SafetensorsFile::from_bytes(w.to_bytes());
+}
 
 template <class Scalar>
 void expect_same_forward(const attn::MultiHeadAttention<Scalar>& a,
@@ -145,8 +147,9 @@ TEST(StateDict, BiasTheModuleLacksAndBiasKvAreErrors) {
               ThrowsMessage<StateDictError>(
                   HasSubstr("has 'in_proj_bias' but this module was built without that bias")));
   w.add("bias_k", attn::Tensor<float, 3>({1, 1, 8}));
-  EXPECT_THAT([&] { attn::io::load_state_dict(with_bias, reopen(w)); },
-              ThrowsMessage<StateDictError>(HasSubstr("'bias_k': add_bias_kv=True is not supported")));
+  EXPECT_THAT(
+      [&] { attn::io::load_state_dict(with_bias, reopen(w)); },
+      ThrowsMessage<StateDictError>(HasSubstr("'bias_k': add_bias_kv=True is not supported")));
 }
 
 TEST(StateDict, WrongPrefixSaysWhatIsThere) {

@@ -5,6 +5,8 @@
 // blocking boundary (several column tiles of unequal remainder, several depth blocks, ragged
 // micro-tiles, head-split segments that are not a multiple of the micro-panel width), against a
 // long double loop, and bit-identical for any thread count.
+#include "attn/detail/gemm.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "attn/attn.hpp"
-#include "attn/detail/gemm.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
@@ -86,10 +87,9 @@ std::vector<Scalar> run(const GemmCase& c, const Operands<Scalar>& ops, bool wit
   std::vector<Scalar> result(buffer.size());
   for (Index i = 0; i < c.m; ++i) {
     for (Index j = 0; j < c.n; ++j) {
-      result[static_cast<std::size_t>(i * c.n + j)] =
-          buffer[static_cast<std::size_t>((i / rows) * segments * rows * segment +
-                                          (j / segment) * rows * segment + (i % rows) * segment +
-                                          j % segment)];
+      result[static_cast<std::size_t>(i * c.n + j)] = buffer[static_cast<std::size_t>(
+          (i / rows) * segments * rows * segment + (j / segment) * rows * segment +
+          (i % rows) * segment + j % segment)];
     }
   }
   return result;

@@ -29,24 +29,24 @@ using attn::Isa;
 // Per set: one partial load and one partial store of n lanes, and exp over an array.
 #define ATTN_SIMD_TEST_HELPERS(set)                                                         \
   namespace set##_helpers {                                                                 \
-  template <class Scalar>                                                                   \
-  int width() {                                                                             \
-    return attn::kernels::set::Vec<Scalar>::kWidth;                                         \
-  }                                                                                         \
-  template <class Scalar>                                                                   \
-  void partial(const Scalar* src, Index n, Scalar* loaded, Scalar* dst) {                   \
-    using V = attn::kernels::set::Vec<Scalar>;                                              \
-    V::store(loaded, V::load_partial(src, n));                                              \
-    V::store_partial(dst, V::load(src), n);                                                 \
-  }                                                                                         \
-  template <class Scalar>                                                                   \
-  void exp_array(const Scalar* x, Scalar* y, Index n) {                                     \
-    using V = attn::kernels::set::Vec<Scalar>;                                              \
-    for (Index i = 0; i < n; i += V::kWidth) {                                              \
-      V::store_partial(y + i, attn::kernels::set::vexp<V>(V::load_partial(x + i, n - i)),   \
-                       n - i);                                                              \
+    template <class Scalar>                                                                 \
+    int width() {                                                                           \
+      return attn::kernels::set::Vec<Scalar>::kWidth;                                       \
     }                                                                                       \
-  }                                                                                         \
+    template <class Scalar>                                                                 \
+    void partial(const Scalar* src, Index n, Scalar* loaded, Scalar* dst) {                 \
+      using V = attn::kernels::set::Vec<Scalar>;                                            \
+      V::store(loaded, V::load_partial(src, n));                                            \
+      V::store_partial(dst, V::load(src), n);                                               \
+    }                                                                                       \
+    template <class Scalar>                                                                 \
+    void exp_array(const Scalar* x, Scalar* y, Index n) {                                   \
+      using V = attn::kernels::set::Vec<Scalar>;                                            \
+      for (Index i = 0; i < n; i += V::kWidth) {                                            \
+        V::store_partial(y + i, attn::kernels::set::vexp<V>(V::load_partial(x + i, n - i)), \
+                         n - i);                                                            \
+      }                                                                                     \
+    }                                                                                       \
   }
 
 ATTN_TARGET_SCALAR_BEGIN
@@ -86,8 +86,8 @@ std::vector<SetHelpers<Scalar>> runnable_sets() {
                     &avx2_helpers::exp_array<Scalar>});
   }
   if (attn::best_isa() >= Isa::kAvx512) {
-    sets.push_back({Isa::kAvx512, &avx512_helpers::width<Scalar>,
-                    &avx512_helpers::partial<Scalar>, &avx512_helpers::exp_array<Scalar>});
+    sets.push_back({Isa::kAvx512, &avx512_helpers::width<Scalar>, &avx512_helpers::partial<Scalar>,
+                    &avx512_helpers::exp_array<Scalar>});
   }
 #endif
   return sets;
@@ -141,14 +141,15 @@ TYPED_TEST(SimdTest, ExpIsAccurateToAFewUlpsOverTheWholeRange) {
     for (std::size_t i = 0; i < x.size(); ++i) {
       const long double ref = std::exp(static_cast<long double>(x[i]));
       if (ref > static_cast<long double>(Limits::max())) continue;  // rounds up past max
-      const long double ulp = std::nextafter(static_cast<Scalar>(ref), Limits::infinity()) -
-                              static_cast<Scalar>(ref);
+      const long double ulp =
+          std::nextafter(static_cast<Scalar>(ref), Limits::infinity()) - static_cast<Scalar>(ref);
       const double err = static_cast<double>(std::fabs(static_cast<long double>(y[i]) - ref) / ulp);
       worst = std::max(worst, err);
       ASSERT_LE(err, max_ulps) << attn::isa_name(set.isa) << " exp(" << x[i] << ") = " << y[i]
                                << ", expected " << static_cast<double>(ref);
     }
-    this->RecordProperty(std::string("worst_ulps_") + attn::isa_name(set.isa), std::to_string(worst));
+    this->RecordProperty(std::string("worst_ulps_") + attn::isa_name(set.isa),
+                         std::to_string(worst));
   }
 }
 
@@ -158,15 +159,15 @@ TYPED_TEST(SimdTest, ExpFollowsIeeeAtTheEdges) {
   const Scalar nan = Limits::quiet_NaN(), inf = Limits::infinity();
   const Scalar hi = std::log(Limits::max());
   // NaN in any lane position, with finite neighbours: every NaN lane stays NaN.
-  const std::vector<Scalar> x = {nan,  Scalar(0), inf,           -inf,           Scalar(1e4),
-                                 Scalar(-1e4), nan,  hi * Scalar(1.01), Scalar(-745), Scalar(0),
-                                 Scalar(1),    nan,  Scalar(-0.0),      Scalar(2),    -nan,
-                                 Scalar(-1)};
+  const std::vector<Scalar> x = {
+      nan,          Scalar(0), inf,       -inf, Scalar(1e4),  Scalar(-1e4), nan,  hi * Scalar(1.01),
+      Scalar(-745), Scalar(0), Scalar(1), nan,  Scalar(-0.0), Scalar(2),    -nan, Scalar(-1)};
   std::vector<Scalar> y(x.size());
   for (const auto& set : runnable_sets<Scalar>()) {
     set.exp_array(x.data(), y.data(), static_cast<Index>(x.size()));
     for (std::size_t i = 0; i < x.size(); ++i) {
-      const std::string at = std::string(attn::isa_name(set.isa)) + " exp(" + std::to_string(x[i]) + ")";
+      const std::string at =
+          std::string(attn::isa_name(set.isa)) + " exp(" + std::to_string(x[i]) + ")";
       if (std::isnan(x[i])) {
         EXPECT_TRUE(std::isnan(y[i])) << at << " = " << y[i];
       } else if (x[i] > hi) {

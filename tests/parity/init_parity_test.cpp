@@ -20,16 +20,15 @@ namespace {
 
 using attn::test::pytorch::bit_equal;
 using attn::test::pytorch::CaseName;
-using attn::test::pytorch::LinearInitCase;
 using attn::test::pytorch::linear_init_cases;
-using attn::test::pytorch::MhaInitCase;
+using attn::test::pytorch::LinearInitCase;
 using attn::test::pytorch::mha_init_cases;
+using attn::test::pytorch::MhaInitCase;
 using attn::test::pytorch::view;
 
 template <class S>
 attn::MultiHeadAttentionOptions options_of(const MhaInitCase<S>& c) {
-  return attn::MultiHeadAttentionOptions::pytorch(c.embed_dim, c.num_heads, c.bias, c.kdim,
-                                                  c.vdim);
+  return attn::MultiHeadAttentionOptions::pytorch(c.embed_dim, c.num_heads, c.bias, c.kdim, c.vdim);
 }
 
 // Every parameter of `mha` equals the fixture's bit for bit.
@@ -95,8 +94,8 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, MhaInitDouble, ::testing::ValuesIn(mha_init_ca
 
 class LinearInitFloat : public ::testing::TestWithParam<LinearInitCase<float>> {};
 TEST_P(LinearInitFloat, SeedReproducesPyTorch) { check_linear(GetParam()); }
-INSTANTIATE_TEST_SUITE_P(PyTorch, LinearInitFloat,
-                         ::testing::ValuesIn(linear_init_cases<float>()), CaseName{});
+INSTANTIATE_TEST_SUITE_P(PyTorch, LinearInitFloat, ::testing::ValuesIn(linear_init_cases<float>()),
+                         CaseName{});
 
 class LinearInitDouble : public ::testing::TestWithParam<LinearInitCase<double>> {};
 TEST_P(LinearInitDouble, SeedReproducesPyTorch) { check_linear(GetParam()); }

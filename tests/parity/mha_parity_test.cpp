@@ -15,12 +15,12 @@ namespace {
 
 using attn::Index;
 using attn::test::reduction_tolerance;
-using attn::test::pytorch::Causal;
 using attn::test::pytorch::CaseName;
+using attn::test::pytorch::Causal;
 using attn::test::pytorch::Expected;
 using attn::test::pytorch::expected_values;
-using attn::test::pytorch::MhaCase;
 using attn::test::pytorch::mha_cases;
+using attn::test::pytorch::MhaCase;
 using attn::test::pytorch::near;
 using attn::test::pytorch::view;
 using attn::test::pytorch::with_view;
@@ -65,9 +65,12 @@ std::vector<MaskForm> mask_forms(const MhaCase<S>& c) {
 }
 inline const char* form_name(MaskForm f) {
   switch (f) {
-    case MaskForm::kCausalBound: return "AttentionMask::causal()";
-    case MaskForm::kModuleCausal: return "MultiHeadAttentionOptions::causal";
-    default: return "stored attn_mask";
+    case MaskForm::kCausalBound:
+      return "AttentionMask::causal()";
+    case MaskForm::kModuleCausal:
+      return "MultiHeadAttentionOptions::causal";
+    default:
+      return "stored attn_mask";
   }
 }
 
@@ -223,7 +226,9 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, MhaParityFloat, ::testing::ValuesIn(mha_cases<
 
 class MhaParityDouble : public ::testing::TestWithParam<MhaCase<double>> {};
 TEST_P(MhaParityDouble, ForwardMatchesPyTorch) { check_forward(GetParam()); }
-TEST_P(MhaParityDouble, ForwardWithWeightsMatchesPyTorch) { check_forward_with_weights(GetParam()); }
+TEST_P(MhaParityDouble, ForwardWithWeightsMatchesPyTorch) {
+  check_forward_with_weights(GetParam());
+}
 TEST_P(MhaParityDouble, DistinctInputCopiesMatchPyTorch) { check_distinct_copies(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(PyTorch, MhaParityDouble, ::testing::ValuesIn(mha_cases<double>()),
                          CaseName{});

@@ -19,8 +19,8 @@ using attn::test::pytorch::bit_equal;
 using attn::test::pytorch::CaseName;
 using attn::test::pytorch::expected_values;
 using attn::test::pytorch::near;
-using attn::test::pytorch::NotebookCase;
 using attn::test::pytorch::notebook_cases;
+using attn::test::pytorch::NotebookCase;
 using attn::test::pytorch::NotebookModule;
 using attn::test::pytorch::view;
 
@@ -94,8 +94,8 @@ void check_causal_attention(const NotebookCase<S>& c, bool load) {
 
 template <class S>
 void check_wrapper(const NotebookCase<S>& c, bool load) {
-  attn::MultiHeadAttentionWrapper<S> wrapper(c.d_in, c.d_out, c.context_length, 0.0,
-                                             c.num_heads, c.qkv_bias);
+  attn::MultiHeadAttentionWrapper<S> wrapper(c.d_in, c.d_out, c.context_length, 0.0, c.num_heads,
+                                             c.qkv_bias);
   ASSERT_EQ(wrapper.num_heads(), c.num_heads);
   for (Index h = 0; h < c.num_heads; ++h) {
     if (load) {
@@ -122,8 +122,7 @@ void check_wrapper(const NotebookCase<S>& c, bool load) {
 
 template <class S>
 void check_multi_head_attention(const NotebookCase<S>& c, bool load) {
-  attn::MultiHeadAttention<S> mha(c.d_in, c.d_out, c.context_length, 0.0, c.num_heads,
-                                  c.qkv_bias);
+  attn::MultiHeadAttention<S> mha(c.d_in, c.d_out, c.context_length, 0.0, c.num_heads, c.qkv_bias);
   ASSERT_EQ(mha.out_proj().has_bias(), c.qkv_bias) << "notebook 003: out_proj bias = qkv_bias";
   if (load) {
     load_projections(mha, c, 0);
@@ -140,8 +139,7 @@ void check_multi_head_attention(const NotebookCase<S>& c, bool load) {
   const auto x = view<3>(c.x);
   const auto expected = expected_values(c.output);
   const double tol = output_tolerance(c);
-  EXPECT_TRUE(near(mha.forward(x).view(), c.output, expected, tol,
-                   "MultiHeadAttention::forward"));
+  EXPECT_TRUE(near(mha.forward(x).view(), c.output, expected, tol, "MultiHeadAttention::forward"));
   EXPECT_TRUE(near(mha.forward_with_weights(x).output.view(), c.output, expected, tol,
                    "MultiHeadAttention::forward_with_weights"));
 }
@@ -150,17 +148,23 @@ template <class S>
 void check(const NotebookCase<S>& c, bool load) {
   if (!load) attn::manual_seed(c.seed);  // as torch.manual_seed(seed) before the constructor
   switch (c.module) {
-    case NotebookModule::kCausalAttention: check_causal_attention(c, load); break;
-    case NotebookModule::kMultiHeadAttentionWrapper: check_wrapper(c, load); break;
-    case NotebookModule::kMultiHeadAttention: check_multi_head_attention(c, load); break;
+    case NotebookModule::kCausalAttention:
+      check_causal_attention(c, load);
+      break;
+    case NotebookModule::kMultiHeadAttentionWrapper:
+      check_wrapper(c, load);
+      break;
+    case NotebookModule::kMultiHeadAttention:
+      check_multi_head_attention(c, load);
+      break;
   }
 }
 
 class NotebookParityFloat : public ::testing::TestWithParam<NotebookCase<float>> {};
 TEST_P(NotebookParityFloat, LoadedWeightsMatchPyTorch) { check(GetParam(), /*load=*/true); }
 TEST_P(NotebookParityFloat, SeedReproducesWeightsAndOutput) { check(GetParam(), false); }
-INSTANTIATE_TEST_SUITE_P(PyTorch, NotebookParityFloat,
-                         ::testing::ValuesIn(notebook_cases<float>()), CaseName{});
+INSTANTIATE_TEST_SUITE_P(PyTorch, NotebookParityFloat, ::testing::ValuesIn(notebook_cases<float>()),
+                         CaseName{});
 
 class NotebookParityDouble : public ::testing::TestWithParam<NotebookCase<double>> {};
 TEST_P(NotebookParityDouble, LoadedWeightsMatchPyTorch) { check(GetParam(), /*load=*/true); }

@@ -43,18 +43,28 @@ TensorView<const T, Rank> view(const Array<T>& a) {
 template <class T, class Fn>
 void with_view(const Array<T>& a, Fn&& fn) {
   switch (a.rank) {
-    case 2: fn(view<2>(a)); break;
-    case 3: fn(view<3>(a)); break;
-    case 4: fn(view<4>(a)); break;
-    default: throw std::logic_error("fixture mask of rank " + std::to_string(a.rank));
+    case 2:
+      fn(view<2>(a));
+      break;
+    case 3:
+      fn(view<3>(a));
+      break;
+    case 4:
+      fn(view<4>(a));
+      break;
+    default:
+      throw std::logic_error("fixture mask of rank " + std::to_string(a.rank));
   }
 }
 
 inline CausalAlignment alignment(Causal c) {
   switch (c) {
-    case Causal::kTopLeft: return CausalAlignment::kTopLeft;
-    case Causal::kBottomRight: return CausalAlignment::kBottomRight;
-    default: return CausalAlignment::kSquare;
+    case Causal::kTopLeft:
+      return CausalAlignment::kTopLeft;
+    case Causal::kBottomRight:
+      return CausalAlignment::kBottomRight;
+    default:
+      return CausalAlignment::kSquare;
   }
 }
 
@@ -70,20 +80,32 @@ std::string shape_string(const Array<T>& a) {
 
 // gtest prints a parameter on failure; the case name is what identifies it.
 template <class S>
-void PrintTo(const MhaCase<S>& c, std::ostream* os) { *os << c.name << " (" << c.covers << ")"; }
+void PrintTo(const MhaCase<S>& c, std::ostream* os) {
+  *os << c.name << " (" << c.covers << ")";
+}
 template <class S>
-void PrintTo(const SdpaCase<S>& c, std::ostream* os) { *os << c.name << " (" << c.covers << ")"; }
+void PrintTo(const SdpaCase<S>& c, std::ostream* os) {
+  *os << c.name << " (" << c.covers << ")";
+}
 template <class S>
-void PrintTo(const NotebookCase<S>& c, std::ostream* os) { *os << c.name << " (" << c.covers << ")"; }
+void PrintTo(const NotebookCase<S>& c, std::ostream* os) {
+  *os << c.name << " (" << c.covers << ")";
+}
 template <class S>
-void PrintTo(const MhaInitCase<S>& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const MhaInitCase<S>& c, std::ostream* os) {
+  *os << c.name;
+}
 template <class S>
-void PrintTo(const LinearInitCase<S>& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const LinearInitCase<S>& c, std::ostream* os) {
+  *os << c.name;
+}
 
 /// Names instantiated parameterised tests after the fixture case.
 struct CaseName {
   template <class Info>
-  std::string operator()(const Info& info) const { return info.param.name; }
+  std::string operator()(const Info& info) const {
+    return info.param.name;
+  }
 };
 
 // ---- error summary ----
@@ -113,9 +135,9 @@ class ErrorSummaryPrinter : public ::testing::Environment {
  private:
   static void print(const char* type, const ErrorSummary& s) {
     if (s.compared == 0) return;
-    std::printf("[  parity  ] %-6s %lld values: max |error| %.3g (%s); max error/tolerance %.3g (%s)\n",
-                type, s.compared, s.max_abs, s.where_abs.c_str(), s.max_ratio,
-                s.where_ratio.c_str());
+    std::printf(
+        "[  parity  ] %-6s %lld values: max |error| %.3g (%s); max error/tolerance %.3g (%s)\n",
+        type, s.compared, s.max_abs, s.where_abs.c_str(), s.max_ratio, s.where_ratio.c_str());
   }
 };
 
@@ -165,9 +187,9 @@ template <class T, std::size_t Rank, class S>
     shape_ok = actual.extent(r) == reference.shape[r];
   }
   if (!shape_ok) {
-    return ::testing::AssertionFailure() << what << ": attn gives shape "
-                                         << detail::to_string(actual.shape()) << ", PyTorch "
-                                         << shape_string(reference);
+    return ::testing::AssertionFailure()
+           << what << ": attn gives shape " << detail::to_string(actual.shape()) << ", PyTorch "
+           << shape_string(reference);
   }
   const std::vector<Value> got = to_vector(actual);
   ErrorSummary& summary = error_summary<S>();
@@ -179,7 +201,8 @@ template <class T, std::size_t Rank, class S>
     const double allowed = expected.exact[i] ? 0.0 : tol * (1.0 + std::abs(e));
     const bool ok = err <= allowed;  // false for NaN
     if (!ok) ++failures;
-    const double ratio = ok ? (allowed > 0 ? err / allowed : 0.0) : std::numeric_limits<double>::infinity();
+    const double ratio =
+        ok ? (allowed > 0 ? err / allowed : 0.0) : std::numeric_limits<double>::infinity();
     if (ratio > worst_ratio) {
       worst_ratio = ratio;
       worst = static_cast<Index>(i);
@@ -200,21 +223,21 @@ template <class T, std::size_t Rank, class S>
   msg.precision(std::numeric_limits<double>::max_digits10);
   msg << what << ": " << failures << " of " << got.size() << " values differ; worst at flat index "
       << worst << ": attn " << static_cast<double>(got[w]) << ", expected " << expected.values[w]
-      << (expected.exact[w] ? " exactly (PyTorch NaN: no visible key)" : "")
-      << ", |diff| " << std::abs(static_cast<double>(got[w]) - expected.values[w]) << " > allowed "
+      << (expected.exact[w] ? " exactly (PyTorch NaN: no visible key)" : "") << ", |diff| "
+      << std::abs(static_cast<double>(got[w]) - expected.values[w]) << " > allowed "
       << (expected.exact[w] ? 0.0 : tol * (1.0 + std::abs(expected.values[w])));
   return ::testing::AssertionFailure() << msg.str();
 }
 
 /// Bit-exact equality of two views (initial weights drawn from the same seed).
 template <class T, class S, std::size_t Rank>
-::testing::AssertionResult bit_equal(TensorView<T, Rank> actual, TensorView<const S, Rank> reference,
-                                     const std::string& what) {
+::testing::AssertionResult bit_equal(TensorView<T, Rank> actual,
+                                     TensorView<const S, Rank> reference, const std::string& what) {
   static_assert(std::is_same_v<std::remove_const_t<T>, S>, "bit_equal: scalar types differ");
   if (actual.shape() != reference.shape()) {
-    return ::testing::AssertionFailure() << what << ": attn has shape "
-                                         << detail::to_string(actual.shape()) << ", PyTorch "
-                                         << detail::to_string(reference.shape());
+    return ::testing::AssertionFailure()
+           << what << ": attn has shape " << detail::to_string(actual.shape()) << ", PyTorch "
+           << detail::to_string(reference.shape());
   }
   const std::vector<S> got = to_vector(actual), want = to_vector(reference);
   Index mismatches = 0, first = -1;
@@ -226,9 +249,9 @@ template <class T, class S, std::size_t Rank>
   char buffer[160];
   std::snprintf(buffer, sizeof buffer, "attn %a, PyTorch %a", static_cast<double>(got[f]),
                 static_cast<double>(want[f]));
-  return ::testing::AssertionFailure() << what << ": " << mismatches << " of " << got.size()
-                                       << " values differ; first at flat index " << first << ": "
-                                       << buffer;
+  return ::testing::AssertionFailure()
+         << what << ": " << mismatches << " of " << got.size()
+         << " values differ; first at flat index " << first << ": " << buffer;
 }
 
 /// Bit-exact equality with a whole fixture array.
@@ -236,9 +259,9 @@ template <class T, std::size_t Rank, class S>
 ::testing::AssertionResult bit_equal(TensorView<T, Rank> actual, const Array<S>& reference,
                                      const std::string& what) {
   if (reference.rank != static_cast<int>(Rank)) {
-    return ::testing::AssertionFailure() << what << ": attn has shape "
-                                         << detail::to_string(actual.shape()) << ", PyTorch "
-                                         << shape_string(reference);
+    return ::testing::AssertionFailure()
+           << what << ": attn has shape " << detail::to_string(actual.shape()) << ", PyTorch "
+           << shape_string(reference);
   }
   return bit_equal(actual, view<Rank>(reference), what);
 }

@@ -16,13 +16,13 @@ namespace {
 using attn::AttentionPath;
 using attn::Index;
 using attn::test::reduction_tolerance;
-using attn::test::pytorch::Causal;
 using attn::test::pytorch::CaseName;
+using attn::test::pytorch::Causal;
 using attn::test::pytorch::Expected;
 using attn::test::pytorch::expected_values;
 using attn::test::pytorch::near;
-using attn::test::pytorch::SdpaCase;
 using attn::test::pytorch::sdpa_cases;
+using attn::test::pytorch::SdpaCase;
 using attn::test::pytorch::view;
 using attn::test::pytorch::with_view;
 
@@ -71,9 +71,12 @@ attn::AttentionOptions options_of(const SdpaCase<S>& c, AttentionPath path) {
 
 inline const char* path_name(AttentionPath p) {
   switch (p) {
-    case AttentionPath::kMaterialized: return "materialized";
-    case AttentionPath::kStreaming: return "streaming";
-    default: return "auto";
+    case AttentionPath::kMaterialized:
+      return "materialized";
+    case AttentionPath::kStreaming:
+      return "streaming";
+    default:
+      return "auto";
   }
 }
 
@@ -102,8 +105,7 @@ void check_output_paths(const SdpaCase<S>& c) {
 template <class S>
 void check_with_weights(const SdpaCase<S>& c) {
   const auto r = attn::scaled_dot_product_attention_with_weights(
-      view<4>(c.q), view<4>(c.k), view<4>(c.v), make_mask(c),
-      options_of(c, AttentionPath::kAuto));
+      view<4>(c.q), view<4>(c.k), view<4>(c.v), make_mask(c), options_of(c, AttentionPath::kAuto));
   EXPECT_TRUE(near(r.output.view(), c.output, expected_values(c.output), output_tolerance(c),
                    std::string(c.name) + " with_weights output"));
   EXPECT_TRUE(near(r.weights.view(), c.weights, expected_values(c.weights), weights_tolerance(c),

@@ -41,8 +41,8 @@ std::vector<Scalar> row(const Tensor<Scalar, 3>& t, Index b, Index i) {
 /// A tensor of uniform values in [lo, hi) from a seeded std::mt19937_64 (independent of
 /// attn's own generators, so tests do not test the generator with itself).
 template <class Scalar, std::size_t Rank>
-Tensor<Scalar, Rank> random_tensor(const Shape<Rank>& shape, std::uint64_t seed,
-                                   double lo = -1.0, double hi = 1.0) {
+Tensor<Scalar, Rank> random_tensor(const Shape<Rank>& shape, std::uint64_t seed, double lo = -1.0,
+                                   double hi = 1.0) {
   Tensor<Scalar, Rank> t(shape);
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> dist(lo, hi);

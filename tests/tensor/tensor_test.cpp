@@ -382,25 +382,37 @@ TYPED_TEST(TensorTest, ByteCountOverflowThrowsInsteadOfAllocatingTooLittle) {
               ThrowsMessage<attn::ShapeError>(HasSubstr(
                   "attn::Tensor: shape (4611686018427387904) needs 4611686018427387904 x ")));
   Tensor<TypeParam, 2> t({2, 2});
-  EXPECT_THAT([&] { t.resize({kTwo62, 2}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(4611686018427387904, 2)")));
+  EXPECT_THAT(
+      [&] {
+        t.resize({kTwo62, 2});
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("(4611686018427387904, 2)")));
   EXPECT_THAT(t.shape(), ElementsAre(2, 2));  // unchanged
 }
 
 TYPED_TEST(TensorTest, ElementCountOverflowThrows) {
-  EXPECT_THAT([] { (Tensor<TypeParam, 3>({kTwo32, kTwo32, 2})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr(
-                  "shape (4294967296, 4294967296, 2) has more elements than an index can count")));
+  EXPECT_THAT(
+      [] {
+        (Tensor<TypeParam, 3>({kTwo32, kTwo32, 2}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr(
+          "shape (4294967296, 4294967296, 2) has more elements than an index can count")));
   // no element, but the strides of the other axes would still overflow
-  EXPECT_THAT([] { (Tensor<TypeParam, 3>({0, kTwo32, kTwo32})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(0, 4294967296, 4294967296)")));
+  EXPECT_THAT(
+      [] {
+        (Tensor<TypeParam, 3>({0, kTwo32, kTwo32}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("(0, 4294967296, 4294967296)")));
 }
 
 TEST(ShapeSize, OverflowThrowsNamingTheShape) {
   // was signed overflow (UBSan), giving 0: MultiHeadAttention then reported an "empty input"
-  EXPECT_THAT([] { attn::shape_size(Shape<3>{kTwo32, kTwo32, 2}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr(
-                  "attn::shape_size: shape (4294967296, 4294967296, 2) has more elements")));
+  EXPECT_THAT(
+      [] {
+        attn::shape_size(Shape<3>{kTwo32, kTwo32, 2});
+      },
+      ThrowsMessage<attn::ShapeError>(
+          HasSubstr("attn::shape_size: shape (4294967296, 4294967296, 2) has more elements")));
   EXPECT_EQ(attn::shape_size(Shape<3>{kTwo32, kTwo32 / 4 - 1, 2}),
             kTwo32 * (kTwo32 / 4 - 1) * 2);  // products just under 2^63 still work
   EXPECT_EQ(attn::shape_size(Shape<2>{0, kTwo62}), 0);
@@ -410,11 +422,17 @@ TEST(ShapeSize, OverflowThrowsNamingTheShape) {
 
 TEST(ShapeSize, ViewsOfShapesThatOverflowAreRejected) {
   float x = 0;
-  EXPECT_THAT([&] { (TensorView<float, 3>(&x, {kTwo32, kTwo32, 2}, {0, 0, 0})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr(
-                  "attn::TensorView: shape (4294967296, 4294967296, 2) has more elements")));
-  EXPECT_THAT([&] { (TensorView<float, 2>(&x, {kTwo32, kTwo32})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(4294967296, 4294967296)")));
+  EXPECT_THAT(
+      [&] {
+        (TensorView<float, 3>(&x, {kTwo32, kTwo32, 2}, {0, 0, 0}));
+      },
+      ThrowsMessage<attn::ShapeError>(
+          HasSubstr("attn::TensorView: shape (4294967296, 4294967296, 2) has more elements")));
+  EXPECT_THAT(
+      [&] {
+        (TensorView<float, 2>(&x, {kTwo32, kTwo32}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("(4294967296, 4294967296)")));
   const TensorView<float, 1> broadcast(&x, {kTwo62}, {0});  // fits: 2^62 elements
   EXPECT_EQ(broadcast.size(), kTwo62);
 }
@@ -422,10 +440,16 @@ TEST(ShapeSize, ViewsOfShapesThatOverflowAreRejected) {
 TEST(ShapeSize, ReshapeToAShapeThatOverflowsThrows) {
   float x[4] = {};
   const TensorView<float, 1> v(x, {4});
-  EXPECT_THAT([&] { (attn::reshape(v, Shape<3>{kTwo32, kTwo32, -1})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("the element count overflows")));
-  EXPECT_THAT([&] { (attn::reshape(v, Shape<3>{kTwo32, kTwo32, 4})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("overflows")));
+  EXPECT_THAT(
+      [&] {
+        (attn::reshape(v, Shape<3>{kTwo32, kTwo32, -1}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("the element count overflows")));
+  EXPECT_THAT(
+      [&] {
+        (attn::reshape(v, Shape<3>{kTwo32, kTwo32, 4}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("overflows")));
 }
 
 TYPED_TEST(TensorTest, StorageIs64ByteAligned) {

@@ -17,7 +17,8 @@
 
 namespace attn_run {
 
-inline constexpr const char* kUsage = R"(usage: attn_run --weights W.safetensors --input X.safetensors
+inline constexpr const char* kUsage =
+    R"(usage: attn_run --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [options]
        attn_run --format llama --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [--num-kv-heads HKV] [--head-dim HD]
@@ -134,8 +135,7 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
                              flag == "--num-heads" || flag == "--prefix" || flag == "--format" ||
                              flag == "--num-kv-heads" || flag == "--head-dim" ||
                              flag == "--rope-theta" || flag == "--rotary-dim" ||
-                             flag == "--sliding-window" || flag == "--prefill" ||
-                             flag == "--chunk";
+                             flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
     if (flag == "--num-kv-heads" || flag == "--head-dim" || flag == "--rotary-dim" ||
@@ -205,8 +205,8 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   if (args.run.num_heads == 0) return error("--num-heads is required");
   const std::vector<std::string>& misplaced = args.llama ? mha_flags : llama_flags;
   if (!misplaced.empty()) {
-    return error(misplaced.front() + (args.llama ? " is not used with --format llama"
-                                                 : " needs --format llama"));
+    return error(misplaced.front() +
+                 (args.llama ? " is not used with --format llama" : " needs --format llama"));
   }
   llama.num_heads = args.run.num_heads;
   llama.prefix = args.run.prefix;
@@ -235,9 +235,9 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
   }
   if (parsed.action == ParsedArguments::Action::kVersion) {
     try {
-      out << "attn_run (attn " << attn::version() << "), kernels: "
-          << attn::isa_name(attn::active_isa()) << " (best on this CPU: "
-          << attn::isa_name(attn::best_isa()) << ")\n";
+      out << "attn_run (attn " << attn::version()
+          << "), kernels: " << attn::isa_name(attn::active_isa())
+          << " (best on this CPU: " << attn::isa_name(attn::best_isa()) << ")\n";
     } catch (const std::exception& e) {  // a bad ATTN_ISA
       err << "attn_run: error: " << e.what() << "\n";
       return 2;

@@ -75,8 +75,8 @@ class Masks {
     } else if (s.size() == 3 && fits && s[0] == stacked) {
       shape4 = {batch_, heads_, s[1], s[2]};
     } else {
-      fail(inputs, "attn_mask has shape " + dims(s) + ", expected (T_q, T_k) = " +
-                       dims({tq_, tk_}) + " or " +
+      fail(inputs, "attn_mask has shape " + dims(s) +
+                       ", expected (T_q, T_k) = " + dims({tq_, tk_}) + " or " +
                        (batched_ ? "(B * num_heads, T_q, T_k) = " : "(num_heads, T_q, T_k) = ") +
                        (fits ? dims({stacked, tq_, tk_}) : std::string("(too large)")));
     }
@@ -95,8 +95,8 @@ class Masks {
                         bool has_attn_mask) {
     require_dtype(inputs, "key_padding_mask");
     const std::vector<Index>& s = inputs.shape("key_padding_mask");
-    const std::vector<Index> expected = batched_ ? std::vector<Index>{batch_, tk_}
-                                                 : std::vector<Index>{tk_};
+    const std::vector<Index> expected =
+        batched_ ? std::vector<Index>{batch_, tk_} : std::vector<Index>{tk_};
     if (s != expected) {
       fail(inputs, std::string("key_padding_mask has shape ") + dims(s) + ", expected " +
                        (batched_ ? "(B, T_k) = " : "(T_k) = ") + dims(expected));

@@ -26,12 +26,12 @@ namespace attn_run {
 
 /// Options of run_multi_head_attention() (the flags of attn_run).
 struct RunOptions {
-  attn::Index num_heads = 0;   ///< required: a state_dict does not record it
-  bool causal = false;         ///< add a causal bound, top-left aligned: triu(ones(T_q, T_k), 1)
-  bool need_weights = false;   ///< also write "weights"
-  bool average_weights = true; ///< average the weights over heads, like PyTorch's default
-  bool backward = false;       ///< also the gradients (--backward)
-  std::string prefix;          ///< prefix of the weights' names
+  attn::Index num_heads = 0;    ///< required: a state_dict does not record it
+  bool causal = false;          ///< add a causal bound, top-left aligned: triu(ones(T_q, T_k), 1)
+  bool need_weights = false;    ///< also write "weights"
+  bool average_weights = true;  ///< average the weights over heads, like PyTorch's default
+  bool backward = false;        ///< also the gradients (--backward)
+  std::string prefix;           ///< prefix of the weights' names
 };
 
 namespace detail {
@@ -41,10 +41,9 @@ attn::Tensor<Scalar, Rank> read_float(const attn::io::SafetensorsFile& file,
                                       const std::string& name) {
   const attn::io::DType dtype = file.dtype(name);
   attn::io::detail::io_require<attn::io::FormatError>(
-      attn::io::dtype_kind(dtype) == attn::io::DTypeKind::kFloat, "run_multi_head_attention",
-      [&] {
-        return "'" + file.source() + "': '" + name + "' has dtype " +
-               attn::io::dtype_name(dtype) + ", expected F16, BF16, F32 or F64";
+      attn::io::dtype_kind(dtype) == attn::io::DTypeKind::kFloat, "run_multi_head_attention", [&] {
+        return "'" + file.source() + "': '" + name + "' has dtype " + attn::io::dtype_name(dtype) +
+               ", expected F16, BF16, F32 or F64";
       });
   return file.get<Scalar, Rank>(name);
 }
@@ -85,9 +84,8 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
   attn::io::load_state_dict(mha, weights, options.prefix, attn::io::Strict::kYes);
 
   // ---- inputs: batch-first; unbatched inputs get a batch axis of 1 ----
-  io_require<FormatError>(inputs.contains("query"), where, [&] {
-    return "'" + inputs.source() + "' has no tensor 'query'";
-  });
+  io_require<FormatError>(inputs.contains("query"), where,
+                          [&] { return "'" + inputs.source() + "' has no tensor 'query'"; });
   const std::size_t rank = inputs.rank("query");
   io_require<FormatError>(rank == 2 || rank == 3, where, [&] {
     return "'" + inputs.source() + "': query has shape " + shape_text(inputs.shape("query")) +

@@ -21,8 +21,8 @@ ATTN_NAMESPACE_BEGIN
 
 /// Configuration of a MultiHeadAttention beyond the notebooks' constructor.
 struct MultiHeadAttentionOptions {
-  Index d_in = 0;            ///< query features (nn.MultiheadAttention's embed_dim)
-  Index d_out = 0;           ///< model width = output features; 0 means d_in
+  Index d_in = 0;   ///< query features (nn.MultiheadAttention's embed_dim)
+  Index d_out = 0;  ///< model width = output features; 0 means d_in
   Index num_heads = 1;
   /// Key/value heads H_kv (grouped-query attention; 1: multi-query); 0 means num_heads.
   /// H_kv must divide num_heads. K and V are projected to H_kv * head_dim features.
@@ -141,10 +141,10 @@ class MultiHeadAttention
  public:
   /// The notebooks' causal self-attention module. As in the notebook (003 In [220]),
   /// out_proj has a bias only if qkv_bias is set; use the options constructor otherwise.
-  MultiHeadAttention(Index d_in, Index d_out, Index context_length, double dropout,
-                     Index num_heads, bool qkv_bias = false)
-      : MultiHeadAttention(notebook_options(d_in, d_out, context_length, dropout, num_heads,
-                                            qkv_bias)) {}
+  MultiHeadAttention(Index d_in, Index d_out, Index context_length, double dropout, Index num_heads,
+                     bool qkv_bias = false)
+      : MultiHeadAttention(
+            notebook_options(d_in, d_out, context_length, dropout, num_heads, qkv_bias)) {}
 
   /// Any configuration; weights drawn from the global generator (see attn::manual_seed).
   explicit MultiHeadAttention(const MultiHeadAttentionOptions& options)

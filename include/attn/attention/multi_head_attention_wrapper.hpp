@@ -140,7 +140,8 @@ class MultiHeadAttentionWrapper
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                   KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
     detail::refuse_cached("MultiHeadAttentionWrapper::forward",
-                          "it runs num_heads separate single-head modules; use MultiHeadAttention (one core, one cache)");
+                          "it runs num_heads separate single-head modules; use MultiHeadAttention "
+                          "(one core, one cache)");
   }
   void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
            const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,

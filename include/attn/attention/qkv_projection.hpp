@@ -230,8 +230,8 @@ class QkvProjection {
     for (int s = 0; s < 3; ++s) {
       const Tensor<Scalar, 2>& w = w_[s];
       pack_[s] = w.empty() ? detail::PackedGemmB<Scalar>()
-                           : detail::pack_gemm_b(w.extent(0), w.extent(1), w.data(),
-                                                 w.extent(1), head_dim_);
+                           : detail::pack_gemm_b(w.extent(0), w.extent(1), w.data(), w.extent(1),
+                                                 head_dim_);
     }
     frozen_ = true;
   }
@@ -265,8 +265,10 @@ class QkvProjection {
       const Index all = qw + 2 * kvw;
       Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * all);
       gemm_into(xq, tq, kQuery, 3, qkv, ws);
-      return {view(qkv, heads_, tq, all), view(qkv + tq * qw, kv_heads_, tq, all),
-              view(qkv + tq * (qw + kvw), kv_heads_, tq, all), {xq, xq, xq}};
+      return {view(qkv, heads_, tq, all),
+              view(qkv + tq * qw, kv_heads_, tq, all),
+              view(qkv + tq * (qw + kvw), kv_heads_, tq, all),
+              {xq, xq, xq}};
     }
     const Index kv_rows = batch * tk;
     Scalar* qbuf = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
@@ -277,15 +279,19 @@ class QkvProjection {
     if (kv_same && storage_ != Storage::kSeparate) {
       // key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2 H_kv, T_k, hd)
       gemm_into(xk, tk, kKey, 2, kbuf, ws);
-      return {view(qbuf, heads_, tq, qw), view(kbuf, kv_heads_, tk, 2 * kvw),
-              view(kbuf + tk * kvw, kv_heads_, tk, 2 * kvw), {xq, xk, xk}};
+      return {view(qbuf, heads_, tq, qw),
+              view(kbuf, kv_heads_, tk, 2 * kvw),
+              view(kbuf + tk * kvw, kv_heads_, tk, 2 * kvw),
+              {xq, xk, xk}};
     }
     Scalar* vbuf = kbuf + kv_rows * kvw;
     gemm_into(xk, tk, kKey, 1, kbuf, ws);
     const auto xv = detail::as_rows(value, ws, WorkspaceSlot::kValueStaging);
     gemm_into(xv, tk, kValue, 1, vbuf, ws);
-    return {view(qbuf, heads_, tq, qw), view(kbuf, kv_heads_, tk, kvw),
-            view(vbuf, kv_heads_, tk, kvw), {xq, xk, xv}};
+    return {view(qbuf, heads_, tq, qw),
+            view(kbuf, kv_heads_, tk, kvw),
+            view(vbuf, kv_heads_, tk, kvw),
+            {xq, xk, xv}};
   }
 
  private:

@@ -13,10 +13,10 @@
 #include <type_traits>
 
 #include "attn/attention/detail/kernel.hpp"
-#include "attn/kernels/types.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/types.hpp"
 #include "attn/nn/dropout.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/parallel.hpp"
@@ -120,10 +120,8 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
            "(grouped-query attention: query head h reads key/value head h / (H / H_kv)): " +
            shapes();
   });
-  require(k.extent(3) == d, where,
-          [&] { return "q and k head dimensions differ: " + shapes(); });
-  require(v.extent(2) == tk, where,
-          [&] { return "k and v sequence lengths differ: " + shapes(); });
+  require(k.extent(3) == d, where, [&] { return "q and k head dimensions differ: " + shapes(); });
+  require(v.extent(2) == tk, where, [&] { return "k and v sequence lengths differ: " + shapes(); });
   const Shape<4> out_shape{b, h, tq, dv};
   require(out.shape() == out_shape, where, [&] {
     return "out has shape " + to_string(out.shape()) + ", expected " + to_string(out_shape) +
@@ -134,13 +132,14 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
            to_string(Shape<4>{b, h, tq, tk});
   });
   const auto unit = [](const auto& view) { return view.stride(3) == 1 || view.extent(3) == 1; };
-  require(unit(q) && unit(k) && unit(v) && unit(out) && (weights.data() == nullptr || unit(weights)),
-          where, [&] {
-            return "the last axis of q, k, v, out and weights must have stride 1 (got q " +
-                   to_string(q.strides()) + ", k " + to_string(k.strides()) + ", v " +
-                   to_string(v.strides()) + ", out " + to_string(out.strides()) +
-                   "); pass contiguous() copies";
-          });
+  require(
+      unit(q) && unit(k) && unit(v) && unit(out) && (weights.data() == nullptr || unit(weights)),
+      where, [&] {
+        return "the last axis of q, k, v, out and weights must have stride 1 (got q " +
+               to_string(q.strides()) + ", k " + to_string(k.strides()) + ", v " +
+               to_string(v.strides()) + ", out " + to_string(out.strides()) +
+               "); pass contiguous() copies";
+      });
   require_config(options.dropout >= 0.0 && options.dropout < 1.0, where,
                  [&] { return "dropout=" + number(options.dropout) + " must be in [0, 1)"; });
   require_config(!options.scale || std::isfinite(*options.scale), where,
@@ -156,11 +155,12 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
   require(!(options.path == AttentionPath::kStreaming && weights.data() != nullptr), where, [] {
     return std::string("the streaming path cannot return attention weights; use kMaterialized");
   });
-  const bool materialized = weights.data() != nullptr || options.path == AttentionPath::kMaterialized;
+  const bool materialized =
+      weights.data() != nullptr || options.path == AttentionPath::kMaterialized;
   require(!materialized || materialized_scratch_fits<Scalar>(d, dv, tk), where, [&] {
     return "the materialised path would need a score block of " + std::to_string(kQueryBlock) +
-           " x " + std::to_string(tk) + " elements per thread, more than fits in memory: " +
-           shapes();
+           " x " + std::to_string(tk) +
+           " elements per thread, more than fits in memory: " + shapes();
   });
   mask.check(where, b, h, tq, tk);
   check_sdpa_memory(where, q, k, v, out, weights, mask);
@@ -361,7 +361,8 @@ AttentionResult<Scalar, Rank> sdpa_allocating(TensorView<const Scalar, Rank> q,
   require(k.extent(Rank - 2) == v.extent(Rank - 2) && q.extent(Rank - 1) == k.extent(Rank - 1),
           "scaled_dot_product_attention", [&] {
             return "q " + to_string(q.shape()) + ", k " + to_string(k.shape()) + ", v " +
-                   to_string(v.shape()) + " do not fit (..., T_q, d), (..., T_k, d), (..., T_k, d_v)";
+                   to_string(v.shape()) +
+                   " do not fit (..., T_q, d), (..., T_k, d), (..., T_k, d_v)";
           });
   AttentionResult<Scalar, Rank> result;
   result.output = Tensor<Scalar, Rank>(out_shape);

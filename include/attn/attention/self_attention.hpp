@@ -66,14 +66,14 @@ class SelfAttention
   static SelfAttention from_parameters(TensorView<const Scalar, 2> w_query,
                                        TensorView<const Scalar, 2> w_key,
                                        TensorView<const Scalar, 2> w_value) {
-    detail::require(w_query.shape() == w_key.shape() && w_key.shape() == w_value.shape() &&
-                        !w_query.empty(),
-                    "SelfAttention::from_parameters", [&] {
-                      return "W_query " + detail::to_string(w_query.shape()) + ", W_key " +
-                             detail::to_string(w_key.shape()) + ", W_value " +
-                             detail::to_string(w_value.shape()) +
-                             " must share one non-empty (d_in, d_out) shape";
-                    });
+    detail::require(
+        w_query.shape() == w_key.shape() && w_key.shape() == w_value.shape() && !w_query.empty(),
+        "SelfAttention::from_parameters", [&] {
+          return "W_query " + detail::to_string(w_query.shape()) + ", W_key " +
+                 detail::to_string(w_key.shape()) + ", W_value " +
+                 detail::to_string(w_value.shape()) +
+                 " must share one non-empty (d_in, d_out) shape";
+        });
     SelfAttention module(config(w_query.extent(0), w_query.extent(1), false, InitScheme::kNone,
                                 ParameterNames::kNotebookRaw));
     module.w_query().set_weight(transpose(w_query));

@@ -25,9 +25,9 @@ constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
 /// pure function of (seed, stream, row, column), so it does not depend on the thread
 /// count, the order of evaluation or the kernel path.
 struct DropoutStream {
-  std::uint64_t key = 0;           // mixes the seed, the call counter and (batch, head)
-  std::uint32_t threshold = 0;     // drop when the hash's top 32 bits are below it
-  bool active = false;             // false: keep everything, no scaling
+  std::uint64_t key = 0;        // mixes the seed, the call counter and (batch, head)
+  std::uint32_t threshold = 0;  // drop when the hash's top 32 bits are below it
+  bool active = false;          // false: keep everything, no scaling
 
   /// The key of one row; combine with a column in keep().
   std::uint64_t row_key(Index row) const noexcept {

@@ -69,9 +69,9 @@ void run_gemm(GemmPlan<Scalar>& g, PackedB<Scalar> prepacked, Workspace* ws) {
     g.col_tiles = (n + g.tile_cols - 1) / g.tile_cols;
     const Index want = 2 * static_cast<Index>(num_threads());
     const Index row_chunks = std::max<Index>(
-        1, std::min<Index>((want + g.col_tiles - 1) / g.col_tiles, (m + kGemmRows - 1) / kGemmRows));
-    g.chunk_rows =
-        ((m + row_chunks - 1) / row_chunks + micro_rows - 1) / micro_rows * micro_rows;
+        1,
+        std::min<Index>((want + g.col_tiles - 1) / g.col_tiles, (m + kGemmRows - 1) / kGemmRows));
+    g.chunk_rows = ((m + row_chunks - 1) / row_chunks + micro_rows - 1) / micro_rows * micro_rows;
     const Index tasks = g.col_tiles * row_chunks;
     // Per thread: the packed op(B) micro-panels (depth x tile_cols), none with a pre-packed
     // B; then a row block of A when its layout needs packing.
@@ -80,9 +80,9 @@ void run_gemm(GemmPlan<Scalar>& g, PackedB<Scalar> prepacked, Workspace* ws) {
     Workspace local;
     Workspace& scratch = ws != nullptr ? *ws : local;
     const int threads = static_cast<int>(std::min<Index>(num_threads(), tasks));
-    const bool parallel = ATTN_HAS_OPENMP && threads > 1 &&
-                          2.0 * static_cast<double>(m) * static_cast<double>(n) *
-                                  static_cast<double>(k) > 1e6;
+    const bool parallel =
+        ATTN_HAS_OPENMP && threads > 1 &&
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) > 1e6;
     // Every thread's buffer is sized now, whether or not the dynamic schedule hands it a
     // task this time: then no later call allocates.
     for (int t = 0; t < (parallel ? threads : 1); ++t) {

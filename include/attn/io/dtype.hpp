@@ -14,29 +14,29 @@ namespace io {
 
 /// Element types of the safetensors format (its "dtype" strings).
 enum class DType {
-  kBool,     ///< "BOOL", one byte, 0 or 1
-  kU8,       ///< "U8"
-  kI8,       ///< "I8"
-  kF8E4M3,   ///< "F8_E4M3" (recognised; not convertible)
-  kF8E5M2,   ///< "F8_E5M2" (recognised; not convertible)
-  kI16,      ///< "I16"
-  kU16,      ///< "U16"
-  kF16,      ///< "F16", IEEE half; converted to float/double on load
-  kBF16,     ///< "BF16", bfloat16; converted to float/double on load
-  kI32,      ///< "I32"
-  kU32,      ///< "U32"
-  kF32,      ///< "F32"
-  kI64,      ///< "I64"
-  kU64,      ///< "U64"
-  kF64,      ///< "F64"
+  kBool,    ///< "BOOL", one byte, 0 or 1
+  kU8,      ///< "U8"
+  kI8,      ///< "I8"
+  kF8E4M3,  ///< "F8_E4M3" (recognised; not convertible)
+  kF8E5M2,  ///< "F8_E5M2" (recognised; not convertible)
+  kI16,     ///< "I16"
+  kU16,     ///< "U16"
+  kF16,     ///< "F16", IEEE half; converted to float/double on load
+  kBF16,    ///< "BF16", bfloat16; converted to float/double on load
+  kI32,     ///< "I32"
+  kU32,     ///< "U32"
+  kF32,     ///< "F32"
+  kI64,     ///< "I64"
+  kU64,     ///< "U64"
+  kF64,     ///< "F64"
 };
 
 /// What a dtype's elements are.
 enum class DTypeKind {
-  kBool,      ///< BOOL
-  kInteger,   ///< U8, I8, ..., U64
-  kFloat,     ///< F16, BF16, F32, F64 (convertible to float and double)
-  kFloat8,    ///< F8_E4M3, F8_E5M2 (recognised, not convertible)
+  kBool,     ///< BOOL
+  kInteger,  ///< U8, I8, ..., U64
+  kFloat,    ///< F16, BF16, F32, F64 (convertible to float and double)
+  kFloat8,   ///< F8_E4M3, F8_E5M2 (recognised, not convertible)
 };
 
 namespace detail {

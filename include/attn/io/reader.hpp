@@ -74,7 +74,8 @@ class SafetensorsFile {
 
   /// Reads a whole stream (e.g. a pipe) into memory and validates it.
   static SafetensorsFile from_stream(std::istream& in, std::string source = "<stream>") {
-    std::vector<unsigned char> bytes = detail::read_stream(in, source, "SafetensorsFile::from_stream");
+    std::vector<unsigned char> bytes =
+        detail::read_stream(in, source, "SafetensorsFile::from_stream");
     return from_bytes(std::move(bytes), std::move(source));
   }
 
@@ -118,11 +119,11 @@ class SafetensorsFile {
     const TensorInfo& entry = info(name);
     Shape<Rank> shape{};
     const bool scalar_as_vector = Rank == 1 && entry.shape.empty();
-    detail::io_require<FormatError>(entry.shape.size() == Rank || scalar_as_vector,
-                                    "SafetensorsFile::get", [&] {
-      return where(name) + " has rank " + std::to_string(entry.shape.size()) + " (shape " +
-             detail::shape_text(entry.shape) + "), requested rank " + std::to_string(Rank);
-    });
+    detail::io_require<FormatError>(
+        entry.shape.size() == Rank || scalar_as_vector, "SafetensorsFile::get", [&] {
+          return where(name) + " has rank " + std::to_string(entry.shape.size()) + " (shape " +
+                 detail::shape_text(entry.shape) + "), requested rank " + std::to_string(Rank);
+        });
     if (scalar_as_vector) {
       shape[0] = 1;
     } else {
@@ -179,9 +180,7 @@ class SafetensorsFile {
     }
     return text;
   }
-  const unsigned char* data_begin() const noexcept {
-    return storage_->data() + 8 + header_bytes_;
-  }
+  const unsigned char* data_begin() const noexcept { return storage_->data() + 8 + header_bytes_; }
 
   template <class Scalar>
   void convert(const std::string& name, const TensorInfo& entry, Scalar* out) const {

@@ -8,13 +8,12 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
@@ -49,8 +48,7 @@ class SafetensorsWriter {
     unsigned char* out = bytes.data();
     const Scalar* in = tensor.data();
     attn::detail::for_each_offset(
-        tensor.shape(), row_major_strides(tensor.shape()), tensor.strides(),
-        [&](Index o, Index i) {
+        tensor.shape(), row_major_strides(tensor.shape()), tensor.strides(), [&](Index o, Index i) {
           unsigned char* dst = out + static_cast<std::size_t>(o) * sizeof(S);
           if constexpr (std::is_same_v<S, bool>) {
             *dst = in[i] ? 1 : 0;
@@ -148,8 +146,9 @@ class SafetensorsWriter {
     detail::io_require<std::invalid_argument>(name != "__metadata__", kWhere, [] {
       return std::string("the name __metadata__ is reserved by the format");
     });
-    detail::io_require<std::invalid_argument>(entries_.count(name) == 0, kWhere,
-                                              [&] { return "tensor '" + name + "' was already added"; });
+    detail::io_require<std::invalid_argument>(entries_.count(name) == 0, kWhere, [&] {
+      return "tensor '" + name + "' was already added";
+    });
     detail::io_require<std::invalid_argument>(detail::is_utf8(name), kWhere, [] {
       return std::string("a tensor name must be valid UTF-8 (a JSON string)");
     });
@@ -160,9 +159,9 @@ class SafetensorsWriter {
     }
     Index count = 0;
     std::size_t bytes = 0;
-    const bool fits = attn::detail::checked_extent_product(shape, count) &&
-                      attn::detail::checked_bytes(static_cast<std::size_t>(count),
-                                                  dtype_size(dtype), bytes);
+    const bool fits =
+        attn::detail::checked_extent_product(shape, count) &&
+        attn::detail::checked_bytes(static_cast<std::size_t>(count), dtype_size(dtype), bytes);
     detail::io_require<std::invalid_argument>(fits, kWhere, [&] {
       return "tensor '" + name + "' (" + dtype_name(dtype) + ", shape " +
              detail::shape_text(shape) + ") has a byte count that overflows";

@@ -13,8 +13,11 @@ namespace avx512 {
 using namespace detail;  // the plain data the drivers pass (attn/kernels/types.hpp)
 inline constexpr Isa kSetIsa = Isa::kAvx512;
 #define ATTN_KERNEL_SET avx512
+// The order matters: each part uses the ones before it.
+// clang-format off
 #include "attn/kernels/avx512/vec.inl"
 #include "attn/kernels/generic/all.inl"
+// clang-format on
 #undef ATTN_KERNEL_SET
 }  // namespace avx512
 }  // namespace kernels

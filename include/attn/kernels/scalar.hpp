@@ -12,8 +12,11 @@ namespace scalar {
 using namespace detail;  // the plain data the drivers pass (attn/kernels/types.hpp)
 inline constexpr Isa kSetIsa = Isa::kScalar;
 #define ATTN_KERNEL_SET scalar
+// The order matters: each part uses the ones before it.
+// clang-format off
 #include "attn/kernels/scalar/vec.inl"
 #include "attn/kernels/generic/all.inl"
+// clang-format on
 #undef ATTN_KERNEL_SET
 }  // namespace scalar
 }  // namespace kernels

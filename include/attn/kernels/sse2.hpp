@@ -13,8 +13,11 @@ namespace sse2 {
 using namespace detail;  // the plain data the drivers pass (attn/kernels/types.hpp)
 inline constexpr Isa kSetIsa = Isa::kSse2;
 #define ATTN_KERNEL_SET sse2
+// The order matters: each part uses the ones before it.
+// clang-format off
 #include "attn/kernels/sse2/vec.inl"
 #include "attn/kernels/generic/all.inl"
+// clang-format on
 #undef ATTN_KERNEL_SET
 }  // namespace sse2
 }  // namespace kernels

@@ -17,23 +17,19 @@
 #include "attn/isa.hpp"
 
 #if ATTN_KERNELS_X86 && defined(__clang__)
-#define ATTN_TARGET_BEGIN_(features)                                                        \
-  _Pragma(ATTN_PP_STR_(clang attribute push(__attribute__((target(features))), apply_to = function))) \
-  _Pragma("STDC FP_CONTRACT OFF")
-#define ATTN_TARGET_END                  \
-  _Pragma("STDC FP_CONTRACT DEFAULT")    \
-  _Pragma("clang attribute pop")
+#define ATTN_TARGET_BEGIN_(features)                                           \
+  _Pragma(ATTN_PP_STR_(clang attribute push(__attribute__((target(features))), \
+                                            apply_to = function))) _Pragma("STDC FP_CONTRACT OFF")
+#define ATTN_TARGET_END _Pragma("STDC FP_CONTRACT DEFAULT") _Pragma("clang attribute pop")
 #define ATTN_TARGET_PLAIN_BEGIN _Pragma("STDC FP_CONTRACT OFF")
 #define ATTN_TARGET_PLAIN_END _Pragma("STDC FP_CONTRACT DEFAULT")
 #elif ATTN_KERNELS_X86
-#define ATTN_TARGET_BEGIN_(features)            \
-  _Pragma("GCC push_options")                   \
-  _Pragma(ATTN_PP_STR_(GCC target(features)))   \
-  _Pragma("GCC optimize(\"fp-contract=off\")")
+#define ATTN_TARGET_BEGIN_(features)                                      \
+  _Pragma("GCC push_options") _Pragma(ATTN_PP_STR_(GCC target(features))) \
+      _Pragma("GCC optimize(\"fp-contract=off\")")
 #define ATTN_TARGET_END _Pragma("GCC pop_options")
 #define ATTN_TARGET_PLAIN_BEGIN \
-  _Pragma("GCC push_options")   \
-  _Pragma("GCC optimize(\"fp-contract=off\")")
+  _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
 #define ATTN_TARGET_PLAIN_END _Pragma("GCC pop_options")
 #endif
 #define ATTN_PP_STR_(...) #__VA_ARGS__
@@ -44,8 +40,7 @@
 #define ATTN_TARGET_SCALAR_END ATTN_TARGET_PLAIN_END
 #define ATTN_TARGET_SSE2_BEGIN ATTN_TARGET_BEGIN_("sse2")
 #define ATTN_TARGET_AVX2_BEGIN ATTN_TARGET_BEGIN_("avx2,fma")
-#define ATTN_TARGET_AVX512_BEGIN \
-  ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#define ATTN_TARGET_AVX512_BEGIN ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
 #else
 // Other targets: the portable set only, compiled with the program's own flags.
 #define ATTN_TARGET_SCALAR_BEGIN

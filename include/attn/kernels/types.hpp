@@ -123,9 +123,7 @@ struct GemmOutput {
     return data + (i / rows_per_batch) * batch_stride + (i % rows_per_batch) * ldc;
   }
   /// Offset of column j within a row.
-  Index column(Index j, Index seg) const noexcept {
-    return (j / seg) * segment_stride + j % seg;
-  }
+  Index column(Index j, Index seg) const noexcept { return (j / seg) * segment_stride + j % seg; }
 };
 
 /// A GEMM's B operand (a layer's weight, (n, k) row-major) packed once for one kernel set:

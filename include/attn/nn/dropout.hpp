@@ -66,13 +66,11 @@ struct DropoutRecord {
 /// @tparam Scalar float or double.
 template <class Scalar = float>
 class Dropout {
-  static_assert(std::is_floating_point_v<Scalar>,
-                "attn::Dropout: Scalar must be float or double");
+  static_assert(std::is_floating_point_v<Scalar>, "attn::Dropout: Scalar must be float or double");
 
  public:
   /// @throws ConfigError if p is outside [0, 1).
-  explicit Dropout(double p = 0.5, std::uint64_t seed = kDefaultDropoutSeed)
-      : p_(p), seed_(seed) {
+  explicit Dropout(double p = 0.5, std::uint64_t seed = kDefaultDropoutSeed) : p_(p), seed_(seed) {
     detail::check_dropout(p, "Dropout");
   }
   Dropout(const Dropout& other)

@@ -267,8 +267,8 @@ class Linear {
   /// Packs the weight for the GEMM once (as much memory again as the weight); forward()
   /// stops repacking it per call. The bias is always read live.
   void freeze() {
-    pack_ = detail::pack_gemm_b(out_features(), in_features(), weight_.data(), in_features(),
-                                Index{0});
+    pack_ =
+        detail::pack_gemm_b(out_features(), in_features(), weight_.data(), in_features(), Index{0});
     frozen_ = true;
   }
   /// Drops the pack (forward() packs per call again).
@@ -289,8 +289,7 @@ class Linear {
   }
 
  private:
-  Linear(Index in_features, Index out_features, bool bias, TorchGenerator* gen)
-      : has_bias_(bias) {
+  Linear(Index in_features, Index out_features, bool bias, TorchGenerator* gen) : has_bias_(bias) {
     detail::require_config(in_features >= 0 && out_features >= 0, "Linear", [&] {
       return "in_features=" + std::to_string(in_features) +
              " and out_features=" + std::to_string(out_features) + " must be non-negative";
@@ -379,9 +378,9 @@ class LinearView {
     });
     detail::require(!has_bias() || bias_.stride(0) == 1 || bias_.extent(0) <= 1,
                     "LinearView::forward", [] { return std::string("bias is not contiguous"); });
-    detail::linear_forward<value_type, Rank>(
-        "LinearView::forward", TensorView<const value_type, 2>(weight_),
-        has_bias() ? bias_.data() : nullptr, x, y.view());
+    detail::linear_forward<value_type, Rank>("LinearView::forward",
+                                             TensorView<const value_type, 2>(weight_),
+                                             has_bias() ? bias_.data() : nullptr, x, y.view());
     return y;
   }
   template <std::size_t Rank>

@@ -88,11 +88,17 @@ class AttentionMask {
   }
   // Tensor overloads; a temporary tensor would dangle, so those are deleted.
   template <std::size_t Rank>
-  AttentionMask& allowed(const Tensor<bool, Rank>& mask) { return allowed(mask.view()); }
+  AttentionMask& allowed(const Tensor<bool, Rank>& mask) {
+    return allowed(mask.view());
+  }
   template <std::size_t Rank>
-  AttentionMask& blocked(const Tensor<bool, Rank>& mask) { return blocked(mask.view()); }
+  AttentionMask& blocked(const Tensor<bool, Rank>& mask) {
+    return blocked(mask.view());
+  }
   template <std::size_t Rank>
-  AttentionMask& additive(const Tensor<Scalar, Rank>& mask) { return additive(mask.view()); }
+  AttentionMask& additive(const Tensor<Scalar, Rank>& mask) {
+    return additive(mask.view());
+  }
   template <std::size_t Rank>
   AttentionMask& allowed(Tensor<bool, Rank>&&) = delete;
   template <std::size_t Rank>
@@ -146,8 +152,9 @@ class AttentionMask {
     static_assert(std::is_same_v<std::remove_const_t<Element>, bool>,
                   "attn::AttentionMask::key_padding: the mask holds bool");
     require_elements(padding, "AttentionMask::key_padding");
-    padding_ = TensorView<const bool, 4>(padding.data(), {padding.extent(0), 1, 1, padding.extent(1)},
-                                         {padding.stride(0), 0, 0, padding.stride(1)});
+    padding_ =
+        TensorView<const bool, 4>(padding.data(), {padding.extent(0), 1, 1, padding.extent(1)},
+                                  {padding.stride(0), 0, 0, padding.stride(1)});
     has_padding_ = true;
     return *this;
   }
@@ -209,9 +216,8 @@ class AttentionMask {
              detail::to_string(target);
     };
     if (bool_.data() != nullptr) {
-      detail::require(fits(bool_.shape()), where, [&] {
-        return fail(bool_allows_ ? "allowed" : "blocked", bool_.shape());
-      });
+      detail::require(fits(bool_.shape()), where,
+                      [&] { return fail(bool_allows_ ? "allowed" : "blocked", bool_.shape()); });
     }
     if (additive_.data() != nullptr) {
       detail::require(fits(additive_.shape()), where,

@@ -49,11 +49,10 @@ class TorchGenerator {
     const double lo = static_cast<Scalar>(from), hi = static_cast<Scalar>(to);
     double unit;
     if constexpr (std::is_same_v<Scalar, double>) {
-      unit = static_cast<double>(random64() & ((std::uint64_t{1} << 53) - 1)) *
-             std::ldexp(1.0, -53);
+      unit =
+          static_cast<double>(random64() & ((std::uint64_t{1} << 53) - 1)) * std::ldexp(1.0, -53);
     } else {
-      unit = static_cast<double>(random() & ((std::uint32_t{1} << 24) - 1)) *
-             std::ldexp(1.0, -24);
+      unit = static_cast<double>(random() & ((std::uint32_t{1} << 24) - 1)) * std::ldexp(1.0, -24);
     }
     // PyTorch's CPU kernels are compiled per instruction set; on AVX2/AVX-512 machines the
     // compiler fuses `unit * (hi - lo) + lo` into one FMA, so std::fma reproduces those

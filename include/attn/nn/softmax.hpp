@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "attn/config.hpp"
-#include "attn/kernels/dispatch.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/dispatch.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"

@@ -8,9 +8,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "attn/detail/eigen_core.hpp"
-
 #include "attn/config.hpp"
+#include "attn/detail/eigen_core.hpp"
 #include "attn/error.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -31,14 +30,14 @@ using RowVector = Eigen::Matrix<std::remove_const_t<Scalar>, 1, Eigen::Dynamic, 
 
 /// The Map type as_matrix() returns: const-correct, unaligned, with a run-time outer stride.
 template <class Scalar>
-using MatrixMap = Eigen::Map<std::conditional_t<std::is_const_v<Scalar>, const RowMatrix<Scalar>,
-                                                RowMatrix<Scalar>>,
-                             Eigen::Unaligned, Eigen::OuterStride<>>;
+using MatrixMap = Eigen::Map<
+    std::conditional_t<std::is_const_v<Scalar>, const RowMatrix<Scalar>, RowMatrix<Scalar>>,
+    Eigen::Unaligned, Eigen::OuterStride<>>;
 
 /// The Map type as_vector() returns.
 template <class Scalar>
-using VectorMap = Eigen::Map<std::conditional_t<std::is_const_v<Scalar>, const RowVector<Scalar>,
-                                                RowVector<Scalar>>>;
+using VectorMap = Eigen::Map<
+    std::conditional_t<std::is_const_v<Scalar>, const RowVector<Scalar>, RowVector<Scalar>>>;
 
 /// A 2-D view with unit inner stride as an Eigen matrix (the outer stride is kept).
 /// A dynamic inner stride is refused rather than accepted, because it kills

@@ -134,7 +134,7 @@ class Tensor {
   }
   // Implicit conversions make `module.forward(tensor)` read like PyTorch. A view of a
   // temporary dangles once the full expression ends: do not store one.
-  operator TensorView<Scalar, Rank>() noexcept { return view(); }  // NOLINT
+  operator TensorView<Scalar, Rank>() noexcept { return view(); }              // NOLINT
   operator TensorView<const Scalar, Rank>() const noexcept { return view(); }  // NOLINT
 
   static constexpr std::size_t rank() noexcept { return Rank; }

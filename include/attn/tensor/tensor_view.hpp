@@ -52,8 +52,8 @@ class TensorView {
       : data_(data), shape_(shape), strides_(strides) {
     for (std::size_t r = 0; r < Rank; ++r) {
       detail::require(shape[r] >= 0 && strides[r] >= 0, "TensorView", [&] {
-        return "shape " + detail::to_string(shape) + " with strides " +
-               detail::to_string(strides) + " has a negative extent or stride";
+        return "shape " + detail::to_string(shape) + " with strides " + detail::to_string(strides) +
+               " has a negative extent or stride";
       });
     }
     const Index count = detail::checked_shape_size(shape, "TensorView");  // size() never overflows

@@ -24,12 +24,11 @@ ATTN_NAMESPACE_BEGIN
 template <class Scalar, std::size_t Rank>
 TensorView<Scalar, Rank> slice(TensorView<Scalar, Rank> v, std::size_t axis, Index begin,
                                Index end) {
-  detail::require(axis < Rank && 0 <= begin && begin <= end && end <= v.extent(axis), "slice",
-                  [&] {
-                    return "range [" + std::to_string(begin) + ", " + std::to_string(end) +
-                           ") on axis " + std::to_string(axis) + " of a view of shape " +
-                           detail::to_string(v.shape()) + " is out of bounds";
-                  });
+  detail::require(axis < Rank && 0 <= begin && begin <= end && end <= v.extent(axis), "slice", [&] {
+    return "range [" + std::to_string(begin) + ", " + std::to_string(end) + ") on axis " +
+           std::to_string(axis) + " of a view of shape " + detail::to_string(v.shape()) +
+           " is out of bounds";
+  });
   Shape<Rank> shape = v.shape();
   shape[axis] = end - begin;
   return {v.data() + begin * v.stride(axis), shape, v.strides()};
@@ -172,23 +171,19 @@ TensorView<Scalar, NewRank> reshape(TensorView<Scalar, Rank> v, Shape<NewRank> n
   std::size_t inferred = NewRank;
   for (std::size_t r = 0; r < NewRank; ++r) {
     if (new_shape[r] == -1) {
-      detail::require(inferred == NewRank, "reshape", [&] {
-        return describe() + ": only one extent may be -1";
-      });
+      detail::require(inferred == NewRank, "reshape",
+                      [&] { return describe() + ": only one extent may be -1"; });
       inferred = r;
     } else {
-      detail::require(new_shape[r] >= 0, "reshape", [&] {
-        return describe() + ": extents must be non-negative";
-      });
-      detail::require(detail::checked_mul(known, new_shape[r], known), "reshape", [&] {
-        return describe() + ": the element count overflows";
-      });
+      detail::require(new_shape[r] >= 0, "reshape",
+                      [&] { return describe() + ": extents must be non-negative"; });
+      detail::require(detail::checked_mul(known, new_shape[r], known), "reshape",
+                      [&] { return describe() + ": the element count overflows"; });
     }
   }
   if (inferred != NewRank) {
-    detail::require(known != 0 && v.size() % known == 0, "reshape", [&] {
-      return describe() + ": the -1 extent cannot be inferred";
-    });
+    detail::require(known != 0 && v.size() % known == 0, "reshape",
+                    [&] { return describe() + ": the -1 extent cannot be inferred"; });
     new_shape[inferred] = v.size() / known;
   }
   detail::require(shape_size(new_shape) == v.size(), "reshape", [&] {

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <limits>
 
-
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
 #include "attn/kernels/dispatch.hpp"

@@ -51,8 +51,7 @@ bool same_view(const TensorView<A, Rank>& a, const TensorView<B, Rank>& b) noexc
 
 /// Throws ConfigError when a sequence is longer than the module's context length
 /// (0 = unlimited).
-inline void check_context(const char* where, const char* name, Index tokens,
-                          Index context_length) {
+inline void check_context(const char* where, const char* name, Index tokens, Index context_length) {
   require_config(context_length <= 0 || tokens <= context_length, where, [&] {
     return std::string(name) + " has " + std::to_string(tokens) +
            " tokens, more than context_length=" + std::to_string(context_length);

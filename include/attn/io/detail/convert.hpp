@@ -9,9 +9,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attn/io/dtype.hpp"
-
 #include "attn/config.hpp"
+#include "attn/io/dtype.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace io {
@@ -109,16 +108,25 @@ const char* convert_elements(DType dtype, const unsigned char* src, std::size_t 
     }
   };
   switch (dtype) {
-    case DType::kU8: return integer(std::uint8_t{});
-    case DType::kI8: return integer(std::int8_t{});
-    case DType::kI16: return integer(std::int16_t{});
-    case DType::kU16: return integer(std::uint16_t{});
-    case DType::kI32: return integer(std::int32_t{});
-    case DType::kU32: return integer(std::uint32_t{});
-    case DType::kI64: return integer(std::int64_t{});
-    case DType::kU64: return integer(std::uint64_t{});
+    case DType::kU8:
+      return integer(std::uint8_t{});
+    case DType::kI8:
+      return integer(std::int8_t{});
+    case DType::kI16:
+      return integer(std::int16_t{});
+    case DType::kU16:
+      return integer(std::uint16_t{});
+    case DType::kI32:
+      return integer(std::int32_t{});
+    case DType::kU32:
+      return integer(std::uint32_t{});
+    case DType::kI64:
+      return integer(std::int64_t{});
+    case DType::kU64:
+      return integer(std::uint64_t{});
     case DType::kF8E4M3:
-    case DType::kF8E5M2: return " (8-bit float formats are not supported)";
+    case DType::kF8E5M2:
+      return " (8-bit float formats are not supported)";
     case DType::kBool:
       if constexpr (!kToBool) {
         return " (a boolean mask; read it as bool)";
@@ -126,7 +134,8 @@ const char* convert_elements(DType dtype, const unsigned char* src, std::size_t 
         each([](const unsigned char* p) { return *p != 0; });
         return nullptr;
       }
-    default: break;
+    default:
+      break;
   }
   if constexpr (kToBool) {
     return " (a floating-point tensor; read it as float or double)";
@@ -142,9 +151,14 @@ const char* convert_elements(DType dtype, const unsigned char* src, std::size_t 
           return static_cast<Scalar>(bfloat16_to_float(load_le<std::uint16_t>(p)));
         });
         break;
-      case DType::kF32: same(float{}); break;
-      case DType::kF64: same(double{}); break;
-      default: break;
+      case DType::kF32:
+        same(float{});
+        break;
+      case DType::kF64:
+        same(double{});
+        break;
+      default:
+        break;
     }
     return nullptr;
   }

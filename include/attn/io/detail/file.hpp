@@ -148,13 +148,12 @@ inline std::shared_ptr<const Storage> read_file(const std::string& path, const c
 inline std::shared_ptr<const Storage> read_file(const std::string& path, const char* where) {
   std::error_code error;
   const std::filesystem::file_status status = std::filesystem::status(path, error);
-  io_require<IoError>(!error, where, [&] {
-    return "cannot open '" + path + "' for reading: " + error.message();
-  });
+  io_require<IoError>(!error, where,
+                      [&] { return "cannot open '" + path + "' for reading: " + error.message(); });
   io_require<IoError>(std::filesystem::is_regular_file(status), where, [&] {
     return "'" + path + "' is not a regular file (" +
-           (std::filesystem::is_directory(status) ? "a directory"
-            : std::filesystem::is_fifo(status)    ? "a FIFO"
+           (std::filesystem::is_directory(status)        ? "a directory"
+            : std::filesystem::is_fifo(status)           ? "a FIFO"
             : std::filesystem::is_character_file(status) ? "a character device"
                                                          : "a special file") +
            ")";
@@ -206,15 +205,14 @@ class AtomicFile {
   /// temporary file is removed.
   void commit(const unsigned char* data, std::size_t size) {
     const auto failed = [&](const std::string& what, int error) {
-      return "error while writing " + std::to_string(size) + " bytes to '" + path_ + "' (" +
-             what + (error != 0 ? ": " + describe_errno(error) : std::string()) +
+      return "error while writing " + std::to_string(size) + " bytes to '" + path_ + "' (" + what +
+             (error != 0 ? ": " + describe_errno(error) : std::string()) +
              "); the file is unchanged";
     };
     int error = 0;
     io_require<IoError>(write_all(data, size, error), where_,
                         [&] { return failed("write", error); });
-    io_require<IoError>(sync_and_close(error), where_,
-                        [&] { return failed("flush", error); });
+    io_require<IoError>(sync_and_close(error), where_, [&] { return failed("flush", error); });
     std::error_code rename_error;
     std::filesystem::rename(temp_, path_, rename_error);
     io_require<IoError>(!rename_error, where_, [&] {

@@ -9,10 +9,9 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
@@ -75,8 +74,8 @@ class HeaderParser {
            std::to_string(kMaxHeaderBytes) + " bytes");
     }
     if (length > size - 8) {
-      fail("header length " + std::to_string(length) + " exceeds the " +
-           std::to_string(size - 8) + " bytes after the length field (file truncated?)");
+      fail("header length " + std::to_string(length) + " exceeds the " + std::to_string(size - 8) +
+           " bytes after the length field (file truncated?)");
     }
     if (length < 2) {
       fail("header length " + std::to_string(length) + " is too short for a JSON object");
@@ -187,8 +186,8 @@ class HeaderParser {
   void offsets(const std::string& tensor, const nlohmann::json& value, TensorInfo& info,
                std::size_t data_size) const {
     const auto it = value.find("data_offsets");
-    if (it == value.end() || !it->is_array() || it->size() != 2 ||
-        !(*it)[0].is_number_unsigned() || !(*it)[1].is_number_unsigned()) {
+    if (it == value.end() || !it->is_array() || it->size() != 2 || !(*it)[0].is_number_unsigned() ||
+        !(*it)[1].is_number_unsigned()) {
       fail(tensor +
            (it != value.end() ? " has data_offsets " + json_excerpt(*it)
                               : std::string(" has no data_offsets")) +
@@ -201,9 +200,9 @@ class HeaderParser {
            " bytes (or begin > end)");
     }
     std::uint64_t bytes = 0;
-    const bool fits = attn::detail::checked_mul(static_cast<std::uint64_t>(info.numel()),
-                                                static_cast<std::uint64_t>(dtype_size(info.dtype)),
-                                                bytes);
+    const bool fits =
+        attn::detail::checked_mul(static_cast<std::uint64_t>(info.numel()),
+                                  static_cast<std::uint64_t>(dtype_size(info.dtype)), bytes);
     if (!fits || bytes != end - begin) {
       fail(tensor + " (" + dtype_name(info.dtype) + ", shape " + shape_text(info.shape) +
            ") needs " + (fits ? std::to_string(bytes) : std::string("more than 2^64")) +
@@ -215,8 +214,7 @@ class HeaderParser {
   }
 
   /// The tensors must tile [0, data_size) exactly, as the reference implementation checks.
-  void check_tiling(const std::map<std::string, TensorInfo>& tensors,
-                    std::size_t data_size) const {
+  void check_tiling(const std::map<std::string, TensorInfo>& tensors, std::size_t data_size) const {
     std::vector<std::pair<const TensorInfo*, const std::string*>> ranges;
     ranges.reserve(tensors.size());
     for (const auto& [name, info] : tensors) ranges.emplace_back(&info, &name);

@@ -13,6 +13,8 @@
 //    (to nearest even), ldexp (p * 2^n, n integral, exact), less / greater (ordered) and
 //    select (mask ? a : b);
 //  - transpose_block / transpose_block_wide and their widths, for packing.
+// The order matters: each part uses the ones before it.
+// clang-format off
 #include "attn/kernels/generic/exp.inl"
 #include "attn/kernels/generic/microkernel.inl"
 #include "attn/kernels/generic/gemm.inl"
@@ -21,3 +23,4 @@
 #include "attn/kernels/generic/key_chunks.inl"
 #include "attn/kernels/generic/attention_backward.inl"
 #include "attn/kernels/generic/kernel_set.inl"
+// clang-format on

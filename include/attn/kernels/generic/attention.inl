@@ -49,8 +49,8 @@ bool clean_values(const Scalar* v, Index v_rs, Index n, Index dv, Scalar* clean)
 /// is not finite, for the rows r that see it (sees(r, j)). P(r, j) = p[r * prs + j * pcs].
 template <class Scalar, class Sees>
 void add_nonfinite_values(Index rows, Index n, Index dv, const Scalar* p, Index prs, Index pcs,
-                          const Scalar* v, Index v_rs, const Scalar* clean, Scalar* out,
-                          Index ldo, Sees&& sees) noexcept {
+                          const Scalar* v, Index v_rs, const Scalar* clean, Scalar* out, Index ldo,
+                          Sees&& sees) noexcept {
   for (Index j = 0; j < n; ++j) {
     const Scalar* row = v + j * v_rs;
     if (std::equal(row, row + dv, clean + j * dv)) continue;  // copied: finite (NaN != NaN)
@@ -92,8 +92,7 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
   // pass 1: scores (rows, T_k) = q k^T * scale (the micro-kernel never threads, so the
   // result does not depend on the thread count).
   pack_transposed(k, p.k.stride(2), 0, tk, 0, d, kt);
-  micro_gemm<Scalar>(rows, tk, d, q, p.q.stride(2), 1, kt, tk, scores, tk, p.scale, false,
-                     nullptr);
+  micro_gemm<Scalar>(rows, tk, d, q, p.q.stride(2), 1, kt, tk, scores, tk, p.scale, false, nullptr);
   const Scalar keep_scale =
       drop.active ? Scalar(1) / static_cast<Scalar>(1.0 - p.dropout) : Scalar(1);
   Index key_begin = tk, key_end = 0;  // the keys some row sees
@@ -103,8 +102,8 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
     // pass 2: masks (loop bounds, then element-wise parts) and a stable softmax over the
     // visible keys; invisible keys get weight 0.
     const Index end = mask.row_end(i), begin = std::min(mask.row_begin(i), end);
-    const Index seen = mask.elementwise() ? mask.apply(i, begin, s + begin, end - begin)
-                                          : end - begin;
+    const Index seen =
+        mask.elementwise() ? mask.apply(i, begin, s + begin, end - begin) : end - begin;
     if (seen > 0) {
       const Scalar top =
           p.lse.data() != nullptr ? *std::max_element(s + begin, s + end) : Scalar(0);
@@ -138,9 +137,8 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
     for (Index r = 0; r < rows; ++r) std::fill(out + r * ldo, out + r * ldo + dv, Scalar(0));
   } else if (clean_values(v0, v_rs, n, dv, clean)) {
     micro_gemm<Scalar>(rows, dv, n, w0, tk, 1, clean, dv, out, ldo, Scalar(1), false, nullptr);
-    add_nonfinite_values(rows, n, dv, w0, tk, 1, v0, v_rs, clean, out, ldo, [&](Index r, Index j) {
-      return mask.sees(i0 + r, key_begin + j);
-    });
+    add_nonfinite_values(rows, n, dv, w0, tk, 1, v0, v_rs, clean, out, ldo,
+                         [&](Index r, Index j) { return mask.sees(i0 + r, key_begin + j); });
   } else {
     micro_gemm<Scalar>(rows, dv, n, w0, tk, 1, v0, v_rs, out, ldo, Scalar(1), false, nullptr);
   }
@@ -191,15 +189,15 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   static_assert(kQueryBlock % W == 0, "the per-row statistics are whole vectors");
   const Index nq = task.i1 - task.i0, rows = task.heads * nq, d = p.q.extent(3);
   const Index dv = p.v.extent(3), i0 = task.i0;
-  Scalar* qt = scratch;                    // Q^T (d, rows)
-  Scalar* st = qt + d * kQueryBlock;       // s^T, then p^T (keys, rows)
-  Scalar* acc = st + kKeyBlock * ld;       // unnormalised output (rows, d_v)
-  Scalar* m = acc + kQueryBlock * dv;      // running max per row
-  Scalar* l = m + kQueryBlock;             // running sum per row
-  Scalar* shift = l + kQueryBlock;         // this tile's exp shift per row
-  Scalar* corr = shift + kQueryBlock;      // rescale factor per row
-  Scalar* seen = corr + kQueryBlock;       // 1 once a row has seen a key its masks allow
-  Scalar* clean = seen + kQueryBlock;      // a V tile with non-finite rows zeroed (rarely)
+  Scalar* qt = scratch;                // Q^T (d, rows)
+  Scalar* st = qt + d * kQueryBlock;   // s^T, then p^T (keys, rows)
+  Scalar* acc = st + kKeyBlock * ld;   // unnormalised output (rows, d_v)
+  Scalar* m = acc + kQueryBlock * dv;  // running max per row
+  Scalar* l = m + kQueryBlock;         // running sum per row
+  Scalar* shift = l + kQueryBlock;     // this tile's exp shift per row
+  Scalar* corr = shift + kQueryBlock;  // rescale factor per row
+  Scalar* seen = corr + kQueryBlock;   // 1 once a row has seen a key its masks allow
+  Scalar* clean = seen + kQueryBlock;  // a V tile with non-finite rows zeroed (rarely)
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
   std::fill(l, l + kQueryBlock, Scalar(0));
@@ -372,8 +370,8 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
       const Index group = std::min<Index>(kMicroRows, rows - r0);
       const Index need = need_of(r0, r0 + group);
       if (need > 0) {
-        micro_gemm<Scalar>(group, dv, need, st + r0, 1, ld, vc, vc_rs, acc + r0 * dv, dv,
-                           Scalar(1), true, nullptr);
+        micro_gemm<Scalar>(group, dv, need, st + r0, 1, ld, vc, vc_rs, acc + r0 * dv, dv, Scalar(1),
+                           true, nullptr);
       }
     }
     if (dirty) {

@@ -13,17 +13,17 @@ struct ExpConstants;
 
 template <>
 struct ExpConstants<float> {
-  static constexpr float kLo = -87.33654f;                  // ln(FLT_MIN)
-  static constexpr float kHi = 88.72283172607421875f;       // largest x with finite exp(x)
+  static constexpr float kLo = -87.33654f;             // ln(FLT_MIN)
+  static constexpr float kHi = 88.72283172607421875f;  // largest x with finite exp(x)
   static constexpr float kLog2e = 1.44269504088896341f;
-  static constexpr float kLn2Hi = 0.693359375f;             // ln 2 = kLn2Hi + kLn2Lo
+  static constexpr float kLn2Hi = 0.693359375f;  // ln 2 = kLn2Hi + kLn2Lo
   static constexpr float kLn2Lo = -2.12194440e-4f;
 };
 
 template <>
 struct ExpConstants<double> {
-  static constexpr double kLo = -708.3964185322641;         // ln(DBL_MIN)
-  static constexpr double kHi = 709.782712893384;           // ln(DBL_MAX), rounded down
+  static constexpr double kLo = -708.3964185322641;  // ln(DBL_MIN)
+  static constexpr double kHi = 709.782712893384;    // ln(DBL_MAX), rounded down
   static constexpr double kLog2e = 1.4426950408889634;
   static constexpr double kLn2Hi = 6.93145751953125e-1;
   static constexpr double kLn2Lo = 1.42860682030941723212e-6;
@@ -44,11 +44,20 @@ inline typename V::Reg exp_reduced(typename V::Reg r) noexcept {
 /// exp(r) for |r| <= 0.347, double: Taylor polynomial of degree 13 (Horner).
 template <class V, std::enable_if_t<std::is_same_v<typename V::Scalar, double>, int> = 0>
 inline typename V::Reg exp_reduced(typename V::Reg r) noexcept {
-  constexpr double kInverseFactorials[] = {
-      1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
-      1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,
-      1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,        0.5,
-      1.0,                1.0};
+  constexpr double kInverseFactorials[] = {1.0 / 6227020800.0,
+                                           1.0 / 479001600.0,
+                                           1.0 / 39916800.0,
+                                           1.0 / 3628800.0,
+                                           1.0 / 362880.0,
+                                           1.0 / 40320.0,
+                                           1.0 / 5040.0,
+                                           1.0 / 720.0,
+                                           1.0 / 120.0,
+                                           1.0 / 24.0,
+                                           1.0 / 6.0,
+                                           0.5,
+                                           1.0,
+                                           1.0};
   auto p = V::set1(kInverseFactorials[0]);
   for (int i = 1; i < 14; ++i) p = V::fmadd(p, r, V::set1(kInverseFactorials[i]));
   return p;

@@ -16,8 +16,8 @@ constexpr Index gemm_depth() noexcept {
 /// omitted). Full square blocks go through an in-register transpose (16 x 16 floats with
 /// AVX-512, then the set's narrower one); the ragged edges element by element.
 template <class Scalar>
-inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, Index p0,
-                            Index depth, Scalar* out, Index ldo = 0) noexcept {
+inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
+                            Scalar* out, Index ldo = 0) noexcept {
   if (ldo <= 0) ldo = cols;
   // Columns [j, j + side) of the output: depth in blocks of side, the rest one by one.
   const auto columns = [&](Index j, Index side, bool wide) {

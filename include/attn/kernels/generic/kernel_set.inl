@@ -77,29 +77,29 @@ struct KernelSet {
 #else
 #define ATTN_KERNELS_EXPLICIT_ extern
 #endif
-#define ATTN_KERNELS_INSTANCES_(S)                                                              \
-  ATTN_KERNELS_EXPLICIT_ template void gemm_task<S>(const GemmPlan<S>&, Index, S*) noexcept;    \
-  ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<S>(const S*, Index, PackedGemmB<S>&) noexcept; \
-  ATTN_KERNELS_EXPLICIT_ template void column_sums<S>(Index, Index, Index,                       \
-                                                      const GemmOutput<const S>&, Index, S*) noexcept; \
-  ATTN_KERNELS_EXPLICIT_ template S softmax_row<S>(S*, Index, bool) noexcept;                   \
-  ATTN_KERNELS_EXPLICIT_ template void materialized_tile<S>(                                    \
-      const AttentionArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, Index,   \
-      Index, S*);                                                                               \
-  ATTN_KERNELS_EXPLICIT_ template void streaming_tile<S>(                                       \
-      const AttentionArgs<S>&, const HeadMask<S>*, const DropoutStream*, const StreamTask<S>&,  \
-      S*);                                                                                      \
-  ATTN_KERNELS_EXPLICIT_ template void merge_partials<S>(const S*, Index, Index, Index, double, \
+#define ATTN_KERNELS_INSTANCES_(S)                                                                 \
+  ATTN_KERNELS_EXPLICIT_ template void gemm_task<S>(const GemmPlan<S>&, Index, S*) noexcept;       \
+  ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<S>(const S*, Index, PackedGemmB<S>&) noexcept;  \
+  ATTN_KERNELS_EXPLICIT_ template void column_sums<S>(                                             \
+      Index, Index, Index, const GemmOutput<const S>&, Index, S*) noexcept;                        \
+  ATTN_KERNELS_EXPLICIT_ template S softmax_row<S>(S*, Index, bool) noexcept;                      \
+  ATTN_KERNELS_EXPLICIT_ template void materialized_tile<S>(                                       \
+      const AttentionArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, Index,      \
+      Index, S*);                                                                                  \
+  ATTN_KERNELS_EXPLICIT_ template void streaming_tile<S>(const AttentionArgs<S>&,                  \
+                                                         const HeadMask<S>*, const DropoutStream*, \
+                                                         const StreamTask<S>&, S*);                \
+  ATTN_KERNELS_EXPLICIT_ template void merge_partials<S>(const S*, Index, Index, Index, double,    \
                                                          S*) noexcept;
-#define ATTN_KERNELS_BACKWARD_INSTANCES_(S)                                                     \
-  ATTN_KERNELS_EXPLICIT_ template void backward_key_task<S>(                                    \
-      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
-      Index, Index, S*) noexcept;                                                               \
-  ATTN_KERNELS_EXPLICIT_ template void backward_query_task<S>(                                  \
-      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
-      Index, Index, S*) noexcept;                                                               \
-  ATTN_KERNELS_EXPLICIT_ template void materialized_backward_task<S>(                           \
-      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index,   \
+#define ATTN_KERNELS_BACKWARD_INSTANCES_(S)                                                    \
+  ATTN_KERNELS_EXPLICIT_ template void backward_key_task<S>(                                   \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, \
+      Index, Index, S*) noexcept;                                                              \
+  ATTN_KERNELS_EXPLICIT_ template void backward_query_task<S>(                                 \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, \
+      Index, Index, S*) noexcept;                                                              \
+  ATTN_KERNELS_EXPLICIT_ template void materialized_backward_task<S>(                          \
+      const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, \
       S*) noexcept;
 ATTN_KERNELS_BACKWARD_INSTANCES_(float)
 ATTN_KERNELS_BACKWARD_INSTANCES_(double)

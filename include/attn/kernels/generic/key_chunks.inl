@@ -33,8 +33,9 @@ void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv,
     Index e = 0;
     for (; e + W <= dv; e += W) V::store(o + e, V::fmadd(V::load(a + e), factor, V::load(o + e)));
     if (e < dv) {
-      V::store_partial(o + e, V::fmadd(V::load_partial(a + e, dv - e), factor,
-                                       V::load_partial(o + e, dv - e)), dv - e);
+      V::store_partial(
+          o + e, V::fmadd(V::load_partial(a + e, dv - e), factor, V::load_partial(o + e, dv - e)),
+          dv - e);
     }
   }
   const Scalar inv = static_cast<Scalar>(1.0 / (static_cast<double>(l) * keep));

@@ -17,9 +17,9 @@ constexpr Index micro_cols() noexcept {
 /// b[p * ldb + c]. Reads of B beyond `cols` are masked off (no memory touched).
 /// Row r of C starts at crow[r] (rows need not be evenly spaced).
 template <class Scalar, int Rows>
-inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Scalar* b,
-                       Index ldb, Scalar* const* crow, Index cols, Scalar alpha,
-                       bool accumulate, const Scalar* bias) noexcept {
+inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Scalar* b, Index ldb,
+                       Scalar* const* crow, Index cols, Scalar alpha, bool accumulate,
+                       const Scalar* bias) noexcept {
   using V = Vec<Scalar>;
   using Reg = typename V::Reg;
   constexpr int W = V::kWidth;
@@ -93,7 +93,8 @@ inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Sca
     const Index n = cols - v * W;
     if (n > 0) {
       Reg bias_v = V::zero();
-      if (bias != nullptr) bias_v = n >= W ? V::load(bias + v * W) : V::load_partial(bias + v * W, n);
+      if (bias != nullptr)
+        bias_v = n >= W ? V::load(bias + v * W) : V::load_partial(bias + v * W, n);
 #if defined(__GNUC__)
 #pragma GCC unroll 8
 #endif
@@ -120,8 +121,8 @@ inline void micro_tile_rows(Index rows, Index k, const Scalar* a, Index ars, Ind
   if (rows == Rows) {
     micro_tile<Scalar, Rows>(k, a, ars, acs, b, ldb, crow, cols, alpha, accumulate, bias);
   } else if constexpr (Rows > 1) {
-    micro_tile_rows<Scalar, Rows - 1>(rows, k, a, ars, acs, b, ldb, crow, cols, alpha,
-                                      accumulate, bias);
+    micro_tile_rows<Scalar, Rows - 1>(rows, k, a, ars, acs, b, ldb, crow, cols, alpha, accumulate,
+                                      bias);
   }
 }
 

@@ -36,13 +36,9 @@ struct Vec<float> {
   static Reg zero() noexcept { return _mm_setzero_ps(); }
   static Reg set1(float v) noexcept { return _mm_set1_ps(v); }
   static Reg load(const float* p) noexcept { return _mm_loadu_ps(p); }
-  static Reg load_partial(const float* p, Index n) noexcept {
-    return sse2_load_partial<Vec>(p, n);
-  }
+  static Reg load_partial(const float* p, Index n) noexcept { return sse2_load_partial<Vec>(p, n); }
   static void store(float* p, Reg v) noexcept { _mm_storeu_ps(p, v); }
-  static void store_partial(float* p, Reg v, Index n) noexcept {
-    sse2_store_partial<Vec>(p, v, n);
-  }
+  static void store_partial(float* p, Reg v, Index n) noexcept { sse2_store_partial<Vec>(p, v, n); }
   static Reg fmadd(Reg a, Reg b, Reg c) noexcept { return _mm_add_ps(_mm_mul_ps(a, b), c); }
   static Reg fnmadd(Reg a, Reg b, Reg c) noexcept { return _mm_sub_ps(c, _mm_mul_ps(a, b)); }
   static Reg add(Reg a, Reg b) noexcept { return _mm_add_ps(a, b); }
