@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # README command 2: installs what is missing, then builds and runs the whole test suite:
+#   0. the format check (scripts/check_format.sh);
 #   1. release build (-O2, OpenMP, -Werror; no -march flag, as users build): every test, the
 #      packaging tests and the examples, tools and benchmarks compiled (benchmarks are not
 #      run); then the tests again once per narrower kernel set this CPU has (ATTN_ISA);
@@ -7,20 +8,63 @@
 #      one program) and of the kernel tests, run;
 #   3. ASan + UBSan build (-O0 -g1, -Werror): every test again;
 #   4. libFuzzer targets (clang) for ATTN_FUZZ_SECONDS (30) each; valgrind memcheck; TSan.
+# At the end it prints each stage's wall and CPU time and the tests it ran.
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 
 ensure_packages "${ATTN_BASE_PACKAGES[@]}"
 
-run_suite() {  # run_suite <name> <cmake args...>
+# ---- stage bookkeeping: wall time, CPU time (user + sys of every process the stage ran) ----
+stage_rows=()
+children_cpu() {  # user + sys seconds of the waited-for children so far (bash `times`)
+  times | awk 'NR == 2 {
+    split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+}
+stage_tests=""
+stage() {  # stage <name> <command...>: runs the command, records its times and stage_tests
   local name="$1"; shift
-  local build="$ATTN_ROOT/build/$name"
-  log "[$name] configuring"
+  local t0=$SECONDS c0
+  c0=$(children_cpu)
+  stage_tests=""
+  "$@"
+  stage_rows+=("$(printf '%-34s %6d %6d   %s' "$name" $((SECONDS - t0)) $(($(children_cpu) - c0)) \
+                  "$stage_tests")")
+}
+
+# ctest_run <tree> <ctest args...>: every ctest entry of build/<tree>; stage_tests says how
+# many entries ran and how many GoogleTest tests they ran (from their XML results).
+ctest_run() {
+  local build="$ATTN_ROOT/build/$1"; shift
+  rm -rf "$build/gtest-results"
+  local out="$build/ctest.log"
+  local rc=0
+  ctest --test-dir "$build" --output-on-failure -j "$ATTN_JOBS" --timeout 600 "$@" 2>&1 |
+    tee "$out" || rc=$?
+  local entries gtests skipped
+  entries="$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$out" | tail -n 1)"
+  gtests="$(cat "$build"/gtest-results/*.xml 2>/dev/null | grep -o '<testcase [^>]*status="run"' | wc -l)"
+  skipped="$(cat "$build"/gtest-results/*.xml 2>/dev/null | grep -o '<testcase [^>]*result="skipped"' | wc -l)"
+  stage_tests="${entries:-0} ctest entries, $gtests GoogleTest tests ($skipped skipped)"
+  return $rc
+}
+
+configure() {  # configure <tree> <cmake args...>
+  local build="$ATTN_ROOT/build/$1"; shift
+  log "[$(basename "$build")] configuring"
   cmake -S "$ATTN_ROOT" -B "$build" -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON "$@" >/dev/null
-  log "[$name] building"
-  cmake --build "$build" -j "$ATTN_JOBS"
-  log "[$name] testing"
-  ctest --test-dir "$build" --output-on-failure -j "$ATTN_JOBS" --timeout 600
+}
+build() {  # build <tree> [targets...]
+  local build="$ATTN_ROOT/build/$1"; shift
+  log "[$(basename "$build")] building ${*:-everything}"
+  if [ $# -gt 0 ]; then
+    cmake --build "$build" -j "$ATTN_JOBS" --target "$@"
+  else
+    cmake --build "$build" -j "$ATTN_JOBS"
+  fi
+}
+run_tests() {  # run_tests <tree> [ctest args...]
+  log "[$1] testing ${ATTN_ISA:+with ATTN_ISA=$ATTN_ISA}"
+  ctest_run "$@"
 }
 
 # Idle OpenMP workers would spin between parallel regions and steal the core the other
@@ -30,36 +74,54 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 # The suite itself picks kernel sets through ATTN_ISA; start from the CPU's choice.
 unset ATTN_ISA
 
-start=$(date +%s)
+start=$SECONDS
 # 0. Formatting: every C++ file as clang-format makes it (skipped without clang-format).
-"$ATTN_ROOT/scripts/check_format.sh"
-run_suite release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
+stage "format check" "$ATTN_ROOT/scripts/check_format.sh"
+
+# 1. Release: everything built, every test on the widest kernel set.
+configure release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_BENCHMARKS=ON
+stage "release: build" build release
+best="$("$ATTN_ROOT/build/release/tests/dispatch_test" --report | sed -n 's/.* best=\([a-z0-9]*\).*/\1/p')"
+stage "release: tests ($best)" run_tests release
 # 1b. Every test (but packaging and compile-fail, which run no kernel) on each narrower kernel
 # set this CPU supports: the run above used the widest.
-best="$("$ATTN_ROOT/build/release/tests/dispatch_test" --report | sed -n 's/.* best=\([a-z0-9]*\).*/\1/p')"
 for isa in avx2 sse2 scalar; do
   case "$best:$isa" in
     avx512:*|avx2:sse2|avx2:scalar|sse2:scalar) ;;
     *) continue ;;
   esac
-  log "[release] testing with ATTN_ISA=$isa (the $isa kernels; best on this CPU: $best)"
-  ATTN_ISA=$isa ctest --test-dir "$ATTN_ROOT/build/release" --output-on-failure -j "$ATTN_JOBS" \
-    --timeout 600 -LE "packaging|compile_fail"
+  ATTN_ISA=$isa stage "release: tests ATTN_ISA=$isa" run_tests release -LE "packaging|compile_fail"
 done
-# 2. clang: the same headers through the other compiler, in a baseline and a native unit.
+
+# 2. clang: the same headers through the other compiler, in a baseline and a native unit;
+# each test file compiled on its own (no unity batch, no precompiled header).
 ensure_packages clang
-log "[clang] configuring, building and running the dispatch and kernel tests"
-cmake -S "$ATTN_ROOT" -B "$ATTN_ROOT/build/clang" -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DATTN_WERROR=ON \
-  -DATTN_BUILD_TESTS=ON -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_BENCHMARKS=OFF -DATTN_TEST_PCH=OFF >/dev/null
-clang_tests=(dispatch_test simd_test nonfinite_test kernel_paths_test gemm_test)
-cmake --build "$ATTN_ROOT/build/clang" -j "$ATTN_JOBS" --target "${clang_tests[@]}"
-for t in "${clang_tests[@]}"; do "$ATTN_ROOT/build/clang/tests/$t" --gtest_brief=1; done
-# -O0: the sanitizers find the same bugs; -O1 would triple the compile time of this build.
-run_suite sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DATTN_SANITIZE=ON \
+clang_tests="dispatch/*;kernels/*;attention/nonfinite_test.cpp;attention/kernel_paths_test.cpp"
+clang_stage() {
+  configure clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF \
+    -DATTN_TEST_PCH=OFF -DATTN_TEST_UNITY=OFF "-DATTN_TEST_SELECT=$clang_tests"
+  build clang
+  log "[clang] testing ($clang_tests)"
+  ctest_run clang
+}
+stage "clang: dispatch + kernel tests" clang_stage
+
+# 3. ASan + UBSan. -O0: the sanitizers find the same bugs; -O1 would triple the compile time
+# of this build.
+configure sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DATTN_SANITIZE=ON \
   -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF
-# 3.-4. hardening: libFuzzer targets (30 s each) and a valgrind memcheck run (scripts/run_hardening.sh).
-"$ATTN_ROOT/scripts/run_hardening.sh" fuzz valgrind
-"$ATTN_ROOT/scripts/run_hardening.sh" tsan  # 5. ThreadSanitizer build of tests/concurrency
-log "all test suites passed in $(( $(date +%s) - start )) s"
+stage "sanitize: build" build sanitize
+stage "sanitize: tests" run_tests sanitize
+
+# 4.-5. hardening: libFuzzer targets (30 s each), a valgrind memcheck run and ThreadSanitizer
+# on tests/concurrency (scripts/run_hardening.sh).
+stage "fuzz" "$ATTN_ROOT/scripts/run_hardening.sh" fuzz
+stage "valgrind" "$ATTN_ROOT/scripts/run_hardening.sh" valgrind
+stage "tsan" "$ATTN_ROOT/scripts/run_hardening.sh" tsan
+
+printf '\n%-34s %6s %6s   %s\n' "stage" "wall s" "cpu s" "tests"
+printf '%s\n' "${stage_rows[@]}"
+printf '%-34s %6d %6d\n' "total" $((SECONDS - start)) "$(children_cpu)"
+log "all test suites passed in $((SECONDS - start)) s"

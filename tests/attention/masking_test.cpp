@@ -23,6 +23,7 @@
 #include "support/test_support.hpp"
 
 namespace {
+namespace masking_test {
 
 using attn::AttentionMask;
 using attn::AttentionOptions;
@@ -431,4 +432,5 @@ TYPED_TEST(Masking, ModuleWithFullyPaddedBatchItemGivesOutputBiasNotNaN) {
   EXPECT_NE(attn::test::row(y, 0, 0), bias);
 }
 
+}  // namespace masking_test
 }  // namespace

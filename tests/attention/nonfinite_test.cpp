@@ -22,6 +22,7 @@
 #include "support/scalar_types.hpp"
 
 namespace {
+namespace nonfinite_test {
 
 using attn::Index;
 using attn::Isa;
@@ -246,4 +247,5 @@ TYPED_TEST(NonFiniteTest, WeightsOfHiddenNaNKeysAreZero) {
   }
 }
 
+}  // namespace nonfinite_test
 }  // namespace

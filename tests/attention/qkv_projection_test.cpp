@@ -15,6 +15,7 @@
 #include "support/test_support.hpp"
 
 namespace {
+namespace qkv_projection_test {
 
 using attn::Index;
 using attn::QkvProjection;
@@ -170,4 +171,5 @@ TYPED_TEST(QkvProjectionTest, FusedWeightExistsOnlyWhenTheDimsAgree) {
   EXPECT_EQ(proj.bias(0).data(), nullptr);
 }
 
+}  // namespace qkv_projection_test
 }  // namespace

@@ -22,6 +22,7 @@
 #include "support/test_support.hpp"
 
 namespace {
+namespace scaled_dot_product_backward_test {
 
 using attn::AttentionMask;
 using attn::AttentionOptions;
@@ -541,4 +542,5 @@ TEST_F(SdpaBackward, RejectsBadArgumentsNamingThem) {
       ThrowsMessage<attn::ShapeError>(HasSubstr("grad_v")));
 }
 
+}  // namespace scaled_dot_product_backward_test
 }  // namespace

@@ -21,6 +21,7 @@
 #include "io/fixture_support.hpp"
 
 namespace {
+namespace attn_run_llama_test {
 
 using attn::io::SafetensorsFile;
 using attn::io::SafetensorsWriter;
@@ -226,4 +227,5 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   }
 }
 
+}  // namespace attn_run_llama_test
 }  // namespace

@@ -17,6 +17,7 @@
 #include "io/fixture_support.hpp"
 
 namespace {
+namespace pytorch_fixtures_test {
 
 using attn::io::FormatError;
 using attn::io::SafetensorsFile;
@@ -154,4 +155,5 @@ TEST(Runner, WrongEmbeddingSizeIsAShapeError) {
               ThrowsMessage<attn::ShapeError>(HasSubstr("(1, 2, 5)")));
 }
 
+}  // namespace pytorch_fixtures_test
 }  // namespace

@@ -16,6 +16,7 @@
 #include "support/scalar_types.hpp"
 
 namespace {
+namespace sgd_test {
 
 using attn::Gradients;
 using attn::optim::SGD;
@@ -107,4 +108,5 @@ TEST(SGD, OneStepIsGradientDescent) {
   EXPECT_EQ(layer.bias()(0), bias + 0.5);
 }
 
+}  // namespace sgd_test
 }  // namespace

@@ -12,6 +12,7 @@
 #include "parity/parity_support.hpp"
 
 namespace {
+namespace sdpa_parity_test {
 
 using attn::AttentionPath;
 using attn::Index;
@@ -159,4 +160,5 @@ TEST(SdpaParityFixtures, FullyMaskedCasesHaveNanRowsInReference) {
   check_nan_rows_present<double>();
 }
 
+}  // namespace sdpa_parity_test
 }  // namespace

@@ -13,6 +13,7 @@
 #include "support/test_support.hpp"
 
 namespace {
+namespace view_ops_test {
 
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -406,4 +407,5 @@ TYPED_TEST(ViewOpsTest, ContiguousAlwaysCopies) {
   EXPECT_THAT(attn::reshape(t.view(), Shape<1>{12}).strides(), ElementsAre(1));
 }
 
+}  // namespace view_ops_test
 }  // namespace

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// tests/nn/simd_test.cpp: every kernel set's primitives (attn/kernels/<set>/vec.inl) that the
+// tests/kernels/simd_test.cpp: every kernel set's primitives (attn/kernels/<set>/vec.inl) that the
 // kernels rely on beyond plain arithmetic, for each set this CPU runs:
 //  - partial loads and stores, for every count from below zero to past the register width.
 //    A count of zero or less must touch no lane: the micro-kernel asks for register columns

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// tests/nn/gemm_test.cpp: detail::gemm_nt, the packed GEMM behind Linear and the Q/K/V and
+// tests/kernels/gemm_test.cpp: detail::gemm_nt, the packed GEMM behind Linear and the Q/K/V and
 // output projections, and its backward forms gemm_nn (dX = dY W, dW = dY^T X, A row-major
 // or head-major, plain or transposed) and column_sums (bias gradients), on shapes that cross every
 // blocking boundary (several column tiles of unequal remainder, several depth blocks, ragged
