@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
-// attn/detail/gemm.hpp: the packed, threaded, allocation-free GEMM behind Linear and the
-// Q/K/V and output projections: the plan and the threads here, the per-set work in
-// attn/kernels/ (generic/gemm.inl).
+// attn/ops/gemm.hpp: the packed, threaded, allocation-free GEMM behind Linear and the
+// Q/K/V and output projections, forward and backward: its plan (GemmPlan) and its driver
+// here, the per-set work in attn/kernels/ (generic/gemm.inl).
 #pragma once
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 
 #include "attn/config.hpp"
 #include "attn/kernels/dispatch.hpp"
-#include "attn/kernels/types.hpp"
+#include "attn/kernels/gemm_args.hpp"
 #include "attn/parallel.hpp"
 #include "attn/workspace.hpp"
 
@@ -79,28 +79,18 @@ void run_gemm(GemmPlan<Scalar>& g, PackedB<Scalar> prepacked, Workspace* ws) {
                             (g.a_pack ? kGemmRows * g.depth_block : 0);
     Workspace local;
     Workspace& scratch = ws != nullptr ? *ws : local;
-    const int threads = static_cast<int>(std::min<Index>(num_threads(), tasks));
+    // Small products (under a MFLOP) run on the calling thread: a fork costs more.
     const bool parallel =
-        ATTN_HAS_OPENMP && threads > 1 &&
         2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) > 1e6;
+    const int threads = parallel ? task_threads(tasks) : 1;
     // Every thread's buffer is sized now, whether or not the dynamic schedule hands it a
     // task this time: then no later call allocates.
-    for (int t = 0; t < (parallel ? threads : 1); ++t) {
+    for (int t = 0; t < threads; ++t) {
       workspace_get<Scalar>(scratch, WorkspaceSlot::kGemmPack, pack_size, t);
     }
-#if ATTN_HAS_OPENMP
-    if (parallel) {
-#pragma omp parallel num_threads(threads)
-      {
-        Scalar* packed = workspace_peek<Scalar>(scratch, WorkspaceSlot::kGemmPack, thread_id());
-#pragma omp for schedule(dynamic, 1)
-        for (Index task = 0; task < tasks; ++task) Set::gemm_task(g, task, packed);
-      }
-      return;
-    }
-#endif
-    Scalar* packed = workspace_peek<Scalar>(scratch, WorkspaceSlot::kGemmPack, 0);
-    for (Index task = 0; task < tasks; ++task) Set::gemm_task(g, task, packed);
+    run_tasks(threads, tasks, [&](Index task, int thread) {
+      Set::gemm_task(g, task, workspace_peek<Scalar>(scratch, WorkspaceSlot::kGemmPack, thread));
+    });
   });
 }
 
