@@ -58,6 +58,18 @@ def _round_bf16(x):
     return out.astype(np.float64)
 
 
+def _midpoint_margin(x, precision):
+    """The smallest distance, in units in the last place of `precision`, between a finite
+    nonzero value of x and a rounding midpoint of that type (0.5 ulp: x is far from any tie)."""
+    v = np.abs(x[np.isfinite(x) & (x != 0)])
+    if v.size == 0:
+        return 0.5
+    e = np.floor(np.log2(v))
+    ulp = 2.0 ** (np.maximum(e, -14) - 10) if precision == FLOAT16 else 2.0 ** (np.maximum(e, -126) - 7)
+    frac = v / ulp - np.floor(v / ulp)
+    return float(np.min(np.abs(frac - 0.5)))
+
+
 def _round_to(x, precision):
     if precision == FLOAT16:
         return x.astype(np.float16).astype(np.float64)
@@ -94,7 +106,9 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     None. Attribute values are the ones stored in the model (scale and softcap are float32
     attributes: pass them already rounded to float32). Raises SpecError for inputs the
     definition does not accept. A dict passed as `stats` receives "fully_masked_rows", the
-    number of (batch, head, query) rows the guard zeroes."""
+    number of (batch, head, query) rows the guard zeroes, and with a FLOAT16 / BFLOAT16
+    softmax_precision "rounding_margin_ulps", how close (in units in the last place of that
+    type) the closest value rounded to it lies to a rounding tie."""
     _check(opset in (23, 24), f"opset {opset}: only Attention-23 and Attention-24 are described here")
     rank = Q.ndim
     _check(rank in (3, 4), f"Q must be 3-D or 4-D, got {Q.ndim}-D")
@@ -109,6 +123,8 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     _check(qk_matmul_output_mode is None or qk_matmul_output_mode in (0, 1, 2, 3),
            f"qk_matmul_output_mode {qk_matmul_output_mode} is not 0..3")
     _check(is_causal in (0, 1), f"is_causal {is_causal} is not 0 or 1")
+    # The definition multiplies Q and K by sqrt(scale): NaN for a negative scale.
+    _check(scale is None or scale >= 0, f"scale {scale} is negative (the definition takes its square root)")
 
     Q = np.asarray(Q, dtype=np.float64)
     K = np.asarray(K, dtype=np.float64)
@@ -208,15 +224,20 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         capped = float(softcap) * np.tanh(scores / float(softcap))
     x = capped + bias
     xs = _round_to(x, softmax_precision)
+    margins = [_midpoint_margin(x, softmax_precision)] if softmax_precision in (FLOAT16, BFLOAT16) else []
     row_max = np.max(xs, axis=-1, keepdims=True)
     dead = np.isneginf(np.max(bias, axis=-1, keepdims=True))
     e = np.exp(xs - np.where(np.isneginf(row_max), 0.0, row_max))
     s = np.sum(e, axis=-1, keepdims=True)
     probs = e / np.where(s == 0, 1.0, s)
+    if margins:
+        margins.append(_midpoint_margin(probs, softmax_precision))
     probs = _round_to(probs, softmax_precision)
     probs = np.where(dead, 0.0, probs)
     if stats is not None:
         stats["fully_masked_rows"] = int(np.sum(dead))
+        if margins:
+            stats["rounding_margin_ulps"] = min(margins)
     y = np.matmul(probs, vx)
     if rank == 3:
         y = y.transpose(0, 2, 1, 3).reshape(B, Sq, Hq * vhd)
