@@ -57,7 +57,8 @@ RTOL = 1e-4
 #   mask None | {"dtype": "bool"|"float", "shape": [...], "dead_rows": int, "neg_inf": float},
 #   nonpad None | [ints], attrs {is_causal, scale (str), softcap (str),
 #   qk_matmul_output_mode, softmax_precision} (absent = attribute not set),
-#   error: None | "why the operator refuses it" (inputs then come from "override").
+#   error: None | "why the operator refuses it", override {input name: shape} (a shape the
+#   other fields would not give, for the refusals).
 # ---------------------------------------------------------------------------------------
 
 
@@ -106,7 +107,7 @@ def case_bytes(c):
     return 4 * n_in + mask + 2 * 4 * n_out
 
 
-def draw_random(rng, idx):
+def draw_random(rng):
     """One random case over the whole feature space, drawn again while it is bigger than
     RANDOM_CASE_BYTES."""
     while True:
@@ -490,7 +491,7 @@ def equivalent_mask(c, mask):
 def cmd_make(args):
     rng = np.random.default_rng(SEED)
     cases = targeted()
-    cases += [draw_random(rng, i) for i in range(N_RANDOM)]
+    cases += [draw_random(rng) for _ in range(N_RANDOM)]
     cases += refusals()
     if os.path.isdir(args.out):
         for d in os.listdir(args.out):
