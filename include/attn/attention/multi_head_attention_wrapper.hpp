@@ -161,7 +161,9 @@ class MultiHeadAttentionWrapper
       mask.check(where, x.query.extent(0), num_heads(), x.query.extent(1), x.query.extent(1));
     const Index width = heads_.front().d_out();
     if (saved != nullptr) {
-      saved->owner = this;
+      saved->owner = this;  // each head records its own part (identity and configuration)
+      saved->owner_id = 0;
+      saved->owner_config = {};
       saved->parts.resize(heads_.size());  // allocates on the first training forward only
     }
     for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -201,6 +203,7 @@ class MultiHeadAttentionWrapper
   }
   Index output_features(const detail::ModuleInputs<Scalar>&) const noexcept { return d_out(); }
   Index weight_heads() const noexcept { return num_heads(); }
+  const char* forward_where() const noexcept { return "MultiHeadAttentionWrapper::forward"; }
 
   std::vector<CausalAttention<Scalar>> heads_;
 };

@@ -22,8 +22,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "attn/attention/core_config.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
@@ -57,9 +59,15 @@ ATTN_NAMESPACE_BEGIN
 /// @tparam Scalar float or double.
 template <class Scalar>
 struct SavedForward {
-  /// The module part that filled it (an AttentionCore, a SimpleSelfAttention); null when
-  /// empty. A backward checks that the record is its own.
+  /// The module part that filled it (an AttentionCore, a SimpleSelfAttention, a
+  /// MultiHeadAttentionWrapper); null when empty.
   const void* owner = nullptr;
+  /// That part's identity (AttentionCore::id(): another object assigned over it at the same
+  /// address has another) and configuration, for an AttentionCore; 0 and empty otherwise. A
+  /// backward refuses a record whose owner, identity or configuration is not its own, naming
+  /// both configurations: shapes alone cannot tell a module replaced in place.
+  std::uint64_t owner_id = 0;
+  detail::CoreConfig owner_config{};
   Index batch = 0, query_tokens = 0, key_tokens = 0;
   /// The projections' input rows, (B * T, features) each: query, key, value. Self-attention
   /// has one input (all three are the same rows); key and value may be one input.
@@ -98,13 +106,15 @@ namespace detail {
 /// the heads the kernel read, its output `context` and logsumexp, the caller's mask and the
 /// resolved kernel options. The buffers the views point into belong to saved.storage or the caller.
 template <class Scalar>
-void record_forward(SavedForward<Scalar>& saved, const void* owner,
-                    const RowsRef<const Scalar> (&rows)[3], bool self_attention, bool key_is_value,
-                    TensorView<const Scalar, 4> query, TensorView<const Scalar, 4> key,
-                    TensorView<const Scalar, 4> value, TensorView<const Scalar, 3> context,
-                    const AttentionMask<Scalar>& mask, const AttentionOptions& options,
-                    TensorView<const Scalar, 3> logsumexp) {
+void record_forward(SavedForward<Scalar>& saved, const void* owner, std::uint64_t owner_id,
+                    const CoreConfig& owner_config, const RowsRef<const Scalar> (&rows)[3],
+                    bool self_attention, bool key_is_value, TensorView<const Scalar, 4> query,
+                    TensorView<const Scalar, 4> key, TensorView<const Scalar, 4> value,
+                    TensorView<const Scalar, 3> context, const AttentionMask<Scalar>& mask,
+                    const AttentionOptions& options, TensorView<const Scalar, 3> logsumexp) {
   saved.owner = owner;
+  saved.owner_id = owner_id;
+  saved.owner_config = owner_config;
   saved.batch = query.extent(0);
   saved.query_tokens = query.extent(2);
   saved.key_tokens = key.extent(2);
