@@ -95,7 +95,8 @@ class KVCache {
   static_assert(std::is_floating_point_v<Scalar>, "attn::KVCache: Scalar must be float or double");
 
  public:
-  KVCache() = default;
+  /// An empty cache of no items (assign a real one before use; every item index is refused).
+  KVCache() noexcept : o_{0, 0, 0, 0, 0, 0} {}
 
   /// @throws ConfigError naming the values if a size is not positive, capacity is below
   ///         window + max_chunk - 1 with a window, or the storage does not fit memory sizes.
@@ -265,7 +266,8 @@ class KVCache {
     const char* where = "KVCache::next_rows";
     items = checked_items(where, first_item, items);
     check_room(where, first_item, items, t_new);
-    const Index length = items > 0 ? len(first_item) : 0;
+    if (items == 0) return {storage_.data(), {0, 2 * o_.num_kv_heads, t_new, o_.head_dim}};
+    const Index length = len(first_item);  // capacity > 0: the cache has items
     detail::require_config(
         uniform(first_item, first_item + items) && length % o_.capacity + t_new <= o_.capacity,
         where, [&] {

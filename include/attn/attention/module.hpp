@@ -144,6 +144,15 @@ void check_training_memory(const char* where, const ModuleInputs<Scalar>& x,
   for (const SavedForward<Scalar>& part : saved.parts) check_training_memory(where, x, out, part);
 }
 
+/// Marks `saved` (and its parts) empty, keeping its buffers: a backward refuses it until a
+/// training forward fills it again.
+template <class Scalar>
+void forget(SavedForward<Scalar>& saved) noexcept {
+  saved.owner = nullptr;
+  saved.owner_id = 0;
+  for (SavedForward<Scalar>& part : saved.parts) forget(part);
+}
+
 /// The whole storage of `cache` as one view (what an incremental forward writes).
 template <class Scalar>
 TensorView<const Scalar, 1> cache_memory(const KVCache<Scalar>& cache) noexcept {
@@ -225,6 +234,10 @@ class ModuleForwards {
   }
   /// Training forward: as forward(in..., out, ws, mask), and records in `saved` what the
   /// backward needs (see SavedForward). Reuse `saved` across steps: no allocation once warm.
+  /// In place (out over an input) is exact: such an input is copied into `saved` before
+  /// anything is written, and the backward reads the copy.
+  /// @throws as forward(); ShapeError when an input or out shares memory with `saved`'s own
+  ///         buffers. `saved` is left empty when it throws past its checks.
   template <std::size_t Rank>
   void forward(In<Inputs, Rank>... in, TensorView<Scalar, Rank> out, SavedForward<Scalar>& saved,
                Workspace& ws, const Mask& mask = {}) const {
@@ -233,6 +246,7 @@ class ModuleForwards {
     if constexpr (Rank == 3) {
       const ModuleInputs<Scalar> given = gather_inputs<Scalar>(in...);
       check_training_memory<Scalar>(derived().forward_where(), given, out, saved);
+      forget(saved);  // a forward that throws from here on leaves no stale record behind
       // `saved` keeps the rows the projections read: an input the output overwrites is
       // copied into the record's own storage, where it stays until the backward.
       const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(given, out, {}, saved.storage);

@@ -72,10 +72,9 @@ class MultiHeadAttentionWrapper
   Index d_out() const noexcept { return num_heads() * heads_.front().d_out(); }
   Index context_length() const noexcept { return heads_.front().context_length(); }
   double dropout() const noexcept { return heads_.front().dropout(); }
-  CausalAttention<Scalar>& head(Index h) { return heads_.at(static_cast<std::size_t>(h)); }
-  const CausalAttention<Scalar>& head(Index h) const {
-    return heads_.at(static_cast<std::size_t>(h));
-  }
+  /// Head h. @throws IndexError if h is not in [0, num_heads).
+  CausalAttention<Scalar>& head(Index h) { return heads_[checked_head(h)]; }
+  const CausalAttention<Scalar>& head(Index h) const { return heads_[checked_head(h)]; }
 
   void train(bool on = true) noexcept {
     for (auto& head : heads_) head.train(on);
@@ -125,6 +124,14 @@ class MultiHeadAttentionWrapper
   friend Forwards;
 
   static std::string prefix(std::size_t h) { return "heads." + std::to_string(h) + "."; }
+  std::size_t checked_head(Index h) const {
+    detail::require_that<IndexError>(
+        h >= 0 && h < num_heads(), "MultiHeadAttentionWrapper::head", [&] {
+          return "head " + std::to_string(h) +
+                 " is outside num_heads=" + std::to_string(num_heads());
+        });
+    return static_cast<std::size_t>(h);
+  }
 
   template <class Self>
   static auto parameters_of(Self& self, ParameterNames names) {

@@ -43,7 +43,9 @@ ATTN_NAMESPACE_BEGIN
 /// It holds
 /// - the input rows the projections read: views of the caller's query/key/value when their
 ///   rows were contiguous (those tensors must then stay alive and unchanged until the
-///   backward, as PyTorch requires of saved tensors), else staged copies it owns;
+///   backward, as PyTorch requires of saved tensors, and so must the module's weights), else
+///   staged copies it owns; an input the forward's output overwrites (in place,
+///   forward(x, x, saved, ws)) is always copied first, so in place is exact;
 /// - the projections Q, K, V (B, H, T, hd) exactly as the kernel read them, and the
 ///   kernel's output, the context (B, T_q, D) (out_proj's input, and O in the backward's
 ///   D = rowsum(dO * O));
@@ -53,8 +55,15 @@ ATTN_NAMESPACE_BEGIN
 /// - the kernel's logsumexp per query, (B, H, T_q), +inf for a query that sees no key: the
 ///   streaming backward recomputes the probabilities from it.
 ///
-/// The members are filled by the module and read by its backward; treat them as read-only.
-/// A SavedForward is movable (the views stay valid) but not copyable.
+/// - which module filled it: its address, identity and configuration. The backward of any
+///   other module (another object, a copy, or this object after it was assigned a new
+///   module) refuses it with a ShapeError naming both configurations; a training forward
+///   that throws leaves it empty (refused too).
+///
+/// The members are filled by the module and read by its backward; treat them as read-only,
+/// and pass none of its views (or buffers) back as an input or output of a training forward
+/// (ShapeError: the forward overwrites them). A SavedForward is movable (the views stay
+/// valid) but not copyable.
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>
@@ -91,7 +100,7 @@ struct SavedForward {
   std::vector<SavedForward> parts;
 
   /// True once a training forward has filled it.
-  bool filled() const noexcept { return owner != nullptr || !parts.empty(); }
+  bool filled() const noexcept { return owner != nullptr; }
   /// Bytes of the buffers it owns (its parts' included).
   std::size_t bytes() const noexcept {
     std::size_t total = storage.bytes();

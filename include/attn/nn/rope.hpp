@@ -109,8 +109,15 @@ class RotaryEmbedding {
   /// f_i = theta^(-2i / R), (R/2), in the table arithmetic described above.
   TensorView<const Scalar, 1> inverse_frequencies() const noexcept { return inv_freq_.view(); }
   /// cos(p f_i) and sin(p f_i) of position p, R/2 values each (for a fused epilogue).
-  const Scalar* cos_row(Index position) const noexcept { return cos_.data() + position * half_; }
-  const Scalar* sin_row(Index position) const noexcept { return sin_.data() + position * half_; }
+  /// @throws ConfigError naming the position if it is outside [0, max_positions).
+  const Scalar* cos_row(Index position) const {
+    check_position(position);
+    return cos_.data() + position * half_;
+  }
+  const Scalar* sin_row(Index position) const {
+    check_position(position);
+    return sin_.data() + position * half_;
+  }
 
   /// Extends the tables to positions [0, max_positions) (never shrinks them). Not safe while
   /// another thread calls apply().
@@ -306,8 +313,8 @@ class RotaryEmbedding {
   // angle negated (sin's sign flips, the same products otherwise).
   template <bool Transposed = false>
   void rotate(Scalar* x, Index position) const noexcept {
-    const Scalar* c = cos_row(position);
-    const Scalar* s = sin_row(position);
+    const Scalar* c = cos_.data() + position * half_;
+    const Scalar* s = sin_.data() + position * half_;
     const Index half = half_;
     // Element i of the pair (a, b) and its partner's step: contiguous halves or neighbours.
     Scalar* first = x;

@@ -50,7 +50,9 @@ struct AdamWOptions {
 ///
 /// The optimizer keeps views of the parameters (take them from the non-const
 /// named_parameters(), which unfreezes the module; do not freeze() while training) and its
-/// state in Gradients-shaped buffers allocated once: step() never allocates.
+/// state in Gradients-shaped buffers allocated once: step() never allocates. Each step checks
+/// that the parameters still exist (ConfigError once their module was destroyed or assigned
+/// over; moving the module is fine).
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>

@@ -43,7 +43,8 @@ struct SGDOptions {
 ///
 /// The optimizer keeps views of the parameters (take them from the non-const
 /// named_parameters(); do not freeze() while training) and, with momentum, a momentum buffer
-/// allocated once: step() never allocates.
+/// allocated once: step() never allocates. Each step checks that the parameters still exist
+/// (ConfigError once their module was destroyed or assigned over; moving the module is fine).
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>
