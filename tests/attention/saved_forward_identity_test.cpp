@@ -36,13 +36,16 @@ MultiHeadAttentionOptions options(Index d, Index heads, bool causal) {
   return o;
 }
 
-/// Fills `saved` from m's training forward on a (kB, kT, d) input.
+/// Fills `saved` from m's training forward on a (kB, kT, d) input, and returns the input:
+/// `saved` reads it in place, so it must outlive the backward.
 template <class Module>
-void train_forward(const Module& m, Index d_in, Index d_out, SavedForward<float>& saved) {
-  const auto x = attn::test::random_tensor<float>(Shape<3>{kB, kT, d_in}, 1);
+[[nodiscard]] Tensor<float, 3> train_forward(const Module& m, Index d_in, Index d_out,
+                                             SavedForward<float>& saved) {
+  auto x = attn::test::random_tensor<float>(Shape<3>{kB, kT, d_in}, 1);
   Tensor<float, 3> out({kB, kT, d_out});
   attn::Workspace ws;
   m.forward(x.view(), out.view(), saved, ws);
+  return x;
 }
 
 /// m.backward with arguments of m's own shapes (as a caller would pass after the swap).
@@ -59,7 +62,7 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneOfOtherSizesIsRefused) {
   attn::manual_seed(1);
   MultiHeadAttention<float> m(options(6, 2, false));
   SavedForward<float> saved;
-  train_forward(m, 6, 6, saved);
+  const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(8, 2, false));  // same address, d_in 6 -> 8
   EXPECT_THAT([&] { backward(m, 8, 8, saved); },
               ThrowsMessage<attn::ShapeError>(
@@ -74,7 +77,7 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneOfOtherInputWidthIsRefused) {
   MultiHeadAttentionOptions o = options(6, 2, false);
   MultiHeadAttention<float> m(o);
   SavedForward<float> saved;
-  train_forward(m, 6, 6, saved);
+  const auto input = train_forward(m, 6, 6, saved);
   o.d_in = 8;
   o.d_out = 6;
   m = MultiHeadAttention<float>(o);
@@ -86,7 +89,7 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneOfOtherHeadsIsRefused) {
   attn::manual_seed(2);
   MultiHeadAttention<float> m(options(6, 2, false));
   SavedForward<float> saved;
-  train_forward(m, 6, 6, saved);
+  const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(6, 3, false));  // same sizes, head_dim 3 -> 2
   EXPECT_THAT(
       [&] { backward(m, 6, 6, saved); },
@@ -99,7 +102,7 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneWithAnotherMaskIsRefused) {
   attn::manual_seed(3);
   MultiHeadAttention<float> m(options(6, 2, false));
   SavedForward<float> saved;
-  train_forward(m, 6, 6, saved);
+  const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(6, 2, true));
   EXPECT_THAT([&] { backward(m, 6, 6, saved); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("causal")));
@@ -110,12 +113,12 @@ TEST(SavedForwardIdentity, AModuleReplacedByAnIdenticalOneIsRefused) {
   attn::manual_seed(4);
   MultiHeadAttention<float> m(options(6, 2, false));
   SavedForward<float> saved;
-  train_forward(m, 6, 6, saved);
+  const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(6, 2, false));
   EXPECT_THAT([&] { backward(m, 6, 6, saved); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("training forward")));
   // A new forward records the new module: the backward runs.
-  train_forward(m, 6, 6, saved);
+  const auto again = train_forward(m, 6, 6, saved);
   EXPECT_NO_THROW(backward(m, 6, 6, saved));
 }
 
@@ -124,7 +127,7 @@ TEST(SavedForwardIdentity, EverySingleCoreModuleReplacedInPlaceIsRefused) {
   {
     attn::SelfAttention<float> m(6, 4);
     SavedForward<float> saved;
-    train_forward(m, 6, 4, saved);
+    const auto input = train_forward(m, 6, 4, saved);
     m = attn::SelfAttention<float>(8, 4);
     EXPECT_THAT([&] { backward(m, 8, 4, saved); },
                 ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8"))));
@@ -132,7 +135,7 @@ TEST(SavedForwardIdentity, EverySingleCoreModuleReplacedInPlaceIsRefused) {
   {
     attn::CausalAttention<float> m(6, 4, 8, 0.0);
     SavedForward<float> saved;
-    train_forward(m, 6, 4, saved);
+    const auto input = train_forward(m, 6, 4, saved);
     m = attn::CausalAttention<float>(6, 6, 8, 0.0);
     EXPECT_THAT([&] { backward(m, 6, 6, saved); },
                 ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("d_out=4"), HasSubstr("d_out=6"))));
@@ -157,7 +160,7 @@ TEST(SavedForwardIdentity, AWrapperReplacedInPlaceIsRefused) {
   attn::manual_seed(6);
   attn::MultiHeadAttentionWrapper<float> m(6, 3, 8, 0.0, 2);
   SavedForward<float> saved;
-  train_forward(m, 6, 6, saved);
+  const auto input = train_forward(m, 6, 6, saved);
   m = attn::MultiHeadAttentionWrapper<float>(8, 3, 8, 0.0, 2);  // d_in 6 -> 8, same heads
   EXPECT_THAT([&] { backward(m, 8, 6, saved); },
               ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8"))));
@@ -171,7 +174,7 @@ TEST(SavedForwardIdentity, ACopyIsAnotherModule) {
   attn::manual_seed(7);
   MultiHeadAttention<float> m(options(6, 2, false));
   SavedForward<float> saved;
-  train_forward(m, 6, 6, saved);
+  const auto input = train_forward(m, 6, 6, saved);
   MultiHeadAttention<float> copy = m;
   EXPECT_THROW(backward(copy, 6, 6, saved), attn::ShapeError);
   EXPECT_NO_THROW(backward(m, 6, 6, saved));
