@@ -38,7 +38,9 @@ embed_dim, kdim, vdim and bias come from their shapes) on the tensors in X:
                     (default: ones, the gradient of output.sum())  optional
 and writes to Y: output (B, T_q, E), and weights (B, T_q, T_k) with --need-weights.
 Fully masked rows give zeros (PyTorch gives NaN). Y is replaced atomically: if writing it
-fails, the old file is left as it was (so --output may name the --input file).
+fails, the old file is left as it was (so --output may name the --input file). Y must be a
+regular file or a new one: a directory, FIFO, socket or device (or a symbolic link to one)
+is refused before anything is computed.
 
 With --format llama it runs a Hugging Face Llama / Mistral / Qwen2 attention layer (W holds
 q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight and optional q/k/v/o_proj.bias)
@@ -61,6 +63,7 @@ options:
   --backward            also write grad_query (with key and value: grad_key, grad_value)
                         and grad.<name> per parameter (grad.in_proj_weight, ...): the
                         gradients of sum(grad_output * output), as PyTorch autograd gives
+                        (mha format only)
 llama options:
   --num-kv-heads HKV    key/value heads (default: what k_proj.weight holds)
   --head-dim HD         features per head (default: D / num_heads)
@@ -194,6 +197,7 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     } else if (flag == "--double") {
       args.use_double = true;
     } else if (flag == "--backward") {
+      mha_flags.push_back(flag);
       args.run.backward = true;
     } else {
       return error("unknown argument '" + flag + "'");
@@ -250,6 +254,9 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
   }
   const Arguments& args = parsed.arguments;
   try {
+    // Before anything is read or computed: the output must be a regular file or a new one
+    // (the writer checks again just before it renames its temporary file over it).
+    attn::io::detail::check_replaceable(args.output, "SafetensorsWriter::save");
     const auto weights = attn::io::SafetensorsFile::open(args.weights);
     const auto input = attn::io::SafetensorsFile::open(args.input);
     run(args, weights, input).save(args.output);

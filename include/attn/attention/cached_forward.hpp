@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "attn/attention/detail/call.hpp"
@@ -15,9 +16,11 @@
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
 #include "attn/kernels/gemm_args.hpp"
 #include "attn/nn/mask.hpp"
+#include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
@@ -25,10 +28,19 @@
 ATTN_NAMESPACE_BEGIN
 namespace detail {
 
+/// What the incremental forward records in a KVCache: the module that owns its keys.
+struct KVCacheAccess {
+  template <class Scalar>
+  static void set_owner(KVCache<Scalar>& cache, std::uint64_t owner) noexcept {
+    cache.owner_ = owner;
+  }
+};
+
 /// The checks of forward_cached(), all before anything is written (the cache included).
-/// @throws ShapeError on shapes that do not fit; ConfigError for a module that is not
-///         self-attention, a mask, a cache without room, a window the cache cannot hold,
-///         positions past context_length or the rotary tables.
+/// @throws ShapeError on shapes that do not fit, or an `out` that shares memory with the
+///         cache; ConfigError for a module that is not causal self-attention, a mask, a
+///         cache without room or holding another module's keys, a window the cache cannot
+///         hold, positions past context_length or the rotary tables.
 template <class Scalar>
 void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                   TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
@@ -38,6 +50,19 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
   const char* name = c.input_name != nullptr ? c.input_name : "query";
   check_input(where, name, x, core.d_in(), "d_in");
   const Index batch = x.extent(0), tokens = x.extent(1);
+  require_config(c.causal, where, [] {
+    return std::string(
+        "the incremental forward is causal (each token attends to the cached keys up to its own "
+        "position), but this module was built with causal=false: its whole-sequence forward "
+        "lets every token see later tokens, which no cache holds yet; build it with "
+        "causal=true to generate with it");
+  });
+  require_config(cache.empty() || cache.owner() == 0 || cache.owner() == core.id(), where, [] {
+    return std::string(
+        "the cache holds the keys and values of another module (or of this one before it "
+        "was assigned over): they mean nothing to this module's projections; reset() the "
+        "cache, or give each module its own");
+  });
   require_config(core.projection().fused(), where, [&] {
     return "the incremental forward is self-attention and needs kdim == vdim == d_in (got "
            "d_in=" +
@@ -67,7 +92,11 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
   });
   check_output(where, out, {batch, tokens, core.d_out()});
   for (Index b = 0; b < batch; ++b) {
-    const Index end = cache.length(b) + tokens;
+    Index end = 0;
+    require_config(checked_add(cache.length(b), tokens, end), where, [&] {
+      return "item " + std::to_string(b) + " is at position " + std::to_string(cache.length(b)) +
+             "; " + std::to_string(tokens) + " more tokens overflow the position counter";
+    });
     require_config(cache.window() > 0 || end <= cache.capacity(), where, [&] {
       return "item " + std::to_string(b) + " has " + std::to_string(cache.length(b)) +
              " cached tokens; " + std::to_string(tokens) +
@@ -84,6 +113,10 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
     });
   }
   check_output_memory(where, out, {}, mask);
+  // The kernel reads the cache after out is written (chunk by chunk with a ring).
+  const TensorView<const Scalar, 1> storage(cache.k_storage().data(),
+                                            {static_cast<Index>(cache.bytes() / sizeof(Scalar))});
+  require_disjoint(where, "out", out, "the cache's keys and values", storage);
 }
 
 /// One step of at most cache.max_chunk() tokens (see forward_cached()).
@@ -173,12 +206,19 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 /// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens, to float
 /// rounding, however the sequence is split (prefill, chunks, single tokens). T beyond
 /// cache.max_chunk() (a sliding-window ring) runs in chunks of it. Allocation-free with a
-/// warm workspace. `x` must not share memory with `out` (the module stages it if it does).
+/// warm workspace. `x` must not share memory with `out` or the cache (the module stages it
+/// if it does); `out` must not share memory with the cache (refused). The cache records the
+/// module as the owner of its keys (see KVCache).
+///
+/// Contract: every token count, position and item index it computes from x and the cache is
+/// checked before anything is written (check_cached), so a call that throws leaves the cache
+/// as it was.
 template <class Scalar>
 void forward_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                     TensorView<Scalar, 3> out, Workspace& ws, KVCache<Scalar>& cache,
                     const AttentionMask<Scalar>& mask) {
   check_cached(core, x, out, cache, mask);
+  KVCacheAccess::set_owner(cache, core.id());
   const Index tokens = x.extent(1), chunk = cache.max_chunk();
   for (Index t0 = 0; t0 < tokens; t0 += chunk) {
     const Index t1 = std::min(tokens, t0 + chunk);

@@ -43,19 +43,43 @@ GemmOutput<Scalar> gradient_rows(const char* where, const char* name, TensorView
   return out;
 }
 
-/// The checks of a module backward: `saved` is a record of `owner`'s training forward,
+/// Throws ShapeError naming both configurations unless `saved` is the record of this very
+/// core's training forward: filled, by this object (its address), with this identity (an
+/// object assigned over it at the same address has another) and this configuration.
+template <class Scalar>
+void check_saved_owner(const char* where, const AttentionCore<Scalar>& core,
+                       const SavedForward<Scalar>& saved) {
+  const char* const rerun =
+      "; run this module's training forward forward(inputs..., out, "
+      "saved, ws, mask) first";
+  require(saved.filled(), where, [&] { return "`saved` is empty" + std::string(rerun); });
+  require(saved.owner_id != 0 && same_config(saved.owner_config, core.config()), where, [&] {
+    if (saved.owner_id == 0) {
+      return "`saved` was filled by the training forward of another kind of module; this "
+             "module is " +
+             describe_config(core.config()) + rerun;
+    }
+    return "`saved` was filled by the training forward of another module: it records " +
+           describe_config(saved.owner_config) + ", and this module is " +
+           describe_config(core.config()) + rerun;
+  });
+  require(saved.owner == &core && saved.owner_id == core.id(), where, [&] {
+    return "`saved` was filled by the training forward of another module of the same "
+           "configuration, " +
+           describe_config(core.config()) + " (a copy, or the module this one was assigned over)" +
+           rerun;
+  });
+}
+
+/// The checks of a module backward: `saved` is a record of `core`'s training forward,
 /// grad_out has the output's shape, each input gradient (or an empty view) its input's
 /// shape, and no input gradient overlaps grad_out or another one (unless the same view).
 template <class Scalar>
-void check_module_backward(const char* where, const void* owner, const SavedForward<Scalar>& saved,
-                           TensorView<const Scalar, 3> grad_out, Index out_features,
-                           const TensorView<Scalar, 3> (&grad_in)[3], const Index (&in_features)[3],
-                           const char* const (&names)[3]) {
-  require(saved.filled() && saved.owner == owner, where, [] {
-    return std::string(
-        "`saved` was not filled by this module's training forward "
-        "forward(inputs..., out, saved, ws, mask)");
-  });
+void check_module_backward(const char* where, const AttentionCore<Scalar>& core,
+                           const SavedForward<Scalar>& saved, TensorView<const Scalar, 3> grad_out,
+                           Index out_features, const TensorView<Scalar, 3> (&grad_in)[3],
+                           const Index (&in_features)[3], const char* const (&names)[3]) {
+  check_saved_owner(where, core, saved);
   const Shape<3> out_shape{saved.batch, saved.query_tokens, out_features};
   require(grad_out.shape() == out_shape, where, [&] {
     return "grad_out has shape " + to_string(grad_out.shape()) + ", expected " +
@@ -108,7 +132,7 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const QkvProjection<Scalar>& proj = core.projection();
   const Index in_features[3] = {c.d_in, c.kdim, c.vdim};
   const char* const names[3] = {"grad_query", "grad_key", "grad_value"};
-  check_module_backward(where, &core, saved, grad_out, core.d_out(), grad_in, in_features, names);
+  check_module_backward(where, core, saved, grad_out, core.d_out(), grad_in, in_features, names);
   const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
   const Index heads = core.num_heads(), hd = core.head_dim(), width = core.attention_width();
   const Index q_rows = batch * tq;

@@ -102,7 +102,7 @@ class SimpleSelfAttention
         {batch, 1, tokens});
     detail::attend("scaled_dot_product_attention", x4, x4, x4, unsqueeze(context, 1), mask, options,
                    weights, ws, {}, lse);
-    detail::record_forward<Scalar>(*saved, this, {rows, rows, rows}, true, true, x4, x4, x4,
+    detail::record_forward<Scalar>(*saved, this, 0, {}, {rows, rows, rows}, true, true, x4, x4, x4,
                                    context, mask, options, lse);
     copy(TensorView<const Scalar, 3>(context), out);
   }
@@ -131,6 +131,7 @@ class SimpleSelfAttention
   Index output_features(const detail::ModuleInputs<Scalar>& x) const noexcept {
     return x.value.extent(2);
   }
+  const char* forward_where() const noexcept { return "SimpleSelfAttention::forward"; }
 
   bool scaled_;
   bool training_ = true;
