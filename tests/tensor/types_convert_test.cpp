@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,10 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
@@ -307,6 +312,52 @@ TEST(TypesConvert, EveryPairOfElementTypesRoundsOnce) {
   EXPECT_EQ(h(0).bits(), 0x3C08);
   EXPECT_EQ(h(1).bits(), 0x0010);
   EXPECT_EQ(h(2).bits(), 0x7C00);
+}
+
+/// The conversions are integer arithmetic and instructions with their own rounding control
+/// (F16C, exact float steps): flush-to-zero, denormals-are-zero and another rounding mode change
+/// none of their bits, on any set.
+TEST(TypesConvert, BitsDoNotDependOnTheFloatingPointEnvironment) {
+  auto floats = interesting_floats(333, 8);
+  for (const float tiny : {0x1p-126f, 0x1p-130f, 0x1p-149f, 0x1.8p-24f, 0x1p-25f, 0x1p-10f}) {
+    floats.push_back(tiny);
+    floats.push_back(-tiny * 3);
+  }
+  const auto n = static_cast<Index>(floats.size());
+  const TensorView<const float, 1> in(floats.data(), {n});
+  std::vector<bfloat16> b0(floats.size()), b1(floats.size());
+  std::vector<float16> h0(floats.size()), h1(floats.size());
+  std::vector<float8_e4m3> e0(floats.size()), e1(floats.size());
+  std::vector<float> back0(floats.size()), back1(floats.size());
+  const auto run = [&](auto& b, auto& h, auto& e, auto& back) {
+    attn::convert(in, TensorView<bfloat16, 1>(b.data(), {n}));
+    attn::convert(in, TensorView<float16, 1>(h.data(), {n}));
+    attn::convert(in, TensorView<float8_e4m3, 1>(e.data(), {n}));
+    attn::convert(TensorView<const float16, 1>(h.data(), {n}),
+                  TensorView<float, 1>(back.data(), {n}));
+  };
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    run(b0, h0, e0, back0);
+    const int rounding = std::fegetround();
+#if defined(__SSE__) || defined(__x86_64__)
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);  // flush-to-zero and denormals-are-zero
+#endif
+    std::fesetround(FE_TOWARDZERO);
+    run(b1, h1, e1, back1);
+    std::fesetround(rounding);
+#if defined(__SSE__) || defined(__x86_64__)
+    _mm_setcsr(csr);
+#endif
+    for (std::size_t i = 0; i < floats.size(); ++i) {
+      ASSERT_EQ(b1[i].bits(), b0[i].bits()) << attn::isa_name(isa) << " " << floats[i];
+      ASSERT_EQ(h1[i].bits(), h0[i].bits()) << attn::isa_name(isa) << " " << floats[i];
+      ASSERT_EQ(e1[i].bits(), e0[i].bits()) << attn::isa_name(isa) << " " << floats[i];
+      ASSERT_EQ(bits_of(back1[i]), bits_of(back0[i])) << attn::isa_name(isa) << " " << floats[i];
+    }
+  }
+  attn::set_isa(attn::best_isa());
 }
 
 // ---- tensors and views of the storage types ----

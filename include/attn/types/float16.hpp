@@ -76,7 +76,7 @@ class float16 {
 
   /// The value as a float, exactly.
   ATTN_TYPES_CONSTEXPR operator float() const noexcept {  // NOLINT(google-explicit-constructor)
-    return detail::decode_bits<detail::Float16Format>(bits_);
+    return detail::bit_cast<float>(detail::decode_to_float_bits<detail::Float16Format>(bits_));
   }
 
  private:

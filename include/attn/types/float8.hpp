@@ -74,7 +74,8 @@ class float8_e4m3 {
 
   /// The value as a float, exactly.
   ATTN_TYPES_CONSTEXPR operator float() const noexcept {  // NOLINT(google-explicit-constructor)
-    return detail::decode_bits<detail::Float8E4M3Format>(bits_);
+    return detail::bit_cast<float>(
+        detail::Float8Table<detail::Float8E4M3Format>::kFloatBits[bits_]);
   }
 
  private:
@@ -125,7 +126,8 @@ class float8_e5m2 {
 
   /// The value as a float, exactly.
   ATTN_TYPES_CONSTEXPR operator float() const noexcept {  // NOLINT(google-explicit-constructor)
-    return detail::decode_bits<detail::Float8E5M2Format>(bits_);
+    return detail::bit_cast<float>(
+        detail::Float8Table<detail::Float8E5M2Format>::kFloatBits[bits_]);
   }
 
  private:

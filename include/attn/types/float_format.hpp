@@ -9,6 +9,7 @@
 // these functions bit for bit.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -135,39 +136,50 @@ constexpr std::uint32_t encode_bits(Bits bits, std::uint32_t nan, bool saturate)
   return sign | static_cast<std::uint32_t>(r);
 }
 
-/// 2^k as a float, for -149 <= k <= 127 (exact).
-constexpr float pow2f(int k) noexcept {
-  float p = 1.0f;
-  for (; k > 0; --k) p *= 2.0f;
-  for (; k < 0; ++k) p *= 0.5f;
-  return p;
-}
-
-/// The float equal to the Format value with bits `bits` (exact: every value of the 8- and
-/// 16-bit formats is a float). A NaN becomes a quiet float NaN with the same sign and its
-/// payload in the top mantissa bits (what PyTorch and x86's F16C conversion give for float16).
+/// The bits of the float equal to the Format value with bits `bits` (exact: every value of the
+/// 8- and 16-bit formats is a float), in integer arithmetic. A NaN becomes a quiet float NaN
+/// with the same sign and its payload in the top mantissa bits (what PyTorch and x86's F16C
+/// conversion give for float16).
 template <class Format>
-ATTN_TYPES_CONSTEXPR float decode_bits(std::uint32_t bits) noexcept {
+constexpr std::uint32_t decode_to_float_bits(std::uint32_t bits) noexcept {
   static_assert(Format::kBits <= 16 && Format::kExponentBits <= 8,
-                "attn::detail::decode_bits: formats narrower than float");
+                "attn::detail::decode_to_float_bits: formats narrower than float");
   constexpr int kM = Format::kMantissaBits;
   const std::uint32_t sign = (bits & Format::kSignMask) != 0 ? 0x80000000u : 0u;
   const std::uint32_t exponent = (bits >> kM) & ((1u << Format::kExponentBits) - 1);
-  const std::uint32_t mantissa = bits & static_cast<std::uint32_t>(Format::kMantissaMask);
+  std::uint32_t mantissa = bits & static_cast<std::uint32_t>(Format::kMantissaMask);
   const std::uint32_t magnitude = bits & ~static_cast<std::uint32_t>(Format::kSignMask);
   const bool special = Format::kIeee ? exponent == (1u << Format::kExponentBits) - 1
                                      : magnitude == Format::kOverflow;
   if (special) {  // infinity (mantissa 0, IEEE formats only) or NaN
     const std::uint32_t payload =
         mantissa == 0 && Format::kIeee ? 0u : 0x00400000u | (mantissa << (23 - kM));
-    return bit_cast<float>(sign | 0x7F800000u | payload);
+    return sign | 0x7F800000u | payload;
   }
-  if (exponent == 0) {  // zero or subnormal: mantissa * 2^(1 - bias - kM), exact in float
-    const float value = static_cast<float>(mantissa) * pow2f(1 - Format::kBias - kM);
-    return sign != 0 ? -value : value;
+  if (exponent != 0)
+    return sign | ((exponent - Format::kBias + 127) << 23) | (mantissa << (23 - kM));
+  if (mantissa == 0) return sign;
+  // subnormal: mantissa * 2^(1 - bias - kM); normalise it (a normal float: kM <= 10)
+  int e = 1 - Format::kBias + 127;
+  while ((mantissa & (1u << kM)) == 0) {
+    mantissa <<= 1;
+    --e;
   }
-  return bit_cast<float>(sign | ((exponent - Format::kBias + 127) << 23) | (mantissa << (23 - kM)));
+  return sign | (static_cast<std::uint32_t>(e) << 23) |
+         ((mantissa & ((1u << kM) - 1)) << (23 - kM));
 }
+
+/// decode_to_float_bits() of every value of an 8-bit format, computed at compile time.
+template <class Format>
+struct Float8Table {
+  static_assert(Format::kBits == 8, "attn::detail::Float8Table: 8-bit formats");
+  static constexpr std::array<std::uint32_t, 256> make() noexcept {
+    std::array<std::uint32_t, 256> table{};
+    for (std::uint32_t b = 0; b < 256; ++b) table[b] = decode_to_float_bits<Format>(b);
+    return table;
+  }
+  static constexpr std::array<std::uint32_t, 256> kFloatBits = make();
+};
 
 /// An integer as a double whose correct rounding to any format with at most 51 mantissa bits
 /// is that of the integer itself: exact up to 2^53, else rounded to odd (the dropped bits

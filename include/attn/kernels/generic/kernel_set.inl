@@ -123,6 +123,14 @@ ATTN_KERNELS_INSTANCES_(double)
   ATTN_KERNELS_EXPLICIT_ template void convert_row<B, A>(const B*, A*, Index) noexcept;
 ATTN_KERNELS_CONVERT_INSTANCES_(float, bfloat16)
 ATTN_KERNELS_CONVERT_INSTANCES_(float, float16)
+ATTN_KERNELS_CONVERT_INSTANCES_(float, float8_e4m3)
+ATTN_KERNELS_CONVERT_INSTANCES_(float, float8_e5m2)
+ATTN_KERNELS_EXPLICIT_ template void convert_row_saturate<float, float8_e4m3>(const float*,
+                                                                              float8_e4m3*,
+                                                                              Index) noexcept;
+ATTN_KERNELS_EXPLICIT_ template void convert_row_saturate<float, float8_e5m2>(const float*,
+                                                                              float8_e5m2*,
+                                                                              Index) noexcept;
 #undef ATTN_KERNELS_CONVERT_INSTANCES_
 #undef ATTN_KERNELS_EXPLICIT_
 #endif
