@@ -91,8 +91,8 @@ def deep(n):
     return "[" * n + "]" * n
 
 
-# Issue 11's inputs: each class of bad input has a seed. The 100000-deep headers crashed the
-# reader before (stack overflow in the error message's dump()): the crash corpus.
+# Hardening inputs: each class of bad input has a seed. The 100000-deep headers are the crash
+# corpus: a reader that dumps them recursively into an error message overflows the stack.
 def hardening_seeds(w, q):
     seeds = []
     d = deep(100000)

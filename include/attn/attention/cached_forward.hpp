@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <string>
 
-#include "attn/attention/detail/kernel.hpp"
+#include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/kv_cache.hpp"
 #include "attn/attention/module_core.hpp"
@@ -16,7 +16,7 @@
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
-#include "attn/kernels/types.hpp"
+#include "attn/kernels/gemm_args.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -94,10 +94,7 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
   const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), a = heads * hd;
   const auto head_major = [&](Scalar* data, Index width) {  // (B, width / hd, t, hd)
-    GemmOutput<Scalar> o;
-    o.data = data, o.ldc = hd, o.rows_per_batch = t, o.batch_stride = t * width;
-    o.segment = hd, o.segment_stride = t * hd;
-    return o;
+    return GemmOutput<Scalar>::head_major(data, t, width, hd);
   };
   // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
   // they are one strided block (equal lengths, no ring wrap), else through the workspace.
@@ -141,30 +138,25 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   }
   cache.advance(t);
   // 3. The kernel over the cache: query i of item b at position L_b - t + i sees the keys of
-  // (L_b - t + i - W, L_b - t + i] (per-item bottom-right causal bound, the window).
-  AttentionMask<Scalar> mask;
-  mask.key_lengths(TensorView<const Index, 1>(cache.lengths(), {batch}))
-      .causal(CausalAlignment::kBottomRightPerItem);
-  if (core.sliding_window() > 0) mask.sliding_window(core.sliding_window());
+  // (L_b - t + i - W, L_b - t + i] (per-item bottom-right causal bound, the window), the
+  // keys of a ring read in place.
   const bool direct = !core.config().out_proj && out.stride(2) == 1;
   Scalar* ctx =
       direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
-  const AttentionOptions options = core.kernel_options({});
-  KernelParams<Scalar> p;
-  p.q = TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1});
-  p.k = cache.k_storage();
-  p.v = cache.v_storage();
-  p.out =
-      TensorView<Scalar, 4>(ctx, {batch, heads, t, hd}, {ctx_strides[0], hd, ctx_strides[1], 1});
-  p.mask = &mask;
-  p.ring = cache.window() > 0 ? cap : 0;
-  p.key_first = cache.first_positions();
-  p.scale = static_cast<Scalar>(*options.scale);
-  p.dropout = options.dropout;
-  p.dropout_seed = options.dropout_seed;
-  p.dropout_call = options.dropout_call;
-  run_attention(p, /*materialize=*/false, ws);
+  CacheKeys keys;
+  keys.lengths = TensorView<const Index, 1>(cache.lengths(), {batch});
+  keys.key_first = cache.first_positions();
+  keys.ring = cache.window() > 0 ? cap : 0;
+  run_attention(make_call<Scalar>(
+                    core.config().forward_name,
+                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}),
+                    cache.k_storage(), cache.v_storage(),
+                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
+                                          {ctx_strides[0], hd, ctx_strides[1], 1}),
+                    {}, {}, {}, core.kernel_options({}),
+                    {true, CausalAlignment::kBottomRightPerItem, core.sliding_window()}, keys),
+                ws);
   // 4. The output projection.
   if (direct) return;
   const TensorView<const Scalar, 3> context(ctx, {batch, t, a});

@@ -31,31 +31,71 @@ enum class InitScheme {
   kNone,
 };
 
+/// Configuration of a MultiHeadAttention beyond the notebooks' constructor.
+struct MultiHeadAttentionOptions {
+  Index d_in = 0;   ///< query features (nn.MultiheadAttention's embed_dim)
+  Index d_out = 0;  ///< model width = output features; 0 means d_in
+  Index num_heads = 1;
+  /// Key/value heads H_kv (grouped-query attention; 1: multi-query); 0 means num_heads.
+  /// H_kv must divide num_heads. K and V are projected to H_kv * head_dim features.
+  Index num_kv_heads = 0;
+  /// Features per head; 0 means d_out / num_heads. When set, Q is projected to num_heads *
+  /// head_dim features and out_proj maps those to d_out (Gemma-like shapes).
+  Index head_dim = 0;
+  Index kdim = 0;            ///< key features; 0 means d_in
+  Index vdim = 0;            ///< value features; 0 means d_in
+  Index context_length = 0;  ///< longest accepted sequence; 0 means unlimited
+  double dropout = 0.0;      ///< on the attention weights, training mode only
+  bool qkv_bias = false;     ///< bias of the Q/K/V projections
+  bool out_bias = true;      ///< bias of out_proj
+  bool causal = false;       ///< always apply a causal bound (self-attention decoders)
+  CausalAlignment causal_alignment = CausalAlignment::kSquare;
+  /// Rotary position embeddings on Q and K (rope.head_dim 0: none; else head_dim), as Llama,
+  /// Mistral and Qwen2: at positions 0..T-1 in forward(), the cache's positions in the
+  /// incremental forward.
+  RotaryOptions rope{};
+  /// Sliding window W (Mistral; 0: none; needs causal): position p sees keys in (p - W, p].
+  Index sliding_window = 0;
+  InitScheme init = InitScheme::kLinear;  ///< kLinear, kMultiheadAttention or kRand
+
+  /// The configuration of `torch.nn.MultiheadAttention(embed_dim, num_heads, dropout,
+  /// bias, kdim=kdim, vdim=vdim, batch_first=True)`.
+  static MultiHeadAttentionOptions pytorch(Index embed_dim, Index num_heads, bool bias = true,
+                                           Index kdim = 0, Index vdim = 0, double dropout = 0.0) {
+    MultiHeadAttentionOptions o;
+    o.d_in = embed_dim;
+    o.d_out = embed_dim;
+    o.num_heads = num_heads;
+    o.kdim = kdim;
+    o.vdim = vdim;
+    o.dropout = dropout;
+    o.qkv_bias = bias;
+    o.out_bias = bias;
+    o.init = InitScheme::kMultiheadAttention;
+    return o;
+  }
+};
+
 namespace detail {
 
-/// What tells one attention module from another: sizes, options, names and defaults.
-struct CoreConfig {
-  const char* name = "";               ///< class name in messages, a string literal
-  const char* forward_name = "";       ///< "<name>::forward", a string literal
-  const char* input_name = nullptr;    ///< "x" for single-input modules; else query/key/value
-  Index d_in = 0, kdim = 0, vdim = 0;  ///< features of query, key, value (0: kdim = vdim = d_in)
-  Index d_out = 0;                     ///< output features (= A = H * hd without out_proj)
-  Index num_heads = 1;
-  Index num_kv_heads = 0;    ///< key/value heads H_kv, dividing num_heads (0: num_heads)
-  Index head_dim = 0;        ///< features per head (0: d_out / num_heads)
-  Index context_length = 0;  ///< longest accepted sequence; 0 = unlimited
-  double dropout = 0.0;      ///< on the attention weights, training mode only
-  bool qkv_bias = false;
-  bool out_proj = false, out_bias = false;  ///< an output projection (d_out, A), with bias
-  bool causal = false;
-  CausalAlignment alignment = CausalAlignment::kSquare;
-  /// Rotary embeddings applied to Q and K as they leave the projection (head_dim 0: none; else
-  /// the module's head dim), at positions 0..T-1, or the cache's positions incrementally.
-  RotaryOptions rope{};
-  /// Sliding window W (0: none; needs causal): the query at position p sees keys (p - W, p].
-  Index sliding_window = 0;
-  InitScheme init = InitScheme::kLinear;
+/// What tells one attention module from another: the options every module with a core has
+/// (MultiHeadAttentionOptions: sizes, heads, masks, rotary embeddings, window, init), and
+/// who the module is (its names in messages and files, its output projection). A module's
+/// header fills one from its constructor's arguments; MultiHeadAttention takes the user's
+/// options as they are.
+struct CoreConfig : MultiHeadAttentionOptions {
+  CoreConfig() { out_bias = false; }
+  explicit CoreConfig(const MultiHeadAttentionOptions& options)
+      : MultiHeadAttentionOptions(options) {}
+
+  const char* name = "";             ///< class name in messages, a string literal
+  const char* forward_name = "";     ///< "<name>::forward", a string literal
+  const char* input_name = nullptr;  ///< "x" for single-input modules; else query/key/value
+  bool out_proj = false;             ///< an output projection (d_out, A), with out_bias
   ParameterNames names = ParameterNames::kNotebook;  ///< what ParameterNames::kDefault means
+
+  /// The module's own causal bound and window, folded into every call's mask.
+  CausalBound causal_bound() const noexcept { return {causal, causal_alignment, sliding_window}; }
 };
 
 /// `c` when it describes a module that can exist; else a ConfigError naming the values (the

@@ -15,10 +15,10 @@
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product_backward.hpp"
 #include "attn/config.hpp"
-#include "attn/detail/gemm.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/linear.hpp"
+#include "attn/ops/gemm.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/workspace.hpp"
@@ -171,21 +171,14 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     group_rows[g] = GemmOutput<const Scalar>::head_major(cursor, tokens, columns, hd);
     cursor += batch * tokens * columns;
   }
-  BackwardParams<Scalar> params;
-  params.args.q = saved.query, params.args.k = saved.key, params.args.v = saved.value;
-  params.args.out = TensorView<const Scalar, 4>(saved.context.data(), {batch, heads, tq, hd},
-                                                {tq * width, hd, width, 1});
-  params.args.grad_out =
-      TensorView<const Scalar, 4>(grad_context.data(), {batch, heads, tq, hd},
-                                  {grad_context.stride(0), hd, grad_context.stride(1), 1});
-  params.args.lse = saved.logsumexp;
-  params.args.grad_q = part_grad[0], params.args.grad_k = part_grad[1];
-  params.args.grad_v = part_grad[2];
-  params.mask = &saved.mask;
-  params.module_causal = c.causal;
-  params.module_alignment = c.alignment;
-  params.module_window = c.sliding_window;
-  attend_backward(where, params, saved.options, ws, /*own_gradients=*/true);
+  const TensorView<const Scalar, 4> context(saved.context.data(), {batch, heads, tq, hd},
+                                            {tq * width, hd, width, 1});
+  const TensorView<const Scalar, 4> grad_context4(
+      grad_context.data(), {batch, heads, tq, hd},
+      {grad_context.stride(0), hd, grad_context.stride(1), 1});
+  attend_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
+                  {grad_context4, part_grad[0], part_grad[1], part_grad[2]}, saved.mask,
+                  saved.options, ws, c.causal_bound(), /*own_gradients=*/true);
   if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1
     core.rope().apply_transposed(part_grad[0]);
     core.rope().apply_transposed(part_grad[1]);

@@ -207,11 +207,12 @@ class AttentionCore {
     });
   }
 
-  /// The kernel's options for one call: the module's scale and, in training mode with
-  /// dropout, its seed and a freshly claimed call number; the path the call takes.
+  /// The kernel's options for one call: the module's scale (unset: 1/sqrt(head_dim)) and, in
+  /// training mode with dropout, its seed and a freshly claimed call number; the path the
+  /// call takes.
   AttentionOptions kernel_options(TensorView<Scalar, 4> weights) const {
     AttentionOptions options;
-    options.scale = scaled_ ? 1.0 / std::sqrt(static_cast<double>(head_dim())) : 1.0;
+    if (!scaled_) options.scale = 1.0;  // else the call's default, 1/sqrt(head_dim)
     if (dropout_.active()) {
       options.dropout = dropout_.p();
       options.dropout_seed = dropout_.seed_value();
@@ -228,7 +229,7 @@ class AttentionCore {
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
               TensorView<Scalar, 3> lse = {}) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
-                   weights, ws, config_.causal, config_.alignment, config_.sliding_window, lse);
+                   weights, ws, config_.causal_bound(), lse);
   }
 
   // ---- modes ----

@@ -11,10 +11,10 @@
 
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/config.hpp"
-#include "attn/detail/gemm.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/ops/gemm.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"

@@ -11,7 +11,7 @@ ATTN_TARGET_AVX2_BEGIN
 ATTN_NAMESPACE_BEGIN
 namespace kernels {
 namespace avx2 {
-using namespace detail;  // the plain data the drivers pass (attn/kernels/types.hpp)
+using namespace detail;  // the plain data the drivers pass (attn/kernels/*_args.hpp, head_mask.hpp)
 inline constexpr Isa kSetIsa = Isa::kAvx2;
 #define ATTN_KERNEL_SET avx2
 // The order matters: each part uses the ones before it.

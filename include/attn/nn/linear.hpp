@@ -9,11 +9,11 @@
 #include <type_traits>
 
 #include "attn/config.hpp"
-#include "attn/detail/gemm.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/ops/gemm.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"

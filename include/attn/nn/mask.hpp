@@ -13,6 +13,7 @@
 
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/ops/attention_call.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -34,6 +35,40 @@ enum class CausalAlignment {
   /// variable-length form).
   kBottomRightPerItem,
 };
+
+/// A causal bound with an optional sliding window: the loop-bound part of an AttentionMask,
+/// and what a causal module adds to every call it makes. Both are folded into one bound per
+/// call (AttentionMask::resolve()).
+struct CausalBound {
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::kSquare;
+  Index window = 0;  ///< sliding window W (0: none): the query on diagonal p sees (p - W, p]
+};
+
+namespace detail {
+
+/// The constant offset of `alignment`'s causal diagonal for T_q queries over T_k keys (row i
+/// sees j <= i + offset), or kNoCausalOffset for kBottomRightPerItem, whose offset is per
+/// item. @throws ShapeError for kSquare when T_q != T_k.
+inline Index causal_offset(const char* where, CausalAlignment alignment, Index tq, Index tk) {
+  switch (alignment) {
+    case CausalAlignment::kSquare:
+      require(tq == tk, where, [&] {
+        return "causal attention with T_q=" + std::to_string(tq) + " != T_k=" + std::to_string(tk) +
+               ": choose CausalAlignment::kTopLeft or kBottomRight explicitly";
+      });
+      return 0;
+    case CausalAlignment::kTopLeft:
+      return 0;
+    case CausalAlignment::kBottomRight:
+      return tk - tq;
+    case CausalAlignment::kBottomRightPerItem:
+      break;
+  }
+  return kNoCausalOffset;
+}
+
+}  // namespace detail
 
 /// What a query may attend to, built from any combination of:
 /// - `causal(alignment)`: a loop bound in the kernels, never -inf then exp;
@@ -62,8 +97,8 @@ class AttentionMask {
 
   /// Adds a causal bound.
   AttentionMask& causal(CausalAlignment alignment = CausalAlignment::kSquare) {
-    causal_ = true;
-    alignment_ = alignment;
+    bound_.causal = true;
+    bound_.alignment = alignment;
     return *this;
   }
   /// Adds a boolean mask where true means "may attend".
@@ -142,8 +177,8 @@ class AttentionMask {
     detail::require_config(window > 0, "AttentionMask::sliding_window", [&] {
       return "window=" + std::to_string(window) + " must be positive";
     });
-    causal_ = true;
-    window_ = window;
+    bound_.causal = true;
+    bound_.window = window;
     return *this;
   }
   /// (B, T_k) boolean, true = padding (blocked), like key_padding_mask in PyTorch.
@@ -161,13 +196,15 @@ class AttentionMask {
   AttentionMask& key_padding(const Tensor<bool, 2>& padding) { return key_padding(padding.view()); }
   AttentionMask& key_padding(Tensor<bool, 2>&&) = delete;
 
-  bool is_causal() const noexcept { return causal_; }
+  bool is_causal() const noexcept { return bound_.causal; }
   /// The sliding window (0: none).
-  Index window() const noexcept { return window_; }
-  CausalAlignment alignment() const noexcept { return alignment_; }
+  Index window() const noexcept { return bound_.window; }
+  CausalAlignment alignment() const noexcept { return bound_.alignment; }
+  /// The causal bound and window, as one value.
+  const CausalBound& causal_bound() const noexcept { return bound_; }
   bool empty() const noexcept {
-    return !causal_ && bool_.data() == nullptr && additive_.data() == nullptr && !has_lengths_ &&
-           !has_padding_;
+    return !bound_.causal && bool_.data() == nullptr && additive_.data() == nullptr &&
+           !has_lengths_ && !has_padding_;
   }
   /// The parts as rank-4 broadcast views (null data when absent); for kernels and tests.
   const TensorView<const bool, 4>& bool_mask() const noexcept { return bool_; }
@@ -243,12 +280,30 @@ class AttentionMask {
         });
       }
     }
-    if (causal_ && alignment_ == CausalAlignment::kSquare) {
-      detail::require(tq == tk, where, [&] {
-        return "causal mask with T_q=" + std::to_string(tq) + " != T_k=" + std::to_string(tk) +
-               ": choose CausalAlignment::kTopLeft or kBottomRight explicitly";
-      });
+    if (bound_.causal) detail::causal_offset(where, bound_.alignment, tq, tk);
+  }
+
+  /// This mask and a module's own causal bound `module`, folded into the one mask an
+  /// attention call of T_q queries over T_k keys reads (check() it first). The causal
+  /// diagonals combine to the tighter one per item, the windows to the narrower one.
+  /// @throws ShapeError for a kSquare alignment (the mask's or the module's) when T_q != T_k.
+  detail::CallMask<Scalar> resolve(const char* where, Index tq, Index tk,
+                                   const CausalBound& module = {}) const {
+    detail::CallMask<Scalar> m;
+    m.bool_mask = bool_;
+    m.bool_allows = bool_allows_;
+    m.additive = additive_;
+    if (has_padding_) m.padding = padding_;
+    if (has_lengths_) m.key_lengths = key_lengths_view();
+    for (const CausalBound* c : {&bound_, &module}) {
+      if (!c->causal) continue;
+      m.causal = true;
+      m.causal_offset =
+          std::min(m.causal_offset, detail::causal_offset(where, c->alignment, tq, tk));
+      m.per_item = m.per_item || c->alignment == CausalAlignment::kBottomRightPerItem;
+      if (c->window > 0) m.window = m.window > 0 ? std::min(m.window, c->window) : c->window;
     }
+    return m;
   }
 
  private:
@@ -304,9 +359,7 @@ class AttentionMask {
   TensorView<const bool, 4> padding_{};
   std::vector<Index> lengths_;
   TensorView<const Index, 1> external_lengths_{};
-  Index window_ = 0;
-  CausalAlignment alignment_ = CausalAlignment::kSquare;
-  bool causal_ = false;
+  CausalBound bound_;
   bool bool_allows_ = false;
   bool has_lengths_ = false;
   bool has_padding_ = false;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/generic/attention.inl: both attention paths for one task, (batch, head, up to
 // kQueryBlock query rows), written once over a set's Vec and micro-kernel. The driver
-// (attn/attention/detail/kernel.hpp) resolves the task's mask and dropout stream and runs
+// (attn/ops/attention.hpp) resolves the task's mask and dropout stream and runs
 // the tasks on its threads.
 // Glossary: B = batch, H = heads, T_q / T_k = query / key lengths, d = head dim, d_v =
 // value head dim.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/generic/attention_backward.inl: the backward pass of both attention paths, per
 // task, written once over a set's Vec and micro-kernel. The driver
-// (attn/attention/detail/kernel_backward.hpp) resolves masks and dropout streams and runs the
+// (attn/ops/attention_backward.hpp) resolves masks and dropout streams and runs the
 // tasks on its threads.
 // Glossary: B = batch, H = heads, T_q / T_k = query / key lengths, d = head dim, d_v = value
 // head dim; P the attention probabilities (before dropout), A = P Z / (1 - p) the weights
