@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: MIT
-// attn/tensor/convert.hpp: element-type conversion between views, PyTorch's tensor.to(dtype):
+// attn/ops/convert.hpp: element-type conversion between views, PyTorch's tensor.to(dtype):
 // float, double, bfloat16, float16, float8_e4m3 and float8_e5m2, any strides, rounding once.
-//
-// The driver is this file's detail::convert_views(): shape and overlap checks, then rows on the
-// active kernel set (attn/kernels/generic/convert.inl and <set>/convert.inl). It reaches up to
-// the kernel layer, the one tensor header that does.
+// The driver, detail::convert_views(), checks shapes and overlap and runs the rows on the
+// active kernel set (attn/kernels/generic/convert.inl and <set>/convert.inl); convert() and
+// convert_saturate() are the public calls.
 #pragma once
 
 #include <cstddef>
