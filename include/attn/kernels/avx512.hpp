@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512.hpp: the avx512 kernel set, attn::kernels::avx512: the set's primitives
-// (avx512/vec.inl) and the generic kernels (generic/*.inl) compiled in its target region.
+// (avx512/vec.inl, avx512/convert.inl) and the generic kernels (generic/*.inl) compiled in its
+// target region.
 #pragma once
 
 #include "attn/kernels/prelude.hpp"
@@ -16,6 +17,7 @@ inline constexpr Isa kSetIsa = Isa::kAvx512;
 // The order matters: each part uses the ones before it.
 // clang-format off
 #include "attn/kernels/avx512/vec.inl"
+#include "attn/kernels/avx512/convert.inl"
 #include "attn/kernels/generic/all.inl"
 // clang-format on
 #undef ATTN_KERNEL_SET

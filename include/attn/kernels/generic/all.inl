@@ -12,7 +12,9 @@
 //    (the second operand when either is NaN, as x86 does), reduce_add, reduce_max, round
 //    (to nearest even), ldexp (p * 2^n, n integral, exact), less / greater (ordered) and
 //    select (mask ? a : b);
-//  - transpose_block / transpose_block_wide and their widths, for packing.
+//  - transpose_block / transpose_block_wide and their widths, for packing;
+//  - optionally (<set>/convert.inl), convert_vector_part() overloads for the element-type
+//    conversions the set vectorises (see generic/convert.inl).
 // The order matters: each part uses the ones before it.
 // clang-format off
 #include "attn/kernels/generic/exp.inl"
@@ -22,5 +24,6 @@
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
 #include "attn/kernels/generic/attention_backward.inl"
+#include "attn/kernels/generic/convert.inl"
 #include "attn/kernels/generic/kernel_set.inl"
 // clang-format on
