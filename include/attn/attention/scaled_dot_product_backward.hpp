@@ -58,7 +58,30 @@ void scaled_dot_product_attention_backward(
   static_assert(std::is_floating_point_v<Scalar>,
                 "attn::scaled_dot_product_attention_backward: Scalar must be float or double");
   detail::attend_backward<Scalar>("scaled_dot_product_attention_backward", q, k, v, out, logsumexp,
-                                  {grad_out, grad_q, grad_k, grad_v}, mask, options, workspace);
+                                  {grad_out, grad_q, grad_k, grad_v, {}}, mask, options, workspace);
+}
+
+/// The same with learned sinks (options.sinks): also ADDS dL/dsink_h into grad_sinks (H),
+/// dL/dsink_h = -sum over the rows i of head h of P_sink(i) (dO_i . O_i), P_sink(i) the
+/// sink's probability exp(sink_h - logsumexp_i).
+/// @throws as above, and ShapeError when grad_sinks is not (H), shares memory with the sinks,
+///         or the call has no sinks.
+template <class Scalar>
+void scaled_dot_product_attention_backward(
+    TensorView<const detail::identity_t<Scalar>, 4> q,
+    TensorView<const detail::identity_t<Scalar>, 4> k,
+    TensorView<const detail::identity_t<Scalar>, 4> v,
+    TensorView<const detail::identity_t<Scalar>, 4> out,
+    TensorView<const detail::identity_t<Scalar>, 4> grad_out,
+    TensorView<const detail::identity_t<Scalar>, 3> logsumexp, TensorView<Scalar, 4> grad_q,
+    TensorView<Scalar, 4> grad_k, TensorView<Scalar, 4> grad_v, TensorView<Scalar, 1> grad_sinks,
+    Workspace& workspace, const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+    const AttentionOptions& options = {}) {
+  static_assert(std::is_floating_point_v<Scalar>,
+                "attn::scaled_dot_product_attention_backward: Scalar must be float or double");
+  detail::attend_backward<Scalar>("scaled_dot_product_attention_backward", q, k, v, out, logsumexp,
+                                  {grad_out, grad_q, grad_k, grad_v, grad_sinks}, mask, options,
+                                  workspace);
 }
 
 ATTN_NAMESPACE_END

@@ -27,6 +27,7 @@ struct HeadMask {
   Index pad_cs = 0;
   const Scalar* add_row0 = nullptr;
   Index add_rs = 0, add_cs = 0;
+  Index position = 0;  // query i sits at key position i + position (ALiBi's distances)
 
   /// One past the last key row i may see (the loop bound).
   Index row_end(Index i) const noexcept {

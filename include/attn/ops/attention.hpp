@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
@@ -192,8 +193,11 @@ void run_attention(const AttentionCall<Scalar>& call, Workspace& ws) {
       const Index nq = t.i1 - t.i0;
       const Scalar* first = partials + task * plan.chunks * chunk_stride;
       for (Index r = 0; r < t.heads * nq; ++r) {
+        const Index h = t.h0 + r / nq;
+        const Scalar sink =
+            args.sinks != nullptr ? args.sinks[h] : -std::numeric_limits<Scalar>::infinity();
         set.merge_partials(first + r * row_size, plan.chunks, chunk_stride, dv, keep,
-                           &args.out(t.b, t.h0 + r / nq, t.i0 + r % nq, 0));
+                           &args.out(t.b, h, t.i0 + r % nq, 0), sink);
       }
     };
     run_tasks(threads, plan.tasks, run_task, plan.merges, merge);

@@ -32,10 +32,14 @@ namespace detail {
 /// head materialised) covers one key/value head and runs the group's query heads one after
 /// the other, in head order, each adding its share: every gradient row still has one owner,
 /// and the result does not depend on the thread count.
+/// With sinks and grads.grad_sinks: each dQ task (materialised: each head) writes its rows'
+/// share of dL/dsink_h into a buffer, summed per head in (batch, tile) order at the end.
 template <class Scalar>
 void run_attention_backward(const AttentionCall<Scalar>& call,
                             const AttentionGradients<Scalar>& grads, Workspace& ws) {
-  const AttentionBackwardArgs<Scalar> args{call.args, grads};
+  AttentionBackwardArgs<Scalar> args;
+  static_cast<AttentionArgs<Scalar>&>(args) = call.args;
+  static_cast<AttentionGradients<Scalar>&>(args) = grads;
   const Index batch = call.batch(), heads = call.heads(), tq = call.queries();
   const Index kv_heads = call.kv_heads(), group = heads / kv_heads, tk = call.keys();
   const Index d = call.head_dim(), dv = call.value_dim();
@@ -45,8 +49,17 @@ void run_attention_backward(const AttentionCall<Scalar>& call,
   // 1. The tasks of each phase, and each thread's scratch.
   const Index key_tasks = materialize ? batch * kv_heads : batch * kv_heads * k_tiles;
   const Index query_tasks = materialize ? 0 : batch * heads * q_tiles;
-  const Index scratch = materialize ? materialized_backward_scratch_size(tq, d, dv, tk)
-                                    : stream_backward_scratch_size(d, dv);
+  const Index scratch =
+      materialize ? materialized_backward_scratch_size(tq, d, dv, tk, args.softcap != Scalar(0))
+                  : stream_backward_scratch_size(d, dv);
+  // The sink gradient's shares: one per (b, h, query tile) (materialised: per (b, h)).
+  const Index sink_tiles = materialize ? 1 : q_tiles;
+  const bool sink_grad = args.sinks != nullptr && grads.grad_sinks.data() != nullptr;
+  if (sink_grad) {
+    const Index n = batch * heads * sink_tiles;
+    args.sink_partials = workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, n);
+    std::fill(args.sink_partials, args.sink_partials + n, Scalar(0));
+  }
   const int threads = task_threads(std::max(key_tasks, query_tasks));
   for (int t = 0; t < threads; ++t) workspace_get<Scalar>(ws, WorkspaceSlot::kThread, scratch, t);
   const auto stream = [&](Index b, Index h) {
@@ -75,6 +88,17 @@ void run_attention_backward(const AttentionCall<Scalar>& call,
     };
     run_tasks(threads, key_tasks, keys, query_tasks, queries);
   });
+  // 3. dL/dsink_h: the shares summed in (batch, tile) order.
+  if (sink_grad) {
+    for (Index h = 0; h < heads; ++h) {
+      Scalar total = 0;
+      for (Index b = 0; b < batch; ++b) {
+        const Scalar* share = args.sink_partials + (b * heads + h) * sink_tiles;
+        for (Index t = 0; t < sink_tiles; ++t) total += share[t];
+      }
+      grads.grad_sinks(h) += total;
+    }
+  }
 }
 
 }  // namespace detail

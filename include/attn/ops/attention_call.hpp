@@ -25,10 +25,12 @@ inline constexpr Index kNoCausalOffset = std::numeric_limits<Index>::max() / 2;
 /// An attention call's mask, resolved: every part a front end had (the caller's
 /// AttentionMask, a module's own causal bound and window, a cache's lengths and ring) folded
 /// into loop bounds and element-wise views. Row i of item b sees key j when
-///   key_first[b] <= j < L_b (L_b = key_lengths(b), or T_k),
+///   key_first[b] <= j < min(L_b, mask_keys) (L_b = key_lengths(b), or T_k),
 ///   causal: j <= i + offset_b, offset_b = min(causal_offset, per_item ? L_b - T_q : inf),
 ///   window: j > i + offset_b - window,
 /// and the element-wise parts allow it. HeadMask is the same for one (b, h), as pointers.
+/// Query i sits at key position i + offset_b (causal), else i + T_k - T_q: what ALiBi's
+/// distances are measured from.
 template <class Scalar>
 struct CallMask {
   // Element-wise parts: rank-4 broadcast views (a B or H extent of 1 broadcasts; null: none).
@@ -36,6 +38,9 @@ struct CallMask {
   bool bool_allows = false;  ///< true: a true entry may attend; false: a true entry is blocked
   TensorView<const Scalar, 4> additive;  ///< added to the scaled scores; -inf blocks
   TensorView<const bool, 4> padding;     ///< (B, 1, 1, T_k), true = padding (blocked)
+  /// Keys j >= mask_keys are hidden: the width of element-wise parts narrower than T_k
+  /// (AttentionMask::pad_keys(), ONNX's padding of a narrow mask).
+  Index mask_keys = std::numeric_limits<Index>::max();
   // Loop bounds.
   TensorView<const Index, 1> key_lengths;  ///< L_b per item (null: T_k for every item)
   const Index* key_first = nullptr;        ///< per item: keys before it are gone (a ring)
@@ -49,11 +54,14 @@ struct CallMask {
     HeadMask<Scalar> m;
     m.key_limit = key_lengths.data() != nullptr ? key_lengths(b) : tk;
     if (key_first != nullptr) m.key_first = key_first[b];
+    m.position = tk - tq;
     if (causal) {
       m.causal = true;
       m.causal_offset = per_item ? std::min(causal_offset, m.key_limit - tq) : causal_offset;
       m.window = window;
+      m.position = m.causal_offset;
     }
+    m.key_limit = std::min(m.key_limit, mask_keys);
     if (bool_mask.data() != nullptr) {
       m.bool_row0 = bool_mask.data() + (bool_mask.extent(0) == 1 ? 0 : b * bool_mask.stride(0)) +
                     (bool_mask.extent(1) == 1 ? 0 : h * bool_mask.stride(1));

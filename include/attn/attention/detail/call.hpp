@@ -77,6 +77,45 @@ void check_sdpa_memory(const char* where, TensorView<const Scalar, 4> q,
   require_disjoint(where, "weights", weights, "v", v);
 }
 
+/// The variants of `options` for a call of H query heads: a softcap that is finite (with a
+/// finite inverse) in Scalar, ALiBi's max_bias finite and not negative, and per-head values
+/// (sinks, ALiBi slopes) that are H contiguous Scalars.
+/// @throws ConfigError naming the option and the values.
+template <class Scalar>
+void check_variants(const char* where, const AttentionOptions& options, Index heads) {
+  const double cap = options.softcap;
+  const bool cap_ok = [&] {
+    if (cap == 0.0) return true;
+    if (!std::isfinite(cap) || std::abs(cap) > std::numeric_limits<Scalar>::max()) return false;
+    const Scalar c = static_cast<Scalar>(cap);
+    return c != Scalar(0) && std::isfinite(Scalar(1) / c);
+  }();
+  require_config(cap_ok, where, [&] {
+    return "softcap=" + number(cap) + " must be 0 (off) or finite, with a finite " +
+           "inverse, as " + scalar_name<Scalar>();
+  });
+  require_config(std::isfinite(options.alibi_max_bias) && options.alibi_max_bias >= 0.0, where,
+                 [&] {
+                   return "alibi_max_bias=" + number(options.alibi_max_bias) +
+                          " must be finite and not negative (0: off)";
+                 });
+  const auto per_head = [&](const HeadValues& values, const char* name) {
+    if (values.empty()) return;
+    require_config(values.holds<Scalar>(), where, [&] {
+      return std::string(name) + " hold " + (std::is_same_v<Scalar, float> ? "double" : "float") +
+             " values; this call computes in " + scalar_name<Scalar>() + " and reads them as such";
+    });
+    const TensorView<const Scalar, 1> v = values.view<Scalar>();
+    require(v.extent(0) == heads && (v.stride(0) == 1 || heads == 1), where, [&] {
+      return std::string(name) + " has shape " + to_string(v.shape()) + " and stride " +
+             to_string(v.strides()) + ", expected (H) = (" + std::to_string(heads) +
+             ") contiguous values, one per query head";
+    });
+  };
+  per_head(options.sinks, "sinks");
+  per_head(options.alibi_slopes, "alibi_slopes");
+}
+
 template <class Scalar>
 void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
                 TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
@@ -143,6 +182,7 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
   });
   mask.check(where, b, h, tq, tk);
   check_sdpa_memory(where, q, k, v, out, weights, mask);
+  check_variants<Scalar>(where, options, h);
 }
 
 /// A logsumexp output (B, H, T_q) for q: its shape, one location per element, and no memory
@@ -199,6 +239,11 @@ AttentionCall<Scalar> make_call(const char* where, TensorView<const Scalar, 4> q
       options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(q.extent(3))));
   call.args.dropout = options.dropout;
   call.args.ring = cache.ring;
+  call.args.softcap = static_cast<Scalar>(options.softcap);
+  call.args.alibi = options.alibi_slopes.view<Scalar>().data();
+  call.args.alibi_max_bias = options.alibi_max_bias;
+  call.args.sinks = options.sinks.view<Scalar>().data();
+  call.args.weights_stage = options.weights_stage;
   call.mask = mask.resolve(where, q.extent(2), k.extent(2), module);
   if (cache.lengths.data() != nullptr) call.mask.key_lengths = cache.lengths;
   call.mask.key_first = cache.key_first;
@@ -291,14 +336,28 @@ void attend_backward(const char* where, TensorView<const Scalar, 4> q,
     shape_is("logsumexp", lse, Shape<3>{q.extent(0), q.extent(1), tq});
   } else {
     std::size_t count = 0, bytes = 0;
-    const std::size_t width = static_cast<std::size_t>(2 * tq + std::max(d, dv));
+    const Index rows = (options.softcap != 0.0 ? 3 : 2) * tq;
+    const std::size_t width = static_cast<std::size_t>(rows + std::max(d, dv) + 1);
     require(checked_mul(width, static_cast<std::size_t>(tk), count) &&
                 checked_bytes(count + 64, sizeof(Scalar), bytes),
             where, [&] {
-              return "the materialised backward would need (2 T_q + max(d, d_v)) x T_k = (" +
-                     std::to_string(2 * tq + std::max(d, dv)) + ") x " + std::to_string(tk) +
+              return "the materialised backward would need (" +
+                     std::string(options.softcap != 0.0 ? "3" : "2") +
+                     " T_q + max(d, d_v) + 1) x T_k = (" +
+                     std::to_string(rows + std::max(d, dv) + 1) + ") x " + std::to_string(tk) +
                      " elements per thread, more than fits in memory";
             });
+  }
+  if (grads.grad_sinks.data() != nullptr) {
+    require(call.args.sinks != nullptr, where, [] {
+      return std::string("grad_sinks is given but the call has no sinks (options.sinks)");
+    });
+    require(grads.grad_sinks.extent(0) == q.extent(1), where, [&] {
+      return "grad_sinks has shape " + to_string(grads.grad_sinks.shape()) + ", expected (H) = (" +
+             std::to_string(q.extent(1)) + ")";
+    });
+    require_distinct_elements(where, "grad_sinks", grads.grad_sinks);
+    require_disjoint(where, "grad_sinks", grads.grad_sinks, "sinks", options.sinks.view<Scalar>());
   }
   call.args.lse = writable(lse);
   if (!own_gradients) check_backward_memory(where, call, grads, mask);

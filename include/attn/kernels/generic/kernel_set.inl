@@ -48,8 +48,8 @@ struct KernelSet {
   }
   template <class Scalar>
   static void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv,
-                             double keep, Scalar* out) noexcept {
-    kernels::ATTN_KERNEL_SET::merge_partials(partial, chunks, stride, dv, keep, out);
+                             double keep, Scalar* out, Scalar sink) noexcept {
+    kernels::ATTN_KERNEL_SET::merge_partials(partial, chunks, stride, dv, keep, out, sink);
   }
   /// dst[i] = src[i] converted to To, one rounding to nearest even (attn/types/element.hpp).
   template <class From, class To>
@@ -100,7 +100,7 @@ struct KernelSet {
                                                          const HeadMask<S>*, const DropoutStream*, \
                                                          const StreamTask<S>&, S*);                \
   ATTN_KERNELS_EXPLICIT_ template void merge_partials<S>(const S*, Index, Index, Index, double,    \
-                                                         S*) noexcept;
+                                                         S*, S) noexcept;
 #define ATTN_KERNELS_BACKWARD_INSTANCES_(S)                                                    \
   ATTN_KERNELS_EXPLICIT_ template void backward_key_task<S>(                                   \
       const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, \
