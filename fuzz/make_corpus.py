@@ -91,8 +91,8 @@ def deep(n):
     return "[" * n + "]" * n
 
 
-# Issue 11's inputs: each class of bad input has a seed. The 100000-deep headers crashed the
-# reader before (stack overflow in the error message's dump()): the crash corpus.
+# Hardening inputs: each class of bad input has a seed. The 100000-deep headers are the crash
+# corpus: a reader that dumps them recursively into an error message overflows the stack.
 def hardening_seeds(w, q):
     seeds = []
     d = deep(100000)
@@ -169,7 +169,152 @@ def mask_api_seeds():
     return seeds
 
 
+# ---- call sequences: byte encoders mirroring the decoders of kv_cache_fuzz.cpp and
+#      training_fuzz.cpp (one byte per choice; values are (byte - 128) / 64) ----
+
+
+def idx(*values):
+    """Index bytes: 0-251 are taken modulo the extent; 255 (negative), 253 (far past the end)
+    and 252 (near INT64_MAX) read one more byte, 254 is the extent itself."""
+    out = []
+    for v in values:
+        out += [v, 0] if v in (252, 253, 255) else [v]
+    return out
+
+
+def kv_cache_seed(rnd, batch, kv_heads, group, head_dim, d, bias, rope, interleaved, window,
+                  max_chunk, capacity, ops):
+    """A KVCache session: the setup (batch 1-3, key/value heads 1-2, query heads per group
+    1-2, head_dim 2 or 4, d_in 2-8, window 0 or 1-6, max_chunk 1-4, capacity 2-41) and ops."""
+    out = [batch - 1, kv_heads - 1, group - 1, head_dim // 2 - 1, d - 2, bias, rope, interleaved]
+    out += [0, window - 1] if window else [1]
+    out += [max_chunk - 1, capacity - 2, rnd.randrange(256)]
+    for op in ops:
+        kind = op[0]
+        if kind == "forward":  # (t tokens per item, in place)
+            _, t, in_place = op
+            out += [0, t - 1] + [rnd.randrange(256) for _ in range(batch * t * d)]
+            out += [0 if in_place else 1]
+        elif kind == "truncate":  # (item, tokens kept)
+            out += [4] + idx(op[1], op[2])
+        elif kind == "reorder":  # (sources,)
+            out += [5, 1] + idx(*op[1])
+        elif kind == "advance":  # (t, first item, items + 1)
+            out += [6] + idx(op[1], op[2], op[3])
+        elif kind == "append":  # (first item, items - 1, t < 4)
+            first, items, t = op[1], op[2], op[3]
+            out += [7] + idx(first) + [items] + idx(t)
+            out += [rnd.randrange(256) for _ in range(2 * (items + 1) * kv_heads * t * head_dim)]
+        elif kind == "next_rows":  # (t,): t < 3 rows are written, a hostile t is refused
+            t = op[1]
+            out += [8] + idx(t)
+            if t < 3:
+                out += [rnd.randrange(256) for _ in range(2 * batch * kv_heads * t * head_dim)]
+        elif kind == "access":  # (item, head, position)
+            out += [9] + idx(op[1], op[2], op[3])
+        elif kind == "other":  # another module on the cache
+            out += [10]
+        elif kind == "reset":
+            out += [11]
+    return bytes(b % 256 for b in out)
+
+
+def kv_cache_seeds():
+    rnd = random.Random(11)
+    seeds = []
+    decode = [("forward", 1, False)] * 6
+    # plain caches: prefill then decode; ragged truncation; beam reorder; in place
+    seeds.append(kv_cache_seed(rnd, 1, 1, 1, 2, 4, 0, 0, 0, 0, 1, 30, [("forward", 5, False)] + decode))
+    seeds.append(kv_cache_seed(rnd, 2, 2, 2, 4, 8, 1, 1, 0, 0, 1, 40,
+                               [("forward", 3, False), ("truncate", 1, 1)] + decode))
+    seeds.append(kv_cache_seed(rnd, 3, 1, 2, 2, 6, 1, 1, 1, 0, 1, 24,
+                               [("forward", 4, True), ("reorder", [2, 0, 0]), ("forward", 2, False),
+                                ("reorder", [1, 2, 0])] + decode[:3]))
+    # rings that wrap: windows 1-6, chunks up to 4, rope in both conventions
+    for window, chunk in ((1, 1), (2, 3), (3, 2), (5, 4), (6, 1)):
+        seeds.append(kv_cache_seed(rnd, 2, 1, 2, 4, 5, 1, 1, window % 2, window, chunk, 2,
+                                   [("forward", 6, False)] + decode + [("truncate", 0, 9)] + decode))
+    # hand-written rows, next_rows, advance, accessors, another module, reset
+    seeds.append(kv_cache_seed(rnd, 2, 2, 1, 2, 3, 0, 0, 0, 0, 1, 16,
+                               [("append", 0, 1, 3), ("next_rows", 2), ("access", 1, 1, 4),
+                                ("forward", 2, False), ("other",), ("reset",), ("other",)]))
+    seeds.append(kv_cache_seed(rnd, 2, 1, 1, 4, 4, 1, 0, 0, 3, 2, 2,
+                               [("append", 1, 0, 2), ("advance", 1, 0, 2), ("forward", 2, False),
+                                ("access", 0, 0, 7), ("other",)] + decode))
+    # hostile: items, heads, positions and counts out of range (255: negative, 254: n,
+    # 253: far past n, 252: near INT64_MAX)
+    seeds.append(kv_cache_seed(rnd, 2, 2, 2, 2, 4, 0, 1, 1, 0, 1, 8,
+                               [("advance", 255, 0, 1), ("advance", 1, 255, 1), ("advance", 1, 0, 252),
+                                ("advance", 252, 1, 0), ("truncate", 254, 0), ("truncate", 0, 255),
+                                ("reorder", [1, 253]), ("access", 252, 254, 255), ("append", 253, 1, 1),
+                                ("next_rows", 255), ("forward", 6, False), ("forward", 6, False)]))
+    seeds.append(kv_cache_seed(rnd, 1, 1, 1, 2, 2, 1, 1, 0, 2, 1, 2,
+                               [("advance", 2, 0, 0), ("advance", 252, 0, 0), ("truncate", 0, 253),
+                                ("access", 0, 0, 253)] + decode))
+    for _ in range(12):  # random sessions
+        seeds.append(bytes(rnd.randrange(256) for _ in range(rnd.choice((40, 120, 400)))))
+    return seeds
+
+
+def training_seed(rnd, kind, extra, ops, d=4, d2=4, hd=2, kv_heads=1, group=2, bias=1,
+                  dropout=False):
+    """A training session: the module (kind 0 simple, 1 SelfAttention, 2 CausalAttention,
+    3 wrapper, 4 MultiHeadAttention, 7 CrossAttention; `extra` its own choice bytes) and ops
+    (forward and backward bytes are random; a backward last may consume the rest)."""
+    out = [rnd.randrange(256), 0 if dropout else 1, bias, hd - 1, kv_heads - 1, group - 1,
+           d - 1, d2 - 1, kind] + list(extra)
+    for op in ops:
+        if op == "forward":
+            out += [0] + [rnd.randrange(256) for _ in range(rnd.choice((20, 60, 140)))]
+        elif op == "backward":
+            out += [3] + [rnd.randrange(256) for _ in range(rnd.choice((40, 200, 600)))]
+        else:
+            out += {"zero": [5], "sgd": [6, 1], "adamw": [6, 0], "freeze": [7], "eval": [8, 0],
+                    "train": [8, 1], "hostile0": [9, 0], "hostile1": [9, 1],
+                    "hostile2": [9, 2], "replace": [10]}[op]
+    return bytes(b % 256 for b in out)
+
+
+def training_seeds():
+    rnd = random.Random(13)
+    seeds = []
+    step = ["forward", "backward", "sgd", "forward", "backward"]
+    kinds = [  # (kind, the kind's own choice bytes)
+        (0, [0]), (0, [1]),  # SimpleSelfAttention, scaled or not
+        (1, [0]), (1, [1]),  # SelfAttention: nn.Linear form, raw (d_in, d_out) form
+        (2, []), (3, []),  # CausalAttention, the wrapper
+        # MultiHeadAttention: d_out 4, out_bias, causal, window 2, rope half-split, on x
+        (4, [3, 1, 1, 1, 1, 1, 0, 0]),
+        # on query/key/value with kdim 3, vdim 5, not causal, no rope
+        (5, [5, 0, 0, 0, 1, 0, 2, 0, 4]),
+        # grouped-query, causal without window, interleaved rope, key = value width
+        (6, [7, 1, 1, 0, 1, 1, 1, 1, 1]),
+        (7, []),  # CrossAttention
+    ]
+    for kind, extra in kinds:
+        for dropout in (False, True):
+            seeds.append(training_seed(rnd, kind, extra, step, dropout=dropout))
+        seeds.append(training_seed(rnd, kind, extra,
+                                   ["forward", "zero", "backward", "adamw", "freeze", "forward",
+                                    "eval", "forward", "backward"], bias=0, d=3, d2=5, hd=3,
+                                   kv_heads=2, group=1))
+        seeds.append(training_seed(rnd, kind, extra,
+                                   ["forward", "hostile0", "hostile1", "hostile2", "replace",
+                                    "sgd", "forward", "backward"]))
+    for _ in range(8):  # random sessions
+        seeds.append(bytes(rnd.randrange(256) for _ in range(rnd.choice((60, 300, 1200)))))
+    return seeds
+
+
+TARGETS = {
+    "safetensors_fuzz": lambda: safetensors_seeds(),
+    "mask_api_fuzz": lambda: mask_api_seeds(),
+    "attn_run_fuzz": lambda: attn_run_seeds(),
+    "kv_cache_fuzz": lambda: kv_cache_seeds(),
+    "training_fuzz": lambda: training_seeds(),
+}
+
 if __name__ == "__main__":
-    write("safetensors_fuzz", safetensors_seeds())
-    write("mask_api_fuzz", mask_api_seeds())
-    write("attn_run_fuzz", attn_run_seeds())
+    # Every target's seeds, or only those named: make_corpus.py kv_cache_fuzz training_fuzz
+    for target in sys.argv[1:] or list(TARGETS):
+        write(target, TARGETS[target]())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README command: attn's MultiHeadAttention side by side with PyTorch's nn.MultiheadAttention
+# The benchmark command (docs/benchmarks.md): attn's MultiHeadAttention side by side with PyTorch's nn.MultiheadAttention
 # and ONNX Runtime 1.30, attn built twice: with the project's default flags and with
 # -march=native.
 #   1. installs what is missing (build packages, python3-torch, python3-numpy,
@@ -66,9 +66,9 @@ usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--th
   --threads L    comma-separated thread counts (default 1,2)
   --no-sweep     skip the T sweep (no plot unless a main shape is on the sweep line)
   --no-ort       leave ONNX Runtime out
-  --no-decode    skip the decode section (scripts/bench/decode.sh, issue 12)
-  --no-train     skip the training section (scripts/bench/train.sh, issue 13)
-  --shape S      measure these shapes instead of the issue's (repeatable; causal, cross: 0/1)
+  --no-decode    skip the decode section (scripts/bench/decode.sh)
+  --no-train     skip the training section (scripts/bench/train.sh)
+  --shape S      measure these shapes instead of the default six (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
 USAGE
   exit 2
@@ -98,7 +98,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# Shapes: "B Tq Tk D H causal cross" (the GitHub issue "Fast attention on the CPU", item 5).
+# Shapes: "B Tq Tk D H causal cross" (the six of docs/benchmarks.md and bench/bench_support.hpp).
 if [ "$QUICK" -eq 1 ]; then
   SHAPES=("1 128 128 512 8 0 0" "1 512 512 512 8 1 0" "2 64 256 512 8 0 1")
   SWEEP_T=(128 256 512)

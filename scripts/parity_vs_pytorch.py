@@ -19,8 +19,7 @@
 # Llama cases (after the nn.MultiheadAttention ones, so those keep their random draws):
 # random q/k/v/o_proj weights (biases on or off, some under a model.layers.N.self_attn.
 # prefix), both RoPE conventions, partial rotary, theta 1e4 / 5e5 / 1e6, GQA and MQA,
-# sliding windows and prefill/chunk splits, same tolerance. A case attn_run refuses because
-# it needs the incremental forward (issue 12, phase 2) is reported as pending, not failed.
+# sliding windows and prefill/chunk splits, same tolerance.
 #
 # Backward cases (after the Llama ones): `attn_run --backward` against PyTorch autograd on random
 # nn.MultiheadAttention configurations (self and cross, kdim/vdim, bias on and off, bool and
@@ -155,7 +154,7 @@ def build_case(torch, case, rng):
     kdim, vdim = case["kdim"], case["vdim"]
     mha = torch.nn.MultiheadAttention(e, h, dropout=0.0, bias=case["bias"], kdim=kdim,
                                       vdim=vdim, batch_first=True).to(tdtype)
-    # NOTES.md: torch 1.13's eval fast path raises with bias=False; train() with dropout=0.0
+    # torch 1.13's eval fast path raises a TypeError with bias=False; train() with dropout=0.0
     # runs the regular path, which computes the same maths.
     mha.train()
     with torch.no_grad():
@@ -298,9 +297,6 @@ FIXTURE_CASES = {0, 3, 7, 10, 12, 17, 20, 22, 25, 44, 45, 52, 53, 54, 55, 56, 59
 
 # ---- Llama cases (attn_run --format llama vs scripts/llama_reference.py) ----
 
-PENDING = "need the incremental forward"  # attn_run's refusal (none left since phase 2)
-
-
 def make_llama_cases():
     """GQA/MQA, both RoPE conventions, partial rotary, windows, splits, bias on and off."""
     cases = []
@@ -394,8 +390,7 @@ def run_llama_case(torch, attn_run, c, rng, workdir, index, fixtures_dir=None):
            stem + ".input.safetensors", "--output", stem + ".output.safetensors"] + flags
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        pending = PENDING in proc.stderr
-        return dict(ok=False, pending=pending, error=proc.stderr.strip(), out_abs=float("nan"),
+        return dict(ok=False, error=proc.stderr.strip(), out_abs=float("nan"),
                     out_rel=float("nan"))
     got = load_file(stem + ".output.safetensors")["output"]
     out_abs = float(np.abs(got - y).max())
@@ -409,7 +404,7 @@ def run_llama_case(torch, attn_run, c, rng, workdir, index, fixtures_dir=None):
         save_file({"output": y}, name + ".expected.safetensors",
                   metadata={"flags": " ".join(flags), "case": describe_llama(c),
                             "torch": torch.__version__})
-    return dict(ok=out_rel <= tol and bool(np.isfinite(got).all()), pending=False, error="",
+    return dict(ok=out_rel <= tol and bool(np.isfinite(got).all()), error="",
                 out_abs=out_abs, out_rel=out_rel)
 
 
@@ -536,10 +531,9 @@ def main():
                         if (args.fixtures and i in FIXTURE_LLAMA_CASES) else None)
             r = run_llama_case(torch, args.attn_run, case, rng, work, i, fixtures)
             llama_rows.append((i, case, r))
-            status = "ok" if r["ok"] else ("pending" if r["pending"] else "FAIL")
             print(f"L{i:2d} {case['dtype']:7s} {describe_llama(case):55s} out rel "
-                  f"{r['out_rel']:.2e}  {status}" + (f"  {r['error']}" if r["error"] and
-                                                     not r["pending"] else ""), flush=True)
+                  f"{r['out_rel']:.2e}  {'ok' if r['ok'] else 'FAIL'}"
+                  + (f"  {r['error']}" if r["error"] else ""), flush=True)
         backward_rows = []
         for i, case in enumerate(make_backward_cases()):
             fixtures = (os.path.join(args.fixtures, "backward")
@@ -552,8 +546,7 @@ def main():
     elapsed = time.time() - start
 
     failed = [i for i, _, r in rows if not r["ok"]]
-    llama_failed = [i for i, _, r in llama_rows if not r["ok"] and not r["pending"]]
-    llama_pending = [i for i, _, r in llama_rows if r["pending"]]
+    llama_failed = [i for i, _, r in llama_rows if not r["ok"]]
 
     def llama_worst(dtype, key):
         vals = [r[key] for _, c, r in llama_rows if c["dtype"] == dtype and r["ok"]]
@@ -566,10 +559,13 @@ def main():
     def worst(dtype, key):
         vals = [r[key] for _, c, r in rows if c["dtype"] == dtype and r["error"] == ""]
         return max(vals) if vals else float("nan")
+
+    def failures(indices):
+        return f"failed: {len(indices)}" + (f" {indices}" if indices else "")
     summary = [
         f"cases: {len(rows)} ({sum(c['dtype'] == 'float32' for _, c, _ in rows)} float32, "
         f"{sum(c['dtype'] == 'float64' for _, c, _ in rows)} float64); "
-        f"passed: {len(rows) - len(failed)}; failed: {len(failed)} {failed if failed else ''}",
+        f"passed: {len(rows) - len(failed)}; {failures(failed)}",
         f"float32: max output error {worst('float32', 'out_rel'):.2e} relative "
         f"(max abs {worst('float32', 'out_abs'):.2e}), max weights error "
         f"{worst('float32', 'w_abs'):.2e}; tolerance 1e-5",
@@ -580,14 +576,13 @@ def main():
         f"{sum(r['nan_rows'] for _, _, r in rows)} rows in "
         f"{sum(1 for _, _, r in rows if r['nan_rows'])} cases",
         f"Llama cases (`attn_run --format llama` vs scripts/llama_reference.py): "
-        f"{len(llama_rows)}; passed: {len(llama_rows) - len(llama_failed) - len(llama_pending)}; "
-        f"failed: {len(llama_failed)} {llama_failed if llama_failed else ''}; pending (need "
-        f"the incremental forward): {len(llama_pending)}; max output error "
+        f"{len(llama_rows)}; passed: {len(llama_rows) - len(llama_failed)}; "
+        f"{failures(llama_failed)}; max output error "
         f"{llama_worst('float32', 'out_rel'):.2e} (float32), "
         f"{llama_worst('float64', 'out_rel'):.2e} (float64) relative",
         f"backward cases (`attn_run --backward` vs PyTorch autograd): {len(backward_rows)}; "
-        f"passed: {len(backward_rows) - len(backward_failed)}; failed: {len(backward_failed)} "
-        f"{backward_failed if backward_failed else ''}; max gradient error "
+        f"passed: {len(backward_rows) - len(backward_failed)}; {failures(backward_failed)}; "
+        f"max gradient error "
         f"{backward_worst('float32'):.2e} (float32, tolerance 1e-5), "
         f"{backward_worst('float64'):.2e} (float64, tolerance 1e-10) relative",
         f"torch {torch.__version__}, numpy {np.__version__}, safetensors writer: "
@@ -596,7 +591,7 @@ def main():
     print("\n".join(summary))
     if args.report:
         with open(args.report, "w") as f:
-            f.write("# Parity of attn_run with PyTorch's nn.MultiheadAttention\n\n")
+            f.write("# Parity of attn_run with PyTorch\n\n")
             f.write("Generated by `scripts/parity_vs_pytorch.sh` (runs "
                     "`scripts/parity_vs_pytorch.py`); do not edit by hand.\n\n")
             f.write("Each case builds a random `torch.nn.MultiheadAttention(batch_first=True, "
@@ -636,7 +631,7 @@ def main():
                     "| result |\n")
             f.write("|---:|---|---|---:|---:|---:|---:|---:|---|\n")
             for i, c, r in llama_rows:
-                result = "pass" if r["ok"] else ("pending" if r["pending"] else "FAIL")
+                result = "pass" if r["ok"] else "FAIL"
                 f.write(f"| L{i} | {c['dtype']} | {describe_llama(c)} | {c['batch']} | "
                         f"{c['tokens']} | {c['dim']} | {r['out_rel']:.2e} | {r['out_abs']:.2e} "
                         f"| {result} |\n")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# End-to-end parity of tools/attn_run with PyTorch's nn.MultiheadAttention: installs what is
-# missing (Debian's python3-torch 1.13, numpy), builds attn_run, runs
-# scripts/parity_vs_pytorch.py (62 random forward cases, 24 Llama cases, 44 backward cases
-# against PyTorch autograd) and writes docs/parity.md.
+# End-to-end parity of tools/attn_run with PyTorch: installs what is missing (Debian's
+# python3-torch 1.13, numpy), builds attn_run, runs scripts/parity_vs_pytorch.py (random
+# nn.MultiheadAttention forward cases, Llama cases against scripts/llama_reference.py, and
+# backward cases against PyTorch autograd) and writes docs/parity.md.
 #   scripts/parity_vs_pytorch.sh                  # report to docs/parity.md
 #   scripts/parity_vs_pytorch.sh --fixtures tests/fixtures/io   # also regenerate fixtures
 set -euo pipefail
@@ -17,6 +17,7 @@ cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_EXAMPL
 cmake --build "$build" --target attn_run -j "$ATTN_JOBS"
 
 log "comparing with PyTorch"
-# Debian's torch is only visible to the system interpreter (NOTES.md).
+# Debian's torch is only visible to the system interpreter, /usr/bin/python3 (a python3 from
+# pyenv or a venv earlier on PATH does not see it).
 /usr/bin/python3 "$ATTN_ROOT/scripts/parity_vs_pytorch.py" \
   --attn-run "$build/tools/attn_run" --report "$ATTN_ROOT/docs/parity.md" "$@"

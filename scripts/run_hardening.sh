@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Hardening steps of the test command (scripts/run_tests.sh runs them after the suites):
-#   fuzz:     libFuzzer (clang, ASan + UBSan): fuzz/safetensors_fuzz, fuzz/mask_api_fuzz and
-#             fuzz/attn_run_fuzz, each for ATTN_FUZZ_SECONDS (default 30) from the committed
-#             seeds in fuzz/corpus/<target>/, with the dictionaries in fuzz/ and inputs up to
-#             256 KiB (enough for the 100000-deep JSON headers of the crash corpus);
+#   fuzz:     libFuzzer (clang, ASan + UBSan): fuzz/safetensors_fuzz, fuzz/mask_api_fuzz,
+#             fuzz/attn_run_fuzz, and the call-sequence targets fuzz/kv_cache_fuzz and
+#             fuzz/training_fuzz, each for ATTN_FUZZ_SECONDS (default 25: the five, build
+#             excluded, within about 3 minutes) from the committed seeds in
+#             fuzz/corpus/<target>/, with the dictionaries in fuzz/ and inputs up to 256 KiB
+#             (enough for the 100000-deep JSON headers of the crash corpus);
 #   tsan:     ThreadSanitizer (clang, no OpenMP) build of tests/concurrency, run once;
 #   valgrind: memcheck (--error-exitcode=1) of attn_run on a committed fixture and of the
 #             first notebook example, on the AVX2 kernels (ATTN_ISA=avx2: valgrind lacks
@@ -13,7 +15,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 
-fuzz_seconds="${ATTN_FUZZ_SECONDS:-30}"
+fuzz_seconds="${ATTN_FUZZ_SECONDS:-25}"
 
 run_fuzzers() {
   ensure_packages "${ATTN_BASE_PACKAGES[@]}" clang libfuzzer-14-dev libclang-rt-14-dev
@@ -24,7 +26,7 @@ run_fuzzers() {
     -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build" -j "$ATTN_JOBS"
   local target
-  for target in safetensors_fuzz mask_api_fuzz attn_run_fuzz; do
+  for target in safetensors_fuzz mask_api_fuzz attn_run_fuzz kv_cache_fuzz training_fuzz; do
     # New inputs go to build/fuzz/corpus/<target>; the committed seeds are read only.
     local work="$build/corpus/$target" options=()
     case "$target" in

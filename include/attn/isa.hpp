@@ -18,6 +18,10 @@
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 /// 1 on x86-64 with GCC or clang: the SSE2, AVX2 and AVX-512 kernel sets are compiled
 /// (with per-function target attributes) and chosen at run time. 0 elsewhere: the portable
 /// kernels only.
@@ -34,7 +38,7 @@ namespace attn {
 enum class Isa : int {
   kScalar = 0,  ///< portable C++, no intrinsics (the only set on non-x86 targets)
   kSse2 = 1,    ///< SSE2, which every x86-64 CPU has: 4 floats per register, no FMA
-  kAvx2 = 2,    ///< AVX2 + FMA (Haswell, Zen and later): 8 floats, fused multiply-add
+  kAvx2 = 2,    ///< AVX2 + FMA + F16C (Haswell, Zen and later): 8 floats, fused multiply-add
   kAvx512 = 3,  ///< AVX-512 F/BW/DQ/VL (Skylake-X, Zen 4 and later): 16 floats
 };
 
@@ -75,18 +79,35 @@ inline bool parse_isa(const char* name, Isa& isa) noexcept {
   return false;
 }
 
+namespace detail {
+
+/// Whether the CPU has F16C (the float <-> float16 conversions the avx2 set uses; every CPU
+/// with AVX2 has it, but a virtual machine may hide it). CPUID leaf 1, ECX bit 29: clang 14's
+/// __builtin_cpu_supports does not know "f16c".
+inline bool cpu_has_f16c() noexcept {
+#if ATTN_KERNELS_X86
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+#else
+  return false;
+#endif
+}
+
+}  // namespace detail
+
 /// The widest set this CPU supports and its operating system enables (the AVX and
 /// AVX-512 register state must be saved on context switches: __builtin_cpu_supports
 /// checks XCR0 as well as CPUID).
 inline Isa best_isa() noexcept {
 #if ATTN_KERNELS_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && detail::cpu_has_f16c();
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
     return Isa::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  if (avx2) return Isa::kAvx2;
   return Isa::kSse2;
 #else
   return Isa::kScalar;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "attn/config.hpp"
@@ -36,6 +37,7 @@ template <class T>
 T* workspace_get(Workspace& ws, WorkspaceSlot slot, Index count, int thread = 0);
 template <class T>
 T* workspace_peek(const Workspace& ws, WorkspaceSlot slot, int thread = 0) noexcept;
+bool workspace_overlaps(const Workspace& ws, std::uintptr_t begin, std::uintptr_t end) noexcept;
 
 }  // namespace detail
 
@@ -62,6 +64,7 @@ class Workspace {
   friend T* detail::workspace_get(Workspace&, detail::WorkspaceSlot, Index, int);
   template <class T>
   friend T* detail::workspace_peek(const Workspace&, detail::WorkspaceSlot, int) noexcept;
+  friend bool detail::workspace_overlaps(const Workspace&, std::uintptr_t, std::uintptr_t) noexcept;
 
   // Thread t's copy of every slot: index slot + t * kCount (threads > 0 use the per-thread
   // slots only; the others stay empty).
@@ -92,6 +95,18 @@ T* workspace_get(Workspace& ws, WorkspaceSlot slot, Index count, int thread) {
 template <class T>
 T* workspace_peek(const Workspace& ws, WorkspaceSlot slot, int thread) noexcept {
   return reinterpret_cast<T*>(ws.slots_[Workspace::index(slot, thread)].data());
+}
+
+/// True when the bytes [begin, end) (addresses) intersect a buffer `ws` holds: a caller's
+/// view that points into a record's own memory (a SavedForward's storage).
+inline bool workspace_overlaps(const Workspace& ws, std::uintptr_t begin,
+                               std::uintptr_t end) noexcept {
+  for (const auto& buffer : ws.slots_) {
+    if (buffer.capacity() == 0) continue;
+    const auto first = reinterpret_cast<std::uintptr_t>(buffer.data());
+    if (begin < first + buffer.capacity() && first < end) return true;
+  }
+  return false;
 }
 
 }  // namespace detail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decode benchmarks of issue 12 (item 9), a section of scripts/bench_vs_pytorch.sh that
+# The decode benchmarks, a section of scripts/bench_vs_pytorch.sh that
 # also runs alone: one generation step of a Llama-3-8B-shaped attention layer (D 4096, H 32,
 # H_kv 8, hd 128, RoPE, frozen float32 weights) after L cached tokens, attn
 # (bench/decode_timer: MultiHeadAttention's incremental forward through a KVCache) against
@@ -14,9 +14,9 @@
 #   4. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
 #      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
 #        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
-#      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows (the
-#      issue's target: >= 0.80); decode_speedup_min / prefill_chunk_speedup_min: the smallest
-#      PyTorch / attn time ratio over the decode / prefill rows (targets 2 and 1.5).
+#      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows;
+#      decode_speedup_min / prefill_chunk_speedup_min: the smallest PyTorch / attn time ratio
+#      over the decode / prefill rows.
 # Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]

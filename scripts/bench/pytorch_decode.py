@@ -3,7 +3,8 @@
 # scripts/bench/pytorch_decode.py: times PyTorch 1.13 on one generation step of a
 # Llama-3-8B-shaped attention layer with a KV cache: a decode step (T_new = 1) or a chunk of a
 # chunked prefill (T_new = 128), after `L` cached tokens. The PyTorch side of the decode
-# benchmarks of issue 12; one fresh process per measurement, like scripts/bench/pytorch_mha.py.
+# benchmarks (scripts/bench/decode.sh); one fresh process per measurement, like
+# scripts/bench/pytorch_mha.py.
 #
 # Usage: /usr/bin/python3 scripts/bench/pytorch_decode.py OP B L threads reps
 #            [--max-seconds S] [--warmup N] [--variants auto|name,...] [shape options]

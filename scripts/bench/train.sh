@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # scripts/bench/train.sh: one training step (forward + backward) of attn's MultiHeadAttention
-# against PyTorch 1.13 autograd (nn.MultiheadAttention, loss.backward()), issue 13 item 7:
+# against PyTorch 1.13 autograd (nn.MultiheadAttention, loss.backward()):
 #   1. installs what is missing and builds bench/train_timer and bench/fma_peak with the
 #      project's default flags (what a consumer gets; ATTN_BENCH_BUILD_DIR, default
 #      build/bench, with -default appended as scripts/bench_vs_pytorch.sh does);
@@ -15,7 +15,7 @@
 #        train_summary: train_speedup_min=X.XX train_peak_fraction_best=0.XX
 #      (speedup_min over every shape and thread count; peak fraction: attn's best GFLOP/s
 #      over the FMA peak of the same thread count).
-# Shapes (the issue's): B8 T512 D512 H8, and causal B1 T2048 / T8192 D512 H8, at 1 and 2
+# Shapes: B8 T512 D512 H8, and causal B1 T2048 / T8192 D512 H8, at 1 and 2
 # threads. PyTorch's causal T8192 step materialises (B H, T, T) attention several times over
 # (~10 GiB); a shape whose estimate exceeds 80% of MemAvailable is skipped on PyTorch's side
 # and reported as such (its speedup is then left out of the minimum).

@@ -209,7 +209,7 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   const std::vector<std::string> base{"--weights", "w", "--input",     "x",
                                       "--output",  "y", "--num-heads", "2"};
   const std::vector<std::pair<std::vector<std::string>, std::string>> errors = {
-      {{"--format", "gpt"}, "--format expects mha or llama, got 'gpt'"},
+      {{"--format", "gpt"}, "--format expects mha, llama or onnx, got 'gpt'"},
       {{"--rope-theta", "abc"}, "--rope-theta expects a positive number, got 'abc'"},
       {{"--rope-theta", "-1"}, "got '-1'"},
       {{"--chunk", "0"}, "--chunk expects a positive integer, got '0'"},

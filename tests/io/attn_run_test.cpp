@@ -169,11 +169,18 @@ TEST(AttnRunMasks, KeyPaddingMaskShapeIsChecked) {
 }
 
 TEST(AttnRunMasks, HugeBatchTimesHeadsIsAMismatchNotAnOverflow) {
-  // a (2^62, 0, 1) query holds no element, so the file is valid; B * H overflows
+  // a (2^62, 0, 1) query holds no element, so the file is valid; B * H overflows. The run
+  // refuses the query itself (an empty axis, the wrong width) before any mask is read...
   SafetensorsWriter w;
   w.add_raw("query", DType::kF32, {Index(1) << 62, 0, 1}, {});
   w.add_raw("attn_mask", DType::kBool, {4, 0, 0}, {});
-  EXPECT_THAT([&] { output_of(w); },
+  EXPECT_THAT([&] { output_of(w); }, ThrowsMessage<attn::ShapeError>(
+                                         HasSubstr("query has shape (4611686018427387904, 0, 1)")));
+  // ...and the masks, given such extents, report a mismatch, not an overflow.
+  attn_run::Masks<float> masks(Index(1) << 62, kH, 0, 0, /*batched=*/true);
+  attn::AttentionMask<float> mask;
+  const auto in = SafetensorsFile::from_bytes(w.to_bytes(), "x");
+  EXPECT_THAT([&] { masks.read(in, mask); },
               ThrowsMessage<FormatError>(HasSubstr(
                   "expected (T_q, T_k) = [0, 0] or (B * num_heads, T_q, T_k) = (too large)")));
 }

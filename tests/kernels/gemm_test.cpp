@@ -5,7 +5,7 @@
 // blocking boundary (several column tiles of unequal remainder, several depth blocks, ragged
 // micro-tiles, head-split segments that are not a multiple of the micro-panel width), against a
 // long double loop, and bit-identical for any thread count.
-#include "attn/detail/gemm.hpp"
+#include "attn/ops/gemm.hpp"
 
 #include <gtest/gtest.h>
 

@@ -6,9 +6,10 @@
 //    that lie wholly past a ragged tile's edge. (The AVX-512 mask once shifted by the
 //    negative count: UBSan flagged it, and x86's shift, which keeps only the low bits of the
 //    count, read whole registers past the edge.)
-//  - exp: accuracy against long double, and IEEE's edges. NaN must stay NaN: the AVX2 and
-//    AVX-512 exp once clamped NaN to 88.4 and returned 2.4e38, so a NaN key got weight 1 and
-//    every query returned that key's value, finite (issue 11).
+//  - exp: accuracy against long double (subnormal results included), and IEEE's edges.
+//    NaN must stay NaN: the AVX2 and AVX-512 exp once clamped NaN to 88.4 and returned
+//    2.4e38, so a NaN key got weight 1 and every query returned that key's value, finite
+//    (issue 11).
 // The helpers that touch registers are compiled inside each set's target region (like the
 // kernels themselves); the test bodies only see arrays.
 #include <gtest/gtest.h>
@@ -124,10 +125,11 @@ TYPED_TEST(SimdTest, PartialLoadsAndStoresTouchExactlyTheFirstNLanes) {
 TYPED_TEST(SimdTest, ExpIsAccurateToAFewUlpsOverTheWholeRange) {
   using Scalar = TypeParam;
   using Limits = std::numeric_limits<Scalar>;
-  // From exp's underflow edge (ln of the smallest normal, rounded up: below it exp flushes to
-  // 0) to its overflow edge, densely around 0 where softmax lives. Cephes' float polynomial
-  // is good to about 1 ulp before the final scaling; the double Taylor polynomial to below
-  // 1e-17 relative.
+  // From exp's underflow edge (ln of half the smallest subnormal: below it the correctly
+  // rounded exp is 0), through the subnormal results (an ulp there is the smallest
+  // subnormal), to its overflow edge, densely around 0 where softmax lives. Cephes' float
+  // polynomial is good to about 1 ulp before the final scaling; the double Taylor polynomial
+  // to below 1e-17 relative.
   using Edges = attn::kernels::scalar::ExpConstants<Scalar>;
   const double lo = Edges::kLo, hi = Edges::kHi;
   std::vector<Scalar> x;
@@ -172,8 +174,11 @@ TYPED_TEST(SimdTest, ExpFollowsIeeeAtTheEdges) {
         EXPECT_TRUE(std::isnan(y[i])) << at << " = " << y[i];
       } else if (x[i] > hi) {
         EXPECT_EQ(y[i], inf) << at;
-      } else if (x[i] < std::log(Limits::min())) {
-        EXPECT_EQ(y[i], Scalar(0)) << at;  // exp(-inf) is exactly 0: masked scores vanish
+      } else if (x[i] < std::log(Limits::denorm_min()) - std::log(Scalar(2))) {
+        EXPECT_EQ(y[i], Scalar(0)) << at;           // exp(-inf) is exactly 0: masked scores vanish
+      } else if (x[i] < std::log(Limits::min())) {  // a subnormal result, not flushed to 0
+        const long double ref = std::exp(static_cast<long double>(x[i]));
+        EXPECT_LE(std::fabs(static_cast<long double>(y[i]) - ref), Limits::denorm_min()) << at;
       } else if (x[i] == Scalar(0)) {
         EXPECT_EQ(y[i], Scalar(1)) << at;
       }

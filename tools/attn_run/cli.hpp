@@ -13,6 +13,7 @@
 #include "attn/isa.hpp"
 #include "attn/version.hpp"
 #include "attn_run/llama.hpp"
+#include "attn_run/onnx.hpp"
 #include "attn_run/run.hpp"
 
 namespace attn_run {
@@ -24,6 +25,9 @@ inline constexpr const char* kUsage =
                 --output Y.safetensors --num-heads H [--num-kv-heads HKV] [--head-dim HD]
                 [--rope-theta THETA] [--rotary-dim R] [--rope-interleaved]
                 [--sliding-window W] [--prefill N] [--chunk C] [--prefix P] [--double]
+       attn_run --format onnx --input IN.safetensors --output OUT.safetensors
+                [--q-num-heads N --kv-num-heads N] [--is-causal 0|1] [--scale S]
+                [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P] [--double]
 
 Runs torch.nn.MultiheadAttention(batch_first=True) in eval mode with the state_dict in
 W (in_proj_weight, in_proj_bias or q/k/v_proj_weight, out_proj.weight, out_proj.bias;
@@ -38,7 +42,9 @@ embed_dim, kdim, vdim and bias come from their shapes) on the tensors in X:
                     (default: ones, the gradient of output.sum())  optional
 and writes to Y: output (B, T_q, E), and weights (B, T_q, T_k) with --need-weights.
 Fully masked rows give zeros (PyTorch gives NaN). Y is replaced atomically: if writing it
-fails, the old file is left as it was (so --output may name the --input file).
+fails, the old file is left as it was (so --output may name the --input file). Y must be a
+regular file or a new one: a directory, FIFO, socket or device (or a symbolic link to one)
+is refused before anything is computed.
 
 With --format llama it runs a Hugging Face Llama / Mistral / Qwen2 attention layer (W holds
 q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight and optional q/k/v/o_proj.bias)
@@ -47,8 +53,15 @@ forward with a causal mask, RoPE at positions 0..T-1, grouped-query heads and an
 sliding window. It runs as generation does, through a KV cache: the first --prefill tokens
 (default T) in one step, then the rest --chunk tokens at a time (default 1).
 
+With --format onnx it runs the ONNX Attention operator (opsets 23 and 24, as Attention-24;
+see docs/onnx.md) on IN's tensors under the operator's names: Q, K, V (3-D (B, S, heads *
+head size) or 4-D (B, heads, S, head size)) and optional attn_mask (BOOL, true = attend, or
+float, added), past_key, past_value, nonpad_kv_seqlen (I64); it writes Y, present_key and
+present_value (with a past) and qk_matmul_output (with --qk-matmul-output-mode). No --weights.
+
 options:
-  --format mha|llama    what W holds (default mha: nn.MultiheadAttention)
+  --format mha|llama|onnx  what W holds (default mha: nn.MultiheadAttention), or the ONNX
+                        Attention operator (no weights)
   --weights PATH        safetensors file with the module's state_dict
   --input PATH          safetensors file with the inputs
   --output PATH         safetensors file to write
@@ -61,6 +74,7 @@ options:
   --backward            also write grad_query (with key and value: grad_key, grad_value)
                         and grad.<name> per parameter (grad.in_proj_weight, ...): the
                         gradients of sum(grad_output * output), as PyTorch autograd gives
+                        (mha format only)
 llama options:
   --num-kv-heads HKV    key/value heads (default: what k_proj.weight holds)
   --head-dim HD         features per head (default: D / num_heads)
@@ -70,6 +84,15 @@ llama options:
   --sliding-window W    query at position p sees keys in (p - W, p] (Mistral)
   --prefill N           tokens of the first step (default: all); the rest in chunks
   --chunk C             tokens per step after the prefill (default 1)
+onnx options (the operator's attributes; unset: the attribute's default):
+  --q-num-heads N, --kv-num-heads N   head counts of 3-D inputs (both required for them)
+  --is-causal 0|1       the causal frontier: query i sees keys j <= i + P (P past keys)
+  --scale S             multiplies Q K^T (default 1/sqrt(head size)); not negative
+  --softcap C           C * tanh(scores / C) before the mask (0: off)
+  --qk-matmul-output-mode M  also write qk_matmul_output: 0 scaled scores, 1 after softcap,
+                        2 after the mask, 3 the softmax's probabilities
+  --softmax-precision P the softmax's type (ONNX type code): 1 FLOAT, 10 FLOAT16,
+                        11 DOUBLE, 16 BFLOAT16
   --help                print this help
   --version             print attn's version and the kernel set it runs (ATTN_ISA forces one)
 exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
@@ -78,8 +101,10 @@ exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
 struct Arguments {
   std::string weights, input, output;
   bool llama = false;  ///< --format llama
+  bool onnx = false;   ///< --format onnx
   RunOptions run;      ///< num_heads and prefix are shared by both formats
   LlamaOptions llama_options;
+  OnnxOptions onnx_options;
   bool use_double = false;
 };
 
@@ -113,6 +138,26 @@ inline bool parse_positive(const std::string& text, double& out) {
   return used == text.size() && std::isfinite(out) && out > 0;
 }
 
+inline bool parse_integer(const std::string& text, long long& out) {
+  std::size_t used = 0;
+  try {
+    out = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == text.size();
+}
+
+inline bool parse_finite(const std::string& text, double& out) {
+  std::size_t used = 0;
+  try {
+    out = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == text.size() && std::isfinite(out);
+}
+
 /// Parses attn_run's arguments (without the program name).
 inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   ParsedArguments parsed;
@@ -123,21 +168,63 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     return parsed;
   };
   LlamaOptions& llama = args.llama_options;
-  // Flags of one format only: which, for the error when they meet the other.
-  std::vector<std::string> mha_flags, llama_flags;
+  OnnxOptions& onnx = args.onnx_options;
+  // Flags of one format only: which, for the error when they meet another.
+  std::vector<std::string> mha_flags, llama_flags, onnx_flags, weight_flags;
   const auto positive = [&](const std::string& flag, const std::string& value, auto& out) {
     llama_flags.push_back(flag);
     return parse_positive(value, out);
   };
   for (std::size_t i = 0; i < argv.size(); ++i) {
     const std::string& flag = argv[i];
-    const bool takes_value = flag == "--weights" || flag == "--input" || flag == "--output" ||
-                             flag == "--num-heads" || flag == "--prefix" || flag == "--format" ||
-                             flag == "--num-kv-heads" || flag == "--head-dim" ||
-                             flag == "--rope-theta" || flag == "--rotary-dim" ||
-                             flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk";
+    const bool takes_value =
+        flag == "--weights" || flag == "--input" || flag == "--output" || flag == "--num-heads" ||
+        flag == "--prefix" || flag == "--format" || flag == "--num-kv-heads" ||
+        flag == "--head-dim" || flag == "--rope-theta" || flag == "--rotary-dim" ||
+        flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk" ||
+        flag == "--q-num-heads" || flag == "--kv-num-heads" || flag == "--is-causal" ||
+        flag == "--scale" || flag == "--softcap" || flag == "--qk-matmul-output-mode" ||
+        flag == "--softmax-precision";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
+    if (flag == "--q-num-heads" || flag == "--kv-num-heads") {
+      onnx_flags.push_back(flag);
+      if (!parse_positive(value, flag == "--q-num-heads" ? onnx.q_num_heads : onnx.kv_num_heads)) {
+        return error(flag + " expects a positive integer, got '" + value + "'");
+      }
+      continue;
+    }
+    if (flag == "--is-causal" || flag == "--qk-matmul-output-mode" ||
+        flag == "--softmax-precision") {
+      onnx_flags.push_back(flag);
+      long long number = 0;
+      if (!parse_integer(value, number)) {
+        return error(flag + " expects an integer, got '" + value + "'");
+      }
+      if (flag == "--is-causal") {
+        if (number != 0 && number != 1)
+          return error("--is-causal expects 0 or 1, got '" + value + "'");
+        onnx.is_causal = static_cast<int>(number);
+      } else if (flag == "--qk-matmul-output-mode") {
+        onnx.qk_matmul_output_mode = number;
+      } else {
+        onnx.softmax_precision = number;
+      }
+      continue;
+    }
+    if (flag == "--scale" || flag == "--softcap") {
+      onnx_flags.push_back(flag);
+      double number = 0;
+      if (!parse_finite(value, number)) {
+        return error(flag + " expects a finite number, got '" + value + "'");
+      }
+      if (flag == "--scale") {
+        onnx.scale = number;
+      } else {
+        onnx.softcap = number;
+      }
+      continue;
+    }
     if (flag == "--num-kv-heads" || flag == "--head-dim" || flag == "--rotary-dim" ||
         flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk") {
       attn::Index* const target = flag == "--num-kv-heads"     ? &llama.num_kv_heads
@@ -158,22 +245,26 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       parsed.action = ParsedArguments::Action::kVersion;
       return parsed;
     } else if (flag == "--weights") {
+      weight_flags.push_back(flag);
       args.weights = value;
     } else if (flag == "--input") {
       args.input = value;
     } else if (flag == "--output") {
       args.output = value;
     } else if (flag == "--num-heads") {
+      weight_flags.push_back(flag);
       if (!parse_positive(value, args.run.num_heads)) {
         return error(flag + " expects a positive integer, got '" + value + "'");
       }
     } else if (flag == "--prefix") {
+      weight_flags.push_back(flag);
       args.run.prefix = value;
     } else if (flag == "--format") {
-      if (value != "mha" && value != "llama") {
-        return error("--format expects mha or llama, got '" + value + "'");
+      if (value != "mha" && value != "llama" && value != "onnx") {
+        return error("--format expects mha, llama or onnx, got '" + value + "'");
       }
       args.llama = value == "llama";
+      args.onnx = value == "onnx";
     } else if (flag == "--rope-theta") {
       if (!positive(flag, value, llama.rope_theta)) {
         return error(flag + " expects a positive number, got '" + value + "'");
@@ -194,11 +285,24 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     } else if (flag == "--double") {
       args.use_double = true;
     } else if (flag == "--backward") {
+      mha_flags.push_back(flag);
       args.run.backward = true;
     } else {
       return error("unknown argument '" + flag + "'");
     }
   }
+  if (args.onnx) {
+    for (const auto* flags : {&weight_flags, &mha_flags, &llama_flags}) {
+      if (!flags->empty()) {
+        return error(flags->front() +
+                     " is not used with --format onnx (the operator's inputs hold Q, K and V)");
+      }
+    }
+    if (args.input.empty()) return error("--input is required");
+    if (args.output.empty()) return error("--output is required");
+    return parsed;
+  }
+  if (!onnx_flags.empty()) return error(onnx_flags.front() + " needs --format onnx");
   if (args.weights.empty()) return error("--weights is required");
   if (args.input.empty()) return error("--input is required");
   if (args.output.empty()) return error("--output is required");
@@ -250,6 +354,16 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
   }
   const Arguments& args = parsed.arguments;
   try {
+    // Before anything is read or computed: the output must be a regular file or a new one
+    // (the writer checks again just before it renames its temporary file over it).
+    attn::io::detail::check_replaceable(args.output, "SafetensorsWriter::save");
+    if (args.onnx) {
+      const auto input = attn::io::SafetensorsFile::open(args.input);
+      (args.use_double ? run_onnx_attention<double>(input, args.onnx_options)
+                       : run_onnx_attention<float>(input, args.onnx_options))
+          .save(args.output);
+      return 0;
+    }
     const auto weights = attn::io::SafetensorsFile::open(args.weights);
     const auto input = attn::io::SafetensorsFile::open(args.input);
     run(args, weights, input).save(args.output);

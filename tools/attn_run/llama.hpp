@@ -49,9 +49,14 @@ struct LlamaOptions {
 /// KVCache (a ring with a window), then the rest in steps of `chunk` tokens (default 1, token
 /// by token), each through MultiHeadAttention's incremental forward.
 ///
+/// Every input and flag is checked against the weights (the query's rank, width and
+/// extents from the file's header, --prefill against T) before anything is sized from them:
+/// the rotary tables cover the T positions there are, a cache min(window, T) + chunk - 1.
+///
 /// @throws StateDictError / FormatError naming the file and tensor for a bad file;
+///         attn::ShapeError for a query that does not fit the weights (naming its shape);
 ///         std::invalid_argument for options that do not fit it (naming both values);
-///         attn::ConfigError / ShapeError from the library (RoPE sizes, shapes).
+///         attn::ConfigError from the library (RoPE sizes and theta, shapes).
 template <class Scalar>
 attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
                                       const attn::io::SafetensorsFile& inputs,
@@ -63,6 +68,13 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   io_require<std::invalid_argument>(options.num_heads > 0, where, [&] {
     return "num_heads=" + std::to_string(options.num_heads) + " must be positive";
   });
+  io_require<std::invalid_argument>(
+      options.sliding_window >= 0 && options.prefill >= 0 && options.chunk > 0, where, [&] {
+        return "--sliding-window " + std::to_string(options.sliding_window) +
+               " (0: none), --prefill " + std::to_string(options.prefill) +
+               " (0: all) and --chunk " + std::to_string(options.chunk) +
+               " must not be negative, and --chunk positive";
+      });
   io_require<attn::io::FormatError>(weights.contains(prefix + "q_proj.weight"), where, [&] {
     return "'" + weights.source() + "' has no '" + prefix +
            "q_proj.weight': --format llama reads Hugging Face's q_proj/k_proj/v_proj/o_proj "
@@ -78,15 +90,29 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   };
   agree("--head-dim", options.head_dim, config.head_dim, "q_proj.weight / num_heads");
   agree("--num-kv-heads", options.num_kv_heads, config.num_kv_heads, "k_proj.weight / head_dim");
+
+  // ---- the input, checked against the weights from the file's header before anything is
+  //      sized from it: the rotary tables by T, the cache by min(window, T) ----
+  io_require<attn::io::FormatError>(inputs.contains("query"), where, [&] {
+    return "'" + inputs.source() + "' has no tensor 'query'";
+  });
+  const std::size_t rank = inputs.rank("query");
+  io_require<attn::io::FormatError>(rank == 2 || rank == 3, where, [&] {
+    return "'" + inputs.source() + "': query has shape " + detail::shape_of(inputs.shape("query")) +
+           ", expected (B, T, D) or (T, D)";
+  });
+  detail::check_input_shape(inputs, "query", rank, config.d_in, where,
+                            rank == 3 ? "(B, T, D)" : "(T, D)");
+  const Index tokens = inputs.shape("query")[rank - 2];
+  const Index prefill = options.prefill > 0 ? options.prefill : tokens;
+  io_require<std::invalid_argument>(prefill <= tokens, where, [&] {
+    return "--prefill " + std::to_string(prefill) + " and --chunk " +
+           std::to_string(options.chunk) + " do not fit T=" + std::to_string(tokens);
+  });
+
+  // ---- the module: causal, RoPE tables for positions [0, T), the optional window ----
   config.causal = true;
   config.sliding_window = options.sliding_window;
-  io_require<std::invalid_argument>(options.sliding_window >= 0, where, [&] {
-    return "--sliding-window " + std::to_string(options.sliding_window) +
-           " must be 0 (none) or positive";
-  });
-  const Index tokens = inputs.contains("query") && inputs.rank("query") >= 2
-                           ? static_cast<Index>(inputs.shape("query")[inputs.rank("query") - 2])
-                           : 0;
   const Index hd = config.head_dim > 0 ? config.head_dim : config.d_out / config.num_heads;
   config.rope = attn::RotaryOptions{
       hd, options.rotary_dim, options.rope_theta,
@@ -106,41 +132,26 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   });
   mha.freeze();
 
-  // ---- inputs ----
-  io_require<attn::io::FormatError>(inputs.contains("query"), where, [&] {
-    return "'" + inputs.source() + "' has no tensor 'query'";
-  });
-  const std::size_t rank = inputs.rank("query");
-  io_require<attn::io::FormatError>(rank == 2 || rank == 3, where, [&] {
-    return "'" + inputs.source() + "': query has shape " +
-           attn::io::detail::shape_text(inputs.shape("query")) + ", expected (B, T, D) or (T, D)";
-  });
   const attn::Tensor<Scalar, 3> x =
-      rank == 3 ? detail::read_float<Scalar, 3>(inputs, "query")
-                : attn::Tensor<Scalar, 3>(
-                      attn::unsqueeze(detail::read_float<Scalar, 2>(inputs, "query").view(), 0));
+      rank == 3 ? detail::read_float<Scalar, 3>(inputs, "query", where)
+                : attn::Tensor<Scalar, 3>(attn::unsqueeze(
+                      detail::read_float<Scalar, 2>(inputs, "query", where).view(), 0));
   const Index batch = x.extent(0);
-  io_require<attn::io::FormatError>(x.extent(2) == mha.d_in(), where, [&] {
-    return "'" + inputs.source() + "': query has " + std::to_string(x.extent(2)) +
-           " features, the weights expect " + std::to_string(mha.d_in());
-  });
-  const Index prefill = options.prefill > 0 ? options.prefill : tokens;
-  io_require<std::invalid_argument>(prefill <= tokens && options.chunk > 0, where, [&] {
-    return "--prefill " + std::to_string(prefill) + " and --chunk " +
-           std::to_string(options.chunk) + " do not fit T=" + std::to_string(tokens);
-  });
 
   // ---- the steps: a prefill, then chunks, through one KV cache ----
-  const Index max_chunk = std::max(prefill, options.chunk);
+  // A step never takes more than the T tokens there are, and a window no narrower than T
+  // never bites: the cache is then a plain one of T positions, else a ring of
+  // window + max_chunk - 1 < 2 T positions. Nothing is sized by a flag alone.
+  const Index max_chunk = std::max(prefill, std::min(options.chunk, tokens));
+  const bool ring = options.sliding_window > 0 && options.sliding_window < tokens;
   attn::KVCache<Scalar> cache =
-      options.sliding_window > 0
-          ? attn::KVCache<Scalar>::sliding_window(batch, mha.num_kv_heads(), hd,
-                                                  options.sliding_window, max_chunk)
-          : attn::KVCache<Scalar>(batch, mha.num_kv_heads(), hd, tokens);
+      ring ? attn::KVCache<Scalar>::sliding_window(batch, mha.num_kv_heads(), hd,
+                                                   options.sliding_window, max_chunk)
+           : attn::KVCache<Scalar>(batch, mha.num_kv_heads(), hd, tokens);
   attn::Tensor<Scalar, 3> y({batch, tokens, mha.d_out()});
   attn::Workspace ws;
   for (Index t0 = 0, step = prefill; t0 < tokens; t0 += step, step = options.chunk) {
-    const Index t1 = std::min(tokens, t0 + step);
+    const Index t1 = t0 + std::min(step, tokens - t0);
     mha.forward(attn::slice(attn::TensorView<const Scalar, 3>(x.view()), 1, t0, t1),
                 attn::slice(y.view(), 1, t0, t1), ws, cache);
   }

@@ -115,16 +115,13 @@ class Masks {
                        "it as boolean next to a boolean one; give a BOOL key_padding_mask, or "
                        "add the padding to a float attn_mask of shape (B * num_heads, T_q, T_k)");
     }
-    // Float padding: one additive row per batch item, repeated for every query.
+    // Float padding: one additive row per batch item, seen by every query through a zero
+    // stride ((B, 1, T_q, T_k) over (B, T_k) values: no T_q x T_k copy).
     const std::vector<Scalar> row = inputs.values<Scalar>("key_padding_mask");
-    additive_ = attn::Tensor<Scalar, 4>({batch_, 1, tq_, tk_});
-    for (Index b = 0; b < batch_; ++b) {
-      for (Index i = 0; i < tq_; ++i) {
-        std::copy(row.begin() + b * tk_, row.begin() + (b + 1) * tk_,
-                  additive_.data() + (b * tq_ + i) * tk_);
-      }
-    }
-    mask.additive(additive_);
+    padding_rows_ = attn::Tensor<Scalar, 2>({batch_, tk_});
+    std::copy(row.begin(), row.end(), padding_rows_.data());
+    mask.additive(attn::TensorView<const Scalar, 4>(padding_rows_.data(), {batch_, 1, tq_, tk_},
+                                                    {tk_, 0, 0, 1}));
   }
 
   template <class Values, class Out>
@@ -136,6 +133,7 @@ class Masks {
   bool batched_;
   attn::Tensor<bool, 4> blocked_;
   attn::Tensor<Scalar, 4> additive_;
+  attn::Tensor<Scalar, 2> padding_rows_;
   attn::Tensor<bool, 2> padding_;
 };
 

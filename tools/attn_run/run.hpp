@@ -3,6 +3,7 @@
 // inputs (the core of attn_run, shared with its tests and fuzz target; not installed).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -36,16 +37,59 @@ struct RunOptions {
 
 namespace detail {
 
-template <class Scalar, std::size_t Rank>
-attn::Tensor<Scalar, Rank> read_float(const attn::io::SafetensorsFile& file,
-                                      const std::string& name) {
+/// Throws FormatError (naming `where`, the file and the tensor) unless `name` has a floating
+/// dtype.
+inline void require_float(const attn::io::SafetensorsFile& file, const std::string& name,
+                          const char* where) {
   const attn::io::DType dtype = file.dtype(name);
   attn::io::detail::io_require<attn::io::FormatError>(
-      attn::io::dtype_kind(dtype) == attn::io::DTypeKind::kFloat, "run_multi_head_attention", [&] {
+      attn::io::dtype_kind(dtype) == attn::io::DTypeKind::kFloat, where, [&] {
         return "'" + file.source() + "': '" + name + "' has dtype " + attn::io::dtype_name(dtype) +
                ", expected F16, BF16, F32 or F64";
       });
+}
+
+template <class Scalar, std::size_t Rank>
+attn::Tensor<Scalar, Rank> read_float(const attn::io::SafetensorsFile& file,
+                                      const std::string& name, const char* where) {
+  require_float(file, name, where);
   return file.get<Scalar, Rank>(name);
+}
+
+/// "(2, 6, 4)" for a shape as the file declares it.
+inline std::string shape_of(const std::vector<attn::Index>& shape) {
+  std::string text = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    text += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+  }
+  return text + ")";
+}
+
+/// The checks of an input tensor, from the file's header, before anything is read or sized
+/// from it: `name` is there (FormatError), has rank `rank` (FormatError), every extent
+/// positive and `features` in its last extent (ShapeError, as the module would say), and a
+/// floating dtype (FormatError). `expected` names the shape ("(B, T_q, E)").
+/// @throws naming `where`, the file, the tensor, its shape and what was expected.
+inline void check_input_shape(const attn::io::SafetensorsFile& file, const std::string& name,
+                              std::size_t rank, attn::Index features, const char* where,
+                              const std::string& expected) {
+  using attn::io::detail::io_require;
+  io_require<attn::io::FormatError>(file.contains(name), where, [&] {
+    return "'" + file.source() + "' has no tensor '" + name + "'";
+  });
+  const std::vector<attn::Index>& shape = file.shape(name);
+  io_require<attn::io::FormatError>(shape.size() == rank, where, [&] {
+    return "'" + file.source() + "': " + name + " has shape " + shape_of(shape) + ", expected " +
+           expected;
+  });
+  const bool positive =
+      std::all_of(shape.begin(), shape.end(), [](attn::Index e) { return e > 0; });
+  attn::detail::require(positive && shape.back() == features, where, [&] {
+    return "'" + file.source() + "': " + name + " has shape " + shape_of(shape) + ", expected " +
+           expected + " with no empty axis and " + std::to_string(features) +
+           " features (what the weights take)";
+  });
+  require_float(file, name, where);
 }
 
 }  // namespace detail
@@ -64,8 +108,11 @@ attn::Tensor<Scalar, Rank> read_float(const attn::io::SafetensorsFile& file,
 /// gradients of sum(grad_output * output) (`grad_output` from the inputs, else ones).
 /// Rows with no visible key give zeros (PyTorch gives NaN there).
 ///
-/// @throws StateDictError / FormatError naming the file and tensor for a bad file; ShapeError
-///         for inputs whose shapes do not fit; std::invalid_argument for bad options.
+/// Every input is checked against the weights (its rank, its features, no empty axis, a
+/// floating dtype) from the file's header before anything is read or sized from it.
+///
+/// @throws StateDictError / FormatError naming the file and tensor for a bad file or inputs
+///         whose shapes do not fit; std::invalid_argument for bad options.
 template <class Scalar>
 attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::SafetensorsFile& weights,
                                                      const attn::io::SafetensorsFile& inputs,
@@ -83,7 +130,9 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
   mha.eval();
   attn::io::load_state_dict(mha, weights, options.prefix, attn::io::Strict::kYes);
 
-  // ---- inputs: batch-first; unbatched inputs get a batch axis of 1 ----
+  // ---- inputs: batch-first; unbatched inputs get a batch axis of 1. Each shape is checked
+  //      against the weights from the file's header before anything is read, or sized from
+  //      it (the masks, grad_output) ----
   io_require<FormatError>(inputs.contains("query"), where,
                           [&] { return "'" + inputs.source() + "' has no tensor 'query'"; });
   const std::size_t rank = inputs.rank("query");
@@ -92,20 +141,38 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
            ", expected (B, T_q, E) or (T_q, E)";
   });
   const bool batched = rank == 3;
-  const auto read3 = [&](const std::string& name) {
-    io_require<FormatError>(inputs.rank(name) == rank, where, [&] {
-      return "'" + inputs.source() + "': " + name + " has shape " + shape_text(inputs.shape(name)) +
-             " but query has rank " + std::to_string(rank);
-    });
-    if (batched) return detail::read_float<Scalar, 3>(inputs, name);
-    const attn::Tensor<Scalar, 2> t = detail::read_float<Scalar, 2>(inputs, name);
-    return attn::Tensor<Scalar, 3>(attn::unsqueeze(t.view(), 0));
-  };
   const bool has_key = inputs.contains("key"), has_value = inputs.contains("value");
   io_require<FormatError>(has_key == has_value, where, [&] {
     return "'" + inputs.source() + "' has '" + (has_key ? "key" : "value") + "' but no '" +
            (has_key ? "value" : "key") + "': give both or neither";
   });
+  detail::check_input_shape(inputs, "query", rank, mha.d_in(), where,
+                            batched ? "(B, T_q, E)" : "(T_q, E)");
+  if (has_key) {
+    detail::check_input_shape(inputs, "key", rank, mha.kdim(), where,
+                              batched ? "(B, T_k, kdim)" : "(T_k, kdim)");
+    detail::check_input_shape(inputs, "value", rank, mha.vdim(), where,
+                              batched ? "(B, T_k, vdim)" : "(T_k, vdim)");
+    const std::vector<attn::Index>&q_shape = inputs.shape("query"), &k_shape = inputs.shape("key"),
+          &v_shape = inputs.shape("value");
+    io_require<FormatError>(
+        k_shape[rank - 2] == v_shape[rank - 2] &&
+            (!batched || (k_shape[0] == q_shape[0] && v_shape[0] == q_shape[0])),
+        where, [&] {
+          return "'" + inputs.source() + "': query " + shape_text(q_shape) + ", key " +
+                 shape_text(k_shape) + " and value " + shape_text(v_shape) +
+                 " differ in batch size or key length";
+        });
+  }
+  const auto read3 = [&](const std::string& name) {
+    io_require<FormatError>(inputs.rank(name) == rank, where, [&] {
+      return "'" + inputs.source() + "': " + name + " has shape " + shape_text(inputs.shape(name)) +
+             " but query has rank " + std::to_string(rank);
+    });
+    if (batched) return detail::read_float<Scalar, 3>(inputs, name, where);
+    const attn::Tensor<Scalar, 2> t = detail::read_float<Scalar, 2>(inputs, name, where);
+    return attn::Tensor<Scalar, 3>(attn::unsqueeze(t.view(), 0));
+  };
   const attn::Tensor<Scalar, 3> query = read3("query");
   const attn::Tensor<Scalar, 3> key = has_key ? read3("key") : attn::Tensor<Scalar, 3>();
   const attn::Tensor<Scalar, 3> value = has_key ? read3("value") : attn::Tensor<Scalar, 3>();

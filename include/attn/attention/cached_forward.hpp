@@ -6,18 +6,21 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
-#include "attn/attention/detail/kernel.hpp"
+#include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/kv_cache.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
-#include "attn/kernels/types.hpp"
+#include "attn/kernels/gemm_args.hpp"
 #include "attn/nn/mask.hpp"
+#include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
 #include "attn/workspace.hpp"
@@ -25,10 +28,19 @@
 ATTN_NAMESPACE_BEGIN
 namespace detail {
 
+/// What the incremental forward records in a KVCache: the module that owns its keys.
+struct KVCacheAccess {
+  template <class Scalar>
+  static void set_owner(KVCache<Scalar>& cache, std::uint64_t owner) noexcept {
+    cache.owner_ = owner;
+  }
+};
+
 /// The checks of forward_cached(), all before anything is written (the cache included).
-/// @throws ShapeError on shapes that do not fit; ConfigError for a module that is not
-///         self-attention, a mask, a cache without room, a window the cache cannot hold,
-///         positions past context_length or the rotary tables.
+/// @throws ShapeError on shapes that do not fit, or an `out` that shares memory with the
+///         cache; ConfigError for a module that is not causal self-attention, a mask, a
+///         cache without room or holding another module's keys, a window the cache cannot
+///         hold, positions past context_length or the rotary tables.
 template <class Scalar>
 void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                   TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
@@ -38,6 +50,19 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
   const char* name = c.input_name != nullptr ? c.input_name : "query";
   check_input(where, name, x, core.d_in(), "d_in");
   const Index batch = x.extent(0), tokens = x.extent(1);
+  require_config(c.causal, where, [] {
+    return std::string(
+        "the incremental forward is causal (each token attends to the cached keys up to its own "
+        "position), but this module was built with causal=false: its whole-sequence forward "
+        "lets every token see later tokens, which no cache holds yet; build it with "
+        "causal=true to generate with it");
+  });
+  require_config(cache.empty() || cache.owner() == 0 || cache.owner() == core.id(), where, [] {
+    return std::string(
+        "the cache holds the keys and values of another module (or of this one before it "
+        "was assigned over): they mean nothing to this module's projections; reset() the "
+        "cache, or give each module its own");
+  });
   require_config(core.projection().fused(), where, [&] {
     return "the incremental forward is self-attention and needs kdim == vdim == d_in (got "
            "d_in=" +
@@ -67,7 +92,11 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
   });
   check_output(where, out, {batch, tokens, core.d_out()});
   for (Index b = 0; b < batch; ++b) {
-    const Index end = cache.length(b) + tokens;
+    Index end = 0;
+    require_config(checked_add(cache.length(b), tokens, end), where, [&] {
+      return "item " + std::to_string(b) + " is at position " + std::to_string(cache.length(b)) +
+             "; " + std::to_string(tokens) + " more tokens overflow the position counter";
+    });
     require_config(cache.window() > 0 || end <= cache.capacity(), where, [&] {
       return "item " + std::to_string(b) + " has " + std::to_string(cache.length(b)) +
              " cached tokens; " + std::to_string(tokens) +
@@ -84,6 +113,10 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
     });
   }
   check_output_memory(where, out, {}, mask);
+  // The kernel reads the cache after out is written (chunk by chunk with a ring).
+  const TensorView<const Scalar, 1> storage(cache.k_storage().data(),
+                                            {static_cast<Index>(cache.bytes() / sizeof(Scalar))});
+  require_disjoint(where, "out", out, "the cache's keys and values", storage);
 }
 
 /// One step of at most cache.max_chunk() tokens (see forward_cached()).
@@ -94,10 +127,7 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
   const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), a = heads * hd;
   const auto head_major = [&](Scalar* data, Index width) {  // (B, width / hd, t, hd)
-    GemmOutput<Scalar> o;
-    o.data = data, o.ldc = hd, o.rows_per_batch = t, o.batch_stride = t * width;
-    o.segment = hd, o.segment_stride = t * hd;
-    return o;
+    return GemmOutput<Scalar>::head_major(data, t, width, hd);
   };
   // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
   // they are one strided block (equal lengths, no ring wrap), else through the workspace.
@@ -141,30 +171,25 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   }
   cache.advance(t);
   // 3. The kernel over the cache: query i of item b at position L_b - t + i sees the keys of
-  // (L_b - t + i - W, L_b - t + i] (per-item bottom-right causal bound, the window).
-  AttentionMask<Scalar> mask;
-  mask.key_lengths(TensorView<const Index, 1>(cache.lengths(), {batch}))
-      .causal(CausalAlignment::kBottomRightPerItem);
-  if (core.sliding_window() > 0) mask.sliding_window(core.sliding_window());
+  // (L_b - t + i - W, L_b - t + i] (per-item bottom-right causal bound, the window), the
+  // keys of a ring read in place.
   const bool direct = !core.config().out_proj && out.stride(2) == 1;
   Scalar* ctx =
       direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
-  const AttentionOptions options = core.kernel_options({});
-  KernelParams<Scalar> p;
-  p.q = TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1});
-  p.k = cache.k_storage();
-  p.v = cache.v_storage();
-  p.out =
-      TensorView<Scalar, 4>(ctx, {batch, heads, t, hd}, {ctx_strides[0], hd, ctx_strides[1], 1});
-  p.mask = &mask;
-  p.ring = cache.window() > 0 ? cap : 0;
-  p.key_first = cache.first_positions();
-  p.scale = static_cast<Scalar>(*options.scale);
-  p.dropout = options.dropout;
-  p.dropout_seed = options.dropout_seed;
-  p.dropout_call = options.dropout_call;
-  run_attention(p, /*materialize=*/false, ws);
+  CacheKeys keys;
+  keys.lengths = TensorView<const Index, 1>(cache.lengths(), {batch});
+  keys.key_first = cache.first_positions();
+  keys.ring = cache.window() > 0 ? cap : 0;
+  run_attention(make_call<Scalar>(
+                    core.config().forward_name,
+                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}),
+                    cache.k_storage(), cache.v_storage(),
+                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
+                                          {ctx_strides[0], hd, ctx_strides[1], 1}),
+                    {}, {}, {}, core.kernel_options({}),
+                    {true, CausalAlignment::kBottomRightPerItem, core.sliding_window()}, keys),
+                ws);
   // 4. The output projection.
   if (direct) return;
   const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
@@ -181,12 +206,19 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 /// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens, to float
 /// rounding, however the sequence is split (prefill, chunks, single tokens). T beyond
 /// cache.max_chunk() (a sliding-window ring) runs in chunks of it. Allocation-free with a
-/// warm workspace. `x` must not share memory with `out` (the module stages it if it does).
+/// warm workspace. `x` must not share memory with `out` or the cache (the module stages it
+/// if it does); `out` must not share memory with the cache (refused). The cache records the
+/// module as the owner of its keys (see KVCache).
+///
+/// Contract: every token count, position and item index it computes from x and the cache is
+/// checked before anything is written (check_cached), so a call that throws leaves the cache
+/// as it was.
 template <class Scalar>
 void forward_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                     TensorView<Scalar, 3> out, Workspace& ws, KVCache<Scalar>& cache,
                     const AttentionMask<Scalar>& mask) {
   check_cached(core, x, out, cache, mask);
+  KVCacheAccess::set_owner(cache, core.id());
   const Index tokens = x.extent(1), chunk = cache.max_chunk();
   for (Index t0 = 0; t0 < tokens; t0 += chunk) {
     const Index t1 = std::min(tokens, t0 + chunk);

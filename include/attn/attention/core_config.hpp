@@ -5,9 +5,11 @@
 // Glossary: H = heads, H_kv = key/value heads, hd = head dim.
 #pragma once
 
+#include <cstring>
 #include <string>
 
 #include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/dropout.hpp"
 #include "attn/nn/mask.hpp"
@@ -31,32 +33,116 @@ enum class InitScheme {
   kNone,
 };
 
+/// Configuration of a MultiHeadAttention beyond the notebooks' constructor.
+struct MultiHeadAttentionOptions {
+  Index d_in = 0;   ///< query features (nn.MultiheadAttention's embed_dim)
+  Index d_out = 0;  ///< model width = output features; 0 means d_in
+  Index num_heads = 1;
+  /// Key/value heads H_kv (grouped-query attention; 1: multi-query); 0 means num_heads.
+  /// H_kv must divide num_heads. K and V are projected to H_kv * head_dim features.
+  Index num_kv_heads = 0;
+  /// Features per head; 0 means d_out / num_heads. When set, Q is projected to num_heads *
+  /// head_dim features and out_proj maps those to d_out (Gemma-like shapes).
+  Index head_dim = 0;
+  Index kdim = 0;            ///< key features; 0 means d_in
+  Index vdim = 0;            ///< value features; 0 means d_in
+  Index context_length = 0;  ///< longest accepted sequence; 0 means unlimited
+  double dropout = 0.0;      ///< on the attention weights, training mode only
+  bool qkv_bias = false;     ///< bias of the Q/K/V projections
+  bool out_bias = true;      ///< bias of out_proj
+  bool causal = false;       ///< always apply a causal bound (self-attention decoders)
+  CausalAlignment causal_alignment = CausalAlignment::kSquare;
+  /// Rotary position embeddings on Q and K (rope.head_dim 0: none; else head_dim), as Llama,
+  /// Mistral and Qwen2: at positions 0..T-1 in forward(), the cache's positions in the
+  /// incremental forward.
+  RotaryOptions rope{};
+  /// Sliding window W (Mistral; 0: none; needs causal): position p sees keys in (p - W, p].
+  Index sliding_window = 0;
+  InitScheme init = InitScheme::kLinear;  ///< kLinear, kMultiheadAttention or kRand
+
+  /// The configuration of `torch.nn.MultiheadAttention(embed_dim, num_heads, dropout,
+  /// bias, kdim=kdim, vdim=vdim, batch_first=True)`.
+  static MultiHeadAttentionOptions pytorch(Index embed_dim, Index num_heads, bool bias = true,
+                                           Index kdim = 0, Index vdim = 0, double dropout = 0.0) {
+    MultiHeadAttentionOptions o;
+    o.d_in = embed_dim;
+    o.d_out = embed_dim;
+    o.num_heads = num_heads;
+    o.kdim = kdim;
+    o.vdim = vdim;
+    o.dropout = dropout;
+    o.qkv_bias = bias;
+    o.out_bias = bias;
+    o.init = InitScheme::kMultiheadAttention;
+    return o;
+  }
+};
+
 namespace detail {
 
-/// What tells one attention module from another: sizes, options, names and defaults.
-struct CoreConfig {
-  const char* name = "";               ///< class name in messages, a string literal
-  const char* forward_name = "";       ///< "<name>::forward", a string literal
-  const char* input_name = nullptr;    ///< "x" for single-input modules; else query/key/value
-  Index d_in = 0, kdim = 0, vdim = 0;  ///< features of query, key, value (0: kdim = vdim = d_in)
-  Index d_out = 0;                     ///< output features (= A = H * hd without out_proj)
-  Index num_heads = 1;
-  Index num_kv_heads = 0;    ///< key/value heads H_kv, dividing num_heads (0: num_heads)
-  Index head_dim = 0;        ///< features per head (0: d_out / num_heads)
-  Index context_length = 0;  ///< longest accepted sequence; 0 = unlimited
-  double dropout = 0.0;      ///< on the attention weights, training mode only
-  bool qkv_bias = false;
-  bool out_proj = false, out_bias = false;  ///< an output projection (d_out, A), with bias
-  bool causal = false;
-  CausalAlignment alignment = CausalAlignment::kSquare;
-  /// Rotary embeddings applied to Q and K as they leave the projection (head_dim 0: none; else
-  /// the module's head dim), at positions 0..T-1, or the cache's positions incrementally.
-  RotaryOptions rope{};
-  /// Sliding window W (0: none; needs causal): the query at position p sees keys (p - W, p].
-  Index sliding_window = 0;
-  InitScheme init = InitScheme::kLinear;
+/// What tells one attention module from another: the options every module with a core has
+/// (MultiHeadAttentionOptions: sizes, heads, masks, rotary embeddings, window, init), and
+/// who the module is (its names in messages and files, its output projection). A module's
+/// header fills one from its constructor's arguments; MultiHeadAttention takes the user's
+/// options as they are.
+struct CoreConfig : MultiHeadAttentionOptions {
+  CoreConfig() { out_bias = false; }
+  explicit CoreConfig(const MultiHeadAttentionOptions& options)
+      : MultiHeadAttentionOptions(options) {}
+
+  const char* name = "";             ///< class name in messages, a string literal
+  const char* forward_name = "";     ///< "<name>::forward", a string literal
+  const char* input_name = nullptr;  ///< "x" for single-input modules; else query/key/value
+  bool out_proj = false;             ///< an output projection (d_out, A), with out_bias
   ParameterNames names = ParameterNames::kNotebook;  ///< what ParameterNames::kDefault means
+
+  /// The module's own causal bound and window, folded into every call's mask.
+  CausalBound causal_bound() const noexcept { return {causal, causal_alignment, sliding_window}; }
 };
+
+/// The configuration of `c` as messages quote it: "MultiHeadAttention(d_in=6, kdim=6,
+/// vdim=6, d_out=6, num_heads=2, num_kv_heads=2, head_dim=3, qkv_bias=true, ...)".
+inline std::string describe_config(const CoreConfig& c) {
+  const auto flag = [](bool on) { return on ? std::string("true") : std::string("false"); };
+  std::string text = std::string(c.name) + "(d_in=" + std::to_string(c.d_in) +
+                     ", kdim=" + std::to_string(c.kdim) + ", vdim=" + std::to_string(c.vdim) +
+                     ", d_out=" + std::to_string(c.d_out) +
+                     ", num_heads=" + std::to_string(c.num_heads) +
+                     ", num_kv_heads=" + std::to_string(c.num_kv_heads) +
+                     ", head_dim=" + std::to_string(c.head_dim) + ", qkv_bias=" + flag(c.qkv_bias) +
+                     ", out_proj=" + flag(c.out_proj) + ", out_bias=" + flag(c.out_bias) +
+                     ", causal=" + flag(c.causal);
+  if (c.causal) text += ", alignment=" + std::to_string(static_cast<int>(c.causal_alignment));
+  text += ", sliding_window=" + std::to_string(c.sliding_window) +
+          ", context_length=" + std::to_string(c.context_length) + ", dropout=" + number(c.dropout);
+  if (c.rope.head_dim > 0) {
+    text += ", rope(rotary_dim=" + std::to_string(c.rope.rotary_dim) +
+            ", theta=" + number(c.rope.theta) +
+            (c.rope.style == RopeStyle::kInterleaved ? ", interleaved)" : ", half-split)");
+  } else {
+    text += ", rope=none";
+  }
+  return text + ")";
+}
+
+/// True when `a` and `b` describe the same computation on parameters of the same shapes:
+/// every size, head count, bias, mask bound, window, rotary embedding and dropout rate
+/// (names and the initial draw aside). What a backward compares between the module that
+/// recorded a SavedForward and itself.
+inline bool same_config(const CoreConfig& a, const CoreConfig& b) noexcept {
+  const auto same_rope = [](const RotaryOptions& x, const RotaryOptions& y) {
+    return x.head_dim == y.head_dim &&
+           (x.head_dim == 0 ||
+            (x.rotary_dim == y.rotary_dim && x.theta == y.theta && x.style == y.style));
+  };
+  return std::strcmp(a.name, b.name) == 0 && a.d_in == b.d_in && a.kdim == b.kdim &&
+         a.vdim == b.vdim && a.d_out == b.d_out && a.num_heads == b.num_heads &&
+         a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim &&
+         a.context_length == b.context_length && a.dropout == b.dropout &&
+         a.qkv_bias == b.qkv_bias && a.out_proj == b.out_proj && a.out_bias == b.out_bias &&
+         a.causal == b.causal && (!a.causal || a.causal_alignment == b.causal_alignment) &&
+         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window;
+}
 
 /// `c` when it describes a module that can exist; else a ConfigError naming the values (the
 /// sizes, head counts, head dim, rotary head dim, window and dropout).
@@ -88,12 +174,24 @@ inline CoreConfig checked_core_config(const CoreConfig& c) {
            " is not divisible by num_kv_heads=" + std::to_string(kv_heads) +
            ": the number of heads in key and value must divide the number of heads in query";
   });
-  require_config(c.out_proj || c.head_dim == 0 || c.head_dim * c.num_heads == c.d_out, c.name, [&] {
+  // The projections' widths, H hd and (H + 2 H_kv) hd, are the sizes every buffer of a
+  // forward is built from: they must fit an Index.
+  const Index hd = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
+  Index width = 0, heads_total = 0, rows = 0;
+  require_config(checked_product(width, c.num_heads, hd) &&
+                     checked_sum(heads_total, c.num_heads, kv_heads, kv_heads) &&
+                     checked_product(rows, heads_total, hd),
+                 c.name, [&] {
+                   return "num_heads=" + std::to_string(c.num_heads) +
+                          ", num_kv_heads=" + std::to_string(kv_heads) +
+                          " and head_dim=" + std::to_string(hd) +
+                          ": the projections' widths overflow";
+                 });
+  require_config(c.out_proj || c.head_dim == 0 || width == c.d_out, c.name, [&] {
     return "num_heads=" + std::to_string(c.num_heads) +
            " x head_dim=" + std::to_string(c.head_dim) + " != d_out=" + std::to_string(c.d_out) +
            ": without an output projection the context is the output";
   });
-  const Index hd = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
   require_config(c.rope.head_dim == 0 || c.rope.head_dim == hd, c.name, [&] {
     return "rope.head_dim=" + std::to_string(c.rope.head_dim) +
            " must be 0 (no rotary embedding) or the head dim " + std::to_string(hd);

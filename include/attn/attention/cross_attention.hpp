@@ -56,9 +56,11 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
 
  private:
   friend Forwards;
+  using Module::forward_where;
   using Module::output_features;
   using Module::run;
   using Module::run_backward;
+  using Module::run_cached;
   using Module::weight_heads;
 
   // nn.MultiheadAttention's layout with kdim = vdim = d_kv, but the notebook's widths, its

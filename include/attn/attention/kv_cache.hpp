@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -19,6 +21,10 @@
 #include "attn/tensor/tensor_view.hpp"
 
 ATTN_NAMESPACE_BEGIN
+
+namespace detail {
+struct KVCacheAccess;
+}  // namespace detail
 
 /// Configuration of a KVCache.
 struct KVCacheOptions {
@@ -68,6 +74,19 @@ struct KVSegments {
 /// its own keys before the next chunk overwrites the oldest ones. first_position(b) is the
 /// first position still stored, segments(b) the (at most two) slot ranges in position order.
 ///
+/// Indices and sizes. Every member that takes an item, a head, a position, a token count or
+/// an item range checks it (IndexError for an item, head or position outside the cache;
+/// ShapeError for an item range; ConfigError for a count the cache cannot take), before
+/// anything is written; the sizes of the configuration are checked for overflow once, in
+/// the constructor.
+///
+/// Owner. The incremental forward of a module (forward(x, out, ws, cache)) records the
+/// module's identity in the cache when it writes into an empty one, and refuses a cache that
+/// holds another module's keys (or those of a module since assigned over): keys and values
+/// are only meaningful to the projections (and rotary embedding) that made them. reset(), or
+/// truncating every item to 0, frees the cache for any module. Rows written by hand
+/// (append(), next_rows(), k_slot()) claim nothing.
+///
 /// Not thread-safe: append, truncate, reorder and reset need exclusive access.
 ///
 /// @tparam Scalar float or double.
@@ -76,20 +95,27 @@ class KVCache {
   static_assert(std::is_floating_point_v<Scalar>, "attn::KVCache: Scalar must be float or double");
 
  public:
-  KVCache() = default;
+  /// An empty cache of no items (assign a real one before use; every item index is refused).
+  KVCache() noexcept : o_{0, 0, 0, 0, 0, 0} {}
 
   /// @throws ConfigError naming the values if a size is not positive, capacity is below
   ///         window + max_chunk - 1 with a window, or the storage does not fit memory sizes.
   explicit KVCache(const KVCacheOptions& options) : o_(checked(options)) {
-    if (o_.window > 0 && o_.capacity == 0) o_.capacity = o_.window + o_.max_chunk - 1;
+    if (o_.window > 0 && o_.capacity == 0) {
+      detail::checked_sum(o_.capacity, o_.window, o_.max_chunk, Index(-1));  // checked()
+    }
     if (o_.window == 0) o_.max_chunk = o_.capacity;
     constexpr Index line = static_cast<Index>(detail::kAlignment / sizeof(Scalar));
-    const Index padded = (o_.head_dim + line - 1) / line * line;
-    row_stride_ = 16 * (padded - o_.head_dim) <= o_.head_dim ? padded : o_.head_dim;
-    Index rows = 0, total = 0;
-    bool fits = detail::checked_mul(o_.capacity, row_stride_, rows);
-    block_ = (rows + line - 1) / line * line;  // each head block starts 64-byte aligned
-    fits = fits && detail::checked_mul(block_, 2 * o_.num_kv_heads, item_) &&
+    Index padded = 0, rows = 0, block = 0, heads = 0, total = 0;
+    bool fits = detail::checked_add(o_.head_dim, line - 1, padded);
+    padded = padded / line * line;
+    // padded - head_dim < line <= 16: the product cannot overflow.
+    row_stride_ = fits && 16 * (padded - o_.head_dim) <= o_.head_dim ? padded : o_.head_dim;
+    fits = fits && detail::checked_mul(o_.capacity, row_stride_, rows) &&
+           detail::checked_add(rows, line - 1, block);
+    block_ = block / line * line;  // each head block starts 64-byte aligned
+    fits = fits && detail::checked_mul(o_.num_kv_heads, Index(2), heads) &&
+           detail::checked_product(item_, block_, heads) &&
            detail::checked_mul(item_, o_.batch, total) &&
            static_cast<std::size_t>(total) <= detail::kMaxObjectBytes / sizeof(Scalar);
     detail::require_config(fits, "KVCache", [&] { return describe() + ": too large"; });
@@ -130,22 +156,34 @@ class KVCache {
   }
 
   /// Tokens item b has seen: the position of its next token.
-  Index length(Index b) const noexcept { return end_[static_cast<std::size_t>(b)]; }
+  /// @throws IndexError (as every member taking an item) if b is not in [0, B).
+  Index length(Index b) const { return len(checked_item("KVCache::length", b)); }
   /// The first position item b still stores (0 without a window or before the ring wraps).
-  Index first_position(Index b) const noexcept { return first_[static_cast<std::size_t>(b)]; }
+  Index first_position(Index b) const { return first(checked_item("KVCache::first_position", b)); }
   /// The positions item b stores: length(b) - first_position(b).
-  Index stored(Index b) const noexcept { return length(b) - first_position(b); }
+  Index stored(Index b) const {
+    checked_item("KVCache::stored", b);
+    return len(b) - first(b);
+  }
   /// length(b) for every item, B values (for the kernel; valid until the cache changes).
   const Index* lengths() const noexcept { return end_.data(); }
   const Index* first_positions() const noexcept { return first_.data(); }
   /// True when every item has the same length (and first position).
   bool uniform() const noexcept { return uniform(0, o_.batch); }
+  /// True when no item holds a token (after reset(), or truncating every item to 0).
+  bool empty() const noexcept {
+    return std::all_of(end_.begin(), end_.end(), [](Index n) { return n == 0; });
+  }
+  /// The identity of the module whose incremental forward wrote the stored tokens (0: none;
+  /// see the class comment).
+  std::uint64_t owner() const noexcept { return owner_; }
 
   /// Item b's stored positions as (at most two) slot ranges in position order.
-  KVSegments segments(Index b) const noexcept {
+  KVSegments segments(Index b) const {
+    checked_item("KVCache::segments", b);
     KVSegments s;
-    s.first_position = first_position(b);
-    const Index n = stored(b);
+    s.first_position = first(b);
+    const Index n = len(b) - first(b);
     s.slot[0] = s.first_position % o_.capacity;
     s.count[0] = std::min(n, o_.capacity - s.slot[0]);
     s.count[1] = n - s.count[0];
@@ -200,8 +238,8 @@ class KVCache {
       const Index b = first_item + i;
       for (Index h = 0; h < o_.num_kv_heads; ++h) {
         for (Index t = 0; t < t_new; ++t) {
-          copy_row(&k_new(i, h, t, 0), k_new.stride(3), k_slot(b, h, length(b) + t));
-          copy_row(&v_new(i, h, t, 0), v_new.stride(3), v_slot(b, h, length(b) + t));
+          copy_row(&k_new(i, h, t, 0), k_new.stride(3), slot(b, 0, h, len(b) + t));
+          copy_row(&v_new(i, h, t, 0), v_new.stride(3), slot(b, 1, h, len(b) + t));
         }
       }
     }
@@ -209,9 +247,15 @@ class KVCache {
   }
 
   /// The row of absolute position `position` of item b, head h (slot position % capacity
-  /// with a window): where a projection writes a new token before advance(). Unchecked.
-  Scalar* k_slot(Index b, Index h, Index position) noexcept { return slot(b, 0, h, position); }
-  Scalar* v_slot(Index b, Index h, Index position) noexcept { return slot(b, 1, h, position); }
+  /// with a window): where a projection writes a new token before advance().
+  /// @throws IndexError if b is not in [0, B), h not in [0, H_kv), or the position is
+  ///         negative or (without a window) not below capacity.
+  Scalar* k_slot(Index b, Index h, Index position) {
+    return slot(b, 0, checked_slot("KVCache::k_slot", b, h, position), position);
+  }
+  Scalar* v_slot(Index b, Index h, Index position) {
+    return slot(b, 1, checked_slot("KVCache::v_slot", b, h, position), position);
+  }
 
   /// The rows the next t_new tokens of items first_item .. first_item + items - 1 (items < 0:
   /// to the last) will occupy, as (items, 2 H_kv, t_new, hd): heads 0 .. H_kv-1 are keys,
@@ -220,43 +264,44 @@ class KVCache {
   /// @throws ConfigError naming the values otherwise, or when the items would overflow.
   TensorView<Scalar, 4> next_rows(Index t_new, Index first_item = 0, Index items = -1) {
     const char* where = "KVCache::next_rows";
-    if (items < 0) items = o_.batch - first_item;
-    detail::require(first_item >= 0 && items >= 0 && first_item <= o_.batch - items, where, [&] {
-      return "items [" + std::to_string(first_item) + ", " + std::to_string(first_item + items) +
-             ") are outside B=" + std::to_string(o_.batch);
-    });
+    items = checked_items(where, first_item, items);
     check_room(where, first_item, items, t_new);
-    const Index len = items > 0 ? length(first_item) : 0;
+    if (items == 0) return {storage_.data(), {0, 2 * o_.num_kv_heads, t_new, o_.head_dim}};
+    const Index length = len(first_item);  // capacity > 0: the cache has items
     detail::require_config(
-        uniform(first_item, first_item + items) && len % o_.capacity + t_new <= o_.capacity, where,
-        [&] {
+        uniform(first_item, first_item + items) && length % o_.capacity + t_new <= o_.capacity,
+        where, [&] {
           return describe() + ": the next " + std::to_string(t_new) +
                  " rows are not one strided block (lengths differ or the "
                  "ring wraps); use k_slot()/v_slot() or append()";
         });
-    return {storage_.data() + first_item * item_ + (len % o_.capacity) * row_stride_,
+    return {storage_.data() + first_item * item_ + (length % o_.capacity) * row_stride_,
             {items, 2 * o_.num_kv_heads, t_new, o_.head_dim},
             {item_, block_, row_stride_, 1}};
   }
 
-  /// Counts t_new more tokens for items first_item .. (items < 0: to the last) after their
-  /// rows were written in place. @throws ConfigError when an item would overflow.
+  /// Counts t_new more tokens for items first_item .. first_item + items - 1 (items < 0: to
+  /// the last) after their rows were written in place.
+  /// @throws ShapeError for items outside [0, B); ConfigError for a negative t_new, one past
+  ///         max_chunk (a window) or one that would overflow an item (naming the values).
   void advance(Index t_new, Index first_item = 0, Index items = -1) {
-    if (items < 0) items = o_.batch - first_item;
-    check_room("KVCache::advance", first_item, items, t_new);
+    const char* where = "KVCache::advance";
+    items = checked_items(where, first_item, items);
+    check_room(where, first_item, items, t_new);
     for (Index b = first_item; b < first_item + items; ++b) {
       const auto i = static_cast<std::size_t>(b);
-      end_[i] += t_new;
+      end_[i] += t_new;  // check_room(): no overflow
       first_[i] = std::max(first_[i], end_[i] - o_.capacity);
     }
   }
 
   // ---- editing ----
 
-  /// Forgets every token (no memory is touched).
+  /// Forgets every token and the owner (no memory is touched).
   void reset() noexcept {
     std::fill(end_.begin(), end_.end(), Index(0));
     std::fill(first_.begin(), first_.end(), Index(0));
+    owner_ = 0;
   }
 
   /// Keeps item b's first n tokens (rolls back rejected speculative tokens).
@@ -266,14 +311,15 @@ class KVCache {
     detail::require(b >= 0 && b < o_.batch, "KVCache::truncate", [&] {
       return "item " + std::to_string(b) + " is outside B=" + std::to_string(o_.batch);
     });
-    const Index needed = o_.window > 0 ? std::max<Index>(0, n - o_.window + 1) : 0;
-    detail::require_config(
-        n >= 0 && n <= length(b) && first_position(b) <= needed, "KVCache::truncate", [&] {
-          return "cannot keep " + std::to_string(n) + " tokens of item " + std::to_string(b) +
-                 " (length " + std::to_string(length(b)) + ", first stored position " +
-                 std::to_string(first_position(b)) +
-                 (o_.window > 0 ? ", window " + std::to_string(o_.window) : std::string()) + ")";
-        });
+    // n <= length(b) is checked first: n - window + 1 cannot overflow then.
+    const Index needed =
+        o_.window > 0 && n >= 0 && n <= len(b) ? std::max<Index>(0, n - o_.window + 1) : 0;
+    detail::require_config(n >= 0 && n <= len(b) && first(b) <= needed, "KVCache::truncate", [&] {
+      return "cannot keep " + std::to_string(n) + " tokens of item " + std::to_string(b) +
+             " (length " + std::to_string(len(b)) + ", first stored position " +
+             std::to_string(first(b)) +
+             (o_.window > 0 ? ", window " + std::to_string(o_.window) : std::string()) + ")";
+    });
     end_[static_cast<std::size_t>(b)] = n;
   }
 
@@ -289,15 +335,21 @@ class KVCache {
  private:
   static KVCacheOptions checked(const KVCacheOptions& o) {
     const bool window = o.window > 0;
-    detail::require_config(
-        o.batch > 0 && o.num_kv_heads > 0 && o.head_dim > 0 && o.window >= 0 &&
-            (window ? o.max_chunk > 0 : o.capacity > 0) &&
-            (!window || o.capacity == 0 || o.capacity >= o.window + o.max_chunk - 1),
-        "KVCache", [&] {
-          return describe(o) +
-                 ": sizes must be positive, and with a window capacity (0: "
-                 "the least) must be at least window + max_chunk - 1";
-        });
+    detail::require_config(o.batch > 0 && o.num_kv_heads > 0 && o.head_dim > 0 && o.window >= 0 &&
+                               (window ? o.max_chunk > 0 && o.capacity >= 0 : o.capacity > 0),
+                           "KVCache", [&] {
+                             return describe(o) +
+                                    ": sizes must be positive, and with a window capacity (0: "
+                                    "the least) must be at least window + max_chunk - 1";
+                           });
+    if (!window) return o;
+    Index least = 0;
+    detail::require_config(detail::checked_sum(least, o.window, o.max_chunk, Index(-1)), "KVCache",
+                           [&] { return describe(o) + ": window + max_chunk - 1 overflows"; });
+    detail::require_config(o.capacity == 0 || o.capacity >= least, "KVCache", [&] {
+      return describe(o) + ": with a window capacity (0: the least) must be at least window + " +
+             "max_chunk - 1 = " + std::to_string(least);
+    });
     return o;
   }
   static std::string describe(const KVCacheOptions& o) {
@@ -313,33 +365,88 @@ class KVCache {
 
   bool uniform(Index begin, Index end) const noexcept {
     for (Index b = begin + 1; b < end; ++b) {
-      if (length(b) != length(begin) || first_position(b) != first_position(begin)) return false;
+      if (len(b) != len(begin) || first(b) != first(begin)) return false;
     }
     return true;
   }
 
+  // ---- checks (each names the member and the values) ----
+
+  /// b, when it is an item; else IndexError.
+  Index checked_item(const char* where, Index b) const {
+    detail::require_that<IndexError>(b >= 0 && b < o_.batch, where, [&] {
+      return "item " + std::to_string(b) + " is outside B=" + std::to_string(o_.batch);
+    });
+    return b;
+  }
+  /// The item count of the range [first_item, first_item + items) (items < 0: to the last),
+  /// when it lies in [0, B); else ShapeError.
+  Index checked_items(const char* where, Index first_item, Index items) const {
+    const bool to_last = items < 0;
+    const bool ok =
+        first_item >= 0 && first_item <= o_.batch && (to_last || items <= o_.batch - first_item);
+    detail::require(ok, where, [&] {
+      Index end = 0;
+      const std::string last = to_last ? std::string("B")
+                               : detail::checked_add(first_item, items, end)
+                                   ? std::to_string(end)
+                                   : std::to_string(first_item) + " + " + std::to_string(items);
+      return "items [" + std::to_string(first_item) + ", " + last +
+             ") are outside [0, B=" + std::to_string(o_.batch) + ")";
+    });
+    return to_last ? o_.batch - first_item : items;
+  }
+  /// h, when b and h are an item and a head and `position` a place of theirs: not negative
+  /// and, without a window, below capacity (a ring holds position p in slot p % capacity).
+  Index checked_slot(const char* where, Index b, Index h, Index position) const {
+    checked_item(where, b);
+    detail::require_that<IndexError>(h >= 0 && h < o_.num_kv_heads, where, [&] {
+      return "head " + std::to_string(h) + " is outside H_kv=" + std::to_string(o_.num_kv_heads);
+    });
+    detail::require_that<IndexError>(
+        position >= 0 && (o_.window > 0 || position < o_.capacity), where, [&] {
+          return "position " + std::to_string(position) + " is outside " +
+                 (o_.window > 0 ? std::string("[0, inf) (a ring)")
+                                : "[0, capacity=" + std::to_string(o_.capacity) + ")");
+        });
+    return h;
+  }
+  /// Room for t_new more tokens in items [first_item, first_item + items) (a checked
+  /// range): 0 <= t_new <= max_chunk, and no item past capacity (without a window) or past
+  /// the largest position an Index holds (a ring, whose positions only grow).
   void check_room(const char* where, Index first_item, Index items, Index t_new) const {
-    detail::require_config(t_new >= 0 && t_new <= o_.max_chunk, where, [&] {
+    detail::require_config(t_new >= 0, where, [&] {
+      return "T_new=" + std::to_string(t_new) + " is negative: a token count must not be";
+    });
+    detail::require_config(t_new <= o_.max_chunk, where, [&] {
       return "T_new=" + std::to_string(t_new) + " with " + describe() +
              (o_.window > 0 ? ": a sliding-window cache takes at most max_chunk tokens at once "
                               "(the chunk's first query needs the keys its last tokens would "
                               "overwrite); append a longer prefill in chunks"
                             : ": more tokens than the capacity");
     });
-    if (o_.window > 0) return;  // a ring never overflows
+    const Index limit = o_.window > 0 ? std::numeric_limits<Index>::max() : o_.capacity;
     for (Index b = first_item; b < first_item + items; ++b) {
-      detail::require_config(length(b) <= o_.capacity - t_new, where, [&] {
-        return "item " + std::to_string(b) + " has length " + std::to_string(length(b)) +
+      detail::require_config(len(b) <= limit - t_new, where, [&] {
+        if (o_.window > 0) {
+          return "item " + std::to_string(b) + " is at position " + std::to_string(len(b)) +
+                 "; T_new=" + std::to_string(t_new) + " more overflow the position counter";
+        }
+        return "item " + std::to_string(b) + " has length " + std::to_string(len(b)) +
                "; T_new=" + std::to_string(t_new) +
                " more exceeds capacity=" + std::to_string(o_.capacity);
       });
     }
   }
 
+  // ---- unchecked internals (their callers checked) ----
+
+  Index len(Index b) const noexcept { return end_[static_cast<std::size_t>(b)]; }
+  Index first(Index b) const noexcept { return first_[static_cast<std::size_t>(b)]; }
   Scalar* slot(Index b, int part, Index h, Index position) noexcept {
     return head_block(b, part * o_.num_kv_heads + h) + (position % o_.capacity) * row_stride_;
   }
-  Index used_slots(Index b) const noexcept { return std::min(length(b), o_.capacity); }
+  Index used_slots(Index b) const noexcept { return std::min(len(b), o_.capacity); }
 
   TensorView<Scalar, 4> storage_view(int part, Index rows) noexcept {
     return {storage_.data() + part * o_.num_kv_heads * block_,
@@ -347,7 +454,7 @@ class KVCache {
             {item_, block_, row_stride_, 1}};
   }
   TensorView<const Scalar, 3> item_view(Index b, int part) const {
-    detail::require(b >= 0 && b < o_.batch, "KVCache::k", [&] {
+    detail::require(b >= 0 && b < o_.batch, part == 0 ? "KVCache::k" : "KVCache::v", [&] {
       return "item " + std::to_string(b) + " is outside B=" + std::to_string(o_.batch);
     });
     return {storage_.data() + b * item_ + part * o_.num_kv_heads * block_,
@@ -355,15 +462,15 @@ class KVCache {
             {block_, row_stride_, 1}};
   }
   TensorView<const Scalar, 4> uniform_view(int part) const {
-    detail::require_config(uniform() && first_position(0) == 0, "KVCache::k", [&] {
+    detail::require_config(uniform() && first(0) == 0, "KVCache::k", [&] {
       std::string lengths;
       for (Index b = 0; b < o_.batch; ++b) {
-        lengths += (b ? ", " : "") + std::to_string(length(b));
+        lengths += (b ? ", " : "") + std::to_string(len(b));
       }
-      return "lengths (" + lengths + ") with first position " + std::to_string(first_position(0)) +
+      return "lengths (" + lengths + ") with first position " + std::to_string(first(0)) +
              " are not one (B, H_kv, len, hd) block; use k(b) and segments(b)";
     });
-    return const_cast<KVCache*>(this)->storage_view(part, length(0));
+    return const_cast<KVCache*>(this)->storage_view(part, len(0));
   }
 
   void copy_row(const Scalar* from, Index stride, Scalar* to) const noexcept {
@@ -385,11 +492,14 @@ class KVCache {
     }
   }
 
+  friend struct detail::KVCacheAccess;
+
   KVCacheOptions o_{};
   Index row_stride_ = 0, block_ = 0, item_ = 0;  // elements: row, head block, batch item
   detail::AlignedBuffer<Scalar> storage_;
   std::vector<Index> end_, first_;  // per item: one past the last position, first stored
   std::vector<Index> scratch_;      // reorder()'s bookkeeping, 2 B entries
+  std::uint64_t owner_ = 0;         // the module whose keys it holds (see the class comment)
 };
 
 template <class Scalar>

@@ -95,13 +95,16 @@ ModuleInputs<Scalar> gather_inputs(TensorView<const Scalar, 3> query,
 /// staged again. An input given twice (x as key and value) is copied once, so the projection
 /// still sees one tensor. An input too large to copy is left as it is: the module's shape
 /// checks reject it (see AttentionCore::check).
+/// `written`, when not empty, is one more region the call writes (the incremental forward:
+/// the cache's storage).
 template <class Scalar>
 ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
                                        TensorView<const Scalar, 3> out,
-                                       TensorView<const Scalar, 4> weights, Workspace& ws) {
+                                       TensorView<const Scalar, 4> weights, Workspace& ws,
+                                       TensorView<const Scalar, 1> written = {}) {
   const auto stage = [&](TensorView<const Scalar, 3> in, WorkspaceSlot slot) {
     std::size_t bytes = 0;
-    if ((!overlaps(in, out) && !overlaps(in, weights)) ||
+    if ((!overlaps(in, out) && !overlaps(in, weights) && !overlaps(in, written)) ||
         !checked_bytes(static_cast<std::size_t>(in.size()), sizeof(Scalar), bytes)) {
       return in;
     }
@@ -116,6 +119,44 @@ ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
                  : same_view(x.value, x.query) ? staged.query
                                                : stage(x.value, WorkspaceSlot::kValueStaging);
   return staged;
+}
+
+/// The checks of a training forward's memory, before anything is written: no input and not
+/// `out` may share memory with the buffers `saved` already owns (views of an earlier record,
+/// such as saved.context): the forward overwrites those buffers, and the record must keep
+/// the inputs it is given. @throws ShapeError naming the view.
+template <class Scalar>
+void check_training_memory(const char* where, const ModuleInputs<Scalar>& x,
+                           TensorView<const Scalar, 3> out, const SavedForward<Scalar>& saved) {
+  const auto check = [&](const char* name, TensorView<const Scalar, 3> v) {
+    const ByteRange r = byte_range(v);
+    require(r.begin == r.end || !workspace_overlaps(saved.storage, r.begin, r.end), where, [&] {
+      return std::string(name) + " " + to_string(v.shape()) +
+             " shares memory with the buffers of `saved` (a view of an earlier record); the "
+             "training forward overwrites them: copy it first, or record into another "
+             "SavedForward";
+    });
+  };
+  check("query", x.query);
+  check("key", x.key);
+  check("value", x.value);
+  check("out", out);
+  for (const SavedForward<Scalar>& part : saved.parts) check_training_memory(where, x, out, part);
+}
+
+/// Marks `saved` (and its parts) empty, keeping its buffers: a backward refuses it until a
+/// training forward fills it again.
+template <class Scalar>
+void forget(SavedForward<Scalar>& saved) noexcept {
+  saved.owner = nullptr;
+  saved.owner_id = 0;
+  for (SavedForward<Scalar>& part : saved.parts) forget(part);
+}
+
+/// The whole storage of `cache` as one view (what an incremental forward writes).
+template <class Scalar>
+TensorView<const Scalar, 1> cache_memory(const KVCache<Scalar>& cache) noexcept {
+  return {cache.k_storage().data(), {static_cast<Index>(cache.bytes() / sizeof(Scalar))}};
 }
 
 /// For modules without one core (SimpleSelfAttention, MultiHeadAttentionWrapper): the
@@ -140,9 +181,13 @@ ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
 /// and the same for unbatched (T, features) inputs. Weights are (B, H, T_q, T_k) when
 /// WeightsRank is 4, (B, T_q, T_k) for single-head modules (WeightsRank 3).
 ///
-/// In place is fine: inputs that share memory with `out` or `weights` are copied first
-/// (stage_overlapping). The outputs must not share memory with each other or the mask, and
-/// each needs one location per element (ShapeError otherwise).
+/// In place is fine, in every overload: inputs that share memory with what the call writes
+/// (`out`, `weights`, the cache's storage) are copied first (stage_overlapping), into `ws`,
+/// or into `saved` for a training forward, whose record must keep them until the backward.
+/// The outputs must not share memory with each other, the mask, the cache's storage or
+/// `saved`'s own buffers, and each needs one location per element (ShapeError otherwise).
+/// Backward: the input gradients must not share memory with grad_out, the recorded inputs
+/// or each other (the same view given twice is fine: it receives the sum).
 ///
 /// Threads: every forward is const, and safe to call on one module from several threads at
 /// once, each thread with its own Workspace. A module's non-const members (train, eval, seed,
@@ -151,7 +196,7 @@ ModuleInputs<Scalar> stage_overlapping(const ModuleInputs<Scalar>& x,
 /// Derived provides run(ModuleInputs, out (B, T_q, d_out), ws, mask, weights (B, H, T_q,
 /// T_k) or empty, SavedForward* (null unless training)) const, run_backward(grad_out,
 /// saved, the input gradients [query, key, value], grads, ws) const, output_features(
-/// ModuleInputs) and weight_heads().
+/// ModuleInputs), weight_heads() and forward_where() (the name errors give, a literal).
 template <class Derived, class Scalar, std::size_t WeightsRank, class... Inputs>
 class ModuleForwards {
   static_assert(WeightsRank == 3 || WeightsRank == 4,
@@ -189,13 +234,23 @@ class ModuleForwards {
   }
   /// Training forward: as forward(in..., out, ws, mask), and records in `saved` what the
   /// backward needs (see SavedForward). Reuse `saved` across steps: no allocation once warm.
+  /// In place (out over an input) is exact: such an input is copied into `saved` before
+  /// anything is written, and the backward reads the copy.
+  /// @throws as forward(); ShapeError when an input or out shares memory with `saved`'s own
+  ///         buffers. `saved` is left empty when it throws past its checks.
   template <std::size_t Rank>
   void forward(In<Inputs, Rank>... in, TensorView<Scalar, Rank> out, SavedForward<Scalar>& saved,
                Workspace& ws, const Mask& mask = {}) const {
     static_assert(Rank == 2 || Rank == 3,
                   "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
     if constexpr (Rank == 3) {
-      derived().run(gather_inputs<Scalar>(in...), out, ws, mask, {}, &saved);
+      const ModuleInputs<Scalar> given = gather_inputs<Scalar>(in...);
+      check_training_memory<Scalar>(derived().forward_where(), given, out, saved);
+      forget(saved);  // a forward that throws from here on leaves no stale record behind
+      // `saved` keeps the rows the projections read: an input the output overwrites is
+      // copied into the record's own storage, where it stays until the backward.
+      const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(given, out, {}, saved.storage);
+      derived().run(x, out, ws, mask, {}, &saved);
     } else {
       forward(unsqueeze(in, 0)..., unsqueeze(out, 0), saved, ws, mask);
     }
@@ -206,12 +261,17 @@ class ModuleForwards {
   /// attends causally to its item's cached keys (and the module's sliding window), with the
   /// module's rotary embeddings at the cached positions. Any split of a sequence (a prefill,
   /// chunks, single tokens; ragged items) gives the whole-sequence forward's rows to float
-  /// rounding. `mask` must be empty (the cache is the mask). Allocation-free with a warm
-  /// workspace. @throws as forward(), and ConfigError when the cache has no room.
+  /// rounding. `mask` must be empty (the cache is the mask). The module must be causal (the
+  /// cache holds only the keys up to each token), and a cache holds one module's keys: a
+  /// cache that holds another module's (or this module's before it was assigned over) is
+  /// refused until reset(). Inputs inside the cache's storage are copied first; `out` must
+  /// not be there. Allocation-free with a warm workspace.
+  /// @throws as forward(); ConfigError when the module is not causal, the cache has no room
+  ///         or holds another module's keys; ShapeError when out shares memory with the cache.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                KVCache<Scalar>& cache, const Mask& mask = {}) const {
     const ModuleInputs<Scalar> x =
-        stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws);
+        stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache_memory(cache));
     derived().run_cached(x, out, ws, cache, mask);
   }
   /// Backward of a training forward: given grad_out = dL/d out ((B, T_q, d_out), or
@@ -392,6 +452,7 @@ class CoreModule {
   }
   Index output_features(const ModuleInputs<Scalar>&) const noexcept { return core_.d_out(); }
   Index weight_heads() const noexcept { return core_.num_heads(); }
+  const char* forward_where() const noexcept { return core_.config().forward_name; }
 
   LinearView<Scalar> projection_view(int part) noexcept {
     return {core_.projection().weight(part), core_.projection().bias(part)};

@@ -15,10 +15,10 @@
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product_backward.hpp"
 #include "attn/config.hpp"
-#include "attn/detail/gemm.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/linear.hpp"
+#include "attn/ops/gemm.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/workspace.hpp"
@@ -43,19 +43,43 @@ GemmOutput<Scalar> gradient_rows(const char* where, const char* name, TensorView
   return out;
 }
 
-/// The checks of a module backward: `saved` is a record of `owner`'s training forward,
+/// Throws ShapeError naming both configurations unless `saved` is the record of this very
+/// core's training forward: filled, by this object (its address), with this identity (an
+/// object assigned over it at the same address has another) and this configuration.
+template <class Scalar>
+void check_saved_owner(const char* where, const AttentionCore<Scalar>& core,
+                       const SavedForward<Scalar>& saved) {
+  const char* const rerun =
+      "; run this module's training forward forward(inputs..., out, "
+      "saved, ws, mask) first";
+  require(saved.filled(), where, [&] { return "`saved` is empty" + std::string(rerun); });
+  require(saved.owner_id != 0 && same_config(saved.owner_config, core.config()), where, [&] {
+    if (saved.owner_id == 0) {
+      return "`saved` was filled by the training forward of another kind of module; this "
+             "module is " +
+             describe_config(core.config()) + rerun;
+    }
+    return "`saved` was filled by the training forward of another module: it records " +
+           describe_config(saved.owner_config) + ", and this module is " +
+           describe_config(core.config()) + rerun;
+  });
+  require(saved.owner == &core && saved.owner_id == core.id(), where, [&] {
+    return "`saved` was filled by the training forward of another module of the same "
+           "configuration, " +
+           describe_config(core.config()) + " (a copy, or the module this one was assigned over)" +
+           rerun;
+  });
+}
+
+/// The checks of a module backward: `saved` is a record of `core`'s training forward,
 /// grad_out has the output's shape, each input gradient (or an empty view) its input's
 /// shape, and no input gradient overlaps grad_out or another one (unless the same view).
 template <class Scalar>
-void check_module_backward(const char* where, const void* owner, const SavedForward<Scalar>& saved,
-                           TensorView<const Scalar, 3> grad_out, Index out_features,
-                           const TensorView<Scalar, 3> (&grad_in)[3], const Index (&in_features)[3],
-                           const char* const (&names)[3]) {
-  require(saved.filled() && saved.owner == owner, where, [] {
-    return std::string(
-        "`saved` was not filled by this module's training forward "
-        "forward(inputs..., out, saved, ws, mask)");
-  });
+void check_module_backward(const char* where, const AttentionCore<Scalar>& core,
+                           const SavedForward<Scalar>& saved, TensorView<const Scalar, 3> grad_out,
+                           Index out_features, const TensorView<Scalar, 3> (&grad_in)[3],
+                           const Index (&in_features)[3], const char* const (&names)[3]) {
+  check_saved_owner(where, core, saved);
   const Shape<3> out_shape{saved.batch, saved.query_tokens, out_features};
   require(grad_out.shape() == out_shape, where, [&] {
     return "grad_out has shape " + to_string(grad_out.shape()) + ", expected " +
@@ -108,7 +132,7 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const QkvProjection<Scalar>& proj = core.projection();
   const Index in_features[3] = {c.d_in, c.kdim, c.vdim};
   const char* const names[3] = {"grad_query", "grad_key", "grad_value"};
-  check_module_backward(where, &core, saved, grad_out, core.d_out(), grad_in, in_features, names);
+  check_module_backward(where, core, saved, grad_out, core.d_out(), grad_in, in_features, names);
   const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
   const Index heads = core.num_heads(), hd = core.head_dim(), width = core.attention_width();
   const Index q_rows = batch * tq;
@@ -171,21 +195,14 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     group_rows[g] = GemmOutput<const Scalar>::head_major(cursor, tokens, columns, hd);
     cursor += batch * tokens * columns;
   }
-  BackwardParams<Scalar> params;
-  params.args.q = saved.query, params.args.k = saved.key, params.args.v = saved.value;
-  params.args.out = TensorView<const Scalar, 4>(saved.context.data(), {batch, heads, tq, hd},
-                                                {tq * width, hd, width, 1});
-  params.args.grad_out =
-      TensorView<const Scalar, 4>(grad_context.data(), {batch, heads, tq, hd},
-                                  {grad_context.stride(0), hd, grad_context.stride(1), 1});
-  params.args.lse = saved.logsumexp;
-  params.args.grad_q = part_grad[0], params.args.grad_k = part_grad[1];
-  params.args.grad_v = part_grad[2];
-  params.mask = &saved.mask;
-  params.module_causal = c.causal;
-  params.module_alignment = c.alignment;
-  params.module_window = c.sliding_window;
-  attend_backward(where, params, saved.options, ws, /*own_gradients=*/true);
+  const TensorView<const Scalar, 4> context(saved.context.data(), {batch, heads, tq, hd},
+                                            {tq * width, hd, width, 1});
+  const TensorView<const Scalar, 4> grad_context4(
+      grad_context.data(), {batch, heads, tq, hd},
+      {grad_context.stride(0), hd, grad_context.stride(1), 1});
+  attend_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
+                  {grad_context4, part_grad[0], part_grad[1], part_grad[2]}, saved.mask,
+                  saved.options, ws, c.causal_bound(), /*own_gradients=*/true);
   if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1
     core.rope().apply_transposed(part_grad[0]);
     core.rope().apply_transposed(part_grad[1]);

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
+#include "attn/detail/identity.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/dropout.hpp"
 #include "attn/nn/linear.hpp"
@@ -139,9 +139,10 @@ class AttentionCore {
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
     if (saved != nullptr) {
-      record_forward(*saved, this, heads.rows, same_view(query, key) && same_view(key, value),
-                     same_view(key, value), heads.query, heads.key, heads.value, context, mask,
-                     options, TensorView<const Scalar, 3>(lse));
+      record_forward(*saved, this, id(), config_, heads.rows,
+                     same_view(query, key) && same_view(key, value), same_view(key, value),
+                     heads.query, heads.key, heads.value, context, mask, options,
+                     TensorView<const Scalar, 3>(lse));
     }
     if (config_.out_proj) {
       out_proj_.forward(context, out, ws);
@@ -190,12 +191,10 @@ class AttentionCore {
     const Index features = std::max({d_in(), kdim(), vdim(), d_out()});
     const auto fits = [&] {
       const auto tq = static_cast<std::size_t>(query.extent(1));
+      const auto tk = static_cast<std::size_t>(key.extent(1));
       std::size_t rows = 0, count = 0, bytes = 0;  // rows: T_q + 2 T_k
-      if (!checked_mul<std::size_t>(2, static_cast<std::size_t>(key.extent(1)), rows) ||
-          rows > std::numeric_limits<std::size_t>::max() - tq) {
-        return false;
-      }
-      const std::size_t extents[3] = {static_cast<std::size_t>(query.extent(0)), rows + tq,
+      if (!checked_sum(rows, tq, tk, tk)) return false;
+      const std::size_t extents[3] = {static_cast<std::size_t>(query.extent(0)), rows,
                                       static_cast<std::size_t>(features)};
       return checked_extent_product(extents, count) && checked_bytes(count, sizeof(Scalar), bytes);
     };
@@ -207,11 +206,12 @@ class AttentionCore {
     });
   }
 
-  /// The kernel's options for one call: the module's scale and, in training mode with
-  /// dropout, its seed and a freshly claimed call number; the path the call takes.
+  /// The kernel's options for one call: the module's scale (unset: 1/sqrt(head_dim)) and, in
+  /// training mode with dropout, its seed and a freshly claimed call number; the path the
+  /// call takes.
   AttentionOptions kernel_options(TensorView<Scalar, 4> weights) const {
     AttentionOptions options;
-    options.scale = scaled_ ? 1.0 / std::sqrt(static_cast<double>(head_dim())) : 1.0;
+    if (!scaled_) options.scale = 1.0;  // else the call's default, 1/sqrt(head_dim)
     if (dropout_.active()) {
       options.dropout = dropout_.p();
       options.dropout_seed = dropout_.seed_value();
@@ -228,7 +228,7 @@ class AttentionCore {
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
               TensorView<Scalar, 3> lse = {}) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
-                   weights, ws, config_.causal, config_.alignment, config_.sliding_window, lse);
+                   weights, ws, config_.causal_bound(), lse);
   }
 
   // ---- modes ----
@@ -253,6 +253,10 @@ class AttentionCore {
   // ---- configuration and parts ----
 
   const CoreConfig& config() const noexcept { return config_; }
+  /// This object's identity (see ObjectIdentity): what a SavedForward and a KVCache record,
+  /// so that an object assigned over this one (the same address, another module) is told
+  /// apart. Kept by moves, fresh for copies.
+  std::uint64_t id() const noexcept { return identity_.id(); }
   Index d_in() const noexcept { return config_.d_in; }
   Index kdim() const noexcept { return config_.kdim; }
   Index vdim() const noexcept { return config_.vdim; }
@@ -376,6 +380,7 @@ class AttentionCore {
       }
     }
     if (self.config_.out_proj) list.append(out_proj, self.out_proj_.named_parameters());
+    list.watch(self.identity_.watch());  // expires with the projection weights
     return list;
   }
 
@@ -385,6 +390,7 @@ class AttentionCore {
   Dropout<Scalar> dropout_{0.0};
   RotaryEmbedding<Scalar> rope_;  // head_dim 0 unless config_.rope.head_dim
   bool scaled_ = true;            // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
+  ObjectIdentity identity_;       // what SavedForward, KVCache and optimizers record
 };
 
 }  // namespace detail

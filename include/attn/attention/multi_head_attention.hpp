@@ -19,51 +19,6 @@
 
 ATTN_NAMESPACE_BEGIN
 
-/// Configuration of a MultiHeadAttention beyond the notebooks' constructor.
-struct MultiHeadAttentionOptions {
-  Index d_in = 0;   ///< query features (nn.MultiheadAttention's embed_dim)
-  Index d_out = 0;  ///< model width = output features; 0 means d_in
-  Index num_heads = 1;
-  /// Key/value heads H_kv (grouped-query attention; 1: multi-query); 0 means num_heads.
-  /// H_kv must divide num_heads. K and V are projected to H_kv * head_dim features.
-  Index num_kv_heads = 0;
-  /// Features per head; 0 means d_out / num_heads. When set, Q is projected to num_heads *
-  /// head_dim features and out_proj maps those to d_out (Gemma-like shapes).
-  Index head_dim = 0;
-  Index kdim = 0;            ///< key features; 0 means d_in
-  Index vdim = 0;            ///< value features; 0 means d_in
-  Index context_length = 0;  ///< longest accepted sequence; 0 means unlimited
-  double dropout = 0.0;      ///< on the attention weights, training mode only
-  bool qkv_bias = false;     ///< bias of the Q/K/V projections
-  bool out_bias = true;      ///< bias of out_proj
-  bool causal = false;       ///< always apply a causal bound (self-attention decoders)
-  CausalAlignment causal_alignment = CausalAlignment::kSquare;
-  /// Rotary position embeddings on Q and K (rope.head_dim 0: none; else head_dim), as Llama,
-  /// Mistral and Qwen2: at positions 0..T-1 in forward(), the cache's positions in the
-  /// incremental forward.
-  RotaryOptions rope{};
-  /// Sliding window W (Mistral; 0: none; needs causal): position p sees keys in (p - W, p].
-  Index sliding_window = 0;
-  InitScheme init = InitScheme::kLinear;  ///< kLinear, kMultiheadAttention or kRand
-
-  /// The configuration of `torch.nn.MultiheadAttention(embed_dim, num_heads, dropout,
-  /// bias, kdim=kdim, vdim=vdim, batch_first=True)`.
-  static MultiHeadAttentionOptions pytorch(Index embed_dim, Index num_heads, bool bias = true,
-                                           Index kdim = 0, Index vdim = 0, double dropout = 0.0) {
-    MultiHeadAttentionOptions o;
-    o.d_in = embed_dim;
-    o.d_out = embed_dim;
-    o.num_heads = num_heads;
-    o.kdim = kdim;
-    o.vdim = vdim;
-    o.dropout = dropout;
-    o.qkv_bias = bias;
-    o.out_bias = bias;
-    o.init = InitScheme::kMultiheadAttention;
-    return o;
-  }
-};
-
 /// What MultiHeadAttention::forward_with_weights() returns: the output (B, T_q, d_out) and
 /// the per-head weights (B, H, T_q, T_k); the one AttentionResult every module returns.
 template <class Scalar>
@@ -229,26 +184,11 @@ class MultiHeadAttention
   }
 
   static detail::CoreConfig config(const MultiHeadAttentionOptions& o) {
-    detail::CoreConfig c;
+    detail::CoreConfig c(o);
     c.name = "MultiHeadAttention";
     c.forward_name = "MultiHeadAttention::forward";
-    c.d_in = o.d_in;
-    c.kdim = o.kdim;
-    c.vdim = o.vdim;
-    c.d_out = o.d_out > 0 ? o.d_out : o.d_in;
-    c.num_heads = o.num_heads;
-    c.num_kv_heads = o.num_kv_heads;
-    c.head_dim = o.head_dim;
-    c.context_length = o.context_length;
-    c.dropout = o.dropout;
-    c.qkv_bias = o.qkv_bias;
+    if (c.d_out <= 0) c.d_out = o.d_in;
     c.out_proj = true;
-    c.out_bias = o.out_bias;
-    c.causal = o.causal;
-    c.alignment = o.causal_alignment;
-    c.rope = o.rope;
-    c.sliding_window = o.sliding_window;
-    c.init = o.init;
     c.names = ParameterNames::kMultiheadAttention;
     return c;
   }

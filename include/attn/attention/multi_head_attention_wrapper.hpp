@@ -72,10 +72,9 @@ class MultiHeadAttentionWrapper
   Index d_out() const noexcept { return num_heads() * heads_.front().d_out(); }
   Index context_length() const noexcept { return heads_.front().context_length(); }
   double dropout() const noexcept { return heads_.front().dropout(); }
-  CausalAttention<Scalar>& head(Index h) { return heads_.at(static_cast<std::size_t>(h)); }
-  const CausalAttention<Scalar>& head(Index h) const {
-    return heads_.at(static_cast<std::size_t>(h));
-  }
+  /// Head h. @throws IndexError if h is not in [0, num_heads).
+  CausalAttention<Scalar>& head(Index h) { return heads_[checked_head(h)]; }
+  const CausalAttention<Scalar>& head(Index h) const { return heads_[checked_head(h)]; }
 
   void train(bool on = true) noexcept {
     for (auto& head : heads_) head.train(on);
@@ -125,6 +124,14 @@ class MultiHeadAttentionWrapper
   friend Forwards;
 
   static std::string prefix(std::size_t h) { return "heads." + std::to_string(h) + "."; }
+  std::size_t checked_head(Index h) const {
+    detail::require_that<IndexError>(
+        h >= 0 && h < num_heads(), "MultiHeadAttentionWrapper::head", [&] {
+          return "head " + std::to_string(h) +
+                 " is outside num_heads=" + std::to_string(num_heads());
+        });
+    return static_cast<std::size_t>(h);
+  }
 
   template <class Self>
   static auto parameters_of(Self& self, ParameterNames names) {
@@ -161,7 +168,9 @@ class MultiHeadAttentionWrapper
       mask.check(where, x.query.extent(0), num_heads(), x.query.extent(1), x.query.extent(1));
     const Index width = heads_.front().d_out();
     if (saved != nullptr) {
-      saved->owner = this;
+      saved->owner = this;  // each head records its own part (identity and configuration)
+      saved->owner_id = 0;
+      saved->owner_config = {};
       saved->parts.resize(heads_.size());  // allocates on the first training forward only
     }
     for (std::size_t h = 0; h < heads_.size(); ++h) {
@@ -201,6 +210,7 @@ class MultiHeadAttentionWrapper
   }
   Index output_features(const detail::ModuleInputs<Scalar>&) const noexcept { return d_out(); }
   Index weight_heads() const noexcept { return num_heads(); }
+  const char* forward_where() const noexcept { return "MultiHeadAttentionWrapper::forward"; }
 
   std::vector<CausalAttention<Scalar>> heads_;
 };

@@ -11,10 +11,10 @@
 
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/config.hpp"
-#include "attn/detail/gemm.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/ops/gemm.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -105,7 +105,7 @@ class QkvProjection {
   // ---- sizes ----
 
   /// Input features of projection `part` (kQuery: d_in, kKey: kdim, kValue: vdim).
-  Index in_features(int part) const noexcept { return in_[part]; }
+  Index in_features(int part) const { return in_[checked_part(part)]; }
   Index num_heads() const noexcept { return heads_; }
   /// Heads of the key and value projections (H_kv).
   Index num_kv_heads() const noexcept { return kv_heads_; }
@@ -113,7 +113,9 @@ class QkvProjection {
   /// Output features of the query projection: num_heads * head_dim.
   Index width() const noexcept { return heads_ * head_dim_; }
   /// Output features of projection `part`: H hd for kQuery, H_kv hd for kKey and kValue.
-  Index width(int part) const noexcept { return (part == kQuery ? heads_ : kv_heads_) * head_dim_; }
+  Index width(int part) const {
+    return (checked_part(part) == kQuery ? heads_ : kv_heads_) * head_dim_;
+  }
   bool has_bias() const noexcept { return !bias_.empty(); }
   /// True when Q, K and V share one (3 D, d_in) weight (d_in == kdim == vdim).
   bool fused() const noexcept { return storage_ == Storage::kFused; }
@@ -121,19 +123,21 @@ class QkvProjection {
   // ---- weights ----
 
   /// W of projection `part`, (width(part), in_features(part)). The non-const form unfreezes.
-  TensorView<Scalar, 2> weight(int part) noexcept {
+  TensorView<Scalar, 2> weight(int part) {
+    checked_part(part);
     unfreeze();
     return weight_view(part);
   }
-  TensorView<const Scalar, 2> weight(int part) const noexcept {
-    return const_cast<QkvProjection*>(this)->weight_view(part);
+  TensorView<const Scalar, 2> weight(int part) const {
+    return const_cast<QkvProjection*>(this)->weight_view(checked_part(part));
   }
   /// b of projection `part`, (width(part)); an empty view without bias (read live).
-  TensorView<Scalar, 1> bias(int part) noexcept {
+  TensorView<Scalar, 1> bias(int part) {
+    checked_part(part);
     if (!has_bias()) return {};
     return slice(bias_.view(), 0, offset(part), offset(part) + width(part));
   }
-  TensorView<const Scalar, 1> bias(int part) const noexcept {
+  TensorView<const Scalar, 1> bias(int part) const {
     return const_cast<QkvProjection*>(this)->bias(part);
   }
   /// The fused ((H + 2 H_kv) hd, d_in) weight [W_q; W_k; W_v]; unfreezes.
@@ -302,6 +306,13 @@ class QkvProjection {
     int storage;
     Index row;
   };
+  // `part`, when it names a projection (kQuery, kKey, kValue); else IndexError.
+  static int checked_part(int part) {
+    detail::require_that<IndexError>(part >= kQuery && part <= kValue, "QkvProjection", [&] {
+      return "projection " + std::to_string(part) + " is not 0 (query), 1 (key) or 2 (value)";
+    });
+    return part;
+  }
   Location locate(int part) const noexcept {
     switch (storage_) {
       case Storage::kFused:

@@ -21,9 +21,12 @@
 // key = value, residual connections and the wrapper's heads need no special case.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "attn/attention/core_config.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
@@ -41,7 +44,9 @@ ATTN_NAMESPACE_BEGIN
 /// It holds
 /// - the input rows the projections read: views of the caller's query/key/value when their
 ///   rows were contiguous (those tensors must then stay alive and unchanged until the
-///   backward, as PyTorch requires of saved tensors), else staged copies it owns;
+///   backward, as PyTorch requires of saved tensors, and so must the module's weights), else
+///   staged copies it owns; an input the forward's output overwrites (in place,
+///   forward(x, x, saved, ws)) is always copied first, so in place is exact;
 /// - the projections Q, K, V (B, H, T, hd) exactly as the kernel read them, and the
 ///   kernel's output, the context (B, T_q, D) (out_proj's input, and O in the backward's
 ///   D = rowsum(dO * O));
@@ -51,15 +56,28 @@ ATTN_NAMESPACE_BEGIN
 /// - the kernel's logsumexp per query, (B, H, T_q), +inf for a query that sees no key: the
 ///   streaming backward recomputes the probabilities from it.
 ///
-/// The members are filled by the module and read by its backward; treat them as read-only.
-/// A SavedForward is movable (the views stay valid) but not copyable.
+/// - which module filled it: its address, identity and configuration. The backward of any
+///   other module (another object, a copy, or this object after it was assigned a new
+///   module) refuses it with a ShapeError naming both configurations; a training forward
+///   that throws leaves it empty (refused too).
+///
+/// The members are filled by the module and read by its backward; treat them as read-only,
+/// and pass none of its views (or buffers) back as an input or output of a training forward
+/// (ShapeError: the forward overwrites them). A SavedForward is movable (the views stay
+/// valid) but not copyable.
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>
 struct SavedForward {
-  /// The module part that filled it (an AttentionCore, a SimpleSelfAttention); null when
-  /// empty. A backward checks that the record is its own.
+  /// The module part that filled it (an AttentionCore, a SimpleSelfAttention, a
+  /// MultiHeadAttentionWrapper); null when empty.
   const void* owner = nullptr;
+  /// That part's identity (AttentionCore::id(): another object assigned over it at the same
+  /// address has another) and configuration, for an AttentionCore; 0 and empty otherwise. A
+  /// backward refuses a record whose owner, identity or configuration is not its own, naming
+  /// both configurations: shapes alone cannot tell a module replaced in place.
+  std::uint64_t owner_id = 0;
+  detail::CoreConfig owner_config{};
   Index batch = 0, query_tokens = 0, key_tokens = 0;
   /// The projections' input rows, (B * T, features) each: query, key, value. Self-attention
   /// has one input (all three are the same rows); key and value may be one input.
@@ -83,7 +101,7 @@ struct SavedForward {
   std::vector<SavedForward> parts;
 
   /// True once a training forward has filled it.
-  bool filled() const noexcept { return owner != nullptr || !parts.empty(); }
+  bool filled() const noexcept { return owner != nullptr; }
   /// Bytes of the buffers it owns (its parts' included).
   std::size_t bytes() const noexcept {
     std::size_t total = storage.bytes();
@@ -98,13 +116,15 @@ namespace detail {
 /// the heads the kernel read, its output `context` and logsumexp, the caller's mask and the
 /// resolved kernel options. The buffers the views point into belong to saved.storage or the caller.
 template <class Scalar>
-void record_forward(SavedForward<Scalar>& saved, const void* owner,
-                    const RowsRef<const Scalar> (&rows)[3], bool self_attention, bool key_is_value,
-                    TensorView<const Scalar, 4> query, TensorView<const Scalar, 4> key,
-                    TensorView<const Scalar, 4> value, TensorView<const Scalar, 3> context,
-                    const AttentionMask<Scalar>& mask, const AttentionOptions& options,
-                    TensorView<const Scalar, 3> logsumexp) {
+void record_forward(SavedForward<Scalar>& saved, const void* owner, std::uint64_t owner_id,
+                    const CoreConfig& owner_config, const RowsRef<const Scalar> (&rows)[3],
+                    bool self_attention, bool key_is_value, TensorView<const Scalar, 4> query,
+                    TensorView<const Scalar, 4> key, TensorView<const Scalar, 4> value,
+                    TensorView<const Scalar, 3> context, const AttentionMask<Scalar>& mask,
+                    const AttentionOptions& options, TensorView<const Scalar, 3> logsumexp) {
   saved.owner = owner;
+  saved.owner_id = owner_id;
+  saved.owner_config = owner_config;
   saved.batch = query.extent(0);
   saved.query_tokens = query.extent(2);
   saved.key_tokens = key.extent(2);
@@ -118,6 +138,11 @@ void record_forward(SavedForward<Scalar>& saved, const void* owner,
   saved.logsumexp = logsumexp;
   saved.mask = mask;  // copy-assigned: no allocation once the key lengths' capacity suffices
   saved.options = options;
+  // The scale as the call resolved it (unset means 1/sqrt(head_dim)), so the record says
+  // what ran.
+  if (!saved.options.scale) {
+    saved.options.scale = 1.0 / std::sqrt(static_cast<double>(query.extent(3)));
+  }
 }
 
 }  // namespace detail

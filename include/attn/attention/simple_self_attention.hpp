@@ -101,8 +101,8 @@ class SimpleSelfAttention
                                       batch * tokens),
         {batch, 1, tokens});
     detail::attend("scaled_dot_product_attention", x4, x4, x4, unsqueeze(context, 1), mask, options,
-                   weights, ws, false, CausalAlignment::kSquare, 0, lse);
-    detail::record_forward<Scalar>(*saved, this, {rows, rows, rows}, true, true, x4, x4, x4,
+                   weights, ws, {}, lse);
+    detail::record_forward<Scalar>(*saved, this, 0, {}, {rows, rows, rows}, true, true, x4, x4, x4,
                                    context, mask, options, lse);
     copy(TensorView<const Scalar, 3>(context), out);
   }
@@ -124,18 +124,14 @@ class SimpleSelfAttention
                     });
     if (grad_in[0].data() == nullptr) return;  // no parameters: nothing else to compute
     const TensorView<Scalar, 4> g = unsqueeze(grad_in[0], 1);
-    detail::BackwardParams<Scalar> p;
-    p.args.q = saved.query, p.args.k = saved.key, p.args.v = saved.value;
-    p.args.out = unsqueeze(saved.context, 1);
-    p.args.grad_out = unsqueeze(grad_out, 1);
-    p.args.lse = saved.logsumexp;
-    p.args.grad_q = g, p.args.grad_k = g, p.args.grad_v = g;
-    p.mask = &saved.mask;
-    detail::attend_backward(where, p, saved.options, ws);
+    detail::attend_backward<Scalar>(
+        where, saved.query, saved.key, saved.value, unsqueeze(saved.context, 1), saved.logsumexp,
+        {unsqueeze(grad_out, 1), g, g, g}, saved.mask, saved.options, ws);
   }
   Index output_features(const detail::ModuleInputs<Scalar>& x) const noexcept {
     return x.value.extent(2);
   }
+  const char* forward_where() const noexcept { return "SimpleSelfAttention::forward"; }
 
   bool scaled_;
   bool training_ = true;

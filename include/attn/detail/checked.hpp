@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
-// attn/detail/checked.hpp: overflow-checked products for extents, element counts and byte
-// counts (std only). Every size attn computes from a caller's shape goes through these.
+// attn/detail/checked.hpp: overflow-checked sums and products for extents, element counts,
+// positions and byte counts (std only): the one place size arithmetic is checked. Every size,
+// offset or position attn computes from a caller's shape, option or index goes through these
+// before it is used (or is bounded by one that did: say which in a comment).
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,35 @@ constexpr bool checked_mul(T a, T b, T& out) noexcept {
   out = a * b;
   return true;
 #endif
+}
+
+/// out = a + b; returns false (out unspecified) when the sum does not fit T.
+template <class T>
+constexpr bool checked_add(T a, T b, T& out) noexcept {
+  static_assert(std::is_integral_v<T>, "attn::detail::checked_add: integers only");
+#if defined(__GNUC__) || defined(__clang__)
+  return !__builtin_add_overflow(a, b, &out);
+#else
+  if (b > 0 ? a > std::numeric_limits<T>::max() - b : a < std::numeric_limits<T>::min() - b) {
+    return false;
+  }
+  out = a + b;
+  return true;
+#endif
+}
+
+/// out = the product of every factor (all T); false when some partial product overflows.
+template <class T, class... Rest>
+constexpr bool checked_product(T& out, T first, Rest... rest) noexcept {
+  out = first;
+  return (checked_mul(out, static_cast<T>(rest), out) && ...);
+}
+
+/// out = the sum of every term (all T); false when some partial sum overflows.
+template <class T, class... Rest>
+constexpr bool checked_sum(T& out, T first, Rest... rest) noexcept {
+  out = first;
+  return (checked_add(out, static_cast<T>(rest), out) && ...);
 }
 
 /// The element count of non-negative `extents` (any range of integers), or false when the

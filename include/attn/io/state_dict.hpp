@@ -258,7 +258,14 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
   };
   if (has(llama(0, ".weight"))) {
     const auto q = matrix_shape(llama(0, ".weight"));
-    const auto k = has(llama(1, ".weight")) ? matrix_shape(llama(1, ".weight")) : q;
+    // The key/value heads and kdim are read from k_proj.weight: without it nothing below
+    // would fit, and the error would name another tensor.
+    detail::io_require<StateDictError>(has(llama(1, ".weight")), where, [&] {
+      return "'" + file.source() + "' has no tensor '" + prefix + llama(1, ".weight") +
+             "' (next to '" + prefix + llama(0, ".weight") +
+             "': the key/value heads are read from it)";
+    });
+    const auto k = matrix_shape(llama(1, ".weight"));
     const std::string o_proj = std::string(Names::kLlamaOutProj) + "weight";
     const auto out = has(o_proj) ? matrix_shape(o_proj) : std::vector<Index>{q[1], q[0]};
     const Index head_dim = num_heads > 0 ? q[0] / num_heads : 0;

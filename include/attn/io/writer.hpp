@@ -127,10 +127,13 @@ class SafetensorsWriter {
   /// flushed to the device (fsync), then renamed over `path`. If anything fails (disk full,
   /// a file size limit, a directory that cannot be written) `path` keeps its old contents
   /// and the temporary file is removed. An existing file's permission bits are kept; a
-  /// symbolic link at `path` is replaced by the file, not followed. A process killed while
+  /// symbolic link at `path` is replaced by the file, not followed. Only a regular file (or
+  /// nothing, or a link to either) is replaced: a directory, FIFO, socket or device at
+  /// `path`, or a link to one, is refused before anything is written (and again just before
+  /// the rename), so it is never clobbered. A process killed while
   /// saving (including by SIGXFSZ, which a file size limit raises unless it is ignored)
   /// leaves `path` intact but the temporary file behind.
-  /// @throws IoError if it cannot be written.
+  /// @throws IoError if it cannot be written, or `path` is not a regular file.
   void save(const std::string& path) const {
     const std::vector<unsigned char> bytes = to_bytes();
     detail::AtomicFile file(path, "SafetensorsWriter::save");

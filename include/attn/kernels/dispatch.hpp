@@ -2,8 +2,8 @@
 // attn/kernels/dispatch.hpp: every kernel set, and the one switch that picks the set a call
 // runs on.
 //
-// A driver (the GEMM in attn/detail/gemm.hpp, the attention kernel in
-// attn/attention/detail/kernel.hpp, softmax in attn/nn/softmax.hpp) reads the active set once
+// A driver in attn/ops/ (the GEMM in gemm.hpp, the attention forward and backward in
+// attention.hpp and attention_backward.hpp, softmax in softmax.hpp) reads the active set once
 // per call (detail::kernel_isa()) and passes it to with_kernels(), which calls its functor
 // with that set's KernelSet: a direct call into the set's namespace, no function pointer, so
 // a program compiled for the widest set anyway (-march=native) can even inline it.

@@ -15,8 +15,11 @@
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
 #include "attn/isa.hpp"
+#include "attn/kernels/attention_args.hpp"
+#include "attn/kernels/gemm_args.hpp"
+#include "attn/kernels/head_mask.hpp"
 #include "attn/kernels/target.hpp"
-#include "attn/kernels/types.hpp"
+#include "attn/types/element.hpp"
 
 // After attn/config.hpp, which reads this header first on GCC (see its note on GCC 12). Every
 // intrinsic is declared whatever the flags; each set calls only its own inside its region.

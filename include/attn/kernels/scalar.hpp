@@ -9,7 +9,7 @@ ATTN_TARGET_SCALAR_BEGIN
 ATTN_NAMESPACE_BEGIN
 namespace kernels {
 namespace scalar {
-using namespace detail;  // the plain data the drivers pass (attn/kernels/types.hpp)
+using namespace detail;  // the plain data the drivers pass (attn/kernels/*_args.hpp, head_mask.hpp)
 inline constexpr Isa kSetIsa = Isa::kScalar;
 #define ATTN_KERNEL_SET scalar
 // The order matters: each part uses the ones before it.

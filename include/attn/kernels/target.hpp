@@ -39,8 +39,9 @@
 #define ATTN_TARGET_SCALAR_BEGIN ATTN_TARGET_PLAIN_BEGIN
 #define ATTN_TARGET_SCALAR_END ATTN_TARGET_PLAIN_END
 #define ATTN_TARGET_SSE2_BEGIN ATTN_TARGET_BEGIN_("sse2")
-#define ATTN_TARGET_AVX2_BEGIN ATTN_TARGET_BEGIN_("avx2,fma")
-#define ATTN_TARGET_AVX512_BEGIN ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#define ATTN_TARGET_AVX2_BEGIN ATTN_TARGET_BEGIN_("avx2,fma,f16c")
+#define ATTN_TARGET_AVX512_BEGIN \
+  ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 #else
 // Other targets: the portable set only, compiled with the program's own flags.
 #define ATTN_TARGET_SCALAR_BEGIN

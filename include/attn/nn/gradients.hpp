@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -85,12 +86,16 @@ class Gradients {
       entries_.push_back(
           {p.name(), p.rank(), p.matrix().shape(), p.matrix().strides(), span_of(p.matrix()), 0});
     }
+    owners_ = parameters.owners();
     plan_blocks();
     bind();
   }
 
   Gradients(const Gradients& other)
-      : entries_(other.entries_), blocks_(other.blocks_), arena_(other.arena_) {
+      : entries_(other.entries_),
+        blocks_(other.blocks_),
+        arena_(other.arena_),
+        owners_(other.owners_) {
     bind();
   }
   Gradients& operator=(const Gradients& other) {
@@ -142,15 +147,31 @@ class Gradients {
     return out;
   }
 
+  /// True when the parameters these gradients were made for no longer exist: their module
+  /// was destroyed or assigned over (see ParameterList's lifetime). of() then throws.
+  bool expired() const noexcept {
+    for (const auto& owner : owners_) {
+      if (owner.expired()) return true;
+    }
+    return false;
+  }
+
   /// The gradient of `parameter`, a view into the memory of the parameters these gradients
   /// were made for (a whole parameter, a slice of one, or the block several names share):
   /// a view of the same shape and strides into the gradients.
   /// @throws ConfigError if `parameter` is not inside that memory (a view of another module,
-  ///         or of a copy of the module made after these gradients).
+  ///         or of a copy of the module made after these gradients), or that memory no longer
+  ///         exists (the module was destroyed or replaced: another one may live there now).
   template <class ViewScalar, std::size_t Rank>
   TensorView<Scalar, Rank> of(TensorView<ViewScalar, Rank> parameter) {
     static_assert(std::is_same_v<std::remove_const_t<ViewScalar>, Scalar>,
                   "attn::Gradients::of: the view must hold the gradients' Scalar");
+    detail::require_config(!expired(), "Gradients::of", [] {
+      return std::string(
+          "the parameters these gradients were made for no longer exist (their module was "
+          "destroyed, or replaced by assigning another one to it); make Gradients from the "
+          "module's named_parameters() again");
+    });
     if (parameter.empty()) return {};
     const Span span = span_of(parameter);
     for (const Block& b : blocks_) {
@@ -258,6 +279,7 @@ class Gradients {
   std::vector<Block> blocks_;
   Tensor<Scalar, 1> arena_;
   std::vector<NamedParameter<Scalar>> items_;
+  std::vector<std::weak_ptr<const void>> owners_;  // the parameters' lifetimes (ParameterList)
 };
 
 ATTN_NAMESPACE_END

@@ -9,11 +9,12 @@
 #include <type_traits>
 
 #include "attn/config.hpp"
-#include "attn/detail/gemm.hpp"
+#include "attn/detail/identity.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/ops/gemm.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
@@ -308,12 +309,14 @@ class Linear {
     ParameterList<Scalar> list;
     list.add("weight", weight_.view());
     list.add("bias", bias_.view());
+    list.watch(identity_.watch());  // expires with weight_ and bias_ (see ParameterList)
     return list;
   }
 
   Tensor<Scalar, 2> weight_;
   Tensor<Scalar, 1> bias_;
   bool has_bias_ = false;
+  detail::ObjectIdentity identity_;
   template <class XScalar, std::size_t Rank>
   void forward_impl(TensorView<XScalar, Rank> x, TensorView<Scalar, Rank> y, Workspace* ws) const {
     static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar>,

@@ -13,6 +13,7 @@
 
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/ops/attention_call.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -33,10 +34,54 @@ enum class CausalAlignment {
   /// of every item sees that item's last key. A ragged batch of KV caches (FlashAttention's
   /// variable-length form).
   kBottomRightPerItem,
+  /// Query i sees keys j <= i + offset for a given offset (CausalBound::offset,
+  /// AttentionMask::causal(offset)): ONNX's causal rule with a past of P keys is offset P
+  /// (mask[i, j] = -inf if P + i < j), whatever T_q and T_k are. A negative offset leaves the
+  /// first queries no key.
+  kOffset,
 };
 
+/// A causal bound with an optional sliding window: the loop-bound part of an AttentionMask,
+/// and what a causal module adds to every call it makes. Both are folded into one bound per
+/// call (AttentionMask::resolve()).
+struct CausalBound {
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::kSquare;
+  Index window = 0;  ///< sliding window W (0: none): the query on diagonal p sees (p - W, p]
+  Index offset = 0;  ///< the diagonal's offset with CausalAlignment::kOffset
+};
+
+namespace detail {
+
+/// The constant offset of `bound`'s causal diagonal for T_q queries over T_k keys (row i
+/// sees j <= i + offset), or kNoCausalOffset for kBottomRightPerItem, whose offset is per
+/// item. @throws ShapeError for kSquare when T_q != T_k.
+inline Index causal_offset(const char* where, const CausalBound& bound, Index tq, Index tk) {
+  switch (bound.alignment) {
+    case CausalAlignment::kSquare:
+      require(tq == tk, where, [&] {
+        return "causal attention with T_q=" + std::to_string(tq) + " != T_k=" + std::to_string(tk) +
+               ": choose CausalAlignment::kTopLeft or kBottomRight explicitly";
+      });
+      return 0;
+    case CausalAlignment::kTopLeft:
+      return 0;
+    case CausalAlignment::kBottomRight:
+      return tk - tq;
+    case CausalAlignment::kOffset:
+      // Kept far from the sentinel kNoCausalOffset, so that i + offset cannot overflow.
+      return std::clamp(bound.offset, -kNoCausalOffset / 2, kNoCausalOffset / 2);
+    case CausalAlignment::kBottomRightPerItem:
+      break;
+  }
+  return kNoCausalOffset;
+}
+
+}  // namespace detail
+
 /// What a query may attend to, built from any combination of:
-/// - `causal(alignment)`: a loop bound in the kernels, never -inf then exp;
+/// - `causal(alignment)`: a loop bound in the kernels, never -inf then exp; `causal(offset)`
+///   puts the diagonal at a given offset (query i sees keys j <= i + offset);
 /// - `allowed(m)` / `blocked(m)`: a boolean mask whose polarity is in the name
 ///   (`allowed`: true = may attend, like PyTorch SDPA and ONNX; `blocked`: true = masked,
 ///   like nn.MultiheadAttention's attn_mask);
@@ -47,10 +92,11 @@ enum class CausalAlignment {
 /// - `sliding_window(W)`: the query at position p sees keys in (p - W, p] (Mistral), p its
 ///   causal diagonal; a loop bound like the causal one (it implies it), never a mask tensor.
 /// Boolean and additive masks broadcast: (T_q, T_k), (B, T_q, T_k) or (B, H, T_q, T_k), where
-/// any B or H extent may also be 1. All parts combine (a key is visible only if every part
-/// allows it). A query row with no visible key gives zero output and zero weights, never NaN.
-/// A mask with a zero extent ((0, 0), (0, T_q, T_k), a (B, 0) key padding) is a ShapeError
-/// when it is added, never silently ignored.
+/// any B, H or T_q extent may also be 1. With `pad_keys()` their last axis may be narrower
+/// than T_k: the keys past it are hidden, as ONNX's Attention pads such a mask with -inf.
+/// All parts combine (a key is visible only if every part allows it). A query row with no visible
+/// key gives zero output and zero weights, never NaN. A mask with a zero extent ((0, 0), (0, T_q,
+/// T_k), a (B, 0) key padding) is a ShapeError when it is added, never silently ignored.
 ///
 /// The mask stores views of the caller's mask tensors (not copies): they must outlive it.
 ///
@@ -62,8 +108,23 @@ class AttentionMask {
 
   /// Adds a causal bound.
   AttentionMask& causal(CausalAlignment alignment = CausalAlignment::kSquare) {
-    causal_ = true;
-    alignment_ = alignment;
+    bound_.causal = true;
+    bound_.alignment = alignment;
+    return *this;
+  }
+  /// Adds a causal bound whose diagonal sits at `offset`: query i sees keys j <= i + offset
+  /// (CausalAlignment::kOffset; ONNX's is_causal with a past of `offset` keys).
+  AttentionMask& causal(Index offset) {
+    bound_.causal = true;
+    bound_.alignment = CausalAlignment::kOffset;
+    bound_.offset = offset;
+    return *this;
+  }
+  /// Lets the boolean and additive masks be narrower than T_k on their last axis: keys past
+  /// a mask's width M are hidden (ONNX's Attention pads a mask narrower than the total key
+  /// length with -inf, and one of width 1 too). Without it such a mask is a ShapeError.
+  AttentionMask& pad_keys(bool on = true) {
+    pad_keys_ = on;
     return *this;
   }
   /// Adds a boolean mask where true means "may attend".
@@ -142,8 +203,8 @@ class AttentionMask {
     detail::require_config(window > 0, "AttentionMask::sliding_window", [&] {
       return "window=" + std::to_string(window) + " must be positive";
     });
-    causal_ = true;
-    window_ = window;
+    bound_.causal = true;
+    bound_.window = window;
     return *this;
   }
   /// (B, T_k) boolean, true = padding (blocked), like key_padding_mask in PyTorch.
@@ -161,13 +222,17 @@ class AttentionMask {
   AttentionMask& key_padding(const Tensor<bool, 2>& padding) { return key_padding(padding.view()); }
   AttentionMask& key_padding(Tensor<bool, 2>&&) = delete;
 
-  bool is_causal() const noexcept { return causal_; }
+  bool is_causal() const noexcept { return bound_.causal; }
+  /// Whether masks narrower than T_k are padded (pad_keys()).
+  bool pads_keys() const noexcept { return pad_keys_; }
   /// The sliding window (0: none).
-  Index window() const noexcept { return window_; }
-  CausalAlignment alignment() const noexcept { return alignment_; }
+  Index window() const noexcept { return bound_.window; }
+  CausalAlignment alignment() const noexcept { return bound_.alignment; }
+  /// The causal bound and window, as one value.
+  const CausalBound& causal_bound() const noexcept { return bound_; }
   bool empty() const noexcept {
-    return !causal_ && bool_.data() == nullptr && additive_.data() == nullptr && !has_lengths_ &&
-           !has_padding_;
+    return !bound_.causal && bool_.data() == nullptr && additive_.data() == nullptr &&
+           !has_lengths_ && !has_padding_;
   }
   /// The parts as rank-4 broadcast views (null data when absent); for kernels and tests.
   const TensorView<const bool, 4>& bool_mask() const noexcept { return bool_; }
@@ -205,15 +270,17 @@ class AttentionMask {
   void check(const char* where, Index batch, Index heads, Index tq, Index tk) const {
     const Shape<4> target{batch, heads, tq, tk};
     const auto fits = [&](const Shape<4>& s) {
-      for (std::size_t r = 0; r < 4; ++r) {
-        if (s[r] != target[r] && !(r < 2 && s[r] == 1)) return false;
+      for (std::size_t r = 0; r < 3; ++r) {
+        if (s[r] != target[r] && s[r] != 1) return false;
       }
-      return true;
+      return s[3] == tk || (pad_keys_ && s[3] < tk);
     };
     const auto fail = [&](const char* part, const Shape<4>& s) {
       return std::string(part) + " mask has (broadcast) shape " + detail::to_string(s) +
              ", which does not fit attention of shape (B, H, T_q, T_k) = " +
-             detail::to_string(target);
+             detail::to_string(target) +
+             (pad_keys_ ? " (its last axis may be narrower than T_k, not wider)"
+                        : (s[3] < tk ? " (pad_keys() hides the keys past a narrower mask)" : ""));
     };
     if (bool_.data() != nullptr) {
       detail::require(fits(bool_.shape()), where,
@@ -243,12 +310,33 @@ class AttentionMask {
         });
       }
     }
-    if (causal_ && alignment_ == CausalAlignment::kSquare) {
-      detail::require(tq == tk, where, [&] {
-        return "causal mask with T_q=" + std::to_string(tq) + " != T_k=" + std::to_string(tk) +
-               ": choose CausalAlignment::kTopLeft or kBottomRight explicitly";
-      });
+    if (bound_.causal) detail::causal_offset(where, bound_, tq, tk);
+  }
+
+  /// This mask and a module's own causal bound `module`, folded into the one mask an
+  /// attention call of T_q queries over T_k keys reads (check() it first). The causal
+  /// diagonals combine to the tighter one per item, the windows to the narrower one.
+  /// @throws ShapeError for a kSquare alignment (the mask's or the module's) when T_q != T_k.
+  detail::CallMask<Scalar> resolve(const char* where, Index tq, Index tk,
+                                   const CausalBound& module = {}) const {
+    detail::CallMask<Scalar> m;
+    m.bool_mask = bool_;
+    m.bool_allows = bool_allows_;
+    m.additive = additive_;
+    if (has_padding_) m.padding = padding_;
+    if (has_lengths_) m.key_lengths = key_lengths_view();
+    if (pad_keys_) {
+      if (bool_.data() != nullptr) m.mask_keys = std::min(m.mask_keys, bool_.extent(3));
+      if (additive_.data() != nullptr) m.mask_keys = std::min(m.mask_keys, additive_.extent(3));
     }
+    for (const CausalBound* c : {&bound_, &module}) {
+      if (!c->causal) continue;
+      m.causal = true;
+      m.causal_offset = std::min(m.causal_offset, detail::causal_offset(where, *c, tq, tk));
+      m.per_item = m.per_item || c->alignment == CausalAlignment::kBottomRightPerItem;
+      if (c->window > 0) m.window = m.window > 0 ? std::min(m.window, c->window) : c->window;
+    }
+    return m;
   }
 
  private:
@@ -273,7 +361,7 @@ class AttentionMask {
       shape = m.shape();
       strides = m.strides();
     }
-    for (std::size_t r = 0; r < 2; ++r) {
+    for (std::size_t r = 0; r < 3; ++r) {
       if (shape[r] == 1) strides[r] = 0;  // broadcast
     }
     return {m.data(), shape, strides};
@@ -304,12 +392,11 @@ class AttentionMask {
   TensorView<const bool, 4> padding_{};
   std::vector<Index> lengths_;
   TensorView<const Index, 1> external_lengths_{};
-  Index window_ = 0;
-  CausalAlignment alignment_ = CausalAlignment::kSquare;
-  bool causal_ = false;
+  CausalBound bound_;
   bool bool_allows_ = false;
   bool has_lengths_ = false;
   bool has_padding_ = false;
+  bool pad_keys_ = false;
 };
 
 /// `torch.triu(torch.ones(tq, tk), diagonal=1).bool()`: true strictly above the diagonal

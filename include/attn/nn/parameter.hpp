@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -95,6 +96,13 @@ struct AbsentParameter {
 /// names the module's configuration leaves out (a bias built with bias=false) and why, so
 /// that a loader can say why a file's tensor does not fit.
 ///
+/// Lifetime. The views point into the module; they stay valid while the module lives, also
+/// when it is moved (its heap memory moves with it), and become dangling when it is destroyed
+/// or assigned over (`module = Module(...)`). A module's list watches a token of the module
+/// that expires then (watch()); what keeps a list beyond a call (an optimizer, Gradients)
+/// checks expired() before it touches the views. A list built by hand from tensors of one's
+/// own watches nothing: keeping them alive is the caller's part.
+///
 /// @tparam Scalar float or double, optionally const.
 template <class Scalar>
 class ParameterList {
@@ -106,7 +114,7 @@ class ParameterList {
   ParameterList() = default;
   template <class Other, class = std::enable_if_t<std::is_same_v<const Other, Scalar>>>
   ParameterList(const ParameterList<Other>& other)  // NOLINT: mutable -> const
-      : items_(other.begin(), other.end()), absent_(other.absent()) {}
+      : items_(other.begin(), other.end()), absent_(other.absent()), owners_(other.owners()) {}
 
   /// Adds a parameter; an empty view (a bias the module lacks) adds `name` as absent.
   template <std::size_t Rank>
@@ -128,8 +136,25 @@ class ParameterList {
                                      : NamedParameter<Scalar>(prefix + p.name(), p.matrix()));
     }
     for (const auto& a : other.absent()) absent_.push_back({prefix + a.name, a.reason});
+    owners_.insert(owners_.end(), other.owners_.begin(), other.owners_.end());
     return *this;
   }
+
+  /// Watches `lifetime`, a token that expires when the memory of (some of) the views is freed
+  /// (a module adds its own; see the class comment).
+  ParameterList& watch(std::weak_ptr<const void> lifetime) {
+    owners_.push_back(std::move(lifetime));
+    return *this;
+  }
+  /// True when a watched token expired: some views may point into freed memory.
+  bool expired() const noexcept {
+    for (const auto& owner : owners_) {
+      if (owner.expired()) return true;
+    }
+    return false;
+  }
+  /// The tokens watched.
+  const std::vector<std::weak_ptr<const void>>& owners() const noexcept { return owners_; }
 
   std::size_t size() const noexcept { return items_.size(); }
   bool empty() const noexcept { return items_.empty(); }
@@ -155,6 +180,7 @@ class ParameterList {
  private:
   std::vector<NamedParameter<Scalar>> items_;
   std::vector<Absent> absent_;
+  std::vector<std::weak_ptr<const void>> owners_;
 };
 
 /// A buffer of a module's state_dict that is not a parameter: derived from the

@@ -73,12 +73,24 @@ class RotaryEmbedding {
   RotaryEmbedding() = default;
 
   /// @throws ConfigError naming the values: head_dim not positive, rotary_dim negative, odd
-  ///         or above head_dim, theta not finite and positive, max_positions negative.
+  ///         or above head_dim, theta not finite and positive as a double and as Scalar (1e-50
+  ///         is 0 as a float, 1e39 infinite), tables that would not be finite in Scalar (an
+  ///         inverse frequency, or the angle of the last position, overflowing), or
+  ///         max_positions negative.
   explicit RotaryEmbedding(const RotaryOptions& options) : options_(checked(options)) {
     if (options_.rotary_dim == 0) options_.rotary_dim = options_.head_dim;
     half_ = options_.rotary_dim / 2;
     inv_freq_ = Tensor<Scalar, 1>({half_});
-    for (Index i = 0; i < half_; ++i) inv_freq_(i) = inverse_frequency(i);
+    for (Index i = 0; i < half_; ++i) {
+      inv_freq_(i) = inverse_frequency(i);
+      detail::require_config(
+          std::isfinite(inv_freq_(i)) && inv_freq_(i) > 0, "RotaryEmbedding", [&] {
+            return describe() + ": the inverse frequency theta^(-" + std::to_string(2 * i) + "/" +
+                   std::to_string(options_.rotary_dim) + ") is " +
+                   detail::number(static_cast<double>(inv_freq_(i))) + " in " + scalar_name() +
+                   ", not finite and positive";
+          });
+    }
     const Index positions = options_.max_positions;
     options_.max_positions = 0;
     reserve_positions(positions);
@@ -97,16 +109,35 @@ class RotaryEmbedding {
   /// f_i = theta^(-2i / R), (R/2), in the table arithmetic described above.
   TensorView<const Scalar, 1> inverse_frequencies() const noexcept { return inv_freq_.view(); }
   /// cos(p f_i) and sin(p f_i) of position p, R/2 values each (for a fused epilogue).
-  const Scalar* cos_row(Index position) const noexcept { return cos_.data() + position * half_; }
-  const Scalar* sin_row(Index position) const noexcept { return sin_.data() + position * half_; }
+  /// @throws ConfigError naming the position if it is outside [0, max_positions).
+  const Scalar* cos_row(Index position) const {
+    check_position(position);
+    return cos_.data() + position * half_;
+  }
+  const Scalar* sin_row(Index position) const {
+    check_position(position);
+    return sin_.data() + position * half_;
+  }
 
   /// Extends the tables to positions [0, max_positions) (never shrinks them). Not safe while
   /// another thread calls apply().
+  /// @throws ConfigError (the tables unchanged) if max_positions is negative, or the angle
+  ///         of position max_positions - 1 is not finite in Scalar (a tiny theta: the angles
+  ///         p theta^(-2i/R) grow with p).
   void reserve_positions(Index max_positions) {
     detail::require_config(max_positions >= 0, "RotaryEmbedding::reserve_positions", [&] {
       return "max_positions=" + std::to_string(max_positions) + " must be non-negative";
     });
     if (max_positions <= options_.max_positions) return;
+    // The angles grow with the position: the last one bounds them all.
+    for (Index i = 0; i < half_; ++i) {
+      detail::require_config(std::isfinite(angle_of(max_positions - 1, i)), "RotaryEmbedding", [&] {
+        return describe() + " and max_positions=" + std::to_string(max_positions) +
+               ": the angle of position " + std::to_string(max_positions - 1) + " overflows in " +
+               scalar_name() +
+               " (theta too small for that many positions); lower max_positions or raise theta";
+      });
+    }
     Tensor<Scalar, 2> cos({max_positions, half_}), sin({max_positions, half_});
     for (Index p = 0; p < max_positions; ++p) {
       for (Index i = 0; i < half_; ++i) {
@@ -201,11 +232,25 @@ class RotaryEmbedding {
     detail::require_config(rotary > 0 && rotary <= o.head_dim && rotary % 2 == 0, where, [&] {
       return values() + ": rotary_dim (0 = head_dim) must be even and in (0, head_dim]";
     });
-    detail::require_config(std::isfinite(o.theta) && o.theta > 0.0, where,
-                           [&] { return values() + ": theta must be finite and positive"; });
+    // As a double and as Scalar: the float tables start from static_cast<float>(theta).
+    const auto theta = static_cast<Scalar>(o.theta);
+    detail::require_config(
+        std::isfinite(o.theta) && o.theta > 0.0 && std::isfinite(theta) && theta > 0, where, [&] {
+          return values() + ": theta must be finite and positive, in double and in " +
+                 scalar_name() + " (where it is " + detail::number(static_cast<double>(theta)) +
+                 ")";
+        });
     detail::require_config(o.max_positions >= 0, where,
                            [&] { return values() + ": max_positions must be non-negative"; });
     return o;
+  }
+
+  static const char* scalar_name() noexcept {
+    return std::is_same_v<Scalar, float> ? "float" : "double";
+  }
+  std::string describe() const {
+    return "theta=" + detail::number(options_.theta) +
+           ", rotary_dim=" + std::to_string(options_.rotary_dim);
   }
 
   // f_i in the table arithmetic (see the class comment).
@@ -268,8 +313,8 @@ class RotaryEmbedding {
   // angle negated (sin's sign flips, the same products otherwise).
   template <bool Transposed = false>
   void rotate(Scalar* x, Index position) const noexcept {
-    const Scalar* c = cos_row(position);
-    const Scalar* s = sin_row(position);
+    const Scalar* c = cos_.data() + position * half_;
+    const Scalar* s = sin_.data() + position * half_;
     const Index half = half_;
     // Element i of the pair (a, b) and its partner's step: contiguous halves or neighbours.
     Scalar* first = x;

@@ -50,7 +50,9 @@ struct AdamWOptions {
 ///
 /// The optimizer keeps views of the parameters (take them from the non-const
 /// named_parameters(), which unfreezes the module; do not freeze() while training) and its
-/// state in Gradients-shaped buffers allocated once: step() never allocates.
+/// state in Gradients-shaped buffers allocated once: step() never allocates. Each step checks
+/// that the parameters still exist (ConfigError once their module was destroyed or assigned
+/// over; moving the module is fine).
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>
@@ -68,9 +70,10 @@ class AdamW : public detail::OptimizerBase<AdamW<Scalar>, Scalar, AdamWOptions> 
   }
 
   /// One update from `grads` (made from the same parameters, any naming).
-  /// @throws ConfigError if `grads` belong to other parameters (nothing is updated then).
+  /// @throws ConfigError if `grads` belong to other parameters, or the parameters no longer
+  ///         exist (their module was destroyed or assigned over); nothing is updated then.
   void step(const Gradients<Scalar>& grads) {
-    detail::check_gradients(this->params_, grads);  // before anything changes
+    detail::check_gradients("optim::AdamW::step", this->params_, grads);  // before anything changes
     const std::int64_t step = ++this->steps_;
     const AdamWOptions& o = this->options_;
     const double t = static_cast<double>(step);

@@ -64,9 +64,19 @@ void for_each_parameter(const ParameterList<Scalar>& params, const Gradients<Sca
   }
 }
 
-/// Throws (see for_each_parameter) unless `grads` hold a gradient for every parameter.
+/// The checks of a step, before anything changes: the parameters still exist (their module
+/// was neither destroyed nor assigned over since the optimizer was built: see ParameterList's
+/// lifetime), and `grads` hold a gradient for every parameter (see for_each_parameter).
+/// @throws ConfigError naming `who` otherwise.
 template <class Scalar>
-void check_gradients(const ParameterList<Scalar>& params, const Gradients<Scalar>& grads) {
+void check_gradients(const char* who, const ParameterList<Scalar>& params,
+                     const Gradients<Scalar>& grads) {
+  require_config(!params.expired(), who, [] {
+    return std::string(
+        "the parameters it was built on no longer exist (their module was destroyed, or "
+        "replaced by assigning another one to it); build the optimizer from the module's "
+        "named_parameters() again");
+  });
   for_each_parameter(params, grads,
                      [](std::size_t, const TensorView<Scalar, 2>&, const Scalar*) {});
 }
@@ -80,6 +90,11 @@ inline void check_option(bool ok, const char* who, const char* option, double va
 
 /// What every optimizer has: the parameters it updates, its options (Options has an `lr`;
 /// Derived::checked(options) validates them, naming the optimizer) and its step count.
+///
+/// The parameters are views into their module: the optimizer is valid while the module
+/// lives (moving the module is fine, its memory moves with it). Every step first checks that
+/// they still exist and that its gradients belong to them, and throws ConfigError, changing
+/// nothing, when the module was destroyed or assigned over (`module = Module(...)`).
 template <class Derived, class Scalar, class Options>
 class OptimizerBase {
  public:
@@ -98,7 +113,11 @@ class OptimizerBase {
 
  protected:
   OptimizerBase(ParameterList<Scalar> params, const Options& options)
-      : params_(std::move(params)), options_(Derived::checked(options)) {}
+      : params_(std::move(params)), options_(Derived::checked(options)) {
+    require_config(!params_.expired(), "optim", [] {
+      return std::string("the parameters given no longer exist (their module was destroyed)");
+    });
+  }
 
   ParameterList<Scalar> params_;
   Options options_;

@@ -43,7 +43,8 @@ struct SGDOptions {
 ///
 /// The optimizer keeps views of the parameters (take them from the non-const
 /// named_parameters(); do not freeze() while training) and, with momentum, a momentum buffer
-/// allocated once: step() never allocates.
+/// allocated once: step() never allocates. Each step checks that the parameters still exist
+/// (ConfigError once their module was destroyed or assigned over; moving the module is fine).
 ///
 /// @tparam Scalar float or double.
 template <class Scalar>
@@ -62,9 +63,10 @@ class SGD : public detail::OptimizerBase<SGD<Scalar>, Scalar, SGDOptions> {
   }
 
   /// One update from `grads` (made from the same parameters, any naming).
-  /// @throws ConfigError if `grads` belong to other parameters (nothing is updated then).
+  /// @throws ConfigError if `grads` belong to other parameters, or the parameters no longer
+  ///         exist (their module was destroyed or assigned over); nothing is updated then.
   void step(const Gradients<Scalar>& grads) {
-    detail::check_gradients(this->params_, grads);
+    detail::check_gradients("optim::SGD::step", this->params_, grads);
     const SGDOptions& o = this->options_;
     const auto weight_decay = static_cast<Scalar>(o.weight_decay);
     const auto momentum = static_cast<Scalar>(o.momentum);

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 // attn/tensor/eigen.hpp: the bridge between views and Eigen, both ways: as_matrix() /
-// as_vector() map a view as an Eigen::Map, as_view() views any Eigen dense object.
+// as_vector() map a view as an Eigen::Map, as_view() views any Eigen dense object; to_eigen() /
+// from_eigen() copy bfloat16 and float16 to and from Eigen's own types of the same formats.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -13,6 +15,7 @@
 #include "attn/error.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -134,6 +137,89 @@ auto as_view(Expression&& m) {
     const Index inner = m.innerStride(), outer = m.outerStride();
     return TensorView<Element, 2>(m.data(), {m.rows(), m.cols()},
                                   E::IsRowMajor ? Shape<2>{outer, inner} : Shape<2>{inner, outer});
+  }
+}
+
+// ---- bfloat16 and float16 <-> Eigen::bfloat16 and Eigen::half ----
+//
+// Eigen 3.4's Eigen::bfloat16 and Eigen::half have the formats and the bit layout of
+// attn::bfloat16 and attn::float16 (asserted below), but they are other types: reading an
+// attn::bfloat16 array through an Eigen::bfloat16 pointer breaks C++'s aliasing rules (C++17
+// has no std::start_lifetime_as), so attn copies between them instead of mapping. The copies
+// move bits and never round. For arithmetic, convert to float, which Eigen vectorises:
+//     Eigen::MatrixXf m(rows, cols);
+//     attn::convert(bf16_view, attn::as_view(m));   // exact
+//     attn::convert(attn::as_view(m), bf16_view);   // rounds to nearest even
+
+namespace detail {
+
+template <class T>
+struct EigenStorage {};
+template <>
+struct EigenStorage<bfloat16> {
+  using type = Eigen::bfloat16;
+};
+template <>
+struct EigenStorage<float16> {
+  using type = Eigen::half;
+};
+
+template <class Eigen16>
+constexpr bool same_layout_as_uint16() {
+  return sizeof(Eigen16) == sizeof(std::uint16_t) && std::is_trivially_copyable_v<Eigen16> &&
+         std::is_standard_layout_v<Eigen16>;
+}
+static_assert(same_layout_as_uint16<Eigen::bfloat16>() && same_layout_as_uint16<Eigen::half>(),
+              "attn: Eigen::bfloat16 and Eigen::half must be 2-byte trivially copyable types");
+
+}  // namespace detail
+
+/// Eigen's type of the same format as bfloat16 (Eigen::bfloat16) or float16 (Eigen::half).
+template <class T>
+using eigen_storage_t = typename detail::EigenStorage<std::remove_cv_t<T>>::type;
+
+/// The Eigen::bfloat16 with x's bits.
+inline Eigen::bfloat16 to_eigen(bfloat16 x) noexcept {
+  return Eigen::numext::bit_cast<Eigen::bfloat16>(x.bits());
+}
+/// The Eigen::half with x's bits.
+inline Eigen::half to_eigen(float16 x) noexcept {
+  return Eigen::numext::bit_cast<Eigen::half>(x.bits());
+}
+/// The attn::bfloat16 with x's bits.
+inline bfloat16 from_eigen(Eigen::bfloat16 x) noexcept {
+  return bfloat16::from_bits(Eigen::numext::bit_cast<std::uint16_t>(x));
+}
+/// The attn::float16 with x's bits.
+inline float16 from_eigen(Eigen::half x) noexcept {
+  return float16::from_bits(Eigen::numext::bit_cast<std::uint16_t>(x));
+}
+
+/// A copy of a 2-D view of bfloat16 or float16 as a row-major Eigen matrix of Eigen::bfloat16
+/// or Eigen::half, bit for bit (any strides).
+template <class Storage>
+RowMatrix<eigen_storage_t<Storage>> to_eigen(TensorView<Storage, 2> v) {
+  RowMatrix<eigen_storage_t<Storage>> m(v.extent(0), v.extent(1));
+  for (Index i = 0; i < v.extent(0); ++i) {
+    for (Index j = 0; j < v.extent(1); ++j) m(i, j) = to_eigen(v(i, j));
+  }
+  return m;
+}
+
+/// Copies an Eigen matrix (any dense expression) of Eigen::bfloat16 or Eigen::half into a 2-D
+/// view of attn::bfloat16 or attn::float16 of the same shape, bit for bit (any strides).
+/// @throws ShapeError if the shapes differ.
+template <class Derived, class Storage>
+void from_eigen(const Eigen::DenseBase<Derived>& m, TensorView<Storage, 2> out) {
+  static_assert(std::is_same_v<typename Derived::Scalar, eigen_storage_t<Storage>>,
+                "attn::from_eigen: Eigen::bfloat16 goes to attn::bfloat16, Eigen::half to "
+                "attn::float16");
+  detail::require(m.rows() == out.extent(0) && m.cols() == out.extent(1), "from_eigen", [&] {
+    return "matrix has shape " + detail::to_string(Shape<2>{m.rows(), m.cols()}) +
+           ", out has shape " + detail::to_string(out.shape());
+  });
+  for (Index i = 0; i < out.extent(0); ++i) {
+    for (Index j = 0; j < out.extent(1); ++j) out(i, j) = from_eigen(m.derived().coeff(i, j));
   }
 }
 

@@ -33,8 +33,7 @@ ByteRange byte_range(const TensorView<Scalar, Rank>& v) noexcept {
     std::size_t term = 0;
     fits = checked_mul(static_cast<std::size_t>(v.extent(r) - 1),
                        static_cast<std::size_t>(v.stride(r)), term) &&
-           last <= std::numeric_limits<std::size_t>::max() - term;
-    last += fits ? term : 0;
+           checked_add(last, term, last);
   }
   const auto begin = reinterpret_cast<std::uintptr_t>(v.data());
   const std::uintptr_t top = std::numeric_limits<std::uintptr_t>::max();
@@ -68,11 +67,9 @@ bool has_internal_overlap(const TensorView<Scalar, Rank>& v) noexcept {
       const bool below = v.stride(j) < v.stride(i) || (v.stride(j) == v.stride(i) && j < i);
       if (j == i || v.extent(j) <= 1 || !below) continue;
       Index reach = 0;
-      if (!checked_mul(v.stride(j), v.extent(j) - 1, reach) ||
-          reach > std::numeric_limits<Index>::max() - span) {
+      if (!checked_mul(v.stride(j), v.extent(j) - 1, reach) || !checked_add(span, reach, span)) {
         return true;  // an offset past the index range cannot be told apart: rejected too
       }
-      span += reach;
     }
     if (v.stride(i) <= span) return true;
   }

@@ -18,6 +18,7 @@
 #include "attn/memory.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -25,12 +26,14 @@ ATTN_NAMESPACE_BEGIN
 /// Arithmetic goes through views and Eigen maps (attn/tensor/eigen.hpp); there are no
 /// expression templates.
 ///
-/// @tparam Scalar  float, double, or bool (masks).
+/// @tparam Scalar  float, double, a storage type (bfloat16, float16, float8_e4m3,
+///                 float8_e5m2), or bool (masks).
 /// @tparam Rank    number of dimensions.
 template <class Scalar, std::size_t Rank>
 class Tensor {
   static_assert(!std::is_const_v<Scalar>, "attn::Tensor: Scalar must not be const");
-  static_assert(std::is_arithmetic_v<Scalar>, "attn::Tensor: Scalar must be arithmetic");
+  static_assert(std::is_arithmetic_v<Scalar> || is_storage_type_v<Scalar>,
+                "attn::Tensor: Scalar must be arithmetic or a storage type");
 
  public:
   using value_type = Scalar;

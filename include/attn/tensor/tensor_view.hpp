@@ -11,6 +11,7 @@
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 #include "attn/tensor/shape.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -19,7 +20,9 @@ ATTN_NAMESPACE_BEGIN
 /// 3>` still writes elements; `TensorView<const float, 3>` is the read-only view. Pass it by
 /// value. Copying a view never copies data.
 ///
-/// @tparam Scalar  element type: float or double for data, bool for masks (optionally const).
+/// @tparam Scalar  element type (optionally const): float or double, a storage type (bfloat16,
+///                 float16, float8_e4m3, float8_e5m2; attn/types/), bool for masks, or
+///                 another arithmetic type.
 /// @tparam Rank    number of dimensions (compile-time); extents are run-time.
 ///
 /// Constructed from a shape alone, strides are row-major (last index fastest), which is
@@ -28,9 +31,9 @@ ATTN_NAMESPACE_BEGIN
 template <class Scalar, std::size_t Rank>
 class TensorView {
   static_assert(Rank >= 1, "attn::TensorView: Rank must be at least 1");
-  static_assert(std::is_arithmetic_v<std::remove_const_t<Scalar>>,
-                "attn::TensorView: Scalar must be an arithmetic type (float, double, bool), "
-                "optionally const");
+  static_assert(std::is_arithmetic_v<std::remove_const_t<Scalar>> || is_storage_type_v<Scalar>,
+                "attn::TensorView: Scalar must be an arithmetic type (float, double, bool) or a "
+                "storage type (bfloat16, float16, float8_e4m3, float8_e5m2), optionally const");
 
  public:
   using element_type = Scalar;

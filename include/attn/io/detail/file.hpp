@@ -166,12 +166,69 @@ inline std::shared_ptr<const Storage> read_file(const std::string& path, const c
 
 #endif  // ATTN_IO_HAS_MMAP
 
+#if ATTN_IO_HAS_MMAP
+inline const char* file_kind(mode_t mode) noexcept {
+  return S_ISDIR(mode)    ? "a directory"
+         : S_ISFIFO(mode) ? "a FIFO"
+         : S_ISCHR(mode)  ? "a character device"
+         : S_ISBLK(mode)  ? "a block device"
+         : S_ISSOCK(mode) ? "a socket"
+                          : "a special file";
+}
+#endif
+
+/// Throws IoError unless `path` is something a writer may replace: nothing (a new file), a
+/// regular file, or a symbolic link (which is replaced, not followed) that leads to nothing
+/// or to a regular file. A directory, a FIFO, a socket or a device, or a link to one, is
+/// refused: replacing it would destroy something that is not a file the writer made (as
+/// root, a device node). Called before anything is computed or written, and again just
+/// before the rename (the window between the second check and the rename is a few system
+/// calls long; a path that changes kind in between is not guarded against).
+inline void check_replaceable(const std::string& path, const char* where) {
+#if ATTN_IO_HAS_MMAP
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) {
+    const int error = errno;
+    io_require<IoError>(error == ENOENT, where,
+                        [&] { return "cannot write '" + path + "': " + describe_errno(error); });
+    return;  // nothing there (the directory is checked when the temporary file is created)
+  }
+  const bool link = S_ISLNK(info.st_mode);
+  struct stat target {};
+  const bool leads_somewhere = link && ::stat(path.c_str(), &target) == 0;
+  const mode_t mode = link ? target.st_mode : info.st_mode;
+  io_require<IoError>((link && !leads_somewhere) || S_ISREG(mode), where, [&] {
+    return "'" + path + "' is " + (link ? "a symbolic link to " : "") + file_kind(mode) +
+           ", not a regular file: refusing to replace it (name a regular file or a new one)";
+  });
+#else
+  std::error_code error;
+  const std::filesystem::file_status own = std::filesystem::symlink_status(path, error);
+  if (error || !std::filesystem::exists(own)) return;
+  const bool link = std::filesystem::is_symlink(own);
+  const std::filesystem::file_status target = link ? std::filesystem::status(path, error) : own;
+  if (link && (error || !std::filesystem::exists(target))) return;
+  io_require<IoError>(std::filesystem::is_regular_file(target), where, [&] {
+    const char* kind = std::filesystem::is_directory(target)        ? "a directory"
+                       : std::filesystem::is_fifo(target)           ? "a FIFO"
+                       : std::filesystem::is_character_file(target) ? "a character device"
+                       : std::filesystem::is_block_file(target)     ? "a block device"
+                       : std::filesystem::is_socket(target)         ? "a socket"
+                                                                    : "a special file";
+    return "'" + path + "' is " + (link ? "a symbolic link to " : "") + kind +
+           ", not a regular file: refusing to replace it (name a regular file or a new one)";
+  });
+#endif
+}
+
 /// A temporary file next to `path`, created exclusively, removed unless commit() renamed it
 /// over `path`. The name is ".<file name>.tmp-<pid>-<n>" in the same directory, so the
-/// rename stays on one file system and is atomic.
+/// rename stays on one file system and is atomic. `path` must be replaceable
+/// (check_replaceable()), when the object is made and again just before the rename.
 class AtomicFile {
  public:
   AtomicFile(const std::string& path, const char* where) : path_(path), where_(where) {
+    check_replaceable(path, where);
     const std::filesystem::path target(path);
     const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
     static std::atomic<unsigned> counter{0};
@@ -213,6 +270,7 @@ class AtomicFile {
     io_require<IoError>(write_all(data, size, error), where_,
                         [&] { return failed("write", error); });
     io_require<IoError>(sync_and_close(error), where_, [&] { return failed("flush", error); });
+    check_replaceable(path_, where_);  // again: it may have changed while the bytes were written
     std::error_code rename_error;
     std::filesystem::rename(temp_, path_, rename_error);
     io_require<IoError>(!rename_error, where_, [&] {

@@ -41,6 +41,7 @@ struct Vec<float> {
   static Reg add(Reg a, Reg b) noexcept { return _mm256_add_ps(a, b); }
   static Reg sub(Reg a, Reg b) noexcept { return _mm256_sub_ps(a, b); }
   static Reg mul(Reg a, Reg b) noexcept { return _mm256_mul_ps(a, b); }
+  static Reg div(Reg a, Reg b) noexcept { return _mm256_div_ps(a, b); }
   static Reg max(Reg a, Reg b) noexcept { return _mm256_max_ps(a, b); }
   static Reg min(Reg a, Reg b) noexcept { return _mm256_min_ps(a, b); }
   static float reduce_add(Reg v) noexcept {
@@ -99,6 +100,7 @@ struct Vec<double> {
   static Reg add(Reg a, Reg b) noexcept { return _mm256_add_pd(a, b); }
   static Reg sub(Reg a, Reg b) noexcept { return _mm256_sub_pd(a, b); }
   static Reg mul(Reg a, Reg b) noexcept { return _mm256_mul_pd(a, b); }
+  static Reg div(Reg a, Reg b) noexcept { return _mm256_div_pd(a, b); }
   static Reg max(Reg a, Reg b) noexcept { return _mm256_max_pd(a, b); }
   static Reg min(Reg a, Reg b) noexcept { return _mm256_min_pd(a, b); }
   static double reduce_add(Reg v) noexcept {

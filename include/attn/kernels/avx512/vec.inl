@@ -35,6 +35,7 @@ struct Vec<float> {
   static Reg add(Reg a, Reg b) noexcept { return _mm512_add_ps(a, b); }
   static Reg sub(Reg a, Reg b) noexcept { return _mm512_sub_ps(a, b); }
   static Reg mul(Reg a, Reg b) noexcept { return _mm512_mul_ps(a, b); }
+  static Reg div(Reg a, Reg b) noexcept { return _mm512_div_ps(a, b); }
   static Reg max(Reg a, Reg b) noexcept { return _mm512_max_ps(a, b); }
   static Reg min(Reg a, Reg b) noexcept { return _mm512_min_ps(a, b); }
   static float reduce_add(Reg v) noexcept { return _mm512_reduce_add_ps(v); }
@@ -72,6 +73,7 @@ struct Vec<double> {
   static Reg add(Reg a, Reg b) noexcept { return _mm512_add_pd(a, b); }
   static Reg sub(Reg a, Reg b) noexcept { return _mm512_sub_pd(a, b); }
   static Reg mul(Reg a, Reg b) noexcept { return _mm512_mul_pd(a, b); }
+  static Reg div(Reg a, Reg b) noexcept { return _mm512_div_pd(a, b); }
   static Reg max(Reg a, Reg b) noexcept { return _mm512_max_pd(a, b); }
   static Reg min(Reg a, Reg b) noexcept { return _mm512_min_pd(a, b); }
   static double reduce_add(Reg v) noexcept { return _mm512_reduce_add_pd(v); }

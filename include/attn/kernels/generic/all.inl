@@ -9,18 +9,22 @@
 //  - Vec<float>, Vec<double>: Scalar, Reg, Mask, kWidth; zero, set1, load, store,
 //    load_partial / store_partial (the first n lanes; n <= 0 touches no memory), fmadd
 //    (a * b + c, fused where the set has FMA), fnmadd (c - a * b), add, sub, mul, min / max
-//    (the second operand when either is NaN, as x86 does), reduce_add, reduce_max, round
+//    (the second operand when either is NaN, as x86 does), div, reduce_add, reduce_max, round
 //    (to nearest even), ldexp (p * 2^n, n integral, exact), less / greater (ordered) and
 //    select (mask ? a : b);
-//  - transpose_block / transpose_block_wide and their widths, for packing.
+//  - transpose_block / transpose_block_wide and their widths, for packing;
+//  - optionally (<set>/convert.inl), convert_vector_part() overloads for the element-type
+//    conversions the set vectorises (see generic/convert.inl).
 // The order matters: each part uses the ones before it.
 // clang-format off
 #include "attn/kernels/generic/exp.inl"
 #include "attn/kernels/generic/microkernel.inl"
 #include "attn/kernels/generic/gemm.inl"
 #include "attn/kernels/generic/softmax.inl"
+#include "attn/kernels/generic/variants.inl"
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
 #include "attn/kernels/generic/attention_backward.inl"
+#include "attn/kernels/generic/convert.inl"
 #include "attn/kernels/generic/kernel_set.inl"
 // clang-format on

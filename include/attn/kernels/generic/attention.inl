@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/generic/attention.inl: both attention paths for one task, (batch, head, up to
 // kQueryBlock query rows), written once over a set's Vec and micro-kernel. The driver
-// (attn/attention/detail/kernel.hpp) resolves the task's mask and dropout stream and runs
+// (attn/ops/attention.hpp) resolves the task's mask and dropout stream and runs
 // the tasks on its threads.
 // Glossary: B = batch, H = heads, T_q / T_k = query / key lengths, d = head dim, d_v =
 // value head dim.
@@ -93,6 +93,23 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
   // result does not depend on the thread count).
   pack_transposed(k, p.k.stride(2), 0, tk, 0, d, kt);
   micro_gemm<Scalar>(rows, tk, d, q, p.q.stride(2), 1, kt, tk, scores, tk, p.scale, false, nullptr);
+  // The scores at an earlier stage than the weights, when asked for (WeightsStage).
+  Scalar* staged = p.weights.data() != nullptr && p.weights_stage != WeightsStage::kWeights
+                       ? p.weights.data() + b * p.weights.stride(0) + h * p.weights.stride(1) +
+                             i0 * p.weights.stride(2)
+                       : nullptr;
+  const Index staged_rs = staged != nullptr ? p.weights.stride(2) : 0;
+  const auto stage_rows = [&](WeightsStage stage) {
+    if (staged == nullptr || p.weights_stage != stage) return;
+    for (Index r = 0; r < rows; ++r) {
+      std::copy(scores + r * tk, scores + (r + 1) * tk, staged + r * staged_rs);
+    }
+  };
+  // pass 1b: the variants on the scores: softcap, then ALiBi (per row, below).
+  stage_rows(WeightsStage::kScaled);
+  if (p.softcap != Scalar(0)) softcap_block(scores, rows, tk, tk, p.softcap);
+  stage_rows(WeightsStage::kSoftcapped);
+  const Scalar slope = p.has_alibi() ? alibi_slope(p, h) : Scalar(0);
   const Scalar keep_scale =
       drop.active ? Scalar(1) / static_cast<Scalar>(1.0 - p.dropout) : Scalar(1);
   Index key_begin = tk, key_end = 0;  // the keys some row sees
@@ -102,13 +119,35 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
     // pass 2: masks (loop bounds, then element-wise parts) and a stable softmax over the
     // visible keys; invisible keys get weight 0.
     const Index end = mask.row_end(i), begin = std::min(mask.row_begin(i), end);
+    if (p.has_alibi()) {
+      alibi_row(s + begin, end - begin, begin, static_cast<Scalar>(i + mask.position), slope);
+    }
     const Index seen =
         mask.elementwise() ? mask.apply(i, begin, s + begin, end - begin) : end - begin;
+    if (staged != nullptr && p.weights_stage == WeightsStage::kMasked) {
+      Scalar* w = staged + r * staged_rs;
+      std::fill(w, w + tk, -std::numeric_limits<Scalar>::infinity());
+      std::copy(s + begin, s + end, w + begin);
+    }
     if (seen > 0) {
-      const Scalar top =
-          p.lse.data() != nullptr ? *std::max_element(s + begin, s + end) : Scalar(0);
+      const bool want_top = p.lse.data() != nullptr || p.sinks != nullptr;
+      const Scalar top = want_top ? *std::max_element(s + begin, s + end) : Scalar(0);
       const Scalar sum = softmax_row(s + begin, end - begin, /*all_minus_inf_is_masked=*/false);
-      if (p.lse.data() != nullptr) write_lse(p, b, h, i, top, sum);
+      if (p.sinks != nullptr) {  // the sink joins the denominator
+        const SinkShare share = sink_share(top, sum, p.sinks[h]);
+        const Scalar factor = static_cast<Scalar>(static_cast<double>(sum) * share.scale);
+        if (top == -std::numeric_limits<Scalar>::infinity()) {
+          std::fill(s + begin, s + end, Scalar(0));  // the sink takes the row (not 0/0)
+        } else {
+          scale_row(s + begin, end - begin, factor);
+        }
+        if (p.lse.data() != nullptr) {
+          p.lse.data()[b * p.lse.stride(0) + h * p.lse.stride(1) + i * p.lse.stride(2)] =
+              static_cast<Scalar>(share.lse);
+        }
+      } else if (p.lse.data() != nullptr) {
+        write_lse(p, b, h, i, top, sum);
+      }
       key_begin = std::min(key_begin, begin);
       key_end = std::max(key_end, end);
     } else {
@@ -117,6 +156,9 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
     }
     std::fill(s, s + begin, Scalar(0));
     std::fill(s + end, s + tk, Scalar(0));
+    if (staged != nullptr && p.weights_stage == WeightsStage::kProbabilities) {
+      std::copy(s, s + tk, staged + r * staged_rs);
+    }
     if (drop.active) {
       const std::uint64_t key = drop.row_key(i);
       for (Index j = begin; j < end; ++j) {
@@ -142,7 +184,7 @@ void materialized_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>& m
   } else {
     micro_gemm<Scalar>(rows, dv, n, w0, tk, 1, v0, v_rs, out, ldo, Scalar(1), false, nullptr);
   }
-  if (p.weights.data() != nullptr) {
+  if (p.weights.data() != nullptr && p.weights_stage == WeightsStage::kWeights) {
     Scalar* w = p.weights.data() + b * p.weights.stride(0) + h * p.weights.stride(1) +
                 i0 * p.weights.stride(2);
     for (Index r = 0; r < rows; ++r) {
@@ -233,6 +275,14 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   for (Index g = 0; g < (dot_rows ? 0 : task.heads); ++g) {
     pack_transposed(qrow[g * nq], q_rs, 0, nq, 0, d, qt + g * nq, rows);
   }
+  // ALiBi: each row's key position and its head's slope.
+  const bool alibi = p.has_alibi();
+  alignas(64) Scalar pos[kQueryBlock], slope[kQueryBlock];
+  for (Index r = 0; r < (alibi ? kQueryBlock : 0); ++r) {
+    const Index g = std::min(r, rows - 1) / nq;
+    pos[r] = static_cast<Scalar>(i0 + r % nq + masks[g].position);
+    slope[r] = alibi_slope(p, task.h0 + g);
+  }
 
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
@@ -270,6 +320,9 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
         c = c1;
       }
     }
+    // pass 1b: the variants: softcap, then ALiBi (entries no row sees are -inf after pass 2).
+    if (p.softcap != Scalar(0)) softcap_block(st, width, rows, ld, p.softcap);
+    if (alibi) alibi_block_t(st, width, rows, ld, j0, pos, slope);
     // pass 2: masks. Loop bounds: -inf outside each row's [begin, end). Element-wise parts
     // (boolean, additive, padding) where present.
     if (!full) {
@@ -396,6 +449,17 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
     }
     Scalar* o = p.out.data() + task.b * p.out.stride(0) + (task.h0 + r / nq) * p.out.stride(1) +
                 (i0 + r % nq) * p.out.stride(2);
+    if (any && p.sinks != nullptr) {  // the sink joins the denominator
+      const Index h = task.h0 + r / nq;
+      const SinkShare share = sink_share(m[r], l[r], p.sinks[h]);
+      const Scalar inv = static_cast<Scalar>(share.scale / keep);
+      for (Index e = 0; e < dv; ++e) o[e] = acc[r * dv + e] * inv;
+      if (p.lse.data() != nullptr) {
+        p.lse.data()[task.b * p.lse.stride(0) + h * p.lse.stride(1) +
+                     (i0 + r % nq) * p.lse.stride(2)] = static_cast<Scalar>(share.lse);
+      }
+      continue;
+    }
     if (any) {
       const Scalar inv = static_cast<Scalar>(1.0 / (static_cast<double>(l[r]) * keep));
       for (Index e = 0; e < dv; ++e) o[e] = acc[r * dv + e] * inv;

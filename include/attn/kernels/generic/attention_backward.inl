@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/generic/attention_backward.inl: the backward pass of both attention paths, per
 // task, written once over a set's Vec and micro-kernel. The driver
-// (attn/attention/detail/kernel_backward.hpp) resolves masks and dropout streams and runs the
+// (attn/ops/attention_backward.hpp) resolves masks and dropout streams and runs the
 // tasks on its threads.
 // Glossary: B = batch, H = heads, T_q / T_k = query / key lengths, d = head dim, d_v = value
 // head dim; P the attention probabilities (before dropout), A = P Z / (1 - p) the weights
@@ -12,6 +12,11 @@
 // An entry with P = 0 (a key the query cannot see, or an exp that underflowed) gets dS = 0
 // exactly, whatever dP holds there (a value row the query cannot see, or memory the masked
 // tile never computed), unless P is NaN: select(P > 0, P (dP - D), P * 0).
+//
+// Variants: a softcap c = C tanh(s / C) multiplies dS by dc/ds = 1 - tanh^2 (inside the same
+// select); ALiBi adds a constant; a sink enters through the logsumexp (P = exp(S - lse), lse
+// with the sink) and has its own gradient, dL/dsink_h = -sum_i P_sink(i) D_i over the rows of
+// head h (the sink's column has dP = 0).
 
 /// The key/value head query head h reads (grouped-query attention: H / H_kv heads share one).
 template <class Scalar>
@@ -55,12 +60,13 @@ void backward_query_tile(const AttentionBackwardArgs<Scalar>& p, Index b, Index 
 /// and dS^T (width, rows, not yet multiplied by the scale) in `dst`, row stride
 /// kQueryBlock; entries a query cannot see are 0 in both. The scores are computed, masked
 /// and bounded exactly as the forward's streaming_tile() does; P = exp(S - lse) from the
-/// forward's logsumexp. `zf` holds the dropout factors when dropout is active.
+/// forward's logsumexp. `zf` holds the dropout factors when dropout is active, `cf` the
+/// softcap's derivative when there is one.
 template <class Scalar>
 void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
                     const DropoutStream& drop, Index b, Index h, Index i0, Index rows, Index j0,
                     Index width, const Scalar* qt, const Scalar* dot, const Scalar* dvec,
-                    const Scalar* lse, Scalar* at, Scalar* dst, Scalar* zf) noexcept {
+                    const Scalar* lse, Scalar* at, Scalar* dst, Scalar* zf, Scalar* cf) noexcept {
   using V = Vec<Scalar>;
   constexpr Index W = V::kWidth;
   constexpr Index ld = kQueryBlock;
@@ -86,6 +92,18 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
                        at + g * ld + c0, ld, p.scale, false, nullptr);
     micro_gemm<Scalar>(group, rows - c0, dv, v + (j0 + g) * v_rs, v_rs, 1, dot + c0, rows,
                        dst + g * ld + c0, ld, Scalar(1), false, nullptr);
+  }
+  // The variants, as the forward applies them: softcap (keeping its derivative), ALiBi.
+  const bool capped = p.softcap != Scalar(0);
+  if (capped) softcap_block(at, width, rows, ld, p.softcap, cf);
+  if (p.has_alibi()) {
+    alignas(64) Scalar pos[kQueryBlock], slope[kQueryBlock];
+    const Scalar m = alibi_slope(p, h);
+    for (Index r = 0; r < kQueryBlock; ++r) {
+      pos[r] = static_cast<Scalar>(i0 + r + mask.position);
+      slope[r] = m;
+    }
+    alibi_block_t(at, width, rows, ld, j0, pos, slope);
   }
   // Masks, as the forward applies them: the causal diagonal, then per row the keys before
   // its window and past its end, and the element-wise parts in between.
@@ -132,7 +150,12 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
         dp = V::mul(dp, z);
         weight = V::mul(pr, z);
       }
-      const auto ds = V::select(V::greater(pr, zero), V::mul(pr, V::sub(dp, dd)), V::mul(pr, zero));
+      auto grad = V::mul(pr, V::sub(dp, dd));
+      if (capped) {
+        grad =
+            V::mul(grad, n == W ? V::load(cf + j * ld + c) : V::load_partial(cf + j * ld + c, n));
+      }
+      const auto ds = V::select(V::greater(pr, zero), grad, V::mul(pr, zero));
       if (n == W) {
         V::store(a, weight);
         V::store(s, ds);
@@ -162,7 +185,8 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
   Scalar* at = lse + kQueryBlock;
   Scalar* dst = at + kKeyBlock * ld;
   Scalar* zf = dst + kKeyBlock * ld;
-  Scalar* dk = zf + kKeyBlock * ld;  // (width, d)
+  Scalar* cf = zf + kKeyBlock * ld;
+  Scalar* dk = cf + kKeyBlock * ld;  // (width, d)
   Scalar* dvv = dk + kKeyBlock * d;  // (width, d_v)
   std::fill(dk, dk + width * d, Scalar(0));
   std::fill(dvv, dvv + width * dv, Scalar(0));
@@ -180,7 +204,7 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
     const Index end = std::min(width, mask.row_end(i0 + rows - 1) - j0);  // keys seen here
     if (end <= 0) continue;
     backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse);
-    backward_block(p, mask, drop, b, h, i0, rows, j0, end, qt, dot, dvec, lse, at, dst, zf);
+    backward_block(p, mask, drop, b, h, i0, rows, j0, end, qt, dot, dvec, lse, at, dst, zf, cf);
     // dV += A^T dO and dK += scale dS^T Q, each group of keys from its first query on.
     for (Index g = 0; g < end; g += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, end - g);
@@ -220,7 +244,8 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
   Scalar* at = lse + kQueryBlock;
   Scalar* dst = at + kKeyBlock * ld;
   Scalar* zf = dst + kKeyBlock * ld;
-  Scalar* dq = zf + kKeyBlock * ld;  // (rows, d)
+  Scalar* cf = zf + kKeyBlock * ld;
+  Scalar* dq = cf + kKeyBlock * ld;  // (rows, d)
   std::fill(dq, dq + rows * d, Scalar(0));
   Index key_end = 0;
   for (Index i = i0; i < i1; ++i) key_end = std::max(key_end, mask.row_end(i));
@@ -228,9 +253,19 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
   const Scalar* k = p.k.data() + b * p.k.stride(0) + backward_kv_head(p, h) * p.k.stride(1);
   const Index k_rs = p.k.stride(2);
   if (key_end > key_begin) backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse);
+  if (p.sink_partials != nullptr) {  // this tile's share of dL/dsink_h: -sum_i P_sink(i) D_i
+    double share = 0.0;
+    for (Index r = 0; key_end > key_begin && r < rows; ++r) {
+      share += std::exp(static_cast<double>(p.sinks[h]) - static_cast<double>(lse[r])) *
+               static_cast<double>(dvec[r]);
+    }
+    const Index tiles = (p.q.extent(2) + kQueryBlock - 1) / kQueryBlock;
+    p.sink_partials[(b * p.q.extent(1) + h) * tiles + i0 / kQueryBlock] =
+        static_cast<Scalar>(-share);
+  }
   for (Index j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
     const Index width = std::min(kKeyBlock, key_end - j0);
-    backward_block(p, mask, drop, b, h, i0, rows, j0, width, qt, dot, dvec, lse, at, dst, zf);
+    backward_block(p, mask, drop, b, h, i0, rows, j0, width, qt, dot, dvec, lse, at, dst, zf, cf);
     // dQ += scale dS K: dS read transposed out of dS^T; each group of queries stops at its
     // last visible key.
     for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
@@ -261,9 +296,12 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
                                 const HeadMask<Scalar>& mask, const DropoutStream& drop, Index b,
                                 Index h, Scalar* scratch) noexcept {
   const Index tq = p.q.extent(2), tk = p.k.extent(2), d = p.q.extent(3), dv = p.v.extent(3);
-  Scalar* prob = scratch;           // P, then A (T_q, T_k)
-  Scalar* grad = prob + tq * tk;    // dA, then dS (T_q, T_k)
-  Scalar* packed = grad + tq * tk;  // K^T (d, T_k), then V^T (d_v, T_k)
+  const bool capped = p.softcap != Scalar(0);
+  Scalar* prob = scratch;                          // P, then A (T_q, T_k)
+  Scalar* grad = prob + tq * tk;                   // dA, then dS (T_q, T_k)
+  Scalar* cf = grad + tq * tk;                     // softcap: its derivative (T_q, T_k)
+  Scalar* packed = capped ? cf + tq * tk : cf;     // K^T (d, T_k), then V^T (d_v, T_k)
+  Scalar* sink_p = packed + std::max(d, dv) * tk;  // sinks: each row's P_sink (T_q)
   const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1);
   const Index kvh = backward_kv_head(p, h);
   const Scalar* k = p.k.data() + b * p.k.stride(0) + kvh * p.k.stride(1);
@@ -278,13 +316,30 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
     micro_gemm<Scalar>(rows, tk, d, q + i0 * q_rs, q_rs, 1, packed, tk, prob + i0 * tk, tk, p.scale,
                        false, nullptr);
   }
+  if (capped) softcap_block(prob, tq, tk, tk, p.softcap, cf);
+  const Scalar slope = p.has_alibi() ? alibi_slope(p, h) : Scalar(0);
   for (Index i = 0; i < tq; ++i) {
     Scalar* s = prob + i * tk;
     const Index end = mask.row_end(i), begin = std::min(mask.row_begin(i), end);
+    if (p.has_alibi()) {
+      alibi_row(s + begin, end - begin, begin, static_cast<Scalar>(i + mask.position), slope);
+    }
     const Index seen =
         mask.elementwise() ? mask.apply(i, begin, s + begin, end - begin) : end - begin;
+    if (p.sinks != nullptr) sink_p[i] = Scalar(0);
     if (seen > 0) {
-      softmax_row(s + begin, end - begin, /*all_minus_inf_is_masked=*/false);
+      const Scalar top = p.sinks != nullptr ? *std::max_element(s + begin, s + end) : Scalar(0);
+      const Scalar sum = softmax_row(s + begin, end - begin, /*all_minus_inf_is_masked=*/false);
+      if (p.sinks != nullptr) {  // as the forward: the sink joins the denominator
+        const SinkShare share = sink_share(top, sum, p.sinks[h]);
+        if (top == -std::numeric_limits<Scalar>::infinity()) {
+          std::fill(s + begin, s + end, Scalar(0));
+        } else {
+          scale_row(s + begin, end - begin,
+                    static_cast<Scalar>(static_cast<double>(sum) * share.scale));
+        }
+        sink_p[i] = static_cast<Scalar>(share.sink_p);
+      }
     } else {
       std::fill(s + begin, s + end, Scalar(0));
     }
@@ -295,6 +350,7 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
   pack_transposed(v, v_rs, 0, tk, 0, dv, packed);
   micro_gemm<Scalar>(tq, tk, dv, go, go_rs, 1, packed, tk, grad, tk, Scalar(1), false, nullptr);
   const Scalar inv = drop.active ? Scalar(1) / static_cast<Scalar>(1.0 - p.dropout) : Scalar(1);
+  double sink_share_sum = 0.0;  // sum_i P_sink(i) D_i
   for (Index i = 0; i < tq; ++i) {
     Scalar* pr = prob + i * tk;
     Scalar* g = grad + i * tk;
@@ -310,9 +366,15 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
       dsum += pr[j] * g[j];
     }
     for (Index j = 0; j < tk; ++j) {
-      g[j] = j >= begin && j < end && pr[j] > Scalar(0) ? pr[j] * (g[j] - dsum) : pr[j] * Scalar(0);
+      g[j] = j >= begin && j < end && pr[j] > Scalar(0)
+                 ? pr[j] * (g[j] - dsum) * (capped ? cf[i * tk + j] : Scalar(1))
+                 : pr[j] * Scalar(0);
       if (j < end) pr[j] *= factor(j);
     }
+    if (p.sinks != nullptr) sink_share_sum += static_cast<double>(sink_p[i]) * dsum;
+  }
+  if (p.sink_partials != nullptr) {
+    p.sink_partials[b * p.q.extent(1) + h] = static_cast<Scalar>(-sink_share_sum);
   }
   const auto target = [&](const TensorView<Scalar, 4>& t, Index head) {
     return t.data() + b * t.stride(0) + head * t.stride(1);

@@ -4,16 +4,19 @@
 //
 // exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two
 // parts, so r is exact), exp(r) by a polynomial (float: Cephes' degree 6, about 1 ulp;
-// double: Taylor to degree 13, below 1e-17 relative on |r| <= 0.347), 2^n by ldexp (exact).
-// Edges, as IEEE exp: NaN -> NaN, +inf and x > ln(max) -> +inf, -inf and x < ln(min normal)
-// -> 0 (results that would be subnormal flush to 0).
+// double: Taylor to degree 13, below 1e-17 relative on |r| <= 0.347), 2^n by ldexp (two
+// exact steps, so a subnormal result is rounded once, from exp(r)).
+// Edges, as IEEE exp: NaN -> NaN, +inf and x > ln(max) -> +inf; results below the smallest
+// normal are the subnormals they round to (within one subnormal step), and x below
+// ln(min subnormal / 2) (-103.97 float, -745.13 double), -inf included, gives exactly 0, as
+// the correctly rounded result is there.
 
 template <class Scalar>
 struct ExpConstants;
 
 template <>
 struct ExpConstants<float> {
-  static constexpr float kLo = -87.33654f;             // ln(FLT_MIN)
+  static constexpr float kLo = -103.972077f;           // ln(2^-150): half the least subnormal
   static constexpr float kHi = 88.72283172607421875f;  // largest x with finite exp(x)
   static constexpr float kLog2e = 1.44269504088896341f;
   static constexpr float kLn2Hi = 0.693359375f;  // ln 2 = kLn2Hi + kLn2Lo
@@ -22,7 +25,7 @@ struct ExpConstants<float> {
 
 template <>
 struct ExpConstants<double> {
-  static constexpr double kLo = -708.3964185322641;  // ln(DBL_MIN)
+  static constexpr double kLo = -745.1332191019411;  // ln(2^-1075): half the least subnormal
   static constexpr double kHi = 709.782712893384;    // ln(DBL_MAX), rounded down
   static constexpr double kLog2e = 1.4426950408889634;
   static constexpr double kLn2Hi = 6.93145751953125e-1;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/generic/gemm.inl: the packed GEMM's per-set parts: packing B^T into
-// micro-panels, one task of a planned GEMM (attn/detail/gemm.hpp plans it and runs the tasks
+// micro-panels, one task of a planned GEMM (attn/ops/gemm.hpp plans it and runs the tasks
 // on its threads), and filling a PackedGemmB.
 
 /// Depth of one block: at most a 128 KiB B micro-panel (an eighth of L2), 128 to 512 deep
-/// (see attn/detail/gemm.hpp for the measurements).
+/// (see attn/ops/gemm.hpp for the measurements).
 template <class Scalar>
 constexpr Index gemm_depth() noexcept {
   return std::clamp<Index>(Index{131072} / (micro_cols<Scalar>() * Index{sizeof(Scalar)}), 128,

@@ -48,8 +48,18 @@ struct KernelSet {
   }
   template <class Scalar>
   static void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv,
-                             double keep, Scalar* out) noexcept {
-    kernels::ATTN_KERNEL_SET::merge_partials(partial, chunks, stride, dv, keep, out);
+                             double keep, Scalar* out, Scalar sink) noexcept {
+    kernels::ATTN_KERNEL_SET::merge_partials(partial, chunks, stride, dv, keep, out, sink);
+  }
+  /// dst[i] = src[i] converted to To, one rounding to nearest even (attn/types/element.hpp).
+  template <class From, class To>
+  static void convert_row(const From* src, To* dst, Index n) noexcept {
+    kernels::ATTN_KERNEL_SET::convert_row(src, dst, n);
+  }
+  /// The same with saturation, To a float8 type.
+  template <class From, class To>
+  static void convert_row_saturate(const From* src, To* dst, Index n) noexcept {
+    kernels::ATTN_KERNEL_SET::convert_row_saturate(src, dst, n);
   }
   template <class Scalar>
   static void attention_backward_task(const AttentionBackwardArgs<Scalar>& args,
@@ -90,7 +100,7 @@ struct KernelSet {
                                                          const HeadMask<S>*, const DropoutStream*, \
                                                          const StreamTask<S>&, S*);                \
   ATTN_KERNELS_EXPLICIT_ template void merge_partials<S>(const S*, Index, Index, Index, double,    \
-                                                         S*) noexcept;
+                                                         S*, S) noexcept;
 #define ATTN_KERNELS_BACKWARD_INSTANCES_(S)                                                    \
   ATTN_KERNELS_EXPLICIT_ template void backward_key_task<S>(                                   \
       const AttentionBackwardArgs<S>&, const HeadMask<S>&, const DropoutStream&, Index, Index, \
@@ -107,5 +117,20 @@ ATTN_KERNELS_BACKWARD_INSTANCES_(double)
 ATTN_KERNELS_INSTANCES_(float)
 ATTN_KERNELS_INSTANCES_(double)
 #undef ATTN_KERNELS_INSTANCES_
+// The conversion rows each set vectorises, both ways (the other pairs instantiate where used).
+#define ATTN_KERNELS_CONVERT_INSTANCES_(A, B)                                           \
+  ATTN_KERNELS_EXPLICIT_ template void convert_row<A, B>(const A*, B*, Index) noexcept; \
+  ATTN_KERNELS_EXPLICIT_ template void convert_row<B, A>(const B*, A*, Index) noexcept;
+ATTN_KERNELS_CONVERT_INSTANCES_(float, bfloat16)
+ATTN_KERNELS_CONVERT_INSTANCES_(float, float16)
+ATTN_KERNELS_CONVERT_INSTANCES_(float, float8_e4m3)
+ATTN_KERNELS_CONVERT_INSTANCES_(float, float8_e5m2)
+ATTN_KERNELS_EXPLICIT_ template void convert_row_saturate<float, float8_e4m3>(const float*,
+                                                                              float8_e4m3*,
+                                                                              Index) noexcept;
+ATTN_KERNELS_EXPLICIT_ template void convert_row_saturate<float, float8_e5m2>(const float*,
+                                                                              float8_e5m2*,
+                                                                              Index) noexcept;
+#undef ATTN_KERNELS_CONVERT_INSTANCES_
 #undef ATTN_KERNELS_EXPLICIT_
 #endif

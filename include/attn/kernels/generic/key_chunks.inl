@@ -7,9 +7,11 @@
 /// Combines the partial states of one row over `chunks` key chunks (chunk c's at
 /// partial + c * stride, in chunk order) into its output o (d_v), as streaming_tile's pass 6
 /// would have: out = sum_c acc_c e^(m_c - M) / (keep sum_c l_c e^(m_c - M)), M the largest m_c.
+/// A sink logit (-inf: none) joins the denominator once, as e^(sink - M) (with M the larger
+/// of the chunks' maxima and the sink).
 template <class Scalar>
 void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv, double keep,
-                    Scalar* o) noexcept {
+                    Scalar* o, Scalar sink) noexcept {
   using V = Vec<Scalar>;
   constexpr Index W = V::kWidth;
   const Scalar lowest = std::numeric_limits<Scalar>::lowest();
@@ -23,6 +25,7 @@ void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv,
     std::fill(o, o + dv, Scalar(0));
     return;
   }
+  if (sink != -std::numeric_limits<Scalar>::infinity()) top = std::max(top, sink);
   const auto shift = V::set1(std::max(top, lowest));
   std::fill(o, o + dv, Scalar(0));
   for (Index c = 0; c < chunks; ++c) {
@@ -37,6 +40,9 @@ void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv,
           o + e, V::fmadd(V::load_partial(a + e, dv - e), factor, V::load_partial(o + e, dv - e)),
           dv - e);
     }
+  }
+  if (sink != -std::numeric_limits<Scalar>::infinity()) {
+    l += V::reduce_max(vexp<V>(V::sub(V::set1(sink), shift)));
   }
   const Scalar inv = static_cast<Scalar>(1.0 / (static_cast<double>(l) * keep));
   for (Index e = 0; e < dv; ++e) o[e] *= inv;

@@ -28,6 +28,7 @@ struct Vec {
   static Reg add(Reg a, Reg b) noexcept { return a + b; }
   static Reg sub(Reg a, Reg b) noexcept { return a - b; }
   static Reg mul(Reg a, Reg b) noexcept { return a * b; }
+  static Reg div(Reg a, Reg b) noexcept { return a / b; }
   // x86's rule for NaN, which the kernels rely on: the second operand when either is NaN.
   static Reg max(Reg a, Reg b) noexcept { return a > b ? a : b; }
   static Reg min(Reg a, Reg b) noexcept { return a < b ? a : b; }

@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/gemm_args.hpp: what the GEMM driver hands a kernel set: its cache blocking,
+// where C is written (GemmOutput), a weight packed once (PackedGemmB) and one planned GEMM
+// (GemmPlan). Plain data, compiled with the program's flags; every kernel set reads the same.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+
+#include "attn/config.hpp"
+#include "attn/isa.hpp"
+#include "attn/memory.hpp"
+
+ATTN_NAMESPACE_BEGIN
+namespace detail {
+
+/// Cache blocking of the GEMM (BLIS's loop order). A column tile of at most kGemmCols is
+/// packed depth block by depth block into micro-panels (depth x micro-width, contiguous);
+/// row blocks of kGemmRows stream past it, and the micro-kernel walks down a row block with
+/// one B micro-panel, broadcasting A straight from its rows (A is not packed). Measured
+/// with bench/gemm_bench.cpp:
+///  - 2-core AVX2 machine (32 KiB L1, 512 KiB L2): contiguous micro-panels beat a strided
+///    (depth x tile) panel by 5-12% (its 768-byte row stride left the B micro-panel in 16 of
+///    L1's 64 sets), and 768-column tiles beat 192 by about 10%; depth 512 beat 256.
+///  - 2-core AVX-512 machine (48 KiB L1, 1 MiB L2, 64-wide micro-panels): depth 512 (a
+///    128 KiB micro-panel, read from L2) beat 128 (an L1-sized one) by 5-10%, since C is
+///    then read and written once instead of four times for K = 512; broadcasting A from its
+///    rows beat packing it into micro-panels by 3-8% (the packing, a strided scalar copy
+///    repeated for every column tile, cost more than it saved).
+/// The depth block is each set's gemm_depth() (attn/kernels/generic/gemm.inl).
+inline constexpr Index kGemmRows = 96;
+inline constexpr Index kGemmCols = 768;
+
+/// Where a GEMM writes C. Row i = b * rows_per_batch + t and column j = s * segment + e
+/// go to data[b * batch_stride + t * ldc + s * segment_stride + e]. The plain row-major
+/// layout is one batch and one segment; the head-split layout of the Q/K/V projection,
+/// (B, 3H, T, hd), is rows_per_batch = T, segment = hd, segment_stride = T * hd, ldc = hd.
+template <class Scalar>
+struct GemmOutput {
+  Scalar* data = nullptr;
+  Index ldc = 0;
+  Index rows_per_batch = 0;  // 0: all rows in one batch
+  Index batch_stride = 0;
+  Index segment = 0;  // 0: all columns in one segment
+  Index segment_stride = 0;
+
+  static GemmOutput row_major(Scalar* c, Index ldc) noexcept {
+    GemmOutput out;
+    out.data = c;
+    out.ldc = ldc;
+    return out;
+  }
+  /// The head-major layout (B, columns / segment, T, segment) of rows b * tokens + t and
+  /// `columns` columns: each segment-wide block of a batch item's rows contiguous.
+  static GemmOutput head_major(Scalar* c, Index tokens, Index columns, Index segment) noexcept {
+    GemmOutput out;
+    out.data = c;
+    out.ldc = segment;
+    out.rows_per_batch = tokens;
+    out.batch_stride = tokens * columns;
+    out.segment = segment;
+    out.segment_stride = tokens * segment;
+    return out;
+  }
+  Scalar* row(Index i) const noexcept {
+    if (rows_per_batch <= 0) return data + i * ldc;
+    return data + (i / rows_per_batch) * batch_stride + (i % rows_per_batch) * ldc;
+  }
+  /// Offset of column j within a row.
+  Index column(Index j, Index seg) const noexcept { return (j / seg) * segment_stride + j % seg; }
+};
+
+/// A GEMM's B operand (a layer's weight, (n, k) row-major) packed once for one kernel set:
+/// gemm_nt then reads it instead of packing B on every call. Layout: the depth blocks of
+/// that set's blocking for this k, one after another; within a block, B's rows in column
+/// groups (the set's micro-panel width, never straddling a segment, counted from each
+/// segment's start), each group depth x width contiguous. Any contiguous run of whole
+/// segments of it serves a product on those rows of B (see PackedB), with the same result,
+/// bit for bit, as packing on the fly. A pack made for one kernel set is ignored (B is
+/// packed per call) when another set runs, e.g. after set_isa().
+/// detail::pack_gemm_b() (attn/ops/gemm.hpp) fills one.
+template <class Scalar>
+class PackedGemmB {
+ public:
+  PackedGemmB() = default;
+
+  /// Storage for B (n, k) with output segments `segment` columns wide (0: one segment),
+  /// laid out for `isa`'s micro-panels (`group_cols` wide) and depth blocks.
+  PackedGemmB(Index n, Index k, Index segment, Isa isa, Index group_cols, Index depth_block)
+      : n_(n),
+        k_(k),
+        segment_(segment > 0 ? segment : std::max<Index>(n, 1)),
+        group_cols_(group_cols),
+        depth_block_(depth_block),
+        isa_(isa) {
+    if (!empty()) data_.reserve(static_cast<std::size_t>(n * k));
+  }
+
+  PackedGemmB(const PackedGemmB& other)
+      : n_(other.n_),
+        k_(other.k_),
+        segment_(other.segment_),
+        group_cols_(other.group_cols_),
+        depth_block_(other.depth_block_),
+        isa_(other.isa_) {
+    if (other.empty()) return;
+    data_.reserve(static_cast<std::size_t>(n_ * k_));
+    std::copy(other.data_.data(), other.data_.data() + n_ * k_, data_.data());
+  }
+  PackedGemmB& operator=(const PackedGemmB& other) {
+    if (this != &other) *this = PackedGemmB(other);
+    return *this;
+  }
+  PackedGemmB(PackedGemmB&& other) noexcept { *this = std::move(other); }
+  PackedGemmB& operator=(PackedGemmB&& other) noexcept {
+    data_ = std::move(other.data_);
+    n_ = std::exchange(other.n_, 0);
+    k_ = std::exchange(other.k_, 0);
+    segment_ = std::exchange(other.segment_, 1);
+    group_cols_ = std::exchange(other.group_cols_, 1);
+    depth_block_ = std::exchange(other.depth_block_, 1);
+    isa_ = other.isa_;
+    return *this;
+  }
+  ~PackedGemmB() = default;
+
+  bool empty() const noexcept { return n_ <= 0 || k_ <= 0; }
+  Index rows() const noexcept { return n_; }
+  Index depth() const noexcept { return k_; }
+  Index segment() const noexcept { return segment_; }
+  Index depth_block() const noexcept { return depth_block_; }
+  Isa isa() const noexcept { return isa_; }
+
+  /// First column of the group holding column j, and that group's width.
+  Index group_start(Index j) const noexcept {
+    const Index s0 = j - j % segment_;
+    return s0 + (j - s0) / group_cols_ * group_cols_;
+  }
+  Index group_width(Index g) const noexcept {
+    return std::min({group_cols_, segment_ - g % segment_, n_ - g});
+  }
+  /// The micro-panel of the group starting at column g, in the depth block starting at p0
+  /// (depth x group_width(g), row stride group_width(g)).
+  const Scalar* panel(Index p0, Index g, Index depth) const noexcept {
+    return data_.data() + p0 * n_ + g * depth;
+  }
+  Scalar* mutable_panel(Index p0, Index g, Index depth) noexcept {
+    return data_.data() + p0 * n_ + g * depth;
+  }
+
+ private:
+  AlignedBuffer<Scalar> data_;
+  Index n_ = 0, k_ = 0, segment_ = 1, group_cols_ = 1, depth_block_ = 1;
+  Isa isa_ = Isa::kScalar;
+};
+
+/// The rows [offset, offset + n) of a PackedGemmB, as the B operand of one gemm_nt call
+/// (offset a multiple of the pack's segment). An empty PackedB means "pack B per call".
+template <class Scalar>
+struct PackedB {
+  const PackedGemmB<Scalar>* pack = nullptr;
+  Index offset = 0;
+};
+
+/// One GEMM, C (m, n) (+)= op(A) (m, k) op(B) (k, n) [+ bias], as the driver
+/// (detail::gemm) planned it: tasks are column tiles of `tile_cols` times row chunks of
+/// `chunk_rows`; each packs its op(B) panel per depth block (unless `pre` holds B packed for
+/// this set) and streams row blocks of op(A) past it.
+///  - A: row-major (a, lda), op(A) = A (m, k) or, `a_transposed`, A^T with A stored (k, m);
+///    or, `a_pack`, any GemmOutput layout (a head-major (B, P*H, T, hd) gradient) in
+///    `a_layout`, copied row block by row block into the task's buffer first.
+///  - B: (b, ldb) row-major, stored (n, k) (op(B) = B^T: y = x W^T, the forward) unless
+///    `b_kn`, stored (k, n) (op(B) = B: dX = dY W, dW = dY^T X).
+///  - `accumulate`: C += the product (the backward passes add into gradients); else C =.
+template <class Scalar>
+struct GemmPlan {
+  Index m = 0, n = 0, k = 0;
+  const Scalar* a = nullptr;  // A row-major, leading dimension lda
+  Index lda = 0;
+  bool a_transposed = false;
+  bool a_pack = false;
+  GemmOutput<const Scalar> a_layout;  // with a_pack: A's memory, any layout
+  Index a_segment = 0;                // a_layout's segment width (its columns when 0)
+  const Scalar* b = nullptr;          // B row-major, leading dimension ldb
+  Index ldb = 0;
+  bool b_kn = false;
+  bool accumulate = false;
+  GemmOutput<Scalar> out;
+  const Scalar* bias = nullptr;
+  const PackedGemmB<Scalar>* pre = nullptr;  // B packed for this kernel set, or null
+  Index pre_offset = 0;
+  Index segment = 0;  // output segment width (n when the output has one segment)
+  Index depth_block = 0, tile_cols = 0, col_tiles = 0, chunk_rows = 0;
+};
+
+}  // namespace detail
+ATTN_NAMESPACE_END

@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: MIT
+// attn/ops/gemm.hpp: the packed, threaded, allocation-free GEMM behind Linear and the
+// Q/K/V and output projections, forward and backward: its plan (GemmPlan) and its driver
+// here, the per-set work in attn/kernels/ (generic/gemm.inl).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "attn/config.hpp"
+#include "attn/kernels/dispatch.hpp"
+#include "attn/kernels/gemm_args.hpp"
+#include "attn/parallel.hpp"
+#include "attn/workspace.hpp"
+
+ATTN_NAMESPACE_BEGIN
+namespace detail {
+
+/// Splits `total` into the fewest parts of at most `limit`, of equal size rounded up to a
+/// multiple of `multiple` (the last part takes the remainder): equal tiles keep the threads
+/// balanced and the depth blocks even.
+inline Index even_block(Index total, Index limit, Index multiple) noexcept {
+  const Index parts = (total + limit - 1) / limit;
+  const Index size = (total + parts - 1) / parts;
+  return std::min(limit, (size + multiple - 1) / multiple * multiple);
+}
+
+/// B (n, k), row-major with leading dimension ldb, packed once for the active kernel set,
+/// for products whose output segments are `segment` columns wide (0: one segment).
+/// Allocates n * k elements.
+template <class Scalar>
+PackedGemmB<Scalar> pack_gemm_b(Index n, Index k, const Scalar* b, Index ldb, Index segment) {
+  const Isa isa = kernel_isa();
+  return with_kernels(isa, [&](auto set) {
+    using Set = decltype(set);
+    PackedGemmB<Scalar> pack(n, k, segment, isa, Set::template micro_cols<Scalar>(),
+                             even_block(k, Set::template gemm_depth<Scalar>(), 8));
+    if (!pack.empty()) Set::pack_gemm_b(b, ldb, pack);
+    return pack;
+  });
+}
+
+/// Plans and runs `g` (its operands, output, bias and accumulate flag set; m, n > 0, k > 0):
+/// the blocking, the tasks and the threads. BLIS's loop order: tasks are column tiles of
+/// kGemmCols (each packs its op(B) panel once per depth block), split by rows only when
+/// there are too few to feed the threads; a row block of kGemmRows streams past the panel.
+/// Tasks own disjoint blocks of C and each runs the whole depth in a fixed order, so the
+/// result does not depend on the thread count. `ws` holds the per-thread packing buffers (a
+/// temporary workspace when null, which allocates); none is allocated once it has served a
+/// product as large.
+template <class Scalar>
+void run_gemm(GemmPlan<Scalar>& g, PackedB<Scalar> prepacked, Workspace* ws) {
+  const Isa isa = kernel_isa();
+  const PackedGemmB<Scalar>* pre = prepacked.pack;
+  if (pre != nullptr && !pre->empty() && pre->isa() == isa) {
+    ATTN_ASSERT(!g.b_kn && pre->depth() == g.k && prepacked.offset + g.n <= pre->rows() &&
+                g.segment % pre->segment() == 0 && prepacked.offset % pre->segment() == 0);
+    g.pre = pre;
+    g.pre_offset = prepacked.offset;
+  }
+  with_kernels(isa, [&](auto set) {
+    using Set = decltype(set);
+    const Index group_cols = Set::template micro_cols<Scalar>();
+    const Index micro_rows = Set::template micro_rows<Scalar>();
+    const Index m = g.m, n = g.n, k = g.k;
+    g.depth_block = g.pre != nullptr ? g.pre->depth_block()
+                                     : even_block(k, Set::template gemm_depth<Scalar>(), 8);
+    g.tile_cols = even_block(n, kGemmCols, group_cols);
+    g.col_tiles = (n + g.tile_cols - 1) / g.tile_cols;
+    const Index want = 2 * static_cast<Index>(num_threads());
+    const Index row_chunks = std::max<Index>(
+        1,
+        std::min<Index>((want + g.col_tiles - 1) / g.col_tiles, (m + kGemmRows - 1) / kGemmRows));
+    g.chunk_rows = ((m + row_chunks - 1) / row_chunks + micro_rows - 1) / micro_rows * micro_rows;
+    const Index tasks = g.col_tiles * row_chunks;
+    // Per thread: the packed op(B) micro-panels (depth x tile_cols), none with a pre-packed
+    // B; then a row block of A when its layout needs packing.
+    const Index pack_size = (g.pre != nullptr ? 0 : g.depth_block * g.tile_cols) +
+                            (g.a_pack ? kGemmRows * g.depth_block : 0);
+    Workspace local;
+    Workspace& scratch = ws != nullptr ? *ws : local;
+    // Small products (under a MFLOP) run on the calling thread: a fork costs more.
+    const bool parallel =
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) > 1e6;
+    const int threads = parallel ? task_threads(tasks) : 1;
+    // Every thread's buffer is sized now, whether or not the dynamic schedule hands it a
+    // task this time: then no later call allocates.
+    for (int t = 0; t < threads; ++t) {
+      workspace_get<Scalar>(scratch, WorkspaceSlot::kGemmPack, pack_size, t);
+    }
+    run_tasks(threads, tasks, [&](Index task, int thread) {
+      Set::gemm_task(g, task, workspace_peek<Scalar>(scratch, WorkspaceSlot::kGemmPack, thread));
+    });
+  });
+}
+
+/// C = A (m, k) * B (n, k)^T [+ bias (n) on every row], A and B row-major with the given
+/// leading dimensions, C written through `out` (see GemmOutput). This is y = x W^T + b with
+/// W in torch.nn.Linear's layout. `prepacked` is B packed once (pack_gemm_b), used when it
+/// was packed for the kernel set that runs now; `ws` holds the per-thread packing buffers
+/// (see run_gemm()). Does not allocate once `ws` has served a product as large.
+template <class Scalar>
+void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
+             const GemmOutput<Scalar>& out, const Scalar* bias, PackedB<Scalar> prepacked = {},
+             Workspace* ws = nullptr) {
+  if (m <= 0 || n <= 0) return;
+  GemmPlan<Scalar> g;
+  g.m = m, g.n = n, g.k = k, g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.out = out;
+  g.bias = bias;
+  g.segment = out.segment > 0 ? out.segment : n;
+  if (k <= 0) {
+    for (Index i = 0; i < m; ++i) {
+      for (Index j = 0; j < n; ++j) {
+        out.row(i)[out.column(j, g.segment)] = bias != nullptr ? bias[j] : Scalar(0);
+      }
+    }
+    return;
+  }
+  run_gemm(g, prepacked, ws);
+}
+
+/// Row-major C (m, n) with leading dimension ldc: C = A B^T [+ bias].
+template <class Scalar>
+void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
+             Scalar* c, Index ldc, const Scalar* bias, PackedB<Scalar> prepacked = {},
+             Workspace* ws = nullptr) {
+  gemm_nt(m, n, k, a, lda, b, ldb, GemmOutput<Scalar>::row_major(c, ldc), bias, prepacked, ws);
+}
+
+/// A matrix in a GemmOutput layout read as a GEMM's A operand: row-major ones are read in
+/// place, others (head-major gradients) through a packed copy of each row block.
+template <class Scalar>
+void set_gemm_a(GemmPlan<Scalar>& g, const GemmOutput<const Scalar>& a, Index columns,
+                bool transposed) {
+  g.a_transposed = transposed;
+  if (a.rows_per_batch <= 0 && (a.segment <= 0 || a.segment >= columns)) {
+    g.a = a.data, g.lda = a.ldc;
+  } else {
+    g.a_pack = true;
+    g.a_layout = a;
+    g.a_segment = a.segment > 0 ? a.segment : columns;
+  }
+}
+
+/// C (m, n) (+)= op(A) B, B (k, n) row-major with leading dimension ldb: op(A) is `a`
+/// (m, k) in any GemmOutput layout, or its transpose (`a` stored (k, m)) when
+/// `a_transposed`. C += with `accumulate`. The backward passes: dX += dY W (A = dY, B = W)
+/// and dW += dY^T X (A^T = dY^T, B = X, k = tokens). Same blocking, threads and determinism
+/// as gemm_nt (parallel over blocks of C only; each element's sum in a fixed order).
+template <class Scalar>
+void gemm_nn(Index m, Index n, Index k, const GemmOutput<const Scalar>& a, bool a_transposed,
+             const Scalar* b, Index ldb, const GemmOutput<Scalar>& out, bool accumulate,
+             Workspace* ws = nullptr) {
+  if (m <= 0 || n <= 0) return;
+  GemmPlan<Scalar> g;
+  g.m = m, g.n = n, g.k = k, g.b = b, g.ldb = ldb, g.b_kn = true, g.out = out;
+  g.accumulate = accumulate;
+  g.segment = out.segment > 0 ? out.segment : n;
+  if (k <= 0) {
+    if (accumulate) return;
+    for (Index i = 0; i < m; ++i) {
+      for (Index j = 0; j < n; ++j) out.row(i)[out.column(j, g.segment)] = Scalar(0);
+    }
+    return;
+  }
+  set_gemm_a(g, a, a_transposed ? m : k, a_transposed);
+  run_gemm(g, {}, ws);
+}
+
+/// sums[j] += sum_i A(i, j) for an (m, n) matrix in any GemmOutput layout, rows in order
+/// (one thread: m n additions, against the m n k of the GEMMs beside it): a bias gradient.
+template <class Scalar>
+void column_sums(Index m, Index n, const GemmOutput<const Scalar>& a, Scalar* sums) {
+  if (m <= 0 || n <= 0) return;
+  const Index segment = a.segment > 0 ? a.segment : n;
+  with_kernels(kernel_isa(), [&](auto set) { set.column_sums(m, 0, n, a, segment, sums); });
+}
+
+}  // namespace detail
+ATTN_NAMESPACE_END
