@@ -18,6 +18,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace argument_contract_test {
+
 namespace {
 
 using attn::Index;
@@ -120,3 +122,5 @@ TEST(ArgumentContract, ATrainingForwardThatThrowsLeavesTheRecordEmpty) {
 }
 
 }  // namespace
+
+}  // namespace argument_contract_test

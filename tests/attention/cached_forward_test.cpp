@@ -24,6 +24,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace cached_forward_test {
+
 namespace {
 
 using attn::Index;
@@ -266,3 +268,5 @@ TYPED_TEST(CachedForward, ErrorsNameTheValuesAndLeaveTheCacheAlone) {
 }
 
 }  // namespace
+
+}  // namespace cached_forward_test

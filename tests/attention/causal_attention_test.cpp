@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace causal_attention_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -63,3 +65,5 @@ TYPED_TEST(CausalAttentionModule, CausalAttentionCombinesAUserMask) {
 }
 
 }  // namespace
+
+}  // namespace causal_attention_test

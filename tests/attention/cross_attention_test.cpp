@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace cross_attention_test {
+
 namespace {
 
 using attn::Index;
@@ -47,3 +49,5 @@ TYPED_TEST(CrossAttentionModule, CrossAttentionMatchesReference) {
 }
 
 }  // namespace
+
+}  // namespace cross_attention_test

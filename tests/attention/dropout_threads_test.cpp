@@ -23,6 +23,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace dropout_threads_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -453,3 +455,5 @@ TYPED_TEST(DropoutAndThreads, MultiHeadStreamingAndWeightsPathsDropTheSame) {
 }
 
 }  // namespace
+
+}  // namespace dropout_threads_test

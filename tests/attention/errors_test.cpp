@@ -18,6 +18,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace errors_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -607,3 +609,5 @@ TEST(ErrorTypes, EveryKindIsCaughtAsAttnError) {
 }
 
 }  // namespace
+
+}  // namespace errors_test

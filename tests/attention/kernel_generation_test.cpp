@@ -23,6 +23,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace kernel_generation_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -253,3 +255,5 @@ TYPED_TEST(KernelGeneration, HeadCountsThatDoNotGroupAreShapeErrors) {
 }
 
 }  // namespace
+
+}  // namespace kernel_generation_test

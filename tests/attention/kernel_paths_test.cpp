@@ -23,8 +23,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
-namespace {
 namespace kernel_paths_test {
+namespace {
 
 using attn::AttentionMask;
 using attn::AttentionOptions;
@@ -546,5 +546,5 @@ TYPED_TEST(KernelPaths, AllocatingRank2And3FormsMatchReference) {
   EXPECT_TRUE(ref::all_near(out3.view(), attn::select(expected.output.view(), 1, 0), tol));
 }
 
-}  // namespace kernel_paths_test
 }  // namespace
+}  // namespace kernel_paths_test

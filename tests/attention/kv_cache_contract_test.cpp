@@ -21,6 +21,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace kv_cache_contract_test {
+
 namespace {
 
 using attn::ConfigError;
@@ -149,3 +151,5 @@ TEST(KVCacheContract, ACacheHoldsOneModulesKeysUntilReset) {
 }
 
 }  // namespace
+
+}  // namespace kv_cache_contract_test

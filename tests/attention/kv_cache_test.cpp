@@ -16,6 +16,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace kv_cache_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -399,3 +401,5 @@ TYPED_TEST(KVCacheTyped, SlidingWindowWithRoomBeforeWrappingViewsLikeALinearCach
 }
 
 }  // namespace
+
+}  // namespace kv_cache_test

@@ -22,8 +22,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
-namespace {
 namespace masking_test {
+namespace {
 
 using attn::AttentionMask;
 using attn::AttentionOptions;
@@ -432,5 +432,5 @@ TYPED_TEST(Masking, ModuleWithFullyPaddedBatchItemGivesOutputBiasNotNaN) {
   EXPECT_NE(attn::test::row(y, 0, 0), bias);
 }
 
-}  // namespace masking_test
 }  // namespace
+}  // namespace masking_test

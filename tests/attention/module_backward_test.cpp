@@ -18,6 +18,8 @@
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
+namespace module_backward_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -316,3 +318,5 @@ TEST(ModuleBackward, RejectsMismatchedArgumentsNamingThem) {
 }
 
 }  // namespace
+
+}  // namespace module_backward_test

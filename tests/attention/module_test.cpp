@@ -18,6 +18,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace module_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -471,3 +473,5 @@ TEST(ModuleSpecifics, WrapperMaskPerHeadReachesEachHead) {
 }
 
 }  // namespace
+
+}  // namespace module_test

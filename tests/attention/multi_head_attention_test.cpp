@@ -20,6 +20,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace multi_head_attention_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -498,3 +500,5 @@ TEST(MultiHeadAttentionConfig, GroupedQueryAndHeadDimErrorsNameTheValues) {
 }
 
 }  // namespace
+
+}  // namespace multi_head_attention_test

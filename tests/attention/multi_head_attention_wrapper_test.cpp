@@ -11,6 +11,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace multi_head_attention_wrapper_test {
+
 namespace {
 
 using attn::CausalAlignment;
@@ -66,3 +68,5 @@ TYPED_TEST(MultiHeadAttentionWrapperModule, ForwardInPlaceEqualsOutOfPlace) {
 }
 
 }  // namespace
+
+}  // namespace multi_head_attention_wrapper_test

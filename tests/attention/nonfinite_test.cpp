@@ -21,8 +21,8 @@
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
 
-namespace {
 namespace nonfinite_test {
+namespace {
 
 using attn::Index;
 using attn::Isa;
@@ -247,5 +247,5 @@ TYPED_TEST(NonFiniteTest, WeightsOfHiddenNaNKeysAreZero) {
   }
 }
 
-}  // namespace nonfinite_test
 }  // namespace
+}  // namespace nonfinite_test

@@ -14,8 +14,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
-namespace {
 namespace qkv_projection_test {
+namespace {
 
 using attn::Index;
 using attn::QkvProjection;
@@ -171,5 +171,5 @@ TYPED_TEST(QkvProjectionTest, FusedWeightExistsOnlyWhenTheDimsAgree) {
   EXPECT_EQ(proj.bias(0).data(), nullptr);
 }
 
-}  // namespace qkv_projection_test
 }  // namespace
+}  // namespace qkv_projection_test

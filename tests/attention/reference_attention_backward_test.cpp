@@ -20,6 +20,8 @@
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
+namespace reference_attention_backward_test {
+
 namespace {
 
 using attn::CausalAlignment;
@@ -170,3 +172,5 @@ TEST(ReferenceAttentionBackward, DropoutWithGivenKeepDecisionsAndCustomScale) {
 }
 
 }  // namespace
+
+}  // namespace reference_attention_backward_test

@@ -15,6 +15,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace saved_forward_identity_test {
+
 namespace {
 
 using attn::Gradients;
@@ -181,3 +183,5 @@ TEST(SavedForwardIdentity, ACopyIsAnotherModule) {
 }
 
 }  // namespace
+
+}  // namespace saved_forward_identity_test

@@ -15,6 +15,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace saved_forward_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -194,3 +196,5 @@ TYPED_TEST(SavedForwardTest, WrapperRecordsEveryHeadAndSimpleAttentionItsInput) 
 }
 
 }  // namespace
+
+}  // namespace saved_forward_test

@@ -21,8 +21,8 @@
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
-namespace {
 namespace scaled_dot_product_backward_test {
+namespace {
 
 using attn::AttentionMask;
 using attn::AttentionOptions;
@@ -542,5 +542,5 @@ TEST_F(SdpaBackward, RejectsBadArgumentsNamingThem) {
       ThrowsMessage<attn::ShapeError>(HasSubstr("grad_v")));
 }
 
-}  // namespace scaled_dot_product_backward_test
 }  // namespace
+}  // namespace scaled_dot_product_backward_test

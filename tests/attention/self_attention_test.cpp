@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace self_attention_test {
+
 namespace {
 
 using attn::Index;
@@ -124,3 +126,5 @@ TYPED_TEST(SelfAttentionModule, SelfAttentionUnbatchedEqualsBatchOfOne) {
 }
 
 }  // namespace
+
+}  // namespace self_attention_test

@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace simple_self_attention_test {
+
 namespace {
 
 using attn::Index;
@@ -69,3 +71,5 @@ TYPED_TEST(SimpleSelfAttentionModule, ForwardInPlaceEqualsOutOfPlace) {
 }
 
 }  // namespace
+
+}  // namespace simple_self_attention_test

@@ -6,6 +6,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace smoke_test {
+
 namespace {
 
 using ::testing::FloatNear;
@@ -26,3 +28,5 @@ TEST(Smoke, CausalAttentionFromSeed123MatchesNotebook) {
 }
 
 }  // namespace
+
+}  // namespace smoke_test

@@ -25,6 +25,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace training_aliasing_test {
+
 namespace {
 
 using attn::Gradients;
@@ -331,3 +333,5 @@ TEST(TrainingAliasing, ModulesWithoutACausalCoreRefuseTheIncrementalForward) {
 }
 
 }  // namespace
+
+}  // namespace training_aliasing_test

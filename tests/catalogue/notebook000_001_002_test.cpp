@@ -23,6 +23,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+namespace notebook000_001_002_test {
+
 namespace {
 
 namespace cat = attn::test::catalogue;
@@ -339,3 +341,5 @@ TYPED_TEST(Notebook001And002, Notebook002In36MultiHeadAttentionShapeWithoutBatch
 }
 
 }  // namespace
+
+}  // namespace notebook000_001_002_test

@@ -27,6 +27,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+namespace notebook003_causal_multihead_test {
+
 namespace {
 
 namespace cat = attn::test::catalogue;
@@ -306,3 +308,5 @@ TEST(Notebook003CausalSeeded, In220ValuesMultiHeadAttentionFromSeed123MatchesDer
 }
 
 }  // namespace
+
+}  // namespace notebook003_causal_multihead_test

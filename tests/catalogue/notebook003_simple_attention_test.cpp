@@ -18,6 +18,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+namespace notebook003_simple_attention_test {
+
 namespace {
 
 namespace cat = attn::test::catalogue;
@@ -294,3 +296,5 @@ TYPED_TEST(Notebook003Simple, In217TransposeAndBatchedProductShapes) {
 }
 
 }  // namespace
+
+}  // namespace notebook003_simple_attention_test

@@ -25,6 +25,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+namespace notebook003_trainable_weights_test {
+
 namespace {
 
 namespace cat = attn::test::catalogue;
@@ -456,3 +458,5 @@ TYPED_TEST(Notebook003Weights, In209CorrectedCausalWeightsMatchDerivedCase) {
 }
 
 }  // namespace
+
+}  // namespace notebook003_trainable_weights_test

@@ -24,8 +24,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
-namespace {
 namespace notebook004_additive_mask_test {
+namespace {
 
 namespace cat = attn::test::catalogue;
 namespace nb = attn::test::notebook::nb004;
@@ -271,5 +271,5 @@ TYPED_TEST(Notebook004, In86OutputLinearShapeAndFusedModuleAgree) {
               Le(attn::test::reduction_tolerance<Scalar>(512)));
 }
 
-}  // namespace notebook004_additive_mask_test
 }  // namespace
+}  // namespace notebook004_additive_mask_test

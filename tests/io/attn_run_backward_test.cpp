@@ -16,6 +16,8 @@
 #include "attn_run/run.hpp"
 #include "io/fixture_support.hpp"
 
+namespace attn_run_backward_test {
+
 namespace {
 
 using attn::io::SafetensorsFile;
@@ -52,3 +54,5 @@ TEST(AttnRunBackwardFixtures, EveryGradientMatchesPyTorchAutograd) {
 }
 
 }  // namespace
+
+}  // namespace attn_run_backward_test

@@ -20,8 +20,8 @@
 #include "attn_run/cli.hpp"
 #include "io/fixture_support.hpp"
 
-namespace {
 namespace attn_run_llama_test {
+namespace {
 
 using attn::io::SafetensorsFile;
 using attn::io::SafetensorsWriter;
@@ -227,5 +227,5 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   }
 }
 
-}  // namespace attn_run_llama_test
 }  // namespace
+}  // namespace attn_run_llama_test

@@ -24,6 +24,8 @@
 #include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
 
+namespace attn_run_onnx_test {
+
 namespace {
 
 using attn::io::SafetensorsFile;
@@ -202,3 +204,5 @@ TEST(AttnRunOnnx, ParsesTheOperatorsAttributesAndRefusesMisplacedFlags) {
 }
 
 }  // namespace
+
+}  // namespace attn_run_onnx_test

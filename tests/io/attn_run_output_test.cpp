@@ -29,6 +29,8 @@
 #include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
 
+namespace attn_run_output_test {
+
 namespace {
 
 using attn::io::SafetensorsWriter;
@@ -178,3 +180,5 @@ TEST(AttnRunOutput, TheWriterRefusesSpecialFilesToo) {
 }
 
 }  // namespace
+
+}  // namespace attn_run_output_test

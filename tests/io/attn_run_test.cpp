@@ -19,6 +19,8 @@
 #include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
 
+namespace attn_run_test {
+
 namespace {
 
 using attn::Index;
@@ -308,3 +310,5 @@ TEST(AttnRunFiles, OutputOverInputSucceedingReplacesIt) {
 }
 
 }  // namespace
+
+}  // namespace attn_run_test

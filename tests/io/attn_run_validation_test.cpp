@@ -27,6 +27,8 @@
 #include "attn_run/cli.hpp"
 #include "io/file_test_support.hpp"
 
+namespace attn_run_validation_test {
+
 namespace {
 
 using attn::Index;
@@ -207,3 +209,5 @@ TEST(AttnRunValidation, MhaInputsAreCheckedBeforeTheMasksAreBuilt) {
 }
 
 }  // namespace
+
+}  // namespace attn_run_validation_test

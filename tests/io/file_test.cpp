@@ -22,6 +22,8 @@
 #include "attn/io/safetensors.hpp"
 #include "io/file_test_support.hpp"
 
+namespace file_test {
+
 #ifndef ATTN_FILE_TEST
 #define ATTN_FILE_TEST SafetensorsFileIo  // the test suite's name
 #endif
@@ -214,3 +216,7 @@ TEST(ATTN_FILE_TEST, FromStreamReadsEverything) {
 }
 
 }  // namespace
+
+}  // namespace file_test
+
+#undef ATTN_FILE_TEST

@@ -10,6 +10,8 @@
 #include "attn/attn.hpp"
 #include "attn/io/io.hpp"
 
+namespace io_error_test {
+
 namespace {
 
 // Runs f; true when it threw an exception caught both as attn::Error and as Std, whose
@@ -49,3 +51,5 @@ TEST(IoErrorTypes, EveryKindIsCaughtAsAttnError) {
 }
 
 }  // namespace
+
+}  // namespace io_error_test

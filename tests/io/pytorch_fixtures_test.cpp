@@ -16,8 +16,8 @@
 #include "attn_run/run.hpp"
 #include "io/fixture_support.hpp"
 
-namespace {
 namespace pytorch_fixtures_test {
+namespace {
 
 using attn::io::FormatError;
 using attn::io::SafetensorsFile;
@@ -155,5 +155,5 @@ TEST(Runner, WrongEmbeddingSizeIsAShapeError) {
               ThrowsMessage<attn::ShapeError>(HasSubstr("(1, 2, 5)")));
 }
 
-}  // namespace pytorch_fixtures_test
 }  // namespace
+}  // namespace pytorch_fixtures_test

@@ -17,6 +17,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace safetensors_test {
+
 namespace {
 
 using attn::io::DType;
@@ -418,3 +420,5 @@ TEST(SafetensorsWriter, RejectsDuplicateReservedAndMissizedTensors) {
 }
 
 }  // namespace
+
+}  // namespace safetensors_test

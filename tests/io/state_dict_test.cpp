@@ -12,6 +12,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace state_dict_test {
+
 namespace {
 
 using attn::io::SafetensorsFile;
@@ -481,3 +483,5 @@ TEST(StateDict, SavesAndLoadsWholeFiles) {
 }
 
 }  // namespace
+
+}  // namespace state_dict_test

@@ -18,6 +18,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace gemm_test {
+
 namespace {
 
 using attn::Index;
@@ -379,3 +381,5 @@ TEST_F(GemmBackwardForms, ColumnSumsAddEveryRowInOrder) {
 }
 
 }  // namespace
+
+}  // namespace gemm_test

@@ -22,6 +22,8 @@
 #include "attn/kernels/dispatch.hpp"
 #include "support/scalar_types.hpp"
 
+namespace simd_test {
+
 namespace {
 
 using attn::Index;
@@ -187,3 +189,7 @@ TYPED_TEST(SimdTest, ExpFollowsIeeeAtTheEdges) {
 }
 
 }  // namespace
+
+}  // namespace simd_test
+
+#undef ATTN_SIMD_TEST_HELPERS

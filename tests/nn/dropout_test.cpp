@@ -16,6 +16,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace dropout_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -295,3 +297,5 @@ TEST(DropoutInPlace, ViewsWhoseElementsShareMemoryAreShapeErrors) {
   attn::Dropout<float> dropout(0.5);
   EXPECT_THROW(dropout.forward_(broadcast), attn::ShapeError);
 }
+
+}  // namespace dropout_test

@@ -18,6 +18,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace exp_subnormal_test {
+
 namespace {
 
 using attn::Index;
@@ -84,3 +86,5 @@ TYPED_TEST(ExpSubnormal, BelowHalfTheSmallestSubnormalTheResultIsZero) {
 }
 
 }  // namespace
+
+}  // namespace exp_subnormal_test

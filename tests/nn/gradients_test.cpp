@@ -12,6 +12,8 @@
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
 
+namespace gradients_test {
+
 namespace {
 
 using attn::Gradients;
@@ -178,3 +180,5 @@ TEST(Gradients, ErrorsNameTheParameters) {
 }
 
 }  // namespace
+
+}  // namespace gradients_test

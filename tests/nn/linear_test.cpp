@@ -16,6 +16,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace linear_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -508,3 +510,5 @@ TEST(LinearBackward, AddsIntoTheGradientsAndSkipsAnEmptyInputGradient) {
 }
 
 }  // namespace
+
+}  // namespace linear_test

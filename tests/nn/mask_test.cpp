@@ -13,6 +13,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace mask_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -294,3 +296,5 @@ TYPED_TEST(MaskHelpersTest, NotebookCausalWeightsFromMaskedFillAndSoftmax) {
 }
 
 }  // namespace
+
+}  // namespace mask_test

@@ -8,6 +8,8 @@
 
 #include "attn/attn.hpp"
 
+namespace parameter_test {
+
 namespace {
 
 using attn::NamedParameter;
@@ -64,3 +66,5 @@ TEST(ParameterList, KeepsOrderPrefixesSubmodulesAndRecordsAbsentNames) {
 }
 
 }  // namespace
+
+}  // namespace parameter_test

@@ -15,6 +15,8 @@
 
 #include "attn/attn.hpp"
 
+namespace rope_range_test {
+
 namespace {
 
 using attn::ConfigError;
@@ -75,3 +77,5 @@ TEST(RopeRange, AModuleWithSuchARopeIsRefusedWhenBuilt) {
 }
 
 }  // namespace
+
+}  // namespace rope_range_test

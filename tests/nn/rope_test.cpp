@@ -18,6 +18,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace rope_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -317,3 +319,5 @@ TEST(Rope, WrongShapesAreShapeErrors) {
 }
 
 }  // namespace
+
+}  // namespace rope_test

@@ -16,6 +16,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace softmax_backward_test {
+
 namespace {
 
 using attn::Index;
@@ -119,3 +121,5 @@ TEST(SoftmaxBackward, WrongShapesThrowNamingThem) {
 }
 
 }  // namespace
+
+}  // namespace softmax_backward_test

@@ -12,6 +12,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace softmax_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -192,3 +194,5 @@ TEST(SoftmaxInPlace, ViewsWhoseElementsShareMemoryAreShapeErrors) {
   const attn::TensorView<float, 2> broadcast(data, {3, 4}, {0, 1});
   EXPECT_THROW(attn::softmax_(broadcast), attn::ShapeError);
 }
+
+}  // namespace softmax_test

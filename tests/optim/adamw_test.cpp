@@ -15,6 +15,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace adamw_test {
+
 namespace {
 
 using attn::Gradients;
@@ -145,3 +147,5 @@ TEST(AdamW, RejectsWhatPyTorchRejects) {
 }
 
 }  // namespace
+
+}  // namespace adamw_test

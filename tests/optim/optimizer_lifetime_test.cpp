@@ -15,6 +15,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace optimizer_lifetime_test {
+
 namespace {
 
 using attn::ConfigError;
@@ -108,3 +110,5 @@ TEST(OptimizerLifetime, GradientsOfParametersThatNoLongerExistAreRefused) {
 }
 
 }  // namespace
+
+}  // namespace optimizer_lifetime_test

@@ -15,8 +15,8 @@
 #include "optim/optim_test_support.hpp"
 #include "support/scalar_types.hpp"
 
-namespace {
 namespace sgd_test {
+namespace {
 
 using attn::Gradients;
 using attn::optim::SGD;
@@ -108,5 +108,5 @@ TEST(SGD, OneStepIsGradientDescent) {
   EXPECT_EQ(layer.bias()(0), bias + 0.5);
 }
 
-}  // namespace sgd_test
 }  // namespace
+}  // namespace sgd_test

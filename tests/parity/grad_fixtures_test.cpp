@@ -18,6 +18,8 @@
 #include "fixtures/pytorch/grad_cases.hpp"
 #include "parity/parity_support.hpp"
 
+namespace grad_fixtures_test {
+
 namespace {
 
 using attn::AttentionMask;
@@ -291,3 +293,5 @@ TYPED_TEST(GradFixtures, EveryModuleBackwardGivesPyTorchsGradients) {
 }
 
 }  // namespace
+
+}  // namespace grad_fixtures_test

@@ -7,6 +7,8 @@
 #include "fixtures/pytorch/init_cases.hpp"
 #include "parity/parity_support.hpp"
 
+namespace init_parity_test {
+
 // Known failures (library issues, reported; not worked around here):
 // - MhaInitDouble: attn's xavier bound sqrt(6 / (fan_in + fan_out)) differs in the last bit
 //   from torch's sqrt(3) * sqrt(2 / (fan_in + fan_out)) for some sizes (e.g. 48, 64), so most
@@ -103,3 +105,5 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, LinearInitDouble,
                          ::testing::ValuesIn(linear_init_cases<double>()), CaseName{});
 
 }  // namespace
+
+}  // namespace init_parity_test

@@ -11,6 +11,8 @@
 #include "fixtures/pytorch/mha_cases.hpp"
 #include "parity/parity_support.hpp"
 
+namespace mha_parity_test {
+
 namespace {
 
 using attn::Index;
@@ -271,3 +273,5 @@ TEST(CrossAttentionParity, DoubleMatchesMultiheadAttentionWithKdim) {
 }
 
 }  // namespace
+
+}  // namespace mha_parity_test

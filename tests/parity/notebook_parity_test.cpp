@@ -10,6 +10,8 @@
 #include "fixtures/pytorch/notebook_cases.hpp"
 #include "parity/parity_support.hpp"
 
+namespace notebook_parity_test {
+
 namespace {
 
 using attn::Index;
@@ -173,3 +175,5 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, NotebookParityDouble,
                          ::testing::ValuesIn(notebook_cases<double>()), CaseName{});
 
 }  // namespace
+
+}  // namespace notebook_parity_test

@@ -11,8 +11,8 @@
 #include "fixtures/pytorch/sdpa_cases.hpp"
 #include "parity/parity_support.hpp"
 
-namespace {
 namespace sdpa_parity_test {
+namespace {
 
 using attn::AttentionPath;
 using attn::Index;
@@ -160,5 +160,5 @@ TEST(SdpaParityFixtures, FullyMaskedCasesHaveNanRowsInReference) {
   check_nan_rows_present<double>();
 }
 
-}  // namespace sdpa_parity_test
 }  // namespace
+}  // namespace sdpa_parity_test

@@ -15,6 +15,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace eigen_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -289,3 +291,5 @@ TYPED_TEST(EigenBridgeTest, ModulesTakeEigenViewsDirectly) {
 }
 
 }  // namespace
+
+}  // namespace eigen_test

@@ -11,6 +11,8 @@
 
 #include "attn/attn.hpp"
 
+namespace overlap_test {
+
 namespace {
 
 using attn::Index;
@@ -104,3 +106,5 @@ TEST(Overlap, RequireDisjointNamesBothViews) {
 }
 
 }  // namespace
+
+}  // namespace overlap_test

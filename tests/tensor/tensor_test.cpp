@@ -15,6 +15,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+namespace tensor_test {
+
 namespace {
 
 using ::testing::AllOf;
@@ -496,3 +498,5 @@ TEST(TensorBool, HoldsMasks) {
 }
 
 }  // namespace
+
+}  // namespace tensor_test

@@ -23,6 +23,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace types_convert_test {
+
 namespace {
 
 using attn::bfloat16;
@@ -456,3 +458,5 @@ TEST(TypesEigen, FloatMatricesConvertThroughAsView) {
 }
 
 }  // namespace
+
+}  // namespace types_convert_test

@@ -27,6 +27,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+namespace types_exhaustive_test {
+
 namespace {
 
 using attn::Index;
@@ -649,3 +651,11 @@ TEST(TypesExhaustive, IntegersRoundOnce) {
 }
 
 }  // namespace
+
+}  // namespace types_exhaustive_test
+
+#undef ATTN_TEST_SUBSAMPLE
+#undef ATTN_TEST_SIMD
+#undef ATTN_TEST_SIMD_SUM
+#undef ATTN_TEST_STR
+#undef ATTN_TEST_SKIP_UNDER_ATTN_ISA

@@ -14,6 +14,8 @@
 #include "fixtures/pytorch/types_reference.hpp"
 #include "support/test_support.hpp"
 
+namespace types_pytorch_test {
+
 namespace {
 
 namespace ref = attn::test::pytorch;
@@ -131,3 +133,5 @@ TEST(TypesPyTorch, BFloat16AndFloat16ToFloatMatchPyTorchBitForBit) {
 }
 
 }  // namespace
+
+}  // namespace types_pytorch_test

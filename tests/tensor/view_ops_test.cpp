@@ -12,8 +12,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
-namespace {
 namespace view_ops_test {
+namespace {
 
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -407,5 +407,5 @@ TYPED_TEST(ViewOpsTest, ContiguousAlwaysCopies) {
   EXPECT_THAT(attn::reshape(t.view(), Shape<1>{12}).strides(), ElementsAre(1));
 }
 
-}  // namespace view_ops_test
 }  // namespace
+}  // namespace view_ops_test
