@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # README command 2: installs what is missing, then builds and runs the whole test suite:
-#   0. the format check (scripts/check_format.sh);
+#   0. the format check (scripts/check_format.sh) and the layer check (scripts/check_layers.sh);
 #   1. release build (-O2, OpenMP, -Werror; no -march flag, as users build): every test, the
 #      packaging tests and the examples, tools and benchmarks compiled (benchmarks are not
 #      run); then the tests again once per narrower kernel set this CPU has (ATTN_ISA);
 #   2. a clang build (-Werror) of the dispatch test (a baseline and a -march=native unit in
 #      one program) and of the kernel tests, run;
 #   3. ASan + UBSan build (-O0 -g1, -Werror): every test again;
-#   4. libFuzzer targets (clang) for ATTN_FUZZ_SECONDS (30) each; valgrind memcheck; TSan.
+#   4. libFuzzer targets (clang) for ATTN_FUZZ_SECONDS (25) each; valgrind memcheck; TSan.
 # At the end it prints each stage's wall and CPU time and the tests it ran.
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
@@ -77,6 +77,8 @@ unset ATTN_ISA
 start=$SECONDS
 # 0. Formatting: every C++ file as clang-format makes it (skipped without clang-format).
 stage "format check" "$ATTN_ROOT/scripts/check_format.sh"
+# Layering: no #include in include/attn/ climbs a layer.
+stage "layer check" "$ATTN_ROOT/scripts/check_layers.sh"
 
 # 1. Release: everything built, every test on the widest kernel set.
 configure release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
@@ -115,7 +117,7 @@ configure sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -D
 stage "sanitize: build" build sanitize
 stage "sanitize: tests" run_tests sanitize
 
-# 4.-5. hardening: libFuzzer targets (30 s each), a valgrind memcheck run and ThreadSanitizer
+# 4.-5. hardening: libFuzzer targets (25 s each), a valgrind memcheck run and ThreadSanitizer
 # on tests/concurrency (scripts/run_hardening.sh).
 stage "fuzz" "$ATTN_ROOT/scripts/run_hardening.sh" fuzz
 stage "valgrind" "$ATTN_ROOT/scripts/run_hardening.sh" valgrind
