@@ -152,9 +152,9 @@ void BM_NaiveAttention_Cross(benchmark::State& state) {
   run_naive<Scalar>(state, /*causal=*/false, /*cross=*/true);
 }
 
-// ---- shape lists: the issue's shapes plus the reference shapes (attn runs both) ----
+// ---- shape lists: the benchmark shapes plus the reference shapes (attn runs both) ----
 
-void add_shapes(benchmark::internal::Benchmark* bm, bool causal, bool cross, bool issue,
+void add_shapes(benchmark::internal::Benchmark* bm, bool causal, bool cross, bool benchmark,
                 bool reference) {
   if (cross) {
     bm->ArgNames({"B", "Tq", "Tk", "D", "H"});
@@ -173,7 +173,7 @@ void add_shapes(benchmark::internal::Benchmark* bm, bool causal, bool cross, boo
     }
   };
   if (reference) add(attn::bench::reference_shapes());
-  if (issue) add(attn::bench::issue_shapes());
+  if (benchmark) add(attn::bench::benchmark_shapes());
 }
 
 void SelfShapes(benchmark::internal::Benchmark* bm) { add_shapes(bm, false, false, true, true); }

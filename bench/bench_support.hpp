@@ -77,7 +77,7 @@ constexpr double mha_flops(Index b, Index t, Index d, Index h, bool causal) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Shapes (the GitHub issue "Fast attention on the CPU", item 5). float, self-attention
+// Benchmark shapes: float, self-attention
 // unless marked. scripts/bench_vs_pytorch.sh lists the same shapes (and its T sweep).
 // ---------------------------------------------------------------------------------------
 
@@ -86,9 +86,9 @@ struct MhaShape {
   bool causal, cross;
 };
 
-/// The issue's shapes: B1 T128 D512 H8; B8 T512 D512 H8; B1 T2048 D768 H12; B1 T8192
+/// The benchmark shapes: B1 T128 D512 H8; B8 T512 D512 H8; B1 T2048 D768 H12; B1 T8192
 /// D512 H8 causal and not; cross B8 T_q128 T_k512 D512 H8.
-inline const std::vector<MhaShape>& issue_shapes() {
+inline const std::vector<MhaShape>& benchmark_shapes() {
   static const std::vector<MhaShape> shapes = {
       {1, 128, 128, 512, 8, false, false},    {8, 512, 512, 512, 8, false, false},
       {1, 2048, 2048, 768, 12, false, false}, {1, 8192, 8192, 512, 8, false, false},

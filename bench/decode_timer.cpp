@@ -3,7 +3,7 @@
 // (D 4096, H 32, H_kv 8, hd 128, RoPE, causal, frozen float32 weights, no biases) with a KV
 // cache holding L tokens: a decode step (T_new = 1) or a chunk of a chunked prefill (T_new =
 // 128), through MultiHeadAttention's incremental forward. The attn side of the decode
-// benchmarks of issue 12 (scripts/bench/decode.sh); scripts/bench/pytorch_decode.py is the
+// benchmarks (scripts/bench/decode.sh); scripts/bench/pytorch_decode.py is the
 // PyTorch side and prints the same fields. One fresh process per measurement.
 // Glossary: B = batch, L = cached tokens, T_new = new tokens, D = model width, H / H_kv =
 // query / key-value heads, hd = head dim.

@@ -198,7 +198,7 @@ void BM_NaiveScaledDotProduct_Cross(benchmark::State& state) {
   run_naive<Scalar>(state, /*causal=*/false, /*cross=*/true);
 }
 
-// Grouped-query attention (issue 12: "at least as fast per FLOP as MHA"): head-major
+// Grouped-query attention (compare it per FLOP with multi-head attention): head-major
 // q (B, H, T, hd) and k, v (B, H_kv, T, hd), causal self-attention, as a Llama layer's
 // prefill runs it. Args: B, T, H, H_kv, hd; compare the FLOPS counter across H_kv at one
 // (B, T, H, hd) (H_kv = H is multi-head attention).
@@ -231,8 +231,8 @@ BENCHMARK(BM_ScaledDotProduct_GroupedQueryCausal)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// Every self-attention shape of the issue and the reference list, each run causal and not.
-void add_shapes(benchmark::internal::Benchmark* bm, bool cross, bool issue, bool reference) {
+// Every self-attention benchmark shape and reference shape, each run causal and not.
+void add_shapes(benchmark::internal::Benchmark* bm, bool cross, bool benchmark, bool reference) {
   if (cross) {
     bm->ArgNames({"B", "Tq", "Tk", "D", "H"});
   } else {
@@ -250,7 +250,7 @@ void add_shapes(benchmark::internal::Benchmark* bm, bool cross, bool issue, bool
     }
   };
   if (reference) add(attn::bench::reference_shapes());
-  if (issue) add(attn::bench::issue_shapes());
+  if (benchmark) add(attn::bench::benchmark_shapes());
 }
 void SelfShapes(benchmark::internal::Benchmark* bm) { add_shapes(bm, false, true, true); }
 void CrossShapes(benchmark::internal::Benchmark* bm) { add_shapes(bm, true, true, true); }

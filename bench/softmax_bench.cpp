@@ -91,7 +91,7 @@ void BM_NaiveSoftmax(benchmark::State& state) {
   set_counters(state, rows, n, sizeof(Scalar));
 }
 
-// One 64-row query tile against the key lengths, and a whole (H * T) score matrix
+// One 64-row query tile against the benchmarks' key lengths, and a whole (H * T) score matrix
 // of B1 T512 H8.
 void SoftmaxShapes(benchmark::internal::Benchmark* bm) {
   bm->ArgNames({"Rows", "N"});

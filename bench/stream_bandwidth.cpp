@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // bench/stream_bandwidth.cpp: the machine's memory bandwidth, what a decode step is bound by
-// (issue 12: report a step's bytes read / time as a fraction of this). Two kernels, each on
+// (a step's bytes read / time is reported as a fraction of this). Two kernels, each on
 // 1 and 2 threads (OpenMP), median and best of several runs over arrays far larger than L3:
 //   triad  a[i] = b[i] + s * c[i] (STREAM's triad; bytes counted as STREAM does: 3 arrays,
 //          so the write-allocate read of a is not counted and the figure is STREAM's);

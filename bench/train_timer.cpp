@@ -15,7 +15,7 @@
 // the backward (backward(grad_out, saved, grad_x, grads, ws)), as a training loop runs it
 // (the optimizer's step is not timed; PyTorch's side times the same).
 // FLOPs: the forward's (bench_support.hpp's mha_flops) plus the backward's, counted as 2.5x
-// the forward's attention plus 2x its projections (issue 13): 3.5 F_att + 3 F_proj.
+// the forward's attention plus 2x its projections: 3.5 F_att + 3 F_proj.
 // Output, one line:
 //   impl=attn B=8 T=512 D=512 H=8 causal=0 threads=1 reps=20 median_ms=.. min_ms=..
 //   gflops=.. max_rss_mib=.. base_rss_mib=.. isa=avx512

@@ -6,7 +6,7 @@
 // strided TensorView, with no copy; the modules' unbatched forms take such views, inputs and
 // outputs alike. attn::as_matrix(view) maps a view back as an Eigen::Map, so a user's own
 // maths stays in Eigen. attn's kernels (its packed GEMM and the streaming attention kernel)
-// do the heavy lifting, where Eigen was measured slower (README, "Products").
+// do the heavy lifting, where Eigen was measured slower (docs/design.md, "The GEMM").
 //
 // This example feeds Eigen's default, column-major MatrixXf through notebook 003's
 // SimpleSelfAttention (In [191]), CausalAttention (In [218]) and MultiHeadAttention

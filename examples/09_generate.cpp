@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// examples/09_generate.cpp: generating token by token with a KV cache (issue 12). A tiny
+// examples/09_generate.cpp: generating token by token with a KV cache. A tiny
 // causal language model (token embeddings, one Llama-style attention layer with grouped-query
 // heads and rotary embeddings, a residual connection, an output head) decodes greedily: the
 // prompt runs as one prefill step, then each new token is one step through the cache, which

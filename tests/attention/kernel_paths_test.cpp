@@ -164,7 +164,7 @@ void set_last_row(Tensor<bool, Rank>& m, bool value) {
 // Runs on one thread: these tests compare against the reference, which runs serially
 // between kernel calls, and idle OpenMP workers would spin through it. Results for 2 and
 // 3 threads are bit-identical to these (dropout_threads_test.cpp), so they match the
-// reference too; masking_test.cpp and modules_test.cpp run at the default thread count.
+// reference too; masking_test.cpp and module_test.cpp run at the default thread count.
 template <class Scalar>
 class KernelPaths : public ::testing::Test {
  protected:

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// tests/attention/nonfinite_test.cpp: NaN and infinity in the attention kernels (issue 11),
+// tests/attention/nonfinite_test.cpp: NaN and infinity in the attention kernels,
 // on both paths and every kernel set this CPU runs.
 //  - A NaN or infinity a query can see (in its query, a visible key or value, its scores)
 //    makes that query's output non-finite, as PyTorch's arithmetic does. Before: exp(NaN)

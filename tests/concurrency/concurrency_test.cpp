@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
-// tests/concurrency/concurrency_test.cpp: the safe side of the thread-safety contract (README,
-// "Threads"): const members (forward, forward_with_weights, named_parameters() const) on one
-// module from several std::threads at once, each with its own Workspace, give the
-// single-threaded results bit for bit (in training mode: the same set of dropout draws).
+// tests/concurrency/concurrency_test.cpp: the safe side of the thread-safety contract
+// (docs/design.md, "Threads and determinism"): const members (forward, forward_with_weights,
+// named_parameters() const) on one module from several std::threads at once, each with its own
+// Workspace, give the single-threaded results bit for bit (in training mode: the same set of
+// dropout draws).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -65,7 +65,7 @@ TEST(AttnRunLlama, EveryFixtureMatchesTheReference) {
     const std::string flags = f.expected.metadata().at("flags");
     const attn_run::Arguments args = arguments_of(flags);
     ASSERT_TRUE(args.llama) << flags;
-    // The tolerance of scripts/parity_vs_pytorch.py (the 1e-5 relative in float).
+    // The tolerance of scripts/parity_vs_pytorch.py (1e-5 relative in float).
     const double tol = args.use_double ? 1e-12 : 1e-5;
     EXPECT_LE(relative_error(attn_run::run(args, f.weights, f.input), f.expected), tol)
         << f.expected.metadata().at("case");

@@ -309,7 +309,7 @@ TEST(StateDict, CausalAttentionAndWrapperUseNotebookNames) {
   EXPECT_EQ(head.w_key().bias()(1), source.head(1).w_key().bias()(1));
 }
 
-// ---- strict loading (issue 11): each test below fails on the loader before it ----
+// ---- strict loading: each test below fails on the loader before it ----
 
 TEST(StateDict, StrictByDefaultListsEveryUnexpectedName) {
   auto m = make_mha<float>(8, 2, true, 0, 0, 1);

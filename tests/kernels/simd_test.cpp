@@ -9,7 +9,6 @@
 //  - exp: accuracy against long double (subnormal results included), and IEEE's edges.
 //    NaN must stay NaN: the AVX2 and AVX-512 exp once clamped NaN to 88.4 and returned
 //    2.4e38, so a NaN key got weight 1 and every query returned that key's value, finite
-//    (issue 11).
 // The helpers that touch registers are compiled inside each set's target region (like the
 // kernels themselves); the test bodies only see arrays.
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // tests/nn/exp_subnormal_test.cpp: exp on every kernel set this CPU runs gives the subnormal
 // result where the true exp is subnormal, instead of 0: the float exp once flushed
 // everything below ln(FLT_MIN) = -87.34 to 0 (exp(-87.4) is 1.07e-38, a subnormal), on all
-// four sets, against the README's promise of about 1 ulp. Seen through the public softmax
+// four sets, against the promise (docs/accuracy.md) of about 1 ulp. Seen through the public softmax
 // (whose weights are exp(x - max) / sum, and sum = 1 here, so a weight is exp itself): each
 // subnormal weight is within one subnormal step (2^-149 in float, 2^-1074 in double) of the
 // correctly rounded value, and exp is exactly 0 only below ln(2^-150) (float) or ln(2^-1075)

@@ -188,7 +188,7 @@ TYPED_TEST(SoftmaxTest, EmptyInputIsANoOp) {
 }  // namespace
 
 // softmax_ writes in place: a view whose elements share memory (a broadcast, zero stride)
-// would be computed over values it overwrites as it goes. Rejected (issue 11).
+// would be computed over values it overwrites as it goes. Rejected.
 TEST(SoftmaxInPlace, ViewsWhoseElementsShareMemoryAreShapeErrors) {
   float data[4] = {1, 2, 3, 4};
   const attn::TensorView<float, 2> broadcast(data, {3, 4}, {0, 1});

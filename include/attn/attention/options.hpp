@@ -59,7 +59,7 @@ class HeadValues {
 };
 
 /// Which algorithm computes the attention. Both give the same result within rounding
-/// (see the README's tolerance table); kAuto picks streaming unless weights are requested.
+/// (see docs/accuracy.md#tolerances); kAuto picks streaming unless weights are requested.
 enum class AttentionPath {
   kAuto,
   /// Scores (T_q, T_k) per head, softmax, weights times V. Can return the weights.

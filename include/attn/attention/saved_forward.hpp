@@ -3,7 +3,7 @@
 // module keeps for its backward (explicit saved state: no tape, no allocation once warm).
 // Glossary: B = batch, T_q / T_k = query / key tokens, H = heads, hd = head dim, D = H * hd.
 //
-// The training API (issue 13), where each piece lives:
+// The training API, where each piece lives:
 //
 //   module.forward(in..., out, saved, ws, mask = {})            records `saved` (module.hpp)
 //   module.backward(grad_out, saved, grad_in..., grads, ws)     grad_in: one view per input

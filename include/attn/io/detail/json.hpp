@@ -19,7 +19,7 @@ namespace detail {
 /// Deepest nesting of arrays and objects a header may have. The format needs 3 (the header
 /// object, a tensor's entry, its shape); 8 leaves room. Everything that walks a parsed header
 /// recursively (nlohmann's dump(), copies and comparisons, the excerpts below) is then
-/// bounded by it: a 200 KB header of 100000 nested arrays used to overflow the stack in dump().
+/// bounded by it (a 200 KB header of 100000 nested arrays would overflow the stack).
 inline constexpr std::size_t kMaxHeaderDepth = 8;
 
 /// "[2, 3]" for a shape.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx2/vec.inl: the AVX2 + FMA primitives (8 floats or 4 doubles per ymm).
 // Included by attn/kernels/avx2.hpp inside namespace attn::kernels::avx2 and its target
-// region; see attn/kernels/generic/README.md for the members every set provides.
+// region; see attn/kernels/generic/all.inl for the members every set provides.
 
 /// 6 rows x 2 ymm: 12 accumulators + 2 B registers + 1 broadcast of 16 registers.
 inline constexpr int kMicroRows = 6;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512/vec.inl: the AVX-512 primitives (16 floats or 8 doubles per zmm).
 // Included by attn/kernels/avx512.hpp inside namespace attn::kernels::avx512 and its target
-// region; see attn/kernels/generic/README.md for the members every set provides.
+// region; see attn/kernels/generic/all.inl for the members every set provides.
 
 /// 6 rows x 4 zmm: 24 accumulators + 4 B registers + 1 broadcast of 32 registers, 24 FMAs
 /// per 10 loads.

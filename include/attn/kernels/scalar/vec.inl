@@ -2,7 +2,7 @@
 // attn/kernels/scalar/vec.inl: the portable primitives, one element per "register", plain
 // C++ (the compiler may still vectorise the loops around them). The only set on non-x86
 // targets; on x86 ATTN_ISA=scalar selects it. Included by attn/kernels/scalar.hpp inside
-// namespace attn::kernels::scalar; see attn/kernels/generic/README.md for the members.
+// namespace attn::kernels::scalar; see attn/kernels/generic/all.inl for the members.
 
 /// 4 x 4 scalars: few enough registers for any target.
 inline constexpr int kMicroRows = 4;

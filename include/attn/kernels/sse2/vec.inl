@@ -2,7 +2,7 @@
 // attn/kernels/sse2/vec.inl: the SSE2 primitives (4 floats or 2 doubles per xmm), the
 // baseline every x86-64 CPU has. No FMA: fmadd is a multiply then an add (two roundings).
 // Included by attn/kernels/sse2.hpp inside namespace attn::kernels::sse2 and its target
-// region; see attn/kernels/generic/README.md for the members every set provides.
+// region; see attn/kernels/generic/all.inl for the members every set provides.
 
 /// 6 rows x 2 xmm: 12 accumulators + 2 B registers + 1 broadcast of 16 registers (the same
 /// shape as AVX2's; 8 columns divide the attention kernel's 64-query tiles).
