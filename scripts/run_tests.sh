@@ -16,18 +16,25 @@ ensure_packages "${ATTN_BASE_PACKAGES[@]}"
 
 # ---- stage bookkeeping: wall time, CPU time (user + sys of every process the stage ran) ----
 stage_rows=()
-children_cpu() {  # user + sys seconds of the waited-for children so far (bash `times`)
-  times | awk 'NR == 2 {
-    split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+cpu_now=0
+children_cpu() {  # sets cpu_now: user + sys seconds of the waited-for children so far
+  # (bash `times`, run in this shell: in a $(...) subshell it would see no children)
+  mkdir -p "$ATTN_ROOT/build"
+  times >"$ATTN_ROOT/build/.times"
+  cpu_now="$(awk 'NR == 2 {
+    split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.0f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' \
+    "$ATTN_ROOT/build/.times")"
 }
 stage_tests=""
 stage() {  # stage <name> <command...>: runs the command, records its times and stage_tests
   local name="$1"; shift
   local t0=$SECONDS c0
-  c0=$(children_cpu)
+  children_cpu
+  c0=$cpu_now
   stage_tests=""
   "$@"
-  stage_rows+=("$(printf '%-34s %6d %6d   %s' "$name" $((SECONDS - t0)) $(($(children_cpu) - c0)) \
+  children_cpu
+  stage_rows+=("$(printf '%-34s %6d %6d   %s' "$name" $((SECONDS - t0)) $((cpu_now - c0)) \
                   "$stage_tests")")
 }
 
@@ -126,5 +133,6 @@ stage "tsan" "$ATTN_ROOT/scripts/run_hardening.sh" tsan
 
 printf '\n%-34s %6s %6s   %s\n' "stage" "wall s" "cpu s" "tests"
 printf '%s\n' "${stage_rows[@]}"
-printf '%-34s %6d %6d\n' "total" $((SECONDS - start)) "$(children_cpu)"
+children_cpu
+printf '%-34s %6d %6d\n' "total" $((SECONDS - start)) "$cpu_now"
 log "all test suites passed in $((SECONDS - start)) s"
