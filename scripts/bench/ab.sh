@@ -77,7 +77,7 @@ run_one() {  # run_one BIN_DIR ROW: prints the process's median_ms
   "$1/${row[0]}" "${row[@]:1}" --max-seconds 3 | sed -n 's/.*median_ms=\([0-9.]*\).*/\1/p'
 }
 
-log "$rounds rounds, $threads thread(s): $base ($base_bin) against $head ($head_bin)"
+log "$rounds rounds, $threads thread(s): $base (${base_bin#"$ATTN_ROOT"/}) against $head (${head_bin#"$ATTN_ROOT"/})"
 printf '%-44s %12s %12s %10s\n' "row" "base ms" "head ms" "head/base"
 ratios=()
 for row in "${rows[@]}"; do
