@@ -19,10 +19,9 @@ if [ "${1:-}" = "--fix" ]; then
   clang-format -i --style=file "${files[@]}"
   exit 0
 fi
-bad=()
-for f in "${files[@]}"; do
-  clang-format --style=file "$f" | cmp -s - "$f" || bad+=("$f")
-done
+# One clang-format per file, ATTN_JOBS at a time; each prints its file's name if it differs.
+mapfile -t bad < <(printf '%s\0' "${files[@]}" | xargs -0 -n 8 -P "$ATTN_JOBS" sh -c '
+  for f; do clang-format --style=file "$f" | cmp -s - "$f" || printf "%s\n" "$f"; done' sh | sort)
 if [ "${#bad[@]}" -gt 0 ]; then
   printf '%s\n' "${bad[@]}" >&2
   echo "[format] ${#bad[@]} file(s) differ from clang-format $(clang-format --version | sed 's/.*version //') under .clang-format; run scripts/check_format.sh --fix" >&2

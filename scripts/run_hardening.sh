@@ -2,14 +2,15 @@
 # Hardening steps of the test command (scripts/run_tests.sh runs them after the suites):
 #   fuzz:     libFuzzer (clang, ASan + UBSan): fuzz/safetensors_fuzz, fuzz/mask_api_fuzz,
 #             fuzz/attn_run_fuzz, and the call-sequence targets fuzz/kv_cache_fuzz and
-#             fuzz/training_fuzz, each for ATTN_FUZZ_SECONDS (default 25: the five, build
-#             excluded, within about 3 minutes) from the committed seeds in
+#             fuzz/training_fuzz, each for ATTN_FUZZ_SECONDS (default 25), ATTN_JOBS at a time
+#             (the five, build excluded, within about 80 s on two cores), from the committed seeds in
 #             fuzz/corpus/<target>/, with the dictionaries in fuzz/ and inputs up to 256 KiB
 #             (enough for the 100000-deep JSON headers of the crash corpus);
 #   tsan:     ThreadSanitizer (clang, no OpenMP) build of tests/concurrency, run once;
 #   valgrind: memcheck (--error-exitcode=1) of attn_run on a committed fixture and of the
 #             first notebook example, on the AVX2 kernels (ATTN_ISA=avx2: valgrind lacks
-#             AVX-512).
+#             AVX-512): the release tree's programs when run_tests.sh has built them, else
+#             a tree of its own.
 # Longer fuzzing on demand:  ATTN_FUZZ_SECONDS=3600 scripts/run_hardening.sh fuzz
 # Usage: scripts/run_hardening.sh [fuzz|tsan|valgrind]...   (default: all three)
 set -euo pipefail
@@ -25,27 +26,44 @@ run_fuzzers() {
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DATTN_BUILD_FUZZERS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
     -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build" -j "$ATTN_JOBS"
-  local target
+  # The targets run ATTN_JOBS at a time, each on one core for its full time.
+  local target running=0 failed=0
   for target in safetensors_fuzz mask_api_fuzz attn_run_fuzz kv_cache_fuzz training_fuzz; do
-    # New inputs go to build/fuzz/corpus/<target>; the committed seeds are read only.
-    local work="$build/corpus/$target" options=()
-    case "$target" in
-      safetensors_fuzz) options=(-dict="$ATTN_ROOT/fuzz/safetensors.dict" -max_len=262144) ;;
-      attn_run_fuzz) options=(-dict="$ATTN_ROOT/fuzz/attn_run.dict" -max_len=262144) ;;
-    esac
-    mkdir -p "$work"
-    log "[fuzz] $target for ${fuzz_seconds} s"
-    local t0=$SECONDS
-    if ! "$build/fuzz/$target" "$work" "$ATTN_ROOT/fuzz/corpus/$target" "${options[@]}" \
-        -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix="$build/" >"$build/$target.log" 2>&1; then
-      tail -n 60 "$build/$target.log"
-      echo "fuzz target $target failed; the crashing input is in $build/ (crash-*)" >&2
-      return 1
+    if [ "$running" -ge "$ATTN_JOBS" ]; then
+      wait -n || failed=1
+      running=$((running - 1))
     fi
-    grep -E "stat::(number_of_executed_units|new_units_added)" "$build/$target.log" || true
-    echo "$target: $((SECONDS - t0)) s"
+    fuzz_one "$build" "$target" &
+    running=$((running + 1))
   done
+  while [ "$running" -gt 0 ]; do
+    wait -n || failed=1
+    running=$((running - 1))
+  done
+  return "$failed"
+}
+
+# fuzz_one <build> <target>: one libFuzzer run from the committed seeds.
+fuzz_one() {
+  local build="$1" target="$2"
+  # New inputs go to build/fuzz/corpus/<target>; the committed seeds are read only.
+  local work="$build/corpus/$target" options=()
+  case "$target" in
+    safetensors_fuzz) options=(-dict="$ATTN_ROOT/fuzz/safetensors.dict" -max_len=262144) ;;
+    attn_run_fuzz) options=(-dict="$ATTN_ROOT/fuzz/attn_run.dict" -max_len=262144) ;;
+  esac
+  mkdir -p "$work"
+  log "[fuzz] $target for ${fuzz_seconds} s"
+  local t0=$SECONDS
+  if ! "$build/fuzz/$target" "$work" "$ATTN_ROOT/fuzz/corpus/$target" "${options[@]}" \
+      -max_total_time="$fuzz_seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+      -artifact_prefix="$build/$target-" >"$build/$target.log" 2>&1; then
+    tail -n 60 "$build/$target.log"
+    echo "fuzz target $target failed; the crashing input is in $build/ ($target-crash-*)" >&2
+    return 1
+  fi
+  echo "$target: $((SECONDS - t0)) s, $(grep -E "stat::(number_of_executed_units|new_units_added)" \
+    "$build/$target.log" | tr -s ' ' | tr '\n' ' ')"
 }
 
 # ThreadSanitizer on the concurrency tests (one const module, several std::threads). Without
@@ -65,27 +83,36 @@ run_tsan() {
 
 run_valgrind() {
   ensure_packages "${ATTN_BASE_PACKAGES[@]}" valgrind
-  local build="$ATTN_ROOT/build/valgrind"
   local example
   example="$(cd "$ATTN_ROOT/examples" && ls [0-9]*.cpp 2>/dev/null | head -n 1 || true)"
-  log "[valgrind] building attn_run ${example:+and $example} (no -march=native, no OpenMP)"
-  cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_NATIVE=OFF \
-    -DATTN_OPENMP=OFF -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
-    -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
-  local targets=(attn_run)
-  [ -n "$example" ] && targets+=("example_${example%.cpp}")
-  cmake --build "$build" -j "$ATTN_JOBS" --target "${targets[@]}"
+  example="${example%.cpp}"
+  # The release tree's programs when scripts/run_tests.sh has built them (what users build,
+  # run on one OpenMP thread: libgomp's thread stacks would read as "possibly lost"); else a
+  # tree of its own, without OpenMP.
+  local build="$ATTN_ROOT/build/release"
+  if [ ! -x "$build/tools/attn_run" ] || { [ -n "$example" ] && [ ! -x "$build/examples/$example" ]; }; then
+    build="$ATTN_ROOT/build/valgrind"
+    log "[valgrind] building attn_run ${example:+and $example} (no -march=native, no OpenMP)"
+    cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_NATIVE=OFF \
+      -DATTN_OPENMP=OFF -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
+      -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
+    local targets=(attn_run)
+    [ -n "$example" ] && targets+=("example_$example")
+    cmake --build "$build" -j "$ATTN_JOBS" --target "${targets[@]}"
+  fi
   export ATTN_ISA=avx2  # clamped to the CPU; valgrind cannot run AVX-512 instructions
+  export OMP_NUM_THREADS=1
   local memcheck=(valgrind --tool=memcheck --error-exitcode=1 --leak-check=full
                   --errors-for-leak-kinds=definite -q)
-  local fixtures="$ATTN_ROOT/tests/fixtures/io"
-  log "[valgrind] attn_run on tests/fixtures/io/case045 (cross, bool mask, weights)"
+  local fixtures="$ATTN_ROOT/tests/fixtures/io" out="$ATTN_ROOT/build/valgrind-out"
+  mkdir -p "$out"
+  log "[valgrind] attn_run on tests/fixtures/io/case045 (cross, bool mask, weights), $build"
   "${memcheck[@]}" "$build/tools/attn_run" --weights "$fixtures/case045.weights.safetensors" \
-    --input "$fixtures/case045.input.safetensors" --output "$build/case045.output.safetensors" \
+    --input "$fixtures/case045.input.safetensors" --output "$out/case045.output.safetensors" \
     --num-heads 4 --need-weights
   if [ -n "$example" ]; then
     log "[valgrind] examples/$example"
-    "${memcheck[@]}" "$build/examples/${example%.cpp}" >/dev/null
+    "${memcheck[@]}" "$build/examples/$example" >/dev/null
   fi
 }
 
