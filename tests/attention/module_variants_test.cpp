@@ -90,8 +90,8 @@ MultiHeadAttention<Scalar> make_module(const Variant& v, Index max_positions = 6
   attn::TorchGenerator gen(11);
   MultiHeadAttention<Scalar> m(options(v, max_positions), gen);
   for (Index h = 0; h < m.sinks().extent(0); ++h) {
-    m.sinks()(h) = static_cast<Scalar>(-1.0 + 2.5 * static_cast<double>(h) /
-                                                  static_cast<double>(v.heads));
+    m.sinks()(h) =
+        static_cast<Scalar>(-1.0 + 2.5 * static_cast<double>(h) / static_cast<double>(v.heads));
   }
   m.eval();
   return m;
@@ -103,8 +103,8 @@ double max_diff(TensorView<const Scalar, 3> a, TensorView<const Scalar, 3> b) {
   for (Index i = 0; i < a.extent(0); ++i) {
     for (Index j = 0; j < a.extent(1); ++j) {
       for (Index k = 0; k < a.extent(2); ++k) {
-        worst = std::max(worst, std::abs(static_cast<double>(a(i, j, k)) -
-                                         static_cast<double>(b(i, j, k))));
+        worst = std::max(
+            worst, std::abs(static_cast<double>(a(i, j, k)) - static_cast<double>(b(i, j, k))));
       }
     }
   }
@@ -263,8 +263,9 @@ TEST(ModuleVariantsParameters, SinksAreAParameterLikeAnyOther) {
   // Initial value 0, named `sinks`, last under every naming.
   ASSERT_EQ(m.sinks().extent(0), 3);
   for (Index h = 0; h < 3; ++h) EXPECT_EQ(m.sinks()(h), 0.0f);
-  for (const ParameterNames names : {ParameterNames::kDefault, ParameterNames::kLlama,
-                                     ParameterNames::kNotebook, ParameterNames::kSeparateProjections}) {
+  for (const ParameterNames names :
+       {ParameterNames::kDefault, ParameterNames::kLlama, ParameterNames::kNotebook,
+        ParameterNames::kSeparateProjections}) {
     const auto params = m.named_parameters(names);
     ASSERT_GT(params.size(), 0u);
     EXPECT_EQ(params[params.size() - 1].name(), "sinks");
@@ -346,16 +347,19 @@ TEST(ModuleVariantsOptions, BadOptionsThrowNamingTheValues) {
   };
   using Edit = std::function<void(MultiHeadAttentionOptions&)>;
   const std::pair<Edit, std::string> cases[] = {
-      {[](auto& o) { o.softcap = -1.0; },
-       "softcap=-1 must be 0 (off) or positive and finite"},
+      {[](auto& o) { o.softcap = -1.0; }, "softcap=-1 must be 0 (off) or positive and finite"},
       {[](auto& o) { o.softcap = std::numeric_limits<double>::infinity(); }, "softcap=inf"},
       {[](auto& o) { o.softcap = std::nan(""); }, "softcap=nan"},
       // Finite in double, not in the float module's arithmetic.
       {[](auto& o) { o.softcap = 1e300; }, "softcap=1e+300 must be 0 (off) or finite"},
       {[](auto& o) { o.alibi_max_bias = -8.0; }, "alibi_max_bias=-8 must be 0 (off)"},
-      {[](auto& o) { o.alibi_slopes = {0.5, 0.25, 0.125}; },
+      {[](auto& o) {
+         o.alibi_slopes = {0.5, 0.25, 0.125};
+       },
        "alibi_slopes has 3 values, expected one per head: num_heads=2"},
-      {[](auto& o) { o.alibi_slopes = {0.5, std::numeric_limits<double>::infinity()}; },
+      {[](auto& o) {
+         o.alibi_slopes = {0.5, std::numeric_limits<double>::infinity()};
+       },
        "alibi_slopes[1]=inf must be finite"},
       {[](auto& o) {
          o.alibi_slopes = {0.5, 0.25};
@@ -365,8 +369,8 @@ TEST(ModuleVariantsOptions, BadOptionsThrowNamingTheValues) {
   };
   for (const auto& [edit, message] : cases) {
     SCOPED_TRACE(message);
-    EXPECT_THAT(build(edit), ThrowsMessage<ConfigError>(AllOf(HasSubstr("MultiHeadAttention"),
-                                                              HasSubstr(message))));
+    EXPECT_THAT(build(edit), ThrowsMessage<ConfigError>(
+                                 AllOf(HasSubstr("MultiHeadAttention"), HasSubstr(message))));
   }
 }
 

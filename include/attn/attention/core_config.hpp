@@ -159,8 +159,8 @@ inline std::string describe_config(const CoreConfig& c) {
 
 /// True when `a` and `b` describe the same computation on parameters of the same shapes:
 /// every size, head count, bias, mask bound, window, rotary embedding, variant (softcap,
-/// ALiBi, sinks) and dropout rate (names and the initial draw aside). What a backward compares between the module that
-/// recorded a SavedForward and itself.
+/// ALiBi, sinks) and dropout rate (names and the initial draw aside). What a backward compares
+/// between the module that recorded a SavedForward and itself.
 inline bool same_config(const CoreConfig& a, const CoreConfig& b) noexcept {
   const auto same_rope = [](const RotaryOptions& x, const RotaryOptions& y) {
     return x.head_dim == y.head_dim &&
@@ -238,16 +238,14 @@ inline CoreConfig checked_core_config(const CoreConfig& c) {
     return "softcap=" + number(c.softcap) + " must be 0 (off) or positive and finite";
   });
   require_config(std::isfinite(c.alibi_max_bias) && c.alibi_max_bias >= 0.0, c.name, [&] {
-    return "alibi_max_bias=" + number(c.alibi_max_bias) +
-           " must be 0 (off) or positive and finite";
+    return "alibi_max_bias=" + number(c.alibi_max_bias) + " must be 0 (off) or positive and finite";
   });
-  require_config(c.alibi_slopes.empty() ||
-                     static_cast<Index>(c.alibi_slopes.size()) == c.num_heads,
-                 c.name, [&] {
-                   return "alibi_slopes has " + std::to_string(c.alibi_slopes.size()) +
-                          " values, expected one per head: num_heads=" +
-                          std::to_string(c.num_heads);
-                 });
+  require_config(
+      c.alibi_slopes.empty() || static_cast<Index>(c.alibi_slopes.size()) == c.num_heads, c.name,
+      [&] {
+        return "alibi_slopes has " + std::to_string(c.alibi_slopes.size()) +
+               " values, expected one per head: num_heads=" + std::to_string(c.num_heads);
+      });
   for (std::size_t h = 0; h < c.alibi_slopes.size(); ++h) {
     require_config(std::isfinite(c.alibi_slopes[h]), c.name, [&] {
       return "alibi_slopes[" + std::to_string(h) + "]=" + number(c.alibi_slopes[h]) +

@@ -205,8 +205,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const TensorView<Scalar, 1> grad_sinks =
       c.sinks ? grads.of(core.sinks()) : TensorView<Scalar, 1>();
   attend_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
-                  {grad_context4, part_grad[0], part_grad[1], part_grad[2], grad_sinks},
-                  saved.mask, saved.options, ws, c.causal_bound(), /*own_gradients=*/true);
+                  {grad_context4, part_grad[0], part_grad[1], part_grad[2], grad_sinks}, saved.mask,
+                  saved.options, ws, c.causal_bound(), /*own_gradients=*/true);
   if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1
     core.rope().apply_transposed(part_grad[0]);
     core.rope().apply_transposed(part_grad[1]);
