@@ -159,6 +159,46 @@ TYPED_TEST(ModuleVariants, CachedGenerationEqualsTheWholeForward) {
   }
 }
 
+// Ragged items: after a truncation each item decodes at its own positions, which ALiBi's
+// distances and the window follow (each item against the whole forward of its own tokens).
+TYPED_TEST(ModuleVariants, RaggedItemsDecodeAtTheirOwnPositions) {
+  using S = TypeParam;
+  for (const Variant& v : kVariants) {
+    if (v.alibi_max_bias == 0.0 && v.slopes.empty()) continue;
+    SCOPED_TRACE(v.name);
+    const MultiHeadAttention<S> m = make_module<S>(v);
+    KVCache<S> cache = v.window > 0
+                           ? KVCache<S>::sliding_window(2, v.kv_heads, v.head_dim, v.window, 8)
+                           : KVCache<S>(2, v.kv_heads, v.head_dim, 16);
+    attn::Workspace ws;
+    const auto prompt = attn::test::random_tensor<S>(Shape<3>{2, 8, v.d}, 31);
+    Tensor<S, 3> y({2, 8, v.d});
+    m.forward(prompt.view(), y.view(), ws, cache);
+    cache.truncate(1, 5);  // item 1 drops its last 3 tokens (rejected draft tokens)
+    std::vector<S> seq[2];
+    for (Index b = 0; b < 2; ++b) {
+      const Index keep = b == 0 ? 8 : 5;
+      for (Index t = 0; t < keep; ++t) {
+        for (Index f = 0; f < v.d; ++f) seq[b].push_back(prompt(b, t, f));
+      }
+    }
+    for (Index step = 0; step < 3; ++step) {
+      const auto x = attn::test::random_tensor<S>(Shape<3>{2, 1, v.d}, 40 + step);
+      Tensor<S, 3> out({2, 1, v.d});
+      m.forward(x.view(), out.view(), ws, cache);
+      for (Index b = 0; b < 2; ++b) {
+        for (Index f = 0; f < v.d; ++f) seq[b].push_back(x(b, 0, f));
+        const Index len = static_cast<Index>(seq[b].size()) / v.d;
+        const Tensor<S, 3> whole = m.forward(TensorView<const S, 3>(seq[b].data(), {1, len, v.d}));
+        EXPECT_TRUE(ref::all_near(attn::slice(TensorView<const S, 3>(out.view()), 0, b, b + 1),
+                                  attn::slice(whole.view(), 1, len - 1, len),
+                                  2 * module_tolerance<S>(v.d, v.head_dim, len, v.d)))
+            << "step " << step << " item " << b;
+      }
+    }
+  }
+}
+
 // The materialised path (weights requested) runs the same variants: the same output within
 // the paths' rounding, and with sinks each row of weights sums to less than 1 (the sink takes
 // the rest), without to 1.
