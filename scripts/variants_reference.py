@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-# scripts/variants_reference.py: PyTorch references for two attention variants, written from
-# the models' own code, and the fixtures tests/io/variants_fixtures_test.cpp checks attn
-# against (forward and backward, float64):
+# scripts/variants_reference.py: PyTorch references for attention variants, written from the
+# models' own code, and the fixtures tests/io/variants_fixtures_test.cpp checks attn against
+# (forward and backward, float64), for the attention call and for whole modules:
 #
 #   learned sinks   gpt-oss (openai/gpt-oss, gpt_oss/torch/model.py: sdpa()): one logit per
 #                   head concatenated to each row of scores before the softmax, its column
@@ -11,7 +11,11 @@
 #   ALiBi           BLOOM (Hugging Face transformers, models/bloom/modeling_bloom.py:
 #                   build_alibi_tensor() and BloomAttention's baddbmm): slope_h * key position
 #                   added to the scaled scores, causal; 6 heads, so the slopes past the largest
-#                   power of two come from the second series.
+#                   power of two come from the second series;
+#   softcap         Gemma 2 (transformers, models/gemma2/modeling_gemma2.py): the scaled
+#                   scores capped with tanh before the causal mask (module fixture only);
+#   modules         q_proj, k_proj, v_proj, one of the attentions above, o_proj, with
+#                   gradients of every parameter (sinks included) and of the input.
 #
 # Run with Debian's PyTorch (python3-torch 1.13):
 #   /usr/bin/python3 scripts/variants_reference.py tests/fixtures/variants
@@ -130,6 +134,88 @@ def bloom_case(path, B, H, T, d, seed):
     })
 
 
+# ---- modules: projections, one of the attentions above (or Gemma 2's softcap), o_proj ----
+# Each module fixture holds the module's state_dict under "module." in Hugging Face's names
+# (q_proj, k_proj, v_proj, o_proj, and gpt-oss's sinks), the input x (B, T, D), the output,
+# grad_out, and the gradients of sum(grad_out * out) with respect to x ("grad.x") and every
+# parameter ("grad.<name>").
+def gemma2_attention(q, k, v, scaling, softcap):
+    # Gemma 2 (transformers, models/gemma2/modeling_gemma2.py: eager_attention_forward): the
+    # scaled scores capped as softcap * tanh(s / softcap), then the causal mask, softmax in
+    # float32 (here float64), the weights times V. q (B, H, T, d), k and v (B, H, T, d)
+    # already repeated for grouped-query heads (repeat_kv).
+    T = q.shape[2]
+    attn_weights = torch.matmul(q, k.transpose(2, 3)) * scaling
+    attn_weights = attn_weights / softcap
+    attn_weights = torch.tanh(attn_weights)
+    attn_weights = attn_weights * softcap
+    causal = torch.triu(torch.full((T, T), -float("inf")), diagonal=1)
+    attn_weights = attn_weights + causal
+    attn_weights = torch.softmax(attn_weights, dim=-1)
+    return torch.matmul(attn_weights, v)
+
+
+def repeat_kv(x, n_rep):
+    # Hugging Face's repeat_kv: (B, H_kv, T, d) -> (B, H_kv * n_rep, T, d), kv head g serving
+    # query heads g * n_rep .. g * n_rep + n_rep - 1.
+    B, H_kv, T, d = x.shape
+    return x[:, :, None, :, :].expand(B, H_kv, n_rep, T, d).reshape(B, H_kv * n_rep, T, d)
+
+
+def module_case(path, kind, B, T, D, H, H_kv, d, seed, sliding_window=0, softcap=0.0,
+                bias=True):
+    g = torch.Generator().manual_seed(seed)
+
+    def param(*shape, lo=-0.5, hi=0.5):
+        return (torch.rand(*shape, generator=g) * (hi - lo) + lo).requires_grad_()
+
+    params = {"q_proj.weight": param(H * d, D), "k_proj.weight": param(H_kv * d, D),
+              "v_proj.weight": param(H_kv * d, D)}
+    if bias:
+        params.update({"q_proj.bias": param(H * d), "k_proj.bias": param(H_kv * d),
+                       "v_proj.bias": param(H_kv * d)})
+    params["o_proj.weight"] = param(D, H * d)
+    if bias:
+        params["o_proj.bias"] = param(D)
+    if kind == "gpt_oss":
+        params["sinks"] = param(H, lo=-1.0, hi=2.0)
+    x = (torch.rand(B, T, D, generator=g) * 2 - 1).requires_grad_()
+
+    def linear(inp, name):
+        y = inp @ params[name + ".weight"].T
+        return y + params[name + ".bias"] if bias else y
+
+    q, k, v = linear(x, "q_proj"), linear(x, "k_proj"), linear(x, "v_proj")
+    scale = 1.0 / math.sqrt(d)
+    if kind == "gpt_oss":  # gpt-oss's own sdpa(), one sequence at a time
+        ctx = torch.stack([gpt_oss_sdpa(q[b].view(T, H_kv, H // H_kv, d), k[b].view(T, H_kv, d),
+                                        v[b].view(T, H_kv, d), params["sinks"], scale,
+                                        sliding_window) for b in range(B)])
+    else:
+        qh = q.view(B, T, H, d).transpose(1, 2)
+        kh = repeat_kv(k.view(B, T, H_kv, d).transpose(1, 2), H // H_kv)
+        vh = repeat_kv(v.view(B, T, H_kv, d).transpose(1, 2), H // H_kv)
+        if kind == "gemma2":
+            ctx = gemma2_attention(qh, kh, vh, scale, softcap)
+        else:  # BLOOM's ALiBi attention
+            alibi = build_alibi_tensor(torch.ones(B, T, dtype=torch.long), H, torch.float64)
+            ctx = bloom_attention(qh, kh, vh, alibi)
+        ctx = ctx.transpose(1, 2).reshape(B, T, H * d)
+    out = linear(ctx, "o_proj")
+    grad_out = torch.rand(out.shape, generator=g) * 2 - 1
+    (out * grad_out).sum().backward()
+    tensors = {"module." + n: p.detach().numpy() for n, p in params.items()}
+    tensors.update({"grad." + n: p.grad.numpy() for n, p in params.items()})
+    tensors.update({"x": x.detach().numpy(), "out": out.detach().numpy(),
+                    "grad_out": grad_out.numpy(), "grad.x": x.grad.numpy()})
+    st.write(path, tensors, metadata={
+        "producer": "scripts/variants_reference.py (module: " + kind + ")",
+        "layout": "module.* Hugging Face names, x and out (B, T, D)", "num_heads": str(H),
+        "sliding_window": str(sliding_window), "softcap": repr(softcap),
+        "alibi_max_bias": "8.0" if kind == "bloom" else "0.0", "causal": "1",
+    })
+
+
 def main(argv):
     if len(argv) != 2:
         print("usage: variants_reference.py OUT_DIR", file=sys.stderr)
@@ -139,6 +225,14 @@ def main(argv):
     gpt_oss_case(os.path.join(out, "gpt_oss_sinks.safetensors"), 11, 2, 3, 8, 0, 1)
     gpt_oss_case(os.path.join(out, "gpt_oss_sinks_window.safetensors"), 13, 2, 2, 8, 4, 2)
     bloom_case(os.path.join(out, "bloom_alibi.safetensors"), 2, 6, 9, 8, 3)
+    # Modules: gpt-oss (sinks, grouped-query heads, a window of 4), Gemma 2 (softcap 2.5,
+    # grouped-query heads, head_dim 3 with D 8: H * d != D), BLOOM (ALiBi, 6 heads, no bias).
+    module_case(os.path.join(out, "gpt_oss_module.safetensors"), "gpt_oss", 2, 10, 12, 4, 2, 4,
+                4, sliding_window=4)
+    module_case(os.path.join(out, "gemma2_softcap_module.safetensors"), "gemma2", 2, 9, 8, 4, 2,
+                3, 5, softcap=2.5, bias=False)
+    module_case(os.path.join(out, "bloom_alibi_module.safetensors"), "bloom", 2, 8, 12, 6, 6, 2,
+                6, bias=False)
     return 0
 
 

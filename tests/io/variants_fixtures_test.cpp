@@ -4,7 +4,11 @@
 // scripts/variants_reference.py): gpt-oss's sdpa() with sinks (grouped-query heads, with and
 // without a sliding window) and BLOOM's build_alibi_tensor() with BloomAttention (6 heads),
 // forward and backward (dq, dk, dv, dsinks) in double on both paths, and forward in float on
-// every kernel set.
+// every kernel set. Then whole modules (MultiHeadAttention with MultiHeadAttentionOptions'
+// variants), built from the fixtures' state_dicts: gpt-oss's attention (learned sinks,
+// grouped-query heads, a window), Gemma 2's softcap (grouped-query heads, head_dim set) and
+// BLOOM's ALiBi (6 heads), forward and every gradient (the input's and each parameter's,
+// sinks included); and a state_dict round trip of a module with sinks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +18,7 @@
 
 #include "attn/attn.hpp"
 #include "attn/io/io.hpp"
+#include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
 
 namespace variants_fixtures_test {
@@ -150,6 +155,161 @@ TEST(VariantsFixtures, ForwardMatchesPyTorchInFloatOnEverySet) {
     }
   }
   attn::set_isa(attn::best_isa());
+}
+
+// ---- modules ----
+
+/// A module fixture: the MultiHeadAttention its state_dict ("module.*", Hugging Face's names)
+/// and metadata describe, its input x, and PyTorch's output and gradients.
+template <class Scalar>
+struct ModuleCase {
+  SafetensorsFile file;
+  attn::MultiHeadAttention<Scalar> module;
+  Tensor<Scalar, 3> x, grad_out;
+
+  explicit ModuleCase(const std::string& name)
+      : file(SafetensorsFile::open(kDir + "/" + name)), module(options(file)) {
+    attn::io::load_state_dict(module, file, "module.");
+    module.eval();
+    x = file.get<Scalar, 3>("x");
+    grad_out = file.get<Scalar, 3>("grad_out");
+  }
+  static attn::MultiHeadAttentionOptions options(const SafetensorsFile& f) {
+    const auto& meta = f.metadata();
+    // Sizes, biases and sinks from the tensors; the rest from the metadata.
+    attn::MultiHeadAttentionOptions o =
+        attn::io::options_from_state_dict(f, std::stol(meta.at("num_heads")), "module.");
+    o.causal = meta.at("causal") == "1";
+    o.sliding_window = std::stol(meta.at("sliding_window"));
+    o.softcap = std::stod(meta.at("softcap"));
+    o.alibi_max_bias = std::stod(meta.at("alibi_max_bias"));
+    return o;
+  }
+};
+
+template <class Scalar>
+std::vector<Scalar> flat(TensorView<const Scalar, 2> m) {
+  std::vector<Scalar> v;
+  for (Index i = 0; i < m.extent(0); ++i) {
+    for (Index j = 0; j < m.extent(1); ++j) v.push_back(m(i, j));
+  }
+  return v;
+}
+
+const char* const kModuleFixtures[] = {"gpt_oss_module.safetensors",
+                                       "gemma2_softcap_module.safetensors",
+                                       "bloom_alibi_module.safetensors"};
+
+TEST(VariantsFixtures, ModulesAreBuiltWithTheirVariants) {
+  const ModuleCase<double> gpt("gpt_oss_module.safetensors");
+  EXPECT_EQ(gpt.module.num_kv_heads(), 2);
+  ASSERT_EQ(gpt.module.sinks().extent(0), 4);  // options_from_state_dict found `sinks`
+  EXPECT_EQ(gpt.module.sinks()(3), gpt.file.values<double>("module.sinks")[3]);
+  const ModuleCase<double> gemma("gemma2_softcap_module.safetensors");
+  EXPECT_EQ(gemma.module.head_dim(), 3);
+  EXPECT_EQ(gemma.module.sinks().extent(0), 0);
+}
+
+// Tolerances: the double results differ from PyTorch's by rounding alone (measured: at most
+// 1.4e-15 over every output and gradient), so 1e-14; a missing or misplaced variant moves
+// them by 1e-2 or more. Float: the projections and kernel in float, bounded by about
+// (D + hd + T + D) eps ~ 5e-6 (tests/attention/module_test_support.hpp's module_tolerance);
+// measured at most 1.1e-7 on every kernel set.
+constexpr double kDoubleTol = 1e-14, kFloatTol = 5e-6;
+TEST(VariantsFixtures, ModulesMatchPyTorchForwardAndEveryGradientInDouble) {
+  for (const char* name : kModuleFixtures) {
+    SCOPED_TRACE(name);
+    ModuleCase<double> c(name);
+    const std::vector<double> expected = c.file.values<double>("out");
+    const Tensor<double, 3> out = c.module.forward(c.x.view());
+    EXPECT_LE(max_diff(std::vector<double>(out.data(), out.data() + out.size()), expected),
+              kDoubleTol);
+    // The training forward and backward (the materialised path too, through weights).
+    attn::SavedForward<double> saved;
+    attn::Workspace ws;
+    Tensor<double, 3> train_out(c.x.shape());
+    c.module.forward(c.x.view(), train_out.view(), saved, ws);
+    EXPECT_LE(max_diff(std::vector<double>(train_out.data(), train_out.data() + train_out.size()),
+                       expected),
+              kDoubleTol);
+    attn::Gradients<double> grads(c.module.named_parameters(attn::ParameterNames::kLlama));
+    Tensor<double, 3> grad_x(c.x.shape());
+    c.module.backward(c.grad_out.view(), saved, grad_x.view(), grads, ws);
+    EXPECT_LE(max_diff(std::vector<double>(grad_x.data(), grad_x.data() + grad_x.size()),
+                       c.file.values<double>("grad.x")),
+              kDoubleTol);
+    std::size_t checked = 0;
+    for (const auto& g : grads) {
+      SCOPED_TRACE(g.name());
+      EXPECT_LE(max_diff(flat<double>(g.matrix()), c.file.values<double>("grad." + g.name())),
+                kDoubleTol);
+      ++checked;
+    }
+    // Every parameter of the file has its gradient compared (sinks included).
+    std::size_t params = 0;
+    for (const std::string& n : c.file.names()) params += n.rfind("module.", 0) == 0;
+    EXPECT_EQ(checked, params);
+  }
+}
+
+TEST(VariantsFixtures, ModulesMatchPyTorchInFloatOnEverySet) {
+  for (const char* name : kModuleFixtures) {
+    const ModuleCase<float> c(name);
+    const std::vector<float> expected = c.file.values<float>("out");
+    for (const attn::Isa isa : attn::test::runnable_sets()) {
+      attn::set_isa(isa);
+      const Tensor<float, 3> out = c.module.forward(c.x.view());
+      EXPECT_LE(max_diff(std::vector<float>(out.data(), out.data() + out.size()), expected),
+                kFloatTol)
+          << name << " " << attn::isa_name(isa);
+    }
+  }
+  attn::set_isa(attn::best_isa());
+}
+
+TEST(VariantsFixtures, SinksRoundTripThroughAStateDict) {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 12;
+  o.num_heads = 4;
+  o.num_kv_heads = 2;
+  o.qkv_bias = true;
+  o.causal = true;
+  o.sinks = true;
+  attn::TorchGenerator gen(5);
+  attn::MultiHeadAttention<float> m(o, gen);
+  for (Index h = 0; h < 4; ++h) m.sinks()(h) = 0.25f * static_cast<float>(h) - 0.4f;
+  attn::test::TempDir dir;
+  for (const attn::ParameterNames names :
+       {attn::ParameterNames::kDefault, attn::ParameterNames::kLlama}) {
+    const std::string path = dir.file("gqa_sinks.safetensors");
+    attn::io::save_state_dict(m, path, names);
+    const SafetensorsFile file = SafetensorsFile::open(path);
+    ASSERT_TRUE(file.contains("sinks"));
+    attn::MultiHeadAttentionOptions loaded_options = o;
+    loaded_options.init = attn::InitScheme::kNone;
+    attn::MultiHeadAttention<float> loaded(loaded_options);
+    attn::io::load_state_dict(loaded, file);
+    for (Index h = 0; h < 4; ++h) EXPECT_EQ(loaded.sinks()(h), m.sinks()(h)) << h;
+    const auto x = attn::test::random_tensor<float>(attn::Shape<3>{2, 7, 12}, 3);
+    const Tensor<float, 3> a = m.forward(x.view()), b = loaded.forward(x.view());
+    EXPECT_TRUE(std::equal(a.data(), a.data() + a.size(), b.data()));
+  }
+  // A module with sinks refuses a file without them (strict), naming the tensor.
+  attn::MultiHeadAttentionOptions plain = o;
+  plain.sinks = false;
+  attn::MultiHeadAttention<float> without(plain, gen);
+  const std::string path = dir.file("no_sinks.safetensors");
+  attn::io::save_state_dict(without, path);
+  EXPECT_THAT([&] { attn::io::load_state_dict(m, path); },
+              ::testing::ThrowsMessage<attn::io::StateDictError>(::testing::HasSubstr("'sinks'")));
+  // And options_from_state_dict checks the sinks' length against num_heads.
+  attn::io::save_state_dict(m, dir.file("sinks.safetensors"));
+  EXPECT_THAT(
+      [&] {
+        attn::io::options_from_state_dict(SafetensorsFile::open(dir.file("sinks.safetensors")), 2);
+      },
+      ::testing::ThrowsMessage<attn::io::StateDictError>(
+          ::testing::HasSubstr("tensor 'sinks' has shape [4], expected [2] (one per head")));
 }
 
 }  // namespace

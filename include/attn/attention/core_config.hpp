@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: MIT
 // attn/attention/core_config.hpp: what configures an attention module's core (CoreConfig:
-// sizes, heads, masks, rotary embeddings, window, names), how its weights are first drawn
+// sizes, heads, masks, rotary embeddings, window, the attention variants, names), how its
+// weights are first drawn
 // (InitScheme), and the one validation of a configuration, with messages naming the values.
 // Glossary: H = heads, H_kv = key/value heads, hd = head dim.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
@@ -58,6 +61,24 @@ struct MultiHeadAttentionOptions {
   RotaryOptions rope{};
   /// Sliding window W (Mistral; 0: none; needs causal): position p sees keys in (p - W, p].
   Index sliding_window = 0;
+  /// Softcapping (Gemma 2, Grok): the scaled scores s become softcap * tanh(s / softcap)
+  /// before ALiBi and the masks are added. 0: off; else positive and finite.
+  double softcap = 0.0;
+  /// ALiBi (BLOOM, MPT): -m_h |p_i - j| added to head h's scores, p_i query i's position
+  /// (in the incremental forward, the cache's absolute positions). The slopes m_h: the
+  /// standard geometric series of alibi_max_bias (8: BLOOM's; attn::alibi_slopes() lists
+  /// them), or `alibi_slopes` (num_heads finite values) when given. Set one or the other;
+  /// both 0 / empty: off.
+  double alibi_max_bias = 0.0;
+  std::vector<double> alibi_slopes;
+  /// Learned attention sinks (gpt-oss): the module owns a trainable parameter `sinks`
+  /// (num_heads,), one logit per head that joins every row's softmax denominator as
+  /// exp(sinks[h]) and no numerator, so a row may give less than its whole weight to the
+  /// keys. Listed by named_parameters() last, under every naming (state_dict, Gradients,
+  /// optimizers). Initial value 0 (exp(0) = 1 in each denominator): gpt-oss allocates it
+  /// uninitialised for a checkpoint to fill, Hugging Face draws it from N(0, 0.02); 0 is
+  /// that draw's mean, and leaves the weights' random draw as it is without sinks.
+  bool sinks = false;
   InitScheme init = InitScheme::kLinear;  ///< kLinear, kMultiheadAttention or kRand
 
   /// The configuration of `torch.nn.MultiheadAttention(embed_dim, num_heads, dropout,
@@ -81,7 +102,8 @@ struct MultiHeadAttentionOptions {
 namespace detail {
 
 /// What tells one attention module from another: the options every module with a core has
-/// (MultiHeadAttentionOptions: sizes, heads, masks, rotary embeddings, window, init), and
+/// (MultiHeadAttentionOptions: sizes, heads, masks, rotary embeddings, window, variants,
+/// init), and
 /// who the module is (its names in messages and files, its output projection). A module's
 /// header fills one from its constructor's arguments; MultiHeadAttention takes the user's
 /// options as they are.
@@ -122,13 +144,23 @@ inline std::string describe_config(const CoreConfig& c) {
   } else {
     text += ", rope=none";
   }
+  if (c.softcap != 0.0) text += ", softcap=" + number(c.softcap);
+  if (c.alibi_max_bias != 0.0) text += ", alibi_max_bias=" + number(c.alibi_max_bias);
+  if (!c.alibi_slopes.empty()) {
+    text += ", alibi_slopes=[";
+    for (std::size_t h = 0; h < c.alibi_slopes.size(); ++h) {
+      text += (h == 0 ? "" : ", ") + number(c.alibi_slopes[h]);
+    }
+    text += "]";
+  }
+  if (c.sinks) text += ", sinks=true";
   return text + ")";
 }
 
 /// True when `a` and `b` describe the same computation on parameters of the same shapes:
-/// every size, head count, bias, mask bound, window, rotary embedding and dropout rate
-/// (names and the initial draw aside). What a backward compares between the module that
-/// recorded a SavedForward and itself.
+/// every size, head count, bias, mask bound, window, rotary embedding, variant (softcap,
+/// ALiBi, sinks) and dropout rate (names and the initial draw aside). What a backward compares
+/// between the module that recorded a SavedForward and itself.
 inline bool same_config(const CoreConfig& a, const CoreConfig& b) noexcept {
   const auto same_rope = [](const RotaryOptions& x, const RotaryOptions& y) {
     return x.head_dim == y.head_dim &&
@@ -141,11 +173,13 @@ inline bool same_config(const CoreConfig& a, const CoreConfig& b) noexcept {
          a.context_length == b.context_length && a.dropout == b.dropout &&
          a.qkv_bias == b.qkv_bias && a.out_proj == b.out_proj && a.out_bias == b.out_bias &&
          a.causal == b.causal && (!a.causal || a.causal_alignment == b.causal_alignment) &&
-         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window;
+         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window &&
+         a.softcap == b.softcap && a.alibi_max_bias == b.alibi_max_bias &&
+         a.alibi_slopes == b.alibi_slopes && a.sinks == b.sinks;
 }
 
 /// `c` when it describes a module that can exist; else a ConfigError naming the values (the
-/// sizes, head counts, head dim, rotary head dim, window and dropout).
+/// sizes, head counts, head dim, rotary head dim, window, variants and dropout).
 inline CoreConfig checked_core_config(const CoreConfig& c) {
   require_config(c.d_in > 0 && c.d_out > 0 && c.num_heads > 0 && c.kdim >= 0 && c.vdim >= 0 &&
                      c.context_length >= 0 && c.num_kv_heads >= 0 && c.head_dim >= 0,
@@ -199,6 +233,30 @@ inline CoreConfig checked_core_config(const CoreConfig& c) {
   require_config(c.sliding_window >= 0 && (c.sliding_window == 0 || c.causal), c.name, [&] {
     return "sliding_window=" + std::to_string(c.sliding_window) +
            " must be 0 or positive, and a window needs causal=true";
+  });
+  require_config(std::isfinite(c.softcap) && c.softcap >= 0.0, c.name, [&] {
+    return "softcap=" + number(c.softcap) + " must be 0 (off) or positive and finite";
+  });
+  require_config(std::isfinite(c.alibi_max_bias) && c.alibi_max_bias >= 0.0, c.name, [&] {
+    return "alibi_max_bias=" + number(c.alibi_max_bias) + " must be 0 (off) or positive and finite";
+  });
+  require_config(
+      c.alibi_slopes.empty() || static_cast<Index>(c.alibi_slopes.size()) == c.num_heads, c.name,
+      [&] {
+        return "alibi_slopes has " + std::to_string(c.alibi_slopes.size()) +
+               " values, expected one per head: num_heads=" + std::to_string(c.num_heads);
+      });
+  for (std::size_t h = 0; h < c.alibi_slopes.size(); ++h) {
+    require_config(std::isfinite(c.alibi_slopes[h]), c.name, [&] {
+      return "alibi_slopes[" + std::to_string(h) + "]=" + number(c.alibi_slopes[h]) +
+             " must be finite";
+    });
+  }
+  require_config(c.alibi_slopes.empty() || c.alibi_max_bias == 0.0, c.name, [&] {
+    return "alibi_max_bias=" + number(c.alibi_max_bias) + " and " +
+           std::to_string(c.alibi_slopes.size()) +
+           " alibi_slopes are both set: give the slopes, or the max bias of the standard "
+           "series, not both";
   });
   check_dropout(c.dropout, c.name);
   return c;

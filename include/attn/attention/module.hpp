@@ -408,6 +408,11 @@ class CoreModule {
   Index context_length() const noexcept { return core_.config().context_length; }
   /// Dropout probability on the attention weights (training mode only).
   double dropout() const noexcept { return core_.dropout(); }
+  /// The learned sinks (num_heads), one logit per head in every softmax denominator, the
+  /// parameter `sinks`; empty unless built with MultiHeadAttentionOptions::sinks. Writes go
+  /// straight in (sinks are never packed: freezing leaves them live).
+  TensorView<Scalar, 1> sinks() noexcept { return core_.sinks(); }
+  TensorView<const Scalar, 1> sinks() const noexcept { return core_.sinks(); }
   /// Scaling of q k^T by 1/sqrt(head_dim): on (default) or off (notebook 001's
   /// SingleHeadAttention).
   bool scaled() const noexcept { return core_.scaled(); }

@@ -118,7 +118,8 @@ void check_module_backward(const char* where, const AttentionCore<Scalar>& core,
 ///   2. kernel: dQ, dK, dV from dC, Q, K, V, the context and logsumexp, written head-major
 ///      (B, P*H, T, hd) as the projections wrote Q, K, V (grouped-query attention: dK and dV
 ///      of the H_kv heads, each summed over its group of query heads); with rotary
-///      embeddings, dQ and dK rotated back (R^T) to the projections' outputs;
+///      embeddings, dQ and dK rotated back (R^T) to the projections' outputs; with learned
+///      sinks, dL/dsinks added into their gradient;
 ///   3. projections: for each run of projections that read the same input rows, have
 ///      adjacent weights and the same input gradient (self-attention's fused [W_q; W_k; W_v],
 ///      key = value's [W_k; W_v]): dW += dQKV^T X and dX += dQKV W, one GEMM each, and
@@ -200,8 +201,11 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const TensorView<const Scalar, 4> grad_context4(
       grad_context.data(), {batch, heads, tq, hd},
       {grad_context.stride(0), hd, grad_context.stride(1), 1});
+  // With learned sinks, dL/dsinks is added into their gradient (the kernel sums it per head).
+  const TensorView<Scalar, 1> grad_sinks =
+      c.sinks ? grads.of(core.sinks()) : TensorView<Scalar, 1>();
   attend_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
-                  {grad_context4, part_grad[0], part_grad[1], part_grad[2]}, saved.mask,
+                  {grad_context4, part_grad[0], part_grad[1], part_grad[2], grad_sinks}, saved.mask,
                   saved.options, ws, c.causal_bound(), /*own_gradients=*/true);
   if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1
     core.rope().apply_transposed(part_grad[0]);

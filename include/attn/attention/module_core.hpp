@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // attn/attention/module_core.hpp: AttentionCore, the one forward path of every attention
 // module with weights (checks -> Q/K/V projection -> kernel -> output projection), its
-// modes, freezing and parameter names. What configures it: core_config.hpp.
+// modes, freezing and parameter names, and the learned sinks it owns. What configures it:
+// core_config.hpp.
 // Glossary: B = batch, T = tokens, H = heads, H_kv = key/value heads, hd = head dim,
 // A = H * hd (the attention width; d_out unless head_dim is set).
 #pragma once
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "attn/attention/core_config.hpp"
+#include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/saved_forward.hpp"
@@ -43,7 +45,8 @@ namespace detail {
 ///   2. projections: QkvProjection writes Q, K, V head-major into the workspace;
 ///   3. kernel: attend() runs scaled_dot_product_attention over (B, H, T, hd) views, the
 ///      context written into (B, T_q, H, hd) == (B, T_q, A), the module's own causal bound,
-///      scale and dropout applied;
+///      scale, dropout and variants (softcap, ALiBi, its sinks) applied: kernel_options()
+///      is the one place they enter the call;
 ///   4. output projection: out_proj (d_out, A) from that buffer, or the context is the output.
 /// Grouped-query attention (num_kv_heads < num_heads): K and V are projected with H_kv heads
 /// and the kernel maps query head h to key/value head h / (H / H_kv), copying nothing.
@@ -74,6 +77,18 @@ class AttentionCore {
                                   config_.num_kv_heads);
     dropout_ = Dropout<Scalar>(c.dropout);
     if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Scalar>(c.rope);
+    if (c.sinks) sinks_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});  // 0: see the option
+    if (!c.alibi_slopes.empty()) {
+      alibi_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});
+      for (Index h = 0; h < c.num_heads; ++h) {
+        alibi_(h) = static_cast<Scalar>(c.alibi_slopes[static_cast<std::size_t>(h)]);
+      }
+    }
+    {  // the variants as this Scalar reads them (a softcap past float's range, ...)
+      AttentionOptions variants;
+      set_variants(variants);
+      check_variants<Scalar>(config_.name, variants, c.num_heads);
+    }
     if (c.init == InitScheme::kNone) {  // nothing drawn: the caller sets the weights
       TorchGenerator unused;
       if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, unused);
@@ -206,12 +221,14 @@ class AttentionCore {
     });
   }
 
-  /// The kernel's options for one call: the module's scale (unset: 1/sqrt(head_dim)) and, in
-  /// training mode with dropout, its seed and a freshly claimed call number; the path the
-  /// call takes.
+  /// The kernel's options for one call: the module's scale (unset: 1/sqrt(head_dim)) and
+  /// variants, in training mode with dropout its seed and a freshly claimed call number; the
+  /// path the call takes. Every forward (whole-sequence, training, incremental) builds its
+  /// call from these.
   AttentionOptions kernel_options(TensorView<Scalar, 4> weights) const {
     AttentionOptions options;
     if (!scaled_) options.scale = 1.0;  // else the call's default, 1/sqrt(head_dim)
+    set_variants(options);
     if (dropout_.active()) {
       options.dropout = dropout_.p();
       options.dropout_seed = dropout_.seed_value();
@@ -229,6 +246,16 @@ class AttentionCore {
               TensorView<Scalar, 3> lse = {}) const {
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
                    weights, ws, config_.causal_bound(), lse);
+  }
+
+  /// The variants of the configuration into `options`: the softcap, ALiBi (the given slopes
+  /// as Scalars, or the max bias of the standard series) and the sinks parameter (views of
+  /// this core's tensors: a record or a backward reading them needs the module alive).
+  void set_variants(AttentionOptions& options) const noexcept {
+    options.softcap = config_.softcap;
+    options.alibi_max_bias = config_.alibi_max_bias;
+    if (config_.sinks) options.sinks = sinks_.view();
+    if (!config_.alibi_slopes.empty()) options.alibi_slopes = alibi_.view();
   }
 
   // ---- modes ----
@@ -276,6 +303,11 @@ class AttentionCore {
   const QkvProjection<Scalar>& projection() const noexcept { return proj_; }
   Linear<Scalar>& out_proj() noexcept { return out_proj_; }
   const Linear<Scalar>& out_proj() const noexcept { return out_proj_; }
+  /// The learned sinks (H) (empty without MultiHeadAttentionOptions::sinks); read live by
+  /// every forward, never packed.
+  TensorView<Scalar, 1> sinks() noexcept { return sinks_.view(); }
+  TensorView<const Scalar, 1> sinks() const noexcept { return sinks_.view(); }
+  static constexpr const char* kSinks = "sinks";
 
   // ---- parameters by name ----
 
@@ -380,6 +412,7 @@ class AttentionCore {
       }
     }
     if (self.config_.out_proj) list.append(out_proj, self.out_proj_.named_parameters());
+    if (self.config_.sinks) list.add(kSinks, self.sinks_.view());  // gpt-oss's name, last
     list.watch(self.identity_.watch());  // expires with the projection weights
     return list;
   }
@@ -389,6 +422,8 @@ class AttentionCore {
   Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
   Dropout<Scalar> dropout_{0.0};
   RotaryEmbedding<Scalar> rope_;  // head_dim 0 unless config_.rope.head_dim
+  Tensor<Scalar, 1> sinks_;       // (H) with config_.sinks, else empty
+  Tensor<Scalar, 1> alibi_;       // (H): config_.alibi_slopes as Scalars, else empty
   bool scaled_ = true;            // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
   ObjectIdentity identity_;       // what SavedForward, KVCache and optimizers record
 };

@@ -231,7 +231,8 @@ void save_state_dict(const Module& module, const std::string& path,
 /// `file` holds under `prefix`: embed_dim (d_in, d_out), kdim, vdim and bias presence come
 /// from the tensors' shapes; num_heads is not stored in a state_dict and must be given. With
 /// Llama's names (q_proj.weight, ...) head_dim is q_proj's rows / num_heads and num_kv_heads
-/// k_proj's rows / head_dim.
+/// k_proj's rows / head_dim. A `sinks` tensor (gpt-oss) sets sinks (its length must be
+/// num_heads).
 /// @throws StateDictError if no known layout is found or the shapes are inconsistent.
 inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& file,
                                                          Index num_heads,
@@ -253,6 +254,16 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
   const std::string out_bias = std::string(Names::kOutProj) + "bias";
   MultiHeadAttentionOptions o;
   o.num_heads = num_heads;
+  // gpt-oss's learned sinks, one per query head.
+  if (has(Names::kSinks)) {
+    const std::vector<Index>& s = file.shape(prefix + Names::kSinks);
+    detail::io_require<StateDictError>(s == std::vector<Index>{num_heads}, where, [&] {
+      return "'" + file.source() + "': tensor '" + prefix + Names::kSinks + "' has shape " +
+             detail::shape_text(s) + ", expected [" + std::to_string(num_heads) +
+             "] (one per head, num_heads=" + std::to_string(num_heads) + ")";
+    });
+    o.sinks = true;
+  }
   const auto llama = [](int part, const char* what) {
     return std::string(Names::llama_name(part)) + what;
   };
