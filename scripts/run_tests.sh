@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # README command 2: installs what is missing, then builds and runs the whole test suite:
 #   0. the format check (scripts/check_format.sh) and the layer check (scripts/check_layers.sh);
-#   1. release build (-O2, OpenMP, -Werror; no -march flag, as users build): every test, the
-#      packaging tests and the examples, tools and benchmarks compiled (benchmarks are not
-#      run); then the tests again once per narrower kernel set this CPU has (ATTN_ISA);
+#   1. release build (-O2, OpenMP, -Werror; no -march flag, as users build; Ninja where
+#      installed): every test, the packaging tests and the examples, tools and benchmarks
+#      compiled (benchmarks are not run); then the tests again once per narrower kernel set
+#      this CPU has (ATTN_ISA);
 #   2. a clang build (-Werror) of the dispatch test (a baseline and a -march=native unit in
 #      one program) and of the kernel tests, run;
 #   3. ASan + UBSan build (-O0 -g1, -Werror): every test again;
@@ -89,8 +90,10 @@ stage "format check" "$ATTN_ROOT/scripts/check_format.sh"
 stage "layer check" "$ATTN_ROOT/scripts/check_layers.sh"
 
 # 1. Release: everything built, every test on the widest kernel set.
+# The examples, benchmarks and tools link the tests' compiled kernel unit (ATTN_SHARE_KERNELS):
+# a quarter of their compile time; tests/dispatch and tests/cmake build header-only programs.
 configure release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
-  -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_BENCHMARKS=ON
+  -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_BENCHMARKS=ON -DATTN_SHARE_KERNELS=ON
 stage "release: build" build release
 best="$("$ATTN_ROOT/build/release/tests/dispatch_test" --report | sed -n 's/.* best=\([a-z0-9]*\).*/\1/p')"
 stage "release: tests ($best)" run_tests release
