@@ -17,6 +17,7 @@
 //    conversions the set vectorises (see generic/convert.inl).
 // The order matters: each part uses the ones before it.
 // clang-format off
+#include "attn/kernels/generic/convert.inl"
 #include "attn/kernels/generic/exp.inl"
 #include "attn/kernels/generic/microkernel.inl"
 #include "attn/kernels/generic/gemm.inl"
@@ -25,6 +26,5 @@
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
 #include "attn/kernels/generic/attention_backward.inl"
-#include "attn/kernels/generic/convert.inl"
 #include "attn/kernels/generic/kernel_set.inl"
 // clang-format on
