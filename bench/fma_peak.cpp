@@ -98,7 +98,7 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop_avx512(long oute
   __m512 acc[kChains512];
   for (int j = 0; j < kChains512; ++j)
     acc[j] = _mm512_set1_ps(1.0f + 0.001f * static_cast<float>(j));
-  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3F003F00);  // 0.5, 0.5
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3F003F00);                     // 0.5, 0.5
   const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(0xBE803E80u));  // 0.25, -0.25
   for (long i = 0; i < outer; ++i) {
     for (long r = 0; r < kInner; ++r) {

@@ -43,15 +43,15 @@ std::string describe(const Case& c) {
 // 6 x 64 micro-tiles on AVX-512 and narrower ones elsewhere; the k-pair packing transposes
 // blocks of 16 columns x 16 pairs).
 const Case kCases[] = {
-    {1, 1, 1, 0, 0},          // smallest: one odd pair
-    {5, 3, 1, 0, 0},          // k = 1: only the odd tail
-    {7, 37, 19, 0, 0},        // everything ragged, k odd
-    {13, 70, 34, 0, 0},       // a full 16-pair block plus one pair
-    {97, 769, 513, 0, 0},     // one past every block; the second depth block is one element
-    {30, 200, 1027, 0, 0},    // three depth blocks, the last odd
-    {64, 2304, 96, 0, 0},     // the fused QKV width: three 768-column tiles
-    {2 * 45, 3 * 64, 71, 45, 64},  // head-split output, k odd
-    {3 * 33, 5 * 24, 33, 33, 24},  // segments narrower than a micro-panel
+    {1, 1, 1, 0, 0},                // smallest: one odd pair
+    {5, 3, 1, 0, 0},                // k = 1: only the odd tail
+    {7, 37, 19, 0, 0},              // everything ragged, k odd
+    {13, 70, 34, 0, 0},             // a full 16-pair block plus one pair
+    {97, 769, 513, 0, 0},           // one past every block; the second depth block is one element
+    {30, 200, 1027, 0, 0},          // three depth blocks, the last odd
+    {64, 2304, 96, 0, 0},           // the fused QKV width: three 768-column tiles
+    {2 * 45, 3 * 64, 71, 45, 64},   // head-split output, k odd
+    {3 * 33, 5 * 24, 33, 33, 24},   // segments narrower than a micro-panel
     {2 * 20, 25 * 40, 50, 20, 40},  // 512-column tiles cut a 40-wide segment
 };
 
@@ -157,7 +157,7 @@ TEST_F(Bf16Gemm, QueryAndSwitch) {
 // double sum's own error, k 2^-53 relative, is negligible), against a bound on float
 // accumulation: every path adds each product to a float accumulator with one rounding (an
 // FMA, or an exact product and an add; vdpbf16ps is two FMAs per pair), then adds the bias
-// and the depth blocks' partial sums, at most k + 4 roundings in all (three depth blocks).
+// and the depth blocks' partial sums: k + ceil(k / 512) <= k + 3 roundings here (k <= 1027).
 // Each rounding is off by at most u = 2^-24 of the partial sum it rounds, and every partial
 // sum is at most sum |a_p b_p| + |bias|, so |error| <= (k + 4) u (sum |a_p b_p| + |bias|)
 // (to first order: (k + 4) u < 1e-4 here). The inputs have no subnormals, so the dot
@@ -348,10 +348,10 @@ TEST_F(Bf16Gemm, PropagatesNanAndInfinityAsTheFloatGemm) {
     ops.b[static_cast<std::size_t>(j * ops.ldb + p)] = bfloat16(v);
   };
   set_a(1, 3, std::numeric_limits<float>::quiet_NaN());  // row 1 NaN
-  set_a(2, 5, inf);                                       // row 2 +-inf ...
-  set_b(4, 5, 0.0f);                                      // ... but NaN at (2, 4): inf * 0
-  set_b(6, 36, -inf);                                     // column 6 -+inf (p = 36: the odd tail)
-  set_a(2, 36, 0.5f);                                     // (2, 6): inf + -inf: NaN
+  set_a(2, 5, inf);                                      // row 2 +-inf ...
+  set_b(4, 5, 0.0f);                                     // ... but NaN at (2, 4): inf * 0
+  set_b(6, 36, -inf);                                    // column 6 -+inf (p = 36: the odd tail)
+  set_a(2, 36, 0.5f);                                    // (2, 6): inf + -inf: NaN
   set_b(6, 5, 1.0f);
   set_a(7, 0, -inf);  // row 7 +-inf, but NaN at (7, 8): -inf * 1 + 1 * inf
   set_b(8, 0, 1.0f);

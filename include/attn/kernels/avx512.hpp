@@ -13,8 +13,11 @@ namespace kernels {
 namespace avx512 {
 using namespace detail;  // the plain data the drivers pass (attn/kernels/*_args.hpp, head_mask.hpp)
 inline constexpr Isa kSetIsa = Isa::kAvx512;
+// The order matters: each part uses the ones before it.
+// clang-format off
 #include "attn/kernels/avx512/vec.inl"
 #include "attn/kernels/avx512/convert.inl"
+// clang-format on
 }  // namespace avx512
 }  // namespace kernels
 ATTN_NAMESPACE_END

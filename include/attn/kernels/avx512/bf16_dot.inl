@@ -12,8 +12,8 @@
 // at 2q a 32-bit broadcast. An odd depth's last pair is (a[depth - 1], +0) x (b[depth - 1], +0),
 // so the padding adds +0 * +0 = +0 and never meets A's or B's memory beyond depth.
 //
-// Numerics (Intel SDM, VDPBF16PS; tests/kernels/bf16_gemm_test.cpp checks them bit for bit): per lane,
-// acc = fma(a[2q+1], b[2q+1], acc) then acc = fma(a[2q], b[2q], acc), each rounded to nearest
+// Numerics (Intel SDM, VDPBF16PS; tests/kernels/bf16_gemm_test.cpp checks them bit for bit): per
+// lane, acc = fma(a[2q+1], b[2q+1], acc) then acc = fma(a[2q], b[2q], acc), each rounded to nearest
 // even; bfloat16 inputs and the accumulator are read with subnormals as zero, results that
 // would be subnormal are flushed to zero; MXCSR is neither read nor written. See
 // docs/precision.md.

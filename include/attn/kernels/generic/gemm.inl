@@ -151,7 +151,7 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
   constexpr bool kWiden = !std::is_same_v<Operand, Scalar>;  // bfloat16 operands
   const bool dot = kWiden && g.dot;
   // Panel rows of `depth` elements: k-pairs on the dot-product path.
-  const auto words = [dot](Index depth) { return dot ? (depth + 1) / 2 : depth; };
+  const auto words = [&](Index depth) { return dot ? (depth + 1) / 2 : depth; };
   const Index jt = task % g.col_tiles, rt = task / g.col_tiles;
   const Index j0 = jt * g.tile_cols, cols = std::min(g.tile_cols, g.n - j0);
   const Index r0 = rt * g.chunk_rows, r1 = std::min(g.m, r0 + g.chunk_rows);
@@ -220,8 +220,8 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
           for (Index r = 0; r < group; ++r) crow[r] = g.out.row(i0 + i + r) + offset;
           if constexpr (kWiden && kSetIsa == Isa::kAvx512) {
             if (dot) {
-              bf16_dot_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, panel,
-                                 panel_ld, crow, width, !first || g.accumulate, bias_j);
+              bf16_dot_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, panel, panel_ld,
+                                 crow, width, !first || g.accumulate, bias_j);
               continue;
             }
           }
