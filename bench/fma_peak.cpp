@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: MIT
 // bench/fma_peak.cpp: measures this machine's float32 FMA peak (GFLOP/s) with AVX-512 (zmm)
 // and AVX2 (ymm) intrinsics, on one thread and on N threads. The denominator of "% of peak"
-// in scripts/bench_vs_pytorch.sh.
+// in scripts/bench_vs_pytorch.sh. Also, on CPUs with AVX512-BF16, the peak of its dot product
+// vdpbf16ps (zmm), the denominator for the bfloat16 GEMM's dot-product path; it is reported
+// on its own lines and never taken as peak_isa.
 //
 // Each thread runs independent chains acc = acc * m + c (one FMA = 2 FLOPs per lane), with
 // more chains than FMA latency x FMA pipes on any current x86 core (8 on Zen 4/5 and
-// Skylake-X), so the loop is throughput-bound. The AVX-512 and AVX2 kernels are compiled
-// with target attributes and chosen at run time (__builtin_cpu_supports), so the binary
-// works on machines without AVX-512. Best of several timed runs after a warm-up.
+// Skylake-X), so the loop is throughput-bound. The vdpbf16ps chains are acc += a0 b0 + a1 b1
+// (4 FLOPs per lane: two products, two additions), the pair's products equal and opposite so
+// acc stays put. The AVX-512 and AVX2 kernels are compiled with target attributes and chosen
+// at run time (__builtin_cpu_supports, CPUID for AVX512-BF16), so the binary works on machines
+// without AVX-512. Best of several timed runs after a warm-up.
 //
 // Usage: fma_peak [--threads 1,2] [--seconds S] [--quick]
 //   --threads  comma-separated thread counts (default: 1 and the number of CPUs)
@@ -16,10 +20,13 @@
 //   avx512_supported=1
 //   avx512_t1_gflops=224.8
 //   avx2_t1_gflops=112.5
+//   avx512bf16_supported=1
+//   avx512bf16_t1_gflops=415.0  <- vdpbf16ps (4 FLOPs per lane and instruction)
 //   peak_isa=avx512
 //   peak_t1_gflops=224.8      <- best ISA, 1 thread (what the comparison script reads)
 //   peak_t2_gflops=449.1
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -84,6 +91,35 @@ __attribute__((target("avx2,fma"))) float fma_loop_avx2(long outer) {
   float total = 0;
   for (const float x : lanes) total += x;
   return total;
+}
+
+// vdpbf16ps chains: a = (0.5, 0.5) and b = (0.25, -0.25) in each lane's bfloat16 pair.
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop_avx512(long outer) {
+  __m512 acc[kChains512];
+  for (int j = 0; j < kChains512; ++j)
+    acc[j] = _mm512_set1_ps(1.0f + 0.001f * static_cast<float>(j));
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3F003F00);                     // 0.5, 0.5
+  const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(0xBE803E80u));  // 0.25, -0.25
+  for (long i = 0; i < outer; ++i) {
+    for (long r = 0; r < kInner; ++r) {
+#pragma GCC unroll 32
+      for (int j = 0; j < kChains512; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+    }
+  }
+  __m512 sum = acc[0];
+  for (int j = 1; j < kChains512; ++j) sum = _mm512_add_ps(sum, acc[j]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0;
+  for (const float x : lanes) total += x;
+  return total;
+}
+
+// AVX512-BF16: CPUID leaf 7 subleaf 1, EAX bit 5 (and AVX-512 itself enabled).
+bool has_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) &&
+         (eax & (1u << 5)) != 0;
 }
 
 struct Isa {
@@ -222,6 +258,17 @@ int main(int argc, char** argv) {
   std::printf("peak_isa=%s\n", best_isa->name);
   for (std::size_t i = 0; i < thread_counts.size(); ++i) {
     std::printf("peak_t%d_gflops=%.1f\n", thread_counts[i], best_by_threads[i]);
+  }
+  // The dot product's rate, after the float peaks (which scripts read by name).
+  const Isa dot = {"avx512bf16", has_avx512_bf16(), dpbf16_loop_avx512,
+                   kChains512 * static_cast<double>(kInner) * 16 * 4};
+  std::printf("%s_supported=%d\n", dot.name, dot.supported ? 1 : 0);
+  if (dot.supported) {
+    for (const int threads : thread_counts) {
+      std::printf("%s_t%d_gflops=%.1f\n", dot.name, threads,
+                  measure(dot, threads, seconds, repeats));
+      std::fflush(stdout);
+    }
   }
   return 0;
 }

@@ -2,9 +2,13 @@
 // bench/gemm_bench.cpp: attn's packed GEMM (detail::gemm_nt, behind Linear and the Q/K/V and
 // output projections) against Eigen's product on the same row-major operands, in one binary.
 // This is where gemm.hpp's blocking constants (kGemmRows, kGemmCols, gemm_depth) were tuned.
+// Also the GEMM on bfloat16 operands (float results) on both of its paths, AVX512-BF16's
+// dot product (dot=1) and widening to float (dot=0), beside the float GEMM on the same values,
+// each with W packed per call and packed once (pack_gemm_b, as a frozen layer holds it).
 //
 // Args: M (rows = B*T), N (output features), K (input features). y (M, N) = x (M, K) W^T.
-// Counter: FLOPS = 2*M*N*K per second.
+// Counter: FLOPS = 2*M*N*K per second. bench/fma_peak gives the peaks to divide by: the float
+// FMA's for the float GEMM and the widening path, vdpbf16ps's for the dot product.
 //
 // Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/gemm_bench --benchmark_repetitions=5
@@ -78,7 +82,63 @@ void BM_EigenGemm(benchmark::State& state) {
   set_flops<Scalar>(state);
 }
 
+// The bfloat16 GEMM, y (float) = x W^T with x and W bfloat16 (the float operands rounded), on
+// the path `dot` (1: vdpbf16ps, skipped on CPUs without AVX512-BF16; 0: widening), W packed
+// per call or once (`packed`). The float rows below with packed=1 are the float GEMM on a
+// pre-packed W, for the same comparison.
+void BM_GemmBf16(benchmark::State& state) {
+  Operands<float> o(state);
+  const bool dot = state.range(3) != 0, packed = state.range(4) != 0;
+  if (attn::set_bf16_dot(dot) != dot) {
+    state.SkipWithError("this CPU has no AVX512-BF16 (or the avx512 set is not in use)");
+    attn::set_bf16_dot(true);
+    return;
+  }
+  const auto x = attn::convert<attn::bfloat16>(o.x);
+  const auto w = attn::convert<attn::bfloat16>(o.w);
+  const attn::detail::PackedGemmB<attn::bfloat16> pack =
+      packed ? attn::detail::pack_gemm_b(o.n, o.k, w.data(), o.k, 0)
+             : attn::detail::PackedGemmB<attn::bfloat16>();
+  attn::Workspace ws;
+  for (auto _ : state) {
+    attn::detail::gemm_nt(o.m, o.n, o.k, x.data(), o.k, w.data(), o.k, o.y.data(), o.n,
+                          static_cast<const float*>(nullptr), {&pack, 0}, &ws);
+    benchmark::DoNotOptimize(o.y.data());
+    benchmark::ClobberMemory();
+  }
+  set_flops<float>(state);
+  attn::set_bf16_dot(true);
+}
+
+void BM_GemmPacked(benchmark::State& state) {
+  Operands<float> o(state);
+  const auto pack = attn::detail::pack_gemm_b(o.n, o.k, o.w.data(), o.k, 0);
+  attn::Workspace ws;
+  for (auto _ : state) {
+    attn::detail::gemm_nt(o.m, o.n, o.k, o.x.data(), o.k, o.w.data(), o.k, o.y.data(), o.n,
+                          static_cast<const float*>(nullptr), {&pack, 0}, &ws);
+    benchmark::DoNotOptimize(o.y.data());
+    benchmark::ClobberMemory();
+  }
+  set_flops<float>(state);
+}
+
+void Bf16Shapes(benchmark::internal::Benchmark* bm) {
+  bm->ArgNames({"M", "N", "K", "dot", "packed"});
+  for (const int packed : {0, 1}) {
+    for (const int dot : {1, 0}) {
+      bm->Args({4096, 1536, 512, dot, packed});
+      bm->Args({4096, 512, 512, dot, packed});
+      bm->Args({128, 1536, 512, dot, packed});
+      bm->Args({2048, 2304, 768, dot, packed});
+      bm->Args({8192, 1536, 512, dot, packed});
+    }
+  }
+}
+
 BENCHMARK_TEMPLATE(BM_Gemm, float)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmPacked)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmBf16)->Apply(Bf16Shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_EigenGemm, float)
     ->Apply(GemmShapes)
     ->Unit(benchmark::kMillisecond)

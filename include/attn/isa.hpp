@@ -47,6 +47,9 @@ namespace dispatch_v1 {
 /// inline variable, not a function: all translation units share it, and it holds no code
 /// that could depend on their flags.
 inline std::atomic<int> selected_isa{-1};
+/// Whether bfloat16 GEMMs may use AVX512-BF16's dot product (set_bf16_dot()); shared the same
+/// way.
+inline std::atomic<bool> bf16_dot_allowed{true};
 }  // namespace dispatch_v1
 
 }  // namespace attn
@@ -88,6 +91,21 @@ inline bool cpu_has_f16c() noexcept {
 #if ATTN_KERNELS_X86
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+#else
+  return false;
+#endif
+}
+
+/// Whether the CPU has AVX512-BF16 (vdpbf16ps): CPUID leaf 7 subleaf 1, EAX bit 5. Read once
+/// and cached. Only consulted when the avx512 set runs, whose choice has already checked that
+/// the operating system saves the AVX-512 state.
+inline bool cpu_has_avx512_bf16() noexcept {
+#if ATTN_KERNELS_X86
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
+  }();
+  return has;
 #else
   return false;
 #endif
@@ -139,6 +157,24 @@ inline Isa active_isa() {
     });
   }
   return set_isa(isa);
+}
+
+/// Whether GEMMs on bfloat16 operands run on AVX512-BF16's dot product (vdpbf16ps, two
+/// products per lane and instruction) now: the avx512 set is active, the CPU has AVX512-BF16
+/// and set_bf16_dot(false) has not turned it off. Otherwise they widen the operands to float
+/// and run the float kernels. The two paths round differently (docs/precision.md).
+/// @throws ConfigError as active_isa() does.
+inline bool bf16_dot_active() {
+  return active_isa() == Isa::kAvx512 && detail::cpu_has_avx512_bf16() &&
+         dispatch_v1::bf16_dot_allowed.load(std::memory_order_relaxed);
+}
+
+/// Allows (the default) or forbids the bfloat16 dot-product path, e.g. to run the widening path
+/// on a CPU that has both; returns bf16_dot_active(). Affects every thread and every
+/// translation unit; call it while no attn computation is running.
+inline bool set_bf16_dot(bool allowed) {
+  dispatch_v1::bf16_dot_allowed.store(allowed, std::memory_order_relaxed);
+  return bf16_dot_active();
 }
 
 ATTN_NAMESPACE_END

@@ -548,4 +548,33 @@ TYPED_TEST(ZeroAllocation, KVCacheStepsAndReorder) {
   });
 }
 
+// The GEMM on bfloat16 operands (float results), B packed per call and once, on every path
+// this CPU has (the avx512 set's dot product and widening, or widening alone): the
+// workspace's buffers, sized by the warm-up, serve every later call.
+TEST(ZeroAllocation, BFloat16GemmWithWorkspace) {
+  const Index m = 200, n = 300, k = 257;  // 31 MFLOP: above the threshold for threads
+  const auto fa = attn::test::random_tensor<float, 2>({m, k}, 3);
+  const auto fb = attn::test::random_tensor<float, 2>({n, k}, 4);
+  const auto a = attn::convert<attn::bfloat16>(fa);
+  const auto b = attn::convert<attn::bfloat16>(fb);
+  const auto bias = attn::test::random_tensor<float, 1>({n}, 5);
+  Tensor<float, 2> c({m, n});
+  for (const bool dot : {true, false}) {
+    if (dot && !attn::bf16_dot_active()) continue;
+    attn::set_bf16_dot(dot);
+    SCOPED_TRACE(dot ? "dot product" : "widening");
+    const auto pack = attn::detail::pack_gemm_b(n, k, b.data(), k, 0);
+    for (const bool packed : {false, true}) {
+      attn::Workspace ws;
+      expect_steady_state_without_allocation([&] {
+        attn::detail::gemm_nt(m, n, k, a.data(), k, b.data(), k, c.data(), n, bias.data(),
+                              packed ? attn::detail::PackedB<attn::bfloat16>{&pack, 0}
+                                     : attn::detail::PackedB<attn::bfloat16>{},
+                              &ws);
+      });
+    }
+  }
+  attn::set_bf16_dot(true);
+}
+
 }  // namespace

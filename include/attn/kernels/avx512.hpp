@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512.hpp: the avx512 kernel set, attn::kernels::avx512: the set's primitives
-// (avx512/vec.inl, avx512/convert.inl) and the generic kernels (generic/*.inl) compiled in its
-// target region.
+// (avx512/vec.inl, avx512/convert.inl), its bfloat16 dot-product kernel (avx512/bf16_dot.inl)
+// and the generic kernels (generic/*.inl), in that order, each compiled in its target region.
 #pragma once
 
 #include "attn/kernels/prelude.hpp"
@@ -13,13 +13,34 @@ namespace kernels {
 namespace avx512 {
 using namespace detail;  // the plain data the drivers pass (attn/kernels/*_args.hpp, head_mask.hpp)
 inline constexpr Isa kSetIsa = Isa::kAvx512;
-#define ATTN_KERNEL_SET avx512
 // The order matters: each part uses the ones before it.
 // clang-format off
 #include "attn/kernels/avx512/vec.inl"
 #include "attn/kernels/avx512/convert.inl"
-#include "attn/kernels/generic/all.inl"
 // clang-format on
+}  // namespace avx512
+}  // namespace kernels
+ATTN_NAMESPACE_END
+ATTN_TARGET_END
+
+// The bfloat16 dot-product kernel, in a region that adds AVX512-BF16: called only on CPUs
+// that have it.
+ATTN_TARGET_AVX512BF16_BEGIN
+ATTN_NAMESPACE_BEGIN
+namespace kernels {
+namespace avx512 {
+#include "attn/kernels/avx512/bf16_dot.inl"
+}  // namespace avx512
+}  // namespace kernels
+ATTN_NAMESPACE_END
+ATTN_TARGET_END
+
+ATTN_TARGET_AVX512_BEGIN
+ATTN_NAMESPACE_BEGIN
+namespace kernels {
+namespace avx512 {
+#define ATTN_KERNEL_SET avx512
+#include "attn/kernels/generic/all.inl"
 #undef ATTN_KERNEL_SET
 }  // namespace avx512
 }  // namespace kernels

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #include "attn/config.hpp"
 #include "attn/isa.hpp"
 #include "attn/memory.hpp"
+#include "attn/types/bfloat16.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace detail {
@@ -71,6 +73,12 @@ struct GemmOutput {
   Index column(Index j, Index seg) const noexcept { return (j / seg) * segment_stride + j % seg; }
 };
 
+/// What a packed B micro-panel holds for operands of type Operand: the operands themselves,
+/// except bfloat16, whose panels hold 32-bit words: floats (widened) or pairs of bfloat16 (see
+/// PackedGemmB).
+template <class Operand>
+using GemmPanel = std::conditional_t<std::is_same_v<Operand, bfloat16>, float, Operand>;
+
 /// A GEMM's B operand (a layer's weight, (n, k) row-major) packed once for one kernel set:
 /// gemm_nt then reads it instead of packing B on every call. Layout: the depth blocks of
 /// that set's blocking for this k, one after another; within a block, B's rows in column
@@ -79,22 +87,30 @@ struct GemmOutput {
 /// segments of it serves a product on those rows of B (see PackedB), with the same result,
 /// bit for bit, as packing on the fly. A pack made for one kernel set is ignored (B is
 /// packed per call) when another set runs, e.g. after set_isa().
+/// bfloat16 weights are packed widened to floats, or, for the AVX512-BF16 dot product
+/// (`pairs`), as k-pairs: word (q, c) of a micro-panel holds elements 2q (low half) and
+/// 2q + 1 (high half) of the block's depth for column c, an odd depth's last word padded
+/// with +0; a pack of the other form is ignored as well (after set_bf16_dot()).
 /// detail::pack_gemm_b() (attn/ops/gemm.hpp) fills one.
 template <class Scalar>
 class PackedGemmB {
  public:
+  using Panel = GemmPanel<Scalar>;
   PackedGemmB() = default;
 
   /// Storage for B (n, k) with output segments `segment` columns wide (0: one segment),
-  /// laid out for `isa`'s micro-panels (`group_cols` wide) and depth blocks.
-  PackedGemmB(Index n, Index k, Index segment, Isa isa, Index group_cols, Index depth_block)
+  /// laid out for `isa`'s micro-panels (`group_cols` wide) and depth blocks, in k-pairs
+  /// when `pairs`.
+  PackedGemmB(Index n, Index k, Index segment, Isa isa, Index group_cols, Index depth_block,
+              bool pairs = false)
       : n_(n),
         k_(k),
         segment_(segment > 0 ? segment : std::max<Index>(n, 1)),
         group_cols_(group_cols),
         depth_block_(depth_block),
-        isa_(isa) {
-    if (!empty()) data_.reserve(static_cast<std::size_t>(n * k));
+        isa_(isa),
+        pairs_(pairs) {
+    if (!empty()) data_.reserve(static_cast<std::size_t>(n * words(k)));
   }
 
   PackedGemmB(const PackedGemmB& other)
@@ -103,10 +119,11 @@ class PackedGemmB {
         segment_(other.segment_),
         group_cols_(other.group_cols_),
         depth_block_(other.depth_block_),
-        isa_(other.isa_) {
+        isa_(other.isa_),
+        pairs_(other.pairs_) {
     if (other.empty()) return;
-    data_.reserve(static_cast<std::size_t>(n_ * k_));
-    std::copy(other.data_.data(), other.data_.data() + n_ * k_, data_.data());
+    data_.reserve(static_cast<std::size_t>(n_ * words(k_)));
+    std::copy(other.data_.data(), other.data_.data() + n_ * words(k_), data_.data());
   }
   PackedGemmB& operator=(const PackedGemmB& other) {
     if (this != &other) *this = PackedGemmB(other);
@@ -121,6 +138,7 @@ class PackedGemmB {
     group_cols_ = std::exchange(other.group_cols_, 1);
     depth_block_ = std::exchange(other.depth_block_, 1);
     isa_ = other.isa_;
+    pairs_ = other.pairs_;
     return *this;
   }
   ~PackedGemmB() = default;
@@ -131,6 +149,10 @@ class PackedGemmB {
   Index segment() const noexcept { return segment_; }
   Index depth_block() const noexcept { return depth_block_; }
   Isa isa() const noexcept { return isa_; }
+  bool pairs() const noexcept { return pairs_; }
+  /// Panel rows (words per column) of `depth` elements: depth, or depth / 2 rounded up in
+  /// k-pairs.
+  Index words(Index depth) const noexcept { return pairs_ ? (depth + 1) / 2 : depth; }
 
   /// First column of the group holding column j, and that group's width.
   Index group_start(Index j) const noexcept {
@@ -141,18 +163,19 @@ class PackedGemmB {
     return std::min({group_cols_, segment_ - g % segment_, n_ - g});
   }
   /// The micro-panel of the group starting at column g, in the depth block starting at p0
-  /// (depth x group_width(g), row stride group_width(g)).
-  const Scalar* panel(Index p0, Index g, Index depth) const noexcept {
-    return data_.data() + p0 * n_ + g * depth;
+  /// (words(depth) x group_width(g), row stride group_width(g); p0 is even).
+  const Panel* panel(Index p0, Index g, Index depth) const noexcept {
+    return data_.data() + words(p0) * n_ + g * words(depth);
   }
-  Scalar* mutable_panel(Index p0, Index g, Index depth) noexcept {
-    return data_.data() + p0 * n_ + g * depth;
+  Panel* mutable_panel(Index p0, Index g, Index depth) noexcept {
+    return data_.data() + words(p0) * n_ + g * words(depth);
   }
 
  private:
-  AlignedBuffer<Scalar> data_;
+  AlignedBuffer<Panel> data_;
   Index n_ = 0, k_ = 0, segment_ = 1, group_cols_ = 1, depth_block_ = 1;
   Isa isa_ = Isa::kScalar;
+  bool pairs_ = false;
 };
 
 /// The rows [offset, offset + n) of a PackedGemmB, as the B operand of one gemm_nt call
@@ -173,22 +196,26 @@ struct PackedB {
 ///  - B: (b, ldb) row-major, stored (n, k) (op(B) = B^T: y = x W^T, the forward) unless
 ///    `b_kn`, stored (k, n) (op(B) = B: dX = dY W, dW = dY^T X).
 ///  - `accumulate`: C += the product (the backward passes add into gradients); else C =.
-template <class Scalar>
+///  - Operand: A's and B's element type, Scalar (C's, the bias's and the arithmetic's) or
+///    bfloat16 for Scalar float: a row-major A and B^T, widened to float while packing or,
+///    `dot`, multiplied in k-pairs by AVX512-BF16's dot product.
+template <class Scalar, class Operand = Scalar>
 struct GemmPlan {
   Index m = 0, n = 0, k = 0;
-  const Scalar* a = nullptr;  // A row-major, leading dimension lda
+  const Operand* a = nullptr;  // A row-major, leading dimension lda
   Index lda = 0;
   bool a_transposed = false;
   bool a_pack = false;
-  GemmOutput<const Scalar> a_layout;  // with a_pack: A's memory, any layout
-  Index a_segment = 0;                // a_layout's segment width (its columns when 0)
-  const Scalar* b = nullptr;          // B row-major, leading dimension ldb
+  GemmOutput<const Operand> a_layout;  // with a_pack: A's memory, any layout
+  Index a_segment = 0;                 // a_layout's segment width (its columns when 0)
+  const Operand* b = nullptr;          // B row-major, leading dimension ldb
   Index ldb = 0;
   bool b_kn = false;
   bool accumulate = false;
+  bool dot = false;
   GemmOutput<Scalar> out;
   const Scalar* bias = nullptr;
-  const PackedGemmB<Scalar>* pre = nullptr;  // B packed for this kernel set, or null
+  const PackedGemmB<Operand>* pre = nullptr;  // B packed for this kernel set, or null
   Index pre_offset = 0;
   Index segment = 0;  // output segment width (n when the output has one segment)
   Index depth_block = 0, tile_cols = 0, col_tiles = 0, chunk_rows = 0;

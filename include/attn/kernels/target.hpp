@@ -42,6 +42,10 @@
 #define ATTN_TARGET_AVX2_BEGIN ATTN_TARGET_BEGIN_("avx2,fma,f16c")
 #define ATTN_TARGET_AVX512_BEGIN \
   ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+/// The avx512 set's bfloat16 dot-product kernel (attn/kernels/avx512/bf16_dot.inl): AVX-512 plus
+/// AVX512-BF16, run only where the CPU has it (detail::cpu_has_avx512_bf16()).
+#define ATTN_TARGET_AVX512BF16_BEGIN \
+  ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
 #else
 // Other targets: the portable set only, compiled with the program's own flags.
 #define ATTN_TARGET_SCALAR_BEGIN

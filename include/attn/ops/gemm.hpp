@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: MIT
 // attn/ops/gemm.hpp: the packed, threaded, allocation-free GEMM behind Linear and the
 // Q/K/V and output projections, forward and backward: its plan (GemmPlan) and its driver
-// here, the per-set work in attn/kernels/ (generic/gemm.inl).
+// here, the per-set work in attn/kernels/ (generic/gemm.inl). The forward product also
+// takes bfloat16 operands with float results (float accumulation): on AVX512-BF16's dot
+// product where the avx512 set runs on a CPU that has it (bf16_dot_active()), else widened
+// to float while packing; docs/precision.md gives both paths' rounding.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "attn/config.hpp"
 #include "attn/kernels/dispatch.hpp"
@@ -25,16 +29,28 @@ inline Index even_block(Index total, Index limit, Index multiple) noexcept {
   return std::min(limit, (size + multiple - 1) / multiple * multiple);
 }
 
+/// Whether products on `Operand`s run the bfloat16 dot product now (bf16_dot_active()).
+template <class Operand>
+bool gemm_dot_active() {
+  if constexpr (std::is_same_v<Operand, bfloat16>) {
+    return bf16_dot_active();
+  } else {
+    return false;
+  }
+}
+
 /// B (n, k), row-major with leading dimension ldb, packed once for the active kernel set,
 /// for products whose output segments are `segment` columns wide (0: one segment).
-/// Allocates n * k elements.
-template <class Scalar>
-PackedGemmB<Scalar> pack_gemm_b(Index n, Index k, const Scalar* b, Index ldb, Index segment) {
+/// Allocates n * k elements (floats for a bfloat16 B widened, k-pairs for the dot product).
+template <class Operand>
+PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, Index segment) {
+  using Panel = GemmPanel<Operand>;
   const Isa isa = kernel_isa();
+  const bool pairs = gemm_dot_active<Operand>();
   return with_kernels(isa, [&](auto set) {
     using Set = decltype(set);
-    PackedGemmB<Scalar> pack(n, k, segment, isa, Set::template micro_cols<Scalar>(),
-                             even_block(k, Set::template gemm_depth<Scalar>(), 8));
+    PackedGemmB<Operand> pack(n, k, segment, isa, Set::template micro_cols<Panel>(),
+                              even_block(k, Set::template gemm_depth<Panel>(), 8), pairs);
     if (!pack.empty()) Set::pack_gemm_b(b, ldb, pack);
     return pack;
   });
@@ -47,12 +63,16 @@ PackedGemmB<Scalar> pack_gemm_b(Index n, Index k, const Scalar* b, Index ldb, In
 /// Tasks own disjoint blocks of C and each runs the whole depth in a fixed order, so the
 /// result does not depend on the thread count. `ws` holds the per-thread packing buffers (a
 /// temporary workspace when null, which allocates); none is allocated once it has served a
-/// product as large.
-template <class Scalar>
-void run_gemm(GemmPlan<Scalar>& g, PackedB<Scalar> prepacked, Workspace* ws) {
+/// product as large. bfloat16 operands take the blocking of float ones (the same tiles and
+/// depth blocks), their B packed in k-pairs on the dot-product path (half the words), A
+/// widened into the per-thread buffer on the other.
+template <class Scalar, class Operand>
+void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspace* ws) {
   const Isa isa = kernel_isa();
-  const PackedGemmB<Scalar>* pre = prepacked.pack;
-  if (pre != nullptr && !pre->empty() && pre->isa() == isa) {
+  constexpr bool kWiden = !std::is_same_v<Operand, Scalar>;
+  g.dot = gemm_dot_active<Operand>();
+  const PackedGemmB<Operand>* pre = prepacked.pack;
+  if (pre != nullptr && !pre->empty() && pre->isa() == isa && pre->pairs() == g.dot) {
     ATTN_ASSERT(!g.b_kn && pre->depth() == g.k && prepacked.offset + g.n <= pre->rows() &&
                 g.segment % pre->segment() == 0 && prepacked.offset % pre->segment() == 0);
     g.pre = pre;
@@ -73,10 +93,12 @@ void run_gemm(GemmPlan<Scalar>& g, PackedB<Scalar> prepacked, Workspace* ws) {
         std::min<Index>((want + g.col_tiles - 1) / g.col_tiles, (m + kGemmRows - 1) / kGemmRows));
     g.chunk_rows = ((m + row_chunks - 1) / row_chunks + micro_rows - 1) / micro_rows * micro_rows;
     const Index tasks = g.col_tiles * row_chunks;
-    // Per thread: the packed op(B) micro-panels (depth x tile_cols), none with a pre-packed
-    // B; then a row block of A when its layout needs packing.
-    const Index pack_size = (g.pre != nullptr ? 0 : g.depth_block * g.tile_cols) +
-                            (g.a_pack ? kGemmRows * g.depth_block : 0);
+    // Per thread: the packed op(B) micro-panels (depth x tile_cols, or depth / 2 rounded up
+    // in k-pairs), none with a pre-packed B; then a row block of A when its layout needs
+    // packing or it is widened.
+    const Index b_words = g.dot ? (g.depth_block + 1) / 2 : g.depth_block;
+    const Index pack_size = (g.pre != nullptr ? 0 : b_words * g.tile_cols) +
+                            (g.a_pack || (kWiden && !g.dot) ? kGemmRows * g.depth_block : 0);
     Workspace local;
     Workspace& scratch = ws != nullptr ? *ws : local;
     // Small products (under a MFLOP) run on the calling thread: a fork costs more.
@@ -99,12 +121,17 @@ void run_gemm(GemmPlan<Scalar>& g, PackedB<Scalar> prepacked, Workspace* ws) {
 /// W in torch.nn.Linear's layout. `prepacked` is B packed once (pack_gemm_b), used when it
 /// was packed for the kernel set that runs now; `ws` holds the per-thread packing buffers
 /// (see run_gemm()). Does not allocate once `ws` has served a product as large.
-template <class Scalar>
-void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
-             const GemmOutput<Scalar>& out, const Scalar* bias, PackedB<Scalar> prepacked = {},
+/// Operand is Scalar, or bfloat16 for float C and bias: then the products and sums are
+/// float, on AVX512-BF16's dot product when bf16_dot_active() (see docs/precision.md).
+template <class Scalar, class Operand>
+void gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Operand* b, Index ldb,
+             const GemmOutput<Scalar>& out, const Scalar* bias, PackedB<Operand> prepacked = {},
              Workspace* ws = nullptr) {
+  static_assert(std::is_same_v<Operand, Scalar> ||
+                    (std::is_same_v<Operand, bfloat16> && std::is_same_v<Scalar, float>),
+                "gemm_nt: operands of the output's type, or bfloat16 for a float output");
   if (m <= 0 || n <= 0) return;
-  GemmPlan<Scalar> g;
+  GemmPlan<Scalar, Operand> g;
   g.m = m, g.n = n, g.k = k, g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.out = out;
   g.bias = bias;
   g.segment = out.segment > 0 ? out.segment : n;
@@ -120,9 +147,9 @@ void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar
 }
 
 /// Row-major C (m, n) with leading dimension ldc: C = A B^T [+ bias].
-template <class Scalar>
-void gemm_nt(Index m, Index n, Index k, const Scalar* a, Index lda, const Scalar* b, Index ldb,
-             Scalar* c, Index ldc, const Scalar* bias, PackedB<Scalar> prepacked = {},
+template <class Scalar, class Operand>
+void gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Operand* b, Index ldb,
+             Scalar* c, Index ldc, const Scalar* bias, PackedB<Operand> prepacked = {},
              Workspace* ws = nullptr) {
   gemm_nt(m, n, k, a, lda, b, ldb, GemmOutput<Scalar>::row_major(c, ldc), bias, prepacked, ws);
 }

@@ -101,12 +101,11 @@ constexpr Index transpose_width_wide() noexcept {
 
 #include "attn/kernels/avx2/transpose.inl"
 
-/// 16x16 floats in zmm registers: unpack pairs, 4-lane shuffles, then two rounds of 128-bit
-/// lane shuffles. 64 shuffles per 256 elements against the 8x8 form's 96 (bench: packing a
-/// 1536 x 512 weight 0.56 -> 0.37 cycles per element).
-inline void transpose_block_wide(const float* src, Index lds, float* dst, Index ldd) noexcept {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+/// 16x16 32-bit lanes in zmm registers, r[i] lane j <- r[j] lane i: unpack pairs, 4-lane
+/// shuffles, then two rounds of 128-bit lane shuffles. 64 shuffles per 256 elements against the
+/// 8x8 form's 96 (bench: packing a 1536 x 512 weight 0.56 -> 0.37 cycles per element).
+inline void transpose16(__m512 (&r)[16]) noexcept {
+  __m512 t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -130,6 +129,13 @@ inline void transpose_block_wide(const float* src, Index lds, float* dst, Index 
     r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
     r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
   }
+}
+
+/// 16x16 floats (transpose16()).
+inline void transpose_block_wide(const float* src, Index lds, float* dst, Index ldd) noexcept {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  transpose16(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 /// Doubles have no wide form (transpose_width_wide() equals transpose_width()); declared for

@@ -15,8 +15,11 @@
 //  - transpose_block / transpose_block_wide and their widths, for packing;
 //  - optionally (<set>/convert.inl), convert_vector_part() overloads for the element-type
 //    conversions the set vectorises (see generic/convert.inl).
+//  - the avx512 set only (avx512/bf16_dot.inl): the bfloat16 dot-product kernel
+//    bf16_dot_tile_rows() and its packing pack_pairs() (see generic/gemm.inl).
 // The order matters: each part uses the ones before it.
 // clang-format off
+#include "attn/kernels/generic/convert.inl"
 #include "attn/kernels/generic/exp.inl"
 #include "attn/kernels/generic/microkernel.inl"
 #include "attn/kernels/generic/gemm.inl"
@@ -25,6 +28,5 @@
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
 #include "attn/kernels/generic/attention_backward.inl"
-#include "attn/kernels/generic/convert.inl"
 #include "attn/kernels/generic/kernel_set.inl"
 // clang-format on

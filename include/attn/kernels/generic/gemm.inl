@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/generic/gemm.inl: the packed GEMM's per-set parts: packing B^T into
 // micro-panels, one task of a planned GEMM (attn/ops/gemm.hpp plans it and runs the tasks
-// on its threads), and filling a PackedGemmB.
+// on its threads), and filling a PackedGemmB. bfloat16 operands are widened to float while
+// packing and run the float micro-kernel, except on the avx512 set with AVX512-BF16 (plan.dot),
+// whose dot-product kernel and k-pair packing are avx512/bf16_dot.inl's bf16_dot_tile_rows()
+// and pack_pairs(): the calls to them below are dependent (argument types from the template
+// parameters) and compiled for that set only (if constexpr on kSetIsa), so the other sets need
+// not declare them.
 
 /// Depth of one block: at most a 128 KiB B micro-panel (an eighth of L2), 128 to 512 deep
 /// (see attn/ops/gemm.hpp for the measurements).
@@ -50,16 +55,50 @@ inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, In
   }
 }
 
+/// pack_transposed() for a bfloat16 B, widened to float (exactly) on the way: columns
+/// [j0, j0 + cols) with cols <= micro_cols<float>() (one micro-panel). Each run of kStage
+/// depth is converted row by row into a stack buffer (16 KiB on AVX-512, in L1) and
+/// transposed from there as a float B is.
+inline void pack_widened(const bfloat16* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
+                         float* out, Index ldo) noexcept {
+  constexpr Index kStage = 64;
+  float stage[micro_cols<float>() * kStage];
+  for (Index d = 0; d < depth; d += kStage) {
+    const Index run = std::min(kStage, depth - d);
+    for (Index c = 0; c < cols; ++c) {
+      convert_row(b + (j0 + c) * ldb + p0 + d, stage + c * kStage, run);
+    }
+    pack_transposed(stage, kStage, 0, cols, 0, run, out + d * ldo, ldo);
+  }
+}
+
+/// One micro-panel of op(B) = B^T, B (n, k) row-major: columns [j0, j0 + cols), depth
+/// [p0, p0 + depth), row stride ldo. Float operands transposed; bfloat16 ones widened to float,
+/// or in k-pairs when `pairs` (avx512 set only; see the file comment).
+template <class Operand>
+inline void pack_panel(const Operand* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
+                       GemmPanel<Operand>* out, Index ldo, bool pairs) noexcept {
+  if constexpr (std::is_same_v<Operand, bfloat16>) {
+    if constexpr (kSetIsa == Isa::kAvx512) {
+      if (pairs) return pack_pairs(b, ldb, j0, cols, p0, depth, out, ldo);
+    }
+    pack_widened(b, ldb, j0, cols, p0, depth, out, ldo);
+  } else {
+    pack_transposed(b, ldb, j0, cols, p0, depth, out, ldo);
+  }
+}
+
 /// Fills `pack` (storage laid out for this set) with B (n, k), row-major with leading
 /// dimension ldb.
-template <class Scalar>
-void pack_gemm_b(const Scalar* b, Index ldb, PackedGemmB<Scalar>& pack) noexcept {
+template <class Operand>
+void pack_gemm_b(const Operand* b, Index ldb, PackedGemmB<Operand>& pack) noexcept {
   const Index n = pack.rows(), k = pack.depth(), depth_block = pack.depth_block();
   for (Index p0 = 0; p0 < k; p0 += depth_block) {
     const Index depth = std::min(depth_block, k - p0);
     for (Index j = 0, width = 0; j < n; j += width) {
       width = pack.group_width(j);
-      pack_transposed(b, ldb, j, width, p0, depth, pack.mutable_panel(p0, j, depth), width);
+      pack_panel(b, ldb, j, width, p0, depth, pack.mutable_panel(p0, j, depth), width,
+                 pack.pairs());
     }
   }
 }
@@ -103,16 +142,22 @@ inline std::pair<Index, Index> pack_a(const GemmPlan<Scalar>& g, Index i0, Index
 }
 
 /// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
-/// `packed` is the calling thread's buffer: depth_block * tile_cols elements for op(B)
-/// (none with a pre-packed B), then kGemmRows * depth_block for A when a_pack.
-template <class Scalar>
-void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
+/// `packed` is the calling thread's buffer: words(depth_block) * tile_cols elements for op(B)
+/// (none with a pre-packed B), then kGemmRows * depth_block for A when a_pack or when
+/// bfloat16 A is widened to float.
+template <class Scalar, class Operand>
+void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) noexcept {
+  static_assert(std::is_same_v<GemmPanel<Operand>, Scalar>, "float or double panels");
+  constexpr bool kWiden = !std::is_same_v<Operand, Scalar>;  // bfloat16 operands
+  const bool dot = kWiden && g.dot;
+  // Panel rows of `depth` elements: k-pairs on the dot-product path.
+  const auto words = [&](Index depth) { return dot ? (depth + 1) / 2 : depth; };
   const Index jt = task % g.col_tiles, rt = task / g.col_tiles;
   const Index j0 = jt * g.tile_cols, cols = std::min(g.tile_cols, g.n - j0);
   const Index r0 = rt * g.chunk_rows, r1 = std::min(g.m, r0 + g.chunk_rows);
   const Index group_cols = micro_cols<Scalar>(), segment = g.segment;
-  const PackedGemmB<Scalar>* pre = g.pre;
-  Scalar* a_buffer = packed + (pre == nullptr ? g.depth_block * g.tile_cols : 0);
+  const PackedGemmB<Operand>* pre = g.pre;
+  Scalar* a_buffer = packed + (pre == nullptr ? words(g.depth_block) * g.tile_cols : 0);
   Scalar* crow[kMicroRows];
   for (Index p0 = 0; p0 < g.k; p0 += g.depth_block) {
     const Index depth = std::min(g.depth_block, g.k - p0);
@@ -126,7 +171,7 @@ void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
         const Index jj = j0 + j;
         if (pre == nullptr) {
           const Index width = std::min({group_cols, cols - j, segment - jj % segment});
-          f(jj, width, static_cast<const Scalar*>(packed + j * depth), width);
+          f(jj, width, static_cast<const Scalar*>(packed + j * words(depth)), width);
           j += width;
         } else {
           const Index pcol = g.pre_offset + jj;
@@ -139,20 +184,27 @@ void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
     };
     if (pre == nullptr) {
       for_each_group([&](Index jj, Index width, const Scalar*, Index) {
-        Scalar* to = packed + (jj - j0) * depth;
-        if (g.b_kn) {
-          pack_rows(g.b, g.ldb, jj, width, p0, depth, to, width);
-        } else {
-          pack_transposed(g.b, g.ldb, jj, width, p0, depth, to, width);
+        Scalar* to = packed + (jj - j0) * words(depth);
+        if constexpr (!kWiden) {
+          if (g.b_kn) return pack_rows(g.b, g.ldb, jj, width, p0, depth, to, width);
         }
+        pack_panel(g.b, g.ldb, jj, width, p0, depth, to, width, dot);
       });
     }
     for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
       const Index rows = std::min(kGemmRows, r1 - i0);
-      // op(A)'s block: broadcast in place (row-major A or A^T) or from its packed copy.
+      // op(A)'s block: broadcast in place (row-major A or A^T) or from its packed copy; a
+      // bfloat16 A widened into the buffer, or read in place by the dot product.
       const Scalar* a_block = nullptr;
       Index ars = 0, acs = 0;
-      if (g.a_pack) {
+      if constexpr (kWiden) {
+        if (!dot) {
+          for (Index r = 0; r < rows; ++r) {
+            convert_row(g.a + (i0 + r) * g.lda + p0, a_buffer + r * depth, depth);
+          }
+          a_block = a_buffer, ars = depth, acs = 1;
+        }
+      } else if (g.a_pack) {
         const std::pair<Index, Index> strides = pack_a(g, i0, rows, p0, depth, a_buffer);
         a_block = a_buffer, ars = strides.first, acs = strides.second;
       } else if (g.a_transposed) {
@@ -166,6 +218,13 @@ void gemm_task(const GemmPlan<Scalar>& g, Index task, Scalar* packed) noexcept {
         for (Index i = 0; i < rows; i += kMicroRows) {
           const Index group = std::min<Index>(kMicroRows, rows - i);
           for (Index r = 0; r < group; ++r) crow[r] = g.out.row(i0 + i + r) + offset;
+          if constexpr (kWiden && kSetIsa == Isa::kAvx512) {
+            if (dot) {
+              bf16_dot_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, panel, panel_ld,
+                                 crow, width, !first || g.accumulate, bias_j);
+              continue;
+            }
+          }
           micro_tile_rows(group, depth, a_block + i * ars, ars, acs, panel, panel_ld, crow, width,
                           Scalar(1), !first || g.accumulate, bias_j);
         }

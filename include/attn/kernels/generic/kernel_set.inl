@@ -17,12 +17,13 @@ struct KernelSet {
   static constexpr Index gemm_depth() noexcept {
     return kernels::ATTN_KERNEL_SET::gemm_depth<Scalar>();
   }
-  template <class Scalar>
-  static void gemm_task(const GemmPlan<Scalar>& plan, Index task, Scalar* packed) noexcept {
+  template <class Scalar, class Operand>
+  static void gemm_task(const GemmPlan<Scalar, Operand>& plan, Index task,
+                        Scalar* packed) noexcept {
     kernels::ATTN_KERNEL_SET::gemm_task(plan, task, packed);
   }
-  template <class Scalar>
-  static void pack_gemm_b(const Scalar* b, Index ldb, PackedGemmB<Scalar>& pack) noexcept {
+  template <class Operand>
+  static void pack_gemm_b(const Operand* b, Index ldb, PackedGemmB<Operand>& pack) noexcept {
     kernels::ATTN_KERNEL_SET::pack_gemm_b(b, ldb, pack);
   }
   template <class Scalar>
@@ -88,7 +89,7 @@ struct KernelSet {
 #define ATTN_KERNELS_EXPLICIT_ extern
 #endif
 #define ATTN_KERNELS_INSTANCES_(S)                                                                 \
-  ATTN_KERNELS_EXPLICIT_ template void gemm_task<S>(const GemmPlan<S>&, Index, S*) noexcept;       \
+  ATTN_KERNELS_EXPLICIT_ template void gemm_task<S, S>(const GemmPlan<S, S>&, Index, S*) noexcept; \
   ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<S>(const S*, Index, PackedGemmB<S>&) noexcept;  \
   ATTN_KERNELS_EXPLICIT_ template void column_sums<S>(                                             \
       Index, Index, Index, const GemmOutput<const S>&, Index, S*) noexcept;                        \
@@ -117,6 +118,11 @@ ATTN_KERNELS_BACKWARD_INSTANCES_(double)
 ATTN_KERNELS_INSTANCES_(float)
 ATTN_KERNELS_INSTANCES_(double)
 #undef ATTN_KERNELS_INSTANCES_
+// The GEMM on bfloat16 operands (float results).
+ATTN_KERNELS_EXPLICIT_ template void gemm_task<float, bfloat16>(const GemmPlan<float, bfloat16>&,
+                                                                Index, float*) noexcept;
+ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<bfloat16>(const bfloat16*, Index,
+                                                           PackedGemmB<bfloat16>&) noexcept;
 // The conversion rows each set vectorises, both ways (the other pairs instantiate where used).
 #define ATTN_KERNELS_CONVERT_INSTANCES_(A, B)                                           \
   ATTN_KERNELS_EXPLICIT_ template void convert_row<A, B>(const A*, B*, Index) noexcept; \

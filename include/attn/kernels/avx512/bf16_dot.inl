@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/avx512/bf16_dot.inl: the avx512 set's GEMM kernel for bfloat16 operands on
+// AVX512-BF16: vdpbf16ps multiplies 16 lanes of bfloat16 k-pairs and adds both products to 16
+// float accumulators, so one instruction does the work of two FMAs (bench/fma_peak.cpp
+// measures both rates). Included by attn/kernels/avx512.hpp inside namespace
+// attn::kernels::avx512, in a target region that adds AVX512-BF16 (after vec.inl, whose
+// kMicroRows x kMicroVecs tile and transpose16() it uses); generic/gemm.inl calls it when the
+// plan says `dot`.
+//
+// Layout: B^T packed as k-pairs (pack_pairs), word (q, c) of a micro-panel holding depth
+// elements 2q (low half) and 2q + 1 (high half) of column c; A read in place, each row's pair
+// at 2q a 32-bit broadcast. An odd depth's last pair is (a[depth - 1], +0) x (b[depth - 1], +0),
+// so the padding adds +0 * +0 = +0 and never meets A's or B's memory beyond depth.
+//
+// Numerics (Intel SDM, VDPBF16PS; tests/kernels/bf16_gemm_test.cpp checks them bit for bit): per
+// lane, acc = fma(a[2q+1], b[2q+1], acc) then acc = fma(a[2q], b[2q], acc), each rounded to nearest
+// even; bfloat16 inputs and the accumulator are read with subnormals as zero, results that
+// would be subnormal are flushed to zero; MXCSR is neither read nor written. See
+// docs/precision.md.
+
+/// pack_transposed() for the dot product: columns [j0, j0 + cols) and depth [p0, p0 + depth)
+/// of a bfloat16 B (n, k), row-major with leading dimension ldb, as k-pairs (see above) into
+/// out[q * ldo + c], q < (depth + 1) / 2. A pair is 32 contiguous bits of a row of B, so the
+/// packing is a transpose of 32-bit words: blocks of 16 columns x 16 pairs through
+/// transpose16(), the edges word by word.
+inline void pack_pairs(const bfloat16* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
+                       float* out, Index ldo) noexcept {
+  const Index pairs = depth / 2, words = (depth + 1) / 2;
+  const Index pairs_fast = pairs / 16 * 16, cols_fast = cols / 16 * 16;
+  for (Index c = 0; c < cols_fast; c += 16) {
+    for (Index q = 0; q < pairs_fast; q += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = _mm512_loadu_ps(static_cast<const void*>(b + (j0 + c + i) * ldb + p0 + 2 * q));
+      }
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + (q + i) * ldo + c, r[i]);
+    }
+  }
+  for (Index c = 0; c < cols; ++c) {
+    const bfloat16* row = b + (j0 + c) * ldb + p0;
+    for (Index q = c < cols_fast ? pairs_fast : 0; q < words; ++q) {
+      const std::uint32_t high = 2 * q + 1 < depth ? row[2 * q + 1].bits() : 0u;
+      const std::uint32_t word = row[2 * q].bits() | high << 16;
+      std::memcpy(out + q * ldo + c, &word, sizeof word);
+    }
+  }
+}
+
+/// The 32-bit broadcast of a k-pair of A: (a[0], a[1]), or (a[0], +0) for the odd tail.
+inline __m512bh bf16_pair(const bfloat16* a) noexcept {
+  std::uint32_t word = 0;
+  std::memcpy(&word, a, sizeof word);
+  return (__m512bh)_mm512_set1_epi32(static_cast<int>(word));
+}
+inline __m512bh bf16_single(const bfloat16* a) noexcept {
+  return (__m512bh)_mm512_set1_epi32(static_cast<int>(a->bits()));
+}
+inline __m512bh bf16_words(const float* b) noexcept {
+  return (__m512bh)_mm512_castps_si512(_mm512_loadu_ps(b));
+}
+inline __m512bh bf16_words(const float* b, Index n) noexcept {
+  return (__m512bh)_mm512_castps_si512(Vec<float>::load_partial(b, n));
+}
+
+/// One micro-tile: C[r, c] = (accumulate ? C[r, c] : 0) + (sum_p A[r, p] B[p, c] + bias[c])
+/// (bias +0 when null), r < Rows, c < cols <= micro_cols<float>(), the sum in k-pairs as
+/// vdpbf16ps forms it (see above). A element (r, p) is a[r * lda + p]; `b` is a k-pair
+/// micro-panel with row stride ldb (words). Row r of C starts at crow[r]. The same steps as
+/// generic/microkernel.inl's micro_tile(), with the pairs' dot product for its FMAs.
+template <int Rows>
+inline void bf16_dot_tile(Index depth, const bfloat16* a, Index lda, const float* b, Index ldb,
+                          float* const* crow, Index cols, bool accumulate,
+                          const float* bias) noexcept {
+  using V = Vec<float>;
+  constexpr int W = V::kWidth;
+  constexpr int NV = kMicroVecs;
+  __m512 acc[Rows][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) __builtin_prefetch(crow[r] + v * W, 1, 3);
+  }
+  const Index pairs = depth / 2;
+  if (cols >= NV * W) {
+    for (Index q = 0; q < pairs; ++q) {
+      __m512bh bv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) bv[v] = bf16_words(b + q * ldb + v * W);
+#pragma GCC unroll 8
+      for (int r = 0; r < Rows; ++r) {
+        const __m512bh av = bf16_pair(a + r * lda + 2 * q);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      }
+    }
+  } else {
+    for (Index q = 0; q < pairs; ++q) {
+      __m512bh bv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) bv[v] = bf16_words(b + q * ldb + v * W, cols - v * W);
+#pragma GCC unroll 8
+      for (int r = 0; r < Rows; ++r) {
+        const __m512bh av = bf16_pair(a + r * lda + 2 * q);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      }
+    }
+  }
+  if (depth % 2 != 0) {  // the odd tail: (a, +0) x (b, +0)
+    __m512bh bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = bf16_words(b + pairs * ldb + v * W, cols - v * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const __m512bh av = bf16_single(a + r * lda + 2 * pairs);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  }
+  // Store: add the bias and/or the previous C, write the valid columns only (compile-time
+  // bounds, fully unrolled: the accumulators stay in registers).
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) {
+    const Index n = cols - v * W;
+    if (n > 0) {
+      __m512 bias_v = V::zero();
+      if (bias != nullptr)
+        bias_v = n >= W ? V::load(bias + v * W) : V::load_partial(bias + v * W, n);
+#pragma GCC unroll 8
+      for (int r = 0; r < Rows; ++r) {
+        float* cp = crow[r] + v * W;
+        __m512 out = V::add(acc[r][v], bias_v);
+        if (n >= W) {
+          if (accumulate) out = V::add(out, V::load(cp));
+          V::store(cp, out);
+        } else {
+          if (accumulate) out = V::add(out, V::load_partial(cp, n));
+          V::store_partial(cp, out, n);
+        }
+      }
+    }
+  }
+}
+
+/// bf16_dot_tile for a run-time row count 1..Rows.
+template <int Rows = kMicroRows>
+inline void bf16_dot_tile_rows(Index rows, Index depth, const bfloat16* a, Index lda,
+                               const float* b, Index ldb, float* const* crow, Index cols,
+                               bool accumulate, const float* bias) noexcept {
+  if (rows == Rows) {
+    bf16_dot_tile<Rows>(depth, a, lda, b, ldb, crow, cols, accumulate, bias);
+  } else if constexpr (Rows > 1) {
+    bf16_dot_tile_rows<Rows - 1>(rows, depth, a, lda, b, ldb, crow, cols, accumulate, bias);
+  }
+}

@@ -1,0 +1,393 @@
+// SPDX-License-Identifier: MIT
+// tests/kernels/bf16_gemm_test.cpp: detail::gemm_nt and pack_gemm_b on bfloat16 operands with
+// float results, on every kernel set and, where the CPU has AVX512-BF16, on both of the avx512
+// set's paths (the vdpbf16ps dot product and widening to float): against a double sum of the
+// same bfloat16 inputs, bit for bit against a scalar model of each path's rounding, on shapes
+// that are not multiples of the tiles (k odd, k = 1, head-split outputs), with B packed once
+// or per call, for any thread count, and with NaN and infinity propagated as the float GEMM
+// does.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "attn/ops/gemm.hpp"
+#include "support/test_support.hpp"
+
+namespace bf16_gemm_test {
+
+namespace {
+
+using attn::bfloat16;
+using attn::Index;
+using attn::Isa;
+
+struct Case {
+  Index m, n, k;
+  Index rows_per_batch;  // 0: plain row-major output
+  Index segment;         // 0: one segment
+};
+
+std::string describe(const Case& c) {
+  return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+         " rows_per_batch=" + std::to_string(c.rows_per_batch) +
+         " segment=" + std::to_string(c.segment);
+}
+
+// Against the blocking (96-row blocks, tiles of up to 768 columns, depth blocks of up to 512,
+// 6 x 64 micro-tiles on AVX-512 and narrower ones elsewhere; the k-pair packing transposes
+// blocks of 16 columns x 16 pairs).
+const Case kCases[] = {
+    {1, 1, 1, 0, 0},                // smallest: one odd pair
+    {5, 3, 1, 0, 0},                // k = 1: only the odd tail
+    {7, 37, 19, 0, 0},              // everything ragged, k odd
+    {13, 70, 34, 0, 0},             // a full 16-pair block plus one pair
+    {97, 769, 513, 0, 0},           // one past every block; the second depth block is one element
+    {30, 200, 1027, 0, 0},          // three depth blocks, the last odd
+    {64, 2304, 96, 0, 0},           // the fused QKV width: three 768-column tiles
+    {2 * 45, 3 * 64, 71, 45, 64},   // head-split output, k odd
+    {3 * 33, 5 * 24, 33, 33, 24},   // segments narrower than a micro-panel
+    {2 * 20, 25 * 40, 50, 20, 40},  // 512-column tiles cut a 40-wide segment
+};
+
+struct Operands {
+  std::vector<bfloat16> a, b;  // (m, lda) and (n, ldb), the columns past k poisoned
+  std::vector<float> bias;
+  Index lda, ldb;
+  explicit Operands(const Case& c)
+      : lda(c.k + 3), ldb(c.k + 1) {  // odd and even leading dimensions
+    const auto fa = attn::test::random_tensor<float, 1>({c.m * lda}, 11 + c.m);
+    const auto fb = attn::test::random_tensor<float, 1>({c.n * ldb}, 23 + c.n);
+    const auto fbias = attn::test::random_tensor<float, 1>({c.n}, 37 + c.k);
+    for (Index i = 0; i < fa.size(); ++i) {
+      a.push_back(i % lda < c.k ? bfloat16(fa.data()[i])
+                                : bfloat16(std::numeric_limits<float>::quiet_NaN()));
+    }
+    for (Index i = 0; i < fb.size(); ++i) {
+      b.push_back(i % ldb < c.k ? bfloat16(fb.data()[i])
+                                : bfloat16(std::numeric_limits<float>::infinity()));
+    }
+    bias.assign(fbias.data(), fbias.data() + fbias.size());
+  }
+  float at_a(Index i, Index p) const { return a[static_cast<std::size_t>(i * lda + p)]; }
+  float at_b(Index j, Index p) const { return b[static_cast<std::size_t>(j * ldb + p)]; }
+};
+
+// Runs gemm_nt into a buffer laid out as the case says; returns C as (m, n) row-major.
+std::vector<float> run(const Case& c, const Operands& ops, bool with_bias,
+                       attn::detail::PackedB<bfloat16> prepacked = {}) {
+  attn::detail::GemmOutput<float> out;
+  std::vector<float> buffer(static_cast<std::size_t>(c.m * c.n),
+                            std::numeric_limits<float>::quiet_NaN());
+  out.data = buffer.data();
+  const Index segment = c.segment > 0 ? c.segment : c.n;
+  const Index segments = c.n / segment;
+  const Index rows = c.rows_per_batch > 0 ? c.rows_per_batch : c.m;
+  if (c.segment > 0) {
+    out = attn::detail::GemmOutput<float>::head_major(buffer.data(), rows, c.n, segment);
+  } else {
+    out.ldc = c.n;
+  }
+  attn::detail::gemm_nt(c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb, out,
+                        with_bias ? ops.bias.data() : static_cast<const float*>(nullptr),
+                        prepacked);
+  std::vector<float> result(buffer.size());
+  for (Index i = 0; i < c.m; ++i) {
+    for (Index j = 0; j < c.n; ++j) {
+      result[static_cast<std::size_t>(i * c.n + j)] = buffer[static_cast<std::size_t>(
+          (i / rows) * segments * rows * segment + (j / segment) * rows * segment +
+          (i % rows) * segment + j % segment)];
+    }
+  }
+  return result;
+}
+
+// The paths to test on `isa`: widening always; the dot product too on the avx512 set of a
+// CPU with AVX512-BF16.
+std::vector<bool> dot_paths(Isa isa) {
+  if (isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16()) return {false, true};
+  return {false};
+}
+
+// Every runnable set and path, with `f(isa, dot)` run while it is selected.
+template <class F>
+void for_each_path(F&& f) {
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    for (const bool dot : dot_paths(isa)) {
+      EXPECT_EQ(attn::set_bf16_dot(dot), dot) << attn::isa_name(isa);
+      SCOPED_TRACE(std::string(attn::isa_name(isa)) + (dot ? " dot product" : " widening"));
+      f(isa, dot);
+    }
+  }
+}
+
+class Bf16Gemm : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    attn::set_bf16_dot(true);
+    attn::set_isa(attn::best_isa());
+    attn::set_num_threads(threads_);
+  }
+  int threads_ = attn::num_threads();
+};
+
+bool sampled_row(Index i, Index m) {
+  const Index r = i % 96;
+  return r == 5 || r == 6 || r == 95 || i % 11 == 0 || i == m - 1;
+}
+
+TEST_F(Bf16Gemm, QueryAndSwitch) {
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    const bool has = isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16();
+    EXPECT_EQ(attn::bf16_dot_active(), has) << attn::isa_name(isa);
+    EXPECT_FALSE(attn::set_bf16_dot(false));
+    EXPECT_FALSE(attn::bf16_dot_active());
+    EXPECT_EQ(attn::set_bf16_dot(true), has);
+  }
+}
+
+// The exact sum of the same bfloat16 products (each exact in double, 16 significant bits; the
+// double sum's own error, k 2^-53 relative, is negligible), against a bound on float
+// accumulation: every path adds each product to a float accumulator with one rounding (an
+// FMA, or an exact product and an add; vdpbf16ps is two FMAs per pair), then adds the bias
+// and the depth blocks' partial sums: k + ceil(k / 512) <= k + 3 roundings here (k <= 1027).
+// Each rounding is off by at most u = 2^-24 of the partial sum it rounds, and every partial
+// sum is at most sum |a_p b_p| + |bias|, so |error| <= (k + 4) u (sum |a_p b_p| + |bias|)
+// (to first order: (k + 4) u < 1e-4 here). The inputs have no subnormals, so the dot
+// product's flushing plays no part.
+TEST_F(Bf16Gemm, MatchesADoubleSumOfTheSameInputsOnEveryPath) {
+  for_each_path([&](Isa, bool) {
+    for (const Case& c : kCases) {
+      const Operands ops(c);
+      for (const bool with_bias : {true, false}) {
+        const auto got = run(c, ops, with_bias);
+        Index bad = 0;
+        for (Index i = 0; i < c.m && bad < 5; ++i) {
+          if (!sampled_row(i, c.m)) continue;
+          for (Index j = 0; j < c.n && bad < 5; ++j) {
+            double ref = with_bias ? static_cast<double>(ops.bias[static_cast<std::size_t>(j)]) : 0;
+            double size = std::abs(ref);
+            for (Index p = 0; p < c.k; ++p) {
+              const double product =
+                  static_cast<double>(ops.at_a(i, p)) * static_cast<double>(ops.at_b(j, p));
+              ref += product;
+              size += std::abs(product);
+            }
+            const double tol = static_cast<double>(c.k + 4) * std::ldexp(1.0, -24) * size;
+            const double value = got[static_cast<std::size_t>(i * c.n + j)];
+            if (!(std::abs(value - ref) <= tol)) {
+              ADD_FAILURE() << describe(c) << " bias=" << with_bias << " at (" << i << ", " << j
+                            << "): " << value << " vs " << ref << " (tolerance " << tol << ")";
+              ++bad;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// ---- scalar models of the two paths' rounding (docs/precision.md) ----
+
+std::uint32_t bits(float x) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+// Subnormals as signed zeros: vdpbf16ps's reading of its inputs and writing of its results.
+float flush(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
+
+// One element of C on `path`: per depth block (the set's blocking), a float accumulator from
+// +0 takes every product in one rounding, in k order (widening: fma(a, b, acc), the product
+// exact), or in k-pairs as vdpbf16ps does (the odd element first, then the even one, each an
+// FMA with subnormal inputs and results flushed to zero; an odd depth's last pair is
+// (a, +0) x (b, +0)); the first block's sum then adds the bias (+0 without), each later one
+// adds the previous C.
+float model(const Operands& ops, Index i, Index j, Index k, Index depth_block, const float* bias,
+            bool dot) {
+  float c = 0;
+  for (Index p0 = 0; p0 < k; p0 += depth_block) {
+    const Index depth = std::min(depth_block, k - p0);
+    float acc = 0;
+    if (!dot) {
+      for (Index p = p0; p < p0 + depth; ++p) acc = std::fma(ops.at_a(i, p), ops.at_b(j, p), acc);
+    } else {
+      for (Index p = p0; p < p0 + depth; p += 2) {
+        const bool pair = p + 1 < p0 + depth;
+        const float a1 = pair ? ops.at_a(i, p + 1) : 0.0f, b1 = pair ? ops.at_b(j, p + 1) : 0.0f;
+        acc = flush(std::fma(flush(a1), flush(b1), flush(acc)));
+        acc = flush(std::fma(flush(ops.at_a(i, p)), flush(ops.at_b(j, p)), acc));
+      }
+    }
+    const float block = acc + (bias != nullptr && p0 == 0 ? bias[j] : 0.0f);
+    c = p0 == 0 ? block : block + c;
+  }
+  return c;
+}
+
+Index depth_block_of(Isa isa, Index k) {
+  const Index limit = attn::detail::with_kernels(
+      isa, [](auto set) { return decltype(set)::template gemm_depth<float>(); });
+  return attn::detail::even_block(k, limit, 8);
+}
+
+// Both paths give exactly the model's bits on every set: the widening path because every
+// product of two bfloat16 is exact in float (16 significant bits), so a set with FMA and one
+// without round the same sums; the dot product as the Intel SDM defines vdpbf16ps. The dot
+// product also with inputs whose products and sums are subnormal (its flushing) and with
+// subnormal inputs (there the widening path's products are no longer exact, and the sets
+// without FMA round them).
+TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
+  std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({9, 70, 45, 0, 0});  // the tiny-value case below
+  for_each_path([&](Isa isa, bool dot) {
+    for (std::size_t index = 0; index < cases.size(); ++index) {
+      const Case& c = cases[index];
+      Operands ops(c);
+      if (index + 1 == cases.size()) {  // products near 2^-126..2^-140, some inputs subnormal
+        for (bfloat16& x : ops.a) x = bfloat16(std::ldexp(static_cast<float>(x), -120));
+        for (bfloat16& x : ops.b) x = bfloat16(std::ldexp(static_cast<float>(x), -12));
+        ops.a[3] = bfloat16::from_bits(0x0041);  // subnormal
+        ops.b[ops.ldb + 2] = bfloat16::from_bits(0x8003);
+      }
+      if (index + 1 == cases.size() && !dot) continue;
+      const Index depth_block = depth_block_of(isa, c.k);
+      for (const bool with_bias : {true, false}) {
+        const float* bias = with_bias ? ops.bias.data() : nullptr;
+        if (index + 1 == cases.size() && with_bias) continue;  // the bias would hide the tiny sums
+        const auto got = run(c, ops, with_bias);
+        Index bad = 0;
+        for (Index i = 0; i < c.m && bad < 5; ++i) {
+          if (!sampled_row(i, c.m)) continue;
+          for (Index j = 0; j < c.n && bad < 5; ++j) {
+            const float want = model(ops, i, j, c.k, depth_block, bias, dot);
+            const float value = got[static_cast<std::size_t>(i * c.n + j)];
+            if (bits(value) != bits(want)) {
+              ADD_FAILURE() << describe(c) << " bias=" << with_bias << " at (" << i << ", " << j
+                            << "): " << value << " vs the model's " << want;
+              ++bad;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_F(Bf16Gemm, BitIdenticalForAnyThreadCount) {
+  for_each_path([&](Isa, bool) {
+    for (const Case& c : kCases) {
+      const Operands ops(c);
+      attn::set_num_threads(1);
+      const auto one = run(c, ops, true);
+      for (const int threads : {2, 3}) {
+        attn::set_num_threads(threads);
+        EXPECT_EQ(run(c, ops, true), one) << describe(c) << " threads=" << threads;
+      }
+    }
+  });
+}
+
+// B packed once gives C bit for bit as packing per call, alone or as a run of segments inside
+// a larger pack; a pack made for the other path (or set) is ignored, not misread.
+TEST_F(Bf16Gemm, PrePackedBIsBitIdenticalToPackingPerCall) {
+  for_each_path([&](Isa isa, bool dot) {
+    for (const Case& c : kCases) {
+      const Operands ops(c);
+      const Index segment = c.segment > 0 ? c.segment : c.n;
+      attn::set_num_threads(1);
+      const auto expected = run(c, ops, true);
+      const auto alone =
+          attn::detail::pack_gemm_b(c.n, c.k, ops.b.data(), ops.ldb, c.segment > 0 ? segment : 0);
+      EXPECT_EQ(alone.pairs(), dot);
+      std::vector<bfloat16> big(static_cast<std::size_t>((c.n + 2 * segment) * ops.ldb),
+                                bfloat16(7.0f));
+      std::copy(ops.b.begin(), ops.b.end(), big.begin() + segment * ops.ldb);
+      const auto inside =
+          attn::detail::pack_gemm_b(c.n + 2 * segment, c.k, big.data(), ops.ldb, segment);
+      for (const int threads : {1, 2}) {
+        attn::set_num_threads(threads);
+        EXPECT_EQ(run(c, ops, true, {&alone, 0}), expected)
+            << describe(c) << " threads=" << threads;
+        EXPECT_EQ(run(c, ops, true, {&inside, segment}), expected)
+            << describe(c) << " inside a larger pack, threads=" << threads;
+      }
+      attn::set_num_threads(1);
+      if (isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16()) {
+        // The pack of the other path: ignored, so C is this path's per-call result.
+        attn::set_bf16_dot(!dot);
+        const auto other = attn::detail::pack_gemm_b(c.n, c.k, ops.b.data(), ops.ldb, 0);
+        attn::set_bf16_dot(dot);
+        EXPECT_EQ(other.pairs(), !dot);
+        if (c.segment == 0) {
+          EXPECT_EQ(run(c, ops, true, {&other, 0}), expected) << describe(c);
+        }
+      }
+    }
+  });
+}
+
+// NaN and infinity in A or B reach C as in the float GEMM (and the double sum of the same
+// products): a NaN makes its row or column NaN, an infinity times a nonzero finite value an
+// infinity of the product's sign, infinity times zero and infinities of both signs NaN.
+TEST_F(Bf16Gemm, PropagatesNanAndInfinityAsTheFloatGemm) {
+  const Case c{9, 70, 37, 0, 0};
+  Operands ops(c);
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto set_a = [&](Index i, Index p, float v) {
+    ops.a[static_cast<std::size_t>(i * ops.lda + p)] = bfloat16(v);
+  };
+  const auto set_b = [&](Index j, Index p, float v) {
+    ops.b[static_cast<std::size_t>(j * ops.ldb + p)] = bfloat16(v);
+  };
+  set_a(1, 3, std::numeric_limits<float>::quiet_NaN());  // row 1 NaN
+  set_a(2, 5, inf);                                      // row 2 +-inf ...
+  set_b(4, 5, 0.0f);                                     // ... but NaN at (2, 4): inf * 0
+  set_b(6, 36, -inf);                                    // column 6 -+inf (p = 36: the odd tail)
+  set_a(2, 36, 0.5f);                                    // (2, 6): inf + -inf: NaN
+  set_b(6, 5, 1.0f);
+  set_a(7, 0, -inf);  // row 7 +-inf, but NaN at (7, 8): -inf * 1 + 1 * inf
+  set_b(8, 0, 1.0f);
+  set_a(7, 1, 1.0f);
+  set_b(8, 1, inf);
+  for_each_path([&](Isa, bool) {
+    attn::set_num_threads(1);
+    const auto got = run(c, ops, true);
+    // The float GEMM on the same values, widened.
+    std::vector<float> fa(ops.a.begin(), ops.a.end()), fb(ops.b.begin(), ops.b.end());
+    std::vector<float> want(static_cast<std::size_t>(c.m * c.n));
+    attn::detail::gemm_nt(c.m, c.n, c.k, fa.data(), ops.lda, fb.data(), ops.ldb, want.data(), c.n,
+                          ops.bias.data());
+    Index nan = 0, infinite = 0;
+    for (Index i = 0; i < c.m; ++i) {
+      for (Index j = 0; j < c.n; ++j) {
+        const float g = got[static_cast<std::size_t>(i * c.n + j)];
+        const float w = want[static_cast<std::size_t>(i * c.n + j)];
+        double ref = ops.bias[static_cast<std::size_t>(j)];
+        for (Index p = 0; p < c.k; ++p) {
+          ref += static_cast<double>(ops.at_a(i, p)) * static_cast<double>(ops.at_b(j, p));
+        }
+        EXPECT_EQ(std::isnan(g), std::isnan(w)) << "(" << i << ", " << j << "): " << g << " " << w;
+        EXPECT_EQ(std::isnan(g), std::isnan(ref)) << "(" << i << ", " << j << ")";
+        if (std::isinf(w) || std::isinf(ref)) {
+          EXPECT_EQ(g, w) << "(" << i << ", " << j << ")";
+          EXPECT_EQ(g, ref) << "(" << i << ", " << j << ")";
+        }
+        nan += std::isnan(g);
+        infinite += std::isinf(g);
+      }
+    }
+    EXPECT_GE(nan, c.n + 3);  // row 1, (2, 4), (2, 6), (7, 8)
+    EXPECT_GE(infinite, c.n + c.m - 6);
+  });
+}
+
+}  // namespace
+}  // namespace bf16_gemm_test
