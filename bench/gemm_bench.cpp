@@ -91,7 +91,7 @@ void BM_GemmBf16(benchmark::State& state) {
   const bool dot = state.range(3) != 0, packed = state.range(4) != 0;
   if (attn::set_bf16_dot(dot) != dot) {
     state.SkipWithError("this CPU has no AVX512-BF16 (or the avx512 set is not in use)");
-    attn::set_bf16_dot(true);
+    attn::set_bf16_dot(std::nullopt);
     return;
   }
   const auto x = attn::convert<attn::bfloat16>(o.x);
@@ -107,7 +107,7 @@ void BM_GemmBf16(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_flops<float>(state);
-  attn::set_bf16_dot(true);
+  attn::set_bf16_dot(std::nullopt);
 }
 
 void BM_GemmPacked(benchmark::State& state) {

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "attn/config.hpp"
@@ -47,9 +48,10 @@ namespace dispatch_v1 {
 /// inline variable, not a function: all translation units share it, and it holds no code
 /// that could depend on their flags.
 inline std::atomic<int> selected_isa{-1};
-/// Whether bfloat16 GEMMs may use AVX512-BF16's dot product (set_bf16_dot()); shared the same
-/// way.
-inline std::atomic<bool> bf16_dot_allowed{true};
+/// Whether bfloat16 GEMMs use AVX512-BF16's dot product where the CPU has it
+/// (set_bf16_dot()): -1 the CPU's faster path (the default), 0 never, 1 always. Shared the
+/// same way.
+inline std::atomic<int> bf16_dot_choice{-1};
 }  // namespace dispatch_v1
 
 }  // namespace attn
@@ -111,6 +113,24 @@ inline bool cpu_has_avx512_bf16() noexcept {
 #endif
 }
 
+/// Whether AVX512-BF16's dot product beats widening bfloat16 to float on this CPU, as
+/// measured on one core: on AMD (Zen 5: vdpbf16ps 383-393 GFLOP/s against 246-256 for fp32
+/// FMAs; Zen 4 about 2x per instruction) it does; on Intel Xeons (Emerald Rapids: 87 against
+/// 174, bench/results/2026-11-28-bf16-gemm.txt) it runs at half the FMA rate, so widening
+/// wins there. Read once and cached.
+inline bool cpu_prefers_bf16_dot() noexcept {
+#if ATTN_KERNELS_X86
+  static const bool amd = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    return ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;  // "AuthenticAMD"
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
 }  // namespace detail
 
 /// The widest set this CPU supports and its operating system enables (the AVX and
@@ -160,20 +180,25 @@ inline Isa active_isa() {
 }
 
 /// Whether GEMMs on bfloat16 operands run on AVX512-BF16's dot product (vdpbf16ps, two
-/// products per lane and instruction) now: the avx512 set is active, the CPU has AVX512-BF16
-/// and set_bf16_dot(false) has not turned it off. Otherwise they widen the operands to float
-/// and run the float kernels. The two paths round differently (docs/precision.md).
+/// products per lane and instruction) now: the avx512 set is active, the CPU has AVX512-BF16,
+/// and set_bf16_dot() asked for it or, by default, the dot product is this CPU's faster path
+/// (AMD: yes; Intel: no, see detail::cpu_prefers_bf16_dot()). Otherwise they widen the
+/// operands to float and run the float kernels. The two paths round differently
+/// (docs/precision.md).
 /// @throws ConfigError as active_isa() does.
 inline bool bf16_dot_active() {
-  return active_isa() == Isa::kAvx512 && detail::cpu_has_avx512_bf16() &&
-         dispatch_v1::bf16_dot_allowed.load(std::memory_order_relaxed);
+  if (active_isa() != Isa::kAvx512 || !detail::cpu_has_avx512_bf16()) return false;
+  const int choice = dispatch_v1::bf16_dot_choice.load(std::memory_order_relaxed);
+  return choice < 0 ? detail::cpu_prefers_bf16_dot() : choice != 0;
 }
 
-/// Allows (the default) or forbids the bfloat16 dot-product path, e.g. to run the widening path
-/// on a CPU that has both; returns bf16_dot_active(). Affects every thread and every
-/// translation unit; call it while no attn computation is running.
-inline bool set_bf16_dot(bool allowed) {
-  dispatch_v1::bf16_dot_allowed.store(allowed, std::memory_order_relaxed);
+/// Uses (true) or avoids (false) the bfloat16 dot product where the CPU has it, e.g. to test
+/// both paths on one CPU; std::nullopt restores the default, the CPU's faster path. Returns
+/// bf16_dot_active(). Affects every thread and every translation unit; call it while no attn
+/// computation is running.
+inline bool set_bf16_dot(std::optional<bool> use) {
+  dispatch_v1::bf16_dot_choice.store(use.has_value() ? (*use ? 1 : 0) : -1,
+                                     std::memory_order_relaxed);
   return bf16_dot_active();
 }
 

@@ -130,7 +130,7 @@ void for_each_path(F&& f) {
 class Bf16Gemm : public ::testing::Test {
  protected:
   void TearDown() override {
-    attn::set_bf16_dot(true);
+    attn::set_bf16_dot(std::nullopt);
     attn::set_isa(attn::best_isa());
     attn::set_num_threads(threads_);
   }
@@ -146,10 +146,13 @@ TEST_F(Bf16Gemm, QueryAndSwitch) {
   for (const Isa isa : attn::test::runnable_sets()) {
     attn::set_isa(isa);
     const bool has = isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16();
-    EXPECT_EQ(attn::bf16_dot_active(), has) << attn::isa_name(isa);
+    // By default the CPU's faster path: the dot product on AMD, widening on Intel.
+    EXPECT_EQ(attn::set_bf16_dot(std::nullopt), has && attn::detail::cpu_prefers_bf16_dot())
+        << attn::isa_name(isa);
     EXPECT_FALSE(attn::set_bf16_dot(false));
     EXPECT_FALSE(attn::bf16_dot_active());
     EXPECT_EQ(attn::set_bf16_dot(true), has);
+    EXPECT_EQ(attn::bf16_dot_active(), has);
   }
 }
 

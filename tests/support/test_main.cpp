@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // tests/support/test_main.cpp: main() of the test executables. Each runs many tests in one
 // process (one per folder of tests/, see tests/CMakeLists.txt), so every test starts from
-// the state a fresh process has: the kernel set chosen at start-up (ATTN_ISA or the widest),
+// the state a fresh process has: the kernel set chosen at start-up (ATTN_ISA or the widest)
+// and its default bfloat16 path,
 // the thread count, the global generator's default seed, and the floating-point environment
 // (rounding mode, flush-to-zero). A test that forces a kernel set or a thread count and
 // restores something else cannot change what the tests after it run on (in particular the
@@ -28,6 +29,7 @@ class FreshProcessState : public ::testing::EmptyTestEventListener {
   void restore() const {
     std::fesetenv(&fenv_);
     attn::set_isa(isa_);
+    attn::set_bf16_dot(std::nullopt);
     attn::set_num_threads(threads_);
     attn::with_global_generator([](attn::TorchGenerator& gen) { gen = attn::TorchGenerator(); });
   }
