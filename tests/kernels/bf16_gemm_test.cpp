@@ -174,12 +174,15 @@ TEST_F(Bf16Gemm, QueryAndSwitch) {
 // The exact sum of the same bfloat16 products (each exact in double, 16 significant bits; the
 // double sum's own error, k 2^-53 relative, is negligible), against a bound on float
 // accumulation: every path adds each product to a float accumulator with one rounding (an
-// FMA, or an exact product and an add; vdpbf16ps is two FMAs per pair), then adds the bias
-// and the depth blocks' partial sums: k + ceil(k / 512) <= k + 3 roundings here (k <= 1027).
+// FMA, or an exact product and an add; vdpbf16ps is two FMAs per pair), or, on AMX, each
+// tdpbf16ps rounds its 32 products' two sums of 16 (15 roundings each), their sum and its
+// addition to the accumulator (32 roundings for 32 products, fewer for a shorter tail), then
+// adds the bias and the depth blocks' partial sums: k + ceil(k / 512) <= k + 3 roundings here
+// (k <= 1027).
 // Each rounding is off by at most u = 2^-24 of the partial sum it rounds, and every partial
 // sum is at most sum |a_p b_p| + |bias|, so |error| <= (k + 4) u (sum |a_p b_p| + |bias|)
 // (to first order: (k + 4) u < 1e-4 here). The inputs have no subnormals, so the dot
-// product's flushing plays no part.
+// product's and AMX's flushing plays no part.
 TEST_F(Bf16Gemm, MatchesADoubleSumOfTheSameInputsOnEveryPath) {
   for_each_path([&](Isa, Bf16Path) {
     for (const Case& c : kCases) {
@@ -212,7 +215,7 @@ TEST_F(Bf16Gemm, MatchesADoubleSumOfTheSameInputsOnEveryPath) {
   });
 }
 
-// ---- scalar models of the two paths' rounding (docs/precision.md) ----
+// ---- scalar models of the paths' rounding (docs/precision.md) ----
 
 std::uint32_t bits(float x) {
   std::uint32_t u = 0;
@@ -222,16 +225,25 @@ std::uint32_t bits(float x) {
 // Subnormals as signed zeros: vdpbf16ps's reading of its inputs and writing of its results.
 float flush(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 
-// One element of C on the AMX path: TODO
-float amx_model(const Operands& ops, Index i, Index j, Index k, Index depth_block, const float* bias) {
+// One element of C on the AMX path: per depth block, a float accumulator from +0 takes one
+// tdpbf16ps per 32 depth (from the block's start; zeros past its end), each as measured on
+// Emerald Rapids: the even-indexed products of the 16 pairs summed in k order into one float,
+// the odd-indexed ones into another (each addition rounded to nearest even), those two sums
+// added (rounded), and that added to the accumulator (rounded); subnormal inputs and results
+// flushed to zero. Then the bias and the depth blocks as the other paths.
+float amx_model(const Operands& ops, Index i, Index j, Index k, Index depth_block,
+                const float* bias) {
   float c = 0;
   for (Index p0 = 0; p0 < k; p0 += depth_block) {
-    const Index depth = std::min(depth_block, k - p0);
+    const Index end = std::min(p0 + depth_block, k);
     float acc = 0;
-    for (Index p = p0; p < p0 + depth; p += 2) {
-      const bool pair = p + 1 < p0 + depth;
-      const float a1 = pair ? ops.at_a(i, p + 1) : 0.0f, b1 = pair ? ops.at_b(j, p + 1) : 0.0f;
-      acc = flush(acc + flush(static_cast<float>(static_cast<double>(flush(ops.at_a(i, p))) * flush(ops.at_b(j, p)) + static_cast<double>(flush(a1)) * flush(b1))));
+    for (Index s = p0; s < end; s += 32) {
+      float sums[2] = {0.0f, 0.0f};  // even, odd
+      for (Index p = s; p < std::min(s + 32, end); ++p) {
+        float& sum = sums[(p - s) % 2];
+        sum = flush(std::fma(flush(ops.at_a(i, p)), flush(ops.at_b(j, p)), flush(sum)));
+      }
+      acc = flush(flush(acc) + flush(sums[0] + sums[1]));
     }
     const float block = acc + (bias != nullptr && p0 == 0 ? bias[j] : 0.0f);
     c = p0 == 0 ? block : block + c;
@@ -275,17 +287,18 @@ Index depth_block_of(Isa isa, Bf16Path path, Index k) {
   return attn::detail::even_block(k, limit, attn::detail::gemm_depth_multiple(path));
 }
 
-// Both paths give exactly the model's bits on every set: the widening path because every
+// Every path gives exactly its model's bits on every set: the widening path because every
 // product of two bfloat16 is exact in float (16 significant bits), so a set with FMA and one
-// without round the same sums; the dot product as the Intel SDM defines vdpbf16ps. The dot
-// product also with inputs whose products and sums are subnormal (its flushing) and with
+// without round the same sums; the dot product as the Intel SDM defines vdpbf16ps; AMX as
+// tdpbf16ps was measured to round (not the SDM's pseudocode: see amx_model()). The dot product
+// and AMX also with inputs whose products and sums are subnormal (their flushing) and with
 // subnormal inputs (there the widening path's products are no longer exact, and the sets
 // without FMA round them).
 TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
   std::vector<Case> cases(std::begin(kCases), std::end(kCases));
   cases.push_back({9, 70, 45, 0, 0});  // the tiny-value case below
   for_each_path([&](Isa isa, Bf16Path path) {
-    const bool dot = path != Bf16Path::kWiden;  // the paths that flush subnormals
+    const bool flushes = path != Bf16Path::kWiden;
     for (std::size_t index = 0; index < cases.size(); ++index) {
       const Case& c = cases[index];
       Operands ops(c);
@@ -295,7 +308,7 @@ TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
         ops.a[3] = bfloat16::from_bits(0x0041);  // subnormal
         ops.b[ops.ldb + 2] = bfloat16::from_bits(0x8003);
       }
-      if (index + 1 == cases.size() && !dot) continue;
+      if (index + 1 == cases.size() && !flushes) continue;
       const Index depth_block = depth_block_of(isa, path, c.k);
       for (const bool with_bias : {true, false}) {
         const float* bias = with_bias ? ops.bias.data() : nullptr;
