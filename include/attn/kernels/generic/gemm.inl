@@ -208,7 +208,11 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
       const Scalar* a_block = nullptr;
       Index ars = 0, acs = 0;
       if constexpr (kWiden && kSetIsa == Isa::kAvx512) {
-        if (amx) {  // whole zero-padded tiles, then 32-row blocks past every group
+        if (amx) {
+          // Whole zero-padded tiles, then 32-row blocks past every group (64 columns) of the
+          // column tile: each group's panel serves the row block's 3 blocks in turn. Measured
+          // (one core, Emerald Rapids, 4096 x 512 x 512 and 8192 x 1536 x 512, W packed): 1.4-2.5x
+          // faster than each 32-row block past all the groups instead.
           auto* tiles = reinterpret_cast<bfloat16*>(a_buffer);
           amx_pack_a(g.a + i0 * g.lda + p0, g.lda, rows, depth, tiles);
           for_each_group([&](Index jj, Index width, const Scalar* panel, Index panel_ld) {
