@@ -146,7 +146,8 @@ __attribute__((target("amx-tile,amx-bf16"))) float tdpbf16_loop(long outer) {
   __asm__ volatile("" : : "r"(&config) : "memory");
   _tile_loadconfig(&config);
   alignas(64) unsigned a[16 * 16], b[16 * 16];
-  for (int i = 0; i < 256; ++i) a[i] = 0x3F003F00u, b[i] = 0xBE803E80u;  // (0.5, 0.5), (0.25, -0.25)
+  for (int i = 0; i < 256; ++i)
+    a[i] = 0x3F003F00u, b[i] = 0xBE803E80u;  // (0.5, 0.5), (0.25, -0.25)
   _tile_loadd(6, a, 64);
   _tile_loadd(7, b, 64);
   for (long i = 0; i < outer; ++i) {

@@ -84,8 +84,8 @@ void BM_EigenGemm(benchmark::State& state) {
 
 // The bfloat16 GEMM, y (float) = x W^T with x and W bfloat16 (the float operands rounded), on
 // the path `path` (attn::Bf16Path: 0 widening, 1 vdpbf16ps, 2 AMX; skipped where the CPU or
-// the operating system lacks it), W packed per call or once (`packed`). The float rows below with packed=1 are the float GEMM on a
-// pre-packed W, for the same comparison.
+// the operating system lacks it), W packed per call or once (`packed`). The float rows below with
+// packed=1 are the float GEMM on a pre-packed W, for the same comparison.
 void BM_GemmBf16(benchmark::State& state) {
   Operands<float> o(state);
   const auto path = static_cast<attn::Bf16Path>(state.range(3));

@@ -153,7 +153,7 @@ TEST_F(Bf16Gemm, QueryAndSwitch) {
     const bool amx = avx512 && attn::detail::amx_support().usable;
     // By default the CPU's fastest path: AMX where it runs, else the dot product on AMD, else
     // widening.
-    const Bf16Path fastest = amx                                              ? Bf16Path::kAmx
+    const Bf16Path fastest = amx                                           ? Bf16Path::kAmx
                              : dot && attn::detail::cpu_prefers_bf16_dot() ? Bf16Path::kDot
                                                                            : Bf16Path::kWiden;
     EXPECT_EQ(attn::set_bf16_path(std::nullopt), fastest) << attn::isa_name(isa);

@@ -42,9 +42,7 @@ Bf16Path gemm_path() {
 
 /// The depth blocks' size multiple: whole 32-deep AMX tiles on that path (no padding inside
 /// a product), else 8.
-inline Index gemm_depth_multiple(Bf16Path path) noexcept {
-  return path == Bf16Path::kAmx ? 32 : 8;
-}
+inline Index gemm_depth_multiple(Bf16Path path) noexcept { return path == Bf16Path::kAmx ? 32 : 8; }
 
 /// B (n, k), row-major with leading dimension ldb, packed once for the active kernel set,
 /// for products whose output segments are `segment` columns wide (0: one segment).

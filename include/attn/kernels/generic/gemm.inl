@@ -103,8 +103,7 @@ void pack_gemm_b(const Operand* b, Index ldb, PackedGemmB<Operand>& pack) noexce
     const Index depth = std::min(depth_block, k - p0);
     for (Index j = 0, width = 0; j < n; j += width) {
       width = pack.group_width(j);
-      pack_panel(b, ldb, j, width, p0, depth, pack.mutable_panel(p0, j, depth), width,
-                 pack.path());
+      pack_panel(b, ldb, j, width, p0, depth, pack.mutable_panel(p0, j, depth), width, pack.path());
     }
   }
 }
