@@ -3,7 +3,9 @@
 // and AVX2 (ymm) intrinsics, on one thread and on N threads. The denominator of "% of peak"
 // in scripts/bench_vs_pytorch.sh. Also, on CPUs with AVX512-BF16, the peak of its dot product
 // vdpbf16ps (zmm), the denominator for the bfloat16 GEMM's dot-product path; it is reported
-// on its own lines and never taken as peak_isa.
+// on its own lines and never taken as peak_isa. Likewise, where the CPU has AMX-BF16 and the
+// operating system grants this process the tile state, the peak of tdpbf16ps (amx_bf16), the
+// denominator for the GEMM's AMX path.
 //
 // Each thread runs independent chains acc = acc * m + c (one FMA = 2 FLOPs per lane), with
 // more chains than FMA latency x FMA pipes on any current x86 core (8 on Zen 4/5 and
@@ -11,7 +13,10 @@
 // (4 FLOPs per lane: two products, two additions), the pair's products equal and opposite so
 // acc stays put. The AVX-512 and AVX2 kernels are compiled with target attributes and chosen
 // at run time (__builtin_cpu_supports, CPUID for AVX512-BF16), so the binary works on machines
-// without AVX-512. Best of several timed runs after a warm-up.
+// without AVX-512. The AMX loop multiplies two constant 16 x 32 bfloat16 tiles into 6
+// independent 16 x 16 float tiles (more than tdpbf16ps's latency over its issue interval),
+// 16384 FLOPs per instruction (16 x 16 x 32 products and additions), the same (0.5, 0.5) and
+// (0.25, -0.25) pairs so the sums stay put. Best of several timed runs after a warm-up.
 //
 // Usage: fma_peak [--threads 1,2] [--seconds S] [--quick]
 //   --threads  comma-separated thread counts (default: 1 and the number of CPUs)
@@ -22,12 +27,18 @@
 //   avx2_t1_gflops=112.5
 //   avx512bf16_supported=1
 //   avx512bf16_t1_gflops=415.0  <- vdpbf16ps (4 FLOPs per lane and instruction)
+//   amx_bf16_supported=1
+//   amx_bf16_t1_gflops=1500.0   <- tdpbf16ps
 //   peak_isa=avx512
 //   peak_t1_gflops=224.8      <- best ISA, 1 thread (what the comparison script reads)
 //   peak_t2_gflops=449.1
 
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -120,6 +131,59 @@ bool has_avx512_bf16() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) &&
          (eax & (1u << 5)) != 0;
+}
+
+// tdpbf16ps on 6 accumulator tiles (tmm0-5), A in tmm6 and B in tmm7. Configures the
+// calling thread's tiles and releases them after.
+__attribute__((target("amx-tile,amx-bf16"))) float tdpbf16_loop(long outer) {
+  struct alignas(64) Config {
+    unsigned char palette = 1, start_row = 0, reserved[14] = {};
+    unsigned short colsb[16] = {};
+    unsigned char rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  // GCC 12's _tile_loadconfig declares an 8-byte read: keep the stores above.
+  __asm__ volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+  alignas(64) unsigned a[16 * 16], b[16 * 16];
+  for (int i = 0; i < 256; ++i)
+    a[i] = 0x3F003F00u, b[i] = 0xBE803E80u;  // (0.5, 0.5), (0.25, -0.25)
+  _tile_loadd(6, a, 64);
+  _tile_loadd(7, b, 64);
+  for (long i = 0; i < outer; ++i) {
+    for (long r = 0; r < kInner; ++r) {
+      _tile_dpbf16ps(0, 6, 7);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_dpbf16ps(2, 6, 7);
+      _tile_dpbf16ps(3, 6, 7);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_dpbf16ps(5, 6, 7);
+    }
+  }
+  alignas(64) float c[16 * 16];
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return c[0];
+}
+
+// AMX-BF16 usable: CPUID leaf 7 subleaf 0 EDX bits 24 (AMX-TILE) and 22 (AMX-BF16), XCR0 bits
+// 17-18 (the OS saves the tile state) and, on Linux, the tile data permission for this process.
+bool has_amx_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (edx & (1u << 24)) == 0 ||
+      (edx & (1u << 22)) == 0) {
+    return false;
+  }
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 27)) == 0) return false;
+  unsigned low = 0, high = 0;
+  __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+  if ((low & (3u << 17)) != (3u << 17)) return false;
+#if defined(__linux__)
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
+    return false;
+  }
+#endif
+  return true;
 }
 
 struct Isa {
@@ -267,6 +331,16 @@ int main(int argc, char** argv) {
     for (const int threads : thread_counts) {
       std::printf("%s_t%d_gflops=%.1f\n", dot.name, threads,
                   measure(dot, threads, seconds, repeats));
+      std::fflush(stdout);
+    }
+  }
+  const Isa amx = {"amx_bf16", has_amx_bf16(), tdpbf16_loop,
+                   6 * static_cast<double>(kInner) * 16 * 16 * 32 * 2};
+  std::printf("%s_supported=%d\n", amx.name, amx.supported ? 1 : 0);
+  if (amx.supported) {
+    for (const int threads : thread_counts) {
+      std::printf("%s_t%d_gflops=%.1f\n", amx.name, threads,
+                  measure(amx, threads, seconds, repeats));
       std::fflush(stdout);
     }
   }

@@ -83,15 +83,20 @@ void BM_EigenGemm(benchmark::State& state) {
 }
 
 // The bfloat16 GEMM, y (float) = x W^T with x and W bfloat16 (the float operands rounded), on
-// the path `dot` (1: vdpbf16ps, skipped on CPUs without AVX512-BF16; 0: widening), W packed
-// per call or once (`packed`). The float rows below with packed=1 are the float GEMM on a
-// pre-packed W, for the same comparison.
+// the path `path` (attn::Bf16Path: 0 widening, 1 vdpbf16ps, 2 AMX; skipped where the CPU or
+// the operating system lacks it), W packed per call or once (`packed`). The float rows below with
+// packed=1 are the float GEMM on a pre-packed W, for the same comparison.
 void BM_GemmBf16(benchmark::State& state) {
   Operands<float> o(state);
-  const bool dot = state.range(3) != 0, packed = state.range(4) != 0;
-  if (attn::set_bf16_dot(dot) != dot) {
-    state.SkipWithError("this CPU has no AVX512-BF16 (or the avx512 set is not in use)");
-    attn::set_bf16_dot(std::nullopt);
+  const auto path = static_cast<attn::Bf16Path>(state.range(3));
+  const bool packed = state.range(4) != 0;
+  if (attn::set_bf16_path(path) != path) {
+    state.SkipWithError(path == attn::Bf16Path::kAmx
+                            ? attn::detail::amx_support().usable
+                                  ? "the avx512 set is not in use"
+                                  : attn::detail::amx_support().reason
+                            : "this CPU has no AVX512-BF16 (or the avx512 set is not in use)");
+    attn::set_bf16_path(std::nullopt);
     return;
   }
   const auto x = attn::convert<attn::bfloat16>(o.x);
@@ -107,7 +112,7 @@ void BM_GemmBf16(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_flops<float>(state);
-  attn::set_bf16_dot(std::nullopt);
+  attn::set_bf16_path(std::nullopt);
 }
 
 void BM_GemmPacked(benchmark::State& state) {
@@ -124,14 +129,14 @@ void BM_GemmPacked(benchmark::State& state) {
 }
 
 void Bf16Shapes(benchmark::internal::Benchmark* bm) {
-  bm->ArgNames({"M", "N", "K", "dot", "packed"});
+  bm->ArgNames({"M", "N", "K", "path", "packed"});
   for (const int packed : {0, 1}) {
-    for (const int dot : {1, 0}) {
-      bm->Args({4096, 1536, 512, dot, packed});
-      bm->Args({4096, 512, 512, dot, packed});
-      bm->Args({128, 1536, 512, dot, packed});
-      bm->Args({2048, 2304, 768, dot, packed});
-      bm->Args({8192, 1536, 512, dot, packed});
+    for (const int path : {2, 1, 0}) {
+      bm->Args({4096, 1536, 512, path, packed});
+      bm->Args({4096, 512, 512, path, packed});
+      bm->Args({128, 1536, 512, path, packed});
+      bm->Args({2048, 2304, 768, path, packed});
+      bm->Args({8192, 1536, 512, path, packed});
     }
   }
 }

@@ -22,6 +22,10 @@
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /// 1 on x86-64 with GCC or clang: the SSE2, AVX2 and AVX-512 kernel sets are compiled
 /// (with per-function target attributes) and chosen at run time. 0 elsewhere: the portable
@@ -43,15 +47,22 @@ enum class Isa : int {
   kAvx512 = 3,  ///< AVX-512 F/BW/DQ/VL (Skylake-X, Zen 4 and later): 16 floats
 };
 
+/// How GEMMs on bfloat16 operands (float accumulation) multiply, on the avx512 set: each path
+/// rounds differently (docs/precision.md).
+enum class Bf16Path : int {
+  kWiden = 0,  ///< widen the operands to float and run the float kernels (every set)
+  kDot = 1,    ///< AVX512-BF16's vdpbf16ps: two products per float lane and instruction
+  kAmx = 2,    ///< AMX-BF16's tdpbf16ps on 16 x 16 float tiles (Sapphire Rapids and later)
+};
+
 namespace dispatch_v1 {
 /// The chosen set as an int, -1 until the first kernel call (or set_isa()) chooses. An
 /// inline variable, not a function: all translation units share it, and it holds no code
 /// that could depend on their flags.
 inline std::atomic<int> selected_isa{-1};
-/// Whether bfloat16 GEMMs use AVX512-BF16's dot product where the CPU has it
-/// (set_bf16_dot()): -1 the CPU's faster path (the default), 0 never, 1 always. Shared the
-/// same way.
-inline std::atomic<int> bf16_dot_choice{-1};
+/// The path set_bf16_path() forced for bfloat16 GEMMs, as an int (Bf16Path), or -1: the
+/// CPU's fastest (the default). Shared the same way.
+inline std::atomic<int> bf16_path_choice{-1};
 }  // namespace dispatch_v1
 
 }  // namespace attn
@@ -111,6 +122,54 @@ inline bool cpu_has_avx512_bf16() noexcept {
 #else
   return false;
 #endif
+}
+
+/// Whether AMX-BF16 can run in this process, and if not, why. Read once and cached (a static
+/// local: thread-safe); the permission it asks for is process-wide.
+struct AmxSupport {
+  bool usable = false;
+  const char* reason = "";  ///< empty when usable
+};
+
+/// The AMX tile and bfloat16 instructions: the CPU has them (CPUID leaf 7 subleaf 0, EDX bits
+/// 24 AMX-TILE and 22 AMX-BF16), the operating system saves their state (XCR0 bits 17 and 18,
+/// read with xgetbv once CPUID leaf 1 reports OSXSAVE) and, on Linux, grants this process the
+/// tile data state: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once (without
+/// it the first tile instruction raises SIGILL). Any "no" leaves AMX unused.
+inline const AmxSupport& amx_support() noexcept {
+  static const AmxSupport support = []() noexcept {
+    AmxSupport s;
+#if ATTN_KERNELS_X86
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 || (edx & (1u << 24)) == 0 ||
+        (edx & (1u << 22)) == 0) {
+      s.reason = "the CPU has no AMX-BF16";
+      return s;
+    }
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 27)) == 0) {
+      s.reason = "the operating system does not enable XSAVE";
+      return s;
+    }
+    unsigned xcr0_low = 0, xcr0_high = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+    if ((xcr0_low & (3u << 17)) != (3u << 17)) {
+      s.reason = "the operating system does not save the AMX tile state (XCR0 bits 17-18)";
+      return s;
+    }
+#if defined(__linux__)
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+      s.reason = "Linux refused the AMX tile data state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+      return s;
+    }
+#endif
+    s.usable = true;
+#else
+    s.reason = "not an x86 build with GCC or clang";
+#endif
+    return s;
+  }();
+  return support;
 }
 
 /// Whether AVX512-BF16's dot product beats widening bfloat16 to float on this CPU, as
@@ -179,27 +238,54 @@ inline Isa active_isa() {
   return set_isa(isa);
 }
 
-/// Whether GEMMs on bfloat16 operands run on AVX512-BF16's dot product (vdpbf16ps, two
-/// products per lane and instruction) now: the avx512 set is active, the CPU has AVX512-BF16,
-/// and set_bf16_dot() asked for it or, by default, the dot product is this CPU's faster path
-/// (AMD: yes; Intel: no, see detail::cpu_prefers_bf16_dot()). Otherwise they widen the
-/// operands to float and run the float kernels. The two paths round differently
-/// (docs/precision.md).
-/// @throws ConfigError as active_isa() does.
-inline bool bf16_dot_active() {
-  if (active_isa() != Isa::kAvx512 || !detail::cpu_has_avx512_bf16()) return false;
-  const int choice = dispatch_v1::bf16_dot_choice.load(std::memory_order_relaxed);
-  return choice < 0 ? detail::cpu_prefers_bf16_dot() : choice != 0;
+/// "widen", "dot" or "amx".
+inline const char* bf16_path_name(Bf16Path path) noexcept {
+  switch (path) {
+    case Bf16Path::kDot:
+      return "dot";
+    case Bf16Path::kAmx:
+      return "amx";
+    case Bf16Path::kWiden:
+      break;
+  }
+  return "widen";
 }
 
-/// Uses (true) or avoids (false) the bfloat16 dot product where the CPU has it, e.g. to test
-/// both paths on one CPU; std::nullopt restores the default, the CPU's faster path. Returns
-/// bf16_dot_active(). Affects every thread and every translation unit; call it while no attn
-/// computation is running.
-inline bool set_bf16_dot(std::optional<bool> use) {
-  dispatch_v1::bf16_dot_choice.store(use.has_value() ? (*use ? 1 : 0) : -1,
-                                     std::memory_order_relaxed);
-  return bf16_dot_active();
+/// Whether `path` can run now: widening always; the dot product and AMX on the avx512 set
+/// only, where the CPU has AVX512-BF16 (detail::cpu_has_avx512_bf16()), respectively AMX-BF16
+/// enabled for this process (detail::amx_support()).
+/// @throws ConfigError as active_isa() does.
+inline bool bf16_path_available(Bf16Path path) {
+  if (path == Bf16Path::kWiden) return true;
+  if (active_isa() != Isa::kAvx512) return false;
+  return path == Bf16Path::kDot ? detail::cpu_has_avx512_bf16() : detail::amx_support().usable;
+}
+
+/// The path GEMMs on bfloat16 operands take now: the one set_bf16_path() forced if it can run
+/// (widening if not), else the default, the CPU's fastest: AMX where it can run (one core of
+/// an Emerald Rapids Xeon: tdpbf16ps 6-10x the float FMA rate), else the dot product where it
+/// beats widening (AMD; see detail::cpu_prefers_bf16_dot()), else widening. The paths round
+/// differently (docs/precision.md).
+/// @throws ConfigError as active_isa() does.
+inline Bf16Path bf16_path() {
+  const int choice = dispatch_v1::bf16_path_choice.load(std::memory_order_relaxed);
+  if (choice >= 0) {
+    const auto forced = static_cast<Bf16Path>(choice);
+    return bf16_path_available(forced) ? forced : Bf16Path::kWiden;
+  }
+  if (bf16_path_available(Bf16Path::kAmx)) return Bf16Path::kAmx;
+  if (bf16_path_available(Bf16Path::kDot) && detail::cpu_prefers_bf16_dot()) return Bf16Path::kDot;
+  return Bf16Path::kWiden;
+}
+
+/// Forces bfloat16 GEMMs onto `path` where it can run (bf16_path_available(); widening where
+/// not), e.g. to test every path on one CPU; std::nullopt restores the default, the CPU's
+/// fastest. Returns bf16_path(). Affects every thread and every translation unit; call it while
+/// no attn computation is running.
+inline Bf16Path set_bf16_path(std::optional<Bf16Path> path) {
+  dispatch_v1::bf16_path_choice.store(path.has_value() ? static_cast<int>(*path) : -1,
+                                      std::memory_order_relaxed);
+  return bf16_path();
 }
 
 ATTN_NAMESPACE_END

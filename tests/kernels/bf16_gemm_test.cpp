@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // tests/kernels/bf16_gemm_test.cpp: detail::gemm_nt and pack_gemm_b on bfloat16 operands with
-// float results, on every kernel set and, where the CPU has AVX512-BF16, on both of the avx512
-// set's paths (the vdpbf16ps dot product and widening to float): against a double sum of the
+// float results, on every kernel set and every path the CPU has on the avx512 set (widening to
+// float, AVX512-BF16's vdpbf16ps dot product, AMX's tdpbf16ps): against a double sum of the
 // same bfloat16 inputs, bit for bit against a scalar model of each path's rounding, on shapes
 // that are not multiples of the tiles (k odd, k = 1, head-split outputs), with B packed once
 // or per call, for any thread count, and with NaN and infinity propagated as the float GEMM
@@ -23,6 +23,7 @@ namespace bf16_gemm_test {
 
 namespace {
 
+using attn::Bf16Path;
 using attn::bfloat16;
 using attn::Index;
 using attn::Isa;
@@ -107,22 +108,24 @@ std::vector<float> run(const Case& c, const Operands& ops, bool with_bias,
   return result;
 }
 
-// The paths to test on `isa`: widening always; the dot product too on the avx512 set of a
-// CPU with AVX512-BF16.
-std::vector<bool> dot_paths(Isa isa) {
-  if (isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16()) return {false, true};
-  return {false};
+// The paths `isa` runs on this CPU: widening always; on the avx512 set the dot product where
+// the CPU has AVX512-BF16 and AMX where the operating system grants it.
+std::vector<Bf16Path> paths(Isa isa) {
+  std::vector<Bf16Path> out{Bf16Path::kWiden};
+  if (isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16()) out.push_back(Bf16Path::kDot);
+  if (isa == Isa::kAvx512 && attn::detail::amx_support().usable) out.push_back(Bf16Path::kAmx);
+  return out;
 }
 
-// Every runnable set and path, with `f(isa, dot)` run while it is selected.
+// Every runnable set and path, with `f(isa, path)` run while it is selected.
 template <class F>
 void for_each_path(F&& f) {
   for (const Isa isa : attn::test::runnable_sets()) {
     attn::set_isa(isa);
-    for (const bool dot : dot_paths(isa)) {
-      EXPECT_EQ(attn::set_bf16_dot(dot), dot) << attn::isa_name(isa);
-      SCOPED_TRACE(std::string(attn::isa_name(isa)) + (dot ? " dot product" : " widening"));
-      f(isa, dot);
+    for (const Bf16Path path : paths(isa)) {
+      EXPECT_EQ(attn::set_bf16_path(path), path) << attn::isa_name(isa);
+      SCOPED_TRACE(std::string(attn::isa_name(isa)) + " " + attn::bf16_path_name(path));
+      f(isa, path);
     }
   }
 }
@@ -130,7 +133,7 @@ void for_each_path(F&& f) {
 class Bf16Gemm : public ::testing::Test {
  protected:
   void TearDown() override {
-    attn::set_bf16_dot(std::nullopt);
+    attn::set_bf16_path(std::nullopt);
     attn::set_isa(attn::best_isa());
     attn::set_num_threads(threads_);
   }
@@ -145,28 +148,43 @@ bool sampled_row(Index i, Index m) {
 TEST_F(Bf16Gemm, QueryAndSwitch) {
   for (const Isa isa : attn::test::runnable_sets()) {
     attn::set_isa(isa);
-    const bool has = isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16();
-    // By default the CPU's faster path: the dot product on AMD, widening on Intel.
-    EXPECT_EQ(attn::set_bf16_dot(std::nullopt), has && attn::detail::cpu_prefers_bf16_dot())
-        << attn::isa_name(isa);
-    EXPECT_FALSE(attn::set_bf16_dot(false));
-    EXPECT_FALSE(attn::bf16_dot_active());
-    EXPECT_EQ(attn::set_bf16_dot(true), has);
-    EXPECT_EQ(attn::bf16_dot_active(), has);
+    const bool avx512 = isa == Isa::kAvx512;
+    const bool dot = avx512 && attn::detail::cpu_has_avx512_bf16();
+    const bool amx = avx512 && attn::detail::amx_support().usable;
+    // By default the CPU's fastest path: AMX where it runs, else the dot product on AMD, else
+    // widening.
+    const Bf16Path fastest = amx                                           ? Bf16Path::kAmx
+                             : dot && attn::detail::cpu_prefers_bf16_dot() ? Bf16Path::kDot
+                                                                           : Bf16Path::kWiden;
+    EXPECT_EQ(attn::set_bf16_path(std::nullopt), fastest) << attn::isa_name(isa);
+    EXPECT_EQ(attn::bf16_path(), fastest);
+    EXPECT_EQ(attn::set_bf16_path(Bf16Path::kWiden), Bf16Path::kWiden);
+    EXPECT_EQ(attn::bf16_path(), Bf16Path::kWiden);
+    // A path that cannot run falls back to widening.
+    EXPECT_EQ(attn::set_bf16_path(Bf16Path::kDot), dot ? Bf16Path::kDot : Bf16Path::kWiden);
+    EXPECT_EQ(attn::bf16_path_available(Bf16Path::kDot), dot);
+    EXPECT_EQ(attn::set_bf16_path(Bf16Path::kAmx), amx ? Bf16Path::kAmx : Bf16Path::kWiden);
+    EXPECT_EQ(attn::bf16_path_available(Bf16Path::kAmx), amx);
   }
+  // The support query explains itself either way.
+  const auto& support = attn::detail::amx_support();
+  EXPECT_EQ(std::string(support.reason).empty(), support.usable) << support.reason;
 }
 
 // The exact sum of the same bfloat16 products (each exact in double, 16 significant bits; the
 // double sum's own error, k 2^-53 relative, is negligible), against a bound on float
 // accumulation: every path adds each product to a float accumulator with one rounding (an
-// FMA, or an exact product and an add; vdpbf16ps is two FMAs per pair), then adds the bias
-// and the depth blocks' partial sums: k + ceil(k / 512) <= k + 3 roundings here (k <= 1027).
+// FMA, or an exact product and an add; vdpbf16ps is two FMAs per pair), or, on AMX, each
+// tdpbf16ps rounds its 32 products' two sums of 16 (15 roundings each), their sum and its
+// addition to the accumulator (32 roundings for 32 products, fewer for a shorter tail), then
+// adds the bias and the depth blocks' partial sums: k + ceil(k / 512) <= k + 3 roundings here
+// (k <= 1027).
 // Each rounding is off by at most u = 2^-24 of the partial sum it rounds, and every partial
 // sum is at most sum |a_p b_p| + |bias|, so |error| <= (k + 4) u (sum |a_p b_p| + |bias|)
 // (to first order: (k + 4) u < 1e-4 here). The inputs have no subnormals, so the dot
-// product's flushing plays no part.
+// product's and AMX's flushing plays no part.
 TEST_F(Bf16Gemm, MatchesADoubleSumOfTheSameInputsOnEveryPath) {
-  for_each_path([&](Isa, bool) {
+  for_each_path([&](Isa, Bf16Path) {
     for (const Case& c : kCases) {
       const Operands ops(c);
       for (const bool with_bias : {true, false}) {
@@ -197,7 +215,7 @@ TEST_F(Bf16Gemm, MatchesADoubleSumOfTheSameInputsOnEveryPath) {
   });
 }
 
-// ---- scalar models of the two paths' rounding (docs/precision.md) ----
+// ---- scalar models of the paths' rounding (docs/precision.md) ----
 
 std::uint32_t bits(float x) {
   std::uint32_t u = 0;
@@ -207,6 +225,32 @@ std::uint32_t bits(float x) {
 // Subnormals as signed zeros: vdpbf16ps's reading of its inputs and writing of its results.
 float flush(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 
+// One element of C on the AMX path: per depth block, a float accumulator from +0 takes one
+// tdpbf16ps per 32 depth (from the block's start; zeros past its end), each as measured on
+// Emerald Rapids: the even-indexed products of the 16 pairs summed in k order into one float,
+// the odd-indexed ones into another (each addition rounded to nearest even), those two sums
+// added (rounded), and that added to the accumulator (rounded); subnormal inputs and results
+// flushed to zero. Then the bias and the depth blocks as the other paths.
+float amx_model(const Operands& ops, Index i, Index j, Index k, Index depth_block,
+                const float* bias) {
+  float c = 0;
+  for (Index p0 = 0; p0 < k; p0 += depth_block) {
+    const Index end = std::min(p0 + depth_block, k);
+    float acc = 0;
+    for (Index s = p0; s < end; s += 32) {
+      float sums[2] = {0.0f, 0.0f};  // even, odd
+      for (Index p = s; p < std::min(s + 32, end); ++p) {
+        float& sum = sums[(p - s) % 2];
+        sum = flush(std::fma(flush(ops.at_a(i, p)), flush(ops.at_b(j, p)), flush(sum)));
+      }
+      acc = flush(flush(acc) + flush(sums[0] + sums[1]));
+    }
+    const float block = acc + (bias != nullptr && p0 == 0 ? bias[j] : 0.0f);
+    c = p0 == 0 ? block : block + c;
+  }
+  return c;
+}
+
 // One element of C on `path`: per depth block (the set's blocking), a float accumulator from
 // +0 takes every product in one rounding, in k order (widening: fma(a, b, acc), the product
 // exact), or in k-pairs as vdpbf16ps does (the odd element first, then the even one, each an
@@ -214,7 +258,9 @@ float flush(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign
 // (a, +0) x (b, +0)); the first block's sum then adds the bias (+0 without), each later one
 // adds the previous C.
 float model(const Operands& ops, Index i, Index j, Index k, Index depth_block, const float* bias,
-            bool dot) {
+            Bf16Path path) {
+  const bool dot = path == Bf16Path::kDot;
+  if (path == Bf16Path::kAmx) return amx_model(ops, i, j, k, depth_block, bias);
   float c = 0;
   for (Index p0 = 0; p0 < k; p0 += depth_block) {
     const Index depth = std::min(depth_block, k - p0);
@@ -235,22 +281,24 @@ float model(const Operands& ops, Index i, Index j, Index k, Index depth_block, c
   return c;
 }
 
-Index depth_block_of(Isa isa, Index k) {
+Index depth_block_of(Isa isa, Bf16Path path, Index k) {
   const Index limit = attn::detail::with_kernels(
       isa, [](auto set) { return decltype(set)::template gemm_depth<float>(); });
-  return attn::detail::even_block(k, limit, 8);
+  return attn::detail::even_block(k, limit, attn::detail::gemm_depth_multiple(path));
 }
 
-// Both paths give exactly the model's bits on every set: the widening path because every
+// Every path gives exactly its model's bits on every set: the widening path because every
 // product of two bfloat16 is exact in float (16 significant bits), so a set with FMA and one
-// without round the same sums; the dot product as the Intel SDM defines vdpbf16ps. The dot
-// product also with inputs whose products and sums are subnormal (its flushing) and with
+// without round the same sums; the dot product as the Intel SDM defines vdpbf16ps; AMX as
+// tdpbf16ps was measured to round (not the SDM's pseudocode: see amx_model()). The dot product
+// and AMX also with inputs whose products and sums are subnormal (their flushing) and with
 // subnormal inputs (there the widening path's products are no longer exact, and the sets
 // without FMA round them).
 TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
   std::vector<Case> cases(std::begin(kCases), std::end(kCases));
   cases.push_back({9, 70, 45, 0, 0});  // the tiny-value case below
-  for_each_path([&](Isa isa, bool dot) {
+  for_each_path([&](Isa isa, Bf16Path path) {
+    const bool flushes = path != Bf16Path::kWiden;
     for (std::size_t index = 0; index < cases.size(); ++index) {
       const Case& c = cases[index];
       Operands ops(c);
@@ -260,8 +308,8 @@ TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
         ops.a[3] = bfloat16::from_bits(0x0041);  // subnormal
         ops.b[ops.ldb + 2] = bfloat16::from_bits(0x8003);
       }
-      if (index + 1 == cases.size() && !dot) continue;
-      const Index depth_block = depth_block_of(isa, c.k);
+      if (index + 1 == cases.size() && !flushes) continue;
+      const Index depth_block = depth_block_of(isa, path, c.k);
       for (const bool with_bias : {true, false}) {
         const float* bias = with_bias ? ops.bias.data() : nullptr;
         if (index + 1 == cases.size() && with_bias) continue;  // the bias would hide the tiny sums
@@ -270,7 +318,7 @@ TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
         for (Index i = 0; i < c.m && bad < 5; ++i) {
           if (!sampled_row(i, c.m)) continue;
           for (Index j = 0; j < c.n && bad < 5; ++j) {
-            const float want = model(ops, i, j, c.k, depth_block, bias, dot);
+            const float want = model(ops, i, j, c.k, depth_block, bias, path);
             const float value = got[static_cast<std::size_t>(i * c.n + j)];
             if (bits(value) != bits(want)) {
               ADD_FAILURE() << describe(c) << " bias=" << with_bias << " at (" << i << ", " << j
@@ -285,7 +333,7 @@ TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
 }
 
 TEST_F(Bf16Gemm, BitIdenticalForAnyThreadCount) {
-  for_each_path([&](Isa, bool) {
+  for_each_path([&](Isa, Bf16Path) {
     for (const Case& c : kCases) {
       const Operands ops(c);
       attn::set_num_threads(1);
@@ -301,7 +349,7 @@ TEST_F(Bf16Gemm, BitIdenticalForAnyThreadCount) {
 // B packed once gives C bit for bit as packing per call, alone or as a run of segments inside
 // a larger pack; a pack made for the other path (or set) is ignored, not misread.
 TEST_F(Bf16Gemm, PrePackedBIsBitIdenticalToPackingPerCall) {
-  for_each_path([&](Isa isa, bool dot) {
+  for_each_path([&](Isa isa, Bf16Path path) {
     for (const Case& c : kCases) {
       const Operands ops(c);
       const Index segment = c.segment > 0 ? c.segment : c.n;
@@ -309,7 +357,7 @@ TEST_F(Bf16Gemm, PrePackedBIsBitIdenticalToPackingPerCall) {
       const auto expected = run(c, ops, true);
       const auto alone =
           attn::detail::pack_gemm_b(c.n, c.k, ops.b.data(), ops.ldb, c.segment > 0 ? segment : 0);
-      EXPECT_EQ(alone.pairs(), dot);
+      EXPECT_EQ(alone.path(), path);
       std::vector<bfloat16> big(static_cast<std::size_t>((c.n + 2 * segment) * ops.ldb),
                                 bfloat16(7.0f));
       std::copy(ops.b.begin(), ops.b.end(), big.begin() + segment * ops.ldb);
@@ -323,14 +371,16 @@ TEST_F(Bf16Gemm, PrePackedBIsBitIdenticalToPackingPerCall) {
             << describe(c) << " inside a larger pack, threads=" << threads;
       }
       attn::set_num_threads(1);
-      if (isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_bf16()) {
-        // The pack of the other path: ignored, so C is this path's per-call result.
-        attn::set_bf16_dot(!dot);
+      for (const Bf16Path other_path : paths(isa)) {
+        if (other_path == path) continue;
+        // The pack of another path: ignored, so C is this path's per-call result.
+        attn::set_bf16_path(other_path);
         const auto other = attn::detail::pack_gemm_b(c.n, c.k, ops.b.data(), ops.ldb, 0);
-        attn::set_bf16_dot(dot);
-        EXPECT_EQ(other.pairs(), !dot);
+        attn::set_bf16_path(path);
+        EXPECT_EQ(other.path(), other_path);
         if (c.segment == 0) {
-          EXPECT_EQ(run(c, ops, true, {&other, 0}), expected) << describe(c);
+          EXPECT_EQ(run(c, ops, true, {&other, 0}), expected)
+              << describe(c) << " with a pack for " << attn::bf16_path_name(other_path);
         }
       }
     }
@@ -360,7 +410,7 @@ TEST_F(Bf16Gemm, PropagatesNanAndInfinityAsTheFloatGemm) {
   set_b(8, 0, 1.0f);
   set_a(7, 1, 1.0f);
   set_b(8, 1, inf);
-  for_each_path([&](Isa, bool) {
+  for_each_path([&](Isa, Bf16Path) {
     attn::set_num_threads(1);
     const auto got = run(c, ops, true);
     // The float GEMM on the same values, widened.

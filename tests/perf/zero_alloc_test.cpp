@@ -549,7 +549,7 @@ TYPED_TEST(ZeroAllocation, KVCacheStepsAndReorder) {
 }
 
 // The GEMM on bfloat16 operands (float results), B packed per call and once, on every path
-// this CPU has (the avx512 set's dot product and widening, or widening alone): the
+// this CPU has (the avx512 set's AMX and dot product, and widening everywhere): the
 // workspace's buffers, sized by the warm-up, serve every later call.
 TEST(ZeroAllocation, BFloat16GemmWithWorkspace) {
   const Index m = 200, n = 300, k = 257;  // 31 MFLOP: above the threshold for threads
@@ -559,9 +559,10 @@ TEST(ZeroAllocation, BFloat16GemmWithWorkspace) {
   const auto b = attn::convert<attn::bfloat16>(fb);
   const auto bias = attn::test::random_tensor<float, 1>({n}, 5);
   Tensor<float, 2> c({m, n});
-  for (const bool dot : {true, false}) {
-    if (attn::set_bf16_dot(dot) != dot) continue;  // no dot product on this CPU and set
-    SCOPED_TRACE(dot ? "dot product" : "widening");
+  for (const attn::Bf16Path path :
+       {attn::Bf16Path::kAmx, attn::Bf16Path::kDot, attn::Bf16Path::kWiden}) {
+    if (attn::set_bf16_path(path) != path) continue;  // not on this CPU and set
+    SCOPED_TRACE(attn::bf16_path_name(path));
     const auto pack = attn::detail::pack_gemm_b(n, k, b.data(), k, 0);
     for (const bool packed : {false, true}) {
       attn::Workspace ws;
@@ -573,7 +574,7 @@ TEST(ZeroAllocation, BFloat16GemmWithWorkspace) {
       });
     }
   }
-  attn::set_bf16_dot(std::nullopt);
+  attn::set_bf16_path(std::nullopt);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ class FreshProcessState : public ::testing::EmptyTestEventListener {
   void restore() const {
     std::fesetenv(&fenv_);
     attn::set_isa(isa_);
-    attn::set_bf16_dot(std::nullopt);
+    attn::set_bf16_path(std::nullopt);
     attn::set_num_threads(threads_);
     attn::with_global_generator([](attn::TorchGenerator& gen) { gen = attn::TorchGenerator(); });
   }

@@ -79,6 +79,21 @@ struct GemmOutput {
 template <class Operand>
 using GemmPanel = std::conditional_t<std::is_same_v<Operand, bfloat16>, float, Operand>;
 
+/// Rows of a packed B micro-panel (32-bit words per column) for `depth` elements on `path`:
+/// depth widened (or for float operands), depth / 2 rounded up in k-pairs, rounded up to
+/// whole 16-pair tiles for AMX.
+constexpr Index gemm_words(Bf16Path path, Index depth) noexcept {
+  switch (path) {
+    case Bf16Path::kDot:
+      return (depth + 1) / 2;
+    case Bf16Path::kAmx:
+      return (depth + 31) / 32 * 16;
+    case Bf16Path::kWiden:
+      break;
+  }
+  return depth;
+}
+
 /// A GEMM's B operand (a layer's weight, (n, k) row-major) packed once for one kernel set:
 /// gemm_nt then reads it instead of packing B on every call. Layout: the depth blocks of
 /// that set's blocking for this k, one after another; within a block, B's rows in column
@@ -87,10 +102,12 @@ using GemmPanel = std::conditional_t<std::is_same_v<Operand, bfloat16>, float, O
 /// segments of it serves a product on those rows of B (see PackedB), with the same result,
 /// bit for bit, as packing on the fly. A pack made for one kernel set is ignored (B is
 /// packed per call) when another set runs, e.g. after set_isa().
-/// bfloat16 weights are packed widened to floats, or, for the AVX512-BF16 dot product
-/// (`pairs`), as k-pairs: word (q, c) of a micro-panel holds elements 2q (low half) and
-/// 2q + 1 (high half) of the block's depth for column c, an odd depth's last word padded
-/// with +0; a pack of the other form is ignored as well (after set_bf16_dot()).
+/// bfloat16 weights are packed for one Bf16Path (`path`): widened to floats, or, for the
+/// AVX512-BF16 dot product and AMX, as k-pairs: word (q, c) of a micro-panel holds elements 2q
+/// (low half) and 2q + 1 (high half) of the block's depth for column c, an odd depth's last
+/// word padded with +0; for AMX the pairs of a depth block run on to a multiple of 16 (whole
+/// tiles of 32 depth), padded with +0 words. A pack for another path is ignored as well
+/// (after set_bf16_path()).
 /// detail::pack_gemm_b() (attn/ops/gemm.hpp) fills one.
 template <class Scalar>
 class PackedGemmB {
@@ -99,17 +116,16 @@ class PackedGemmB {
   PackedGemmB() = default;
 
   /// Storage for B (n, k) with output segments `segment` columns wide (0: one segment),
-  /// laid out for `isa`'s micro-panels (`group_cols` wide) and depth blocks, in k-pairs
-  /// when `pairs`.
+  /// laid out for `isa`'s micro-panels (`group_cols` wide) and depth blocks, and for `path`.
   PackedGemmB(Index n, Index k, Index segment, Isa isa, Index group_cols, Index depth_block,
-              bool pairs = false)
+              Bf16Path path = Bf16Path::kWiden)
       : n_(n),
         k_(k),
         segment_(segment > 0 ? segment : std::max<Index>(n, 1)),
         group_cols_(group_cols),
         depth_block_(depth_block),
         isa_(isa),
-        pairs_(pairs) {
+        path_(path) {
     if (!empty()) data_.reserve(static_cast<std::size_t>(n * words(k)));
   }
 
@@ -120,7 +136,7 @@ class PackedGemmB {
         group_cols_(other.group_cols_),
         depth_block_(other.depth_block_),
         isa_(other.isa_),
-        pairs_(other.pairs_) {
+        path_(other.path_) {
     if (other.empty()) return;
     data_.reserve(static_cast<std::size_t>(n_ * words(k_)));
     std::copy(other.data_.data(), other.data_.data() + n_ * words(k_), data_.data());
@@ -138,7 +154,7 @@ class PackedGemmB {
     group_cols_ = std::exchange(other.group_cols_, 1);
     depth_block_ = std::exchange(other.depth_block_, 1);
     isa_ = other.isa_;
-    pairs_ = other.pairs_;
+    path_ = other.path_;
     return *this;
   }
   ~PackedGemmB() = default;
@@ -149,10 +165,9 @@ class PackedGemmB {
   Index segment() const noexcept { return segment_; }
   Index depth_block() const noexcept { return depth_block_; }
   Isa isa() const noexcept { return isa_; }
-  bool pairs() const noexcept { return pairs_; }
-  /// Panel rows (words per column) of `depth` elements: depth, or depth / 2 rounded up in
-  /// k-pairs.
-  Index words(Index depth) const noexcept { return pairs_ ? (depth + 1) / 2 : depth; }
+  Bf16Path path() const noexcept { return path_; }
+  /// Panel rows (words per column) of `depth` elements (gemm_words()).
+  Index words(Index depth) const noexcept { return gemm_words(path_, depth); }
 
   /// First column of the group holding column j, and that group's width.
   Index group_start(Index j) const noexcept {
@@ -175,7 +190,7 @@ class PackedGemmB {
   AlignedBuffer<Panel> data_;
   Index n_ = 0, k_ = 0, segment_ = 1, group_cols_ = 1, depth_block_ = 1;
   Isa isa_ = Isa::kScalar;
-  bool pairs_ = false;
+  Bf16Path path_ = Bf16Path::kWiden;
 };
 
 /// The rows [offset, offset + n) of a PackedGemmB, as the B operand of one gemm_nt call
@@ -197,8 +212,8 @@ struct PackedB {
 ///    `b_kn`, stored (k, n) (op(B) = B: dX = dY W, dW = dY^T X).
 ///  - `accumulate`: C += the product (the backward passes add into gradients); else C =.
 ///  - Operand: A's and B's element type, Scalar (C's, the bias's and the arithmetic's) or
-///    bfloat16 for Scalar float: a row-major A and B^T, widened to float while packing or,
-///    `dot`, multiplied in k-pairs by AVX512-BF16's dot product.
+///    bfloat16 for Scalar float: a row-major A and B^T, on `path`: widened to float while
+///    packing, or multiplied in k-pairs by AVX512-BF16's dot product or AMX tiles.
 template <class Scalar, class Operand = Scalar>
 struct GemmPlan {
   Index m = 0, n = 0, k = 0;
@@ -212,7 +227,7 @@ struct GemmPlan {
   Index ldb = 0;
   bool b_kn = false;
   bool accumulate = false;
-  bool dot = false;
+  Bf16Path path = Bf16Path::kWiden;
   GemmOutput<Scalar> out;
   const Scalar* bias = nullptr;
   const PackedGemmB<Operand>* pre = nullptr;  // B packed for this kernel set, or null

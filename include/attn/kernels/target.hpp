@@ -46,6 +46,11 @@
 /// AVX512-BF16, run only where the CPU has it (detail::cpu_has_avx512_bf16()).
 #define ATTN_TARGET_AVX512BF16_BEGIN \
   ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
+/// The avx512 set's bfloat16 AMX kernel (attn/kernels/avx512/amx_bf16.inl): AVX-512 plus AMX-TILE
+/// and AMX-BF16, run only where the operating system granted the tile state
+/// (detail::amx_support()).
+#define ATTN_TARGET_AVX512AMX_BEGIN \
+  ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-bf16,avx2,fma,f16c")
 #else
 // Other targets: the portable set only, compiled with the program's own flags.
 #define ATTN_TARGET_SCALAR_BEGIN

@@ -2,9 +2,9 @@
 // attn/ops/gemm.hpp: the packed, threaded, allocation-free GEMM behind Linear and the
 // Q/K/V and output projections, forward and backward: its plan (GemmPlan) and its driver
 // here, the per-set work in attn/kernels/ (generic/gemm.inl). The forward product also
-// takes bfloat16 operands with float results (float accumulation): on AVX512-BF16's dot
-// product where the avx512 set runs on a CPU that has it (bf16_dot_active()), else widened
-// to float while packing; docs/precision.md gives both paths' rounding.
+// takes bfloat16 operands with float results (float accumulation), on the path bf16_path()
+// names: AMX tiles or AVX512-BF16's dot product where the avx512 set runs on a CPU that has
+// them, else widened to float while packing; docs/precision.md gives each path's rounding.
 #pragma once
 
 #include <algorithm>
@@ -29,28 +29,35 @@ inline Index even_block(Index total, Index limit, Index multiple) noexcept {
   return std::min(limit, (size + multiple - 1) / multiple * multiple);
 }
 
-/// Whether products on `Operand`s run the bfloat16 dot product now (bf16_dot_active()).
+/// The path products on `Operand`s take now: bf16_path() for bfloat16, else kWiden (the
+/// operands' own kernels).
 template <class Operand>
-bool gemm_dot_active() {
+Bf16Path gemm_path() {
   if constexpr (std::is_same_v<Operand, bfloat16>) {
-    return bf16_dot_active();
+    return bf16_path();
   } else {
-    return false;
+    return Bf16Path::kWiden;
   }
 }
 
+/// The depth blocks' size multiple: whole 32-deep AMX tiles on that path (no padding inside
+/// a product), else 8.
+inline Index gemm_depth_multiple(Bf16Path path) noexcept { return path == Bf16Path::kAmx ? 32 : 8; }
+
 /// B (n, k), row-major with leading dimension ldb, packed once for the active kernel set,
 /// for products whose output segments are `segment` columns wide (0: one segment).
-/// Allocates n * k elements (floats for a bfloat16 B widened, k-pairs for the dot product).
+/// Allocates n * k elements (floats for a bfloat16 B widened, k-pairs for the dot product and
+/// AMX).
 template <class Operand>
 PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, Index segment) {
   using Panel = GemmPanel<Operand>;
   const Isa isa = kernel_isa();
-  const bool pairs = gemm_dot_active<Operand>();
+  const Bf16Path path = gemm_path<Operand>();
   return with_kernels(isa, [&](auto set) {
     using Set = decltype(set);
-    PackedGemmB<Operand> pack(n, k, segment, isa, Set::template micro_cols<Panel>(),
-                              even_block(k, Set::template gemm_depth<Panel>(), 8), pairs);
+    PackedGemmB<Operand> pack(
+        n, k, segment, isa, Set::template micro_cols<Panel>(),
+        even_block(k, Set::template gemm_depth<Panel>(), gemm_depth_multiple(path)), path);
     if (!pack.empty()) Set::pack_gemm_b(b, ldb, pack);
     return pack;
   });
@@ -64,15 +71,17 @@ PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, 
 /// result does not depend on the thread count. `ws` holds the per-thread packing buffers (a
 /// temporary workspace when null, which allocates); none is allocated once it has served a
 /// product as large. bfloat16 operands take the blocking of float ones (the same tiles and
-/// depth blocks), their B packed in k-pairs on the dot-product path (half the words), A
-/// widened into the per-thread buffer on the other.
+/// depth blocks, of whole 32-deep tiles for AMX), their B packed in k-pairs on the dot-product
+/// and AMX paths (half the words), A widened into the per-thread buffer when widening, copied
+/// into it as whole zero-padded tiles for AMX, read in place by the dot product.
 template <class Scalar, class Operand>
 void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspace* ws) {
   const Isa isa = kernel_isa();
   constexpr bool kWiden = !std::is_same_v<Operand, Scalar>;
-  g.dot = gemm_dot_active<Operand>();
+  g.path = gemm_path<Operand>();
+  const bool amx = g.path == Bf16Path::kAmx;
   const PackedGemmB<Operand>* pre = prepacked.pack;
-  if (pre != nullptr && !pre->empty() && pre->isa() == isa && pre->pairs() == g.dot) {
+  if (pre != nullptr && !pre->empty() && pre->isa() == isa && pre->path() == g.path) {
     ATTN_ASSERT(!g.b_kn && pre->depth() == g.k && prepacked.offset + g.n <= pre->rows() &&
                 g.segment % pre->segment() == 0 && prepacked.offset % pre->segment() == 0);
     g.pre = pre;
@@ -81,10 +90,12 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
   with_kernels(isa, [&](auto set) {
     using Set = decltype(set);
     const Index group_cols = Set::template micro_cols<Scalar>();
-    const Index micro_rows = Set::template micro_rows<Scalar>();
+    // AMX works on 32-row blocks (two 16-row tiles); row chunks of whole blocks waste none.
+    const Index micro_rows = amx ? 32 : Set::template micro_rows<Scalar>();
     const Index m = g.m, n = g.n, k = g.k;
     g.depth_block = g.pre != nullptr ? g.pre->depth_block()
-                                     : even_block(k, Set::template gemm_depth<Scalar>(), 8);
+                                     : even_block(k, Set::template gemm_depth<Scalar>(),
+                                                  gemm_depth_multiple(g.path));
     g.tile_cols = even_block(n, kGemmCols, group_cols);
     g.col_tiles = (n + g.tile_cols - 1) / g.tile_cols;
     const Index want = 2 * static_cast<Index>(num_threads());
@@ -93,12 +104,13 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
         std::min<Index>((want + g.col_tiles - 1) / g.col_tiles, (m + kGemmRows - 1) / kGemmRows));
     g.chunk_rows = ((m + row_chunks - 1) / row_chunks + micro_rows - 1) / micro_rows * micro_rows;
     const Index tasks = g.col_tiles * row_chunks;
-    // Per thread: the packed op(B) micro-panels (depth x tile_cols, or depth / 2 rounded up
-    // in k-pairs), none with a pre-packed B; then a row block of A when its layout needs
-    // packing or it is widened.
-    const Index b_words = g.dot ? (g.depth_block + 1) / 2 : g.depth_block;
-    const Index pack_size = (g.pre != nullptr ? 0 : b_words * g.tile_cols) +
-                            (g.a_pack || (kWiden && !g.dot) ? kGemmRows * g.depth_block : 0);
+    // Per thread: the packed op(B) micro-panels (gemm_words(depth) x tile_cols), none with a
+    // pre-packed B; then a row block of A when its layout needs packing, it is widened, or
+    // copied into whole AMX tiles (bfloat16, half the words).
+    const Index b_words = gemm_words(g.path, g.depth_block);
+    const bool a_buffer = g.a_pack || (kWiden && g.path != Bf16Path::kDot);
+    const Index pack_size =
+        (g.pre != nullptr ? 0 : b_words * g.tile_cols) + (a_buffer ? kGemmRows * g.depth_block : 0);
     Workspace local;
     Workspace& scratch = ws != nullptr ? *ws : local;
     // Small products (under a MFLOP) run on the calling thread: a fork costs more.
@@ -122,7 +134,7 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
 /// was packed for the kernel set that runs now; `ws` holds the per-thread packing buffers
 /// (see run_gemm()). Does not allocate once `ws` has served a product as large.
 /// Operand is Scalar, or bfloat16 for float C and bias: then the products and sums are
-/// float, on AVX512-BF16's dot product when bf16_dot_active() (see docs/precision.md).
+/// float, on the path bf16_path() names (see docs/precision.md).
 template <class Scalar, class Operand>
 void gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Operand* b, Index ldb,
              const GemmOutput<Scalar>& out, const Scalar* bias, PackedB<Operand> prepacked = {},

@@ -15,8 +15,9 @@
 //  - transpose_block / transpose_block_wide and their widths, for packing;
 //  - optionally (<set>/convert.inl), convert_vector_part() overloads for the element-type
 //    conversions the set vectorises (see generic/convert.inl).
-//  - the avx512 set only (avx512/bf16_dot.inl): the bfloat16 dot-product kernel
-//    bf16_dot_tile_rows() and its packing pack_pairs() (see generic/gemm.inl).
+//  - the avx512 set only (avx512/bf16_dot.inl, avx512/amx_bf16.inl): the bfloat16
+//    dot-product kernel bf16_dot_tile_rows(), its packing pack_pairs(), and the AMX kernel
+//    amx_configure(), amx_pack_a(), amx_block(), amx_release() (see generic/gemm.inl).
 // The order matters: each part uses the ones before it.
 // clang-format off
 #include "attn/kernels/generic/convert.inl"

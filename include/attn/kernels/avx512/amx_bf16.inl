@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/avx512/amx_bf16.inl: the avx512 set's GEMM kernel for bfloat16 operands on AMX:
+// tdpbf16ps multiplies a 16-row x 32-deep bfloat16 tile of A by a 16-pair x 16-column tile of
+// B (k-pairs) into a 16 x 16 float tile of C, 16384 products per instruction (bench/fma_peak.cpp
+// measures the rate). Included by attn/kernels/avx512.hpp inside namespace
+// attn::kernels::avx512, in a target region that adds AMX-TILE and AMX-BF16 (after vec.inl);
+// generic/gemm.inl calls it when the plan's path is kAmx, which detail::amx_support() allows
+// only once the operating system has granted the tile state.
+//
+// Tiles (one configuration per task, amx_configure(), released by amx_release()): tmm0-3 hold
+// a 32 x 32 block of C (2 x 2 tiles), tmm4-5 two 16-row A tiles, tmm6-7 two B tiles; every
+// tile has 16 rows of 64 bytes, so depth runs in whole steps of 32. B is the dot path's k-pair
+// micro-panel (pack_pairs()), its pairs run on to a multiple of 16 with +0 words
+// (gemm_words()); a tile of it is 16 pair-rows at column c, row stride the panel's width. A is
+// copied per row block into whole tiles (amx_pack_a(): rows to a multiple of 32, depth to a
+// multiple of 32, padded with +0), so no tile reads past A or meets its memory beyond depth.
+// Panels at least 16 wide end with a tile that overlaps the one before it (each element of C
+// depends only on its row of A and column of B, so the overlap computes the same bits);
+// narrower ones are copied into a 16-wide +0-padded panel first.
+//
+// Numerics: tests/kernels/bf16_gemm_test.cpp and docs/precision.md (measured, not the SDM's
+// pseudocode). MXCSR is neither read nor written.
+
+/// The tile configuration of every AMX product: palette 1, tmm0-7 16 rows x 64 bytes.
+struct alignas(64) AmxTileConfig {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+/// Loads the tile configuration (zeroing the tiles) on the calling thread, for one task of
+/// `plan` (a template, so that generic/gemm.inl's call is dependent: see there).
+template <class Plan>
+inline void amx_configure(const Plan&) noexcept {
+  AmxTileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the configuration, which
+  // lets it drop the stores above: a barrier keeps them.
+  __asm__ volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+/// Releases the tiles: the thread's AMX state returns to its initial (not saved on context
+/// switches) state.
+template <class Plan>
+inline void amx_release(const Plan&) noexcept {
+  _tile_release();
+}
+
+/// Depth rounded up to whole tiles.
+constexpr Index amx_depth(Index depth) noexcept { return (depth + 31) / 32 * 32; }
+
+/// Rows [0, rows) and depth [0, depth) of a bfloat16 A (row-major, leading dimension lda) into
+/// out (amx_depth(depth) per row, rows rounded up to a multiple of 32), +0 elsewhere.
+inline void amx_pack_a(const bfloat16* a, Index lda, Index rows, Index depth,
+                       bfloat16* out) noexcept {
+  const Index width = amx_depth(depth), padded = (rows + 31) / 32 * 32;
+  for (Index r = 0; r < padded; ++r) {
+    bfloat16* to = out + r * width;
+    Index p = 0;
+    if (r < rows) {
+      std::memcpy(static_cast<void*>(to), a + r * lda, static_cast<std::size_t>(depth) * 2);
+      p = depth;
+    }
+    for (; p < width; ++p) to[p] = bfloat16::from_bits(0);
+  }
+}
+
+/// Lanes [lo, 16) of a 16-lane mask.
+inline __mmask16 amx_lanes_from(Index lo) noexcept {
+  return static_cast<__mmask16>(0xffffu << static_cast<unsigned>(lo));
+}
+
+/// C rows [row0, row0 + rows) (rows <= 32), columns [col, col + cols) of `out` (col its offset
+/// within a row): (accumulate ? C : 0) + (sum_p A[r, p] B[p, c] + bias[c]) (bias +0 when
+/// null). `a` is amx_pack_a()'s block (row stride amx_depth(depth)); `b` a k-pair micro-panel
+/// of `cols` columns, row stride ldb words, gemm_words(kAmx, depth) rows. Tiles configured.
+inline void amx_block(Index rows, Index depth, const bfloat16* a, const float* b, Index ldb,
+                      Index cols, const GemmOutput<float>& out, Index row0, Index col,
+                      bool accumulate, const float* bias) noexcept {
+  const Index steps = amx_depth(depth) / 32, a_stride = amx_depth(depth) * 2;
+  alignas(64) float narrow[256 * 16];  // a panel narrower than a tile, widened to 16 columns
+  if (cols < 16) {
+    for (Index q = 0; q < steps * 16; ++q) {
+      for (Index c = 0; c < 16; ++c) narrow[q * 16 + c] = c < cols ? b[q * ldb + c] : 0.0f;
+    }
+    b = narrow, ldb = 16;
+  }
+  const Index b_stride = ldb * 4;
+  const bool two = rows > 16;
+  // Tile columns: every 16 from 0, then one ending at the panel's edge.
+  Index starts[8], count = 0;
+  const Index width = cols < 16 ? 16 : cols;
+  for (Index s = 0; s + 16 <= width; s += 16) starts[count++] = s;
+  if (width % 16 != 0) starts[count++] = width - 16;
+  alignas(64) float c_tiles[32 * 32];
+  for (Index t = 0; t < count; t += 2) {
+    const Index s0 = starts[t], s1 = starts[t + 1 < count ? t + 1 : t];
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (Index step = 0; step < steps; ++step) {
+      const float* bp = b + step * 16 * ldb;
+      _tile_loadd(4, a + step * 32, a_stride);
+      _tile_loadd(6, bp + s0, b_stride);
+      _tile_loadd(7, bp + s1, b_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (two) {
+        _tile_loadd(5, a + 16 * (a_stride / 2) + step * 32, a_stride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, c_tiles, 128);
+    _tile_stored(1, c_tiles + 16, 128);
+    if (two) {
+      _tile_stored(2, c_tiles + 16 * 32, 128);
+      _tile_stored(3, c_tiles + 16 * 32 + 16, 128);
+    }
+    // Store: each tile's columns not written by the tile before it (the last may overlap),
+    // within the panel's `cols`; the bias and/or the previous C added as the other paths do.
+    for (int h = 0; h < 2 && (h == 0 || t + 1 < count); ++h) {
+      const Index s = h == 0 ? s0 : s1;
+      const Index index = t + h;
+      const Index lo = index == 0 ? 0 : std::max<Index>(0, starts[index - 1] + 16 - s);
+      const Index hi = std::min<Index>(16, cols - s);
+      if (hi <= lo) continue;
+      const __mmask16 mask = amx_lanes_from(lo) & static_cast<__mmask16>((1u << hi) - 1u);
+      const __m512 bias_v =
+          bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + s) : _mm512_setzero_ps();
+      for (Index r = 0; r < rows; ++r) {
+        float* cp = out.row(row0 + r) + col + s;
+        __m512 v = _mm512_add_ps(_mm512_load_ps(c_tiles + r * 32 + h * 16), bias_v);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, cp));
+        _mm512_mask_storeu_ps(cp, mask, v);
+      }
+    }
+  }
+}
