@@ -12,11 +12,11 @@
 // Skylake-X), so the loop is throughput-bound. The vdpbf16ps chains are acc += a0 b0 + a1 b1
 // (4 FLOPs per lane: two products, two additions), the pair's products equal and opposite so
 // acc stays put. The AVX-512 and AVX2 kernels are compiled with target attributes and chosen
-// at run time (__builtin_cpu_supports, CPUID for AVX512-BF16), so the binary works on machines
-// without AVX-512. The AMX loop multiplies two constant 16 x 32 bfloat16 tiles into 6
-// independent 16 x 16 float tiles (more than tdpbf16ps's latency over its issue interval),
-// 16384 FLOPs per instruction (16 x 16 x 32 products and additions), the same (0.5, 0.5) and
-// (0.25, -0.25) pairs so the sums stay put. Best of several timed runs after a warm-up.
+// at run time (__builtin_cpu_supports; AVX512-BF16 and AMX as attn/isa.hpp detects them), so the
+// binary works on machines without AVX-512. The AMX loop multiplies two constant 16 x 32 bfloat16
+// tiles into 6 independent 16 x 16 float tiles (more than tdpbf16ps's latency over its issue
+// interval), 16384 FLOPs per instruction (16 x 16 x 32 products and additions), the same (0.5, 0.5)
+// and (0.25, -0.25) pairs so the sums stay put. Best of several timed runs after a warm-up.
 //
 // Usage: fma_peak [--threads 1,2] [--seconds S] [--quick]
 //   --threads  comma-separated thread counts (default: 1 and the number of CPUs)
@@ -33,12 +33,7 @@
 //   peak_t1_gflops=224.8      <- best ISA, 1 thread (what the comparison script reads)
 //   peak_t2_gflops=449.1
 
-#include <cpuid.h>
 #include <immintrin.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -49,6 +44,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "attn/isa.hpp"  // the CPU's AVX512-BF16 and AMX (with the tile permission), as attn reads them
 
 namespace {
 
@@ -63,6 +60,18 @@ constexpr long kInner = 64;  // FMA rounds per outer iteration
 constexpr float kMul = 0.999999f;
 constexpr float kAdd = 1e-6f;
 
+// The sum of every lane of the kChains512 chains (keeps them alive). Stored and added: GCC
+// 12's _mm512_reduce_add_ps trips -Wuninitialized.
+__attribute__((target("avx512f"))) float sum_chains512(const __m512* acc) {
+  __m512 sum = acc[0];
+  for (int j = 1; j < kChains512; ++j) sum = _mm512_add_ps(sum, acc[j]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float total = 0;
+  for (const float x : lanes) total += x;
+  return total;
+}
+
 __attribute__((target("avx512f"))) float fma_loop_avx512(long outer) {
   __m512 acc[kChains512];
   for (int j = 0; j < kChains512; ++j)
@@ -74,14 +83,7 @@ __attribute__((target("avx512f"))) float fma_loop_avx512(long outer) {
       for (int j = 0; j < kChains512; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, c);
     }
   }
-  __m512 sum = acc[0];
-  for (int j = 1; j < kChains512; ++j) sum = _mm512_add_ps(sum, acc[j]);
-  // Store and add (GCC 12's _mm512_reduce_add_ps trips -Wuninitialized).
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  float total = 0;
-  for (const float x : lanes) total += x;
-  return total;
+  return sum_chains512(acc);
 }
 
 __attribute__((target("avx2,fma"))) float fma_loop_avx2(long outer) {
@@ -117,20 +119,7 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop_avx512(long oute
       for (int j = 0; j < kChains512; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
     }
   }
-  __m512 sum = acc[0];
-  for (int j = 1; j < kChains512; ++j) sum = _mm512_add_ps(sum, acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  float total = 0;
-  for (const float x : lanes) total += x;
-  return total;
-}
-
-// AVX512-BF16: CPUID leaf 7 subleaf 1, EAX bit 5 (and AVX-512 itself enabled).
-bool has_avx512_bf16() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) &&
-         (eax & (1u << 5)) != 0;
+  return sum_chains512(acc);
 }
 
 // tdpbf16ps on 6 accumulator tiles (tmm0-5), A in tmm6 and B in tmm7. Configures the
@@ -164,26 +153,6 @@ __attribute__((target("amx-tile,amx-bf16"))) float tdpbf16_loop(long outer) {
   _tile_stored(0, c, 64);
   _tile_release();
   return c[0];
-}
-
-// AMX-BF16 usable: CPUID leaf 7 subleaf 0 EDX bits 24 (AMX-TILE) and 22 (AMX-BF16), XCR0 bits
-// 17-18 (the OS saves the tile state) and, on Linux, the tile data permission for this process.
-bool has_amx_bf16() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (edx & (1u << 24)) == 0 ||
-      (edx & (1u << 22)) == 0) {
-    return false;
-  }
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 27)) == 0) return false;
-  unsigned low = 0, high = 0;
-  __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
-  if ((low & (3u << 17)) != (3u << 17)) return false;
-#if defined(__linux__)
-  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
-    return false;
-  }
-#endif
-  return true;
 }
 
 struct Isa {
@@ -324,8 +293,9 @@ int main(int argc, char** argv) {
     std::printf("peak_t%d_gflops=%.1f\n", thread_counts[i], best_by_threads[i]);
   }
   // The dot product's rate, after the float peaks (which scripts read by name).
-  const Isa dot = {"avx512bf16", has_avx512_bf16(), dpbf16_loop_avx512,
-                   kChains512 * static_cast<double>(kInner) * 16 * 4};
+  const Isa dot = {"avx512bf16",
+                   __builtin_cpu_supports("avx512f") != 0 && attn::detail::cpu_has_avx512_bf16(),
+                   dpbf16_loop_avx512, kChains512 * static_cast<double>(kInner) * 16 * 4};
   std::printf("%s_supported=%d\n", dot.name, dot.supported ? 1 : 0);
   if (dot.supported) {
     for (const int threads : thread_counts) {
@@ -334,7 +304,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  const Isa amx = {"amx_bf16", has_amx_bf16(), tdpbf16_loop,
+  const Isa amx = {"amx_bf16", attn::detail::amx_support().usable, tdpbf16_loop,
                    6 * static_cast<double>(kInner) * 16 * 16 * 32 * 2};
   std::printf("%s_supported=%d\n", amx.name, amx.supported ? 1 : 0);
   if (amx.supported) {

@@ -17,6 +17,7 @@
 
 #include "attn/attn.hpp"
 #include "attn/ops/gemm.hpp"
+#include "kernels/gemm_case.hpp"
 #include "support/test_support.hpp"
 
 namespace bf16_gemm_test {
@@ -28,22 +29,13 @@ using attn::bfloat16;
 using attn::Index;
 using attn::Isa;
 
-struct Case {
-  Index m, n, k;
-  Index rows_per_batch;  // 0: plain row-major output
-  Index segment;         // 0: one segment
-};
-
-std::string describe(const Case& c) {
-  return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-         " rows_per_batch=" + std::to_string(c.rows_per_batch) +
-         " segment=" + std::to_string(c.segment);
-}
+using attn::test::describe;
+using attn::test::GemmCase;
 
 // Against the blocking (96-row blocks, tiles of up to 768 columns, depth blocks of up to 512,
 // 6 x 64 micro-tiles on AVX-512 and narrower ones elsewhere; the k-pair packing transposes
 // blocks of 16 columns x 16 pairs).
-const Case kCases[] = {
+const GemmCase kCases[] = {
     {1, 1, 1, 0, 0},                // smallest: one odd pair
     {5, 3, 1, 0, 0},                // k = 1: only the odd tail
     {7, 37, 19, 0, 0},              // everything ragged, k odd
@@ -60,7 +52,7 @@ struct Operands {
   std::vector<bfloat16> a, b;  // (m, lda) and (n, ldb), the columns past k poisoned
   std::vector<float> bias;
   Index lda, ldb;
-  explicit Operands(const Case& c)
+  explicit Operands(const GemmCase& c)
       : lda(c.k + 3), ldb(c.k + 1) {  // odd and even leading dimensions
     const auto fa = attn::test::random_tensor<float, 1>({c.m * lda}, 11 + c.m);
     const auto fb = attn::test::random_tensor<float, 1>({c.n * ldb}, 23 + c.n);
@@ -80,7 +72,7 @@ struct Operands {
 };
 
 // Runs gemm_nt into a buffer laid out as the case says; returns C as (m, n) row-major.
-std::vector<float> run(const Case& c, const Operands& ops, bool with_bias,
+std::vector<float> run(const GemmCase& c, const Operands& ops, bool with_bias,
                        attn::detail::PackedB<bfloat16> prepacked = {}) {
   attn::detail::GemmOutput<float> out;
   std::vector<float> buffer(static_cast<std::size_t>(c.m * c.n),
@@ -185,7 +177,7 @@ TEST_F(Bf16Gemm, QueryAndSwitch) {
 // product's and AMX's flushing plays no part.
 TEST_F(Bf16Gemm, MatchesADoubleSumOfTheSameInputsOnEveryPath) {
   for_each_path([&](Isa, Bf16Path) {
-    for (const Case& c : kCases) {
+    for (const GemmCase& c : kCases) {
       const Operands ops(c);
       for (const bool with_bias : {true, false}) {
         const auto got = run(c, ops, with_bias);
@@ -295,12 +287,12 @@ Index depth_block_of(Isa isa, Bf16Path path, Index k) {
 // subnormal inputs (there the widening path's products are no longer exact, and the sets
 // without FMA round them).
 TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
-  std::vector<Case> cases(std::begin(kCases), std::end(kCases));
+  std::vector<GemmCase> cases(std::begin(kCases), std::end(kCases));
   cases.push_back({9, 70, 45, 0, 0});  // the tiny-value case below
   for_each_path([&](Isa isa, Bf16Path path) {
     const bool flushes = path != Bf16Path::kWiden;
     for (std::size_t index = 0; index < cases.size(); ++index) {
-      const Case& c = cases[index];
+      const GemmCase& c = cases[index];
       Operands ops(c);
       if (index + 1 == cases.size()) {  // products near 2^-126..2^-140, some inputs subnormal
         for (bfloat16& x : ops.a) x = bfloat16(std::ldexp(static_cast<float>(x), -120));
@@ -334,7 +326,7 @@ TEST_F(Bf16Gemm, EveryPathGivesTheBitsOfItsScalarModel) {
 
 TEST_F(Bf16Gemm, BitIdenticalForAnyThreadCount) {
   for_each_path([&](Isa, Bf16Path) {
-    for (const Case& c : kCases) {
+    for (const GemmCase& c : kCases) {
       const Operands ops(c);
       attn::set_num_threads(1);
       const auto one = run(c, ops, true);
@@ -350,7 +342,7 @@ TEST_F(Bf16Gemm, BitIdenticalForAnyThreadCount) {
 // a larger pack; a pack made for the other path (or set) is ignored, not misread.
 TEST_F(Bf16Gemm, PrePackedBIsBitIdenticalToPackingPerCall) {
   for_each_path([&](Isa isa, Bf16Path path) {
-    for (const Case& c : kCases) {
+    for (const GemmCase& c : kCases) {
       const Operands ops(c);
       const Index segment = c.segment > 0 ? c.segment : c.n;
       attn::set_num_threads(1);
@@ -391,7 +383,7 @@ TEST_F(Bf16Gemm, PrePackedBIsBitIdenticalToPackingPerCall) {
 // products): a NaN makes its row or column NaN, an infinity times a nonzero finite value an
 // infinity of the product's sign, infinity times zero and infinities of both signs NaN.
 TEST_F(Bf16Gemm, PropagatesNanAndInfinityAsTheFloatGemm) {
-  const Case c{9, 70, 37, 0, 0};
+  const GemmCase c{9, 70, 37, 0, 0};
   Operands ops(c);
   const float inf = std::numeric_limits<float>::infinity();
   const auto set_a = [&](Index i, Index p, float v) {

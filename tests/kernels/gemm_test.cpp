@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "kernels/gemm_case.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
@@ -25,17 +26,8 @@ namespace {
 using attn::Index;
 using attn::Isa;
 
-struct GemmCase {
-  Index m, n, k;
-  Index rows_per_batch;  // 0: plain row-major output
-  Index segment;         // 0: one segment
-};
-
-std::string describe(const GemmCase& c) {
-  return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-         " rows_per_batch=" + std::to_string(c.rows_per_batch) +
-         " segment=" + std::to_string(c.segment);
-}
+using attn::test::describe;
+using attn::test::GemmCase;
 
 // Shapes chosen against gemm.hpp's blocking (96-row blocks, tiles of up to 768 columns
 // split evenly, depth blocks of up to 512 split evenly, 6 x micro_cols() micro-tiles).
