@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // attn/attention/core_config.hpp: what configures an attention module's core (CoreConfig:
 // sizes, heads, masks, rotary embeddings, window, the attention variants, names), how its
-// weights are first drawn
-// (InitScheme), and the one validation of a configuration, with messages naming the values.
+// weights are first drawn (InitScheme), and the one validation of a configuration, with
+// messages naming the values.
 // Glossary: H = heads, H_kv = key/value heads, hd = head dim.
 #pragma once
 
@@ -103,10 +103,9 @@ namespace detail {
 
 /// What tells one attention module from another: the options every module with a core has
 /// (MultiHeadAttentionOptions: sizes, heads, masks, rotary embeddings, window, variants,
-/// init), and
-/// who the module is (its names in messages and files, its output projection). A module's
-/// header fills one from its constructor's arguments; MultiHeadAttention takes the user's
-/// options as they are.
+/// init), and who the module is (its names in messages and files, its output projection). A
+/// module's header fills one from its constructor's arguments; MultiHeadAttention takes the
+/// user's options as they are.
 struct CoreConfig : MultiHeadAttentionOptions {
   CoreConfig() { out_bias = false; }
   explicit CoreConfig(const MultiHeadAttentionOptions& options)
