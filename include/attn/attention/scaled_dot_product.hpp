@@ -16,22 +16,10 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
+#include "attn/types/element.hpp"
 #include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
-namespace detail {
-
-/// T itself, in a non-deduced context: q, k and v take any view that converts to a const
-/// view of the Scalar that `out` fixes (mutable views included).
-template <class T>
-struct identity {
-  using type = T;
-};
-template <class T>
-using identity_t = typename identity<T>::type;
-
-}  // namespace detail
-
 /// Scaled dot-product attention on strided views, writing into `out`:
 /// out = softmax(q k^T * scale + mask) v, per (batch, head), with optional inverted dropout
 /// on the weights. Vaswani et al., "Attention Is All You Need" (2017).
@@ -53,6 +41,13 @@ using identity_t = typename identity<T>::type;
 /// over (batch, head, query tile) when built with OpenMP; results are bit-identical for any
 /// thread count.
 ///
+/// Scalar may also be bfloat16 or float16 (q, k, v and out of that type; the mask and the
+/// options' per-head values in float): the products accumulate in float, the softmax runs
+/// in float, P is rounded to Scalar before it multiplies V and out is rounded once, as
+/// PyTorch's CPU flash attention computes. bfloat16 products run on AMX or AVX512-BF16 where
+/// bf16_path() says so, widened to float otherwise; docs/precision.md lists every rounding.
+/// Those types take the streaming path only (AttentionPath::kMaterialized is a ConfigError).
+///
 /// @throws ShapeError on mismatched or empty shapes, a misfitting mask, non-unit inner
 ///         strides, or outputs that share memory as above; ConfigError on dropout outside
 ///         [0, 1) or a scale that is not finite as a double or as Scalar.
@@ -61,11 +56,18 @@ void scaled_dot_product_attention(TensorView<const detail::identity_t<Scalar>, 4
                                   TensorView<const detail::identity_t<Scalar>, 4> k,
                                   TensorView<const detail::identity_t<Scalar>, 4> v,
                                   TensorView<Scalar, 4> out, Workspace& workspace,
-                                  const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+                                  const AttentionMask<compute_type_t<Scalar>>& mask = {},
                                   const AttentionOptions& options = {}) {
-  static_assert(std::is_floating_point_v<Scalar>,
-                "attn::scaled_dot_product_attention: Scalar must be float or double");
-  detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, {}, workspace);
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16> ||
+                    std::is_same_v<Scalar, float16>,
+                "attn::scaled_dot_product_attention: Scalar must be float, double, bfloat16 or "
+                "float16");
+  if constexpr (std::is_floating_point_v<Scalar>) {
+    detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, {}, workspace);
+  } else {
+    detail::attend_storage("scaled_dot_product_attention", q, k, v, out, mask, options,
+                           workspace);
+  }
 }
 
 /// The same with a temporary workspace.
@@ -74,7 +76,7 @@ void scaled_dot_product_attention(TensorView<const detail::identity_t<Scalar>, 4
                                   TensorView<const detail::identity_t<Scalar>, 4> k,
                                   TensorView<const detail::identity_t<Scalar>, 4> v,
                                   TensorView<Scalar, 4> out,
-                                  const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+                                  const AttentionMask<compute_type_t<Scalar>>& mask = {},
                                   const AttentionOptions& options = {}) {
   Workspace workspace;
   scaled_dot_product_attention<Scalar>(q, k, v, out, workspace, mask, options);
@@ -162,7 +164,7 @@ template <class Scalar, std::size_t Rank>
 AttentionResult<Scalar, Rank> sdpa_allocating(TensorView<const Scalar, Rank> q,
                                               TensorView<const Scalar, Rank> k,
                                               TensorView<const Scalar, Rank> v,
-                                              const AttentionMask<Scalar>& mask,
+                                              const AttentionMask<compute_type_t<Scalar>>& mask,
                                               const AttentionOptions& options, bool need_weights) {
   Shape<Rank> out_shape = q.shape(), weights_shape = q.shape();
   out_shape[Rank - 1] = v.extent(Rank - 1);
@@ -177,11 +179,16 @@ AttentionResult<Scalar, Rank> sdpa_allocating(TensorView<const Scalar, Rank> q,
   AttentionResult<Scalar, Rank> result;
   result.output = Tensor<Scalar, Rank>(out_shape);
   if (need_weights) result.weights = Tensor<Scalar, Rank>(weights_shape);
-  TensorView<Scalar, 4> weights4{};
-  if (need_weights) weights4 = to_rank4(result.weights.view());
-  scaled_dot_product_attention_with_weights<Scalar>(to_rank4(q), to_rank4(k), to_rank4(v),
-                                                    to_rank4(result.output.view()), weights4, mask,
-                                                    options);
+  if constexpr (std::is_floating_point_v<Scalar>) {
+    TensorView<Scalar, 4> weights4{};
+    if (need_weights) weights4 = to_rank4(result.weights.view());
+    scaled_dot_product_attention_with_weights<Scalar>(to_rank4(q), to_rank4(k), to_rank4(v),
+                                                      to_rank4(result.output.view()), weights4,
+                                                      mask, options);
+  } else {  // storage types: no weights (the allocating with_weights forms are float only)
+    scaled_dot_product_attention<Scalar>(to_rank4(q), to_rank4(k), to_rank4(v),
+                                         to_rank4(result.output.view()), mask, options);
+  }
   return result;
 }
 
@@ -192,7 +199,7 @@ AttentionResult<Scalar, Rank> sdpa_allocating(TensorView<const Scalar, Rank> q,
 template <class Scalar, std::size_t Rank>
 Tensor<std::remove_const_t<Scalar>, Rank> scaled_dot_product_attention(
     TensorView<Scalar, Rank> q, TensorView<Scalar, Rank> k, TensorView<Scalar, Rank> v,
-    const AttentionMask<std::remove_const_t<Scalar>>& mask = {},
+    const AttentionMask<compute_type_t<Scalar>>& mask = {},
     const AttentionOptions& options = {}) {
   using S = std::remove_const_t<Scalar>;
   return detail::sdpa_allocating<S, Rank>(q, k, v, mask, options, false).output;
@@ -202,7 +209,7 @@ template <class Scalar, std::size_t Rank>
 Tensor<Scalar, Rank> scaled_dot_product_attention(const Tensor<Scalar, Rank>& q,
                                                   const Tensor<Scalar, Rank>& k,
                                                   const Tensor<Scalar, Rank>& v,
-                                                  const AttentionMask<Scalar>& mask = {},
+                                                  const AttentionMask<compute_type_t<Scalar>>& mask = {},
                                                   const AttentionOptions& options = {}) {
   return detail::sdpa_allocating<Scalar, Rank>(q.view(), k.view(), v.view(), mask, options, false)
       .output;

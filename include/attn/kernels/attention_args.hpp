@@ -13,6 +13,7 @@
 
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
+#include "attn/isa.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -59,6 +60,18 @@ constexpr Index stream_scratch_size(Index head_dim, Index value_dim) noexcept {
          5 * kQueryBlock + kKeyBlock * value_dim + 64;
 }
 
+/// Scratch elements a streaming task on bfloat16 or float16 operands needs beyond
+/// stream_scratch_size(), in floats: Q widened (kQueryBlock, d); a K tile widened (kKeyBlock,
+/// d) or copied into whole AMX tiles (kKeyBlock, d + 32 bfloat16); a V tile widened
+/// (kKeyBlock, d_v); Q^T in k-pairs ((d + 1) / 2 + 32 words, kQueryBlock); a V tile in k-pairs
+/// (kKeyBlock / 2, d_v words); P transposed (kQueryBlock, kKeyBlock) and rounded
+/// (kQueryBlock, kKeyBlock bfloat16).
+constexpr Index reduced_stream_scratch_size(Index head_dim, Index value_dim) noexcept {
+  return kQueryBlock * head_dim + kKeyBlock * (head_dim + 32) + kKeyBlock * value_dim +
+         ((head_dim + 1) / 2 + 32) * kQueryBlock + kKeyBlock / 2 * value_dim +
+         kQueryBlock * kKeyBlock * 3 / 2 + 64 * 8;
+}
+
 /// Scratch elements one streaming backward task needs: Q^T (d, kQueryBlock), dO^T (d_v,
 /// kQueryBlock), D and lse per query, P^T, dS^T, the dropout factors and the softcap's
 /// derivative (kKeyBlock, kQueryBlock) each, and accumulators for dK and dV (kKeyBlock,
@@ -90,10 +103,14 @@ constexpr Index materialized_backward_scratch_size(Index queries, Index head_dim
 ///   alibi_slope()): -m_h |i + position - j| added to the scores (HeadMask::position);
 /// - `sinks` (H logits): exp(sink_h) joins each row's softmax denominator (its logsumexp too);
 /// - `weights_stage`: what `weights` receives (WeightsStage).
-template <class Scalar>
+/// Operand, bfloat16 or float16 with Scalar float, is the element type of q, k, v and out
+/// (streaming path only): the products accumulate in float, on `path` for bfloat16
+/// (docs/precision.md).
+template <class Scalar, class Operand = Scalar>
 struct AttentionArgs {
-  TensorView<const Scalar, 4> q, k, v;
-  TensorView<Scalar, 4> out, weights;
+  TensorView<const Operand, 4> q, k, v;
+  TensorView<Operand, 4> out;
+  TensorView<Scalar, 4> weights;
   Scalar scale = 1;
   double dropout = 0.0;
   Index ring = 0;
@@ -103,6 +120,7 @@ struct AttentionArgs {
   double alibi_max_bias = 0.0;
   const Scalar* sinks = nullptr;
   WeightsStage weights_stage = WeightsStage::kWeights;
+  Bf16Path path = Bf16Path::kWiden;
 
   /// Whether ALiBi is on.
   bool has_alibi() const noexcept { return alibi != nullptr || alibi_max_bias > 0.0; }
@@ -121,8 +139,8 @@ inline double alibi_slope(Index h, Index heads, double max_bias) noexcept {
 }
 
 /// The ALiBi slope of query head h of a call (alibi given, or the standard series).
-template <class Scalar>
-Scalar alibi_slope(const AttentionArgs<Scalar>& a, Index h) noexcept {
+template <class Scalar, class Operand>
+Scalar alibi_slope(const AttentionArgs<Scalar, Operand>& a, Index h) noexcept {
   if (a.alibi != nullptr) return a.alibi[h];
   return static_cast<Scalar>(alibi_slope(h, a.q.extent(1), a.alibi_max_bias));
 }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
@@ -22,6 +23,7 @@
 #include "attn/parallel.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
+#include "attn/types/element.hpp"
 #include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -65,10 +67,12 @@ struct AttentionPlan {
   bool copy_k = false, copy_v = false;  ///< K, V copied head-major first (streaming)
 };
 
-/// The one place an attention call's path and tasks are chosen.
-template <class Scalar>
-AttentionPlan plan_attention(const AttentionCall<Scalar>& call) {
-  const AttentionArgs<Scalar>& a = call.args;
+/// The one place an attention call's path and tasks are chosen. Storage-type operands
+/// (Operand bfloat16 or float16) always stream, their keys never split.
+template <class Scalar, class Operand>
+AttentionPlan plan_attention(const AttentionCall<Scalar, Operand>& call) {
+  constexpr bool kReduced = !std::is_same_v<Scalar, Operand>;
+  const AttentionArgs<Scalar, Operand>& a = call.args;
   const Index batch = call.batch(), tq = call.queries(), kv_heads = call.kv_heads();
   const Index group = call.heads() / kv_heads, d = call.head_dim(), dv = call.value_dim();
   AttentionPlan plan;
@@ -81,7 +85,9 @@ AttentionPlan plan_attention(const AttentionCall<Scalar>& call) {
     plan.scratch = materialized_scratch_size(d, dv, call.keys());
     return plan;
   }
-  plan.route = splits_keys(call) ? AttentionRoute::kSplitKeys : AttentionRoute::kStreaming;
+  if constexpr (!kReduced) {
+    if (splits_keys(call)) plan.route = AttentionRoute::kSplitKeys;
+  }
   // 2. Query tiles, and grouped-query heads stacked up to kQueryBlock rows per task (a full
   //    tile of one head already has kQueryBlock rows per K/V tile).
   plan.rows_per_head = std::min(tq, kQueryBlock);
@@ -89,14 +95,16 @@ AttentionPlan plan_attention(const AttentionCall<Scalar>& call) {
   plan.group_heads = std::min(group, std::max<Index>(1, kQueryBlock / plan.rows_per_head));
   plan.head_chunks = (group + plan.group_heads - 1) / plan.group_heads;
   // 3. Split keys: the chunks some query sees.
-  if (plan.route == AttentionRoute::kSplitKeys) {
-    const KeyChunks chunks = key_chunks(call);
-    plan.first_chunk = chunks.first;
-    plan.chunks = chunks.count;
+  if constexpr (!kReduced) {
+    if (plan.route == AttentionRoute::kSplitKeys) {
+      const KeyChunks chunks = key_chunks(call);
+      plan.first_chunk = chunks.first;
+      plan.chunks = chunks.count;
+    }
   }
   plan.tasks = batch * kv_heads * plan.head_chunks * plan.tiles * plan.chunks;
   plan.merges = plan.route == AttentionRoute::kSplitKeys ? plan.tasks / plan.chunks : 0;
-  plan.scratch = stream_scratch_size(d, dv);
+  plan.scratch = stream_scratch_size(d, dv) + (kReduced ? reduced_stream_scratch_size(d, dv) : 0);
   // 4. Long, strided K or V (not a ring's): copied head-major once.
   plan.copy_k = a.ring == 0 && wants_head_major_copy(a.k);
   plan.copy_v = a.ring == 0 && wants_head_major_copy(a.v);
@@ -108,21 +116,23 @@ AttentionPlan plan_attention(const AttentionCall<Scalar>& call) {
 /// on the thread count or the schedule. `ws` holds the threads' scratch, the head-major K/V
 /// copy and the split-keys partial states: nothing is allocated once it has served a call
 /// as large.
-template <class Scalar>
-void run_attention(const AttentionCall<Scalar>& call, Workspace& ws) {
+template <class Scalar, class Operand>
+void run_attention(const AttentionCall<Scalar, Operand>& call, Workspace& ws) {
+  constexpr bool kReduced = !std::is_same_v<Scalar, Operand>;
   const AttentionPlan plan = plan_attention(call);
-  AttentionArgs<Scalar> args = call.args;
+  AttentionArgs<Scalar, Operand> args = call.args;
+  if constexpr (std::is_same_v<Operand, bfloat16>) args.path = bf16_path();
   // 1. K, V copied head-major (B, H_kv, T_k, d): each head's rows back to back.
   if (plan.copy_k || plan.copy_v) {
     const Index k_size = plan.copy_k ? args.k.size() : 0, v_size = plan.copy_v ? args.v.size() : 0;
-    Scalar* buffer = workspace_get<Scalar>(ws, WorkspaceSlot::kKernelKeyValue, k_size + v_size);
+    Operand* buffer = workspace_get<Operand>(ws, WorkspaceSlot::kKernelKeyValue, k_size + v_size);
     if (plan.copy_k) {
-      const TensorView<Scalar, 4> k(buffer, args.k.shape());
+      const TensorView<Operand, 4> k(buffer, args.k.shape());
       attn::copy(args.k, k);
       args.k = k;
     }
     if (plan.copy_v) {
-      const TensorView<Scalar, 4> v(buffer + k_size, args.v.shape());
+      const TensorView<Operand, 4> v(buffer + k_size, args.v.shape());
       attn::copy(args.v, v);
       args.v = v;
     }
@@ -165,12 +175,14 @@ void run_attention(const AttentionCall<Scalar>& call, Workspace& ws) {
   with_kernels(kernel_isa(), [&](auto set) {
     const auto run_task = [&](Index task, int thread) {
       Scalar* scratch = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread);
-      if (plan.route == AttentionRoute::kMaterialized) {
+      if constexpr (!kReduced) {
+        if (plan.route == AttentionRoute::kMaterialized) {
         const Index tile = task % plan.tiles, bh = task / plan.tiles;
         const Index b = bh / heads, h = bh % heads;
         const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
         set.materialized_task(args, call.head_mask(b, h), drop_of(b, h), b, h, i0, i1, scratch);
         return;
+        }
       }
       Index c = 0;
       StreamTask<Scalar> t = stream_task(task, &c);
@@ -189,15 +201,19 @@ void run_attention(const AttentionCall<Scalar>& call, Workspace& ws) {
     };
     // Combines the key chunks of one split task's rows, in chunk order.
     const auto merge = [&](Index task, int) {
-      const StreamTask<Scalar> t = stream_task(task, nullptr);
-      const Index nq = t.i1 - t.i0;
-      const Scalar* first = partials + task * plan.chunks * chunk_stride;
-      for (Index r = 0; r < t.heads * nq; ++r) {
-        const Index h = t.h0 + r / nq;
-        const Scalar sink =
-            args.sinks != nullptr ? args.sinks[h] : -std::numeric_limits<Scalar>::infinity();
-        set.merge_partials(first + r * row_size, plan.chunks, chunk_stride, dv, keep,
-                           &args.out(t.b, h, t.i0 + r % nq, 0), sink);
+      if constexpr (!kReduced) {  // storage types never split (plan_attention())
+        const StreamTask<Scalar> t = stream_task(task, nullptr);
+        const Index nq = t.i1 - t.i0;
+        const Scalar* first = partials + task * plan.chunks * chunk_stride;
+        for (Index r = 0; r < t.heads * nq; ++r) {
+          const Index h = t.h0 + r / nq;
+          const Scalar sink =
+              args.sinks != nullptr ? args.sinks[h] : -std::numeric_limits<Scalar>::infinity();
+          set.merge_partials(first + r * row_size, plan.chunks, chunk_stride, dv, keep,
+                             &args.out(t.b, h, t.i0 + r % nq, 0), sink);
+        }
+      } else {
+        static_cast<void>(task);
       }
     };
     run_tasks(threads, plan.tasks, run_task, plan.merges, merge);

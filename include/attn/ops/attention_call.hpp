@@ -93,9 +93,10 @@ struct CallMask {
 ///   of (batch, head, query, key));
 /// - materialize: the materialised path (weights wanted, or asked for); else streaming.
 /// A front end builds it once, after its checks; a backward reads the forward's call.
-template <class Scalar>
+/// Operand bfloat16 or float16 (Scalar float): q, k, v and out of that type (AttentionArgs).
+template <class Scalar, class Operand = Scalar>
 struct AttentionCall {
-  AttentionArgs<Scalar> args;
+  AttentionArgs<Scalar, Operand> args;
   CallMask<Scalar> mask;
   std::uint64_t dropout_seed = 0, dropout_call = 0;
   bool materialize = false;

@@ -29,10 +29,20 @@
 #include "attn/ops/attention_call.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 #include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace detail {
+
+/// T itself, in a non-deduced context: q, k and v take any view that converts to a const
+/// view of the Scalar that `out` fixes (mutable views included).
+template <class T>
+struct identity {
+  using type = T;
+};
+template <class T>
+using identity_t = typename identity<T>::type;
 
 template <class Scalar>
 const char* scalar_name() noexcept {
@@ -63,12 +73,22 @@ void check_output_memory(const char* where, TensorView<Scalar, OutRank> out,
 /// That exact aliasing is safe on both paths: each task (one batch, head and query tile) reads
 /// its q rows (into the packed Q^T, or into the scores) before it writes the same out rows,
 /// and no task reads another's rows. A partial overlap is not.
-template <class Scalar>
-void check_sdpa_memory(const char* where, TensorView<const Scalar, 4> q,
-                       TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
-                       TensorView<Scalar, 4> out, TensorView<Scalar, 4> weights,
+/// Operand: the element type of q, k, v and out (Scalar, or a storage type: no weights).
+template <class Scalar, class Operand = Scalar>
+void check_sdpa_memory(const char* where, TensorView<const identity_t<Operand>, 4> q,
+                       TensorView<const identity_t<Operand>, 4> k,
+                       TensorView<const identity_t<Operand>, 4> v,
+                       TensorView<identity_t<Operand>, 4> out, TensorView<Scalar, 4> weights,
                        const AttentionMask<Scalar>& mask) {
-  check_output_memory(where, out, weights, mask);
+  if constexpr (std::is_same_v<Operand, Scalar>) {
+    check_output_memory(where, out, weights, mask);
+  } else {
+    check_output_memory(where, TensorView<Scalar, 1>{}, weights, mask);
+    require_distinct_elements(where, "out", out);
+    require_disjoint(where, "out", out, "the boolean mask", mask.bool_mask());
+    require_disjoint(where, "out", out, "the additive mask", mask.additive_mask());
+    require_disjoint(where, "out", out, "the key padding mask", mask.padding_mask());
+  }
   if (!same_view(q, out)) require_disjoint(where, "out", out, "q", q);
   require_disjoint(where, "out", out, "k", k);
   require_disjoint(where, "out", out, "v", v);
@@ -116,9 +136,10 @@ void check_variants(const char* where, const AttentionOptions& options, Index he
   per_head(options.alibi_slopes, "alibi_slopes");
 }
 
-template <class Scalar>
-void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
-                TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
+template <class Scalar, class Operand = Scalar>
+void check_sdpa(const char* where, TensorView<const identity_t<Operand>, 4> q,
+                TensorView<const identity_t<Operand>, 4> k,
+                TensorView<const identity_t<Operand>, 4> v, TensorView<identity_t<Operand>, 4> out,
                 TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask,
                 const AttentionOptions& options) {
   const Index b = q.extent(0), h = q.extent(1), tq = q.extent(2), d = q.extent(3);
@@ -181,7 +202,7 @@ void check_sdpa(const char* where, TensorView<const Scalar, 4> q, TensorView<con
            " elements per thread, more than fits in memory: " + shapes();
   });
   mask.check(where, b, h, tq, tk);
-  check_sdpa_memory(where, q, k, v, out, weights, mask);
+  check_sdpa_memory<Scalar, Operand>(where, q, k, v, out, weights, mask);
   check_variants<Scalar>(where, options, h);
 }
 
@@ -222,17 +243,21 @@ struct CacheKeys {
 /// and the scale (options.scale, or 1/sqrt(d)). `weights` not empty, or
 /// AttentionPath::kMaterialized, takes the materialised path. The one place where a call's
 /// checks and scale are written.
+/// Operand: the element type of q, k, v and out (Scalar, or a storage type: no weights, no
+/// logsumexp).
 /// @throws as scaled_dot_product_attention().
-template <class Scalar>
-AttentionCall<Scalar> make_call(const char* where, TensorView<const Scalar, 4> q,
-                                TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
-                                TensorView<Scalar, 4> out, TensorView<Scalar, 4> weights,
-                                TensorView<Scalar, 3> lse, const AttentionMask<Scalar>& mask,
-                                const AttentionOptions& options, const CausalBound& module = {},
-                                const CacheKeys& cache = {}) {
-  check_sdpa(where, q, k, v, out, weights, mask, options);
-  if (lse.data() != nullptr) check_logsumexp(where, q, k, v, lse, out, weights, mask);
-  AttentionCall<Scalar> call;
+template <class Scalar, class Operand = Scalar>
+AttentionCall<Scalar, Operand> make_call(
+    const char* where, TensorView<const identity_t<Operand>, 4> q,
+    TensorView<const identity_t<Operand>, 4> k, TensorView<const identity_t<Operand>, 4> v,
+    TensorView<identity_t<Operand>, 4> out, TensorView<Scalar, 4> weights,
+    TensorView<Scalar, 3> lse, const AttentionMask<Scalar>& mask, const AttentionOptions& options,
+    const CausalBound& module = {}, const CacheKeys& cache = {}) {
+  check_sdpa<Scalar, Operand>(where, q, k, v, out, weights, mask, options);
+  if constexpr (std::is_same_v<Operand, Scalar>) {
+    if (lse.data() != nullptr) check_logsumexp(where, q, k, v, lse, out, weights, mask);
+  }
+  AttentionCall<Scalar, Operand> call;
   call.args.q = q, call.args.k = k, call.args.v = v;
   call.args.out = out, call.args.weights = weights, call.args.lse = lse;
   call.args.scale = static_cast<Scalar>(
@@ -251,6 +276,22 @@ AttentionCall<Scalar> make_call(const char* where, TensorView<const Scalar, 4> q
   call.dropout_call = options.dropout_call;
   call.materialize = weights.data() != nullptr || options.path == AttentionPath::kMaterialized;
   return call;
+}
+
+/// scaled_dot_product_attention() on storage-type operands (Operand bfloat16 or float16; the
+/// mask and the options in float): check_sdpa(), then the streaming driver on an
+/// AttentionCall<float, Operand> built as make_call() builds a float one.
+template <class Operand>
+void attend_storage(const char* where, TensorView<const identity_t<Operand>, 4> q,
+                    TensorView<const identity_t<Operand>, 4> k,
+                    TensorView<const identity_t<Operand>, 4> v, TensorView<Operand, 4> out,
+                    const AttentionMask<float>& mask, const AttentionOptions& options,
+                    Workspace& workspace) {
+  require_config(options.path != AttentionPath::kMaterialized, where, [] {
+    return std::string(element_name<Operand>()) +
+           " operands take the streaming path only; kMaterialized needs float or double";
+  });
+  run_attention(make_call<float, Operand>(where, q, k, v, out, {}, {}, mask, options), workspace);
 }
 
 /// make_call(), then the forward's driver.

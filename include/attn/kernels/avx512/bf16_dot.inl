@@ -47,6 +47,43 @@ inline void pack_pairs(const bfloat16* b, Index ldb, Index j0, Index cols, Index
   }
 }
 
+/// Rows [0, n) of a bfloat16 matrix (row stride ldv, `cols` wide) as k-pairs along its
+/// columns, the layout of a B that is read row-major (attention's V): word (q, c) of out (row
+/// stride ldo) holds row 2q's element c in its low half and row 2q + 1's in its high half (+0
+/// past an odd n). Returns whether any element read is NaN or infinite (exponent all ones).
+inline bool pack_row_pairs(const bfloat16* v, Index ldv, Index n, Index cols, float* out,
+                           Index ldo) noexcept {
+  const __m256i exponent = _mm256_set1_epi16(0x7f80);
+  __m256i bad = _mm256_setzero_si256();
+  bool bad_tail = false;
+  for (Index q = 0; q < (n + 1) / 2; ++q) {
+    const bfloat16* r0 = v + 2 * q * ldv;
+    const bfloat16* r1 = 2 * q + 1 < n ? r0 + ldv : nullptr;
+    float* to = out + q * ldo;
+    Index c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
+      const __m256i b = r1 != nullptr
+                            ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c))
+                            : _mm256_setzero_si256();
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(a, exponent), exponent));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(b, exponent), exponent));
+      // unpack interleaves within 128-bit lanes: columns 0-3 and 8-11, then 4-7 and 12-15.
+      const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + c), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + c + 8),
+                          _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    for (; c < cols; ++c) {
+      const std::uint32_t low = r0[c].bits(), high = r1 != nullptr ? r1[c].bits() : 0u;
+      bad_tail = bad_tail || (low & 0x7f80u) == 0x7f80u || (high & 0x7f80u) == 0x7f80u;
+      const std::uint32_t word = low | high << 16;
+      std::memcpy(to + c, &word, sizeof word);
+    }
+  }
+  return bad_tail || _mm256_testz_si256(bad, bad) == 0;
+}
+
 /// The 32-bit broadcast of a k-pair of A: (a[0], a[1]), or (a[0], +0) for the odd tail.
 inline __m512bh bf16_pair(const bfloat16* a) noexcept {
   std::uint32_t word = 0;

@@ -64,8 +64,8 @@ void add_nonfinite_values(Index rows, Index n, Index dv, const Scalar* p, Index 
 
 /// lse(b, h, i) = max + log(sum) (the logsumexp of a row's visible scores, given its max
 /// and the sum of exp(score - max)), or +inf when the masks hide every key (`any` false).
-template <class Scalar>
-void write_lse(const AttentionArgs<Scalar>& p, Index b, Index h, Index i, Scalar max, Scalar sum,
+template <class Scalar, class Operand>
+void write_lse(const AttentionArgs<Scalar, Operand>& p, Index b, Index h, Index i, Scalar max, Scalar sum,
                bool any = true) noexcept {
   p.lse.data()[b * p.lse.stride(0) + h * p.lse.stride(1) + i * p.lse.stride(2)] =
       any ? static_cast<Scalar>(static_cast<double>(max) + std::log(static_cast<double>(sum)))
@@ -221,8 +221,19 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 ///    visited, and inside a boundary tile each group of keys is multiplied only with the
 ///    rows that can see one of them.
 /// Tiles end at multiples of kKeyBlock and, for keys in a ring, where the ring wraps.
-template <class Scalar>
-void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* masks,
+///
+/// Operands of a storage type (Operand bfloat16 or float16, Scalar float; scratch also
+/// reduced_stream_scratch_size()) as PyTorch's CPU flash attention computes them: the
+/// products accumulate in float, the softmax, its statistics and the rescaling run in float,
+/// and P is rounded to Operand before it multiplies V. bfloat16 on the avx512 set with
+/// p.path kAmx or kDot: both products on AMX tiles (avx512/amx_bf16.inl's amx_block()) or
+/// vdpbf16ps (avx512/bf16_dot.inl), Q^T and each V tile packed in k-pairs, K read in place
+/// (copied into whole tiles for AMX); otherwise Q and each K and V tile widened to float for
+/// the float path's products. A V tile holding a NaN or an infinity takes the widened
+/// product (see "values that are NaN or infinite" above). Writes out in Operand, one
+/// rounding of the float result.
+template <class Scalar, class Operand>
+void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
   using V = Vec<Scalar>;
   constexpr Index W = V::kWidth;
@@ -240,6 +251,18 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   Scalar* corr = shift + kQueryBlock;  // rescale factor per row
   Scalar* seen = corr + kQueryBlock;   // 1 once a row has seen a key its masks allow
   Scalar* clean = seen + kQueryBlock;  // a V tile with non-finite rows zeroed (rarely)
+  // Storage-type operands (reduced_stream_scratch_size()):
+  constexpr bool kReduced = !std::is_same_v<Operand, Scalar>;
+  constexpr bool kPairs = kSetIsa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>;
+  const bool pairs = kPairs && p.path != Bf16Path::kWiden;  // AMX or vdpbf16ps
+  const bool amx = kPairs && p.path == Bf16Path::kAmx;
+  Scalar* qw = clean + kKeyBlock * dv;                // Q widened (rows, d)
+  Scalar* kw = qw + kQueryBlock * d;                  // a K tile widened, or in AMX tiles
+  Scalar* vw = kw + kKeyBlock * (d + 32);             // a V tile widened (width, d_v)
+  Scalar* qp = vw + kKeyBlock * dv;                   // Q^T in k-pairs (words, kQueryBlock)
+  Scalar* vp = qp + ((d + 1) / 2 + 32) * kQueryBlock;  // a V tile in k-pairs (width / 2, d_v)
+  Scalar* pt = vp + kKeyBlock / 2 * dv;               // P (rows, width), float
+  Operand* pb = reinterpret_cast<Operand*>(pt + kQueryBlock * kKeyBlock);  // P rounded
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
   std::fill(l, l + kQueryBlock, Scalar(0));
@@ -260,20 +283,40 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
     min_end = std::min(min_end, end[r]);
   }
   const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
-  const Scalar* k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
-  const Scalar* v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+  const Operand* k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
+  const Operand* v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
   const bool elementwise = masks[0].elementwise();
   const Index col_group = micro_cols<Scalar>();
   // Dot products cost rows (d / W + ~8 for the reduction) per key, the micro-kernel about
   // d kMicroVecs whatever the row count: 4x less for a decode step's 4 rows (AVX-512, d 128).
-  const bool dot_rows = rows * (d / W + 8) < d * kMicroVecs;
+  const bool dot_rows = !pairs && rows * (d / W + 8) < d * kMicroVecs;
+  const Operand* qsrc[kQueryBlock];
   const Scalar* qrow[kQueryBlock];
+  Index q_ld = q_rs;  // row stride of qrow's rows
   for (Index r = 0; r < rows; ++r) {
-    qrow[r] = p.q.data() + task.b * p.q.stride(0) + (task.h0 + r / nq) * p.q.stride(1) +
+    qsrc[r] = p.q.data() + task.b * p.q.stride(0) + (task.h0 + r / nq) * p.q.stride(1) +
               (i0 + r % nq) * q_rs;
+    if constexpr (kReduced) {
+      if (!pairs) convert_row(qsrc[r], qw + r * d, d);
+      qrow[r] = qw + r * d, q_ld = d;
+    } else {
+      qrow[r] = qsrc[r];
+    }
   }
-  for (Index g = 0; g < (dot_rows ? 0 : task.heads); ++g) {
-    pack_transposed(qrow[g * nq], q_rs, 0, nq, 0, d, qt + g * nq, rows);
+  for (Index g = 0; g < (dot_rows || pairs ? 0 : task.heads); ++g) {
+    pack_transposed(qrow[g * nq], q_ld, 0, nq, 0, d, qt + g * nq, rows);
+  }
+  // AMX and vdpbf16ps: Q^T as k-pairs (word (q, r) holds Q[r][2q], Q[r][2q + 1]), its words
+  // run on with +0 to whole AMX tiles (gemm_words(kAmx, d) rows).
+  if constexpr (kPairs) {
+    if (pairs) {
+      for (Index g = 0; g < task.heads; ++g) {
+        pack_pairs(qsrc[g * nq], q_rs, 0, nq, 0, d, qp + g * nq, kQueryBlock);
+      }
+      std::fill(qp + (d + 1) / 2 * kQueryBlock, qp + gemm_words(Bf16Path::kAmx, d) * kQueryBlock,
+                0.0f);
+      if (amx) amx_configure(task);
+    }
   }
   // ALiBi: each row's key position and its head's slope.
   const bool alibi = p.has_alibi();
@@ -287,8 +330,19 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
     if (p.ring > 0) width = std::min(width, p.ring - j0 % p.ring);  // no tile crosses the wrap
-    const Scalar* kt = k + (p.ring > 0 ? j0 % p.ring : j0) * k_rs;
-    const Scalar* vt = v + (p.ring > 0 ? j0 % p.ring : j0) * v_rs;
+    const Operand* k_tile = k + (p.ring > 0 ? j0 % p.ring : j0) * k_rs;
+    const Operand* v_tile = v + (p.ring > 0 ? j0 % p.ring : j0) * v_rs;
+    // pass 0 (storage types, widening): the K tile (width, d) widened into kw.
+    const Scalar* kt = nullptr;
+    Index kt_rs = k_rs;
+    if constexpr (kReduced) {
+      for (Index j = 0; j < (pairs ? 0 : width); ++j) {
+        convert_row(k_tile + j * k_rs, kw + j * d, d);
+      }
+      kt = kw, kt_rs = d;
+    } else {
+      kt = k_tile;
+    }
     // Every row sees every key of the tile (no bound inside it)?
     const bool full = j0 >= max_begin && j0 + width <= min_end;
     // pass 1: s^T (width, rows) = k[j0:j0+width] q^T * scale; in a boundary tile each group
@@ -298,11 +352,35 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
     if (dot_rows) {
       for (Index j = 0; j < width; ++j) {
         for (Index r = 0; r < rows; ++r) {
-          st[j * ld + r] = dot(kt + j * k_rs, qrow[r], d) * p.scale;
+          st[j * ld + r] = dot(kt + j * kt_rs, qrow[r], d) * p.scale;
         }
       }
     }
-    for (Index gk = 0; gk < (dot_rows ? 0 : width); gk += kMicroRows) {
+    // AMX: the tile's keys copied into whole tiles (amx_pack_a()), 32 keys x every row per
+    // amx_block(); vdpbf16ps: K read in place, kMicroRows keys x micro_cols() rows per
+    // micro-tile. Every row, boundary tile or not; the scale after (one rounding, as alpha).
+    if constexpr (kPairs) {
+      if (amx) {
+        auto* tiles = reinterpret_cast<bfloat16*>(kw);
+        amx_pack_a(k_tile, k_rs, width, d, tiles);
+        for (Index i = 0; i < width; i += 32) {
+          amx_block(std::min<Index>(32, width - i), d, tiles + i * ((d + 31) / 32 * 32), qp, kQueryBlock,
+                    rows, GemmOutput<float>::row_major(st + i * ld, ld), 0, 0, false, nullptr);
+        }
+      } else if (pairs) {
+        float* crow[kMicroRows];
+        for (Index gk = 0; gk < width; gk += kMicroRows) {
+          const Index group = std::min<Index>(kMicroRows, width - gk);
+          for (Index c0 = 0; c0 < rows; c0 += col_group) {
+            for (Index r = 0; r < group; ++r) crow[r] = st + (gk + r) * ld + c0;
+            bf16_dot_tile_rows(group, d, k_tile + gk * k_rs, k_rs, qp + c0, kQueryBlock, crow,
+                               std::min(col_group, rows - c0), false, nullptr);
+          }
+        }
+      }
+      for (Index j = 0; j < (pairs ? width : 0); ++j) scale_row(st + j * ld, rows, p.scale);
+    }
+    for (Index gk = 0; gk < (dot_rows || pairs ? 0 : width); gk += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, width - gk);
       const Index first = j0 + gk, last = first + group - 1;
       for (Index c = 0; c < rows;) {
@@ -315,7 +393,7 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
           c0 = c / col_group * col_group;
           c1 = std::min(rows, (c1 + col_group - 1) / col_group * col_group);
         }
-        micro_gemm<Scalar>(group, c1 - c0, d, kt + gk * k_rs, k_rs, 1, qt + c0, rows,
+        micro_gemm<Scalar>(group, c1 - c0, d, kt + gk * kt_rs, kt_rs, 1, qt + c0, rows,
                            st + gk * ld + c0, ld, p.scale, false, nullptr);
         c = c1;
       }
@@ -415,9 +493,63 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
       return std::clamp<Index>(need, 0, width);
     };
     const Index tile_need = need_of(0, rows);
+    const Scalar* vt = nullptr;
+    Index vt_rs = v_rs;
+    if constexpr (kReduced) {
+      // pass 5a (storage types): P rounded to Operand (in place, as floats, when widening).
+      // AMX and vdpbf16ps: P (rows, need) transposed out of p^T and rounded into pb, rows
+      // to a multiple of 32 and keys to one of 32 (a_ld) with +0; V's rows in k-pairs.
+      bool dirty = false;
+      if constexpr (kPairs) {
+        const Index a_ld = (tile_need + 31) / 32 * 32;  // AMX's whole tiles (amx_depth())
+        dirty = tile_need > 0 && pairs &&
+                pack_row_pairs(v_tile, v_rs, tile_need, dv, reinterpret_cast<float*>(vp), dv);
+        if (pairs && !dirty && tile_need > 0) {
+          pack_transposed(st, ld, 0, tile_need, 0, rows, pt, a_ld);
+          for (Index r = 0; r < (rows + 31) / 32 * 32; ++r) {
+            Index e = 0;
+            if (r < rows) convert_row(pt + r * a_ld, pb + r * a_ld, e = tile_need);
+            std::fill(pb + r * a_ld + e, pb + (r + 1) * a_ld, bfloat16::from_bits(0));
+          }
+          std::fill(vp + (tile_need + 1) / 2 * dv,
+                    vp + gemm_words(Bf16Path::kAmx, tile_need) * dv, 0.0f);
+          // pass 5b: acc += P V, 32 rows x 128 columns per amx_block(), or kMicroRows rows
+          // up to their last visible key x micro_cols() per vdpbf16ps micro-tile.
+          const GemmOutput<float> out = GemmOutput<float>::row_major(acc, dv);
+          for (Index r0 = 0; r0 < (amx ? rows : 0); r0 += 32) {
+            for (Index c0 = 0; c0 < dv; c0 += 128) {
+              amx_block(std::min<Index>(32, rows - r0), tile_need, pb + r0 * a_ld, vp + c0, dv,
+                        std::min<Index>(128, dv - c0), out, r0, c0, true, nullptr);
+            }
+          }
+          float* crow[kMicroRows];
+          for (Index r0 = 0; r0 < (amx ? 0 : rows); r0 += kMicroRows) {
+            const Index group = std::min<Index>(kMicroRows, rows - r0);
+            const Index need = need_of(r0, r0 + group);
+            for (Index c0 = 0; c0 < (need > 0 ? dv : 0); c0 += col_group) {
+              for (Index r = 0; r < group; ++r) crow[r] = acc + (r0 + r) * dv + c0;
+              bf16_dot_tile_rows(group, need, pb + r0 * a_ld, a_ld, vp + c0, dv, crow,
+                                 std::min(col_group, dv - c0), true, nullptr);
+            }
+          }
+          continue;
+        }
+      }
+      static_cast<void>(dirty);
+      // Widened: P rounded in place, the V tile (need, d_v) widened into vw.
+      Operand* rounded = reinterpret_cast<Operand*>(vw);
+      for (Index j = 0; j < width; ++j) {
+        convert_row(st + j * ld, rounded, rows);
+        convert_row(rounded, st + j * ld, rows);
+      }
+      for (Index j = 0; j < tile_need; ++j) convert_row(v_tile + j * v_rs, vw + j * dv, dv);
+      vt = vw, vt_rs = dv;
+    } else {
+      vt = v_tile;
+    }
     const Scalar* vc = vt;
-    Index vc_rs = v_rs;
-    const bool dirty = clean_values(vt, v_rs, tile_need, dv, clean);
+    Index vc_rs = vt_rs;
+    const bool dirty = clean_values(vt, vt_rs, tile_need, dv, clean);
     if (dirty) vc = clean, vc_rs = dv;
     for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, rows - r0);
@@ -428,7 +560,7 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
       }
     }
     if (dirty) {
-      add_nonfinite_values(rows, tile_need, dv, st, 1, ld, vt, v_rs, clean, acc, dv,
+      add_nonfinite_values(rows, tile_need, dv, st, 1, ld, vt, vt_rs, clean, acc, dv,
                            [&](Index r, Index j) {
                              return j0 + j >= begin[r] && j0 + j < end[r] &&
                                     !masks[r / nq].hides(i0 + r % nq, j0 + j);
@@ -447,8 +579,14 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
       std::copy(acc + r * dv, acc + (r + 1) * dv, row + kPartialExtra);
       continue;
     }
-    Scalar* o = p.out.data() + task.b * p.out.stride(0) + (task.h0 + r / nq) * p.out.stride(1) +
-                (i0 + r % nq) * p.out.stride(2);
+    Operand* out = p.out.data() + task.b * p.out.stride(0) +
+                   (task.h0 + r / nq) * p.out.stride(1) + (i0 + r % nq) * p.out.stride(2);
+    Scalar* o = nullptr;  // the float row; storage types: rounded into out after
+    if constexpr (kReduced) {
+      o = clean;
+    } else {
+      o = out;
+    }
     if (any && p.sinks != nullptr) {  // the sink joins the denominator
       const Index h = task.h0 + r / nq;
       const SinkShare share = sink_share(m[r], l[r], p.sinks[h]);
@@ -458,16 +596,20 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
         p.lse.data()[task.b * p.lse.stride(0) + h * p.lse.stride(1) +
                      (i0 + r % nq) * p.lse.stride(2)] = static_cast<Scalar>(share.lse);
       }
-      continue;
-    }
-    if (any) {
-      const Scalar inv = static_cast<Scalar>(1.0 / (static_cast<double>(l[r]) * keep));
-      for (Index e = 0; e < dv; ++e) o[e] = acc[r * dv + e] * inv;
     } else {
-      std::fill(o, o + dv, Scalar(0));
+      if (any) {
+        const Scalar inv = static_cast<Scalar>(1.0 / (static_cast<double>(l[r]) * keep));
+        for (Index e = 0; e < dv; ++e) o[e] = acc[r * dv + e] * inv;
+      } else {
+        std::fill(o, o + dv, Scalar(0));
+      }
+      if (p.lse.data() != nullptr) {
+        write_lse(p, task.b, task.h0 + r / nq, i0 + r % nq, m[r], l[r], any);
+      }
     }
-    if (p.lse.data() != nullptr) {
-      write_lse(p, task.b, task.h0 + r / nq, i0 + r % nq, m[r], l[r], any);
-    }
+    if constexpr (kReduced) convert_row(o, out, dv);
+  }
+  if constexpr (kPairs) {
+    if (amx) amx_release(task);
   }
 }

@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: MIT
+// tests/attention/bf16_attention_test.cpp: scaled_dot_product_attention on bfloat16 and float16
+// q, k, v and out, on every kernel set and every bfloat16 path the CPU has on the avx512 set
+// (widening, AVX512-BF16's vdpbf16ps, AMX): against a long double reference computed from the
+// same rounded inputs, on shapes that are not multiples of the tiles (T not a multiple of 16
+// or 32, d = 64, 80, 128, grouped-query heads) under every kind of mask; bit-identical for one
+// and two threads; value rows that are not finite only where seen.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention/reference_attention.hpp"
+#include "attn/attn.hpp"
+#include "support/test_support.hpp"
+
+namespace bf16_attention_test {
+
+namespace {
+
+using attn::AttentionMask;
+using attn::AttentionOptions;
+using attn::Bf16Path;
+using attn::bfloat16;
+using attn::CausalAlignment;
+using attn::float16;
+using attn::Index;
+using attn::Isa;
+using attn::Shape;
+using attn::Tensor;
+using attn::TensorView;
+namespace ref = attn::test::ref;
+
+// The paths `isa` runs for bfloat16 on this CPU: widening always; on the avx512 set the dot
+// product where the CPU has AVX512-BF16 and AMX where the operating system grants it. float16
+// always widens (one pass is enough).
+template <class Element>
+std::vector<Bf16Path> paths(Isa isa) {
+  std::vector<Bf16Path> out{Bf16Path::kWiden};
+  if (!std::is_same_v<Element, bfloat16> || isa != Isa::kAvx512) return out;
+  if (attn::bf16_path_available(Bf16Path::kDot)) out.push_back(Bf16Path::kDot);
+  if (attn::bf16_path_available(Bf16Path::kAmx)) out.push_back(Bf16Path::kAmx);
+  return out;
+}
+
+// Every runnable set and path, with `f()` run while it is selected.
+template <class Element, class F>
+void for_each_path(F&& f) {
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    for (const Bf16Path path : paths<Element>(isa)) {
+      attn::set_bf16_path(path);
+      SCOPED_TRACE(std::string(attn::isa_name(isa)) + " " + attn::bf16_path_name(path));
+      f();
+    }
+  }
+}
+
+class StorageAttention : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    attn::set_bf16_path(std::nullopt);
+    attn::set_isa(attn::best_isa());
+    attn::set_num_threads(threads_);
+  }
+  int threads_ = attn::num_threads();
+};
+
+// Uniform values in [-1, 1) rounded to Element.
+template <class Element>
+Tensor<Element, 4> random_rounded(const Shape<4>& shape, std::uint64_t seed) {
+  const auto f = attn::test::random_tensor<float, 4>(shape, seed);
+  Tensor<Element, 4> t(shape);
+  for (Index i = 0; i < t.size(); ++i) t.data()[i] = Element(f.data()[i]);
+  return t;
+}
+
+// Tolerances against the reference on the same rounded inputs (|q|, |k|, |v| <= 1), written
+// as PyTorch's SDPA tests write them (atol + rtol |expected|). The float work (products
+// accumulated in float, softmax, rescaling) adds ~1e-6; what remains is two roundings to the
+// element type's half ulp u (bfloat16 2^-9, float16 2^-12 of the value): P before it
+// multiplies V (an error of at most u max |v| = u in the output) and out itself (u |out|).
+// So atol 4u and rtol 4u leave a factor of 2 over the worst case: bfloat16 8e-3 (PyTorch
+// uses 1e-2..5e-2 for bf16), float16 1e-3 (PyTorch: 1e-3..1e-2). Measured on this machine,
+// |actual - expected| / (1 + |expected|): bfloat16 at most 1.5e-3 on every set and path,
+// float16 at most 2e-4. A wrong mask, scale, tile edge or rescale moves outputs by 1e-2 or
+// more (about 1 / T_k of a key's weight times |v|).
+template <class Element>
+constexpr double tolerance() {
+  return std::is_same_v<Element, bfloat16> ? 8e-3 : 1e-3;
+}
+
+template <class Element>
+::testing::AssertionResult near(TensorView<const Element, 4> actual,
+                                TensorView<const double, 4> expected, Index rows = -1) {
+  const double tol = tolerance<Element>();
+  for (Index b = 0; b < actual.extent(0); ++b) {
+    for (Index h = 0; h < actual.extent(1); ++h) {
+      for (Index i = 0; i < (rows < 0 ? actual.extent(2) : rows); ++i) {
+        for (Index e = 0; e < actual.extent(3); ++e) {
+          const double a = static_cast<float>(actual(b, h, i, e)), x = expected(b, h, i, e);
+          if (!(std::abs(a - x) <= tol + tol * std::abs(x))) {
+            return ::testing::AssertionFailure()
+                   << "out(" << b << ", " << h << ", " << i << ", " << e << ") = " << a
+                   << ", expected " << x << " (tolerance " << tol << " + " << tol << " |x|)";
+          }
+        }
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+enum class MaskKind { kNone, kCausal, kBottomRight, kWindow, kBool, kAdditive, kPadding, kLengths };
+
+struct Case {
+  Index batch, heads, kv_heads, tq, tk, d, dv;
+  MaskKind mask;
+};
+
+// Against the tiles: 64 query rows per task (grouped heads stacked up to 64), 128 keys per
+// tile, 32-row AMX blocks, 32-deep AMX steps, 16-pair packing blocks.
+const Case kCases[] = {
+    {1, 2, 2, 37, 77, 64, 64, MaskKind::kCausal},         // T neither 16- nor 32-aligned
+    {2, 4, 2, 19, 200, 80, 80, MaskKind::kNone},          // GQA, d = 80, two key tiles
+    {1, 2, 1, 70, 45, 128, 128, MaskKind::kBottomRight},  // MQA, two query tiles, d = 128
+    {2, 2, 2, 33, 130, 64, 48, MaskKind::kBool},          // d_v != d, a key tile of 2
+    {1, 3, 3, 1, 150, 128, 128, MaskKind::kAdditive},     // one query (a decode step)
+    {2, 2, 2, 65, 65, 80, 80, MaskKind::kPadding},        // rows past a 64-row task
+    {1, 4, 1, 3, 257, 64, 64, MaskKind::kLengths},        // 4 heads x 3 rows stacked, 3 tiles
+    {1, 1, 1, 150, 150, 64, 64, MaskKind::kWindow},       // causal sliding window
+    {1, 2, 2, 9, 31, 7, 5, MaskKind::kCausal},            // d, d_v odd and under a tile
+};
+
+struct Inputs {
+  Tensor<float, 4> additive;
+  Tensor<bool, 4> boolean;
+  Tensor<bool, 2> padding;
+  AttentionMask<float> mask;
+};
+
+template <class Element>
+void check_case(const Case& c) {
+  SCOPED_TRACE("case B " + std::to_string(c.batch) + " H " + std::to_string(c.heads) + "/" +
+               std::to_string(c.kv_heads) + " T " + std::to_string(c.tq) + "x" +
+               std::to_string(c.tk) + " d " + std::to_string(c.d) + "/" + std::to_string(c.dv) +
+               " mask " + std::to_string(static_cast<int>(c.mask)));
+  const auto q = random_rounded<Element>({c.batch, c.heads, c.tq, c.d}, 3 + c.tq);
+  const auto k = random_rounded<Element>({c.batch, c.kv_heads, c.tk, c.d}, 5 + c.tk);
+  const auto v = random_rounded<Element>({c.batch, c.kv_heads, c.tk, c.dv}, 7 + c.dv);
+  ref::DenseMask dense(c.batch, c.heads, c.tq, c.tk);
+  Inputs in;
+  switch (c.mask) {
+    case MaskKind::kNone:
+      break;
+    case MaskKind::kCausal:
+      in.mask.causal(CausalAlignment::kTopLeft);
+      dense.causal(CausalAlignment::kSquare);
+      break;
+    case MaskKind::kBottomRight:
+      in.mask.causal(CausalAlignment::kBottomRight);
+      dense.causal(CausalAlignment::kBottomRight);
+      break;
+    case MaskKind::kWindow:
+      in.mask.causal().sliding_window(40);
+      dense.causal_window({0}, 40);
+      break;
+    case MaskKind::kBool:
+      in.boolean = ref::random_bools<4>({c.batch, 1, c.tq, c.tk}, 17, 0.7);
+      in.mask.allowed(in.boolean);
+      dense.boolean(in.boolean.view(), true);
+      break;
+    case MaskKind::kAdditive:
+      in.additive = ref::random_additive<float, 4>({1, c.heads, c.tq, c.tk}, 19);
+      in.mask.additive(in.additive);
+      dense.additive(in.additive.view());
+      for (Index h = 0; h < c.heads; ++h) {  // -inf entries hide their keys
+        for (Index j = 0; j < c.tk; ++j) {
+          if (std::isinf(in.additive(0, h, 0, j))) dense.visible[dense.at(0, h, 0, j)] = 0;
+        }
+      }
+      break;
+    case MaskKind::kPadding:
+      in.padding = Tensor<bool, 2>({c.batch, c.tk}, false);
+      for (Index j = 50; j < c.tk; ++j) in.padding(1, j) = true;
+      in.mask.key_padding(in.padding);
+      dense.key_padding(in.padding.view());
+      break;
+    case MaskKind::kLengths:
+      in.mask.key_lengths({200});
+      dense.key_lengths({200});
+      break;
+  }
+  const auto expected =
+      ref::attention(q.view(), ref::repeat_kv(k.view(), c.heads).view(),
+                     ref::repeat_kv(v.view(), c.heads).view(), dense,
+                     1.0L / std::sqrt(static_cast<ref::Real>(c.d)));
+  attn::Workspace ws;
+  for_each_path<Element>([&] {
+    Tensor<Element, 4> out({c.batch, c.heads, c.tq, c.dv},
+                           Element(std::numeric_limits<float>::quiet_NaN()));
+    attn::scaled_dot_product_attention<Element>(q.view(), k.view(), v.view(), out.view(), ws,
+                                                in.mask);
+    EXPECT_TRUE(near<Element>(out.view(), expected.output.view()));
+  });
+}
+
+TEST_F(StorageAttention, Bfloat16MatchesTheReferenceOnEveryPath) {
+  for (const Case& c : kCases) check_case<bfloat16>(c);
+}
+
+TEST_F(StorageAttention, Float16MatchesTheReference) {
+  for (const Case& c : kCases) check_case<float16>(c);
+}
+
+// Each output element is one task's, whatever the schedule: the same bits for 1 and 2 threads.
+TEST_F(StorageAttention, BitIdenticalForOneAndTwoThreads) {
+  const Shape<4> shape{2, 4, 130, 64};
+  const auto q = random_rounded<bfloat16>(shape, 1);
+  const auto k = random_rounded<bfloat16>(shape, 2);
+  const auto v = random_rounded<bfloat16>(shape, 3);
+  AttentionMask<float> mask;
+  mask.causal();
+  for_each_path<bfloat16>([&] {
+    Tensor<bfloat16, 4> one(shape), two(shape);
+    attn::set_num_threads(1);
+    attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), one.view(), mask);
+    attn::set_num_threads(2);
+    attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), two.view(), mask);
+    EXPECT_TRUE(ref::same_bits(one.view(), two.view()));
+  });
+}
+
+// A value row holding an infinity enters only the outputs of the queries that see it (the
+// AMX and dot-product paths take the widened product for that tile): causal, key 100 is seen
+// by queries 100 on, which are not finite; the rows before match the reference.
+TEST_F(StorageAttention, NonFiniteValuesOnlyWhereSeen) {
+  const Shape<4> shape{1, 1, 130, 64};
+  const auto q = random_rounded<bfloat16>(shape, 4);
+  const auto k = random_rounded<bfloat16>(shape, 5);
+  auto v = random_rounded<bfloat16>(shape, 6);
+  ref::DenseMask dense(1, 1, 130, 130);
+  dense.causal(CausalAlignment::kSquare);
+  const auto expected = ref::attention(q.view(), k.view(), v.view(), dense, 0.125L);
+  v(0, 0, 100, 7) = bfloat16(std::numeric_limits<float>::infinity());
+  AttentionMask<float> mask;
+  mask.causal();
+  for_each_path<bfloat16>([&] {
+    Tensor<bfloat16, 4> out(shape);
+    attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), out.view(), mask);
+    EXPECT_TRUE(near<bfloat16>(out.view(), expected.output.view(), 100));
+    EXPECT_FALSE(std::isfinite(static_cast<float>(out(0, 0, 100, 7))));
+  });
+}
+
+// The allocating form on tensors of rank 3, and the materialised path refused.
+TEST_F(StorageAttention, TensorsAndTheMaterialisedPath) {
+  const auto q4 = random_rounded<float16>({1, 1, 20, 16}, 8);
+  Tensor<float16, 3> q({1, 20, 16});
+  std::copy(q4.data(), q4.data() + q4.size(), q.data());
+  const auto out = attn::scaled_dot_product_attention(q, q, q);
+  ref::DenseMask dense(1, 1, 20, 20);
+  const auto expected = ref::attention(q4.view(), q4.view(), q4.view(), dense, 0.25L);
+  Tensor<float16, 4> out4({1, 1, 20, 16});
+  std::copy(out.data(), out.data() + out.size(), out4.data());
+  EXPECT_TRUE(near<float16>(out4.view(), expected.output.view()));
+  AttentionOptions options;
+  options.path = attn::AttentionPath::kMaterialized;
+  EXPECT_THROW(attn::scaled_dot_product_attention<float16>(q4.view(), q4.view(), q4.view(),
+                                                           out4.view(), {}, options),
+               attn::ConfigError);
+}
+
+}  // namespace
+
+}  // namespace bf16_attention_test
