@@ -143,3 +143,55 @@ inline void amx_block(Index rows, Index depth, const bfloat16* a, const float* b
     }
   }
 }
+
+/// C (16 row_tiles x 16 col_tiles floats, row stride ldc) (+)= A B on whole tiles, for the
+/// attention's products, whose operands and outputs live in scratch sized for whole tiles:
+/// A bfloat16 (row stride lda elements, 32 steps deep), B k-pair words (row stride ldb, 16
+/// per step). Blocks of 2 x 2 C tiles (tmm0-3) over A tiles tmm4-5 and B tiles tmm6-7 (the
+/// configuration amx_configure() loads); C is loaded into the tiles to accumulate and stored
+/// from them, with no copy. Measured (one core, B 1, H 16, T 1024, d 128): 2.6x less time in
+/// the products than amx_block(), whose staging copy and masked stores serve any edge.
+inline void amx_tiles(Index row_tiles, Index col_tiles, Index steps, const bfloat16* a, Index lda,
+                      const float* b, Index ldb, float* c, Index ldc, bool accumulate) noexcept {
+  const Index a_bytes = lda * 2, b_bytes = ldb * 4, c_bytes = ldc * 4;
+  for (Index i = 0; i < row_tiles; i += 2) {
+    const bool two_rows = i + 1 < row_tiles;
+    const bfloat16* a0 = a + i * 16 * lda;
+    const bfloat16* a1 = a0 + 16 * lda;
+    for (Index j = 0; j < col_tiles; j += 2) {
+      const bool two_cols = j + 1 < col_tiles;
+      float* c00 = c + i * 16 * ldc + j * 16;
+      float* c10 = c00 + 16 * ldc;
+      if (accumulate) {
+        _tile_loadd(0, c00, c_bytes);
+        if (two_cols) _tile_loadd(1, c00 + 16, c_bytes);
+        if (two_rows) _tile_loadd(2, c10, c_bytes);
+        if (two_rows && two_cols) _tile_loadd(3, c10 + 16, c_bytes);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (Index s = 0; s < steps; ++s) {
+        const float* bp = b + s * 16 * ldb + j * 16;
+        _tile_loadd(4, a0 + s * 32, a_bytes);
+        _tile_loadd(6, bp, b_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two_cols) {
+          _tile_loadd(7, bp + 16, b_bytes);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (two_rows) {
+          _tile_loadd(5, a1 + s * 32, a_bytes);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two_cols) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, c00, c_bytes);
+      if (two_cols) _tile_stored(1, c00 + 16, c_bytes);
+      if (two_rows) _tile_stored(2, c10, c_bytes);
+      if (two_rows && two_cols) _tile_stored(3, c10 + 16, c_bytes);
+    }
+  }
+}

@@ -310,11 +310,10 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   // run on with +0 to whole AMX tiles (gemm_words(kAmx, d) rows).
   if constexpr (kPairs) {
     if (pairs) {
+      std::fill(qp, qp + gemm_words(Bf16Path::kAmx, d) * kQueryBlock, 0.0f);
       for (Index g = 0; g < task.heads; ++g) {
         pack_pairs(qsrc[g * nq], q_rs, 0, nq, 0, d, qp + g * nq, kQueryBlock);
       }
-      std::fill(qp + (d + 1) / 2 * kQueryBlock, qp + gemm_words(Bf16Path::kAmx, d) * kQueryBlock,
-                0.0f);
       if (amx) amx_configure(task);
     }
   }
@@ -356,17 +355,22 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         }
       }
     }
-    // AMX: the tile's keys copied into whole tiles (amx_pack_a()), 32 keys x every row per
-    // amx_block(); vdpbf16ps: K read in place, kMicroRows keys x micro_cols() rows per
-    // micro-tile. Every row, boundary tile or not; the scale after (one rounding, as alpha).
+    // AMX: s^T on whole 16 x 16 tiles (amx_tiles(); s^T has room for them, and the columns
+    // past `rows` are never read), K read in place when its tiles stay inside the tile's keys
+    // and d (d a multiple of 32, width of 16), else copied into whole tiles (amx_pack_a());
+    // vdpbf16ps: K read in place, kMicroRows keys x micro_cols() rows per micro-tile. Every
+    // row, boundary tile or not; the scale after (one rounding, as alpha).
     if constexpr (kPairs) {
       if (amx) {
-        auto* tiles = reinterpret_cast<bfloat16*>(kw);
-        amx_pack_a(k_tile, k_rs, width, d, tiles);
-        for (Index i = 0; i < width; i += 32) {
-          amx_block(std::min<Index>(32, width - i), d, tiles + i * ((d + 31) / 32 * 32), qp, kQueryBlock,
-                    rows, GemmOutput<float>::row_major(st + i * ld, ld), 0, 0, false, nullptr);
+        const bfloat16* ka = k_tile;
+        Index ka_ld = k_rs;
+        if (d % 32 != 0 || width % 16 != 0) {
+          auto* tiles = reinterpret_cast<bfloat16*>(kw);
+          amx_pack_a(k_tile, k_rs, width, d, tiles);
+          ka = tiles, ka_ld = (d + 31) / 32 * 32;
         }
+        amx_tiles((width + 15) / 16, (rows + 15) / 16, (d + 31) / 32, ka, ka_ld, qp, kQueryBlock,
+                  st, ld, false);
       } else if (pairs) {
         float* crow[kMicroRows];
         for (Index gk = 0; gk < width; gk += kMicroRows) {
@@ -513,10 +517,16 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           }
           std::fill(vp + (tile_need + 1) / 2 * dv,
                     vp + gemm_words(Bf16Path::kAmx, tile_need) * dv, 0.0f);
-          // pass 5b: acc += P V, 32 rows x 128 columns per amx_block(), or kMicroRows rows
-          // up to their last visible key x micro_cols() per vdpbf16ps micro-tile.
+          // pass 5b: acc += P V on whole AMX tiles when d_v is a multiple of 16 (acc has
+          // room for rows to a multiple of 16; P's rows past `rows` are +0), else 32 rows x
+          // 128 columns per amx_block(); or kMicroRows rows up to their last visible key x
+          // micro_cols() per vdpbf16ps micro-tile.
+          const bool whole = amx && dv % 16 == 0;
+          if (whole) {
+            amx_tiles((rows + 15) / 16, dv / 16, a_ld / 32, pb, a_ld, vp, dv, acc, dv, true);
+          }
           const GemmOutput<float> out = GemmOutput<float>::row_major(acc, dv);
-          for (Index r0 = 0; r0 < (amx ? rows : 0); r0 += 32) {
+          for (Index r0 = 0; r0 < (amx && !whole ? rows : 0); r0 += 32) {
             for (Index c0 = 0; c0 < dv; c0 += 128) {
               amx_block(std::min<Index>(32, rows - r0), tile_need, pb + r0 * a_ld, vp + c0, dv,
                         std::min<Index>(128, dv - c0), out, r0, c0, true, nullptr);
