@@ -53,7 +53,8 @@ void set_counters(benchmark::State& state) {
   const double t = static_cast<double>(state.range(2));
   const double flops = 4.0 * static_cast<double>(state.range(0) * state.range(1)) * t * t *
                        static_cast<double>(state.range(3)) * (state.range(4) != 0 ? 0.5 : 1.0);
-  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOPS"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = attn::num_threads();
 }
 

@@ -194,10 +194,9 @@ void check_case(const Case& c) {
       dense.key_lengths({200});
       break;
   }
-  const auto expected =
-      ref::attention(q.view(), ref::repeat_kv(k.view(), c.heads).view(),
-                     ref::repeat_kv(v.view(), c.heads).view(), dense,
-                     1.0L / std::sqrt(static_cast<ref::Real>(c.d)));
+  const auto expected = ref::attention(q.view(), ref::repeat_kv(k.view(), c.heads).view(),
+                                       ref::repeat_kv(v.view(), c.heads).view(), dense,
+                                       1.0L / std::sqrt(static_cast<ref::Real>(c.d)));
   attn::Workspace ws;
   for_each_path<Element>([&] {
     Tensor<Element, 4> out({c.batch, c.heads, c.tq, c.dv},

@@ -65,8 +65,7 @@ void scaled_dot_product_attention(TensorView<const detail::identity_t<Scalar>, 4
   if constexpr (std::is_floating_point_v<Scalar>) {
     detail::attend("scaled_dot_product_attention", q, k, v, out, mask, options, {}, workspace);
   } else {
-    detail::attend_storage("scaled_dot_product_attention", q, k, v, out, mask, options,
-                           workspace);
+    detail::attend_storage("scaled_dot_product_attention", q, k, v, out, mask, options, workspace);
   }
 }
 
@@ -199,18 +198,15 @@ AttentionResult<Scalar, Rank> sdpa_allocating(TensorView<const Scalar, Rank> q,
 template <class Scalar, std::size_t Rank>
 Tensor<std::remove_const_t<Scalar>, Rank> scaled_dot_product_attention(
     TensorView<Scalar, Rank> q, TensorView<Scalar, Rank> k, TensorView<Scalar, Rank> v,
-    const AttentionMask<compute_type_t<Scalar>>& mask = {},
-    const AttentionOptions& options = {}) {
+    const AttentionMask<compute_type_t<Scalar>>& mask = {}, const AttentionOptions& options = {}) {
   using S = std::remove_const_t<Scalar>;
   return detail::sdpa_allocating<S, Rank>(q, k, v, mask, options, false).output;
 }
 
 template <class Scalar, std::size_t Rank>
-Tensor<Scalar, Rank> scaled_dot_product_attention(const Tensor<Scalar, Rank>& q,
-                                                  const Tensor<Scalar, Rank>& k,
-                                                  const Tensor<Scalar, Rank>& v,
-                                                  const AttentionMask<compute_type_t<Scalar>>& mask = {},
-                                                  const AttentionOptions& options = {}) {
+Tensor<Scalar, Rank> scaled_dot_product_attention(
+    const Tensor<Scalar, Rank>& q, const Tensor<Scalar, Rank>& k, const Tensor<Scalar, Rank>& v,
+    const AttentionMask<compute_type_t<Scalar>>& mask = {}, const AttentionOptions& options = {}) {
   return detail::sdpa_allocating<Scalar, Rank>(q.view(), k.view(), v.view(), mask, options, false)
       .output;
 }

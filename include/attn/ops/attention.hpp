@@ -177,11 +177,11 @@ void run_attention(const AttentionCall<Scalar, Operand>& call, Workspace& ws) {
       Scalar* scratch = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread);
       if constexpr (!kReduced) {
         if (plan.route == AttentionRoute::kMaterialized) {
-        const Index tile = task % plan.tiles, bh = task / plan.tiles;
-        const Index b = bh / heads, h = bh % heads;
-        const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
-        set.materialized_task(args, call.head_mask(b, h), drop_of(b, h), b, h, i0, i1, scratch);
-        return;
+          const Index tile = task % plan.tiles, bh = task / plan.tiles;
+          const Index b = bh / heads, h = bh % heads;
+          const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
+          set.materialized_task(args, call.head_mask(b, h), drop_of(b, h), b, h, i0, i1, scratch);
+          return;
         }
       }
       Index c = 0;

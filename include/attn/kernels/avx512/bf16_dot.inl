@@ -63,14 +63,14 @@ inline bool pack_row_pairs(const bfloat16* v, Index ldv, Index n, Index cols, fl
     Index c = 0;
     for (; c + 16 <= cols; c += 16) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
-      const __m256i b = r1 != nullptr
-                            ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c))
-                            : _mm256_setzero_si256();
+      const __m256i b = r1 != nullptr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c))
+                                      : _mm256_setzero_si256();
       bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(a, exponent), exponent));
       bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(b, exponent), exponent));
       // unpack interleaves within 128-bit lanes: columns 0-3 and 8-11, then 4-7 and 12-15.
       const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + c), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + c),
+                          _mm256_permute2x128_si256(lo, hi, 0x20));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + c + 8),
                           _mm256_permute2x128_si256(lo, hi, 0x31));
     }

@@ -65,8 +65,8 @@ void add_nonfinite_values(Index rows, Index n, Index dv, const Scalar* p, Index 
 /// lse(b, h, i) = max + log(sum) (the logsumexp of a row's visible scores, given its max
 /// and the sum of exp(score - max)), or +inf when the masks hide every key (`any` false).
 template <class Scalar, class Operand>
-void write_lse(const AttentionArgs<Scalar, Operand>& p, Index b, Index h, Index i, Scalar max, Scalar sum,
-               bool any = true) noexcept {
+void write_lse(const AttentionArgs<Scalar, Operand>& p, Index b, Index h, Index i, Scalar max,
+               Scalar sum, bool any = true) noexcept {
   p.lse.data()[b * p.lse.stride(0) + h * p.lse.stride(1) + i * p.lse.stride(2)] =
       any ? static_cast<Scalar>(static_cast<double>(max) + std::log(static_cast<double>(sum)))
           : std::numeric_limits<Scalar>::infinity();
@@ -256,12 +256,12 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   constexpr bool kPairs = kSetIsa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>;
   const bool pairs = kPairs && p.path != Bf16Path::kWiden;  // AMX or vdpbf16ps
   const bool amx = kPairs && p.path == Bf16Path::kAmx;
-  Scalar* qw = clean + kKeyBlock * dv;                // Q widened (rows, d)
-  Scalar* kw = qw + kQueryBlock * d;                  // a K tile widened, or in AMX tiles
-  Scalar* vw = kw + kKeyBlock * (d + 32);             // a V tile widened (width, d_v)
-  Scalar* qp = vw + kKeyBlock * dv;                   // Q^T in k-pairs (words, kQueryBlock)
+  Scalar* qw = clean + kKeyBlock * dv;                 // Q widened (rows, d)
+  Scalar* kw = qw + kQueryBlock * d;                   // a K tile widened, or in AMX tiles
+  Scalar* vw = kw + kKeyBlock * (d + 32);              // a V tile widened (width, d_v)
+  Scalar* qp = vw + kKeyBlock * dv;                    // Q^T in k-pairs (words, kQueryBlock)
   Scalar* vp = qp + ((d + 1) / 2 + 32) * kQueryBlock;  // a V tile in k-pairs (width / 2, d_v)
-  Scalar* pt = vp + kKeyBlock / 2 * dv;               // P (rows, width), float
+  Scalar* pt = vp + kKeyBlock / 2 * dv;                // P (rows, width), float
   Operand* pb = reinterpret_cast<Operand*>(pt + kQueryBlock * kKeyBlock);  // P rounded
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
@@ -515,8 +515,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
             if (r < rows) convert_row(pt + r * a_ld, pb + r * a_ld, e = tile_need);
             std::fill(pb + r * a_ld + e, pb + (r + 1) * a_ld, bfloat16::from_bits(0));
           }
-          std::fill(vp + (tile_need + 1) / 2 * dv,
-                    vp + gemm_words(Bf16Path::kAmx, tile_need) * dv, 0.0f);
+          std::fill(vp + (tile_need + 1) / 2 * dv, vp + gemm_words(Bf16Path::kAmx, tile_need) * dv,
+                    0.0f);
           // pass 5b: acc += P V on whole AMX tiles when d_v is a multiple of 16 (acc has
           // room for rows to a multiple of 16; P's rows past `rows` are +0), else 32 rows x
           // 128 columns per amx_block(); or kMicroRows rows up to their last visible key x
@@ -589,8 +589,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       std::copy(acc + r * dv, acc + (r + 1) * dv, row + kPartialExtra);
       continue;
     }
-    Operand* out = p.out.data() + task.b * p.out.stride(0) +
-                   (task.h0 + r / nq) * p.out.stride(1) + (i0 + r % nq) * p.out.stride(2);
+    Operand* out = p.out.data() + task.b * p.out.stride(0) + (task.h0 + r / nq) * p.out.stride(1) +
+                   (i0 + r % nq) * p.out.stride(2);
     Scalar* o = nullptr;  // the float row; storage types: rounded into out after
     if constexpr (kReduced) {
       o = clean;

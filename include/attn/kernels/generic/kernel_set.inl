@@ -42,9 +42,9 @@ struct KernelSet {
     materialized_tile(args, mask, drop, b, h, i0, i1, scratch);
   }
   template <class Scalar, class Operand>
-  static void streaming_task(const AttentionArgs<Scalar, Operand>& args, const HeadMask<Scalar>* masks,
-                             const DropoutStream* drops, const StreamTask<Scalar>& task,
-                             Scalar* scratch) {
+  static void streaming_task(const AttentionArgs<Scalar, Operand>& args,
+                             const HeadMask<Scalar>* masks, const DropoutStream* drops,
+                             const StreamTask<Scalar>& task, Scalar* scratch) {
     streaming_tile(args, masks, drops, task, scratch);
   }
   template <class Scalar>
@@ -124,9 +124,9 @@ ATTN_KERNELS_EXPLICIT_ template void gemm_task<float, bfloat16>(const GemmPlan<f
 ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<bfloat16>(const bfloat16*, Index,
                                                            PackedGemmB<bfloat16>&) noexcept;
 // The streaming attention on bfloat16 and float16 operands (float accumulation).
-#define ATTN_KERNELS_STORAGE_ATTENTION_(O)                                                    \
-  ATTN_KERNELS_EXPLICIT_ template void streaming_tile<float, O>(                             \
-      const AttentionArgs<float, O>&, const HeadMask<float>*, const DropoutStream*,          \
+#define ATTN_KERNELS_STORAGE_ATTENTION_(O)                                          \
+  ATTN_KERNELS_EXPLICIT_ template void streaming_tile<float, O>(                    \
+      const AttentionArgs<float, O>&, const HeadMask<float>*, const DropoutStream*, \
       const StreamTask<float>&, float*);
 ATTN_KERNELS_STORAGE_ATTENTION_(bfloat16)
 ATTN_KERNELS_STORAGE_ATTENTION_(float16)
