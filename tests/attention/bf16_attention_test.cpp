@@ -215,6 +215,42 @@ TEST_F(StorageAttention, Float16MatchesTheReference) {
   for (const Case& c : kCases) check_case<float16>(c);
 }
 
+// The variants and dropout are fields of the call, computed in float: softcap, ALiBi, sinks
+// and dropout (the same keep decisions, a hash of the seed and the position) against the
+// float call on the same rounded values, which computes every step the bfloat16 one does
+// except the two roundings (P and out) the tolerance covers; GQA with a padding mask too.
+TEST_F(StorageAttention, VariantsAndDropoutMatchTheFloatCall) {
+  const Shape<4> qs{2, 4, 70, 64}, ks{2, 2, 150, 64};
+  const auto q = random_rounded<bfloat16>(qs, 9);
+  const auto k = random_rounded<bfloat16>(ks, 10);
+  const auto v = random_rounded<bfloat16>(ks, 11);
+  const auto qf = attn::convert<float>(q), kf = attn::convert<float>(k), vf = attn::convert<float>(v);
+  Tensor<float, 1> sinks({4});
+  for (Index h = 0; h < 4; ++h) sinks(h) = 0.5f * static_cast<float>(h) - 1.0f;
+  Tensor<bool, 2> padding({2, 150}, false);
+  for (Index j = 120; j < 150; ++j) padding(1, j) = true;
+  AttentionMask<float> mask;
+  mask.key_padding(padding);
+  AttentionOptions options;
+  options.softcap = 2.0;
+  options.alibi_max_bias = 8.0;
+  options.sinks = sinks;
+  options.dropout = 0.25;
+  options.dropout_seed = 77;
+  Tensor<float, 4> expected({2, 4, 70, 64});
+  attn::scaled_dot_product_attention<float>(qf.view(), kf.view(), vf.view(), expected.view(), mask,
+                                            options);
+  Tensor<double, 4> wide({2, 4, 70, 64});
+  for (Index i = 0; i < wide.size(); ++i) wide.data()[i] = expected.data()[i];
+  for_each_path<bfloat16>([&] {
+    Tensor<bfloat16, 4> out({2, 4, 70, 64});
+    attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), out.view(), mask,
+                                                 options);
+    // Dropout scales kept weights by 4/3: P's rounding moves out by up to 4/3 u max |v|.
+    EXPECT_TRUE(near<bfloat16>(out.view(), wide.view()));
+  });
+}
+
 // Each output element is one task's, whatever the schedule: the same bits for 1 and 2 threads.
 TEST_F(StorageAttention, BitIdenticalForOneAndTwoThreads) {
   const Shape<4> shape{2, 4, 130, 64};

@@ -261,8 +261,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   Scalar* vw = kw + kKeyBlock * (d + 32);              // a V tile widened (width, d_v)
   Scalar* qp = vw + kKeyBlock * dv;                    // Q^T in k-pairs (words, kQueryBlock)
   Scalar* vp = qp + ((d + 1) / 2 + 32) * kQueryBlock;  // a V tile in k-pairs (width / 2, d_v)
-  Scalar* pt = vp + kKeyBlock / 2 * dv;                // P (rows, width), float
-  Operand* pb = reinterpret_cast<Operand*>(pt + kQueryBlock * kKeyBlock);  // P rounded
+  Operand* pb = reinterpret_cast<Operand*>(vp + kKeyBlock / 2 * dv);  // P rounded (rows, width)
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
   std::fill(l, l + kQueryBlock, Scalar(0));
@@ -509,12 +508,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         dirty = tile_need > 0 && pairs &&
                 pack_row_pairs(v_tile, v_rs, tile_need, dv, reinterpret_cast<float*>(vp), dv);
         if (pairs && !dirty && tile_need > 0) {
-          pack_transposed(st, ld, 0, tile_need, 0, rows, pt, a_ld);
-          for (Index r = 0; r < (rows + 31) / 32 * 32; ++r) {
-            Index e = 0;
-            if (r < rows) convert_row(pt + r * a_ld, pb + r * a_ld, e = tile_need);
-            std::fill(pb + r * a_ld + e, pb + (r + 1) * a_ld, bfloat16::from_bits(0));
-          }
+          pack_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, pb, a_ld);
           std::fill(vp + (tile_need + 1) / 2 * dv, vp + gemm_words(Bf16Path::kAmx, tile_need) * dv,
                     0.0f);
           // pass 5b: acc += P V on whole AMX tiles when d_v is a multiple of 16 (acc has
