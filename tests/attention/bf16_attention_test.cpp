@@ -224,7 +224,8 @@ TEST_F(StorageAttention, VariantsAndDropoutMatchTheFloatCall) {
   const auto q = random_rounded<bfloat16>(qs, 9);
   const auto k = random_rounded<bfloat16>(ks, 10);
   const auto v = random_rounded<bfloat16>(ks, 11);
-  const auto qf = attn::convert<float>(q), kf = attn::convert<float>(k), vf = attn::convert<float>(v);
+  const auto qf = attn::convert<float>(q), kf = attn::convert<float>(k),
+             vf = attn::convert<float>(v);
   Tensor<float, 1> sinks({4});
   for (Index h = 0; h < 4; ++h) sinks(h) = 0.5f * static_cast<float>(h) - 1.0f;
   Tensor<bool, 2> padding({2, 150}, false);

@@ -88,8 +88,9 @@ inline bool pack_row_pairs(const bfloat16* v, Index ldv, Index n, Index cols, fl
 /// ld, rows <= 64 <= ld) transposed and rounded to bfloat16 (nearest even, as convert_row())
 /// into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows [rows,
 /// padded). Blocks of 16 keys x 16 rows through transpose16(), each row then narrowed: one
-/// pass instead of a float transpose and a conversion (measured: 13 % -> 5 % of the AMX path's
-/// time, B 1, H 16, T 1024, d 128).
+/// pass and no float copy of P, though no faster than a float transpose and a conversion
+/// (perf, B 1, H 16, T 1024, d 128 on AMX: 12 % of the time against their 13 %; the
+/// transpose's shuffles dominate).
 inline void pack_probabilities(const float* pt, Index ld, Index n, Index rows, Index padded,
                                bfloat16* out, Index ldo) noexcept {
   const Index n16 = (n + 15) / 16 * 16;
