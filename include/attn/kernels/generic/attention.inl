@@ -359,21 +359,29 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // and d (d a multiple of 32, width of 16), else copied into whole tiles (amx_pack_a());
     // vdpbf16ps: K read in place, kMicroRows keys x micro_cols() rows per micro-tile. Every
     // row, boundary tile or not; the scale after (one rounding, as alpha).
+    // In a boundary tile only the keys before the last row's end: pass 2 sets the rest to
+    // -inf in every row.
     if constexpr (kPairs) {
+      Index keys = width;
+      if (!full) {
+        keys = 0;
+        for (Index r = 0; r < rows; ++r) keys = std::max(keys, end[r] - j0);
+        keys = std::clamp<Index>(keys, 0, width);
+      }
       if (amx) {
         const bfloat16* ka = k_tile;
         Index ka_ld = k_rs;
-        if (d % 32 != 0 || width % 16 != 0) {
+        if (d % 32 != 0 || keys % 16 != 0) {
           auto* tiles = reinterpret_cast<bfloat16*>(kw);
-          amx_pack_a(k_tile, k_rs, width, d, tiles);
+          amx_pack_a(k_tile, k_rs, keys, d, tiles);
           ka = tiles, ka_ld = (d + 31) / 32 * 32;
         }
-        amx_tiles((width + 15) / 16, (rows + 15) / 16, (d + 31) / 32, ka, ka_ld, qp, kQueryBlock,
-                  st, ld, false);
+        amx_tiles((keys + 15) / 16, (rows + 15) / 16, (d + 31) / 32, ka, ka_ld, qp, kQueryBlock, st,
+                  ld, false);
       } else if (pairs) {
         float* crow[kMicroRows];
-        for (Index gk = 0; gk < width; gk += kMicroRows) {
-          const Index group = std::min<Index>(kMicroRows, width - gk);
+        for (Index gk = 0; gk < keys; gk += kMicroRows) {
+          const Index group = std::min<Index>(kMicroRows, keys - gk);
           for (Index c0 = 0; c0 < rows; c0 += col_group) {
             for (Index r = 0; r < group; ++r) crow[r] = st + (gk + r) * ld + c0;
             bf16_dot_tile_rows(group, d, k_tile + gk * k_rs, k_rs, qp + c0, kQueryBlock, crow,
@@ -381,7 +389,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           }
         }
       }
-      for (Index j = 0; j < (pairs ? width : 0); ++j) scale_row(st + j * ld, rows, p.scale);
+      for (Index j = 0; j < (pairs ? keys : 0); ++j) scale_row(st + j * ld, rows, p.scale);
     }
     for (Index gk = 0; gk < (dot_rows || pairs ? 0 : width); gk += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, width - gk);
