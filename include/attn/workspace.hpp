@@ -30,6 +30,7 @@ enum class WorkspaceSlot : std::size_t {
   kLogsumexp,       // a training forward's logsumexp per query (B, H, T_q), in SavedForward
   kGradContext,     // the backward's gradient of the context (B, T_q, H, hd)
   kGradProjection,  // the backward's dQ, dK, dV, head-major like the projections
+  kWideOutput,      // float results (and bias) of a GEMM on bfloat16 operands, before rounding
   kCount            // number of slots (not a slot)
 };
 

@@ -7,6 +7,7 @@
 // and two threads; value rows that are not finite only where seen.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -308,6 +309,163 @@ TEST_F(StorageAttention, TensorsAndTheMaterialisedPath) {
   EXPECT_THROW(attn::scaled_dot_product_attention<float16>(q4.view(), q4.view(), q4.view(),
                                                            out4.view(), {}, options),
                attn::ConfigError);
+}
+
+// ---- MultiHeadAttention<bfloat16> ----
+
+// A float module with biases in [-0.5, 0.5) (nn.MultiheadAttention starts them at 0).
+attn::MultiHeadAttention<float> float_module(const attn::MultiHeadAttentionOptions& o) {
+  attn::MultiHeadAttention<float> m(o);
+  for (const auto& p : m.named_parameters()) {
+    if (p.rank() != 1) continue;
+    const auto r = attn::test::random_tensor<float, 1>(p.vector().shape(), 43, -0.5, 0.5);
+    attn::copy(r.view(), p.vector());
+  }
+  return m;
+}
+
+// A float module and its bfloat16 twin: the float one holds the bfloat16 weights widened, so
+// both compute from the same values and only the bfloat16 module's roundings differ.
+struct ModulePair {
+  attn::MultiHeadAttention<float> wide;
+  attn::MultiHeadAttention<bfloat16> narrow;
+  explicit ModulePair(const attn::MultiHeadAttentionOptions& o)
+      : wide(attn::convert<float>(attn::convert<bfloat16>(float_module(o)))),
+        narrow(attn::convert<bfloat16>(wide)) {
+    wide.eval();
+    narrow.eval();
+  }
+};
+
+// Uniform values in [-1, 1) rounded to bfloat16, and the same values as floats.
+struct RoundedInput {
+  Tensor<bfloat16, 3> narrow;
+  Tensor<float, 3> wide;
+  RoundedInput(const Shape<3>& shape, std::uint64_t seed)
+      : narrow(attn::convert<bfloat16>(attn::test::random_tensor<float, 3>(shape, seed))),
+        wide(attn::convert<float>(narrow)) {}
+};
+
+// The bfloat16 module against the float one on the same bfloat16 values, as PyTorch's tests
+// compare a bf16 module with its float twin (atol = rtol = 1e-2 for bf16 there). Beyond the
+// attention call's own two roundings (P and the context, 4u each in the test above, u = 2^-9)
+// the module rounds Q, K and V (a relative u on each score's factors: |s| u on a score, here
+// |s| < 1.5, so at most 1.5 u on the weights' logits) and the output once (u |out|, |out| <
+// 1). Outputs are sums over E = 64 context features with weights under 1/8 (xavier), so the
+// context's error of ~4u reaches them as about 4u sqrt(64) / 8 = 4u = 8e-3: PyTorch's bf16
+// atol = rtol = 1e-2 holds it. Measured here, |a - x| / (1 + |x|): at most 1.4e-3 on every
+// set and path, a factor of 7 under it. A wrong bias (|b| ~ 0.25), weight layout, mask or
+// head mapping moves outputs by 5e-2 or more.
+::testing::AssertionResult module_near(const Tensor<bfloat16, 3>& actual,
+                                       const Tensor<float, 3>& expected) {
+  constexpr double kTol = 1e-2;
+  double worst = 0;
+  for (Index i = 0; i < actual.size(); ++i) {
+    const double a = static_cast<float>(actual.data()[i]), x = expected.data()[i];
+    worst = std::max(worst, std::abs(a - x) / (1 + std::abs(x)));
+    if (!(std::abs(a - x) <= kTol + kTol * std::abs(x))) {
+      return ::testing::AssertionFailure() << "element " << i << " = " << a << ", expected " << x;
+    }
+  }
+  return ::testing::AssertionSuccess() << "worst " << worst;
+}
+
+attn::MultiHeadAttentionOptions module_options(Index kdim, Index kv_heads) {
+  auto o = attn::MultiHeadAttentionOptions::pytorch(64, 4, true, kdim, kdim);
+  o.num_kv_heads = kv_heads;
+  return o;
+}
+
+// Self-attention (causal, key padding), cross-attention with kdim != d_in and grouped-query
+// heads, softcap and ALiBi: every set and path, and 1 and 2 threads bit for bit.
+TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
+  struct ModuleCase {
+    Index kdim, kv_heads, tq, tk;
+    bool causal, padding, variants;
+  };
+  const ModuleCase cases[] = {
+      {0, 0, 37, 37, true, false, false},    // self, causal, fused Q/K/V
+      {0, 2, 70, 70, false, true, true},     // self, GQA, padding, softcap + ALiBi
+      {48, 4, 19, 77, false, false, false},  // cross, kdim = vdim = 48: W_q, [W_k; W_v]
+  };
+  for (const ModuleCase& c : cases) {
+    SCOPED_TRACE("case kdim " + std::to_string(c.kdim) + " tq " + std::to_string(c.tq));
+    auto o = module_options(c.kdim, c.kv_heads);
+    o.causal = c.causal;
+    if (c.variants) {
+      o.softcap = 5.0;
+      o.alibi_max_bias = 8.0;
+    }
+    const ModulePair m(o);
+    const RoundedInput q({2, c.tq, 64}, 31 + c.tq);
+    const RoundedInput kv({2, c.tk, c.kdim > 0 ? c.kdim : 64}, 37 + c.tk);
+    Tensor<bool, 2> padding({2, c.tk}, false);
+    AttentionMask<float> mask;
+    if (c.padding) {
+      for (Index j = c.tk - 20; j < c.tk; ++j) padding(1, j) = true;
+      mask.key_padding(padding);
+    }
+    const bool self = c.kdim == 0 && c.tq == c.tk;
+    const Tensor<float, 3> expected =
+        self ? m.wide.forward(q.wide, mask) : m.wide.forward(q.wide, kv.wide, kv.wide, mask);
+    attn::set_num_threads(1);
+    for_each_path<bfloat16>([&] {
+      const Tensor<bfloat16, 3> out = self ? m.narrow.forward(q.narrow, mask)
+                                           : m.narrow.forward(q.narrow, kv.narrow, kv.narrow, mask);
+      EXPECT_TRUE(module_near(out, expected));
+      attn::set_num_threads(2);
+      const Tensor<bfloat16, 3> two = self ? m.narrow.forward(q.narrow, mask)
+                                           : m.narrow.forward(q.narrow, kv.narrow, kv.narrow, mask);
+      attn::set_num_threads(1);
+      for (Index i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out.data()[i].bits(), two.data()[i].bits()) << "element " << i;
+      }
+    });
+  }
+}
+
+// The conversion rounds each weight once and widens back exactly; frozen and unfrozen give
+// the same bits; rotary embeddings are refused, naming the type.
+TEST_F(StorageAttention, Bf16ModuleConversion) {
+  auto o = module_options(0, 0);
+  const attn::MultiHeadAttention<float> wide(o);
+  const attn::MultiHeadAttention<bfloat16> narrow(wide);
+  const auto from = wide.named_parameters();
+  const auto to = narrow.named_parameters();
+  ASSERT_EQ(from.size(), to.size());
+  for (std::size_t p = 0; p < from.size(); ++p) {
+    ASSERT_EQ(from[p].name(), to[p].name());
+    const bool vector = from[p].rank() == 1;
+    const Index rows = vector ? 1 : from[p].matrix().extent(0);
+    const Index cols = vector ? from[p].vector().extent(0) : from[p].matrix().extent(1);
+    for (Index r = 0; r < rows; ++r) {
+      for (Index i = 0; i < cols; ++i) {
+        const float f = vector ? from[p].vector()(i) : from[p].matrix()(r, i);
+        const bfloat16 n = vector ? to[p].vector()(i) : to[p].matrix()(r, i);
+        ASSERT_EQ(bfloat16(f).bits(), n.bits()) << from[p].name() << " " << r << " " << i;
+      }
+    }
+  }
+  const attn::MultiHeadAttention<float> back = attn::convert<float>(narrow);
+  EXPECT_EQ(back.in_proj_weight()(5, 7), static_cast<float>(narrow.in_proj_weight()(5, 7)));
+  EXPECT_EQ(back.out_proj().bias()(3), static_cast<float>(narrow.out_proj().bias()(3)));
+
+  const RoundedInput x({1, 40, 64}, 41);
+  auto frozen = narrow;
+  frozen.eval();
+  const Tensor<bfloat16, 3> a = frozen.forward(x.narrow);
+  frozen.freeze();
+  const Tensor<bfloat16, 3> b = frozen.forward(x.narrow);
+  for (Index i = 0; i < a.size(); ++i) ASSERT_EQ(a.data()[i].bits(), b.data()[i].bits());
+
+  o.rope.head_dim = 16;
+  const attn::MultiHeadAttention<float> rotary(o);
+  try {
+    const attn::MultiHeadAttention<bfloat16> refused(rotary);
+    FAIL() << "rotary embeddings were accepted";
+  } catch (const attn::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bfloat16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

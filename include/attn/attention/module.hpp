@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn/attention/cached_forward.hpp"
@@ -205,7 +206,10 @@ class ModuleForwards {
   using In = typename InputView<Tag, TensorView<const Scalar, Rank>>::type;
   template <class Tag, std::size_t Rank>
   using Grad = typename InputView<Tag, TensorView<Scalar, Rank>>::type;
-  using Mask = AttentionMask<Scalar>;
+  // Masks are in the compute type: float for a bfloat16 module.
+  using Mask = AttentionMask<compute_type_t<Scalar>>;
+  // A bfloat16 module runs whole-sequence inference forwards only.
+  static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
 
  public:
   Tensor<Scalar, 3> forward(In<Inputs, 3>... in, const Mask& mask = {}) const {
@@ -243,6 +247,9 @@ class ModuleForwards {
                Workspace& ws, const Mask& mask = {}) const {
     static_assert(Rank == 2 || Rank == 3,
                   "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
+    static_assert(kTraining,
+                  "attn: a bfloat16 module runs inference forwards only; a training forward "
+                  "(SavedForward) needs a float or double module");
     if constexpr (Rank == 3) {
       const ModuleInputs<Scalar> given = gather_inputs<Scalar>(in...);
       check_training_memory<Scalar>(derived().forward_where(), given, out, saved);
@@ -270,6 +277,9 @@ class ModuleForwards {
   ///         or holds another module's keys; ShapeError when out shares memory with the cache.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                KVCache<Scalar>& cache, const Mask& mask = {}) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module has no KV cache yet; the incremental forward needs a "
+                  "float or double module");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache_memory(cache));
     derived().run_cached(x, out, ws, cache, mask);
@@ -285,6 +295,9 @@ class ModuleForwards {
   ///         ConfigError when `grads` does not hold this module's parameters.
   void backward(In<InputX, 3> grad_out, const SavedForward<Scalar>& saved,
                 Grad<Inputs, 3>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module runs inference forwards only; backward needs a float "
+                  "or double module");
     derived().run_backward(grad_out, saved, gather_grads<Scalar>(grad_in...).views, grads, ws);
   }
   void backward(In<InputX, 2> grad_out, const SavedForward<Scalar>& saved,
@@ -311,6 +324,9 @@ class ModuleForwards {
   void forward_with_weights(In<Inputs, 3>... in, TensorView<Scalar, 3> out,
                             TensorView<Scalar, WeightsRank> weights, Workspace& ws,
                             const Mask& mask = {}) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module takes the streaming kernel, which returns no "
+                  "attention weights; forward_with_weights needs a float or double module");
     TensorView<Scalar, 4> heads_weights;
     if constexpr (WeightsRank == 4) {
       heads_weights = weights;
@@ -431,11 +447,17 @@ class CoreModule {
 
  protected:
   CoreModule(const CoreConfig& config, TorchGenerator* gen) : core_(config, gen) {}
+  /// `other`'s core converted to Scalar (see AttentionCore's converting constructor).
+  template <class Other>
+  explicit CoreModule(const CoreModule<Other>& other) : core_(other.core_) {}
+
+  template <class>
+  friend class CoreModule;
 
   template <class, class, std::size_t, class...>
   friend class ModuleForwards;
   void run(const ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
-           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
+           const AttentionMask<compute_type_t<Scalar>>& mask, TensorView<Scalar, 4> weights,
            SavedForward<Scalar>* saved = nullptr) const {
     core_.forward(x.query, x.key, x.value, out, ws, mask, weights, saved);
   }

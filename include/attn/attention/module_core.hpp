@@ -31,6 +31,7 @@
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
 #include "attn/nn/rope.hpp"
+#include "attn/ops/convert.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -53,6 +54,14 @@ namespace detail {
 /// Every notebook class is a thin header over one core (or, for the wrapper, several); a
 /// feature added here reaches every module.
 ///
+/// A bfloat16 core (inference) keeps its weights and biases in bfloat16, as a PyTorch module
+/// after .to(torch.bfloat16) does: the projections are GEMMs on bfloat16 operands with float
+/// sums, each result rounded once to bfloat16 (Q, K, V, the output), and the kernel is the
+/// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
+/// state are float. Training forwards, backwards, the KV cache, attention weights, rotary
+/// embeddings and sinks need a float or double core. Built from a configuration, it takes a
+/// float core's draws rounded; the converting constructor rounds (or widens) any core.
+///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
 /// unfreeze, the weight accessors, named_parameters()) need exclusive access: none may run
@@ -61,12 +70,34 @@ template <class Scalar>
 class AttentionCore {
  public:
   using Heads = typename QkvProjection<Scalar>::Heads;
+  /// What masks, ALiBi slopes and dropout are in: Scalar, or float for bfloat16.
+  using Compute = compute_type_t<Scalar>;
+  using Mask = AttentionMask<Compute>;
+  static constexpr bool kStorage = !std::is_floating_point_v<Scalar>;
 
   AttentionCore() = default;
+
+  /// The core of `other` with its weights converted to Scalar (each rounded once, to nearest
+  /// even, when narrowing), its mode, dropout seed and scaling; not frozen.
+  /// @throws ConfigError as the configuration constructor.
+  template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
+  explicit AttentionCore(const AttentionCore<Other>& other)
+      : AttentionCore(uninitialised(other.config()), nullptr) {
+    load(other);
+    train(other.is_training());
+    seed(other.dropout_seed());
+    scaled_ = other.scaled();
+  }
 
   /// Validates `c` and draws the weights from `gen`, or from the global generator when null.
   /// @throws ConfigError naming c.name and the values.
   AttentionCore(const CoreConfig& c, TorchGenerator* gen) : config_(checked_core_config(c)) {
+    if constexpr (kStorage) {
+      require_config(c.rope.head_dim == 0 && !c.sinks, c.name, [&] {
+        return std::string("a ") + element_name<Scalar>() +
+               " module has no rotary embeddings or sinks yet; use a float module";
+      });
+    }
     const Index kdim = c.kdim > 0 ? c.kdim : c.d_in, vdim = c.vdim > 0 ? c.vdim : c.d_in;
     config_.kdim = kdim;
     config_.vdim = vdim;
@@ -75,40 +106,28 @@ class AttentionCore {
     const Index width = attention_width();
     proj_ = QkvProjection<Scalar>(c.d_in, kdim, vdim, c.num_heads, config_.head_dim, c.qkv_bias,
                                   config_.num_kv_heads);
-    dropout_ = Dropout<Scalar>(c.dropout);
-    if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Scalar>(c.rope);
+    dropout_ = Dropout<Compute>(c.dropout);
+    if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Compute>(c.rope);
     if (c.sinks) sinks_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});  // 0: see the option
     if (!c.alibi_slopes.empty()) {
-      alibi_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});
+      alibi_ = Tensor<Compute, 1>(Shape<1>{c.num_heads});
       for (Index h = 0; h < c.num_heads; ++h) {
-        alibi_(h) = static_cast<Scalar>(c.alibi_slopes[static_cast<std::size_t>(h)]);
+        alibi_(h) = static_cast<Compute>(c.alibi_slopes[static_cast<std::size_t>(h)]);
       }
     }
     {  // the variants as this Scalar reads them (a softcap past float's range, ...)
       AttentionOptions variants;
       set_variants(variants);
-      check_variants<Scalar>(config_.name, variants, c.num_heads);
+      check_variants<Compute>(config_.name, variants, c.num_heads);
     }
-    if (c.init == InitScheme::kNone) {  // nothing drawn: the caller sets the weights
+    if (kStorage || c.init == InitScheme::kNone) {  // nothing drawn here
       TorchGenerator unused;
       if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, unused);
+      // A bfloat16 core takes a float core's draws, rounded.
+      if (kStorage && c.init != InitScheme::kNone) load(AttentionCore<Compute>(c, gen));
       return;
     }
-    const auto draw = [&](TorchGenerator& g) {
-      if (c.init == InitScheme::kLinear) proj_.init_linear(g);
-      if (c.init == InitScheme::kRand) proj_.init_rand(g);
-      if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, g);
-      if (c.init == InitScheme::kMultiheadAttention) {
-        proj_.init_xavier(g);
-        const TensorView<Scalar, 1> b = out_proj_.bias();
-        for (Index i = 0; i < b.extent(0); ++i) b(i) = Scalar(0);
-      }
-    };
-    if (gen != nullptr) {
-      draw(*gen);
-    } else {
-      with_global_generator(draw);
-    }
+    if constexpr (!kStorage) draw_weights(c, gen);
   }
 
   // ---- the forward path ----
@@ -120,16 +139,21 @@ class AttentionCore {
   /// the kernel's scratch), and `saved` records what the backward needs.
   void forward(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
                TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out, Workspace& ws,
-               const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
+               const Mask& mask, TensorView<Scalar, 4> weights,
                SavedForward<Scalar>* saved = nullptr) const {
+    if constexpr (kStorage) {  // the module front ends refuse these at compile time
+      ATTN_ASSERT(saved == nullptr && weights.data() == nullptr);
+    }
     check(query, key, value, out, weights, mask);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
-    if (has_rope()) {  // positions 0..T-1, in the projection's own buffer
-      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.query.data()),
-                                        heads.query.shape(), heads.query.strides()));
-      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.key.data()), heads.key.shape(),
-                                        heads.key.strides()));
+    if constexpr (!kStorage) {
+      if (has_rope()) {  // positions 0..T-1, in the projection's own buffer
+        rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.query.data()),
+                                          heads.query.shape(), heads.query.strides()));
+        rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.key.data()), heads.key.shape(),
+                                          heads.key.strides()));
+      }
     }
     const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
                 hd = head_dim();
@@ -142,7 +166,7 @@ class AttentionCore {
     const AttentionOptions options = kernel_options(weights);
     // A training forward keeps each query's logsumexp for the streaming backward.
     const TensorView<Scalar, 3> lse =
-        saved == nullptr
+        kStorage || saved == nullptr
             ? TensorView<Scalar, 3>()
             : TensorView<Scalar, 3>(
                   workspace_get<Scalar>(keep, WorkspaceSlot::kLogsumexp, batch * num_heads() * tq),
@@ -153,11 +177,13 @@ class AttentionCore {
            mask, options, weights, ws, lse);
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
-    if (saved != nullptr) {
-      record_forward(*saved, this, id(), config_, heads.rows,
-                     same_view(query, key) && same_view(key, value), same_view(key, value),
-                     heads.query, heads.key, heads.value, context, mask, options,
-                     TensorView<const Scalar, 3>(lse));
+    if constexpr (!kStorage) {
+      if (saved != nullptr) {
+        record_forward(*saved, this, id(), config_, heads.rows,
+                       same_view(query, key) && same_view(key, value), same_view(key, value),
+                       heads.query, heads.key, heads.value, context, mask, options,
+                       TensorView<const Scalar, 3>(lse));
+      }
     }
     if (config_.out_proj) {
       out_proj_.forward(context, out, ws);
@@ -172,7 +198,7 @@ class AttentionCore {
   /// @throws ShapeError; ConfigError past context_length.
   void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
              TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out,
-             TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) const {
+             TensorView<Scalar, 4> weights, const Mask& mask) const {
     const char* where = config_.forward_name;
     const char* name = config_.input_name != nullptr ? config_.input_name : "query";
     check_input(where, name, query, d_in(), "d_in");
@@ -241,11 +267,16 @@ class AttentionCore {
 
   /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd) (and, when
   /// not empty, each query's logsumexp into `lse` (B, H, T_q)).
-  void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
+  void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const Mask& mask,
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
               TensorView<Scalar, 3> lse = {}) const {
-    detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
-                   weights, ws, config_.causal_bound(), lse);
+    if constexpr (kStorage) {
+      detail::attend_storage<Scalar>(config_.forward_name, heads.query, heads.key, heads.value, ctx,
+                                     mask, options, ws, config_.causal_bound());
+    } else {
+      detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
+                     weights, ws, config_.causal_bound(), lse);
+    }
   }
 
   /// The variants of the configuration into `options`: the softcap, ALiBi (the given slopes
@@ -254,7 +285,9 @@ class AttentionCore {
   void set_variants(AttentionOptions& options) const noexcept {
     options.softcap = config_.softcap;
     options.alibi_max_bias = config_.alibi_max_bias;
-    if (config_.sinks) options.sinks = sinks_.view();
+    if constexpr (!kStorage) {  // a bfloat16 core has none
+      if (config_.sinks) options.sinks = sinks_.view();
+    }
     if (!config_.alibi_slopes.empty()) options.alibi_slopes = alibi_.view();
   }
 
@@ -263,6 +296,7 @@ class AttentionCore {
   void train(bool on) noexcept { dropout_.train(on); }
   bool is_training() const noexcept { return dropout_.is_training(); }
   void seed(std::uint64_t value) noexcept { dropout_.seed(value); }
+  std::uint64_t dropout_seed() const noexcept { return dropout_.seed_value(); }
   void freeze() {
     proj_.freeze();
     if (config_.out_proj) out_proj_.freeze();
@@ -295,7 +329,7 @@ class AttentionCore {
   Index sliding_window() const noexcept { return config_.sliding_window; }
   bool has_rope() const noexcept { return rope_.head_dim() > 0; }
   /// The rotary embedding (head_dim 0: none).
-  const RotaryEmbedding<Scalar>& rope() const noexcept { return rope_; }
+  const RotaryEmbedding<Compute>& rope() const noexcept { return rope_; }
   /// A = num_heads * head_dim: the context's features, out_proj's input.
   Index attention_width() const noexcept { return config_.num_heads * config_.head_dim; }
   double dropout() const noexcept { return dropout_.p(); }
@@ -368,6 +402,52 @@ class AttentionCore {
   }
 
  private:
+  template <class>
+  friend class AttentionCore;
+
+  // The configuration's initialisation, from `gen` or the global generator (float, double).
+  void draw_weights(const CoreConfig& c, TorchGenerator* gen) {
+    const Index width = attention_width();
+    const auto draw = [&](TorchGenerator& g) {
+      if (c.init == InitScheme::kLinear) proj_.init_linear(g);
+      if (c.init == InitScheme::kRand) proj_.init_rand(g);
+      if (c.out_proj) out_proj_ = Linear<Scalar>(width, c.d_out, c.out_bias, g);
+      if (c.init == InitScheme::kMultiheadAttention) {
+        proj_.init_xavier(g);
+        const TensorView<Scalar, 1> b = out_proj_.bias();
+        for (Index i = 0; i < b.extent(0); ++i) b(i) = Scalar(0);
+      }
+    };
+    if (gen != nullptr) {
+      draw(*gen);
+    } else {
+      with_global_generator(draw);
+    }
+  }
+
+  // `c` with nothing drawn (the converting constructor loads the weights).
+  static CoreConfig uninitialised(CoreConfig c) {
+    c.init = InitScheme::kNone;
+    return c;
+  }
+
+  // Every parameter of `other` (a core of the same configuration) converted into this one's,
+  // name by name in state_dict order.
+  template <class Other>
+  void load(const AttentionCore<Other>& other) {
+    const ParameterList<const Other> from = other.named_parameters(ParameterNames::kDefault);
+    const ParameterList<Scalar> to = named_parameters(ParameterNames::kDefault);
+    ATTN_ASSERT(from.size() == to.size());
+    for (std::size_t i = 0; i < to.size(); ++i) {
+      ATTN_ASSERT(from[i].name() == to[i].name());
+      if (to[i].rank() == 1) {
+        convert(from[i].vector(), to[i].vector());
+      } else {
+        convert(from[i].matrix(), to[i].matrix());
+      }
+    }
+  }
+
   ParameterNames resolve(ParameterNames names) const noexcept {
     return names == ParameterNames::kDefault ? config_.names : names;
   }
@@ -420,12 +500,12 @@ class AttentionCore {
   CoreConfig config_;
   QkvProjection<Scalar> proj_;
   Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
-  Dropout<Scalar> dropout_{0.0};
-  RotaryEmbedding<Scalar> rope_;  // head_dim 0 unless config_.rope.head_dim
-  Tensor<Scalar, 1> sinks_;       // (H) with config_.sinks, else empty
-  Tensor<Scalar, 1> alibi_;       // (H): config_.alibi_slopes as Scalars, else empty
-  bool scaled_ = true;            // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
-  ObjectIdentity identity_;       // what SavedForward, KVCache and optimizers record
+  Dropout<Compute> dropout_{0.0};
+  RotaryEmbedding<Compute> rope_;  // head_dim 0 unless config_.rope.head_dim (never bfloat16)
+  Tensor<Scalar, 1> sinks_;        // (H) with config_.sinks, else empty (never bfloat16)
+  Tensor<Compute, 1> alibi_;       // (H): config_.alibi_slopes as Computes, else empty
+  bool scaled_ = true;             // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
+  ObjectIdentity identity_;        // what SavedForward, KVCache and optimizers record
 };
 
 }  // namespace detail

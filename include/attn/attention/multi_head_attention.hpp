@@ -75,7 +75,14 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// forward() is const and may be called from several threads at once (dropout's call
 /// counter is atomic; give each thread its own Workspace).
 ///
-/// @tparam Scalar float or double.
+/// bfloat16 (inference): MultiHeadAttention<bfloat16> holds bfloat16 weights and biases and
+/// takes and returns bfloat16 tensors, masks in float; projections with float sums rounded
+/// once, the bfloat16 attention kernel (docs/precision.md). Whole-sequence forwards (self and
+/// cross, masks, causal, softcap, ALiBi, grouped-query heads) only: training forwards,
+/// backward, the KV cache and forward_with_weights do not compile for it, and rotary
+/// embeddings and sinks throw ConfigError. Load float weights and convert<bfloat16>(module).
+///
+/// @tparam Scalar float, double or bfloat16.
 /// @throws ConfigError from the constructors if d_out % num_heads != 0, a size is not
 ///         positive or dropout is outside [0, 1); from forward() if a sequence exceeds
 ///         context_length. ShapeError from forward() on wrong shapes (naming them).
@@ -85,8 +92,8 @@ class MultiHeadAttention
       public detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputX>,
       public detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputQuery,
                                     detail::InputKey, detail::InputValue> {
-  static_assert(std::is_floating_point_v<Scalar>,
-                "attn::MultiHeadAttention: Scalar must be float or double");
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
+                "attn::MultiHeadAttention: Scalar must be float, double or bfloat16 (inference)");
   using SelfForwards =
       detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputX>;
   using Forwards = detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputQuery,
@@ -108,6 +115,13 @@ class MultiHeadAttention
   /// Any configuration; weights drawn from `gen`.
   MultiHeadAttention(const MultiHeadAttentionOptions& options, TorchGenerator& gen)
       : Base(config(options), &gen) {}
+
+  /// `other` with its weights converted to Scalar: a float module's weights rounded once to
+  /// bfloat16 (to nearest even), or widened back. Modes, dropout seed and scaling are kept;
+  /// the result is not frozen. attn::convert<To>(module) says the same.
+  /// @throws ConfigError when Scalar is bfloat16 and `other` has rotary embeddings or sinks.
+  template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
+  explicit MultiHeadAttention(const MultiHeadAttention<Other>& other) : Base(other) {}
 
   /// Self-attention forward(x, ...) and forward(query, key, value, ...), each allocating or
   /// into `out` (with a Workspace), batched or unbatched, with an optional mask.
@@ -192,6 +206,16 @@ class MultiHeadAttention
     c.names = ParameterNames::kMultiheadAttention;
     return c;
   }
+
+  template <class>
+  friend class MultiHeadAttention;
 };
+
+/// `module` with its weights converted to `To` (MultiHeadAttention's converting constructor):
+/// convert<bfloat16>(float_module) for bfloat16 inference.
+template <class To, class From>
+MultiHeadAttention<To> convert(const MultiHeadAttention<From>& module) {
+  return MultiHeadAttention<To>(module);
+}
 
 ATTN_NAMESPACE_END

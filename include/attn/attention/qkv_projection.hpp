@@ -58,8 +58,8 @@ enum class QkvLayout {
 /// @tparam Scalar float or double.
 template <class Scalar>
 class QkvProjection {
-  static_assert(std::is_floating_point_v<Scalar>,
-                "attn::QkvProjection: Scalar must be float or double");
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
+                "attn::QkvProjection: Scalar must be float, double or bfloat16 (inference only)");
 
  public:
   /// Projection indices.
@@ -348,8 +348,24 @@ class QkvProjection {
   void gemm_into(const detail::RowsRef<const Scalar>& x, Index tokens, int part, int count,
                  Scalar* dst, Workspace& ws) const {
     const Index columns = offset(part + count) - offset(part);
-    project_rows(x, part, count,
-                 detail::GemmOutput<Scalar>::head_major(dst, tokens, columns, head_dim_), ws);
+    if constexpr (std::is_same_v<Scalar, bfloat16>) {  // float sums, rounded once into dst
+      const Location at = locate(part);
+      const Index in = in_[part];
+      detail::gemm_nt_rounded(
+          x.rows, columns, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in, dst,
+          [&](float* wide) {
+            return detail::GemmOutput<float>::head_major(wide, tokens, columns, head_dim_);
+          },
+          has_bias() ? bias_.data() + offset(part) : nullptr, packed(at), ws);
+    } else {
+      project_rows(x, part, count,
+                   detail::GemmOutput<Scalar>::head_major(dst, tokens, columns, head_dim_), ws);
+    }
+  }
+  // freeze()'s pack of the storage tensor at `at` from its row, or none.
+  detail::PackedB<Scalar> packed(const Location& at) const noexcept {
+    return frozen_ ? detail::PackedB<Scalar>{&pack_[at.storage], at.row}
+                   : detail::PackedB<Scalar>{};
   }
 
  public:
@@ -363,10 +379,8 @@ class QkvProjection {
     const Location at = locate(part);
     const Index columns = offset(part + count) - offset(part), in = in_[part];
     const Scalar* bias = has_bias() ? bias_.data() + offset(part) : nullptr;
-    const detail::PackedB<Scalar> packed =
-        frozen_ ? detail::PackedB<Scalar>{&pack_[at.storage], at.row} : detail::PackedB<Scalar>{};
     detail::gemm_nt(x.rows, columns, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in, out,
-                    bias, packed, &ws);
+                    bias, packed(at), &ws);
   }
 
  private:

@@ -14,6 +14,7 @@
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/parameter.hpp"
 #include "attn/nn/random.hpp"
+#include "attn/ops/convert.hpp"
 #include "attn/ops/gemm.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/shape.hpp"
@@ -69,13 +70,24 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
   const Index rows = y.size() / std::max<Index>(out, 1);  // from y: in may be 0
   // The GEMM writes y while it still reads x: in place (y sharing memory with x) it goes
   // through the copies below, which read all of x first.
+  const auto product = [&](const Scalar* xd, Scalar* yd) {
+    if constexpr (std::is_same_v<Scalar, bfloat16>) {  // float sums, rounded once into y
+      Workspace local;
+      gemm_nt_rounded(
+          rows, out, in, xd, in, weight.data(), in, yd,
+          [&](float* wide) { return GemmOutput<float>::row_major(wide, out); }, bias, packed,
+          ws != nullptr ? *ws : local);
+    } else {
+      gemm_nt(rows, out, in, xd, in, weight.data(), in, yd, out, bias, packed, ws);
+    }
+  };
   if (x.is_contiguous() && y.is_contiguous() && !overlaps(x, y)) {
-    gemm_nt(rows, out, in, x.data(), in, weight.data(), in, y.data(), out, bias, packed, ws);
+    product(x.data(), y.data());
     return;
   }
   const Tensor<Scalar, Rank> xc(x);
   Tensor<Scalar, Rank> yc(y.shape());
-  gemm_nt(rows, out, in, xc.data(), in, weight.data(), in, yc.data(), out, bias, packed, ws);
+  product(xc.data(), yc.data());
   copy(yc.view(), y);
 }
 
@@ -118,7 +130,8 @@ void linear_backward(Index rows, TensorView<const Scalar, 2> weight, const Scala
 /// @tparam Scalar float or double.
 template <class Scalar = float>
 class Linear {
-  static_assert(std::is_floating_point_v<Scalar>, "attn::Linear: Scalar must be float or double");
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
+                "attn::Linear: Scalar must be float, double or bfloat16 (inference only)");
 
  public:
   /// An empty 0 x 0 layer (assign a real one before use).
@@ -297,7 +310,11 @@ class Linear {
     });
     weight_ = Tensor<Scalar, 2>({out_features, in_features});
     if (bias) bias_ = Tensor<Scalar, 1>({out_features});
-    if (gen != nullptr) {
+    if constexpr (std::is_same_v<Scalar, bfloat16>) {  // a float layer's draws, rounded
+      const Linear<float> wide(in_features, out_features, bias, gen);
+      convert(wide.weight(), weight_.view());
+      if (bias) convert(wide.bias(), bias_.view());
+    } else if (gen != nullptr) {
       reset_parameters(*gen);
     } else {
       with_global_generator([&](TorchGenerator& global) { reset_parameters(global); });
@@ -312,6 +329,9 @@ class Linear {
     list.watch(identity_.watch());  // expires with weight_ and bias_ (see ParameterList)
     return list;
   }
+
+  template <class>
+  friend class Linear;
 
   Tensor<Scalar, 2> weight_;
   Tensor<Scalar, 1> bias_;

@@ -166,6 +166,27 @@ void gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Opera
   gemm_nt(m, n, k, a, lda, b, ldb, GemmOutput<Scalar>::row_major(c, ldc), bias, prepacked, ws);
 }
 
+/// gemm_nt() on bfloat16 operands with a bfloat16 C (a bfloat16 module's projections):
+/// the bias (n) widened to float, the products and sums in float as gemm_nt() computes them,
+/// each result rounded once, to nearest even, into C. The float results go through
+/// `layout(float*)`, a GemmOutput over m n contiguous floats (row-major with ldc n, or head-
+/// major), into the workspace's kWideOutput slot; C is that block's bfloat16 twin, rounded in
+/// order on the active kernel set (the same bits on every set).
+template <class Layout>
+void gemm_nt_rounded(Index m, Index n, Index k, const bfloat16* a, Index lda, const bfloat16* b,
+                     Index ldb, bfloat16* c, Layout layout, const bfloat16* bias,
+                     PackedB<bfloat16> prepacked, Workspace& ws) {
+  if (m <= 0 || n <= 0) return;
+  // Scratch: the widened bias (n), then the float results (m n).
+  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideOutput, n + m * n);
+  with_kernels(kernel_isa(), [&](auto set) {
+    if (bias != nullptr) set.convert_row(bias, wide, n);
+    gemm_nt(m, n, k, a, lda, b, ldb, layout(wide + n), bias != nullptr ? wide : nullptr, prepacked,
+            &ws);
+    set.convert_row(static_cast<const float*>(wide + n), c, m * n);
+  });
+}
+
 /// A matrix in a GemmOutput layout read as a GEMM's A operand: row-major ones are read in
 /// place, others (head-major gradients) through a packed copy of each row block.
 template <class Scalar>

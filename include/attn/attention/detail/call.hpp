@@ -53,9 +53,9 @@ const char* scalar_name() noexcept {
 /// element, share none with each other, and none with the mask's tensors (boolean, additive,
 /// key padding), which are read while they are written. For the kernel and every module
 /// (whose `out` is (B, T_q, D)).
-template <class Scalar, std::size_t OutRank>
+template <class Scalar, std::size_t OutRank, class MaskScalar>
 void check_output_memory(const char* where, TensorView<Scalar, OutRank> out,
-                         TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) {
+                         TensorView<Scalar, 4> weights, const AttentionMask<MaskScalar>& mask) {
   require_distinct_elements(where, "out", out);
   require_distinct_elements(where, "weights", weights);
   require_disjoint(where, "weights", weights, "out", out);
@@ -286,12 +286,13 @@ void attend_storage(const char* where, TensorView<const identity_t<Operand>, 4> 
                     TensorView<const identity_t<Operand>, 4> k,
                     TensorView<const identity_t<Operand>, 4> v, TensorView<Operand, 4> out,
                     const AttentionMask<float>& mask, const AttentionOptions& options,
-                    Workspace& workspace) {
+                    Workspace& workspace, const CausalBound& module = {}) {
   require_config(options.path != AttentionPath::kMaterialized, where, [] {
     return std::string(element_name<Operand>()) +
            " operands take the streaming path only; kMaterialized needs float or double";
   });
-  run_attention(make_call<float, Operand>(where, q, k, v, out, {}, {}, mask, options), workspace);
+  run_attention(make_call<float, Operand>(where, q, k, v, out, {}, {}, mask, options, module),
+                workspace);
 }
 
 /// make_call(), then the forward's driver.
