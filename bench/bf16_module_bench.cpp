@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // bench/bf16_module_bench.cpp: MultiHeadAttention<bfloat16>::forward (bfloat16 weights and
-// activations, the path attn::bf16_path() picks) against MultiHeadAttention<float>::forward on
-// the same values, in one binary: causal self-attention, both modules frozen, in eval mode,
+// activations) on each path attn::Bf16Path names (0 widening, 1 vdpbf16ps, 2 AMX; skipped where
+// the CPU or the operating system lacks it) against MultiHeadAttention<float>::forward on the
+// same values, in one binary: causal self-attention, both modules frozen, in eval mode,
 // with a warm workspace. FLOPS counts the four projections (8 B T E^2) and the attention
 // (4 B T^2 E, halved for causal).
 // Glossary: B = batch, T = tokens, E = embed dim (H = E / 64 heads of 64).
@@ -13,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "attn/attn.hpp"
 
@@ -45,6 +47,12 @@ void set_counters(benchmark::State& state) {
 
 template <class Scalar>
 void BM_Module(benchmark::State& state) {
+  const auto path = static_cast<attn::Bf16Path>(state.range(3));
+  if (attn::set_bf16_path(path) != path) {
+    state.SkipWithError("this path does not run here");
+    attn::set_bf16_path(std::nullopt);
+    return;
+  }
   attn::TorchGenerator gen(7);
   const attn::MultiHeadAttention<float> wide(options(state), gen);
   attn::MultiHeadAttention<Scalar> m = attn::convert<Scalar>(attn::convert<attn::bfloat16>(wide));
@@ -59,20 +67,28 @@ void BM_Module(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_counters(state);
+  attn::set_bf16_path(std::nullopt);
 }
 
-// (B, T, E): B 1-8, T 512-2048, E 512-1024; sized so that one run of every row stays within
-// a few minutes on one core.
-void Shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"B", "T", "E"});
-  b->Args({8, 512, 512});
-  b->Args({4, 1024, 1024});
-  b->Args({1, 2048, 1024});
+// (B, T, E, path): B 1-8, T 512-2048, E 512-1024; sized so that one run of every row stays
+// within a minute on one core. The float module takes path 0 only (it has no other).
+void Shapes(benchmark::internal::Benchmark* b, bool paths) {
+  b->ArgNames({"B", "T", "E", "path"});
+  for (const int path : {0, 1, 2}) {
+    if (path > 0 && !paths) break;
+    b->Args({8, 512, 512, path});
+    b->Args({4, 1024, 1024, path});
+    b->Args({1, 2048, 1024, path});
+  }
 }
 
 }  // namespace
 
-BENCHMARK_TEMPLATE(BM_Module, float)->Apply(Shapes)->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_Module, attn::bfloat16)->Apply(Shapes)->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Module, float)
+    ->Apply([](benchmark::internal::Benchmark* b) { Shapes(b, false); })
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Module, attn::bfloat16)
+    ->Apply([](benchmark::internal::Benchmark* b) { Shapes(b, true); })
+    ->Unit(benchmark::kMillisecond);
 
 #include "gbench_main.hpp"  // main(): prints the kernel set in use
