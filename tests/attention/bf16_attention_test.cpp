@@ -4,7 +4,9 @@
 // (widening, AVX512-BF16's vdpbf16ps, AMX): against a long double reference computed from the
 // same rounded inputs, on shapes that are not multiples of the tiles (T not a multiple of 16
 // or 32, d = 64, 80, 128, grouped-query heads) under every kind of mask; bit-identical for one
-// and two threads; value rows that are not finite only where seen.
+// and two threads; value rows that are not finite only where seen. MultiHeadAttention<bfloat16>
+// against the float module on the same rounded weights and inputs (self, cross, grouped-query
+// heads, masks, variants), on every set and path, and its conversion from and to float.
 #include <gtest/gtest.h>
 
 #include <algorithm>
