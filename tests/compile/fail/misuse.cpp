@@ -10,6 +10,9 @@
 #if ATTN_MISUSE_CASE == 8
 #include "attn/tensor/eigen.hpp"
 #endif
+#if ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
+#include "attn/attention/multi_head_attention.hpp"
+#endif
 
 namespace {
 
@@ -43,6 +46,18 @@ namespace {
   const Eigen::MatrixXf matrix = Eigen::MatrixXf::Zero(2, 2);
   attn::TensorView<float, 2> writable = attn::as_view(matrix);  // a const object is read-only
   writable(0, 0) = 1.0f;
+#elif ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
+  // A bfloat16 module runs inference forwards only.
+  (void)const_view;
+  const attn::MultiHeadAttention<attn::bfloat16> m(attn::MultiHeadAttentionOptions::pytorch(8, 2));
+  attn::Tensor<attn::bfloat16, 3> x({1, 2, 8}), y({1, 2, 8});
+  attn::Workspace ws;
+#if ATTN_MISUSE_CASE == 9
+  attn::SavedForward<attn::bfloat16> saved;
+  m.forward(x.view(), y.view(), saved, ws);  // a training forward
+#else
+  (void)m.forward_with_weights(x.view());  // the streaming kernel returns no weights
+#endif
 #endif
 }
 
