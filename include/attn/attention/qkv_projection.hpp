@@ -55,7 +55,8 @@ enum class QkvLayout {
 /// freeze() packs the weights into the GEMM's layout once; results are bit for bit those
 /// of the unfrozen projection. Every non-const weight accessor unfreezes.
 ///
-/// @tparam Scalar float or double.
+/// @tparam Scalar float or double; or bfloat16 for inference: project() then rounds each
+///         float result once (init_* and project_rows() need float or double).
 template <class Scalar>
 class QkvProjection {
   static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,

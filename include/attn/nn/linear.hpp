@@ -127,7 +127,9 @@ void linear_backward(Index rows, TensorView<const Scalar, 2> weight, const Scala
 /// weight accessor unfreezes it, so a weight edited through the layer is always used.
 ///
 /// Shapes: x (..., in_features) -> (..., out_features).
-/// @tparam Scalar float or double.
+/// @tparam Scalar float or double; or bfloat16 for inference (forward only): bfloat16 weight,
+///         bias, x and y, products and sums in float (the bfloat16 GEMM), y rounded once; its
+///         constructors draw a float layer's weights and round them.
 template <class Scalar = float>
 class Linear {
   static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
@@ -234,6 +236,8 @@ class Linear {
     static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar> &&
                       std::is_same_v<std::remove_const_t<GScalar>, Scalar>,
                   "attn::Linear::backward: x and grad_y must hold the layer's Scalar");
+    static_assert(std::is_floating_point_v<Scalar>,
+                  "attn::Linear::backward: a bfloat16 layer runs forward only; train a float one");
     const char* where = "Linear::backward";
     Shape<Rank> y_shape = x.shape();
     y_shape[Rank - 1] = out_features();
