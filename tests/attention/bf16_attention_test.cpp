@@ -460,6 +460,20 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
   const Tensor<bfloat16, 3> b = frozen.forward(x.narrow);
   for (Index i = 0; i < a.size(); ++i) ASSERT_EQ(a.data()[i].bits(), b.data()[i].bits());
 
+  // Built from options, a bfloat16 module takes the float module's draws, rounded.
+  attn::TorchGenerator g1(5), g2(5);
+  const attn::MultiHeadAttention<float> drawn(o, g1);
+  const attn::MultiHeadAttention<bfloat16> drawn_narrow(o, g2);
+  for (Index r = 0; r < 64; ++r) {
+    ASSERT_EQ(bfloat16(drawn.in_proj_weight()(3 * r, r)).bits(),
+              drawn_narrow.in_proj_weight()(3 * r, r).bits());
+    ASSERT_EQ(bfloat16(drawn.out_proj().weight()(r, 63 - r)).bits(),
+              drawn_narrow.out_proj().weight()(r, 63 - r).bits());
+  }
+
+  auto with_sinks = o;
+  with_sinks.sinks = true;
+  EXPECT_THROW(attn::MultiHeadAttention<bfloat16>{with_sinks}, attn::ConfigError);
   o.rope.head_dim = 16;
   const attn::MultiHeadAttention<float> rotary(o);
   try {
