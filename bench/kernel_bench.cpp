@@ -237,7 +237,7 @@ BENCHMARK(BM_ScaledDotProduct_GroupedQueryCausal)
 // neither always runs on the other's warm caches), and the `ratio` counter is the median of
 // the per-iteration ratios variant / plain (with --benchmark_repetitions, the median of those
 // medians). `plain` is the control: plain against plain, the noise floor of the ratio.
-// Args: B, T, D, H, causal (0/1), variant (0 plain, 1 softcap 30 (Gemma 2's), 2 sinks, 3 ALiBi
+// Args: B, T, D, H, causal (0/1), variant (0 plain, 1 softcap 30 (Grok-1's), 2 sinks, 3 ALiBi
 // max_bias 8 (BLOOM's)). The shapes: docs/benchmarks.md#attention-variants.
 void BM_ScaledDotProduct_Variant(benchmark::State& state) {
   const Index b = state.range(0), t = state.range(1), d = state.range(2), h = state.range(3);
