@@ -25,6 +25,7 @@
 #include "attn/detail/checked.hpp"
 #include "attn/detail/identity.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/attention_args.hpp"
 #include "attn/nn/dropout.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/mask.hpp"
@@ -78,10 +79,14 @@ class AttentionCore {
     dropout_ = Dropout<Scalar>(c.dropout);
     if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Scalar>(c.rope);
     if (c.sinks) sinks_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});  // 0: see the option
-    if (!c.alibi_slopes.empty()) {
+    // The ALiBi slopes, given or of the standard series, rounded once to Scalar as the
+    // kernel would round them.
+    if (!c.alibi_slopes.empty() || c.alibi_max_bias > 0.0) {
       alibi_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});
       for (Index h = 0; h < c.num_heads; ++h) {
-        alibi_(h) = static_cast<Scalar>(c.alibi_slopes[static_cast<std::size_t>(h)]);
+        alibi_(h) = static_cast<Scalar>(c.alibi_slopes.empty()
+                                            ? alibi_slope(h, c.num_heads, c.alibi_max_bias)
+                                            : c.alibi_slopes[static_cast<std::size_t>(h)]);
       }
     }
     {  // the variants as this Scalar reads them (a softcap past float's range, ...)
@@ -248,14 +253,15 @@ class AttentionCore {
                    weights, ws, config_.causal_bound(), lse);
   }
 
-  /// The variants of the configuration into `options`: the softcap, ALiBi (the given slopes
-  /// as Scalars, or the max bias of the standard series) and the sinks parameter (views of
-  /// this core's tensors: a record or a backward reading them needs the module alive).
+  /// The variants of the configuration into `options`, as the call reads them: the softcap,
+  /// and the per-head values this core holds in Scalars, each empty when its variant is off:
+  /// the ALiBi slopes (given, or the standard series of alibi_max_bias, drawn once by the
+  /// constructor) and the sinks parameter. Views of this core's tensors: a record or a
+  /// backward reading them needs the module alive.
   void set_variants(AttentionOptions& options) const noexcept {
     options.softcap = config_.softcap;
-    options.alibi_max_bias = config_.alibi_max_bias;
-    if (config_.sinks) options.sinks = sinks_.view();
-    if (!config_.alibi_slopes.empty()) options.alibi_slopes = alibi_.view();
+    options.alibi_slopes = alibi_;
+    options.sinks = sinks_;
   }
 
   // ---- modes ----
@@ -423,7 +429,7 @@ class AttentionCore {
   Dropout<Scalar> dropout_{0.0};
   RotaryEmbedding<Scalar> rope_;  // head_dim 0 unless config_.rope.head_dim
   Tensor<Scalar, 1> sinks_;       // (H) with config_.sinks, else empty
-  Tensor<Scalar, 1> alibi_;       // (H): config_.alibi_slopes as Scalars, else empty
+  Tensor<Scalar, 1> alibi_;       // (H): the ALiBi slopes as Scalars, empty without ALiBi
   bool scaled_ = true;            // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
   ObjectIdentity identity_;       // what SavedForward, KVCache and optimizers record
 };

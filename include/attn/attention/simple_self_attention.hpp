@@ -31,7 +31,11 @@ ATTN_NAMESPACE_BEGIN
 /// It has the API of every module (see detail::ModuleForwards): forward into a new tensor
 /// or into `out` with a Workspace, a mask, unbatched (T, d) inputs, forward_with_weights().
 /// It has no parameters and no dropout: train()/eval() only record the mode, and
-/// freeze()/unfreeze() do nothing.
+/// freeze()/unfreeze() do nothing. Nor has it the attention variants of the modules with
+/// weights (AttentionVariants): a learned sink is a trainable parameter, which this module
+/// by definition lacks, and a softcap or ALiBi on its x x^T scores is one
+/// scaled_dot_product_attention() call on x as a single head (B, 1, T, d), whose
+/// AttentionOptions take them (docs/variants.md).
 ///
 /// Shapes: x (B, T, d) -> (B, T, d), or x (T, d) -> (T, d); weights (B, T, T) or (T, T).
 /// @tparam Scalar float or double.
