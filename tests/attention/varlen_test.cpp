@@ -11,6 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -280,6 +282,194 @@ TEST(Varlen, Errors) {
               ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
   EXPECT_THAT([&] { run(good_q, good_k, AttentionMask<float>().key_lengths({3, 4})); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
+}
+
+attn::MultiHeadAttention<float> make_module(Index kv_heads, bool causal, Index window, Index kdim,
+                                            bool sinks) {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 24;
+  o.num_heads = 4;
+  o.num_kv_heads = kv_heads;
+  o.head_dim = 6;
+  o.kdim = o.vdim = kdim;
+  o.qkv_bias = true;
+  o.causal = causal;
+  o.sliding_window = window;
+  o.sinks = sinks;
+  if (kdim == 0) o.rope = attn::RotaryOptions{6, 6, 10000.0, attn::RopeStyle::kHalfSplit, 256};
+  attn::TorchGenerator gen(3);
+  attn::MultiHeadAttention<float> m(o, gen);
+  if (sinks) {
+    const auto values = random_tensor<float, 1>({4}, 8);
+    for (Index h = 0; h < 4; ++h) m.sinks()(h) = values(h);
+  }
+  return m;
+}
+
+/// Rows [r0, r1) of a (total, features) tensor.
+Tensor<float, 2> rows_of(const Tensor<float, 2>& x, Index r0, Index r1) {
+  return Tensor<float, 2>(attn::slice(x.view(), 0, r0, r1));
+}
+
+void expect_same_rows(const Tensor<float, 2>& packed, Index r0, const Tensor<float, 2>& alone,
+                      const char* what) {
+  SCOPED_TRACE(what);
+  for (Index i = 0; i < alone.extent(0); ++i) {
+    for (Index c = 0; c < alone.extent(1); ++c) {
+      ASSERT_EQ(packed(r0 + i, c), alone(i, c)) << "row " << r0 + i << " col " << c;
+    }
+  }
+}
+
+TEST(VarlenModule, ForwardEqualsEachSequenceAlone) {
+  struct ModuleCase {
+    Index kv_heads;
+    bool causal;
+    Index window, kdim;
+    std::vector<Index> lq, lk;
+  };
+  const std::vector<ModuleCase> all = {
+      {2, true, 0, 0, {9, 0, 70, 1}, {}},        // self, causal, GQA, RoPE
+      {4, true, 5, 0, {3, 40, 12}, {}},          // sliding window
+      {1, false, 0, 16, {6, 30, 2}, {11, 4, 50}},  // cross, kdim != d_in
+  };
+  for (const ModuleCase& c : all) {
+    SCOPED_TRACE("H_kv=" + std::to_string(c.kv_heads) + " W=" + std::to_string(c.window));
+    const auto m = make_module(c.kv_heads, c.causal, c.window, c.kdim, false);
+    const SequenceOffsets cq = SequenceOffsets::from_lengths(c.lq);
+    const SequenceOffsets ck = SequenceOffsets::from_lengths(c.lk.empty() ? c.lq : c.lk);
+    const Index tq = cq.view()(cq.sequences()), tk = ck.view()(ck.sequences());
+    const Tensor<float, 2> x = random_tensor<float, 2>({tq, 24}, 21);
+    const Tensor<float, 2> kv = random_tensor<float, 2>({tk, c.kdim > 0 ? c.kdim : 24}, 22);
+    const Tensor<float, 2>& keys = c.lk.empty() ? x : kv;
+    Workspace ws;
+    Tensor<float, 2> out[2];
+    for (int t = 0; t < 2; ++t) {
+      attn::set_num_threads(t + 1);
+      out[t] = Tensor<float, 2>(Shape<2>{tq, 24});
+      m.forward(x.view(), keys.view(), keys.view(), {cq, ck}, out[t].view(), ws);
+    }
+    EXPECT_EQ(attn::test::to_vector(out[0]), attn::test::to_vector(out[1]));
+    for (Index s = 0; s < cq.sequences(); ++s) {
+      if (cq.length(s) == 0) continue;
+      const Tensor<float, 2> xs = rows_of(x, cq.begin(s), cq.begin(s) + cq.length(s));
+      const Tensor<float, 2> ks = rows_of(keys, ck.begin(s), ck.begin(s) + ck.length(s));
+      Tensor<float, 2> ys(Shape<2>{xs.extent(0), 24});
+      m.forward(xs.view(), ks.view(), ks.view(), ys.view(), ws);
+      expect_same_rows(out[0], cq.begin(s), ys, ("sequence " + std::to_string(s)).c_str());
+    }
+  }
+}
+
+TEST(VarlenModule, BackwardEqualsEachSequenceAlone) {
+  // Input gradients: bit-identical (each row's dX is its own row of dQKV times W). Parameter
+  // gradients sum over rows: the packed backward sums all rows in one GEMM, the sequences
+  // alone sum theirs and add, so they agree to float rounding of sums over 80 rows of
+  // O(1) terms: 2e-5 relative to the largest entry (an error in one sequence's rows moves
+  // them by 1e-2 or more).
+  const auto m = make_module(2, true, 0, 0, true);
+  const SequenceOffsets cu = SequenceOffsets::from_lengths({7, 0, 66, 1, 6});
+  const Index total = 80;
+  const Tensor<float, 2> x = random_tensor<float, 2>({total, 24}, 31);
+  const Tensor<float, 2> w = random_tensor<float, 2>({total, 24}, 32);
+  Workspace ws;
+  attn::SavedForward<float> saved;
+  Tensor<float, 2> out(Shape<2>{total, 24}), gx(Shape<2>{total, 24});
+  attn::Gradients<float> grads(m.named_parameters()), alone_grads(m.named_parameters());
+  m.forward(x.view(), x.view(), x.view(), cu, out.view(), saved, ws);
+  m.backward(w.view(), saved, gx.view(), gx.view(), gx.view(), grads, ws);
+  for (Index s = 0; s < cu.sequences(); ++s) {
+    if (cu.length(s) == 0) continue;
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    const Index r0 = cu.begin(s), r1 = r0 + cu.length(s);
+    const Tensor<float, 2> xs = rows_of(x, r0, r1), ws_ = rows_of(w, r0, r1);
+    Tensor<float, 2> ys(xs.shape()), gs(xs.shape());
+    attn::SavedForward<float> saved_s;
+    m.forward(xs.view(), xs.view(), xs.view(), ys.view(), saved_s, ws);
+    m.backward(ws_.view(), saved_s, gs.view(), gs.view(), gs.view(), alone_grads, ws);
+    expect_same_rows(out, r0, ys, "out");
+    expect_same_rows(gx, r0, gs, "grad x");
+  }
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const auto a = attn::test::to_vector(grads[i].matrix());
+    const auto b = attn::test::to_vector(alone_grads[i].matrix());
+    double scale = 0, worst = 0;
+    for (std::size_t j = 0; j < a.size(); ++j) {
+      scale = std::max(scale, static_cast<double>(std::abs(b[j])));
+      worst = std::max(worst, static_cast<double>(std::abs(a[j] - b[j])));
+    }
+    EXPECT_LE(worst, 2e-5 * scale) << grads[i].name();
+    EXPECT_GT(scale, 0.0) << grads[i].name();
+  }
+}
+
+TEST(VarlenModule, PrefillEqualsEachSequenceAlone) {
+  // A cache without a window and a ring (window 6, chunks of 4: the packed prefill runs in
+  // rounds); two packed prefills (the second continues each item), then one decode step.
+  for (const Index window : {Index(0), Index(6)}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    const auto m = make_module(2, true, window, 0, false);
+    const auto make_cache = [&](Index items) {
+      return window > 0 ? attn::KVCache<float>::sliding_window(items, 2, 6, window, 4)
+                        : attn::KVCache<float>(items, 2, 6, 128);
+    };
+    attn::KVCache<float> cache = make_cache(4);  // item 3 is left alone
+    std::vector<attn::KVCache<float>> alone;
+    for (int s = 0; s < 3; ++s) alone.push_back(make_cache(1));
+    Workspace ws;
+    std::uint64_t seed = 40;
+    for (const std::vector<Index>& lengths :
+         {std::vector<Index>{9, 1, 30}, std::vector<Index>{2, 0, 5}, std::vector<Index>{1, 1, 1}}) {
+      const SequenceOffsets cu = SequenceOffsets::from_lengths(lengths);
+      const Index total = cu.view()(3);
+      const Tensor<float, 2> x = random_tensor<float, 2>({total, 24}, ++seed);
+      Tensor<float, 2> out(Shape<2>{total, 24});
+      m.forward(x.view(), x.view(), x.view(), cu, out.view(), ws, cache);
+      for (Index s = 0; s < 3; ++s) {
+        SCOPED_TRACE("sequence " + std::to_string(s));
+        if (cu.length(s) == 0) continue;
+        const Tensor<float, 2> xs = rows_of(x, cu.begin(s), cu.begin(s) + cu.length(s));
+        Tensor<float, 3> ys(Shape<3>{1, xs.extent(0), 24});
+        m.forward(attn::unsqueeze(xs.view(), 0), attn::unsqueeze(xs.view(), 0),
+                  attn::unsqueeze(xs.view(), 0), ys.view(), ws,
+                  alone[static_cast<std::size_t>(s)]);
+        const Tensor<float, 2> y2(attn::select(ys.view(), 0, 0));
+        expect_same_rows(out, cu.begin(s), y2, "out");
+        const auto& a = alone[static_cast<std::size_t>(s)];
+        ASSERT_EQ(cache.length(s), a.length(0));
+        EXPECT_EQ(attn::test::to_vector(cache.k(s)), attn::test::to_vector(a.k(0)));
+        EXPECT_EQ(attn::test::to_vector(cache.v(s)), attn::test::to_vector(a.v(0)));
+      }
+    }
+    EXPECT_EQ(cache.length(3), 0);
+  }
+}
+
+TEST(VarlenModule, Errors) {
+  const auto m = make_module(2, true, 0, 0, false);
+  const Tensor<float, 2> x = random_tensor<float, 2>({10, 24}, 1);
+  Tensor<float, 2> out(Shape<2>{10, 24});
+  Workspace ws;
+  EXPECT_THAT([&] { m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 4, 9}, out.view(), ws); },
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("MultiHeadAttention::forward"), HasSubstr("ends at 9"),
+                        HasSubstr("query (10, 24) has 10 rows"))));
+  EXPECT_THAT([&] { m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 5, 4, 10}, out.view(), ws); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("decreases at entry 2")));
+  attn::KVCache<float> cache(2, 2, 6, 64);
+  EXPECT_THAT(
+      [&] { m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 5, 10}, out.view(), ws, cache); },
+      ThrowsMessage<attn::ConfigError>(
+          HasSubstr("a packed batch of 3 sequences fills one cache item each, but the cache "
+                    "holds B=2 items")));
+  EXPECT_EQ(cache.length(0), 0);
+  EXPECT_THAT([&] {
+    m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 10}, out.view(), ws,
+              AttentionMask<float>().key_lengths({2, 8}));
+  },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
+  attn::SimpleSelfAttention<float> simple;
+  EXPECT_THROW(simple.forward(x.view(), SequenceOffsets{0, 10}, out.view(), ws), attn::ConfigError);
 }
 
 }  // namespace

@@ -129,6 +129,22 @@ inline void check_offsets(const char* where, const char* name, const SequenceOff
   });
 }
 
+/// Checks a packed batch's offsets against its query rows (`queries`, described as
+/// `query_rows`) and key rows: check_offsets() for each, and as many key ranges as query
+/// ranges. @throws ShapeError naming the offsets and the shapes.
+inline void check_packed_offsets(const char* where, const PackedSequences& seqs,
+                                 const std::string& query_rows, Index queries,
+                                 const std::string& key_rows, Index keys) {
+  const SequenceOffsets &cq = seqs.query, &ck = seqs.keys();
+  check_offsets(where, seqs.key.empty() ? "cu_seqlens" : "cu_seqlens_q", cq, queries, query_rows);
+  check_offsets(where, "cu_seqlens_k", ck, keys, key_rows);
+  require(cq.sequences() == ck.sequences(), where, [&] {
+    return "cu_seqlens_q = " + describe_offsets(cq) + " holds " + std::to_string(cq.sequences()) +
+           " sequences, cu_seqlens_k = " + describe_offsets(ck) + " holds " +
+           std::to_string(ck.sequences()) + ": one key range per query range";
+  });
+}
+
 /// A packed (total, H, d) tensor as the (1, H, total, d) view the drivers read.
 template <class T>
 TensorView<T, 4> packed_heads(TensorView<T, 3> x) noexcept {
@@ -169,15 +185,11 @@ void split_packed(const char* where, const AttentionCall<Scalar>& whole,
   static constexpr Index kNoKeys = 0;
   const SequenceOffsets &cq = seqs.query, &ck = seqs.keys();
   const Index total_q = whole.queries(), total_k = whole.keys();
-  check_offsets(where, seqs.key.empty() ? "cu_seqlens" : "cu_seqlens_q", cq, total_q,
-                "q " + to_string(Shape<3>{total_q, whole.heads(), whole.head_dim()}));
-  check_offsets(where, "cu_seqlens_k", ck, total_k,
-                "k " + to_string(Shape<3>{total_k, whole.kv_heads(), whole.head_dim()}));
-  require(cq.sequences() == ck.sequences(), where, [&] {
-    return "cu_seqlens_q = " + describe_offsets(cq) + " holds " + std::to_string(cq.sequences()) +
-           " sequences, cu_seqlens_k = " + describe_offsets(ck) + " holds " +
-           std::to_string(ck.sequences()) + ": one key range per query range";
-  });
+  check_packed_offsets(where, seqs,
+                       "q " + to_string(Shape<3>{total_q, whole.heads(), whole.head_dim()}),
+                       total_q,
+                       "k " + to_string(Shape<3>{total_k, whole.kv_heads(), whole.head_dim()}),
+                       total_k);
   check_packed_mask(where, mask);
   const bool square = (mask.is_causal() && mask.alignment() == CausalAlignment::kSquare) ||
                       (module.causal && module.alignment == CausalAlignment::kSquare);
