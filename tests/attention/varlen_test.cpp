@@ -164,8 +164,8 @@ TEST(Varlen, ForwardAndBackwardEqualEachSequenceAlone) {
           c.sinks ? dsinks[t].view() : TensorView<float, 1>());
     }
     Tensor<float, 3> plain(Shape<3>{tq, c.heads, c.dv});
-    attn::scaled_dot_product_attention_varlen<float>(o.q.view(), o.k.view(), o.v.view(), o.cq,
-                                                     o.ck, plain.view(), ws, c.mask, o.options);
+    attn::scaled_dot_product_attention_varlen<float>(o.q.view(), o.k.view(), o.v.view(), o.cq, o.ck,
+                                                     plain.view(), ws, c.mask, o.options);
     attn::set_num_threads(2);
     EXPECT_EQ(attn::test::to_vector(out[0]), attn::test::to_vector(out[1]));
     EXPECT_EQ(attn::test::to_vector(lse[0]), attn::test::to_vector(lse[1]));
@@ -208,8 +208,7 @@ TEST(Varlen, ForwardAndBackwardEqualEachSequenceAlone) {
       Tensor<float, 4> gq(q.shape()), gk(k.shape()), gv(v.shape());
       attn::scaled_dot_product_attention_backward<float>(
           q.view(), k.view(), v.view(), y.view(), go.view(), l.view(), gq.view(), gk.view(),
-          gv.view(), c.sinks ? dsinks_alone.view() : TensorView<float, 1>(), ws, c.mask,
-          o.options);
+          gv.view(), c.sinks ? dsinks_alone.view() : TensorView<float, 1>(), ws, c.mask, o.options);
       expect_rows(dq[0].view(), q0, q1, gq.view(), "dq");
       expect_rows(dk[0].view(), k0, k1, gk.view(), "dk");
       expect_rows(dv[0].view(), k0, k1, gv.view(), "dv");
@@ -231,8 +230,8 @@ TEST(Varlen, DropoutHashesSequenceAsBatchItem) {
   Workspace ws;
   Tensor<float, 3> out(Shape<3>{n * t, heads, d});
   const SequenceOffsets cu = SequenceOffsets::from_lengths({t, t, t});
-  attn::scaled_dot_product_attention_varlen<float>(q.view(), k.view(), v.view(), cu, cu,
-                                                   out.view(), ws, {}, options);
+  attn::scaled_dot_product_attention_varlen<float>(q.view(), k.view(), v.view(), cu, cu, out.view(),
+                                                   ws, {}, options);
   // The same rows as a (B, H, T, d) batch.
   const auto batched = [&](const Tensor<float, 3>& x) {
     Tensor<float, 4> b(Shape<4>{n, heads, t, d});
@@ -264,24 +263,39 @@ TEST(Varlen, Errors) {
   };
   const SequenceOffsets good_q{0, 4, 10}, good_k{0, 5, 12};
   EXPECT_NO_THROW(run(good_q, good_k));
-  EXPECT_THAT([&] { run({0, 6, 4, 10}, {0, 5, 6, 12}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(
-                  HasSubstr("cu_seqlens_q = [0, 6, 4, 10]"), HasSubstr("decreases at entry 2"))));
-  EXPECT_THAT([&] { run({0, 4, 9}, good_k); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("ends at 9"), HasSubstr("q (10, 2, 8) has 10 rows"))));
-  EXPECT_THAT([&] { run({1, 4, 10}, good_k); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("starts at 1, not 0")));
-  EXPECT_THAT([&] { run(good_q, {0, 12}); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("holds 2 sequences")));
+  EXPECT_THAT(
+      [&] {
+        run({0, 6, 4, 10}, {0, 5, 6, 12});
+      },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("cu_seqlens_q = [0, 6, 4, 10]"), HasSubstr("decreases at entry 2"))));
+  EXPECT_THAT(
+      [&] {
+        run({0, 4, 9}, good_k);
+      },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("ends at 9"), HasSubstr("q (10, 2, 8) has 10 rows"))));
+  EXPECT_THAT(
+      [&] {
+        run({1, 4, 10}, good_k);
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("starts at 1, not 0")));
+  EXPECT_THAT(
+      [&] {
+        run(good_q, {0, 12});
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("holds 2 sequences")));
   EXPECT_THAT([&] { run({0}, {0}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("N + 1 >= 2")));
   EXPECT_THAT([&] { run(good_q, good_k, AttentionMask<float>().causal()); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("sequence 0 has T_q=4, T_k=5")));
   const Tensor<bool, 2> allowed(Shape<2>{10, 12});
   EXPECT_THAT([&] { run(good_q, good_k, AttentionMask<float>().allowed(allowed)); },
               ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
-  EXPECT_THAT([&] { run(good_q, good_k, AttentionMask<float>().key_lengths({3, 4})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
+  EXPECT_THAT(
+      [&] {
+        run(good_q, good_k, AttentionMask<float>().key_lengths({3, 4}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
 }
 
 attn::MultiHeadAttention<float> make_module(Index kv_heads, bool causal, Index window, Index kdim,
@@ -329,8 +343,8 @@ TEST(VarlenModule, ForwardEqualsEachSequenceAlone) {
     std::vector<Index> lq, lk;
   };
   const std::vector<ModuleCase> all = {
-      {2, true, 0, 0, {9, 0, 70, 1}, {}},        // self, causal, GQA, RoPE
-      {4, true, 5, 0, {3, 40, 12}, {}},          // sliding window
+      {2, true, 0, 0, {9, 0, 70, 1}, {}},          // self, causal, GQA, RoPE
+      {4, true, 5, 0, {3, 40, 12}, {}},            // sliding window
       {1, false, 0, 16, {6, 30, 2}, {11, 4, 50}},  // cross, kdim != d_in
   };
   for (const ModuleCase& c : all) {
@@ -431,8 +445,7 @@ TEST(VarlenModule, PrefillEqualsEachSequenceAlone) {
         const Tensor<float, 2> xs = rows_of(x, cu.begin(s), cu.begin(s) + cu.length(s));
         Tensor<float, 3> ys(Shape<3>{1, xs.extent(0), 24});
         m.forward(attn::unsqueeze(xs.view(), 0), attn::unsqueeze(xs.view(), 0),
-                  attn::unsqueeze(xs.view(), 0), ys.view(), ws,
-                  alone[static_cast<std::size_t>(s)]);
+                  attn::unsqueeze(xs.view(), 0), ys.view(), ws, alone[static_cast<std::size_t>(s)]);
         const Tensor<float, 2> y2(attn::select(ys.view(), 0, 0));
         expect_same_rows(out, cu.begin(s), y2, "out");
         const auto& a = alone[static_cast<std::size_t>(s)];
@@ -450,24 +463,34 @@ TEST(VarlenModule, Errors) {
   const Tensor<float, 2> x = random_tensor<float, 2>({10, 24}, 1);
   Tensor<float, 2> out(Shape<2>{10, 24});
   Workspace ws;
-  EXPECT_THAT([&] { m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 4, 9}, out.view(), ws); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("MultiHeadAttention::forward"), HasSubstr("ends at 9"),
-                        HasSubstr("query (10, 24) has 10 rows"))));
-  EXPECT_THAT([&] { m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 5, 4, 10}, out.view(), ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("decreases at entry 2")));
+  EXPECT_THAT(
+      [&] {
+        m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 4, 9}, out.view(), ws);
+      },
+      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("MultiHeadAttention::forward"),
+                                            HasSubstr("ends at 9"),
+                                            HasSubstr("query (10, 24) has 10 rows"))));
+  EXPECT_THAT(
+      [&] {
+        m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 5, 4, 10}, out.view(), ws);
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("decreases at entry 2")));
   attn::KVCache<float> cache(2, 2, 6, 64);
   EXPECT_THAT(
-      [&] { m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 5, 10}, out.view(), ws, cache); },
+      [&] {
+        m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 5, 10}, out.view(), ws,
+                  cache);
+      },
       ThrowsMessage<attn::ConfigError>(
           HasSubstr("a packed batch of 3 sequences fills one cache item each, but the cache "
                     "holds B=2 items")));
   EXPECT_EQ(cache.length(0), 0);
-  EXPECT_THAT([&] {
-    m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 10}, out.view(), ws,
-              AttentionMask<float>().key_lengths({2, 8}));
-  },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
+  EXPECT_THAT(
+      [&] {
+        m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 10}, out.view(), ws,
+                  AttentionMask<float>().key_lengths({2, 8}));
+      },
+      ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
   attn::SimpleSelfAttention<float> simple;
   EXPECT_THROW(simple.forward(x.view(), SequenceOffsets{0, 10}, out.view(), ws), attn::ConfigError);
 }

@@ -78,7 +78,8 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   const Index heads = core.num_heads(), kv_heads = core.num_kv_heads(), hd = core.head_dim();
   const Index a = heads * hd;
   const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
-  Scalar* q = workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (a + 2 * kv_heads * hd));
+  Scalar* q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (a + 2 * kv_heads * hd));
   Scalar* kv = q + total * a;
   proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
                     GemmOutput<Scalar>::head_major(q, total, a, hd), ws);
@@ -119,7 +120,8 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
       keys.key_first = cache.first_positions() + s;
       keys.ring = cache.window() > 0 ? cache.capacity() : 0;
       calls.push_back(make_call<Scalar>(
-          where, TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {a, total * hd, hd, 1}),
+          where,
+          TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {a, total * hd, hd, 1}),
           slice(cache.k_storage(), 0, s, s + 1), slice(cache.v_storage(), 0, s, s + 1),
           TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd}, {a, hd, ctx_row, 1}), {}, {},
           {}, options, bound, keys));

@@ -81,9 +81,9 @@ class SequenceOffsets {
 struct PackedSequences {
   SequenceOffsets query, key;
 
-  PackedSequences(SequenceOffsets q) : query(std::move(q)) {}  // NOLINT: implicit
+  PackedSequences(SequenceOffsets q) : query(std::move(q)) {}     // NOLINT: implicit
   PackedSequences(std::vector<Index> q) : query(std::move(q)) {}  // NOLINT: implicit
-  PackedSequences(TensorView<const Index, 1> q) : query(q) {}    // NOLINT: implicit
+  PackedSequences(TensorView<const Index, 1> q) : query(q) {}     // NOLINT: implicit
   PackedSequences(SequenceOffsets q, SequenceOffsets k) : query(std::move(q)), key(std::move(k)) {}
 
   /// The keys' offsets.
@@ -185,11 +185,9 @@ void split_packed(const char* where, const AttentionCall<Scalar>& whole,
   static constexpr Index kNoKeys = 0;
   const SequenceOffsets &cq = seqs.query, &ck = seqs.keys();
   const Index total_q = whole.queries(), total_k = whole.keys();
-  check_packed_offsets(where, seqs,
-                       "q " + to_string(Shape<3>{total_q, whole.heads(), whole.head_dim()}),
-                       total_q,
-                       "k " + to_string(Shape<3>{total_k, whole.kv_heads(), whole.head_dim()}),
-                       total_k);
+  check_packed_offsets(
+      where, seqs, "q " + to_string(Shape<3>{total_q, whole.heads(), whole.head_dim()}), total_q,
+      "k " + to_string(Shape<3>{total_k, whole.kv_heads(), whole.head_dim()}), total_k);
   check_packed_mask(where, mask);
   const bool square = (mask.is_causal() && mask.alignment() == CausalAlignment::kSquare) ||
                       (module.causal && module.alignment == CausalAlignment::kSquare);
@@ -354,12 +352,12 @@ void scaled_dot_product_attention_varlen_backward(
   using detail::packed_heads;
   const TensorView<const Scalar, 3> lse =
       logsumexp.data() != nullptr ? unsqueeze(logsumexp, 0) : TensorView<const Scalar, 3>();
-  detail::attend_packed_backward<Scalar>(
-      "scaled_dot_product_attention_varlen_backward", packed_heads(q), packed_heads(k),
-      packed_heads(v), packed_heads(out), lse,
-      {packed_heads(grad_out), packed_heads(grad_q), packed_heads(grad_k), packed_heads(grad_v),
-       grad_sinks},
-      {cu_seqlens_q, cu_seqlens_k}, mask, options, workspace);
+  detail::attend_packed_backward<Scalar>("scaled_dot_product_attention_varlen_backward",
+                                         packed_heads(q), packed_heads(k), packed_heads(v),
+                                         packed_heads(out), lse,
+                                         {packed_heads(grad_out), packed_heads(grad_q),
+                                          packed_heads(grad_k), packed_heads(grad_v), grad_sinks},
+                                         {cu_seqlens_q, cu_seqlens_k}, mask, options, workspace);
 }
 
 ATTN_NAMESPACE_END

@@ -246,15 +246,15 @@ void run_attention(const AttentionCall<Scalar>* calls, Index count, Workspace& w
   //    row size each), chunk after chunk.
   const int threads = task_threads(tasks);
   for (int t = 0; t < threads; ++t) workspace_get<Scalar>(ws, WorkspaceSlot::kThread, scratch, t);
-  Scalar* partials = partial_size > 0 ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials,
-                                                              partial_size)
-                                      : nullptr;
+  Scalar* partials = partial_size > 0
+                         ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, partial_size)
+                         : nullptr;
   for (Index c = 0; c < count && partials != nullptr; ++c) {
     const AttentionPlan& plan = runs[c].plan;
     if (plan.merges == 0) continue;
     runs[c].partials = partials;
-    partials += plan.tasks * plan.group_heads * plan.rows_per_head *
-                partial_row_size(calls[c].value_dim());
+    partials +=
+        plan.tasks * plan.group_heads * plan.rows_per_head * partial_row_size(calls[c].value_dim());
   }
   // The call a task (or merge) of the run belongs to.
   const auto call_of = [&](Index task, bool merge) {
@@ -262,10 +262,8 @@ void run_attention(const AttentionCall<Scalar>* calls, Index count, Workspace& w
     const auto first = [merge](const CallRun<Scalar>& r) {
       return merge ? r.first_merge : r.first_task;
     };
-    const CallRun<Scalar>* it =
-        std::upper_bound(runs, runs + count, task, [&](Index t, const CallRun<Scalar>& r) {
-          return t < first(r);
-        });
+    const CallRun<Scalar>* it = std::upper_bound(
+        runs, runs + count, task, [&](Index t, const CallRun<Scalar>& r) { return t < first(r); });
     // Calls without merges share their first merge with the next: the last one holds it.
     return static_cast<Index>(it - runs) - 1;
   };

@@ -82,8 +82,8 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
       shares += batch * heads * r.sink_tiles;
     }
   }
-  Scalar* share = shares > 0 ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, shares)
-                             : nullptr;
+  Scalar* share =
+      shares > 0 ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, shares) : nullptr;
   if (share != nullptr) std::fill(share, share + shares, Scalar(0));
   for (Index c = 0; c < count && share != nullptr; ++c) {
     BackwardRun<Scalar>& r = runs[c];
@@ -97,8 +97,8 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
   // materialised, none of the second).
   const auto call_of = [&](Index task, bool keys) {
     if (count == 1) return Index(0);
-    const BackwardRun<Scalar>* it = std::upper_bound(
-        runs, runs + count, task, [keys](Index t, const BackwardRun<Scalar>& r) {
+    const BackwardRun<Scalar>* it =
+        std::upper_bound(runs, runs + count, task, [keys](Index t, const BackwardRun<Scalar>& r) {
           return t < (keys ? r.first_key : r.first_query);
         });
     return static_cast<Index>(it - runs) - 1;
@@ -119,8 +119,8 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
       const BackwardTask kind =
           call.materialize ? BackwardTask::kMaterialized : BackwardTask::kKeys;
       for (Index h = kvh * group; h < (kvh + 1) * group; ++h) {
-        set.attention_backward_task(r.args, call.head_mask(b, h), call_dropout(call, b, h), kind,
-                                    b, h, j0, j1, buffer);
+        set.attention_backward_task(r.args, call.head_mask(b, h), call_dropout(call, b, h), kind, b,
+                                    h, j0, j1, buffer);
       }
     };
     const auto queries = [&](Index global, int thread) {

@@ -298,14 +298,11 @@ void check_backward_memory(const char* where, const AttentionCall<Scalar>& call,
 /// dK, dV interleave per batch item in its own buffer without sharing an element), their
 /// memory.
 template <class Scalar>
-AttentionCall<Scalar> backward_call(const char* where, TensorView<const Scalar, 4> q,
-                                    TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
-                                    TensorView<const Scalar, 4> out,
-                                    TensorView<const Scalar, 3> lse,
-                                    const AttentionGradients<Scalar>& grads,
-                                    const AttentionMask<Scalar>& mask,
-                                    const AttentionOptions& options, const CausalBound& module = {},
-                                    bool own_gradients = false) {
+AttentionCall<Scalar> backward_call(
+    const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
+    TensorView<const Scalar, 4> v, TensorView<const Scalar, 4> out, TensorView<const Scalar, 3> lse,
+    const AttentionGradients<Scalar>& grads, const AttentionMask<Scalar>& mask,
+    const AttentionOptions& options, const CausalBound& module = {}, bool own_gradients = false) {
   // The backward reads out and lse; the call's views are mutable for the forward's sake.
   const auto writable = [](const auto& view) {
     using Element = std::remove_const_t<typename std::decay_t<decltype(view)>::element_type>;
