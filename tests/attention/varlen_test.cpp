@@ -137,6 +137,7 @@ Operands operands(const Case& c, std::uint64_t seed) {
 }
 
 TEST(Varlen, ForwardAndBackwardEqualEachSequenceAlone) {
+  const int threads = attn::num_threads();
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
     const Operands o = operands(c, 11);
@@ -166,7 +167,7 @@ TEST(Varlen, ForwardAndBackwardEqualEachSequenceAlone) {
     Tensor<float, 3> plain(Shape<3>{tq, c.heads, c.dv});
     attn::scaled_dot_product_attention_varlen<float>(o.q.view(), o.k.view(), o.v.view(), o.cq, o.ck,
                                                      plain.view(), ws, c.mask, o.options);
-    attn::set_num_threads(2);
+    attn::set_num_threads(threads);
     EXPECT_EQ(attn::test::to_vector(out[0]), attn::test::to_vector(out[1]));
     EXPECT_EQ(attn::test::to_vector(lse[0]), attn::test::to_vector(lse[1]));
     EXPECT_EQ(attn::test::to_vector(dq[0]), attn::test::to_vector(dq[1]));
@@ -336,6 +337,7 @@ void expect_same_rows(const Tensor<float, 2>& packed, Index r0, const Tensor<flo
 }
 
 TEST(VarlenModule, ForwardEqualsEachSequenceAlone) {
+  const int threads = attn::num_threads();
   struct ModuleCase {
     Index kv_heads;
     bool causal;
@@ -363,6 +365,7 @@ TEST(VarlenModule, ForwardEqualsEachSequenceAlone) {
       out[t] = Tensor<float, 2>(Shape<2>{tq, 24});
       m.forward(x.view(), keys.view(), keys.view(), {cq, ck}, out[t].view(), ws);
     }
+    attn::set_num_threads(threads);
     EXPECT_EQ(attn::test::to_vector(out[0]), attn::test::to_vector(out[1]));
     for (Index s = 0; s < cq.sequences(); ++s) {
       if (cq.length(s) == 0) continue;
