@@ -218,6 +218,35 @@ TEST(Varlen, ForwardAndBackwardEqualEachSequenceAlone) {
   }
 }
 
+TEST(Varlen, LongStridedKeysCopiedPerSequence) {
+  // Keys and values as two heads of 512-head tensors: rows 16 KiB apart, so a sequence of
+  // 600 keys spans more than kKeyValueCopyBytes (8 MiB) and is copied head-major before its
+  // tasks run, one of 300 is not; the copies of a run sit side by side in the workspace.
+  const Index heads = 2, d = 8;
+  const SequenceOffsets cq = SequenceOffsets::from_lengths({70, 9});
+  const SequenceOffsets ck = SequenceOffsets::from_lengths({600, 300});
+  const Tensor<float, 3> q = random_tensor<float, 3>({79, heads, d}, 51);
+  Tensor<float, 3> k_wide(Shape<3>{900, 512, d}), v_wide(Shape<3>{900, 512, d});
+  const TensorView<float, 3> k = attn::slice(k_wide.view(), 1, 0, heads);
+  const TensorView<float, 3> v = attn::slice(v_wide.view(), 1, 2, 2 + heads);
+  attn::copy(random_tensor<float, 3>({900, heads, d}, 52).view(), k);  // the rest stays 0
+  attn::copy(random_tensor<float, 3>({900, heads, d}, 53).view(), v);
+  const auto mask = AttentionMask<float>().causal(CausalAlignment::kBottomRight);
+  Workspace ws;
+  Tensor<float, 3> out(Shape<3>{79, heads, d});
+  attn::scaled_dot_product_attention_varlen<float>(q.view(), k, v, cq, ck, out.view(), ws, mask);
+  for (Index s = 0; s < 2; ++s) {
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    const Index q0 = cq.begin(s), q1 = q0 + cq.length(s);
+    const Index k0 = ck.begin(s), k1 = k0 + ck.length(s);
+    const Tensor<float, 4> qs = alone(q.view(), q0, q1), ks = alone(k, k0, k1);
+    const Tensor<float, 4> vs = alone(v, k0, k1);
+    Tensor<float, 4> y(Shape<4>{1, heads, q1 - q0, d});
+    attn::scaled_dot_product_attention<float>(qs.view(), ks.view(), vs.view(), y.view(), ws, mask);
+    expect_rows(out.view(), q0, q1, y.view(), "out");
+  }
+}
+
 TEST(Varlen, DropoutHashesSequenceAsBatchItem) {
   // With dropout, sequence s draws the keep decisions of batch item s: the packed output
   // equals a padded batch's (every sequence the same length, so no padding), bit for bit.

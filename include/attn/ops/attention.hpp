@@ -111,6 +111,7 @@ struct CallRun {
   AttentionPlan plan;
   AttentionArgs<Scalar> args;
   Index first_task = 0, first_merge = 0;
+  Index partial_size = 0;  ///< split keys: elements of its tasks' partial states
   Scalar* partials = nullptr;
 };
 
@@ -220,9 +221,10 @@ void run_attention(const AttentionCall<Scalar>* calls, Index count, Workspace& w
     scratch = std::max(scratch, r.plan.scratch);
     copies += (r.plan.copy_k ? r.args.k.size() : 0) + (r.plan.copy_v ? r.args.v.size() : 0);
     if (r.plan.merges > 0) {
-      partial_size += r.plan.tasks * r.plan.group_heads * r.plan.rows_per_head *
-                      partial_row_size(calls[c].value_dim());
+      r.partial_size = r.plan.tasks * r.plan.group_heads * r.plan.rows_per_head *
+                       partial_row_size(calls[c].value_dim());
     }
+    partial_size += r.partial_size;
   }
   // 2. K, V copied head-major (B, H_kv, T_k, d): each head's rows back to back.
   Scalar* buffer =
@@ -250,11 +252,8 @@ void run_attention(const AttentionCall<Scalar>* calls, Index count, Workspace& w
                          ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, partial_size)
                          : nullptr;
   for (Index c = 0; c < count && partials != nullptr; ++c) {
-    const AttentionPlan& plan = runs[c].plan;
-    if (plan.merges == 0) continue;
-    runs[c].partials = partials;
-    partials +=
-        plan.tasks * plan.group_heads * plan.rows_per_head * partial_row_size(calls[c].value_dim());
+    runs[c].partials = runs[c].partial_size > 0 ? partials : nullptr;
+    partials += runs[c].partial_size;
   }
   // The call a task (or merge) of the run belongs to.
   const auto call_of = [&](Index task, bool merge) {
