@@ -36,20 +36,16 @@ struct KVCacheAccess {
   }
 };
 
-/// The checks of forward_cached(), all before anything is written (the cache included).
-/// @throws ShapeError on shapes that do not fit, or an `out` that shares memory with the
-///         cache; ConfigError for a module that is not causal self-attention, a mask, a
-///         cache without room or holding another module's keys, a window the cache cannot
-///         hold, positions past context_length or the rotary tables.
+/// The checks of an incremental forward of `core` into `cache` for `items` items (the
+/// packed prefill: at least `items`) that do not depend on the tokens: a causal
+/// self-attention module, a cache holding no other module's keys, of its heads and head
+/// size, whose ring (if any) holds the module's window.
+/// @throws ConfigError, or ShapeError for a cache of another batch or head shape.
 template <class Scalar>
-void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
-                  TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
-                  const AttentionMask<Scalar>& mask) {
+void check_cache_use(const AttentionCore<Scalar>& core, const KVCache<Scalar>& cache, Index items,
+                     bool packed) {
   const CoreConfig& c = core.config();
   const char* where = c.forward_name;
-  const char* name = c.input_name != nullptr ? c.input_name : "query";
-  check_input(where, name, x, core.d_in(), "d_in");
-  const Index batch = x.extent(0), tokens = x.extent(1);
   require_config(c.causal, where, [] {
     return std::string(
         "the incremental forward is causal (each token attends to the cached keys up to its own "
@@ -69,13 +65,18 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
            std::to_string(core.d_in()) + ", kdim=" + std::to_string(core.kdim()) +
            ", vdim=" + std::to_string(core.vdim()) + ")";
   });
-  require(cache.batch() == batch && cache.num_kv_heads() == core.num_kv_heads() &&
+  require_config(!packed || cache.batch() >= items, where, [&] {
+    return "a packed batch of " + std::to_string(items) +
+           " sequences fills one cache item each, but the cache holds B=" +
+           std::to_string(cache.batch()) + " items";
+  });
+  require((packed || cache.batch() == items) && cache.num_kv_heads() == core.num_kv_heads() &&
               cache.head_dim() == core.head_dim(),
           where, [&] {
             return "the cache holds B=" + std::to_string(cache.batch()) +
                    ", H_kv=" + std::to_string(cache.num_kv_heads()) +
                    ", head_dim=" + std::to_string(cache.head_dim()) +
-                   "; the call needs B=" + std::to_string(batch) +
+                   "; the call needs B=" + std::to_string(items) +
                    ", H_kv=" + std::to_string(core.num_kv_heads()) +
                    ", head_dim=" + std::to_string(core.head_dim());
           });
@@ -85,33 +86,59 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
            " keys, but the module's sliding_window is " + std::to_string(window) +
            " (0: none): it would read keys the ring no longer holds";
   });
+}
+
+/// Room in item b of `cache` for `tokens` more tokens of `core`: positions that do not
+/// overflow, within the capacity (without a ring), context_length and the rotary tables.
+/// @throws ConfigError naming the item and the values.
+template <class Scalar>
+void check_cache_room(const AttentionCore<Scalar>& core, const KVCache<Scalar>& cache, Index b,
+                      Index tokens) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  Index end = 0;
+  require_config(checked_add(cache.length(b), tokens, end), where, [&] {
+    return "item " + std::to_string(b) + " is at position " + std::to_string(cache.length(b)) +
+           "; " + std::to_string(tokens) + " more tokens overflow the position counter";
+  });
+  require_config(cache.window() > 0 || end <= cache.capacity(), where, [&] {
+    return "item " + std::to_string(b) + " has " + std::to_string(cache.length(b)) +
+           " cached tokens; " + std::to_string(tokens) +
+           " more exceed the cache's capacity=" + std::to_string(cache.capacity());
+  });
+  require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
+    return "item " + std::to_string(b) + " would reach " + std::to_string(end) +
+           " tokens, more than context_length=" + std::to_string(c.context_length);
+  });
+  require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
+    return "item " + std::to_string(b) + " would reach position " + std::to_string(end - 1) +
+           ", outside the rotary tables [0, " + std::to_string(core.rope().max_positions()) +
+           ") (set rope.max_positions)";
+  });
+}
+
+/// The checks of forward_cached(), all before anything is written (the cache included).
+/// @throws ShapeError on shapes that do not fit, or an `out` that shares memory with the
+///         cache; ConfigError for a module that is not causal self-attention, a mask, a
+///         cache without room or holding another module's keys, a window the cache cannot
+///         hold, positions past context_length or the rotary tables.
+template <class Scalar>
+void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                  TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
+                  const AttentionMask<Scalar>& mask) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index batch = x.extent(0), tokens = x.extent(1);
+  check_cache_use(core, cache, batch, false);
   require_config(mask.empty(), where, [] {
     return std::string(
         "the incremental forward takes no mask: the cache's lengths, the causal "
         "bound and the module's window are its mask");
   });
   check_output(where, out, {batch, tokens, core.d_out()});
-  for (Index b = 0; b < batch; ++b) {
-    Index end = 0;
-    require_config(checked_add(cache.length(b), tokens, end), where, [&] {
-      return "item " + std::to_string(b) + " is at position " + std::to_string(cache.length(b)) +
-             "; " + std::to_string(tokens) + " more tokens overflow the position counter";
-    });
-    require_config(cache.window() > 0 || end <= cache.capacity(), where, [&] {
-      return "item " + std::to_string(b) + " has " + std::to_string(cache.length(b)) +
-             " cached tokens; " + std::to_string(tokens) +
-             " more exceed the cache's capacity=" + std::to_string(cache.capacity());
-    });
-    require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
-      return "item " + std::to_string(b) + " would reach " + std::to_string(end) +
-             " tokens, more than context_length=" + std::to_string(c.context_length);
-    });
-    require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
-      return "item " + std::to_string(b) + " would reach position " + std::to_string(end - 1) +
-             ", outside the rotary tables [0, " + std::to_string(core.rope().max_positions()) +
-             ") (set rope.max_positions)";
-    });
-  }
+  for (Index b = 0; b < batch; ++b) check_cache_room(core, cache, b, tokens);
   check_output_memory(where, out, {}, mask);
   // The kernel reads the cache after out is written (chunk by chunk with a ring).
   const TensorView<const Scalar, 1> storage(cache.k_storage().data(),

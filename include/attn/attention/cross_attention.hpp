@@ -65,6 +65,8 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   using Module::run;
   using Module::run_backward;
   using Module::run_cached;
+  using Module::run_packed;
+  using Module::run_prefill;
   using Module::weight_heads;
 
   // nn.MultiheadAttention's layout with kdim = vdim = d_kv, but the notebook's widths, its

@@ -21,6 +21,7 @@
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/varlen.hpp"
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/detail/identity.hpp"
@@ -122,19 +123,20 @@ class AttentionCore {
   /// `weights`, when not empty, (B, H, T_q, T_k) receives the attention weights (the
   /// materialised kernel path). With `saved` (a training forward) the input rows, the
   /// projections and the context go into saved->storage instead of `ws` (which keeps only
-  /// the kernel's scratch), and `saved` records what the backward needs.
+  /// the kernel's scratch), and `saved` records what the backward needs. With `packed`, a
+  /// packed batch (B = 1, its rows the sequences' back to back): the rotary positions and
+  /// the attention are per sequence (attend_packed()), no weights.
   void forward(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
                TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out, Workspace& ws,
                const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
-               SavedForward<Scalar>* saved = nullptr) const {
-    check(query, key, value, out, weights, mask);
+               SavedForward<Scalar>* saved = nullptr,
+               const PackedSequences* packed = nullptr) const {
+    check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
-    if (has_rope()) {  // positions 0..T-1, in the projection's own buffer
-      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.query.data()),
-                                        heads.query.shape(), heads.query.strides()));
-      rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.key.data()), heads.key.shape(),
-                                        heads.key.strides()));
+    if (has_rope()) {  // positions 0..T-1 of each sequence, in the projection's own buffer
+      rotate(heads.query, packed != nullptr ? &packed->query : nullptr, false);
+      rotate(heads.key, packed != nullptr ? &packed->keys() : nullptr, false);
     }
     const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
                 hd = head_dim();
@@ -155,7 +157,7 @@ class AttentionCore {
     attend(heads,
            TensorView<Scalar, 4>(ctx, {batch, num_heads(), tq, hd},
                                  {ctx_strides[0], hd, ctx_strides[1], 1}),
-           mask, options, weights, ws, lse);
+           mask, options, weights, ws, lse, packed);
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
     if (saved != nullptr) {
@@ -163,6 +165,14 @@ class AttentionCore {
                      same_view(query, key) && same_view(key, value), same_view(key, value),
                      heads.query, heads.key, heads.value, context, mask, options,
                      TensorView<const Scalar, 3>(lse));
+      const auto keep_offsets = [](std::vector<Index>& to, const SequenceOffsets* from) {
+        to.clear();
+        if (from == nullptr) return;
+        const TensorView<const Index, 1> v = from->view();
+        for (Index i = 0; i < v.extent(0); ++i) to.push_back(v(i));
+      };
+      keep_offsets(saved->query_offsets, packed != nullptr ? &packed->query : nullptr);
+      keep_offsets(saved->key_offsets, packed != nullptr ? &packed->keys() : nullptr);
     }
     if (config_.out_proj) {
       out_proj_.forward(context, out, ws);
@@ -175,9 +185,12 @@ class AttentionCore {
   /// (check_output_memory; inputs sharing memory with them were copied by
   /// stage_overlapping(), and are projected before anything is written anyway).
   /// @throws ShapeError; ConfigError past context_length.
+  /// A packed batch (`packed`): B = 1, offsets that fit the query and key rows, each
+  /// sequence within context_length.
   void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
              TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out,
-             TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask) const {
+             TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask,
+             const PackedSequences* packed = nullptr) const {
     const char* where = config_.forward_name;
     const char* name = config_.input_name != nullptr ? config_.input_name : "query";
     check_input(where, name, query, d_in(), "d_in");
@@ -194,9 +207,17 @@ class AttentionCore {
       });
     }
     check_output(where, out, {query.extent(0), query.extent(1), d_out()});
-    check_context(where, name, query.extent(1), config_.context_length);
+    if (packed != nullptr) {
+      check_packed_mask(where, mask);
+      check_packed_offsets(
+          where, *packed, std::string(name) + " " + to_string(select(query, 0, 0).shape()),
+          query.extent(1), "key " + to_string(select(key, 0, 0).shape()), key.extent(1));
+    }
+    const Index longest_q = packed != nullptr ? packed->query.max_length() : query.extent(1);
+    const Index longest_k = packed != nullptr ? packed->keys().max_length() : key.extent(1);
+    check_context(where, name, longest_q, config_.context_length);
     if (config_.input_name == nullptr) {
-      check_context(where, "key", key.extent(1), config_.context_length);
+      check_context(where, "key", longest_k, config_.context_length);
     }
     check_buffer_sizes(query, key, value);
     check_output_memory(where, out, weights, mask);
@@ -245,12 +266,37 @@ class AttentionCore {
   }
 
   /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd) (and, when
-  /// not empty, each query's logsumexp into `lse` (B, H, T_q)).
+  /// not empty, each query's logsumexp into `lse` (B, H, T_q)); per sequence with `packed`.
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const AttentionMask<Scalar>& mask,
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
-              TensorView<Scalar, 3> lse = {}) const {
+              TensorView<Scalar, 3> lse = {}, const PackedSequences* packed = nullptr) const {
+    if (packed != nullptr) {
+      attend_packed(config_.forward_name, heads.query, heads.key, heads.value, ctx, *packed, mask,
+                    options, ws, config_.causal_bound(), lse);
+      return;
+    }
     detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
                    weights, ws, config_.causal_bound(), lse);
+  }
+
+  /// The rotary embedding on projected heads x (B, H, T, hd) in place, at positions 0..T-1,
+  /// or, with `offsets` (B = 1), at positions 0..T(s)-1 of each sequence; `transposed`: the
+  /// backward's rotation R^T.
+  void rotate(TensorView<const Scalar, 4> x, const SequenceOffsets* offsets,
+              bool transposed) const {
+    const TensorView<Scalar, 4> rows(const_cast<Scalar*>(x.data()), x.shape(), x.strides());
+    const auto apply = [&](TensorView<Scalar, 4> part) {
+      if (transposed) {
+        rope_.apply_transposed(part);
+      } else {
+        rope_.apply(part);
+      }
+    };
+    if (offsets == nullptr) return apply(rows);
+    for (Index s = 0; s < offsets->sequences(); ++s) {
+      if (offsets->length(s) == 0) continue;
+      apply(slice(rows, 2, offsets->begin(s), offsets->begin(s) + offsets->length(s)));
+    }
   }
 
   /// The variants of the configuration into `options`, as the call reads them: the softcap,

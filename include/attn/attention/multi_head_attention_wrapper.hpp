@@ -172,6 +172,15 @@ class MultiHeadAttentionWrapper
 
   // Head h into columns [h d_out, (h + 1) d_out) of out, its weights into weights[:, h];
   // a training forward records each head in saved->parts[h].
+  void run_packed(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                  TensorView<Scalar, 3>, Workspace&, const AttentionMask<Scalar>&,
+                  SavedForward<Scalar>*) const {
+    detail::refuse_packed("MultiHeadAttentionWrapper::forward");
+  }
+  void run_prefill(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                   TensorView<Scalar, 3>, Workspace&, KVCache<Scalar>&) const {
+    detail::refuse_packed("MultiHeadAttentionWrapper::forward");
+  }
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                   KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
     detail::refuse_cached("MultiHeadAttentionWrapper::forward",

@@ -73,6 +73,15 @@ class SimpleSelfAttention
 
   // The kernel on x as one head: q = k = v = x (B, 1, T, d). A training forward reads x
   // from its rows (staged into saved->storage if strided) and keeps the kernel's output.
+  void run_packed(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                  TensorView<Scalar, 3>, Workspace&, const AttentionMask<Scalar>&,
+                  SavedForward<Scalar>*) const {
+    detail::refuse_packed("SimpleSelfAttention::forward");
+  }
+  void run_prefill(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                   TensorView<Scalar, 3>, Workspace&, KVCache<Scalar>&) const {
+    detail::refuse_packed("SimpleSelfAttention::forward");
+  }
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                   KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
     detail::refuse_cached("SimpleSelfAttention::forward",
