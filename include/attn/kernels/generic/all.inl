@@ -26,6 +26,7 @@
 #include "attn/kernels/generic/gemm.inl"
 #include "attn/kernels/generic/softmax.inl"
 #include "attn/kernels/generic/variants.inl"
+#include "attn/kernels/generic/kv_load.inl"
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
 #include "attn/kernels/generic/attention_backward.inl"
