@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
@@ -288,9 +289,11 @@ void forward_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 
 /// @throws ShapeError on shapes that do not fit or an `out` sharing memory with q or the
 ///         cache; ConfigError for T past an item's length, a window the ring cannot hold, or
 ///         options scaled_dot_product_attention refuses.
+/// (q's and out's types follow the cache's Scalar: mutable views of q convert.)
 template <class Scalar>
-void cached_attention(TensorView<const Scalar, 4> q, const KVCache<Scalar>& cache,
-                      TensorView<Scalar, 4> out, Workspace& ws,
+void cached_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>> q,
+                      const KVCache<Scalar>& cache,
+                      typename std::enable_if_t<true, TensorView<Scalar, 4>> out, Workspace& ws,
                       const AttentionOptions& options = {}, Index window = 0) {
   const char* where = "cached_attention";
   detail::require(q.extent(0) == cache.batch() && q.extent(3) == cache.head_dim(), where, [&] {
