@@ -86,8 +86,7 @@ Rows rows_of(const KVCache<float>& cache, Index b) {
 // The attention the cache's kernel computes, in double over the dequantised rows: query i of
 // item b at position L_b - T + i sees positions (p - window, p] that are stored (window 0:
 // all up to p), position p in slot p % capacity. out (B, H, T, hd_v).
-Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cache,
-                            Index window) {
+Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cache, Index window) {
   const Index batch = q.extent(0), heads = q.extent(1), t = q.extent(2), hd = q.extent(3);
   const Index group = heads / cache.num_kv_heads(), hdv = cache.value_head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -104,7 +103,8 @@ Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cac
         for (Index e = 0; e < hd; ++e) qi[static_cast<std::size_t>(e)] = q(b, h, i, e);
         double top = -std::numeric_limits<double>::infinity();
         for (Index j = lo; j <= p; ++j) {
-          const float* key = &rows.k[static_cast<std::size_t>((kv * rows.slots + j % cache.capacity()) * hd)];
+          const float* key =
+              &rows.k[static_cast<std::size_t>((kv * rows.slots + j % cache.capacity()) * hd)];
           double dot = 0;
           for (Index e = 0; e < hd; ++e) dot += qi[static_cast<std::size_t>(e)] * key[e];
           s.push_back(dot * scale);
@@ -113,7 +113,8 @@ Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cac
         double sum = 0;
         for (double& x : s) sum += (x = std::exp(x - top));
         for (Index j = lo; j <= p; ++j) {
-          const float* value = &rows.v[static_cast<std::size_t>((kv * rows.slots + j % cache.capacity()) * hdv)];
+          const float* value =
+              &rows.v[static_cast<std::size_t>((kv * rows.slots + j % cache.capacity()) * hdv)];
           const double w = s[static_cast<std::size_t>(j - lo)];
           for (Index e = 0; e < hdv; ++e) acc[static_cast<std::size_t>(e)] += w * value[e];
         }
@@ -135,8 +136,7 @@ double relative_error(const A& got, const B& want) {
   return std::sqrt(num / den);
 }
 
-Tensor<float, 4> attend(const Tensor<float, 4>& q, const KVCache<float>& cache,
-                        Index window = 0) {
+Tensor<float, 4> attend(const Tensor<float, 4>& q, const KVCache<float>& cache, Index window = 0) {
   Tensor<float, 4> out({q.extent(0), q.extent(1), q.extent(2), cache.value_head_dim()});
   attn::Workspace ws;
   attn::cached_attention(q.view(), cache, out.view(), ws, {}, window);
@@ -274,9 +274,9 @@ TEST(KVCacheQuantized, AccuracyAgainstTheFloatCache) {
     double random, outliers;
   };
   const Bound bounds[] = {
-      {KVElement::kInt8, true, 1e-2, 3e-2},         {KVElement::kInt4, true, 1e-1, 3e-1},
-      {KVElement::kFloat8E4M3, true, 5e-2, 1e-1},   {KVElement::kFloat8E4M3, false, 5e-2, 1.5e-1},
-      {KVElement::kFloat8E5M2, true, 1e-1, 2e-1},   {KVElement::kBFloat16, true, 5e-3, 1.5e-2},
+      {KVElement::kInt8, true, 1e-2, 3e-2},       {KVElement::kInt4, true, 1e-1, 3e-1},
+      {KVElement::kFloat8E4M3, true, 5e-2, 1e-1}, {KVElement::kFloat8E4M3, false, 5e-2, 1.5e-1},
+      {KVElement::kFloat8E5M2, true, 1e-1, 2e-1}, {KVElement::kBFloat16, true, 5e-3, 1.5e-2},
       {KVElement::kFloat16, true, 1e-3, 3e-3},
   };
   for (const Bound& bound : bounds) {

@@ -64,14 +64,14 @@ AttentionCall<Scalar> cache_call(const char* where, TensorView<const Scalar, 4> 
   };
   const TensorView<const Scalar, 4> k =
       stored ? shape_only(cache.head_dim()) : TensorView<const Scalar, 4>(cache.k_storage());
-  const TensorView<const Scalar, 4> v = stored ? shape_only(cache.value_head_dim())
-                                               : TensorView<const Scalar, 4>(cache.v_storage());
-  AttentionCall<Scalar> call = make_call<Scalar>(where, q, k, v, out, {}, {}, {}, options,
-                                                 {true, CausalAlignment::kBottomRightPerItem,
-                                                  window},
-                                                 keys);
+  const TensorView<const Scalar, 4> v =
+      stored ? shape_only(cache.value_head_dim()) : TensorView<const Scalar, 4>(cache.v_storage());
+  AttentionCall<Scalar> call =
+      make_call<Scalar>(where, q, k, v, out, {}, {}, {}, options,
+                        {true, CausalAlignment::kBottomRightPerItem, window}, keys);
   call.args.stored = cache.stored();
-  if (stored) call.materialize = false;
+  // Stored rows and a ring's are read by the streaming kernel only (no weights are asked for).
+  if (stored || keys.ring > 0) call.materialize = false;
   return call;
 }
 
@@ -206,8 +206,8 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
       for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
       for (Index h = 0; h < kv_heads; ++h) {
         for (Index i = 0; i < t; ++i) {
-          Scalar* k_row = stored ? kv + ((b * 2 * kv_heads + h) * t + i) * hd
-                                 : cache.k_slot(b, h, first + i);
+          Scalar* k_row =
+              stored ? kv + ((b * 2 * kv_heads + h) * t + i) * hd : cache.k_slot(b, h, first + i);
           rope.apply(k_row, 1, hd, first + i);
         }
       }
@@ -233,14 +233,14 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   Scalar* ctx =
       direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
-  run_attention(cache_call<Scalar>(
-                    core.config().forward_name,
-                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}),
-                    cache,
-                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
-                                          {ctx_strides[0], hd, ctx_strides[1], 1}),
-                    core.kernel_options({}), core.sliding_window()),
-                ws);
+  run_attention(
+      cache_call<Scalar>(
+          core.config().forward_name,
+          TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}), cache,
+          TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
+                                {ctx_strides[0], hd, ctx_strides[1], 1}),
+          core.kernel_options({}), core.sliding_window()),
+      ws);
   // 4. The output projection.
   if (direct) return;
   const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
@@ -297,8 +297,9 @@ void cached_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4
                       const AttentionOptions& options = {}, Index window = 0) {
   const char* where = "cached_attention";
   detail::require(q.extent(0) == cache.batch() && q.extent(3) == cache.head_dim(), where, [&] {
-    return "q " + detail::to_string(q.shape()) + " against a cache of B=" +
-           std::to_string(cache.batch()) + ", head_dim=" + std::to_string(cache.head_dim());
+    return "q " + detail::to_string(q.shape()) +
+           " against a cache of B=" + std::to_string(cache.batch()) +
+           ", head_dim=" + std::to_string(cache.head_dim());
   });
   for (Index b = 0; b < cache.batch(); ++b) {
     detail::require_config(q.extent(2) <= cache.length(b), where, [&] {
@@ -307,8 +308,7 @@ void cached_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4
     });
   }
   detail::require_config(
-      window >= 0 && (cache.window() == 0 || (window > 0 && window <= cache.window())), where,
-      [&] {
+      window >= 0 && (cache.window() == 0 || (window > 0 && window <= cache.window())), where, [&] {
         return "window=" + std::to_string(window) + " over a cache whose ring holds a window of " +
                std::to_string(cache.window()) + " (0: not a ring)";
       });

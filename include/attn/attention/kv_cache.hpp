@@ -306,8 +306,8 @@ class KVCache {
             for (Index e = 0; e < width; ++e) to(h, j, e) = x[e];
             continue;
           }
-          detail::dequantize_row(o_.element, from, scales_at(b, part, h, j), group(width),
-                                 width, row.data());
+          detail::dequantize_row(o_.element, from, scales_at(b, part, h, j), group(width), width,
+                                 row.data());
           for (Index e = 0; e < width; ++e) to(h, j, e) = static_cast<Scalar>(row[e]);
         }
       }
@@ -384,7 +384,8 @@ class KVCache {
     const char* where = "KVCache::next_rows";
     require_scalar(where);
     detail::require_config(o_.value_head_dim == o_.head_dim, where, [&] {
-      return describe() + ": keys and values of different widths are not one strided block; "
+      return describe() +
+             ": keys and values of different widths are not one strided block; "
              "use append()";
     });
     items = checked_items(where, first_item, items);
@@ -613,7 +614,8 @@ class KVCache {
     if (!detail::checked_add(raw, line - 1, padded)) return false;
     padded = padded / line * line;
     row = 16 * (padded - raw) <= raw ? padded : raw;  // padded - raw < 64: no overflow
-    if (!detail::checked_mul(o_.capacity, row, rows) || !detail::checked_add(rows, line - 1, block)) {
+    if (!detail::checked_mul(o_.capacity, row, rows) ||
+        !detail::checked_add(rows, line - 1, block)) {
       return false;
     }
     block = block / line * line;
@@ -625,9 +627,8 @@ class KVCache {
   /// Head `head` (0 .. 2 H_kv - 1: keys, then values) of item b.
   unsigned char* head_block(Index b, Index head) const noexcept {
     const Index h = head % o_.num_kv_heads;
-    return storage_.data() + b * item_ + (head < o_.num_kv_heads ? h * k_block_
-                                                                 : o_.num_kv_heads * k_block_ +
-                                                                       h * v_block_);
+    return storage_.data() + b * item_ +
+           (head < o_.num_kv_heads ? h * k_block_ : o_.num_kv_heads * k_block_ + h * v_block_);
   }
   unsigned char* row_at(Index b, int part, Index h, Index slot_index) const noexcept {
     return head_block(b, part * o_.num_kv_heads + h) + slot_index * row_bytes(part);
@@ -650,7 +651,8 @@ class KVCache {
   }
   void require_scalar(const char* where) const {
     detail::require_config(o_.element == KVElement::kScalar, where, [&] {
-      return describe() + ": the rows are quantised, with no Scalar view; write them with "
+      return describe() +
+             ": the rows are quantised, with no Scalar view; write them with "
              "append() and read them with dequantize()";
     });
   }
@@ -682,8 +684,8 @@ class KVCache {
       return "lengths (" + lengths + ") with first position " + std::to_string(first(0)) +
              " are not one (B, H_kv, len, hd) block; use k(b) and segments(b)";
     });
-    return const_cast<KVCache*>(this)->storage_view(part == 0 ? "KVCache::k" : "KVCache::v",
-                                                    part, len(0));
+    return const_cast<KVCache*>(this)->storage_view(part == 0 ? "KVCache::k" : "KVCache::v", part,
+                                                    len(0));
   }
 
   /// Writes one row of `width(part)` elements (stride `stride`) at item b's `position`,
@@ -716,21 +718,21 @@ class KVCache {
     }
   }
   void copy_item(Index from, Index to) noexcept {
-    for_each_run(from, to, used_slots(from), [](unsigned char* x, unsigned char* y, Index n) {
-      std::copy_n(x, n, y);
-    });
+    for_each_run(from, to, used_slots(from),
+                 [](unsigned char* x, unsigned char* y, Index n) { std::copy_n(x, n, y); });
   }
   void swap_items(Index a, Index b) noexcept {
-    for_each_run(a, b, std::max(used_slots(a), used_slots(b)),
-                 [](unsigned char* x, unsigned char* y, Index n) { std::swap_ranges(x, x + n, y); });
+    for_each_run(
+        a, b, std::max(used_slots(a), used_slots(b)),
+        [](unsigned char* x, unsigned char* y, Index n) { std::swap_ranges(x, x + n, y); });
   }
 
   friend struct detail::KVCacheAccess;
 
   KVCacheOptions o_{};
   Index k_row_ = 0, v_row_ = 0, k_block_ = 0, v_block_ = 0, item_ = 0;  // bytes
-  Index k_scales_ = 0, v_scales_ = 0, scale_item_ = 0;  // floats: per row, per item
-  Index scales_at_ = 0;                                 // bytes: where the scales start
+  Index k_scales_ = 0, v_scales_ = 0, scale_item_ = 0;                  // floats: per row, per item
+  Index scales_at_ = 0;  // bytes: where the scales start
   detail::AlignedBuffer<unsigned char> storage_;
   std::vector<Index> end_, first_;  // per item: one past the last position, first stored
   std::vector<Index> scratch_;      // reorder()'s bookkeeping, 2 B entries

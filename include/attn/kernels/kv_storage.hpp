@@ -90,7 +90,7 @@ struct StoredRows {
   Index item_stride = 0, head_stride = 0, row_stride = 0;  // bytes
   const float* scales = nullptr;
   Index scale_item_stride = 0, scale_head_stride = 0, scale_row_stride = 0;  // floats
-  Index group = 1;                                                          // elements per scale
+  Index group = 1;                                                           // elements per scale
 
   const unsigned char* row(Index b, Index h, Index s) const noexcept {
     return data + b * item_stride + h * head_stride + s * row_stride;
@@ -193,8 +193,8 @@ void quantize_row(KVElement e, const Scalar* x, Index stride, Index width, Index
 /// The values a stored row of `width` elements of kind e holds (the inverse of quantize_row,
 /// in float; scales: one per `group` elements, or null), into x. The reference the kernels'
 /// loader (attn/kernels/generic/kv_load.inl) gives the same values as.
-inline void dequantize_row(KVElement e, const unsigned char* row, const float* scales,
-                           Index group, Index width, float* x) noexcept {
+inline void dequantize_row(KVElement e, const unsigned char* row, const float* scales, Index group,
+                           Index width, float* x) noexcept {
   for (Index i = 0; i < width; ++i) {
     float q = 0.0f;
     switch (e) {

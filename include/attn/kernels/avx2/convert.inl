@@ -181,28 +181,29 @@ inline Index convert_vector_part(const float8_e5m2* src, float* dst, Index n) no
 
 // ---- the integer levels of a quantised KVCache's rows (generic/kv_load.inl) ----
 
-/// The first multiple of 8 of n int8 values as floats.
-inline Index widen_int8_part(const std::int8_t* src, float* dst, Index n) noexcept {
+/// The first multiple of 8 of n int8 values times `scale` as floats.
+inline Index widen_int8_part(const std::int8_t* src, float* dst, Index n, float scale) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
   Index i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s));
   }
   return i;
 }
 
-/// `blocks` int4 blocks (16 bytes: elements i and i + 16 in byte i, as q + 8) as the floats q.
-inline Index widen_int4_blocks(const unsigned char* src, float* dst, Index blocks) noexcept {
+/// One int4 block (16 bytes: elements i and i + 16 in byte i, as q + 8) as the floats q
+/// times `scale`.
+inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) noexcept {
   const __m256i low = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
-  for (Index k = 0; k < blocks; ++k) {
-    for (Index half = 0; half < 16; half += 8) {
-      const __m256i w = _mm256_cvtepu8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + k * (kInt4Block / 2) + half)));
-      const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(w, low), eight);
-      const __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(w, 4), eight);
-      _mm256_storeu_ps(dst + k * kInt4Block + half, _mm256_cvtepi32_ps(lo));
-      _mm256_storeu_ps(dst + k * kInt4Block + 16 + half, _mm256_cvtepi32_ps(hi));
-    }
+  const __m256 s = _mm256_set1_ps(scale);
+  for (Index half = 0; half < 16; half += 8) {
+    const __m256i w =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + half)));
+    const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(w, low), eight);
+    const __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(w, 4), eight);
+    _mm256_storeu_ps(dst + half, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), s));
+    _mm256_storeu_ps(dst + 16 + half, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), s));
   }
-  return blocks;
+  return true;
 }

@@ -233,15 +233,15 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   static_assert(kQueryBlock % W == 0, "the per-row statistics are whole vectors");
   const Index nq = task.i1 - task.i0, rows = task.heads * nq, d = p.q.extent(3);
   const Index dv = p.v.extent(3), i0 = task.i0;
-  Scalar* qt = scratch;                // Q^T (d, rows)
-  Scalar* st = qt + d * kQueryBlock;   // s^T, then p^T (keys, rows)
-  Scalar* acc = st + kKeyBlock * ld;   // unnormalised output (rows, d_v)
-  Scalar* m = acc + kQueryBlock * dv;  // running max per row
-  Scalar* l = m + kQueryBlock;         // running sum per row
-  Scalar* shift = l + kQueryBlock;     // this tile's exp shift per row
-  Scalar* corr = shift + kQueryBlock;  // rescale factor per row
-  Scalar* seen = corr + kQueryBlock;   // 1 once a row has seen a key its masks allow
-  Scalar* clean = seen + kQueryBlock;  // a V tile with non-finite rows zeroed (rarely)
+  Scalar* qt = scratch;                     // Q^T (d, rows)
+  Scalar* st = qt + d * kQueryBlock;        // s^T, then p^T (keys, rows)
+  Scalar* acc = st + kKeyBlock * ld;        // unnormalised output (rows, d_v)
+  Scalar* m = acc + kQueryBlock * dv;       // running max per row
+  Scalar* l = m + kQueryBlock;              // running sum per row
+  Scalar* shift = l + kQueryBlock;          // this tile's exp shift per row
+  Scalar* corr = shift + kQueryBlock;       // rescale factor per row
+  Scalar* seen = corr + kQueryBlock;        // 1 once a row has seen a key its masks allow
+  Scalar* clean = seen + kQueryBlock;       // a V tile with non-finite rows zeroed (rarely)
   Scalar* k_tile = clean + kKeyBlock * dv;  // stored keys: the tile dequantised (kKeyBlock, d)
   Scalar* v_tile = k_tile + kKeyBlock * d;  // stored values: the same (kKeyBlock, d_v)
   const bool stored = p.stored.active();
@@ -266,8 +266,10 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   }
   const Index q_rs = p.q.stride(2);
   const Index k_rs = stored ? d : p.k.stride(2), v_rs = stored ? dv : p.v.stride(2);
-  const Scalar* k = stored ? k_tile : p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
-  const Scalar* v = stored ? v_tile : p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+  const Scalar* k =
+      stored ? k_tile : p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
+  const Scalar* v =
+      stored ? v_tile : p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
   const bool elementwise = masks[0].elementwise();
   const Index col_group = micro_cols<Scalar>();
   // Dot products cost rows (d / W + ~8 for the reduction) per key, the micro-kernel about
@@ -426,7 +428,8 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
     if (stored) load_stored_rows(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, v_tile);
     const Scalar* vc = vt;
     Index vc_rs = v_rs;
-    const bool dirty = clean_values(vt, v_rs, tile_need, dv, clean);
+    const bool dirty = (!stored || stored_may_be_nonfinite(p.stored.v.element)) &&
+                       clean_values(vt, v_rs, tile_need, dv, clean);
     if (dirty) vc = clean, vc_rs = dv;
     for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, rows - r0);

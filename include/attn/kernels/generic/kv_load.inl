@@ -5,31 +5,23 @@
 // convert_vector_part() for the float formats); the scalar loops here do the rest and give
 // the same values (each element is q times its scale, one rounding).
 
-/// No vector form in this set: nothing done.
+/// No vector form in this set: nothing done (false).
 template <class Scalar>
-inline Index widen_int8_part(const std::int8_t*, Scalar*, Index) noexcept {
+inline Index widen_int8_part(const std::int8_t*, Scalar*, Index, float) noexcept {
   return 0;
 }
 template <class Scalar>
-inline Index widen_int4_blocks(const unsigned char*, Scalar*, Index) noexcept {
-  return 0;
-}
-
-/// One kInt4Block of 16 bytes into 32 values q (the unscaled levels, -8 .. 7).
-template <class Scalar>
-inline void widen_int4_block(const unsigned char* b, Scalar* o) noexcept {
-  constexpr Index half = kInt4Block / 2;
-  for (Index i = 0; i < half; ++i) {
-    o[i] = static_cast<Scalar>(static_cast<int>(b[i] & 0x0Fu) - 8);
-    o[i + half] = static_cast<Scalar>(static_cast<int>(b[i] >> 4) - 8);
-  }
+inline bool widen_int4_block(const unsigned char*, Scalar*, float) noexcept {
+  return false;
 }
 
 /// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside), each
-/// `width` elements, dequantised into out (n, width) (row stride width).
+/// `width` elements, dequantised into out (n, width) (row stride width): q times its
+/// scale, one rounding (the int8 and int4 levels are exact in Scalar).
 template <class Scalar>
 void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n, Index width,
                       Scalar* out) noexcept {
+  constexpr Index half = kInt4Block / 2;
   for (Index j = 0; j < n; ++j) {
     const unsigned char* row = s.row(b, h, slot + j);
     const float* scales = s.scales_of(b, h, slot + j);
@@ -47,24 +39,29 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
       case KVElement::kFloat8E5M2:
         convert_row(reinterpret_cast<const float8_e5m2*>(row), o, width);
         break;
-      case KVElement::kInt8: {
+      case KVElement::kInt8: {  // one scale per row
         const auto* q = reinterpret_cast<const std::int8_t*>(row);
-        for (Index e = widen_int8_part(q, o, width); e < width; ++e) {
-          o[e] = static_cast<Scalar>(q[e]);
+        const float scale = scales[0];
+        for (Index e = widen_int8_part(q, o, width, scale); e < width; ++e) {
+          o[e] = static_cast<Scalar>(static_cast<float>(q[e]) * scale);
         }
-        break;
+        continue;
       }
-      case KVElement::kInt4: {
-        const Index full = width / kInt4Block;
-        for (Index k = widen_int4_blocks(row, o, full); k < full; ++k) {
-          widen_int4_block(row + k * (kInt4Block / 2), o + k * kInt4Block);
+      case KVElement::kInt4: {  // a block's elements share a scale when group % 32 == 0
+        for (Index e0 = 0; e0 < width; e0 += kInt4Block) {
+          const unsigned char* block = row + e0 / kInt4Block * half;
+          const Index count = std::min(kInt4Block, width - e0);
+          if (count == kInt4Block && s.group % kInt4Block == 0 &&
+              widen_int4_block(block, o + e0, scales[e0 / s.group])) {
+            continue;
+          }
+          for (Index i = 0; i < count; ++i) {
+            const unsigned nibble = i < half ? block[i] & 0x0Fu : block[i - half] >> 4;
+            o[e0 + i] = static_cast<Scalar>(static_cast<float>(static_cast<int>(nibble) - 8) *
+                                            scales[(e0 + i) / s.group]);
+          }
         }
-        if (full * kInt4Block < width) {  // a partial last block, through a small buffer
-          Scalar last[kInt4Block];
-          widen_int4_block(row + full * (kInt4Block / 2), last);
-          std::copy(last, last + (width - full * kInt4Block), o + full * kInt4Block);
-        }
-        break;
+        continue;
       }
       case KVElement::kScalar:
         break;
@@ -74,4 +71,10 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
       scale_row(o + e0, std::min(s.group, width - e0), static_cast<Scalar>(scales[g]));
     }
   }
+}
+
+/// Whether stored rows of this kind may hold a NaN or an infinity (the float formats may;
+/// int8 and int4 levels times finite scales never do).
+inline bool stored_may_be_nonfinite(KVElement e) noexcept {
+  return e != KVElement::kInt8 && e != KVElement::kInt4;
 }
