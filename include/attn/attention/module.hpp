@@ -158,7 +158,7 @@ void forget(SavedForward<Scalar>& saved) noexcept {
 /// The whole storage of `cache` as one view (what an incremental forward writes).
 template <class Scalar>
 TensorView<const Scalar, 1> cache_memory(const KVCache<Scalar>& cache) noexcept {
-  return {cache.k_storage().data(), {static_cast<Index>(cache.bytes() / sizeof(Scalar))}};
+  return cache.memory();
 }
 
 /// For modules without one core (SimpleSelfAttention, MultiHeadAttentionWrapper): the

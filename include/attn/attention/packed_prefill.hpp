@@ -69,9 +69,7 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   check_output(where, out, {1, total, core.d_out()});
   for (Index s = 0; s < n; ++s) check_cache_room(core, cache, s, o.length(s));
   check_output_memory(where, out, {}, AttentionMask<Scalar>());
-  const TensorView<const Scalar, 1> storage(cache.k_storage().data(),
-                                            {static_cast<Index>(cache.bytes() / sizeof(Scalar))});
-  require_disjoint(where, "out", out, "the cache's keys and values", storage);
+  require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
   KVCacheAccess::set_owner(cache, core.id());
   // 2. Projections: Q (1, H, total, hd), then K and V (1, 2 H_kv, total, hd).
   const QkvProjection<Scalar>& proj = core.projection();
@@ -89,7 +87,6 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, total * a);
   const Index ctx_row = direct ? out.stride(1) : a;
   const AttentionOptions options = core.kernel_options({});  // one dropout call for the batch
-  const CausalBound bound{true, CausalAlignment::kBottomRightPerItem, core.sliding_window()};
   // 3. Rounds of at most C tokens of each sequence.
   std::vector<AttentionCall<Scalar>> calls;
   const Index chunk = cache.max_chunk(), longest = o.max_length();
@@ -99,32 +96,31 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
       if (o.length(s) <= t0) continue;
       const Index t = std::min(chunk, o.length(s) - t0), r0 = o.begin(s) + t0;
       const Index first = cache.length(s);
-      for (Index h = 0; h < kv_heads; ++h) {
-        const Scalar* k_rows = kv + h * total * hd + r0 * hd;
-        const Scalar* v_rows = kv + (kv_heads + h) * total * hd + r0 * hd;
-        for (Index i = 0; i < t; ++i) {
-          std::copy_n(k_rows + i * hd, hd, cache.k_slot(s, h, first + i));
-          std::copy_n(v_rows + i * hd, hd, cache.v_slot(s, h, first + i));
-        }
-      }
+      // Keys rotated in the workspace at positions L_s .., then stored (quantised, for a
+      // quantised cache) with the values: the same values forward_cached() stores.
       if (core.has_rope()) {
         const RotaryEmbedding<Scalar>& rope = core.rope();
         for (Index h = 0; h < heads; ++h) rope.apply(q + h * total * hd + r0 * hd, t, hd, first);
         for (Index h = 0; h < kv_heads; ++h) {
-          for (Index i = 0; i < t; ++i) rope.apply(cache.k_slot(s, h, first + i), 1, hd, first + i);
+          rope.apply(kv + h * total * hd + r0 * hd, t, hd, first);
+        }
+      }
+      for (Index part = 0; part < 2; ++part) {
+        for (Index h = 0; h < kv_heads; ++h) {
+          const Scalar* from = kv + (part * kv_heads + h) * total * hd + r0 * hd;
+          for (Index i = 0; i < t; ++i) {
+            KVCacheAccess::store_row(cache, from + i * hd, s, static_cast<int>(part), h,
+                                     first + i);
+          }
         }
       }
       cache.advance(t, s, 1);
-      CacheKeys keys;
-      keys.lengths = TensorView<const Index, 1>(cache.lengths() + s, {1});
-      keys.key_first = cache.first_positions() + s;
-      keys.ring = cache.window() > 0 ? cache.capacity() : 0;
-      calls.push_back(make_call<Scalar>(
+      calls.push_back(cache_call<Scalar>(
           where,
           TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {a, total * hd, hd, 1}),
-          slice(cache.k_storage(), 0, s, s + 1), slice(cache.v_storage(), 0, s, s + 1),
-          TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd}, {a, hd, ctx_row, 1}), {}, {},
-          {}, options, bound, keys));
+          cache,
+          TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd}, {a, hd, ctx_row, 1}),
+          options, core.sliding_window(), s));
       calls.back().dropout_item = s;
     }
     run_attention(calls.data(), static_cast<Index>(calls.size()), ws);

@@ -13,6 +13,7 @@
 
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
+#include "attn/kernels/kv_storage.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -59,6 +60,12 @@ constexpr Index stream_scratch_size(Index head_dim, Index value_dim) noexcept {
          5 * kQueryBlock + kKeyBlock * value_dim + 64;
 }
 
+/// Scratch elements a streaming task over stored keys and values needs on top: one
+/// dequantised K tile (kKeyBlock, d) and V tile (kKeyBlock, d_v).
+constexpr Index stored_tile_scratch_size(Index head_dim, Index value_dim) noexcept {
+  return kKeyBlock * (head_dim + value_dim);
+}
+
 /// Scratch elements one streaming backward task needs: Q^T (d, kQueryBlock), dO^T (d_v,
 /// kQueryBlock), D and lse per query, P^T, dS^T, the dropout factors and the softcap's
 /// derivative (kKeyBlock, kQueryBlock) each, and accumulators for dK and dV (kKeyBlock,
@@ -90,6 +97,8 @@ constexpr Index materialized_backward_scratch_size(Index queries, Index head_dim
 ///   alibi_slope()): -m_h |i + position - j| added to the scores (HeadMask::position);
 /// - `sinks` (H logits): exp(sink_h) joins each row's softmax denominator (its logsumexp too);
 /// - `weights_stage`: what `weights` receives (WeightsStage).
+/// With `stored` active (a quantised KVCache) the keys and values are read from its rows,
+/// dequantised tile by tile, and k and v only give their shapes (streaming path only).
 template <class Scalar>
 struct AttentionArgs {
   TensorView<const Scalar, 4> q, k, v;
@@ -103,6 +112,7 @@ struct AttentionArgs {
   double alibi_max_bias = 0.0;
   const Scalar* sinks = nullptr;
   WeightsStage weights_stage = WeightsStage::kWeights;
+  StoredKeyValues stored;
 
   /// Whether ALiBi is on.
   bool has_alibi() const noexcept { return alibi != nullptr || alibi_max_bias > 0.0; }

@@ -74,8 +74,10 @@ AttentionPlan plan_attention(const AttentionCall<Scalar>& call) {
   const Index group = call.heads() / kv_heads, d = call.head_dim(), dv = call.value_dim();
   AttentionPlan plan;
   // 1. The path: materialised when the weights are wanted or asked for; streaming otherwise,
-  //    its keys split in chunks for few queries (a decode step).
-  if (call.materialize) {
+  //    its keys split in chunks for few queries (a decode step). Stored keys and values (a
+  //    quantised cache) are only read by the streaming path (their front end never asks for
+  //    weights).
+  if (call.materialize && !a.stored.active()) {
     plan.route = AttentionRoute::kMaterialized;
     plan.tiles = (tq + kQueryBlock - 1) / kQueryBlock;
     plan.tasks = batch * call.heads() * plan.tiles;
@@ -98,9 +100,10 @@ AttentionPlan plan_attention(const AttentionCall<Scalar>& call) {
   plan.tasks = batch * kv_heads * plan.head_chunks * plan.tiles * plan.chunks;
   plan.merges = plan.route == AttentionRoute::kSplitKeys ? plan.tasks / plan.chunks : 0;
   plan.scratch = stream_scratch_size(d, dv);
-  // 4. Long, strided K or V (not a ring's): copied head-major once.
-  plan.copy_k = a.ring == 0 && wants_head_major_copy(a.k);
-  plan.copy_v = a.ring == 0 && wants_head_major_copy(a.v);
+  if (a.stored.active()) plan.scratch += stored_tile_scratch_size(d, dv);
+  // 4. Long, strided K or V (not a ring's, nor stored rows): copied head-major once.
+  plan.copy_k = a.ring == 0 && !a.stored.active() && wants_head_major_copy(a.k);
+  plan.copy_v = a.ring == 0 && !a.stored.active() && wants_head_major_copy(a.v);
   return plan;
 }
 

@@ -221,6 +221,8 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 ///    visited, and inside a boundary tile each group of keys is multiplied only with the
 ///    rows that can see one of them.
 /// Tiles end at multiples of kKeyBlock and, for keys in a ring, where the ring wraps.
+/// Stored keys and values (a quantised cache, p.stored) are dequantised tile by tile into
+/// the task's scratch (load_stored_rows()), then read as the tile would be in place.
 template <class Scalar>
 void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
@@ -231,15 +233,18 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   static_assert(kQueryBlock % W == 0, "the per-row statistics are whole vectors");
   const Index nq = task.i1 - task.i0, rows = task.heads * nq, d = p.q.extent(3);
   const Index dv = p.v.extent(3), i0 = task.i0;
-  Scalar* qt = scratch;                // Q^T (d, rows)
-  Scalar* st = qt + d * kQueryBlock;   // s^T, then p^T (keys, rows)
-  Scalar* acc = st + kKeyBlock * ld;   // unnormalised output (rows, d_v)
-  Scalar* m = acc + kQueryBlock * dv;  // running max per row
-  Scalar* l = m + kQueryBlock;         // running sum per row
-  Scalar* shift = l + kQueryBlock;     // this tile's exp shift per row
-  Scalar* corr = shift + kQueryBlock;  // rescale factor per row
-  Scalar* seen = corr + kQueryBlock;   // 1 once a row has seen a key its masks allow
-  Scalar* clean = seen + kQueryBlock;  // a V tile with non-finite rows zeroed (rarely)
+  Scalar* qt = scratch;                     // Q^T (d, rows)
+  Scalar* st = qt + d * kQueryBlock;        // s^T, then p^T (keys, rows)
+  Scalar* acc = st + kKeyBlock * ld;        // unnormalised output (rows, d_v)
+  Scalar* m = acc + kQueryBlock * dv;       // running max per row
+  Scalar* l = m + kQueryBlock;              // running sum per row
+  Scalar* shift = l + kQueryBlock;          // this tile's exp shift per row
+  Scalar* corr = shift + kQueryBlock;       // rescale factor per row
+  Scalar* seen = corr + kQueryBlock;        // 1 once a row has seen a key its masks allow
+  Scalar* clean = seen + kQueryBlock;       // a V tile with non-finite rows zeroed (rarely)
+  Scalar* k_tile = clean + kKeyBlock * dv;  // stored keys: the tile dequantised (kKeyBlock, d)
+  Scalar* v_tile = k_tile + kKeyBlock * d;  // stored values: the same (kKeyBlock, d_v)
+  const bool stored = p.stored.active();
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
   std::fill(l, l + kQueryBlock, Scalar(0));
@@ -259,9 +264,12 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
     max_begin = std::max(max_begin, begin[r]);
     min_end = std::min(min_end, end[r]);
   }
-  const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
-  const Scalar* k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
-  const Scalar* v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+  const Index q_rs = p.q.stride(2);
+  const Index k_rs = stored ? d : p.k.stride(2), v_rs = stored ? dv : p.v.stride(2);
+  const Scalar* k =
+      stored ? k_tile : p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
+  const Scalar* v =
+      stored ? v_tile : p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
   const bool elementwise = masks[0].elementwise();
   const Index col_group = micro_cols<Scalar>();
   // Dot products cost rows (d / W + ~8 for the reduction) per key, the micro-kernel about
@@ -290,8 +298,10 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
     if (p.ring > 0) width = std::min(width, p.ring - j0 % p.ring);  // no tile crosses the wrap
-    const Scalar* kt = k + (p.ring > 0 ? j0 % p.ring : j0) * k_rs;
-    const Scalar* vt = v + (p.ring > 0 ? j0 % p.ring : j0) * v_rs;
+    const Index slot = p.ring > 0 ? j0 % p.ring : j0;
+    const Scalar* kt = stored ? k_tile : k + slot * k_rs;
+    const Scalar* vt = stored ? v_tile : v + slot * v_rs;
+    if (stored) load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_tile);
     // Every row sees every key of the tile (no bound inside it)?
     const bool full = j0 >= max_begin && j0 + width <= min_end;
     // pass 1: s^T (width, rows) = k[j0:j0+width] q^T * scale; in a boundary tile each group
@@ -418,9 +428,11 @@ void streaming_tile(const AttentionArgs<Scalar>& p, const HeadMask<Scalar>* mask
       return std::clamp<Index>(need, 0, width);
     };
     const Index tile_need = need_of(0, rows);
+    if (stored) load_stored_rows(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, v_tile);
     const Scalar* vc = vt;
     Index vc_rs = v_rs;
-    const bool dirty = clean_values(vt, v_rs, tile_need, dv, clean);
+    const bool dirty = (!stored || stored_may_be_nonfinite(p.stored.v.element)) &&
+                       clean_values(vt, v_rs, tile_need, dv, clean);
     if (dirty) vc = clean, vc_rs = dv;
     for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, rows - r0);
