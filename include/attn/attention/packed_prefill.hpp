@@ -109,8 +109,7 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
         for (Index h = 0; h < kv_heads; ++h) {
           const Scalar* from = kv + (part * kv_heads + h) * total * hd + r0 * hd;
           for (Index i = 0; i < t; ++i) {
-            KVCacheAccess::store_row(cache, from + i * hd, s, static_cast<int>(part), h,
-                                     first + i);
+            KVCacheAccess::store_row(cache, from + i * hd, s, static_cast<int>(part), h, first + i);
           }
         }
       }
@@ -118,8 +117,7 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
       calls.push_back(cache_call<Scalar>(
           where,
           TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {a, total * hd, hd, 1}),
-          cache,
-          TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd}, {a, hd, ctx_row, 1}),
+          cache, TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd}, {a, hd, ctx_row, 1}),
           options, core.sliding_window(), s));
       calls.back().dropout_item = s;
     }
