@@ -10,18 +10,23 @@
 //
 // Usage: decode_timer OP B L threads reps [--max-seconds S] [--warmup N] [--chunk C]
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
-//   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), or gemm: the Q/K/V
+//                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4]
+//   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
-//   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows.
+//   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows; or attend: the
+//   attention of a decode step alone (cached_attention(), one query per head and item over
+//   the L cached tokens), what the cache's element type changes.
+//   --kv-dtype: what the cache stores (KVElement; int4 with one scale per 32 elements).
 //   The cache is filled with random keys and values for L tokens (no prefill is run); after
 //   every timed step it is truncated back to L, so each step sees the same cache.
 // Output, one line:
 //   impl=attn op=decode B=1 L=512 T_new=1 D=4096 H=32 H_kv=8 hd=128 threads=1 reps=20
 //   median_ms=.. min_ms=.. bytes=.. gbps=.. cache_bytes=.. kv_bytes=.. workspace_bytes=..
-//   max_rss_mib=.. base_rss_mib=.. isa=..
+//   max_rss_mib=.. base_rss_mib=.. isa=.. kv_dtype=.. token_bytes=..
 // bytes: what the step must read, 4 ((H + 2 H_kv) hd D + D H hd) for the weights plus
-// 4 * 2 B H_kv (L + T_new) hd for the cache (pytorch_decode.py's formula); gbps = bytes /
-// median. For op=gemm, bytes are the weight's alone. cache_bytes / kv_bytes: the cache's
+// B (L + T_new) token_bytes for the cache (token_bytes = KVCache::bytes_per_token(), 4 * 2
+// H_kv hd for f32: pytorch_decode.py's formula); gbps = bytes / median. For op=gemm, bytes
+// are the weight's alone; for op=attend, the cache's alone. cache_bytes / kv_bytes: the cache's
 // allocation and the keys and values it holds (capacity L + T_new); workspace_bytes: the
 // Workspace after the steps.
 
@@ -41,7 +46,7 @@ namespace {
 constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
-    "[--head-dim hd]";
+    "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -70,6 +75,7 @@ int main(int argc, char** argv) {
   std::vector<const char*> positional;
   double max_seconds = 5.0;
   long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128;
+  std::string kv_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     const auto option = [&](const char* name, long& value) {
       if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
@@ -78,6 +84,8 @@ int main(int argc, char** argv) {
     };
     if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) {
       max_seconds = std::atof(argv[++i]);
+    } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
+      kv_dtype = argv[++i];
     } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
                !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
                !option("--head-dim", head_dim)) {
@@ -86,7 +94,19 @@ int main(int argc, char** argv) {
   }
   if (positional.size() != 5) usage(argv[0], "expected 5 positional arguments");
   const std::string op = positional[0];
-  if (op != "decode" && op != "prefill" && op != "gemm") usage(argv[0], "bad OP '" + op + "'");
+  if (op != "decode" && op != "prefill" && op != "gemm" && op != "attend") {
+    usage(argv[0], "bad OP '" + op + "'");
+  }
+  attn::KVCacheOptions cache_options;
+  const attn::KVElement kinds[] = {attn::KVElement::kScalar,     attn::KVElement::kBFloat16,
+                                   attn::KVElement::kFloat16,    attn::KVElement::kFloat8E4M3,
+                                   attn::KVElement::kFloat8E5M2, attn::KVElement::kInt8,
+                                   attn::KVElement::kInt4};
+  bool known = kv_dtype == "f32";
+  for (const attn::KVElement kind : kinds) {
+    if (kv_dtype == attn::kv_element_name(kind)) cache_options.element = kind, known = true;
+  }
+  if (!known) usage(argv[0], "bad --kv-dtype '" + kv_dtype + "'");
   const attn::Index b = parse_int(argv[0], positional[1], "B");
   const attn::Index length = parse_int(argv[0], positional[2], "L");
   const int threads = static_cast<int>(std::max(1L, parse_int(argv[0], positional[3], "threads")));
@@ -117,7 +137,7 @@ int main(int argc, char** argv) {
       4 * ((heads + 2 * kv_heads) * head_dim * dim + dim * heads * head_dim);
   attn::Workspace ws;
   std::vector<double> ms;
-  std::int64_t bytes = 0, cache_bytes = 0, kv_bytes = 0;
+  std::int64_t bytes = 0, cache_bytes = 0, kv_bytes = 0, token_bytes = 0;
 
   if (op == "gemm") {
     // The Q/K/V projection alone: (B, D) x (frozen ((H + 2 H_kv) hd, D))^T.
@@ -131,19 +151,35 @@ int main(int argc, char** argv) {
                                  max_seconds);
     bytes = 4 * proj.extent(0) * dim;
   } else {
-    attn::KVCache<float> cache(b, kv_heads, head_dim, length + t_new);
-    fill(cache.k_storage(), 4, 1.0f);  // every slot: random keys and values
-    fill(cache.v_storage(), 5, 1.0f);
-    cache.advance(length);
-    attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
-    fill(x.view(), 6, 1.0f);
-    ms = attn::bench::time_calls(
-        [&] {
-          mha.forward(x.view(), y.view(), ws, cache);
-          for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
-        },
-        warmup, reps, max_seconds);
-    bytes = weight_bytes + 4 * 2 * b * kv_heads * (length + t_new) * head_dim;
+    cache_options.batch = b, cache_options.num_kv_heads = kv_heads;
+    cache_options.head_dim = head_dim, cache_options.capacity = length + t_new;
+    attn::KVCache<float> cache(cache_options);
+    // L random keys and values, appended (quantised) in chunks of up to 1024 tokens.
+    for (attn::Index t0 = 0, c = 0; t0 < length; t0 += 1024, ++c) {
+      const attn::Index n = std::min<attn::Index>(1024, length - t0);
+      attn::Tensor<float, 4> k({b, kv_heads, n, head_dim}), v({b, kv_heads, n, head_dim});
+      fill(k.view(), 4 + 2 * static_cast<std::uint64_t>(c), 1.0f);
+      fill(v.view(), 5 + 2 * static_cast<std::uint64_t>(c), 1.0f);
+      cache.append(k.view(), v.view());
+    }
+    token_bytes = static_cast<std::int64_t>(cache.bytes_per_token());
+    if (op == "attend") {
+      attn::Tensor<float, 4> q({b, heads, 1, head_dim}), out({b, heads, 1, head_dim});
+      fill(q.view(), 6, 1.0f);
+      ms = attn::bench::time_calls([&] { attn::cached_attention(q.view(), cache, out.view(), ws); },
+                                   warmup, reps, max_seconds);
+      bytes = b * length * token_bytes;
+    } else {
+      attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
+      fill(x.view(), 6, 1.0f);
+      ms = attn::bench::time_calls(
+          [&] {
+            mha.forward(x.view(), y.view(), ws, cache);
+            for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
+          },
+          warmup, reps, max_seconds);
+      bytes = weight_bytes + b * (length + t_new) * token_bytes;
+    }
     cache_bytes = static_cast<std::int64_t>(cache.bytes());
     kv_bytes = static_cast<std::int64_t>(cache.payload_bytes());
   }
@@ -152,11 +188,12 @@ int main(int argc, char** argv) {
   std::printf(
       "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "
-      "workspace_bytes=%zu max_rss_mib=%.1f base_rss_mib=%.1f isa=%s\n",
+      "workspace_bytes=%zu max_rss_mib=%.1f base_rss_mib=%.1f isa=%s kv_dtype=%s "
+      "token_bytes=%lld\n",
       op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new), dim,
       heads, kv_heads, head_dim, threads, n, median, ms.front(), static_cast<long long>(bytes),
       static_cast<double>(bytes) / (median * 1e-3) * 1e-9, static_cast<long long>(cache_bytes),
       static_cast<long long>(kv_bytes), ws.bytes(), attn::bench::max_rss_mib(), base_rss,
-      attn::isa_name(attn::active_isa()));
+      attn::isa_name(attn::active_isa()), kv_dtype.c_str(), static_cast<long long>(token_bytes));
   return 0;
 }

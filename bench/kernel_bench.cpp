@@ -18,6 +18,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -229,6 +230,73 @@ BENCHMARK(BM_ScaledDotProduct_GroupedQueryCausal)
     ->Args({1, 2048, 8, 8, 64})
     ->Args({1, 2048, 8, 2, 64})
     ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The cost of each attention variant over the plain kernel (streaming path, float): every
+// iteration times one plain call and one call with the variant, in alternating order (so
+// neither always runs on the other's warm caches), and the `ratio` counter is the median of
+// the per-iteration ratios variant / plain (with --benchmark_repetitions, the median of those
+// medians). `plain` is the control: plain against plain, the noise floor of the ratio.
+// Args: B, T, D, H, causal (0/1), variant (0 plain, 1 softcap 30 (Grok-1's), 2 sinks, 3 ALiBi
+// max_bias 8 (BLOOM's)). The shapes: docs/benchmarks.md#attention-variants.
+void BM_ScaledDotProduct_Variant(benchmark::State& state) {
+  const Index b = state.range(0), t = state.range(1), d = state.range(2), h = state.range(3);
+  const bool causal = state.range(4) != 0;
+  const auto variant = state.range(5);
+  auto in = make_inputs<float>(b, t, t, d, h, /*cross=*/false);
+  const auto mask = attn::bench::make_mask<float>(causal);
+  attn::Tensor<float, 1> sinks(attn::Shape<1>{h});
+  for (Index i = 0; i < h; ++i) sinks(i) = 0.25f * static_cast<float>(i % 4) - 0.5f;
+  attn::AttentionOptions plain, varied;
+  plain.path = varied.path = attn::AttentionPath::kStreaming;
+  if (variant == 1) varied.softcap = 30.0;
+  if (variant == 2) varied.sinks = sinks;
+  if (variant == 3) varied.alibi_max_bias = 8.0;
+  attn::Workspace ws;
+  const auto timed = [&](const attn::AttentionOptions& options) {
+    const auto start = std::chrono::steady_clock::now();
+    attn::scaled_dot_product_attention<float>(in.q, in.k, in.v, in.out, ws, mask, options);
+    benchmark::DoNotOptimize(in.out.data());
+    benchmark::ClobberMemory();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  timed(plain);  // warm: workspace, pages, caches
+  timed(varied);
+  std::vector<double> ratios, plain_s, varied_s;
+  for (auto _ : state) {
+    const bool plain_first = ratios.size() % 2 == 0;
+    const double first = timed(plain_first ? plain : varied);
+    const double second = timed(plain_first ? varied : plain);
+    const double p = plain_first ? first : second, v = plain_first ? second : first;
+    plain_s.push_back(p);
+    varied_s.push_back(v);
+    ratios.push_back(v / p);
+    state.SetIterationTime(v);
+  }
+  const auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    const std::size_t n = x.size();
+    return n == 0 ? 0.0 : n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+  };
+  state.counters["ratio"] = median(ratios);
+  state.counters["plain_ms"] = 1e3 * median(plain_s);
+  state.counters["variant_ms"] = 1e3 * median(varied_s);
+  state.counters["threads"] = attn::num_threads();
+  constexpr const char* kNames[] = {"plain", "softcap", "sinks", "alibi"};
+  state.SetLabel(std::string(kNames[variant]) + (causal ? " causal" : ""));
+}
+void VariantShapes(benchmark::internal::Benchmark* bm) {
+  bm->ArgNames({"B", "T", "D", "H", "causal", "variant"});
+  for (std::int64_t variant = 0; variant < 4; ++variant) {
+    bm->Args({8, 512, 512, 8, 0, variant});
+    bm->Args({8, 512, 512, 8, 1, variant});
+    bm->Args({1, 8192, 512, 8, 1, variant});
+  }
+}
+BENCHMARK(BM_ScaledDotProduct_Variant)
+    ->Apply(VariantShapes)
+    ->UseManualTime()
+    ->MinTime(1.5)
     ->Unit(benchmark::kMillisecond);
 
 // Every self-attention benchmark shape and reference shape, each run causal and not.

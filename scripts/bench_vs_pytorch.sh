@@ -21,17 +21,21 @@
 #   5. prints the machine and the table;
 #   6. runs the decode section (scripts/bench/decode.sh: a Llama-3-8B-shaped layer's decode
 #      step and 128-token chunk through a KV cache vs PyTorch and the memory bandwidth) and
-#      the training section (scripts/bench/train.sh: forward + backward vs PyTorch autograd);
+#      the training section (scripts/bench/train.sh: forward + backward vs PyTorch autograd)
+#      and the variants section (scripts/bench/variants.sh: softcap, sinks and ALiBi against
+#      the plain kernel);
 #   7. prints, as the very last line,
 #        summary: speedup_min=X.XX speedup_median=X.XX peak_fraction_best=0.XX
 #                 ort_speedup_min=X.XX default_vs_native_min=X.XX decode_bw_fraction_min=0.XX
 #                 decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
-#                 train_speedup_min=X.XX train_peak_fraction_best=0.XX   (one line)
+#                 train_speedup_min=X.XX train_peak_fraction_best=0.XX
+#                 variants_overhead_max=X.XXX   (one line)
 #      (attn's figures are the default-flags build's; the report and the sections say what
 #      each field is).
 # Writes bench/results/<date>.csv (one row per shape, threads and implementation),
 # bench/results/<date>.txt (what was printed), bench/results/gflops_vs_seqlen.png, and the
-# sections' decode.csv, decode.txt, decode_step_vs_length.png and <date>-train.txt.
+# sections' decode.csv, decode.txt, decode_step_vs_length.png, <date>-train.txt and
+# <date>-variants.txt.
 # --quick: a few small shapes, one round, into bench/results/tmp/ (git-ignored).
 # Without node/npm, registry access or python3-onnx the ONNX Runtime columns stay empty and
 # the report says why; the rest runs as before.
@@ -56,7 +60,7 @@ source "$(dirname "$0")/bench/env.sh"
 usage() {
   cat <<USAGE
 usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--threads 1,2]
-          [--no-sweep] [--no-ort] [--no-decode] [--no-train]
+          [--no-sweep] [--no-ort] [--no-decode] [--no-train] [--no-variants]
           [--shape "B Tq Tk D H causal cross"]... [--out DIR]
   --quick        smoke test: 3 small shapes, T sweep 128..512, 1 round, 3 reps
   --rounds N     alternating process groups per shape and thread count (default 3)
@@ -68,6 +72,7 @@ usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--th
   --no-ort       leave ONNX Runtime out
   --no-decode    skip the decode section (scripts/bench/decode.sh)
   --no-train     skip the training section (scripts/bench/train.sh)
+  --no-variants  skip the variants section (scripts/bench/variants.sh)
   --shape S      measure these shapes instead of the default six (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
 USAGE
@@ -75,7 +80,7 @@ USAGE
 }
 
 QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" WARMUP=2 THREADS="1,2" SWEEP=1 OUT_DIR="" WANT_ORT=1
-WANT_DECODE=1 WANT_TRAIN=1
+WANT_DECODE=1 WANT_TRAIN=1 WANT_VARIANTS=1
 USER_SHAPES=()
 COMMAND_LINE="scripts/bench_vs_pytorch.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
@@ -90,6 +95,7 @@ while [ $# -gt 0 ]; do
     --no-ort) WANT_ORT=0 ;;
     --no-decode) WANT_DECODE=0 ;;
     --no-train) WANT_TRAIN=0 ;;
+    --no-variants) WANT_VARIANTS=0 ;;
     --shape) USER_SHAPES+=("$2"); shift ;;
     --out) OUT_DIR="$2"; shift ;;
     -h|--help) usage ;;
@@ -358,7 +364,7 @@ log "results"
   "$PYTHON" "$ATTN_ROOT/scripts/bench/report.py" "${REPORT_ARGS[@]}"
 } | tee "$TXT"
 
-# ---- 5. the decode and training sections; one summary line for all ----
+# ---- 5. the decode, training and variants sections; one summary line for all ----
 SUMMARY="$(grep '^summary:' "$TXT" | tail -n 1)"
 [ -n "$SUMMARY" ] || SUMMARY="summary:"
 # run_section NAME SCRIPT LOG PREFIX ARGS...: runs scripts/bench/SCRIPT, its printout into LOG,
@@ -383,5 +389,9 @@ fi
 if [ "$WANT_TRAIN" -eq 1 ]; then
   run_section train train.sh "$OUT_DIR/$DATE-train.txt" train_summary \
     --threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt" "${QUICK_ARG[@]}"
+fi
+if [ "$WANT_VARIANTS" -eq 1 ]; then
+  run_section variants variants.sh "$OUT_DIR/$DATE-variants.txt" variants_summary \
+    "${QUICK_ARG[@]}"
 fi
 echo "$SUMMARY" | tee -a "$TXT"

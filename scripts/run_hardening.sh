@@ -23,7 +23,7 @@ run_fuzzers() {
   local build="$ATTN_ROOT/build/fuzz"
   log "[fuzz] building (clang, -fsanitize=fuzzer,address,undefined)"
   cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DATTN_BUILD_FUZZERS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
+    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DATTN_BUILD_FUZZERS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
     -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build" -j "$ATTN_JOBS"
   # The targets run ATTN_JOBS at a time, each on one core for its full time.
@@ -73,7 +73,7 @@ run_tsan() {
   local build="$ATTN_ROOT/build/tsan"
   log "[tsan] building tests/concurrency (clang, -fsanitize=thread, no OpenMP)"
   cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
+    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
     -DATTN_OPENMP=OFF -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON -DATTN_BUILD_IO=OFF \
     -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build" -j "$ATTN_JOBS" --target concurrency_test

@@ -15,6 +15,7 @@
 #include "attn/attention/scaled_dot_product_backward.hpp"
 #include "attn/attention/self_attention.hpp"
 #include "attn/attention/simple_self_attention.hpp"
+#include "attn/attention/varlen.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 #include "attn/isa.hpp"

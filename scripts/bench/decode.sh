@@ -11,7 +11,11 @@
 #   3. for op in decode (T_new = 1) and prefill (a 128-token chunk), B in 1 and 4, L in
 #      512 .. 8192 and threads 1 and 2: one attn process and one PyTorch process each,
 #      alternating who goes first, --rounds times, keeping each side's fastest median;
-#   4. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
+#   4. the attention of a decode step alone (decode_timer attend) per KV cache element type
+#      (--kv-dtypes; KVCacheOptions::element), B in --kv-batches, L in --kv-lengths: its time,
+#      the cache bytes per token, GB/s of the cache bytes read, that as a fraction of the
+#      bandwidth, and the speedup over the f32 cache (written to <out>/kv_cache.csv/.txt);
+#   5. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
 #      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
 #        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
 #      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows;
@@ -21,7 +25,10 @@
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
 #                                [--batches 1,4] [--lengths 512,...] [--out DIR]
-#   --quick  B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
+#                                [--kv-dtypes f32,int8,...] [--kv-batches 1,8]
+#                                [--kv-lengths 2048,...] [--kv-only]
+#   --quick    B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
+#   --kv-only  step 4 alone (no PyTorch)
 # Settings: scripts/bench/env.sh's bench_env (threads for every layer, glibc malloc kept,
 # OpenBLAS's kernels); attn gets OMP_WAIT_POLICY=ACTIVE, PyTorch the default, as in
 # bench_vs_pytorch.sh. ATTN_BENCH_BUILD_DIR changes the build directory.
@@ -30,6 +37,7 @@ source "$(dirname "$0")/../lib/common.sh"
 source "$(dirname "$0")/env.sh"
 
 quick=0 rounds="" reps="" threads_list="" batches="" lengths="" out=""
+kv_dtypes="" kv_batches="" kv_lengths="" kv_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -39,7 +47,11 @@ while [ $# -gt 0 ]; do
     --batches) batches="$2"; shift ;;
     --lengths) lengths="$2"; shift ;;
     --out) out="$2"; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --kv-dtypes) kv_dtypes="$2"; shift ;;
+    --kv-batches) kv_batches="$2"; shift ;;
+    --kv-lengths) kv_lengths="$2"; shift ;;
+    --kv-only) kv_only=1 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "decode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -51,10 +63,16 @@ fi
 rounds="${rounds:-3}" reps="${reps:-10}" threads_list="${threads_list:-1,2}"
 batches="${batches:-1,4}" lengths="${lengths:-512,1024,2048,4096,8192}"
 out="${out:-$ATTN_ROOT/bench/results}"
+kv_dtypes="${kv_dtypes:-f32,int8,int4}" kv_batches="${kv_batches:-1,8}"
+kv_lengths="${kv_lengths:-$([ "$quick" = 1 ] && echo 2048 || echo 2048,8192,32768)}"
 max_seconds=$([ "$quick" = 1 ] && echo 1 || echo 4)
 mkdir -p "$out"
 
-ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+if [ "$kv_only" = 1 ]; then
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3
+else
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+fi
 # The default-flags build tree bench_vs_pytorch.sh and train.sh use (same cache variables).
 build="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-default"
 log "building decode_timer and stream_bandwidth in ${build#"$ATTN_ROOT"/}"
@@ -76,6 +94,56 @@ for t in ${threads_list//,/ }; do
   run_env "$t" ACTIVE "$build/bench/stream_bandwidth" --threads "$t" \
     --runs "$([ "$quick" = 1 ] && echo 3 || echo 10)" | tee -a "$raw"
 done
+
+log "decode attention per KV cache element type (bench/decode_timer attend)"
+kv_raw="$out/kv_cache.raw"
+: >"$kv_raw"
+for dtype in ${kv_dtypes//,/ }; do
+  for b in ${kv_batches//,/ }; do
+    for l in ${kv_lengths//,/ }; do
+      for t in ${threads_list//,/ }; do
+        for ((r = 0; r < rounds; ++r)); do
+          run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
+            --max-seconds "$max_seconds" --kv-dtype "$dtype" | tee -a "$kv_raw"
+        done
+      done
+    done
+  done
+done
+grep '^stream' "$raw" >>"$kv_raw"
+"$BENCH_PYTHON" - "$kv_raw" "$out" <<'PY' | tee "$out/kv_cache.txt"
+import csv, os, sys
+raw, out = sys.argv[1], sys.argv[2]
+bw, rows = {}, {}
+for line in open(raw):
+    f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+    if line.startswith("stream") and f.get("kernel") == "read":
+        bw[int(f["threads"])] = float(f["median_gbps"])
+    elif line.startswith("impl="):
+        key = (f["kv_dtype"], int(f["B"]), int(f["L"]), int(f["threads"]))
+        if key not in rows or float(f["median_ms"]) < float(rows[key]["median_ms"]):
+            rows[key] = f  # the fastest median over the rounds
+print("decode attention alone (H 32, H_kv 8, hd 128, one query per head) per cache type")
+print(f"{'dtype':9s}{'B':>3s}{'L':>7s}{'thr':>4s}{'B/token':>9s}{'ms':>9s}{'GB/s':>8s}"
+      f"{'of bw':>7s}{'vs f32':>8s}")
+with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
+    w = csv.writer(fcsv)
+    w.writerow(["kv_dtype", "B", "L", "threads", "token_bytes", "median_ms", "min_ms", "gbps",
+                "bw_fraction", "speedup_vs_f32"])
+    for key in sorted(rows, key=lambda k: (k[1], k[2], k[3], k[0])):
+        f, f32 = rows[key], rows.get(("f32",) + key[1:])
+        frac = float(f["gbps"]) / bw[key[3]] if key[3] in bw else float("nan")
+        speed = float(f32["median_ms"]) / float(f["median_ms"]) if f32 else float("nan")
+        w.writerow([key[0], key[1], key[2], key[3], f["token_bytes"], f["median_ms"],
+                    f["min_ms"], f["gbps"], f"{frac:.3f}", f"{speed:.2f}"])
+        print(f"{key[0]:9s}{key[1]:3d}{key[2]:7d}{key[3]:4d}{int(f['token_bytes']):9d}"
+              f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{frac:7.2f}{speed:8.2f}")
+PY
+rm -f "$kv_raw"
+if [ "$kv_only" = 1 ]; then
+  rm -f "$raw"
+  exit 0
+fi
 
 log "decode steps and 128-token chunks (attn vs PyTorch, $rounds round(s))"
 for op in decode prefill; do

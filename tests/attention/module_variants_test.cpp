@@ -5,8 +5,11 @@
 // KVCache (prefill, chunks, single tokens, a sliding-window ring) equal to the whole-sequence
 // forward, ALiBi at the cache's absolute positions; the training forward and backward against
 // central finite differences (every gradient, the sinks' included); the sinks as a parameter
-// like any other (names, Gradients, AdamW, freezing); the materialised path. PyTorch
-// references of whole modules: tests/io/variants_fixtures_test.cpp.
+// like any other (names, Gradients, AdamW, freezing); the materialised path. Every other
+// module with weights (SelfAttention, CausalAttention, CrossAttention, the wrapper's heads)
+// with each variant against a long-double loop written from the formulas, forward, and its
+// backward against central differences. PyTorch references of whole modules:
+// tests/io/variants_fixtures_test.cpp.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,12 +18,14 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "attention/module_test_support.hpp"
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
+#include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
 namespace module_variants_test {
@@ -412,6 +417,342 @@ TEST(ModuleVariantsOptions, BadOptionsThrowNamingTheValues) {
     EXPECT_THAT(build(edit), ThrowsMessage<ConfigError>(
                                  AllOf(HasSubstr("MultiHeadAttention"), HasSubstr(message))));
   }
+}
+
+// ---- the other modules: SelfAttention, CausalAttention, CrossAttention, the wrapper ----
+
+using attn::test::Real;
+using attn::test::WideWeights;
+
+/// One variant of the other modules' tests, for a module of `heads` heads.
+struct ModuleCase {
+  const char* name;
+  double softcap, alibi_max_bias;
+  bool given_slopes, sinks;
+
+  attn::AttentionVariants variants(Index heads) const {
+    attn::AttentionVariants v;
+    v.softcap = softcap;
+    v.alibi_max_bias = alibi_max_bias;
+    for (Index h = 0; given_slopes && h < heads; ++h) v.alibi_slopes.push_back(0.3 + 0.25 * h);
+    v.sinks = sinks;
+    return v;
+  }
+};
+
+// Each variant large enough to move the outputs by more than 1e-3 at these sizes (checked
+// below on the reference itself): a softcap near the scores' own size, slopes of 0.3..1.
+const ModuleCase kModuleCases[] = {
+    {"softcap 0.3", 0.3, 0.0, false, false},
+    {"ALiBi max_bias 2", 0.0, 2.0, false, false},
+    {"ALiBi given slopes", 0.0, 0.0, true, false},
+    {"sinks", 0.0, 0.0, false, true},
+    {"all", 0.5, 4.0, false, true},
+};
+
+/// The slope of head h of `heads` as the case gives it (0: no ALiBi), from the published
+/// series (BLOOM's get_slopes) rather than attn::alibi_slopes(): n the largest power of two
+/// <= heads, 2^(-b (h + 1) / n) for h < n, then the odd steps of the series of 2n.
+Real slope_of(const ModuleCase& c, Index h, Index heads) {
+  if (c.given_slopes) return static_cast<Real>(0.3 + 0.25 * h);
+  if (c.alibi_max_bias == 0.0) return 0;
+  Index n = 1;
+  while (2 * n <= heads) n *= 2;
+  const Real b = static_cast<Real>(c.alibi_max_bias);
+  return h < n ? std::pow(Real(2), -b * static_cast<Real>(h + 1) / static_cast<Real>(n))
+               : std::pow(Real(2),
+                          -b * static_cast<Real>(2 * (h - n) + 1) / static_cast<Real>(2 * n));
+}
+
+/// The formulas, in long double, for a module with weights `w`: q, k, v projected, per head
+/// h and query i over keys j: s = q.k / sqrt(hd); s = c tanh(s / c); s -= m_h |p_i - j| with
+/// p_i = i + T_k - T_q (causal: keys j <= p_i only); softmax with exp(sink_h) added to the
+/// denominator alone; heads merged; out_proj when `w` has one. `sinks` per head (empty: none).
+template <class Scalar>
+Tensor<double, 3> reference(TensorView<const Scalar, 3> xq, TensorView<const Scalar, 3> xkv,
+                            const WideWeights& w, Index heads, bool causal, const ModuleCase& c,
+                            const std::vector<Real>& sinks) {
+  const Tensor<Real, 3> q = ref::linear(xq, w.wq.view(), w.bq.view());
+  const Tensor<Real, 3> k = ref::linear(xkv, w.wk.view(), w.bk.view());
+  const Tensor<Real, 3> v = ref::linear(xkv, w.wv.view(), w.bv.view());
+  const Index batch = xq.extent(0), tq = xq.extent(1), tk = xkv.extent(1);
+  const Index hd = q.extent(2) / heads, width = q.extent(2);
+  Tensor<Real, 3> ctx({batch, tq, width});
+  std::vector<Real> s(static_cast<std::size_t>(tk));
+  for (Index b = 0; b < batch; ++b) {
+    for (Index h = 0; h < heads; ++h) {
+      const Real m = slope_of(c, h, heads);
+      for (Index i = 0; i < tq; ++i) {
+        const Index pos = i + tk - tq;
+        Real top = sinks.empty() ? -INFINITY : sinks[static_cast<std::size_t>(h)];
+        for (Index j = 0; j < tk; ++j) {
+          Real x = 0;
+          for (Index e = 0; e < hd; ++e) x += q(b, i, h * hd + e) * k(b, j, h * hd + e);
+          x /= std::sqrt(static_cast<Real>(hd));
+          if (c.softcap > 0) {
+            x = static_cast<Real>(c.softcap) * std::tanh(x / static_cast<Real>(c.softcap));
+          }
+          x -= m * std::abs(static_cast<Real>(pos - j));
+          s[static_cast<std::size_t>(j)] = causal && j > pos ? -INFINITY : x;
+          top = std::max(top, s[static_cast<std::size_t>(j)]);
+        }
+        Real denominator = sinks.empty() ? 0 : std::exp(sinks[static_cast<std::size_t>(h)] - top);
+        for (Index j = 0; j < tk; ++j)
+          denominator += std::exp(s[static_cast<std::size_t>(j)] - top);
+        for (Index e = 0; e < hd; ++e) {
+          Real total = 0;
+          for (Index j = 0; j < tk; ++j) {
+            total += std::exp(s[static_cast<std::size_t>(j)] - top) * v(b, j, h * hd + e);
+          }
+          ctx(b, i, h * hd + e) = total / denominator;
+        }
+      }
+    }
+  }
+  const Tensor<Real, 3> y =
+      w.wo.size() > 0 ? ref::linear(ctx.view(), w.wo.view(), w.bo.view()) : ctx;
+  Tensor<double, 3> out(y.shape());
+  for (Index e = 0; e < y.size(); ++e) out.data()[e] = static_cast<double>(y.data()[e]);
+  return out;
+}
+
+/// Sets the module's sinks (H) to distinct values per head (their initial 0, the same for
+/// every head, would hide a sink read from another head), returned as the reference reads
+/// them.
+template <class Scalar>
+std::vector<Real> set_sinks(TensorView<Scalar, 1> sinks, Index first = 0) {
+  std::vector<Real> values;
+  for (Index h = 0; h < sinks.extent(0); ++h) {
+    sinks(h) = static_cast<Scalar>(-0.5 + 0.6 * static_cast<double>(first + h));
+    values.push_back(static_cast<Real>(sinks(h)));
+  }
+  return values;
+}
+
+/// Weights of all heads of a wrapper, stacked as one multi-head module's (no out_proj).
+template <class Scalar>
+WideWeights stacked(const attn::MultiHeadAttentionWrapper<Scalar>& m) {
+  WideWeights w;
+  const Index heads = m.num_heads(), hd = m.head(0).d_out(), d = m.d_in();
+  const bool bias = m.head(0).w_query().has_bias();
+  w.wq = w.wk = w.wv = Tensor<Real, 2>({heads * hd, d});
+  if (bias) w.bq = w.bk = w.bv = Tensor<Real, 1>(Shape<1>{heads * hd});
+  for (Index h = 0; h < heads; ++h) {
+    const WideWeights one =
+        attn::test::wide(static_cast<const attn::SelfAttention<Scalar>&>(m.head(h)));
+    for (Index r = 0; r < hd; ++r) {
+      for (Index e = 0; e < d; ++e) {
+        w.wq(h * hd + r, e) = one.wq(r, e);
+        w.wk(h * hd + r, e) = one.wk(r, e);
+        w.wv(h * hd + r, e) = one.wv(r, e);
+      }
+      if (bias) {
+        w.bq(h * hd + r) = one.bq(r);
+        w.bk(h * hd + r) = one.bk(r);
+        w.bv(h * hd + r) = one.bv(r);
+      }
+    }
+  }
+  return w;
+}
+
+/// One module of each kind with the variants of `c`, its forward, and the reference of that
+/// forward (`x` self-attention: B 2, T 6, d_in 8; cross: x_q B 2, T_q 5, x_kv T_kv 7, d 6).
+template <class Scalar>
+struct Modules {
+  const ModuleCase& c;
+  Tensor<Scalar, 3> x = attn::test::random_tensor<Scalar>(Shape<3>{2, 6, 8}, 51);
+  Tensor<Scalar, 3> xkv = attn::test::random_tensor<Scalar>(Shape<3>{2, 7, 6}, 52);
+  Tensor<Scalar, 3> xq = attn::test::random_tensor<Scalar>(Shape<3>{2, 5, 8}, 53);
+
+  attn::SelfAttention<Scalar> self() const {
+    attn::manual_seed(5);
+    attn::SelfAttention<Scalar> m(8, 4, true, c.variants(1));
+    return m;
+  }
+  attn::CausalAttention<Scalar> causal() const {
+    attn::manual_seed(6);
+    attn::CausalAttention<Scalar> m(8, 4, 16, 0.0, true, c.variants(1));
+    return m;
+  }
+  attn::CrossAttention<Scalar> cross() const {
+    attn::manual_seed(7);
+    attn::CrossAttention<Scalar> m(8, 6, 8, 2, true, 0.0, c.variants(2));
+    return m;
+  }
+  attn::MultiHeadAttentionWrapper<Scalar> wrapper() const {
+    attn::manual_seed(8);
+    attn::MultiHeadAttentionWrapper<Scalar> m(8, 3, 16, 0.0, 3, true, c.variants(3));
+    return m;
+  }
+
+  // Each module's sinks set (set_sinks), its output, and the reference's.
+  template <class M>
+  std::pair<Tensor<Scalar, 3>, Tensor<double, 3>> self_like(M m, bool causal_module,
+                                                            bool with_variant = true) const {
+    const ModuleCase plain{"plain", 0.0, 0.0, false, false};
+    const std::vector<Real> sinks = c.sinks ? set_sinks(m.sinks()) : std::vector<Real>();
+    return {m.forward(x.view()), reference<Scalar>(x.view(), x.view(), attn::test::wide(m), 1,
+                                                   causal_module, with_variant ? c : plain,
+                                                   with_variant ? sinks : std::vector<Real>())};
+  }
+  std::pair<Tensor<Scalar, 3>, Tensor<double, 3>> run_cross(bool with_variant = true) const {
+    attn::CrossAttention<Scalar> m = cross();
+    const ModuleCase plain{"plain", 0.0, 0.0, false, false};
+    const std::vector<Real> sinks = c.sinks ? set_sinks(m.module().sinks()) : std::vector<Real>();
+    return {
+        m.forward(xq.view(), xkv.view()),
+        reference<Scalar>(xq.view(), xkv.view(), attn::test::wide(m.module()), 2, false,
+                          with_variant ? c : plain, with_variant ? sinks : std::vector<Real>())};
+  }
+  std::pair<Tensor<Scalar, 3>, Tensor<double, 3>> run_wrapper(bool with_variant = true) const {
+    attn::MultiHeadAttentionWrapper<Scalar> m = wrapper();
+    const ModuleCase plain{"plain", 0.0, 0.0, false, false};
+    std::vector<Real> sinks;
+    for (Index h = 0; c.sinks && h < 3; ++h) sinks.push_back(set_sinks(m.head(h).sinks(), h)[0]);
+    return {m.forward(x.view()),
+            reference<Scalar>(x.view(), x.view(), stacked(m), 3, true, with_variant ? c : plain,
+                              with_variant ? sinks : std::vector<Real>())};
+  }
+};
+
+template <class Scalar>
+class OtherModuleVariants : public ::testing::Test {};
+TYPED_TEST_SUITE(OtherModuleVariants, Scalars, );
+
+// Every module with each variant against the reference. Tolerance: module_tolerance (see
+// module_test_support.hpp), the variants adding a tanh, a product and one exp per row, each
+// within an ulp; a variant that is not applied (or applied with another head's slope or
+// sink) is off by more than 1e-3, which the test checks on the reference itself.
+TYPED_TEST(OtherModuleVariants, ForwardMatchesTheFormulas) {
+  using S = TypeParam;
+  for (const ModuleCase& c : kModuleCases) {
+    SCOPED_TRACE(c.name);
+    const Modules<S> m{c};
+    const double tol = 2 * module_tolerance<S>(8, 4, 7, 8);
+    const auto check = [&](const char* module,
+                           const std::pair<Tensor<S, 3>, Tensor<double, 3>>& got,
+                           const Tensor<double, 3>& plain) {
+      SCOPED_TRACE(module);
+      EXPECT_TRUE(ref::all_near(TensorView<const S, 3>(got.first.view()), got.second.view(), tol));
+      EXPECT_GT(max_diff<double>(got.second.view(), plain.view()), 1e-3);
+    };
+    check("SelfAttention", m.self_like(m.self(), false),
+          m.self_like(m.self(), false, false).second);
+    check("CausalAttention", m.self_like(m.causal(), true),
+          m.self_like(m.causal(), true, false).second);
+    check("CrossAttention", m.run_cross(), m.run_cross(false).second);
+    check("MultiHeadAttentionWrapper", m.run_wrapper(), m.run_wrapper(false).second);
+  }
+}
+
+/// The backward of `m`'s training forward on x (self-attention) or (x_q, x_kv) against
+/// central differences of sum(grad_out * m(inputs)) in double: every parameter (sinks
+/// included) and every input element. fd::check's step and tolerance (see
+/// finite_difference.hpp): the modules' double forward is smooth in each of them.
+template <class M>
+void check_backward(M& m, Tensor<double, 3>& x, Tensor<double, 3>* xkv = nullptr) {
+  constexpr bool cross = std::is_same_v<M, attn::CrossAttention<double>>;
+  const auto forward = [&] {
+    if constexpr (cross) {
+      return m.forward(x.view(), xkv->view());
+    } else {
+      return m.forward(x.view());
+    }
+  };
+  const Tensor<double, 3> y = forward();
+  const auto grad_out = attn::test::random_tensor<double>(y.shape(), 61);
+  attn::SavedForward<double> saved;
+  attn::Workspace ws;
+  Tensor<double, 3> out(y.shape()), grad_x(x.shape());
+  Tensor<double, 3> grad_kv(xkv != nullptr ? xkv->shape() : Shape<3>{0, 0, 0});
+  attn::Gradients<double> grads(m.named_parameters());
+  if constexpr (cross) {
+    m.forward(x.view(), xkv->view(), out.view(), saved, ws);
+    m.backward(grad_out.view(), saved, grad_x.view(), grad_kv.view(), grads, ws);
+  } else {
+    m.forward(x.view(), out.view(), saved, ws);
+    m.backward(grad_out.view(), saved, grad_x.view(), grads, ws);
+  }
+  std::vector<attn::test::fd::Variable> variables, sinks;
+  for (const auto& p : m.named_parameters()) {
+    const bool sink = p.name().find("sinks") != std::string::npos;
+    (sink ? sinks : variables)
+        .push_back(attn::test::fd::variable(p.name(), p.matrix(), grads.at(p.name()).matrix()));
+  }
+  variables.push_back(attn::test::fd::variable("x", x.view(), grad_x.view()));
+  if (xkv != nullptr)
+    variables.push_back(attn::test::fd::variable("x_kv", xkv->view(), grad_kv.view()));
+  const auto loss = [&] { return attn::test::fd::weighted_sum(forward().view(), grad_out.view()); };
+  // Every 4th weight and input element (a wrong term moves them all), every sink.
+  attn::test::fd::Options every_fourth;
+  every_fourth.stride = 4;
+  EXPECT_TRUE(attn::test::fd::check(loss, variables, every_fourth));
+  if (!sinks.empty()) {
+    EXPECT_TRUE(attn::test::fd::check(loss, sinks));
+  }
+}
+
+// One test per module (each well under a second): every case of kModuleCases.
+TEST(OtherModuleVariantsBackward, SelfAttentionMatchesFiniteDifferences) {
+  for (const ModuleCase& c : kModuleCases) {
+    SCOPED_TRACE(c.name);
+    Modules<double> m{c};
+    auto self = m.self();
+    if (c.sinks) set_sinks(self.sinks());
+    check_backward(self, m.x);
+  }
+}
+
+TEST(OtherModuleVariantsBackward, CausalAttentionMatchesFiniteDifferences) {
+  for (const ModuleCase& c : kModuleCases) {
+    SCOPED_TRACE(c.name);
+    Modules<double> m{c};
+    auto causal = m.causal();
+    if (c.sinks) set_sinks(causal.sinks());
+    check_backward(causal, m.x);
+  }
+}
+
+TEST(OtherModuleVariantsBackward, CrossAttentionMatchesFiniteDifferences) {
+  for (const ModuleCase& c : kModuleCases) {
+    SCOPED_TRACE(c.name);
+    Modules<double> m{c};
+    auto cross = m.cross();
+    if (c.sinks) set_sinks(cross.module().sinks());
+    check_backward(cross, m.xq, &m.xkv);
+  }
+}
+
+TEST(OtherModuleVariantsBackward, WrapperMatchesFiniteDifferences) {
+  for (const ModuleCase& c : kModuleCases) {
+    SCOPED_TRACE(c.name);
+    Modules<double> m{c};
+    auto wrapper = m.wrapper();
+    for (Index h = 0; c.sinks && h < 3; ++h) set_sinks(wrapper.head(h).sinks(), h);
+    check_backward(wrapper, m.x);
+    if (c.sinks) {  // each head its own parameter, named under its head
+      EXPECT_NE(attn::Gradients<double>(wrapper.named_parameters()).find("heads.2.sinks"), nullptr);
+    }
+  }
+}
+
+// The options are checked as MultiHeadAttention's, naming the module.
+TEST(OtherModuleVariantsOptions, BadVariantsThrowNamingTheModule) {
+  attn::AttentionVariants bad;
+  bad.softcap = -2.0;
+  EXPECT_THAT([&] { attn::SelfAttention<float> m(4, 4, false, bad); },
+              ThrowsMessage<ConfigError>(
+                  AllOf(HasSubstr("SelfAttention"), HasSubstr("softcap=-2 must be 0 (off)"))));
+  EXPECT_THAT([&] { attn::CrossAttention<float> m(4, 4, 4, 2, false, 0.0, bad); },
+              ThrowsMessage<ConfigError>(HasSubstr("softcap=-2")));
+  attn::AttentionVariants slopes;
+  slopes.alibi_slopes = {0.5, 0.25};
+  EXPECT_THAT([&] { attn::MultiHeadAttentionWrapper<float> m(4, 2, 8, 0.0, 3, false, slopes); },
+              ThrowsMessage<ConfigError>(
+                  HasSubstr("alibi_slopes has 2 values, expected one per head: num_heads=3")));
+  EXPECT_THAT([&] { attn::CausalAttention<float> m(4, 4, 8, 0.0, false, slopes); },
+              ThrowsMessage<ConfigError>(HasSubstr("CausalAttention")));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "attn/attn.hpp"
 #include "fixtures/pytorch/grad_cases.hpp"
 #include "parity/parity_support.hpp"
+#include "support/scalar_types.hpp"
 
 namespace grad_fixtures_test {
 
@@ -35,8 +36,7 @@ using attn::test::pytorch::view;
 
 template <class Scalar>
 class GradFixtures : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(GradFixtures, Scalars);
+TYPED_TEST_SUITE(GradFixtures, attn::test::ScalarTypes, attn::test::ScalarTypeNames);
 
 /// Calls fn(module) with the case's attn module (weights not loaded yet).
 template <class S, class Fn>

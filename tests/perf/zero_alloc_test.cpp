@@ -35,6 +35,19 @@
 #define ATTN_TEST_ASAN 0
 #endif
 
+// LLVM's OpenMP runtime (libomp: clang's -fopenmp, the sanitizer tree) mallocs inside its
+// parallel regions: about 25 calls (24 KiB) in two forward calls on 2 threads, none of them
+// attn's. Its multi-thread malloc counts are therefore not attn's; GCC's libgomp (the release
+// tree) makes none, and there every count is checked.
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(KMP_VERSION_MAJOR)
+#define ATTN_TEST_OPENMP_MALLOCS 1
+#else
+#define ATTN_TEST_OPENMP_MALLOCS 0
+#endif
+
 namespace {
 
 std::atomic<bool> g_counting{false};
@@ -225,6 +238,7 @@ void expect_steady_state_without_allocation(Fn&& call) {
     });
     EXPECT_EQ(counts.news, 0) << threads
                               << " thread(s): operator new calls in two steady-state calls";
+    if (ATTN_TEST_OPENMP_MALLOCS && threads > 1) continue;  // the runtime's, see above
     EXPECT_EQ(counts.mallocs, 0) << threads
                                  << " thread(s): malloc-family calls in two steady-state calls ("
                                  << counts.malloc_bytes << " bytes)";

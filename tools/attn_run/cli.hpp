@@ -84,6 +84,10 @@ llama options:
   --sliding-window W    query at position p sees keys in (p - W, p] (Mistral)
   --prefill N           tokens of the first step (default: all); the rest in chunks
   --chunk C             tokens per step after the prefill (default 1)
+  --kv-dtype T          what the KV cache stores: f32 (default; the computation's type),
+                        bf16, fp16, fp8e4m3, fp8e5m2, int8, int4 (groups of 32); not f32:
+                        the run is repeated with a float cache and the output's relative
+                        error against it printed (and kept in Y's metadata)
 onnx options (the operator's attributes; unset: the attribute's default):
   --q-num-heads N, --kv-num-heads N   head counts of 3-D inputs (both required for them)
   --is-causal 0|1       the causal frontier: query i sees keys j <= i + P (P past keys)
@@ -184,7 +188,7 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
         flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk" ||
         flag == "--q-num-heads" || flag == "--kv-num-heads" || flag == "--is-causal" ||
         flag == "--scale" || flag == "--softcap" || flag == "--qk-matmul-output-mode" ||
-        flag == "--softmax-precision";
+        flag == "--softmax-precision" || flag == "--kv-dtype";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
     if (flag == "--q-num-heads" || flag == "--kv-num-heads") {
@@ -269,6 +273,19 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       if (!positive(flag, value, llama.rope_theta)) {
         return error(flag + " expects a positive number, got '" + value + "'");
       }
+    } else if (flag == "--kv-dtype") {
+      llama_flags.push_back(flag);
+      bool known = value == "f32";
+      if (known) llama.kv_element = attn::KVElement::kScalar;
+      for (const attn::KVElement e :
+           {attn::KVElement::kBFloat16, attn::KVElement::kFloat16, attn::KVElement::kFloat8E4M3,
+            attn::KVElement::kFloat8E5M2, attn::KVElement::kInt8, attn::KVElement::kInt4}) {
+        if (value == attn::kv_element_name(e)) llama.kv_element = e, known = true;
+      }
+      if (!known) {
+        return error("--kv-dtype expects f32, bf16, fp16, fp8e4m3, fp8e5m2, int8 or int4, got '" +
+                     value + "'");
+      }
     } else if (flag == "--rope-interleaved") {
       llama_flags.push_back(flag);
       llama.rope_interleaved = true;
@@ -318,12 +335,15 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
 }
 
 /// Runs parsed arguments on opened files (what main does after opening them).
+/// With --kv-dtype other than f32, `kv_error` (when not null) receives the output's error
+/// against a float cache's.
 inline attn::io::SafetensorsWriter run(const Arguments& args,
                                        const attn::io::SafetensorsFile& weights,
-                                       const attn::io::SafetensorsFile& input) {
+                                       const attn::io::SafetensorsFile& input,
+                                       double* kv_error = nullptr) {
   if (args.llama) {
-    return args.use_double ? run_llama<double>(weights, input, args.llama_options)
-                           : run_llama<float>(weights, input, args.llama_options);
+    return args.use_double ? run_llama<double>(weights, input, args.llama_options, kv_error)
+                           : run_llama<float>(weights, input, args.llama_options, kv_error);
   }
   return args.use_double ? run_multi_head_attention<double>(weights, input, args.run)
                          : run_multi_head_attention<float>(weights, input, args.run);
@@ -366,7 +386,13 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
     }
     const auto weights = attn::io::SafetensorsFile::open(args.weights);
     const auto input = attn::io::SafetensorsFile::open(args.input);
-    run(args, weights, input).save(args.output);
+    double kv_error = -1;
+    run(args, weights, input, &kv_error).save(args.output);
+    if (kv_error >= 0) {
+      out << "attn_run: KV cache " << attn::kv_element_name(args.llama_options.kv_element)
+          << ": ||output - output with a float cache|| / ||output with a float cache|| = "
+          << kv_error << "\n";
+    }
   } catch (const std::exception& e) {
     err << "attn_run: error: " << e.what() << "\n";
     return 1;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,6 +38,9 @@ struct LlamaOptions {
   attn::Index prefill = 0;         ///< tokens of the first, whole step; 0: all of them
   attn::Index chunk = 1;           ///< tokens per later step
   std::string prefix;              ///< prefix of the weights' names
+  /// What the KV cache stores (--kv-dtype); not kScalar: the run is repeated with a Scalar
+  /// cache and the output's relative error against it reported.
+  attn::KVElement kv_element = attn::KVElement::kScalar;
 };
 
 /// Hugging Face's LlamaAttention forward with a causal mask, on `inputs`' `query` (B, T, D)
@@ -47,7 +52,10 @@ struct LlamaOptions {
 ///
 /// It runs as generation does: the first `prefill` tokens (default T) as one step through a
 /// KVCache (a ring with a window), then the rest in steps of `chunk` tokens (default 1, token
-/// by token), each through MultiHeadAttention's incremental forward.
+/// by token), each through MultiHeadAttention's incremental forward. With a quantised
+/// cache (options.kv_element), the run is repeated with a Scalar cache: `kv_error`, when
+/// not null, receives ||output - output_scalar|| / ||output_scalar||, which the output's
+/// metadata records too (kv_dtype, kv_relative_error).
 ///
 /// Every input and flag is checked against the weights (the query's rank, width and
 /// extents from the file's header, --prefill against T) before anything is sized from them:
@@ -60,7 +68,7 @@ struct LlamaOptions {
 template <class Scalar>
 attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
                                       const attn::io::SafetensorsFile& inputs,
-                                      const LlamaOptions& options) {
+                                      const LlamaOptions& options, double* kv_error = nullptr) {
   using attn::Index;
   using attn::io::detail::io_require;
   const char* where = "run_llama";
@@ -144,19 +152,41 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   // window + max_chunk - 1 < 2 T positions. Nothing is sized by a flag alone.
   const Index max_chunk = std::max(prefill, std::min(options.chunk, tokens));
   const bool ring = options.sliding_window > 0 && options.sliding_window < tokens;
-  attn::KVCache<Scalar> cache =
-      ring ? attn::KVCache<Scalar>::sliding_window(batch, mha.num_kv_heads(), hd,
-                                                   options.sliding_window, max_chunk)
-           : attn::KVCache<Scalar>(batch, mha.num_kv_heads(), hd, tokens);
-  attn::Tensor<Scalar, 3> y({batch, tokens, mha.d_out()});
   attn::Workspace ws;
-  for (Index t0 = 0, step = prefill; t0 < tokens; t0 += step, step = options.chunk) {
-    const Index t1 = t0 + std::min(step, tokens - t0);
-    mha.forward(attn::slice(attn::TensorView<const Scalar, 3>(x.view()), 1, t0, t1),
-                attn::slice(y.view(), 1, t0, t1), ws, cache);
-  }
+  const auto generate = [&](attn::KVElement element) {
+    attn::KVCacheOptions c;
+    c.batch = batch, c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd;
+    c.capacity = ring ? 0 : tokens;
+    c.window = ring ? options.sliding_window : 0;
+    c.max_chunk = ring ? max_chunk : 1;
+    c.element = element;
+    attn::KVCache<Scalar> cache(c);
+    attn::Tensor<Scalar, 3> y({batch, tokens, mha.d_out()});
+    for (Index t0 = 0, step = prefill; t0 < tokens; t0 += step, step = options.chunk) {
+      const Index t1 = t0 + std::min(step, tokens - t0);
+      mha.forward(attn::slice(attn::TensorView<const Scalar, 3>(x.view()), 1, t0, t1),
+                  attn::slice(y.view(), 1, t0, t1), ws, cache);
+    }
+    return y;
+  };
+  const attn::Tensor<Scalar, 3> y = generate(options.kv_element);
   attn::io::SafetensorsWriter out;
   out.set_metadata("producer", "attn_run --format llama");
+  if (options.kv_element != attn::KVElement::kScalar) {
+    const attn::Tensor<Scalar, 3> exact = generate(attn::KVElement::kScalar);
+    double num = 0, den = 0;
+    for (Index i = 0; i < y.size(); ++i) {
+      const double d = static_cast<double>(y.data()[i]) - static_cast<double>(exact.data()[i]);
+      num += d * d;
+      den += static_cast<double>(exact.data()[i]) * static_cast<double>(exact.data()[i]);
+    }
+    const double error = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    if (kv_error != nullptr) *kv_error = error;
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3e", error);
+    out.set_metadata("kv_dtype", attn::kv_element_name(options.kv_element));
+    out.set_metadata("kv_relative_error", text);
+  }
   if (rank == 3) {
     out.add("output", y);
   } else {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
@@ -34,22 +35,67 @@ struct KVCacheAccess {
   static void set_owner(KVCache<Scalar>& cache, std::uint64_t owner) noexcept {
     cache.owner_ = owner;
   }
+  /// Writes one key (part 0) or value (part 1) row of item b, head h at `position`,
+  /// quantised to the cache's element type (the caller checked the indices).
+  template <class Scalar>
+  static void store_row(KVCache<Scalar>& cache, const Scalar* row, Index b, int part, Index h,
+                        Index position) noexcept {
+    cache.store_row(row, 1, b, part, h, position);
+  }
 };
 
-/// The checks of forward_cached(), all before anything is written (the cache included).
-/// @throws ShapeError on shapes that do not fit, or an `out` that shares memory with the
-///         cache; ConfigError for a module that is not causal self-attention, a mask, a
-///         cache without room or holding another module's keys, a window the cache cannot
-///         hold, positions past context_length or the rotary tables.
+/// The attention call over a cache's keys (after the new tokens were appended): q (B, H, T,
+/// hd), query i of item b at position L_b - T + i (per-item bottom-right causal bound, the
+/// window), a ring's keys read in place, quantised rows read through their descriptor.
+/// `item` >= 0: over that item of the cache alone (q and out of batch 1; the packed prefill).
 template <class Scalar>
-void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
-                  TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
-                  const AttentionMask<Scalar>& mask) {
+AttentionCall<Scalar> cache_call(const char* where, TensorView<const Scalar, 4> q,
+                                 const KVCache<Scalar>& cache, TensorView<Scalar, 4> out,
+                                 const AttentionOptions& options, Index window, Index item = -1) {
+  const Index first = item < 0 ? 0 : item, batch = item < 0 ? cache.batch() : 1;
+  const Index kv_heads = cache.num_kv_heads(), cap = cache.capacity();
+  CacheKeys keys;
+  keys.lengths = TensorView<const Index, 1>(cache.lengths() + first, {batch});
+  keys.key_first = cache.first_positions() + first;
+  keys.ring = cache.window() > 0 ? cap : 0;
+  const bool stored = cache.element() != KVElement::kScalar;
+  // Quantised rows have no Scalar view: k and v give the shapes only (the kernel reads
+  // call.args.stored), as broadcasts of q's first row, memory the checks already accept.
+  const auto shape_only = [&](Index width) {
+    return TensorView<const Scalar, 4>(q.data(), {batch, kv_heads, cap, width}, {0, 0, 0, 1});
+  };
+  const auto items = [&](TensorView<const Scalar, 4> all) {
+    return slice(all, 0, first, first + batch);
+  };
+  const TensorView<const Scalar, 4> k =
+      stored ? shape_only(cache.head_dim()) : items(cache.k_storage());
+  const TensorView<const Scalar, 4> v =
+      stored ? shape_only(cache.value_head_dim()) : items(cache.v_storage());
+  AttentionCall<Scalar> call =
+      make_call<Scalar>(where, q, k, v, out, {}, {}, {}, options,
+                        {true, CausalAlignment::kBottomRightPerItem, window}, keys);
+  call.args.stored = cache.stored();
+  if (stored) {
+    for (StoredRows* rows : {&call.args.stored.k, &call.args.stored.v}) {
+      rows->data += first * rows->item_stride;
+      if (rows->scales != nullptr) rows->scales += first * rows->scale_item_stride;
+    }
+  }
+  // Stored rows and a ring's are read by the streaming kernel only (no weights are asked for).
+  if (stored || keys.ring > 0) call.materialize = false;
+  return call;
+}
+
+/// The checks of an incremental forward of `core` into `cache` for `items` items (the
+/// packed prefill: at least `items`) that do not depend on the tokens: a causal
+/// self-attention module, a cache holding no other module's keys, of its heads and head
+/// size, whose ring (if any) holds the module's window.
+/// @throws ConfigError, or ShapeError for a cache of another batch or head shape.
+template <class Scalar>
+void check_cache_use(const AttentionCore<Scalar>& core, const KVCache<Scalar>& cache, Index items,
+                     bool packed) {
   const CoreConfig& c = core.config();
   const char* where = c.forward_name;
-  const char* name = c.input_name != nullptr ? c.input_name : "query";
-  check_input(where, name, x, core.d_in(), "d_in");
-  const Index batch = x.extent(0), tokens = x.extent(1);
   require_config(c.causal, where, [] {
     return std::string(
         "the incremental forward is causal (each token attends to the cached keys up to its own "
@@ -69,15 +115,21 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
            std::to_string(core.d_in()) + ", kdim=" + std::to_string(core.kdim()) +
            ", vdim=" + std::to_string(core.vdim()) + ")";
   });
-  require(cache.batch() == batch && cache.num_kv_heads() == core.num_kv_heads() &&
-              cache.head_dim() == core.head_dim(),
+  require_config(!packed || cache.batch() >= items, where, [&] {
+    return "a packed batch of " + std::to_string(items) +
+           " sequences fills one cache item each, but the cache holds B=" +
+           std::to_string(cache.batch()) + " items";
+  });
+  require((packed || cache.batch() == items) && cache.num_kv_heads() == core.num_kv_heads() &&
+              cache.head_dim() == core.head_dim() && cache.value_head_dim() == core.head_dim(),
           where, [&] {
             return "the cache holds B=" + std::to_string(cache.batch()) +
                    ", H_kv=" + std::to_string(cache.num_kv_heads()) +
                    ", head_dim=" + std::to_string(cache.head_dim()) +
-                   "; the call needs B=" + std::to_string(batch) +
+                   ", value_head_dim=" + std::to_string(cache.value_head_dim()) +
+                   "; the call needs B=" + std::to_string(items) +
                    ", H_kv=" + std::to_string(core.num_kv_heads()) +
-                   ", head_dim=" + std::to_string(core.head_dim());
+                   ", head_dim=value_head_dim=" + std::to_string(core.head_dim());
           });
   const Index window = core.sliding_window();
   require_config(cache.window() == 0 || (window > 0 && window <= cache.window()), where, [&] {
@@ -85,38 +137,62 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
            " keys, but the module's sliding_window is " + std::to_string(window) +
            " (0: none): it would read keys the ring no longer holds";
   });
+}
+
+/// Room in item b of `cache` for `tokens` more tokens of `core`: positions that do not
+/// overflow, within the capacity (without a ring), context_length and the rotary tables.
+/// @throws ConfigError naming the item and the values.
+template <class Scalar>
+void check_cache_room(const AttentionCore<Scalar>& core, const KVCache<Scalar>& cache, Index b,
+                      Index tokens) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  Index end = 0;
+  require_config(checked_add(cache.length(b), tokens, end), where, [&] {
+    return "item " + std::to_string(b) + " is at position " + std::to_string(cache.length(b)) +
+           "; " + std::to_string(tokens) + " more tokens overflow the position counter";
+  });
+  require_config(cache.window() > 0 || end <= cache.capacity(), where, [&] {
+    return "item " + std::to_string(b) + " has " + std::to_string(cache.length(b)) +
+           " cached tokens; " + std::to_string(tokens) +
+           " more exceed the cache's capacity=" + std::to_string(cache.capacity());
+  });
+  require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
+    return "item " + std::to_string(b) + " would reach " + std::to_string(end) +
+           " tokens, more than context_length=" + std::to_string(c.context_length);
+  });
+  require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
+    return "item " + std::to_string(b) + " would reach position " + std::to_string(end - 1) +
+           ", outside the rotary tables [0, " + std::to_string(core.rope().max_positions()) +
+           ") (set rope.max_positions)";
+  });
+}
+
+/// The checks of forward_cached(), all before anything is written (the cache included).
+/// @throws ShapeError on shapes that do not fit, or an `out` that shares memory with the
+///         cache; ConfigError for a module that is not causal self-attention, a mask, a
+///         cache without room or holding another module's keys, a window the cache cannot
+///         hold, positions past context_length or the rotary tables.
+template <class Scalar>
+void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                  TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
+                  const AttentionMask<Scalar>& mask) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index batch = x.extent(0), tokens = x.extent(1);
+  check_cache_use(core, cache, batch, false);
   require_config(mask.empty(), where, [] {
     return std::string(
         "the incremental forward takes no mask: the cache's lengths, the causal "
         "bound and the module's window are its mask");
   });
   check_output(where, out, {batch, tokens, core.d_out()});
-  for (Index b = 0; b < batch; ++b) {
-    Index end = 0;
-    require_config(checked_add(cache.length(b), tokens, end), where, [&] {
-      return "item " + std::to_string(b) + " is at position " + std::to_string(cache.length(b)) +
-             "; " + std::to_string(tokens) + " more tokens overflow the position counter";
-    });
-    require_config(cache.window() > 0 || end <= cache.capacity(), where, [&] {
-      return "item " + std::to_string(b) + " has " + std::to_string(cache.length(b)) +
-             " cached tokens; " + std::to_string(tokens) +
-             " more exceed the cache's capacity=" + std::to_string(cache.capacity());
-    });
-    require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
-      return "item " + std::to_string(b) + " would reach " + std::to_string(end) +
-             " tokens, more than context_length=" + std::to_string(c.context_length);
-    });
-    require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
-      return "item " + std::to_string(b) + " would reach position " + std::to_string(end - 1) +
-             ", outside the rotary tables [0, " + std::to_string(core.rope().max_positions()) +
-             ") (set rope.max_positions)";
-    });
-  }
+  for (Index b = 0; b < batch; ++b) check_cache_room(core, cache, b, tokens);
   check_output_memory(where, out, {}, mask);
   // The kernel reads the cache after out is written (chunk by chunk with a ring).
-  const TensorView<const Scalar, 1> storage(cache.k_storage().data(),
-                                            {static_cast<Index>(cache.bytes() / sizeof(Scalar))});
-  require_disjoint(where, "out", out, "the cache's keys and values", storage);
+  require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
 }
 
 /// One step of at most cache.max_chunk() tokens (see forward_cached()).
@@ -130,7 +206,8 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
     return GemmOutput<Scalar>::head_major(data, t, width, hd);
   };
   // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
-  // they are one strided block (equal lengths, no ring wrap), else through the workspace.
+  // they are one strided block (equal lengths, no ring wrap, Scalar rows), else through the
+  // workspace (quantised rows: rotated there, then stored).
   // Staged (strided rows, e.g. one chunk of a longer x) into the key slot: the query slot may
   // hold x itself, copied there by stage_overlapping() when it overlaps out.
   const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
@@ -138,16 +215,17 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
       workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
   proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
   const Index cap = cache.capacity();
-  if (cache.uniform() && cache.length(0) % cap + t <= cap) {
+  const bool stored = cache.element() != KVElement::kScalar;
+  Scalar* kv = q + batch * t * a;  // (B, 2 H_kv, t, hd) when staged
+  if (!stored && cache.uniform() && cache.length(0) % cap + t <= cap) {
     const TensorView<Scalar, 4> next = cache.next_rows(t);
     GemmOutput<Scalar> o;
     o.data = next.data(), o.ldc = next.stride(2), o.rows_per_batch = t;
     o.batch_stride = next.stride(0), o.segment = hd, o.segment_stride = next.stride(1);
     proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, o, ws);
   } else {
-    Scalar* kv = q + batch * t * a;  // (B, 2 H_kv, t, hd)
     proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, head_major(kv, 2 * kv_heads * hd), ws);
-    for (Index b = 0; b < batch; ++b) {
+    for (Index b = 0; b < (stored ? 0 : batch); ++b) {
       for (Index h = 0; h < kv_heads; ++h) {
         const Scalar* k_rows = kv + (b * 2 * kv_heads + h) * t * hd;
         const Scalar* v_rows = k_rows + kv_heads * t * hd;
@@ -165,7 +243,23 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
       const Index first = cache.length(b);
       for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
       for (Index h = 0; h < kv_heads; ++h) {
-        for (Index i = 0; i < t; ++i) rope.apply(cache.k_slot(b, h, first + i), 1, hd, first + i);
+        for (Index i = 0; i < t; ++i) {
+          Scalar* k_row =
+              stored ? kv + ((b * 2 * kv_heads + h) * t + i) * hd : cache.k_slot(b, h, first + i);
+          rope.apply(k_row, 1, hd, first + i);
+        }
+      }
+    }
+  }
+  // 2b. Quantised rows: the rotated keys and the values stored (quantised) at L_b + i.
+  for (Index b = 0; b < (stored ? batch : 0); ++b) {
+    for (Index part = 0; part < 2; ++part) {
+      for (Index h = 0; h < kv_heads; ++h) {
+        const Scalar* from = kv + (b * 2 * kv_heads + part * kv_heads + h) * t * hd;
+        for (Index i = 0; i < t; ++i) {
+          KVCacheAccess::store_row(cache, from + i * hd, b, static_cast<int>(part), h,
+                                   cache.length(b) + i);
+        }
       }
     }
   }
@@ -177,19 +271,14 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   Scalar* ctx =
       direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
-  CacheKeys keys;
-  keys.lengths = TensorView<const Index, 1>(cache.lengths(), {batch});
-  keys.key_first = cache.first_positions();
-  keys.ring = cache.window() > 0 ? cap : 0;
-  run_attention(make_call<Scalar>(
-                    core.config().forward_name,
-                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}),
-                    cache.k_storage(), cache.v_storage(),
-                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
-                                          {ctx_strides[0], hd, ctx_strides[1], 1}),
-                    {}, {}, {}, core.kernel_options({}),
-                    {true, CausalAlignment::kBottomRightPerItem, core.sliding_window()}, keys),
-                ws);
+  run_attention(
+      cache_call<Scalar>(
+          core.config().forward_name,
+          TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}), cache,
+          TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
+                                {ctx_strides[0], hd, ctx_strides[1], 1}),
+          core.kernel_options({}), core.sliding_window()),
+      ws);
   // 4. The output projection.
   if (direct) return;
   const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
@@ -227,4 +316,42 @@ void forward_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 
 }
 
 }  // namespace detail
+
+/// Attention of q (B, H, T, hd) over the keys and values stored in `cache` (H_kv dividing H),
+/// as the incremental forward runs it once the T new tokens are appended: query i of item b
+/// sits at position L_b - T + i and sees the stored keys up to it, within `window` (0: none;
+/// a ring needs 0 < window <= cache.window()). out: (B, H, T, hd_v). For a layer whose
+/// projections are its own (keys of 192 and values of 128 per head, as DeepSeek's
+/// decompressed MLA heads; a custom model): append() its keys and values, then call this.
+/// Quantised rows are read as they are stored. Allocation-free with a warm workspace.
+/// @throws ShapeError on shapes that do not fit or an `out` sharing memory with q or the
+///         cache; ConfigError for T past an item's length, a window the ring cannot hold, or
+///         options scaled_dot_product_attention refuses.
+/// (q's and out's types follow the cache's Scalar: mutable views of q convert.)
+template <class Scalar>
+void cached_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>> q,
+                      const KVCache<Scalar>& cache,
+                      typename std::enable_if_t<true, TensorView<Scalar, 4>> out, Workspace& ws,
+                      const AttentionOptions& options = {}, Index window = 0) {
+  const char* where = "cached_attention";
+  detail::require(q.extent(0) == cache.batch() && q.extent(3) == cache.head_dim(), where, [&] {
+    return "q " + detail::to_string(q.shape()) +
+           " against a cache of B=" + std::to_string(cache.batch()) +
+           ", head_dim=" + std::to_string(cache.head_dim());
+  });
+  for (Index b = 0; b < cache.batch(); ++b) {
+    detail::require_config(q.extent(2) <= cache.length(b), where, [&] {
+      return "T=" + std::to_string(q.extent(2)) + " queries, but item " + std::to_string(b) +
+             " holds " + std::to_string(cache.length(b)) + " tokens (append the new ones first)";
+    });
+  }
+  detail::require_config(
+      window >= 0 && (cache.window() == 0 || (window > 0 && window <= cache.window())), where, [&] {
+        return "window=" + std::to_string(window) + " over a cache whose ring holds a window of " +
+               std::to_string(cache.window()) + " (0: not a ring)";
+      });
+  detail::require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
+  detail::run_attention(detail::cache_call(where, q, cache, out, options, window), ws);
+}
+
 ATTN_NAMESPACE_END

@@ -31,18 +31,20 @@ class CausalAttention : public SelfAttention<Scalar> {
 
  public:
   /// Draws W_query, W_key, W_value (in that order) like nn.Linear from the global generator.
+  /// `variants`: as MultiHeadAttentionOptions's, for its one head (ALiBi's distances from
+  /// query i's own position i; the sink a parameter `sinks` of shape (1)).
   CausalAttention(Index d_in, Index d_out, Index context_length, double dropout,
-                  bool qkv_bias = false)
-      : Base(config(d_in, d_out, context_length, dropout, qkv_bias)) {}
+                  bool qkv_bias = false, const AttentionVariants& variants = {})
+      : Base(config(d_in, d_out, context_length, dropout, qkv_bias, variants)) {}
 
  private:
   static detail::CoreConfig config(Index d_in, Index d_out, Index context_length, double dropout,
-                                   bool qkv_bias) {
+                                   bool qkv_bias, const AttentionVariants& variants) {
     detail::require_config(context_length > 0, "CausalAttention", [&] {
       return "context_length=" + std::to_string(context_length) + " must be positive";
     });
-    detail::CoreConfig c =
-        Base::config(d_in, d_out, qkv_bias, InitScheme::kLinear, ParameterNames::kNotebook);
+    detail::CoreConfig c = Base::config(d_in, d_out, qkv_bias, InitScheme::kLinear,
+                                        ParameterNames::kNotebook, variants);
     c.name = "CausalAttention";
     c.forward_name = "CausalAttention::forward";
     c.context_length = context_length;

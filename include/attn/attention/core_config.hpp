@@ -36,8 +36,34 @@ enum class InitScheme {
   kNone,
 };
 
-/// Configuration of a MultiHeadAttention beyond the notebooks' constructor.
-struct MultiHeadAttentionOptions {
+/// The attention variants of a module, the same for every module with weights:
+/// MultiHeadAttentionOptions holds them, and SelfAttention, CausalAttention, CrossAttention
+/// and MultiHeadAttentionWrapper take them as their constructor's last argument. All off by
+/// default. Formulas, where each applies and the models they come from: docs/variants.md.
+struct AttentionVariants {
+  /// Softcapping (Gemma 2, Grok): the scaled scores s become softcap * tanh(s / softcap)
+  /// before ALiBi and the masks are added. 0: off; else positive and finite.
+  double softcap = 0.0;
+  /// ALiBi (BLOOM, MPT): -m_h |p_i - j| added to head h's scores, p_i query i's position
+  /// (in the incremental forward, the cache's absolute positions). The slopes m_h: the
+  /// standard geometric series of alibi_max_bias (8: BLOOM's; attn::alibi_slopes() lists
+  /// them), or `alibi_slopes` (num_heads finite values) when given. Set one or the other;
+  /// both 0 / empty: off.
+  double alibi_max_bias = 0.0;
+  std::vector<double> alibi_slopes;
+  /// Learned attention sinks (gpt-oss): the module owns a trainable parameter `sinks`
+  /// (num_heads,), one logit per head that joins every row's softmax denominator as
+  /// exp(sinks[h]) and no numerator, so a row may give less than its whole weight to the
+  /// keys. Listed by named_parameters() last, under every naming (state_dict, Gradients,
+  /// optimizers). Initial value 0 (exp(0) = 1 in each denominator): gpt-oss allocates it
+  /// uninitialised for a checkpoint to fill, Hugging Face draws it from N(0, 0.02); 0 is
+  /// that draw's mean, and leaves the weights' random draw as it is without sinks.
+  bool sinks = false;
+};
+
+/// Configuration of a MultiHeadAttention beyond the notebooks' constructor (its variants:
+/// AttentionVariants, the base).
+struct MultiHeadAttentionOptions : AttentionVariants {
   Index d_in = 0;   ///< query features (nn.MultiheadAttention's embed_dim)
   Index d_out = 0;  ///< model width = output features; 0 means d_in
   Index num_heads = 1;
@@ -61,24 +87,6 @@ struct MultiHeadAttentionOptions {
   RotaryOptions rope{};
   /// Sliding window W (Mistral; 0: none; needs causal): position p sees keys in (p - W, p].
   Index sliding_window = 0;
-  /// Softcapping (Gemma 2, Grok): the scaled scores s become softcap * tanh(s / softcap)
-  /// before ALiBi and the masks are added. 0: off; else positive and finite.
-  double softcap = 0.0;
-  /// ALiBi (BLOOM, MPT): -m_h |p_i - j| added to head h's scores, p_i query i's position
-  /// (in the incremental forward, the cache's absolute positions). The slopes m_h: the
-  /// standard geometric series of alibi_max_bias (8: BLOOM's; attn::alibi_slopes() lists
-  /// them), or `alibi_slopes` (num_heads finite values) when given. Set one or the other;
-  /// both 0 / empty: off.
-  double alibi_max_bias = 0.0;
-  std::vector<double> alibi_slopes;
-  /// Learned attention sinks (gpt-oss): the module owns a trainable parameter `sinks`
-  /// (num_heads,), one logit per head that joins every row's softmax denominator as
-  /// exp(sinks[h]) and no numerator, so a row may give less than its whole weight to the
-  /// keys. Listed by named_parameters() last, under every naming (state_dict, Gradients,
-  /// optimizers). Initial value 0 (exp(0) = 1 in each denominator): gpt-oss allocates it
-  /// uninitialised for a checkpoint to fill, Hugging Face draws it from N(0, 0.02); 0 is
-  /// that draw's mean, and leaves the weights' random draw as it is without sinks.
-  bool sinks = false;
   InitScheme init = InitScheme::kLinear;  ///< kLinear, kMultiheadAttention or kRand
 
   /// The configuration of `torch.nn.MultiheadAttention(embed_dim, num_heads, dropout,
@@ -121,6 +129,29 @@ struct CoreConfig : MultiHeadAttentionOptions {
   CausalBound causal_bound() const noexcept { return {causal, causal_alignment, sliding_window}; }
 };
 
+/// The variants that are on, as messages quote them: ", softcap=30, sinks=true" ("" when
+/// none is).
+inline std::string describe_variants(const AttentionVariants& v) {
+  std::string text;
+  if (v.softcap != 0.0) text += ", softcap=" + number(v.softcap);
+  if (v.alibi_max_bias != 0.0) text += ", alibi_max_bias=" + number(v.alibi_max_bias);
+  if (!v.alibi_slopes.empty()) {
+    text += ", alibi_slopes=[";
+    for (std::size_t h = 0; h < v.alibi_slopes.size(); ++h) {
+      text += (h == 0 ? "" : ", ") + number(v.alibi_slopes[h]);
+    }
+    text += "]";
+  }
+  if (v.sinks) text += ", sinks=true";
+  return text;
+}
+
+/// True when `a` and `b` switch on the same variants with the same values.
+inline bool same_variants(const AttentionVariants& a, const AttentionVariants& b) noexcept {
+  return a.softcap == b.softcap && a.alibi_max_bias == b.alibi_max_bias &&
+         a.alibi_slopes == b.alibi_slopes && a.sinks == b.sinks;
+}
+
 /// The configuration of `c` as messages quote it: "MultiHeadAttention(d_in=6, kdim=6,
 /// vdim=6, d_out=6, num_heads=2, num_kv_heads=2, head_dim=3, qkv_bias=true, ...)".
 inline std::string describe_config(const CoreConfig& c) {
@@ -143,17 +174,7 @@ inline std::string describe_config(const CoreConfig& c) {
   } else {
     text += ", rope=none";
   }
-  if (c.softcap != 0.0) text += ", softcap=" + number(c.softcap);
-  if (c.alibi_max_bias != 0.0) text += ", alibi_max_bias=" + number(c.alibi_max_bias);
-  if (!c.alibi_slopes.empty()) {
-    text += ", alibi_slopes=[";
-    for (std::size_t h = 0; h < c.alibi_slopes.size(); ++h) {
-      text += (h == 0 ? "" : ", ") + number(c.alibi_slopes[h]);
-    }
-    text += "]";
-  }
-  if (c.sinks) text += ", sinks=true";
-  return text + ")";
+  return text + describe_variants(c) + ")";
 }
 
 /// True when `a` and `b` describe the same computation on parameters of the same shapes:
@@ -172,9 +193,7 @@ inline bool same_config(const CoreConfig& a, const CoreConfig& b) noexcept {
          a.context_length == b.context_length && a.dropout == b.dropout &&
          a.qkv_bias == b.qkv_bias && a.out_proj == b.out_proj && a.out_bias == b.out_bias &&
          a.causal == b.causal && (!a.causal || a.causal_alignment == b.causal_alignment) &&
-         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window &&
-         a.softcap == b.softcap && a.alibi_max_bias == b.alibi_max_bias &&
-         a.alibi_slopes == b.alibi_slopes && a.sinks == b.sinks;
+         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window && same_variants(a, b);
 }
 
 /// `c` when it describes a module that can exist; else a ConfigError naming the values (the

@@ -29,9 +29,12 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
                                           detail::InputKeyValue>;
 
  public:
+  /// `variants` as MultiHeadAttentionOptions's. ALiBi measures query i's distance to key j
+  /// from position i + T_kv - T_q (the queries aligned with the keys' end, as a causal bound
+  /// aligned bottom-right), the SDPA's rule for a call without a causal bound.
   CrossAttention(Index d_q, Index d_kv, Index d_out, Index num_heads, bool qkv_bias = false,
-                 double dropout = 0.0)
-      : Module(options(d_q, d_kv, d_out, num_heads, qkv_bias, dropout)) {}
+                 double dropout = 0.0, const AttentionVariants& variants = {})
+      : Module(options(d_q, d_kv, d_out, num_heads, qkv_bias, dropout, variants)) {}
 
   /// forward(x_q, x_kv, ...) and forward_with_weights(x_q, x_kv, ...), as every module's.
   using Forwards::forward;
@@ -47,6 +50,7 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   using Module::named_parameters;
   using Module::parameter_namings;
   using Module::seed;
+  using Module::sinks;
   using Module::train;
   using Module::unfreeze;
 
@@ -61,14 +65,18 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   using Module::run;
   using Module::run_backward;
   using Module::run_cached;
+  using Module::run_packed;
+  using Module::run_prefill;
   using Module::weight_heads;
 
   // nn.MultiheadAttention's layout with kdim = vdim = d_kv, but the notebook's widths, its
   // nn.Linear init and an out_proj bias whatever qkv_bias says.
   static MultiHeadAttentionOptions options(Index d_q, Index d_kv, Index d_out, Index num_heads,
-                                           bool qkv_bias, double dropout) {
+                                           bool qkv_bias, double dropout,
+                                           const AttentionVariants& variants) {
     MultiHeadAttentionOptions o =
         MultiHeadAttentionOptions::pytorch(d_q, num_heads, qkv_bias, d_kv, d_kv, dropout);
+    static_cast<AttentionVariants&>(o) = variants;
     o.d_out = d_out;
     o.out_bias = true;
     o.init = InitScheme::kLinear;

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 // attn/attention/kv_cache.hpp: KVCache, the keys and values of one attention layer kept
-// across generation steps: preallocated, ragged lengths, optionally a sliding-window ring.
-// Glossary: B = batch, H_kv = key/value heads, hd = head dim, W = window, C = largest chunk.
+// across generation steps: preallocated, ragged lengths, optionally a sliding-window ring,
+// optionally quantised (int8, int4, float8, bfloat16, float16 rows read by the kernel).
+// Glossary: B = batch, H_kv = key/value heads, hd = head dim, hd_v = value head dim,
+// W = window, C = largest chunk.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/kv_storage.hpp"
 #include "attn/memory.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
@@ -38,6 +41,19 @@ struct KVCacheOptions {
   Index window = 0;
   /// With a window: the most tokens one append() takes (a chunk of a prefill, or 1 to decode).
   Index max_chunk = 1;
+  /// The value head dim hd_v (0: head_dim), e.g. 128 against keys of 192 (DeepSeek's MLA
+  /// with its decompressed heads).
+  Index value_head_dim = 0;
+  /// What the keys and values are stored as (KVElement; the cache's Scalar by default).
+  /// Quantised rows are written by append() and read by the attention kernel, which
+  /// dequantises them tile by tile as it reads: the cache's bytes are what a decode step
+  /// streams from memory.
+  KVElement element = KVElement::kScalar;
+  /// kFloat8E4M3 / kFloat8E5M2: one float scale per token and head (false: none, values
+  /// beyond the format's range saturate).
+  bool float8_scale = true;
+  /// kInt4: elements per scale (0: one per token and head).
+  Index int4_group = 32;
 };
 
 /// Where item b's stored positions live, in position order: positions first_position ..
@@ -54,12 +70,24 @@ struct KVSegments {
 /// Storage. One 64-byte aligned allocation, zero-filled (touched) at construction so no step
 /// pays first-touch page faults. Per batch item: the H_kv key heads, then the H_kv value heads,
 /// each a block of `capacity` rows; k_storage() and v_storage() view it as (B, H_kv, capacity,
-/// hd). Keys and values of an item are one (2 H_kv, rows, hd) run with one head stride, so a
-/// single GEMM with the stacked [W_k; W_v] can write both straight into the cache (the GEMM's
-/// head-major output uses one stride between head segments; see next_rows()). Rows are padded
-/// to a multiple of 64 bytes when that costs at most 1/16 of a row (hd = 64, 80, 96, 128 and
-/// 256 floats need no padding), else kept dense; each head block starts 64-byte aligned. So
-/// bytes() is within 6.25 % (plus 64 bytes per block) of the keys and values themselves.
+/// hd) and (B, H_kv, capacity, hd_v). With hd_v = hd, keys and values of an item are one
+/// (2 H_kv, rows, hd) run with one head stride, so a single GEMM with the stacked [W_k; W_v]
+/// can write both straight into the cache (the GEMM's head-major output uses one stride
+/// between head segments; see next_rows()). Rows are padded to a multiple of 64 bytes when
+/// that costs at most 1/16 of a row (hd = 64, 80, 96, 128 and 256 floats need no padding),
+/// else kept dense; each head block starts 64-byte aligned. So bytes() is within 6.25 % (plus
+/// 64 bytes per block) of the keys and values themselves.
+///
+/// Element types. With options.element other than kScalar the rows hold quantised keys and
+/// values (KVElement: int8, int4, float8, bfloat16, float16) and, for the scaled kinds, their
+/// float scales, after the rows in the same allocation. append() quantises; the attention
+/// kernel reads the rows as they are and dequantises each tile in its loops, so a decode step
+/// streams bytes_per_token() per position and head group rather than 2 (hd + hd_v) Scalars.
+/// There is no Scalar view of quantised rows: k(), v(), k_storage(), v_storage(), k_slot(),
+/// v_slot() and next_rows() throw ConfigError; dequantize() copies an item's rows out. The
+/// element type is an option rather than a template parameter: a model's code (its
+/// modules' forward(x, out, ws, cache)) is the same whatever the cache stores, and the choice
+/// can come from a command line or a configuration file.
 ///
 /// Lengths. Each item has its own length (ragged batches): length(b) is the number of tokens
 /// item b has seen, i.e. the position of its next token.
@@ -105,22 +133,26 @@ class KVCache {
       detail::checked_sum(o_.capacity, o_.window, o_.max_chunk, Index(-1));  // checked()
     }
     if (o_.window == 0) o_.max_chunk = o_.capacity;
-    constexpr Index line = static_cast<Index>(detail::kAlignment / sizeof(Scalar));
-    Index padded = 0, rows = 0, block = 0, heads = 0, total = 0;
-    bool fits = detail::checked_add(o_.head_dim, line - 1, padded);
-    padded = padded / line * line;
-    // padded - head_dim < line <= 16: the product cannot overflow.
-    row_stride_ = fits && 16 * (padded - o_.head_dim) <= o_.head_dim ? padded : o_.head_dim;
-    fits = fits && detail::checked_mul(o_.capacity, row_stride_, rows) &&
-           detail::checked_add(rows, line - 1, block);
-    block_ = block / line * line;  // each head block starts 64-byte aligned
-    fits = fits && detail::checked_mul(o_.num_kv_heads, Index(2), heads) &&
-           detail::checked_product(item_, block_, heads) &&
-           detail::checked_mul(item_, o_.batch, total) &&
-           static_cast<std::size_t>(total) <= detail::kMaxObjectBytes / sizeof(Scalar);
+    if (o_.value_head_dim == 0) o_.value_head_dim = o_.head_dim;
+    const Index heads = o_.num_kv_heads, line = static_cast<Index>(detail::kAlignment);
+    k_scales_ = scales_per_row(o_.head_dim);
+    v_scales_ = scales_per_row(o_.value_head_dim);
+    Index blocks = 0, data = 0, padded = 0, scales = 0, scale_bytes = 0, total = 0;
+    bool fits = block_bytes(o_.head_dim, k_row_, k_block_) &&
+                block_bytes(o_.value_head_dim, v_row_, v_block_) &&
+                detail::checked_add(k_block_, v_block_, blocks) &&
+                detail::checked_mul(blocks, heads, item_) &&
+                detail::checked_mul(item_, o_.batch, data) &&
+                detail::checked_add(data, line - 1, padded) &&
+                detail::checked_product(scale_item_, heads, o_.capacity, k_scales_ + v_scales_) &&
+                detail::checked_mul(scale_item_, o_.batch, scales) &&
+                detail::checked_mul(scales, Index(sizeof(float)), scale_bytes) &&
+                detail::checked_add(padded / line * line, scale_bytes, total) &&
+                static_cast<std::size_t>(total) <= detail::kMaxObjectBytes;
     detail::require_config(fits, "KVCache", [&] { return describe() + ": too large"; });
-    storage_ = detail::AlignedBuffer<Scalar>(static_cast<std::size_t>(total));
-    std::fill_n(storage_.data(), total, Scalar(0));
+    scales_at_ = padded / line * line;  // the scales start 64-byte aligned after the rows
+    storage_ = detail::AlignedBuffer<unsigned char>(static_cast<std::size_t>(total));
+    std::fill_n(storage_.data(), total, static_cast<unsigned char>(0));
     end_.assign(static_cast<std::size_t>(o_.batch), 0);
     first_.assign(static_cast<std::size_t>(o_.batch), 0);
     scratch_.assign(static_cast<std::size_t>(2 * o_.batch), 0);
@@ -141,18 +173,36 @@ class KVCache {
   Index batch() const noexcept { return o_.batch; }
   Index num_kv_heads() const noexcept { return o_.num_kv_heads; }
   Index head_dim() const noexcept { return o_.head_dim; }
+  /// hd_v: the value rows' width (head_dim unless options.value_head_dim said otherwise).
+  Index value_head_dim() const noexcept { return o_.value_head_dim; }
+  /// What the rows hold (KVElement::kScalar: Scalar).
+  KVElement element() const noexcept { return o_.element; }
   Index capacity() const noexcept { return o_.capacity; }
   /// The sliding window (0: none).
   Index window() const noexcept { return o_.window; }
   /// The most tokens one append() takes: max_chunk with a window, else capacity.
   Index max_chunk() const noexcept { return o_.max_chunk; }
-  /// Elements between consecutive rows (head_dim, or padded to 64 bytes).
-  Index row_stride() const noexcept { return row_stride_; }
-  /// Bytes held, and the bytes of the keys and values themselves (2 B H_kv capacity hd).
-  std::size_t bytes() const noexcept { return storage_.capacity() * sizeof(Scalar); }
+  /// Scalars between consecutive key rows of the Scalar views (head_dim, or padded to 64
+  /// bytes), and the same for value rows; with quantised rows, their bytes.
+  Index row_stride() const noexcept { return k_row_ / element_bytes(); }
+  Index value_row_stride() const noexcept { return v_row_ / element_bytes(); }
+  /// Bytes held, and the bytes of the keys and values themselves (B H_kv capacity (hd +
+  /// hd_v) elements, with their scales).
+  std::size_t bytes() const noexcept { return storage_.capacity(); }
   std::size_t payload_bytes() const noexcept {
-    return static_cast<std::size_t>(2 * o_.batch * o_.num_kv_heads * o_.capacity * o_.head_dim) *
-           sizeof(Scalar);
+    return static_cast<std::size_t>(o_.batch * o_.capacity) * bytes_per_token();
+  }
+  /// The bytes one position of one item takes over all its heads, keys and values with their
+  /// scales, without padding: what a decode step reads per cached token.
+  std::size_t bytes_per_token() const noexcept {
+    const auto row = [&](Index width, Index scales) {
+      const Index data = o_.element == KVElement::kScalar
+                             ? width * static_cast<Index>(sizeof(Scalar))
+                             : detail::stored_row_bytes(o_.element, width);
+      return static_cast<std::size_t>(data + scales * static_cast<Index>(sizeof(float)));
+    };
+    return static_cast<std::size_t>(o_.num_kv_heads) *
+           (row(o_.head_dim, k_scales_) + row(o_.value_head_dim, v_scales_));
   }
 
   /// Tokens item b has seen: the position of its next token.
@@ -190,16 +240,78 @@ class KVCache {
     return s;
   }
 
-  // ---- views ----
+  // ---- views (rows of Scalar: options.element kScalar; else ConfigError) ----
 
-  /// All slots, (B, H_kv, capacity, hd): what the kernel reads with lengths() and segments().
-  TensorView<Scalar, 4> k_storage() noexcept { return storage_view(0, o_.capacity); }
-  TensorView<Scalar, 4> v_storage() noexcept { return storage_view(1, o_.capacity); }
-  TensorView<const Scalar, 4> k_storage() const noexcept {
-    return const_cast<KVCache*>(this)->storage_view(0, o_.capacity);
+  /// All slots, (B, H_kv, capacity, hd) and (B, H_kv, capacity, hd_v): what the kernel reads
+  /// with lengths() and segments().
+  TensorView<Scalar, 4> k_storage() { return storage_view("KVCache::k_storage", 0, o_.capacity); }
+  TensorView<Scalar, 4> v_storage() { return storage_view("KVCache::v_storage", 1, o_.capacity); }
+  TensorView<const Scalar, 4> k_storage() const {
+    return const_cast<KVCache*>(this)->storage_view("KVCache::k_storage", 0, o_.capacity);
   }
-  TensorView<const Scalar, 4> v_storage() const noexcept {
-    return const_cast<KVCache*>(this)->storage_view(1, o_.capacity);
+  TensorView<const Scalar, 4> v_storage() const {
+    return const_cast<KVCache*>(this)->storage_view("KVCache::v_storage", 1, o_.capacity);
+  }
+  /// The whole allocation as Scalars (rows, padding and scales): what overlap checks compare.
+  TensorView<const Scalar, 1> memory() const noexcept {
+    return {reinterpret_cast<const Scalar*>(storage_.data()),
+            {static_cast<Index>(storage_.capacity() / sizeof(Scalar))}};
+  }
+  /// The stored rows as the attention kernel reads them (quantised caches; kScalar: inactive).
+  detail::StoredKeyValues stored() const noexcept {
+    detail::StoredKeyValues s;
+    if (o_.element == KVElement::kScalar) return s;
+    const auto rows = [&](int part, Index width, Index scales) {
+      detail::StoredRows r;
+      r.element = o_.element;
+      r.data = storage_.data() + part * o_.num_kv_heads * k_block_;
+      r.item_stride = item_, r.head_stride = part == 0 ? k_block_ : v_block_;
+      r.row_stride = part == 0 ? k_row_ : v_row_;
+      if (scales > 0) {
+        r.scales = scale_base() + part * o_.num_kv_heads * o_.capacity * k_scales_;
+        r.scale_item_stride = scale_item_, r.scale_head_stride = o_.capacity * scales;
+        r.scale_row_stride = scales;
+        r.group = group(width);
+      }
+      return r;
+    };
+    s.k = rows(0, o_.head_dim, k_scales_);
+    s.v = rows(1, o_.value_head_dim, v_scales_);
+    return s;
+  }
+  /// Item b's keys (H_kv, n, hd) and values (H_kv, n, hd_v) as Scalar, in the slot order of
+  /// k(b) (n = min(length(b), capacity)): dequantised for quantised rows, copied otherwise.
+  /// @throws IndexError for an item outside [0, B); ShapeError unless k_out and v_out have
+  ///         those shapes.
+  void dequantize(Index b, TensorView<Scalar, 3> k_out, TensorView<Scalar, 3> v_out) const {
+    const char* where = "KVCache::dequantize";
+    checked_item(where, b);
+    const Index n = used_slots(b);
+    const Shape<3> k_shape{o_.num_kv_heads, n, o_.head_dim};
+    const Shape<3> v_shape{o_.num_kv_heads, n, o_.value_head_dim};
+    detail::require(k_out.shape() == k_shape && v_out.shape() == v_shape, where, [&] {
+      return "k_out " + detail::to_string(k_out.shape()) + " and v_out " +
+             detail::to_string(v_out.shape()) + ": expected " + detail::to_string(k_shape) +
+             " and " + detail::to_string(v_shape);
+    });
+    std::vector<float> row(static_cast<std::size_t>(std::max(o_.head_dim, o_.value_head_dim)));
+    for (int part = 0; part < 2; ++part) {
+      const TensorView<Scalar, 3>& to = part == 0 ? k_out : v_out;
+      const Index width = part == 0 ? o_.head_dim : o_.value_head_dim;
+      for (Index h = 0; h < o_.num_kv_heads; ++h) {
+        for (Index j = 0; j < n; ++j) {
+          const unsigned char* from = row_at(b, part, h, j);
+          if (o_.element == KVElement::kScalar) {
+            const auto* x = reinterpret_cast<const Scalar*>(from);
+            for (Index e = 0; e < width; ++e) to(h, j, e) = x[e];
+            continue;
+          }
+          detail::dequantize_row(o_.element, from, scales_at(b, part, h, j), group(width), width,
+                                 row.data());
+          for (Index e = 0; e < width; ++e) to(h, j, e) = static_cast<Scalar>(row[e]);
+        }
+      }
+    }
   }
   /// Item b's keys (H_kv, n, hd): positions 0 .. n-1 (n = length(b)) without a window; with
   /// one, the used slots (n = min(length(b), capacity)) in slot order (see segments()).
@@ -212,8 +324,9 @@ class KVCache {
 
   // ---- writing ----
 
-  /// Appends k_new and v_new (B', H_kv, T_new, hd) (any strides) to items first_item ..
-  /// first_item + B' - 1, each at its own length. Nothing is written unless every check passes.
+  /// Appends k_new (B', H_kv, T_new, hd) and v_new (B', H_kv, T_new, hd_v) (any strides) to
+  /// items first_item .. first_item + B' - 1, each at its own length, quantised to the
+  /// cache's element type. Nothing is written unless every check passes.
   /// @throws ShapeError on wrong shapes or items; ConfigError when an item would overflow
   ///         capacity, or T_new exceeds max_chunk with a window (naming the values).
   void append(TensorView<const Scalar, 4> k_new, TensorView<const Scalar, 4> v_new,
@@ -221,16 +334,18 @@ class KVCache {
     const char* where = "KVCache::append";
     const Index items = k_new.extent(0), t_new = k_new.extent(2);
     const Shape<4> expected{items, o_.num_kv_heads, t_new, o_.head_dim};
-    detail::require(k_new.shape() == expected && v_new.shape() == expected && first_item >= 0 &&
+    const Shape<4> expected_v{items, o_.num_kv_heads, t_new, o_.value_head_dim};
+    detail::require(k_new.shape() == expected && v_new.shape() == expected_v && first_item >= 0 &&
                         first_item <= o_.batch - items,
                     where, [&] {
                       return "k_new " + detail::to_string(k_new.shape()) + " and v_new " +
                              detail::to_string(v_new.shape()) + " for items from " +
                              std::to_string(first_item) +
-                             ": expected both (B', H_kv, T_new, hd) "
+                             ": expected (B', H_kv, T_new, hd) and (B', H_kv, T_new, hd_v) "
                              "with H_kv=" +
                              std::to_string(o_.num_kv_heads) +
                              ", hd=" + std::to_string(o_.head_dim) +
+                             ", hd_v=" + std::to_string(o_.value_head_dim) +
                              " and items within B=" + std::to_string(o_.batch);
                     });
     check_room(where, first_item, items, t_new);
@@ -238,8 +353,8 @@ class KVCache {
       const Index b = first_item + i;
       for (Index h = 0; h < o_.num_kv_heads; ++h) {
         for (Index t = 0; t < t_new; ++t) {
-          copy_row(&k_new(i, h, t, 0), k_new.stride(3), slot(b, 0, h, len(b) + t));
-          copy_row(&v_new(i, h, t, 0), v_new.stride(3), slot(b, 1, h, len(b) + t));
+          store_row(&k_new(i, h, t, 0), k_new.stride(3), b, 0, h, len(b) + t);
+          store_row(&v_new(i, h, t, 0), v_new.stride(3), b, 1, h, len(b) + t);
         }
       }
     }
@@ -249,24 +364,33 @@ class KVCache {
   /// The row of absolute position `position` of item b, head h (slot position % capacity
   /// with a window): where a projection writes a new token before advance().
   /// @throws IndexError if b is not in [0, B), h not in [0, H_kv), or the position is
-  ///         negative or (without a window) not below capacity.
+  ///         negative or (without a window) not below capacity; ConfigError for quantised rows.
   Scalar* k_slot(Index b, Index h, Index position) {
+    require_scalar("KVCache::k_slot");
     return slot(b, 0, checked_slot("KVCache::k_slot", b, h, position), position);
   }
   Scalar* v_slot(Index b, Index h, Index position) {
+    require_scalar("KVCache::v_slot");
     return slot(b, 1, checked_slot("KVCache::v_slot", b, h, position), position);
   }
 
   /// The rows the next t_new tokens of items first_item .. first_item + items - 1 (items < 0:
   /// to the last) will occupy, as (items, 2 H_kv, t_new, hd): heads 0 .. H_kv-1 are keys,
   /// H_kv .. 2 H_kv - 1 values, one stride between all of them (a head-major GEMM output).
-  /// Write them, then advance(). Needs equal lengths over the items and no ring wrap inside.
+  /// Write them, then advance(). Needs equal lengths over the items and no ring wrap inside,
+  /// Scalar rows and hd_v = hd.
   /// @throws ConfigError naming the values otherwise, or when the items would overflow.
   TensorView<Scalar, 4> next_rows(Index t_new, Index first_item = 0, Index items = -1) {
     const char* where = "KVCache::next_rows";
+    require_scalar(where);
+    detail::require_config(o_.value_head_dim == o_.head_dim, where, [&] {
+      return describe() +
+             ": keys and values of different widths are not one strided block; "
+             "use append()";
+    });
     items = checked_items(where, first_item, items);
     check_room(where, first_item, items, t_new);
-    if (items == 0) return {storage_.data(), {0, 2 * o_.num_kv_heads, t_new, o_.head_dim}};
+    if (items == 0) return {scalars(0), {0, 2 * o_.num_kv_heads, t_new, o_.head_dim}};
     const Index length = len(first_item);  // capacity > 0: the cache has items
     detail::require_config(
         uniform(first_item, first_item + items) && length % o_.capacity + t_new <= o_.capacity,
@@ -275,9 +399,10 @@ class KVCache {
                  " rows are not one strided block (lengths differ or the "
                  "ring wraps); use k_slot()/v_slot() or append()";
         });
-    return {storage_.data() + first_item * item_ + (length % o_.capacity) * row_stride_,
+    const Index e = element_bytes();
+    return {scalars(first_item * item_ + (length % o_.capacity) * k_row_),
             {items, 2 * o_.num_kv_heads, t_new, o_.head_dim},
-            {item_, block_, row_stride_, 1}};
+            {item_ / e, k_block_ / e, k_row_ / e, 1}};
   }
 
   /// Counts t_new more tokens for items first_item .. first_item + items - 1 (items < 0: to
@@ -336,11 +461,13 @@ class KVCache {
   static KVCacheOptions checked(const KVCacheOptions& o) {
     const bool window = o.window > 0;
     detail::require_config(o.batch > 0 && o.num_kv_heads > 0 && o.head_dim > 0 && o.window >= 0 &&
+                               o.value_head_dim >= 0 && o.int4_group >= 0 &&
                                (window ? o.max_chunk > 0 && o.capacity >= 0 : o.capacity > 0),
                            "KVCache", [&] {
                              return describe(o) +
-                                    ": sizes must be positive, and with a window capacity (0: "
-                                    "the least) must be at least window + max_chunk - 1";
+                                    ": sizes must be positive (value_head_dim and int4_group: "
+                                    "0 or positive), and with a window capacity (0: the "
+                                    "least) must be at least window + max_chunk - 1";
                            });
     if (!window) return o;
     Index least = 0;
@@ -356,6 +483,10 @@ class KVCache {
     std::string text = "B=" + std::to_string(o.batch) + ", H_kv=" + std::to_string(o.num_kv_heads) +
                        ", head_dim=" + std::to_string(o.head_dim) +
                        ", capacity=" + std::to_string(o.capacity);
+    if (o.value_head_dim != 0 && o.value_head_dim != o.head_dim) {
+      text += ", value_head_dim=" + std::to_string(o.value_head_dim);
+    }
+    if (o.element != KVElement::kScalar) text += std::string(", ") + kv_element_name(o.element);
     if (o.window != 0) {
       text += ", window=" + std::to_string(o.window) + ", max_chunk=" + std::to_string(o.max_chunk);
     }
@@ -443,23 +574,106 @@ class KVCache {
 
   Index len(Index b) const noexcept { return end_[static_cast<std::size_t>(b)]; }
   Index first(Index b) const noexcept { return first_[static_cast<std::size_t>(b)]; }
-  Scalar* slot(Index b, int part, Index h, Index position) noexcept {
-    return head_block(b, part * o_.num_kv_heads + h) + (position % o_.capacity) * row_stride_;
-  }
   Index used_slots(Index b) const noexcept { return std::min(len(b), o_.capacity); }
 
-  TensorView<Scalar, 4> storage_view(int part, Index rows) noexcept {
-    return {storage_.data() + part * o_.num_kv_heads * block_,
-            {o_.batch, o_.num_kv_heads, rows, o_.head_dim},
-            {item_, block_, row_stride_, 1}};
+  // ---- layout (bytes; see the class comment) ----
+
+  Index element_bytes() const noexcept {
+    return o_.element == KVElement::kScalar ? static_cast<Index>(sizeof(Scalar)) : 1;
+  }
+  /// Scales per row of `width` elements: 0 for kScalar, bfloat16, float16 and unscaled float8.
+  Index scales_per_row(Index width) const noexcept {
+    switch (o_.element) {
+      case KVElement::kInt8:
+        return 1;
+      case KVElement::kFloat8E4M3:
+      case KVElement::kFloat8E5M2:
+        return o_.float8_scale ? 1 : 0;
+      case KVElement::kInt4:
+        return (width + group(width) - 1) / group(width);
+      default:
+        return 0;
+    }
+  }
+  /// Elements per scale: int4_group for kInt4 (0: the row), else the row.
+  Index group(Index width) const noexcept {
+    return o_.element == KVElement::kInt4 && o_.int4_group > 0 ? o_.int4_group : width;
+  }
+  /// A row's bytes (padded to 64 when that costs at most 1/16 of it) and its head block's
+  /// (capacity rows, rounded up to 64 bytes); false on overflow.
+  bool block_bytes(Index width, Index& row, Index& block) const noexcept {
+    const Index line = static_cast<Index>(detail::kAlignment);
+    Index raw = 0, padded = 0, rows = 0;
+    if (o_.element == KVElement::kScalar) {
+      if (!detail::checked_mul(width, static_cast<Index>(sizeof(Scalar)), raw)) return false;
+    } else if (width > std::numeric_limits<Index>::max() / 4) {
+      return false;
+    } else {
+      raw = detail::stored_row_bytes(o_.element, width);
+    }
+    if (!detail::checked_add(raw, line - 1, padded)) return false;
+    padded = padded / line * line;
+    row = 16 * (padded - raw) <= raw ? padded : raw;  // padded - raw < 64: no overflow
+    if (!detail::checked_mul(o_.capacity, row, rows) ||
+        !detail::checked_add(rows, line - 1, block)) {
+      return false;
+    }
+    block = block / line * line;
+    return true;
+  }
+  Index row_bytes(int part) const noexcept { return part == 0 ? k_row_ : v_row_; }
+  Index head_bytes(int part) const noexcept { return part == 0 ? k_block_ : v_block_; }
+  Index width(int part) const noexcept { return part == 0 ? o_.head_dim : o_.value_head_dim; }
+  /// Head `head` (0 .. 2 H_kv - 1: keys, then values) of item b.
+  unsigned char* head_block(Index b, Index head) const noexcept {
+    const Index h = head % o_.num_kv_heads;
+    return storage_.data() + b * item_ +
+           (head < o_.num_kv_heads ? h * k_block_ : o_.num_kv_heads * k_block_ + h * v_block_);
+  }
+  unsigned char* row_at(Index b, int part, Index h, Index slot_index) const noexcept {
+    return head_block(b, part * o_.num_kv_heads + h) + slot_index * row_bytes(part);
+  }
+  Scalar* scalars(Index offset) const noexcept {
+    return reinterpret_cast<Scalar*>(storage_.data() + offset);
+  }
+  float* scale_base() const noexcept {
+    return reinterpret_cast<float*>(storage_.data() + scales_at_);
+  }
+  /// The scales of item b, part, head h, slot (null when the rows have none).
+  float* scales_at(Index b, int part, Index h, Index slot_index) const noexcept {
+    const Index n = part == 0 ? k_scales_ : v_scales_;
+    if (n == 0) return nullptr;
+    return scale_base() + b * scale_item_ + part * o_.num_kv_heads * o_.capacity * k_scales_ +
+           (h * o_.capacity + slot_index) * n;
+  }
+  Scalar* slot(Index b, int part, Index h, Index position) noexcept {
+    return reinterpret_cast<Scalar*>(row_at(b, part, h, position % o_.capacity));
+  }
+  void require_scalar(const char* where) const {
+    detail::require_config(o_.element == KVElement::kScalar, where, [&] {
+      return describe() +
+             ": the rows are quantised, with no Scalar view; write them with "
+             "append() and read them with dequantize()";
+    });
+  }
+
+  TensorView<Scalar, 4> storage_view(const char* where, int part, Index rows) {
+    require_scalar(where);
+    const Index e = element_bytes();
+    return {scalars(part * o_.num_kv_heads * k_block_),
+            {o_.batch, o_.num_kv_heads, rows, width(part)},
+            {item_ / e, head_bytes(part) / e, row_bytes(part) / e, 1}};
   }
   TensorView<const Scalar, 3> item_view(Index b, int part) const {
-    detail::require(b >= 0 && b < o_.batch, part == 0 ? "KVCache::k" : "KVCache::v", [&] {
+    const char* where = part == 0 ? "KVCache::k" : "KVCache::v";
+    detail::require(b >= 0 && b < o_.batch, where, [&] {
       return "item " + std::to_string(b) + " is outside B=" + std::to_string(o_.batch);
     });
-    return {storage_.data() + b * item_ + part * o_.num_kv_heads * block_,
-            {o_.num_kv_heads, used_slots(b), o_.head_dim},
-            {block_, row_stride_, 1}};
+    require_scalar(where);
+    const Index e = element_bytes();
+    return {reinterpret_cast<const Scalar*>(row_at(b, part, 0, 0)),
+            {o_.num_kv_heads, used_slots(b), width(part)},
+            {head_bytes(part) / e, row_bytes(part) / e, 1}};
   }
   TensorView<const Scalar, 4> uniform_view(int part) const {
     detail::require_config(uniform() && first(0) == 0, "KVCache::k", [&] {
@@ -470,33 +684,56 @@ class KVCache {
       return "lengths (" + lengths + ") with first position " + std::to_string(first(0)) +
              " are not one (B, H_kv, len, hd) block; use k(b) and segments(b)";
     });
-    return const_cast<KVCache*>(this)->storage_view(part, len(0));
+    return const_cast<KVCache*>(this)->storage_view(part == 0 ? "KVCache::k" : "KVCache::v", part,
+                                                    len(0));
   }
 
-  void copy_row(const Scalar* from, Index stride, Scalar* to) const noexcept {
-    for (Index e = 0; e < o_.head_dim; ++e) to[e] = from[e * stride];
-  }
-  Scalar* head_block(Index b, Index head) noexcept {
-    return storage_.data() + b * item_ + head * block_;
-  }
-  // Item `to` becomes item `from` (its used rows), or the two are swapped.
-  void copy_item(Index from, Index to) noexcept {
-    for (Index head = 0; head < 2 * o_.num_kv_heads; ++head) {
-      std::copy_n(head_block(from, head), used_slots(from) * row_stride_, head_block(to, head));
+  /// Writes one row of `width(part)` elements (stride `stride`) at item b's `position`,
+  /// quantised to the cache's element type.
+  void store_row(const Scalar* from, Index stride, Index b, int part, Index h,
+                 Index position) noexcept {
+    const Index slot_index = position % o_.capacity, n = width(part);
+    unsigned char* to = row_at(b, part, h, slot_index);
+    if (o_.element == KVElement::kScalar) {
+      Scalar* x = reinterpret_cast<Scalar*>(to);
+      for (Index e = 0; e < n; ++e) x[e] = from[e * stride];
+      return;
     }
+    detail::quantize_row(o_.element, from, stride, n, group(n), to,
+                         scales_at(b, part, h, slot_index));
+  }
+  // Item `to` becomes item `from` (its used rows and their scales), or the two are swapped.
+  template <class F>
+  void for_each_run(Index a, Index b, Index rows, F&& f) const noexcept {
+    for (Index head = 0; head < 2 * o_.num_kv_heads; ++head) {
+      const int part = head < o_.num_kv_heads ? 0 : 1;
+      const Index h = head % o_.num_kv_heads;
+      f(row_at(a, part, h, 0), row_at(b, part, h, 0), rows * row_bytes(part));
+      if (float* sa = scales_at(a, part, h, 0)) {
+        const Index n = part == 0 ? k_scales_ : v_scales_;
+        f(reinterpret_cast<unsigned char*>(sa),
+          reinterpret_cast<unsigned char*>(scales_at(b, part, h, 0)),
+          rows * n * static_cast<Index>(sizeof(float)));
+      }
+    }
+  }
+  void copy_item(Index from, Index to) noexcept {
+    for_each_run(from, to, used_slots(from),
+                 [](unsigned char* x, unsigned char* y, Index n) { std::copy_n(x, n, y); });
   }
   void swap_items(Index a, Index b) noexcept {
-    const Index n = std::max(used_slots(a), used_slots(b)) * row_stride_;
-    for (Index head = 0; head < 2 * o_.num_kv_heads; ++head) {
-      std::swap_ranges(head_block(a, head), head_block(a, head) + n, head_block(b, head));
-    }
+    for_each_run(
+        a, b, std::max(used_slots(a), used_slots(b)),
+        [](unsigned char* x, unsigned char* y, Index n) { std::swap_ranges(x, x + n, y); });
   }
 
   friend struct detail::KVCacheAccess;
 
   KVCacheOptions o_{};
-  Index row_stride_ = 0, block_ = 0, item_ = 0;  // elements: row, head block, batch item
-  detail::AlignedBuffer<Scalar> storage_;
+  Index k_row_ = 0, v_row_ = 0, k_block_ = 0, v_block_ = 0, item_ = 0;  // bytes
+  Index k_scales_ = 0, v_scales_ = 0, scale_item_ = 0;                  // floats: per row, per item
+  Index scales_at_ = 0;  // bytes: where the scales start
+  detail::AlignedBuffer<unsigned char> storage_;
   std::vector<Index> end_, first_;  // per item: one past the last position, first stored
   std::vector<Index> scratch_;      // reorder()'s bookkeeping, 2 B entries
   std::uint64_t owner_ = 0;         // the module whose keys it holds (see the class comment)

@@ -15,8 +15,10 @@
 #include "attn/attention/kv_cache.hpp"
 #include "attn/attention/module_backward.hpp"
 #include "attn/attention/module_core.hpp"
+#include "attn/attention/packed_prefill.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/varlen.hpp"
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/nn/gradients.hpp"
@@ -157,7 +159,7 @@ void forget(SavedForward<Scalar>& saved) noexcept {
 /// The whole storage of `cache` as one view (what an incremental forward writes).
 template <class Scalar>
 TensorView<const Scalar, 1> cache_memory(const KVCache<Scalar>& cache) noexcept {
-  return {cache.k_storage().data(), {static_cast<Index>(cache.bytes() / sizeof(Scalar))}};
+  return cache.memory();
 }
 
 /// For modules without one core (SimpleSelfAttention, MultiHeadAttentionWrapper): the
@@ -165,6 +167,14 @@ TensorView<const Scalar, 1> cache_memory(const KVCache<Scalar>& cache) noexcept 
 [[noreturn]] inline void refuse_cached(const char* where, const char* why) {
   throw ConfigError(std::string("attn::") + where +
                     ": the incremental forward (a KVCache) is not available: " + why);
+}
+
+/// The same for the packed forwards (a packed batch, PackedSequences).
+[[noreturn]] inline void refuse_packed(const char* where) {
+  throw ConfigError(std::string("attn::") + where +
+                    ": the packed forwards (PackedSequences) are those of the modules built on "
+                    "one core (MultiHeadAttention, SelfAttention, CausalAttention, "
+                    "CrossAttention); run each sequence on its own");
 }
 
 /// The forward overloads of an attention module whose tensor arguments are `Inputs` (one
@@ -179,6 +189,10 @@ TensorView<const Scalar, 1> cache_memory(const KVCache<Scalar>& cache) noexcept 
 ///                                             gradients (module_backward.hpp)
 ///   forward_with_weights(in..., mask = {})    -> {output, weights} (materialised path)
 ///   forward_with_weights(in..., out, weights, ws, mask = {})
+///   forward(in..., seqs, out, ws, mask = {})  a packed batch: (total, features) rows of
+///                                             many sequences, PackedSequences their offsets
+///   forward(in..., seqs, out, saved, ws, mask = {})  the same, training
+///   forward(in..., seqs, out, ws, cache)      prefill: sequence s into the cache's item s
 /// and the same for unbatched (T, features) inputs. Weights are (B, H, T_q, T_k) when
 /// WeightsRank is 4, (B, T_q, T_k) for single-head modules (WeightsRank 3).
 ///
@@ -251,13 +265,7 @@ class ModuleForwards {
                   "attn: a bfloat16 module runs inference forwards only; a training forward "
                   "(SavedForward) needs a float or double module");
     if constexpr (Rank == 3) {
-      const ModuleInputs<Scalar> given = gather_inputs<Scalar>(in...);
-      check_training_memory<Scalar>(derived().forward_where(), given, out, saved);
-      forget(saved);  // a forward that throws from here on leaves no stale record behind
-      // `saved` keeps the rows the projections read: an input the output overwrites is
-      // copied into the record's own storage, where it stays until the backward.
-      const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(given, out, {}, saved.storage);
-      derived().run(x, out, ws, mask, {}, &saved);
+      train_forward(gather_inputs<Scalar>(in...), out, saved, ws, mask, nullptr);
     } else {
       forward(unsqueeze(in, 0)..., unsqueeze(out, 0), saved, ws, mask);
     }
@@ -293,6 +301,56 @@ class ModuleForwards {
   /// @throws ShapeError on shapes that do not match the forward's, gradients sharing memory
   ///         with grad_out, the inputs or each other, or a `saved` of another module;
   ///         ConfigError when `grads` does not hold this module's parameters.
+  /// Packed forward: the inputs hold the rows of N sequences back to back, (total_q,
+  /// features) (cross-attention: keys and values (total_k, features)), with their offsets
+  /// in `seqs` (PackedSequences: N + 1 cumulative offsets, FlashAttention's cu_seqlens; the
+  /// keys' too for cross-attention), no padding; out (total_q, d_out). Each sequence attends
+  /// to its own keys only, with the module's causal bound, window and rotary positions
+  /// (0..T(s)-1) per sequence; `mask` may add a causal bound or window (no element-wise
+  /// parts). The projections run as one GEMM over all rows, the attention of every
+  /// sequence in one parallel region. Each sequence's rows are bit-identical to the forward
+  /// on that sequence alone (a batch of one, the same mask), for any thread count.
+  /// @throws as forward(); ShapeError for offsets that do not fit the rows (naming them) or
+  ///         a mask with element-wise parts; ConfigError for a sequence past context_length.
+  void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
+               Workspace& ws, const Mask& mask = {}) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module takes no packed batch yet; the packed forwards "
+                  "(PackedSequences) need a float or double module");
+    const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
+    const ModuleInputs<Scalar> x =
+        stage_overlapping<Scalar>(gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws);
+    derived().run_packed(x, seqs, out3, ws, mask, nullptr);
+  }
+  /// Packed training forward: as above, recording in `saved` what backward() (with the
+  /// (total, features) gradients) needs, the offsets included.
+  void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
+               SavedForward<Scalar>& saved, Workspace& ws, const Mask& mask = {}) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module runs inference forwards only; a training forward "
+                  "(SavedForward) needs a float or double module");
+    train_forward(gather_inputs<Scalar>(unsqueeze(in, 0)...), unsqueeze(out, 0), saved, ws, mask,
+                  &seqs);
+  }
+  /// Packed prefill: x (total, features) holds N sequences' next tokens (offsets `seqs`);
+  /// sequence s is appended to item s of `cache` (which needs at least N items; items past
+  /// N are left as they are) and attends to that item's cached keys, as the incremental
+  /// forward does (forward(x, out, ws, cache)). Each sequence's rows, and its item's keys
+  /// and values, are bit-identical to that forward on the sequence alone with a cache of one
+  /// item in the same state.
+  /// @throws as the incremental forward; ShapeError for offsets that do not fit; ConfigError
+  ///         for a cache of fewer than N items.
+  void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
+               Workspace& ws, KVCache<Scalar>& cache) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module has no KV cache yet; the packed prefill needs a float "
+                  "or double module");
+    const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
+    const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
+        gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache_memory(cache));
+    derived().run_prefill(x, seqs, out3, ws, cache);
+  }
+
   void backward(In<InputX, 3> grad_out, const SavedForward<Scalar>& saved,
                 Grad<Inputs, 3>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
     static_assert(kTraining,
@@ -357,6 +415,21 @@ class ModuleForwards {
 
  private:
   const Derived& derived() const noexcept { return static_cast<const Derived&>(*this); }
+  /// The training forward (packed with `seqs`).
+  void train_forward(const ModuleInputs<Scalar>& given, TensorView<Scalar, 3> out,
+                     SavedForward<Scalar>& saved, Workspace& ws, const Mask& mask,
+                     const PackedSequences* seqs) const {
+    check_training_memory<Scalar>(derived().forward_where(), given, out, saved);
+    forget(saved);  // a forward that throws from here on leaves no stale record behind
+    // `saved` keeps the rows the projections read: an input the output overwrites is
+    // copied into the record's own storage, where it stays until the backward.
+    const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(given, out, {}, saved.storage);
+    if (seqs != nullptr) {
+      derived().run_packed(x, *seqs, out, ws, mask, &saved);
+    } else {
+      derived().run(x, out, ws, mask, {}, &saved);
+    }
+  }
   Shape<3> output_shape(const ModuleInputs<Scalar>& x) const {
     return {x.query.extent(0), x.query.extent(1), derived().output_features(x)};
   }
@@ -470,6 +543,23 @@ class CoreModule {
                          "query, key and value");
                    });
     forward_cached(core_, x.query, out, ws, cache, mask);
+  }
+
+  void run_packed(const ModuleInputs<Scalar>& x, const PackedSequences& seqs,
+                  TensorView<Scalar, 3> out, Workspace& ws,
+                  const AttentionMask<compute_type_t<Scalar>>& mask,
+                  SavedForward<Scalar>* saved) const {
+    core_.forward(x.query, x.key, x.value, out, ws, mask, {}, saved, &seqs);
+  }
+  void run_prefill(const ModuleInputs<Scalar>& x, const PackedSequences& seqs,
+                   TensorView<Scalar, 3> out, Workspace& ws, KVCache<Scalar>& cache) const {
+    require_config(same_view(x.query, x.key) && same_view(x.key, x.value),
+                   core_.config().forward_name, [] {
+                     return std::string(
+                         "the packed prefill is self-attention: pass one tensor as query, key "
+                         "and value");
+                   });
+    forward_packed_prefill(core_, x.query, seqs, out, ws, cache);
   }
 
   void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,

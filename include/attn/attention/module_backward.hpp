@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product_backward.hpp"
+#include "attn/attention/varlen.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 #include "attn/nn/gradients.hpp"
@@ -204,12 +206,26 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   // With learned sinks, dL/dsinks is added into their gradient (the kernel sums it per head).
   const TensorView<Scalar, 1> grad_sinks =
       c.sinks ? grads.of(core.sinks()) : TensorView<Scalar, 1>();
-  attend_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
-                  {grad_context4, part_grad[0], part_grad[1], part_grad[2], grad_sinks}, saved.mask,
-                  saved.options, ws, c.causal_bound(), /*own_gradients=*/true);
-  if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1
-    core.rope().apply_transposed(part_grad[0]);
-    core.rope().apply_transposed(part_grad[1]);
+  const AttentionGradients<Scalar> kernel_grads{grad_context4, part_grad[0], part_grad[1],
+                                                part_grad[2], grad_sinks};
+  // A packed forward's offsets (empty: not packed).
+  const auto offsets = [](const std::vector<Index>& o) {
+    return SequenceOffsets(TensorView<const Index, 1>(o.data(), {static_cast<Index>(o.size())}));
+  };
+  const bool packed = !saved.query_offsets.empty();
+  const PackedSequences seqs(offsets(saved.query_offsets), offsets(saved.key_offsets));
+  if (packed) {
+    attend_packed_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
+                           kernel_grads, seqs, saved.mask, saved.options, ws, c.causal_bound(),
+                           /*own_gradients=*/true);
+  } else {
+    attend_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
+                    kernel_grads, saved.mask, saved.options, ws, c.causal_bound(),
+                    /*own_gradients=*/true);
+  }
+  if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1 (of each sequence)
+    core.rotate(part_grad[0], packed ? &seqs.query : nullptr, true);
+    core.rotate(part_grad[1], packed ? &seqs.key : nullptr, true);
   }
 
   // 3. The projections' backward, one GEMM per group for dW and one for dX.

@@ -21,10 +21,12 @@
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/varlen.hpp"
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/detail/identity.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/attention_args.hpp"
 #include "attn/nn/dropout.hpp"
 #include "attn/nn/linear.hpp"
 #include "attn/nn/mask.hpp"
@@ -58,9 +60,9 @@ namespace detail {
 /// after .to(torch.bfloat16) does: the projections are GEMMs on bfloat16 operands with float
 /// sums, each result rounded once to bfloat16 (Q, K, V, the output), and the kernel is the
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
-/// state are float. Training forwards, backwards, the KV cache, attention weights, rotary
-/// embeddings and sinks need a float or double core. Built from a configuration, it takes a
-/// float core's draws rounded; the converting constructor rounds (or widens) any core.
+/// state are float. Training forwards, backwards, the KV cache, attention weights, packed
+/// batches, rotary embeddings and sinks need a float or double core. Built from a configuration, it
+/// takes a float core's draws rounded; the converting constructor rounds (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
@@ -109,10 +111,14 @@ class AttentionCore {
     dropout_ = Dropout<Compute>(c.dropout);
     if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Compute>(c.rope);
     if (c.sinks) sinks_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});  // 0: see the option
-    if (!c.alibi_slopes.empty()) {
+    // The ALiBi slopes, given or of the standard series, rounded once to Compute as the
+    // kernel would round them.
+    if (!c.alibi_slopes.empty() || c.alibi_max_bias > 0.0) {
       alibi_ = Tensor<Compute, 1>(Shape<1>{c.num_heads});
       for (Index h = 0; h < c.num_heads; ++h) {
-        alibi_(h) = static_cast<Compute>(c.alibi_slopes[static_cast<std::size_t>(h)]);
+        alibi_(h) = static_cast<Compute>(c.alibi_slopes.empty()
+                                             ? alibi_slope(h, c.num_heads, c.alibi_max_bias)
+                                             : c.alibi_slopes[static_cast<std::size_t>(h)]);
       }
     }
     {  // the variants as this Scalar reads them (a softcap past float's range, ...)
@@ -136,23 +142,24 @@ class AttentionCore {
   /// `weights`, when not empty, (B, H, T_q, T_k) receives the attention weights (the
   /// materialised kernel path). With `saved` (a training forward) the input rows, the
   /// projections and the context go into saved->storage instead of `ws` (which keeps only
-  /// the kernel's scratch), and `saved` records what the backward needs.
+  /// the kernel's scratch), and `saved` records what the backward needs. With `packed`, a
+  /// packed batch (B = 1, its rows the sequences' back to back): the rotary positions and
+  /// the attention are per sequence (attend_packed()), no weights.
   void forward(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
                TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out, Workspace& ws,
                const Mask& mask, TensorView<Scalar, 4> weights,
-               SavedForward<Scalar>* saved = nullptr) const {
+               SavedForward<Scalar>* saved = nullptr,
+               const PackedSequences* packed = nullptr) const {
     if constexpr (kStorage) {  // the module front ends refuse these at compile time
       ATTN_ASSERT(saved == nullptr && weights.data() == nullptr);
     }
-    check(query, key, value, out, weights, mask);
+    check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
     if constexpr (!kStorage) {
-      if (has_rope()) {  // positions 0..T-1, in the projection's own buffer
-        rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.query.data()),
-                                          heads.query.shape(), heads.query.strides()));
-        rope_.apply(TensorView<Scalar, 4>(const_cast<Scalar*>(heads.key.data()), heads.key.shape(),
-                                          heads.key.strides()));
+      if (has_rope()) {  // positions 0..T-1 of each sequence, in the projection's own buffer
+        rotate(heads.query, packed != nullptr ? &packed->query : nullptr, false);
+        rotate(heads.key, packed != nullptr ? &packed->keys() : nullptr, false);
       }
     }
     const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
@@ -174,7 +181,7 @@ class AttentionCore {
     attend(heads,
            TensorView<Scalar, 4>(ctx, {batch, num_heads(), tq, hd},
                                  {ctx_strides[0], hd, ctx_strides[1], 1}),
-           mask, options, weights, ws, lse);
+           mask, options, weights, ws, lse, packed);
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
     if constexpr (!kStorage) {
@@ -183,6 +190,14 @@ class AttentionCore {
                        same_view(query, key) && same_view(key, value), same_view(key, value),
                        heads.query, heads.key, heads.value, context, mask, options,
                        TensorView<const Scalar, 3>(lse));
+        const auto keep_offsets = [](std::vector<Index>& to, const SequenceOffsets* from) {
+          to.clear();
+          if (from == nullptr) return;
+          const TensorView<const Index, 1> v = from->view();
+          for (Index i = 0; i < v.extent(0); ++i) to.push_back(v(i));
+        };
+        keep_offsets(saved->query_offsets, packed != nullptr ? &packed->query : nullptr);
+        keep_offsets(saved->key_offsets, packed != nullptr ? &packed->keys() : nullptr);
       }
     }
     if (config_.out_proj) {
@@ -196,9 +211,12 @@ class AttentionCore {
   /// (check_output_memory; inputs sharing memory with them were copied by
   /// stage_overlapping(), and are projected before anything is written anyway).
   /// @throws ShapeError; ConfigError past context_length.
+  /// A packed batch (`packed`): B = 1, offsets that fit the query and key rows, each
+  /// sequence within context_length.
   void check(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
              TensorView<const Scalar, 3> value, TensorView<Scalar, 3> out,
-             TensorView<Scalar, 4> weights, const Mask& mask) const {
+             TensorView<Scalar, 4> weights, const Mask& mask,
+             const PackedSequences* packed = nullptr) const {
     const char* where = config_.forward_name;
     const char* name = config_.input_name != nullptr ? config_.input_name : "query";
     check_input(where, name, query, d_in(), "d_in");
@@ -215,9 +233,23 @@ class AttentionCore {
       });
     }
     check_output(where, out, {query.extent(0), query.extent(1), d_out()});
-    check_context(where, name, query.extent(1), config_.context_length);
+    if constexpr (kStorage) {
+      require_config(packed == nullptr, where, [] {
+        return std::string("a ") + element_name<Scalar>() +
+               " module takes no packed batch yet; use a float module";
+      });
+    }
+    if (packed != nullptr) {
+      check_packed_mask(where, mask);
+      check_packed_offsets(
+          where, *packed, std::string(name) + " " + to_string(select(query, 0, 0).shape()),
+          query.extent(1), "key " + to_string(select(key, 0, 0).shape()), key.extent(1));
+    }
+    const Index longest_q = packed != nullptr ? packed->query.max_length() : query.extent(1);
+    const Index longest_k = packed != nullptr ? packed->keys().max_length() : key.extent(1);
+    check_context(where, name, longest_q, config_.context_length);
     if (config_.input_name == nullptr) {
-      check_context(where, "key", key.extent(1), config_.context_length);
+      check_context(where, "key", longest_k, config_.context_length);
     }
     check_buffer_sizes(query, key, value);
     check_output_memory(where, out, weights, mask);
@@ -266,29 +298,55 @@ class AttentionCore {
   }
 
   /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd) (and, when
-  /// not empty, each query's logsumexp into `lse` (B, H, T_q)).
+  /// not empty, each query's logsumexp into `lse` (B, H, T_q)); per sequence with `packed`
+  /// (float and double cores: check() refuses a packed batch on a bfloat16 one).
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const Mask& mask,
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
-              TensorView<Scalar, 3> lse = {}) const {
+              TensorView<Scalar, 3> lse = {}, const PackedSequences* packed = nullptr) const {
     if constexpr (kStorage) {
+      ATTN_ASSERT(packed == nullptr);
       detail::attend_storage<Scalar>(config_.forward_name, heads.query, heads.key, heads.value, ctx,
                                      mask, options, ws, config_.causal_bound());
     } else {
+      if (packed != nullptr) {
+        attend_packed(config_.forward_name, heads.query, heads.key, heads.value, ctx, *packed, mask,
+                      options, ws, config_.causal_bound(), lse);
+        return;
+      }
       detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
                      weights, ws, config_.causal_bound(), lse);
     }
   }
 
-  /// The variants of the configuration into `options`: the softcap, ALiBi (the given slopes
-  /// as Scalars, or the max bias of the standard series) and the sinks parameter (views of
-  /// this core's tensors: a record or a backward reading them needs the module alive).
+  /// The rotary embedding on projected heads x (B, H, T, hd) in place, at positions 0..T-1,
+  /// or, with `offsets` (B = 1), at positions 0..T(s)-1 of each sequence; `transposed`: the
+  /// backward's rotation R^T.
+  void rotate(TensorView<const Scalar, 4> x, const SequenceOffsets* offsets,
+              bool transposed) const {
+    const TensorView<Scalar, 4> rows(const_cast<Scalar*>(x.data()), x.shape(), x.strides());
+    const auto apply = [&](TensorView<Scalar, 4> part) {
+      if (transposed) {
+        rope_.apply_transposed(part);
+      } else {
+        rope_.apply(part);
+      }
+    };
+    if (offsets == nullptr) return apply(rows);
+    for (Index s = 0; s < offsets->sequences(); ++s) {
+      if (offsets->length(s) == 0) continue;
+      apply(slice(rows, 2, offsets->begin(s), offsets->begin(s) + offsets->length(s)));
+    }
+  }
+
+  /// The variants of the configuration into `options`, as the call reads them: the softcap,
+  /// and the per-head values this core holds, each empty when its variant is off: the ALiBi
+  /// slopes in Computes (given, or the standard series of alibi_max_bias, drawn once by the
+  /// constructor) and the sinks parameter in Scalars (none on a bfloat16 core). Views of this
+  /// core's tensors: a record or a backward reading them needs the module alive.
   void set_variants(AttentionOptions& options) const noexcept {
     options.softcap = config_.softcap;
-    options.alibi_max_bias = config_.alibi_max_bias;
-    if constexpr (!kStorage) {  // a bfloat16 core has none
-      if (config_.sinks) options.sinks = sinks_.view();
-    }
-    if (!config_.alibi_slopes.empty()) options.alibi_slopes = alibi_.view();
+    options.alibi_slopes = alibi_;
+    if constexpr (!kStorage) options.sinks = sinks_;  // a bfloat16 core has none
   }
 
   // ---- modes ----
@@ -503,7 +561,7 @@ class AttentionCore {
   Dropout<Compute> dropout_{0.0};
   RotaryEmbedding<Compute> rope_;  // head_dim 0 unless config_.rope.head_dim (never bfloat16)
   Tensor<Scalar, 1> sinks_;        // (H) with config_.sinks, else empty (never bfloat16)
-  Tensor<Compute, 1> alibi_;       // (H): config_.alibi_slopes as Computes, else empty
+  Tensor<Compute, 1> alibi_;       // (H): the ALiBi slopes as Computes, empty without ALiBi
   bool scaled_ = true;             // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
   ObjectIdentity identity_;        // what SavedForward, KVCache and optimizers record
 };

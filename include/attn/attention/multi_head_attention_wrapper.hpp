@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "attn/attention/causal_attention.hpp"
+#include "attn/attention/core_config.hpp"
 #include "attn/attention/module.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/attention_args.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/nn/parameter.hpp"
@@ -25,9 +27,10 @@ ATTN_NAMESPACE_BEGIN
 
 /// A stack of independent CausalAttention heads whose outputs are concatenated along the
 /// last axis: notebook 003's MultiHeadAttentionWrapper(d_in, d_out, context_length,
-/// dropout, num_heads, qkv_bias). Each head runs the module core on its own weights and
-/// writes straight into its slice of the output. MultiHeadAttention computes the same kind
-/// of layer with one fused projection.
+/// dropout, num_heads, qkv_bias), with the variants of every module (AttentionVariants,
+/// per head). Each head runs the module core on its own weights and writes straight into
+/// its slice of the output. MultiHeadAttention computes the same kind of layer with one
+/// fused projection.
 ///
 /// The module API is every module's (detail::ModuleForwards). A mask applies to every
 /// head, or per head when its H extent is num_heads; forward_with_weights() gives each
@@ -53,15 +56,28 @@ class MultiHeadAttentionWrapper
 
  public:
   /// Draws each head's W_query, W_key, W_value in head order from the global generator.
+  /// `variants` as MultiHeadAttentionOptions's for num_heads heads: head h runs the softcap,
+  /// ALiBi with the slope of head h (given, or the standard series of num_heads heads) and,
+  /// with sinks, its own parameter heads.<h>.sinks (1): MultiHeadAttention's computation
+  /// head by head.
   MultiHeadAttentionWrapper(Index d_in, Index d_out, Index context_length, double dropout,
-                            Index num_heads = 2, bool qkv_bias = false) {
+                            Index num_heads = 2, bool qkv_bias = false,
+                            const AttentionVariants& variants = {}) {
     detail::require_config(num_heads > 0, "MultiHeadAttentionWrapper", [&] {
       return "num_heads=" + std::to_string(num_heads) + " must be positive";
     });
     detail::check_dropout(dropout, "MultiHeadAttentionWrapper");
+    detail::require_config(
+        variants.alibi_slopes.empty() ||
+            static_cast<Index>(variants.alibi_slopes.size()) == num_heads,
+        "MultiHeadAttentionWrapper", [&] {
+          return "alibi_slopes has " + std::to_string(variants.alibi_slopes.size()) +
+                 " values, expected one per head: num_heads=" + std::to_string(num_heads);
+        });
     heads_.reserve(static_cast<std::size_t>(num_heads));
     for (Index h = 0; h < num_heads; ++h) {
-      heads_.emplace_back(d_in, d_out, context_length, dropout, qkv_bias);
+      heads_.emplace_back(d_in, d_out, context_length, dropout, qkv_bias,
+                          head_variants(variants, h, num_heads));
     }
     seed(kDefaultDropoutSeed);
   }
@@ -124,6 +140,18 @@ class MultiHeadAttentionWrapper
   friend Forwards;
 
   static std::string prefix(std::size_t h) { return "heads." + std::to_string(h) + "."; }
+  // The variants of head h of `heads`: the same, with its one ALiBi slope given (a single-head
+  // module's standard series would be the first head's slope for every head).
+  static AttentionVariants head_variants(const AttentionVariants& all, Index h, Index heads) {
+    AttentionVariants own = all;
+    if (!all.alibi_slopes.empty() || all.alibi_max_bias > 0.0) {
+      own.alibi_slopes = {all.alibi_slopes.empty()
+                              ? detail::alibi_slope(h, heads, all.alibi_max_bias)
+                              : all.alibi_slopes[static_cast<std::size_t>(h)]};
+      own.alibi_max_bias = 0.0;
+    }
+    return own;
+  }
   std::size_t checked_head(Index h) const {
     detail::require_that<IndexError>(
         h >= 0 && h < num_heads(), "MultiHeadAttentionWrapper::head", [&] {
@@ -144,6 +172,15 @@ class MultiHeadAttentionWrapper
 
   // Head h into columns [h d_out, (h + 1) d_out) of out, its weights into weights[:, h];
   // a training forward records each head in saved->parts[h].
+  void run_packed(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                  TensorView<Scalar, 3>, Workspace&, const AttentionMask<Scalar>&,
+                  SavedForward<Scalar>*) const {
+    detail::refuse_packed("MultiHeadAttentionWrapper::forward");
+  }
+  void run_prefill(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                   TensorView<Scalar, 3>, Workspace&, KVCache<Scalar>&) const {
+    detail::refuse_packed("MultiHeadAttentionWrapper::forward");
+  }
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                   KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
     detail::refuse_cached("MultiHeadAttentionWrapper::forward",

@@ -92,6 +92,9 @@ struct SavedForward {
   TensorView<const Scalar, 3> logsumexp;
   /// The caller's mask (the module's own causal bound is not in it; the module adds it).
   AttentionMask<Scalar> mask;
+  /// A packed forward's offsets (batch 1; see PackedSequences): the queries' and the keys'.
+  /// Empty when the forward was not packed.
+  std::vector<Index> query_offsets, key_offsets;
   /// The kernel's options, resolved: scale set, the dropout call number claimed, path
   /// kMaterialized or kStreaming.
   AttentionOptions options;

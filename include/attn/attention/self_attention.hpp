@@ -21,7 +21,9 @@ struct RandInit {};
 inline constexpr RandInit kRandInit{};
 
 /// Single-head self-attention with trainable projections:
-/// softmax(q k^T * scale + mask) v with q = x W_q^T + b_q (and k, v alike).
+/// softmax(q k^T * scale + mask) v with q = x W_q^T + b_q (and k, v alike); with the
+/// variants (AttentionVariants: softcap, ALiBi, a learned sink; docs/variants.md) as every
+/// module with weights runs them.
 /// Notebook 003's SelfAttention_v1 (raw `rand` parameters, x @ W), SelfAttention_v2
 /// (nn.Linear, optional bias) and notebook 001's SingleHeadAttention (bias, no scaling).
 ///
@@ -50,10 +52,12 @@ class SelfAttention
 
  public:
   /// SelfAttention_v2: three nn.Linear(d_in, d_out, bias=qkv_bias), drawn in the order
-  /// W_query, W_key, W_value from the global generator.
-  SelfAttention(Index d_in, Index d_out, bool qkv_bias = false)
-      : SelfAttention(
-            config(d_in, d_out, qkv_bias, InitScheme::kLinear, ParameterNames::kNotebook)) {}
+  /// W_query, W_key, W_value from the global generator; `variants` as
+  /// MultiHeadAttentionOptions's, for its one head (one ALiBi slope, one sink).
+  SelfAttention(Index d_in, Index d_out, bool qkv_bias = false,
+                const AttentionVariants& variants = {})
+      : SelfAttention(config(d_in, d_out, qkv_bias, InitScheme::kLinear, ParameterNames::kNotebook,
+                             variants)) {}
 
   /// SelfAttention_v1: three torch.rand(d_in, d_out) parameters (no bias), drawn in the
   /// order W_query, W_key, W_value from the global generator.
@@ -89,8 +93,9 @@ class SelfAttention
   /// The configuration of a single-head module without output projection; CausalAttention
   /// adds its causal bound, context_length and dropout.
   static detail::CoreConfig config(Index d_in, Index d_out, bool qkv_bias, InitScheme init,
-                                   ParameterNames names) {
+                                   ParameterNames names, const AttentionVariants& variants = {}) {
     detail::CoreConfig c;
+    static_cast<AttentionVariants&>(c) = variants;
     c.name = "SelfAttention";
     c.forward_name = "SelfAttention::forward";
     c.input_name = "x";

@@ -31,7 +31,11 @@ ATTN_NAMESPACE_BEGIN
 /// It has the API of every module (see detail::ModuleForwards): forward into a new tensor
 /// or into `out` with a Workspace, a mask, unbatched (T, d) inputs, forward_with_weights().
 /// It has no parameters and no dropout: train()/eval() only record the mode, and
-/// freeze()/unfreeze() do nothing.
+/// freeze()/unfreeze() do nothing. Nor has it the attention variants of the modules with
+/// weights (AttentionVariants): a learned sink is a trainable parameter, which this module
+/// by definition lacks, and a softcap or ALiBi on its x x^T scores is one
+/// scaled_dot_product_attention() call on x as a single head (B, 1, T, d), whose
+/// AttentionOptions take them (docs/variants.md).
 ///
 /// Shapes: x (B, T, d) -> (B, T, d), or x (T, d) -> (T, d); weights (B, T, T) or (T, T).
 /// @tparam Scalar float or double.
@@ -69,6 +73,15 @@ class SimpleSelfAttention
 
   // The kernel on x as one head: q = k = v = x (B, 1, T, d). A training forward reads x
   // from its rows (staged into saved->storage if strided) and keeps the kernel's output.
+  void run_packed(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                  TensorView<Scalar, 3>, Workspace&, const AttentionMask<Scalar>&,
+                  SavedForward<Scalar>*) const {
+    detail::refuse_packed("SimpleSelfAttention::forward");
+  }
+  void run_prefill(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                   TensorView<Scalar, 3>, Workspace&, KVCache<Scalar>&) const {
+    detail::refuse_packed("SimpleSelfAttention::forward");
+  }
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                   KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
     detail::refuse_cached("SimpleSelfAttention::forward",

@@ -14,6 +14,7 @@
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/isa.hpp"
+#include "attn/kernels/kv_storage.hpp"
 #include "attn/tensor/tensor_view.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -71,6 +72,12 @@ constexpr Index reduced_stream_scratch_size(Index head_dim, Index value_dim) noe
          kQueryBlock * kKeyBlock / 2 + 64 * 8;
 }
 
+/// Scratch elements a streaming task over stored keys and values needs on top: one
+/// dequantised K tile (kKeyBlock, d) and V tile (kKeyBlock, d_v).
+constexpr Index stored_tile_scratch_size(Index head_dim, Index value_dim) noexcept {
+  return kKeyBlock * (head_dim + value_dim);
+}
+
 /// Scratch elements one streaming backward task needs: Q^T (d, kQueryBlock), dO^T (d_v,
 /// kQueryBlock), D and lse per query, P^T, dS^T, the dropout factors and the softcap's
 /// derivative (kKeyBlock, kQueryBlock) each, and accumulators for dK and dV (kKeyBlock,
@@ -105,6 +112,9 @@ constexpr Index materialized_backward_scratch_size(Index queries, Index head_dim
 /// Operand, bfloat16 or float16 with Scalar float, is the element type of q, k, v and out
 /// (streaming path only): the products accumulate in float, on `path` for bfloat16
 /// (docs/precision.md).
+/// With `stored` active (a quantised KVCache) the keys and values are read from its rows,
+/// dequantised tile by tile, and k and v only give their shapes (streaming path only, Operand
+/// == Scalar).
 template <class Scalar, class Operand = Scalar>
 struct AttentionArgs {
   TensorView<const Operand, 4> q, k, v;
@@ -120,6 +130,7 @@ struct AttentionArgs {
   const Scalar* sinks = nullptr;
   WeightsStage weights_stage = WeightsStage::kWeights;
   Bf16Path path = Bf16Path::kWiden;
+  StoredKeyValues stored;
 
   /// Whether ALiBi is on.
   bool has_alibi() const noexcept { return alibi != nullptr || alibi_max_bias > 0.0; }

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
@@ -75,10 +76,13 @@ AttentionPlan plan_attention(const AttentionCall<Scalar, Operand>& call) {
   const AttentionArgs<Scalar, Operand>& a = call.args;
   const Index batch = call.batch(), tq = call.queries(), kv_heads = call.kv_heads();
   const Index group = call.heads() / kv_heads, d = call.head_dim(), dv = call.value_dim();
+  ATTN_ASSERT(!kReduced || !a.stored.active());  // stored rows are a float cache's
   AttentionPlan plan;
   // 1. The path: materialised when the weights are wanted or asked for; streaming otherwise,
-  //    its keys split in chunks for few queries (a decode step).
-  if (call.materialize) {
+  //    its keys split in chunks for few queries (a decode step). Stored keys and values (a
+  //    quantised cache) are only read by the streaming path (their front end never asks for
+  //    weights).
+  if (call.materialize && !kReduced && !a.stored.active()) {
     plan.route = AttentionRoute::kMaterialized;
     plan.tiles = (tq + kQueryBlock - 1) / kQueryBlock;
     plan.tasks = batch * call.heads() * plan.tiles;
@@ -105,119 +109,203 @@ AttentionPlan plan_attention(const AttentionCall<Scalar, Operand>& call) {
   plan.tasks = batch * kv_heads * plan.head_chunks * plan.tiles * plan.chunks;
   plan.merges = plan.route == AttentionRoute::kSplitKeys ? plan.tasks / plan.chunks : 0;
   plan.scratch = stream_scratch_size(d, dv) + (kReduced ? reduced_stream_scratch_size(d, dv) : 0);
-  // 4. Long, strided K or V (not a ring's): copied head-major once.
-  plan.copy_k = a.ring == 0 && wants_head_major_copy(a.k);
-  plan.copy_v = a.ring == 0 && wants_head_major_copy(a.v);
+  if (a.stored.active()) plan.scratch += stored_tile_scratch_size(d, dv);
+  // 4. Long, strided K or V (not a ring's, nor stored rows): copied head-major once.
+  plan.copy_k = a.ring == 0 && !a.stored.active() && wants_head_major_copy(a.k);
+  plan.copy_v = a.ring == 0 && !a.stored.active() && wants_head_major_copy(a.v);
   return plan;
 }
 
-/// Runs one attention call (see plan_attention()). Each output element is written by
-/// exactly one task, or merged from its key chunks in chunk order, so results do not depend
-/// on the thread count or the schedule. `ws` holds the threads' scratch, the head-major K/V
-/// copy and the split-keys partial states: nothing is allocated once it has served a call
-/// as large.
+/// One call of a run: its plan, its operands (K and V possibly copied head-major), and
+/// where its tasks, merges and partial states start among the run's.
+template <class Scalar, class Operand = Scalar>
+struct CallRun {
+  AttentionPlan plan;
+  AttentionArgs<Scalar, Operand> args;
+  Index first_task = 0, first_merge = 0;
+  Index partial_size = 0;  ///< split keys: elements of its tasks' partial states
+  Scalar* partials = nullptr;
+};
+
+/// A streaming task's rows, and (c, when not null) its key chunk (see AttentionPlan).
 template <class Scalar, class Operand>
-void run_attention(const AttentionCall<Scalar, Operand>& call, Workspace& ws) {
+StreamTask<Scalar> stream_task(const AttentionCall<Scalar, Operand>& call,
+                               const AttentionPlan& plan, Index task, Index* c) {
+  const Index kv_heads = call.kv_heads(), group = call.heads() / kv_heads;
+  StreamTask<Scalar> t;
+  Index rest = task;
+  if (c != nullptr) *c = rest % plan.chunks, rest /= plan.chunks;
+  const Index tile = rest % plan.tiles;
+  rest /= plan.tiles;
+  const Index hc = rest % plan.head_chunks;
+  rest /= plan.head_chunks;
+  t.kv_head = rest % kv_heads;
+  t.b = rest / kv_heads;
+  t.h0 = t.kv_head * group + hc * plan.group_heads;
+  t.heads = std::min(plan.group_heads, (t.kv_head + 1) * group - t.h0);
+  t.i0 = tile * plan.rows_per_head;
+  t.i1 = std::min(call.queries(), t.i0 + plan.rows_per_head);
+  return t;
+}
+
+/// The dropout stream of item b, head h of a call (its item offset added to b).
+template <class Scalar, class Operand>
+DropoutStream call_dropout(const AttentionCall<Scalar, Operand>& call, Index b, Index h) {
+  return make_dropout_stream(call.args.dropout, call.dropout_seed, call.dropout_call,
+                             b + call.dropout_item, h);
+}
+
+/// Task `task` of one call (numbered within the call) on kernel set `set`. Storage-type
+/// operands only stream (plan_attention()).
+template <class Set, class Scalar, class Operand>
+void run_call_task(Set set, const AttentionCall<Scalar, Operand>& call,
+                   const CallRun<Scalar, Operand>& run, Index task, Scalar* scratch) {
   constexpr bool kReduced = !std::is_same_v<Scalar, Operand>;
-  const AttentionPlan plan = plan_attention(call);
-  AttentionArgs<Scalar, Operand> args = call.args;
-  if constexpr (std::is_same_v<Operand, bfloat16>) args.path = bf16_path();
-  // 1. K, V copied head-major (B, H_kv, T_k, d): each head's rows back to back.
-  if (plan.copy_k || plan.copy_v) {
-    const Index k_size = plan.copy_k ? args.k.size() : 0, v_size = plan.copy_v ? args.v.size() : 0;
-    Operand* buffer = workspace_get<Operand>(ws, WorkspaceSlot::kKernelKeyValue, k_size + v_size);
-    if (plan.copy_k) {
+  const AttentionPlan& plan = run.plan;
+  if constexpr (!kReduced) {
+    if (plan.route == AttentionRoute::kMaterialized) {
+      const Index tile = task % plan.tiles, bh = task / plan.tiles;
+      const Index b = bh / call.heads(), h = bh % call.heads();
+      const Index i0 = tile * kQueryBlock, i1 = std::min(call.queries(), i0 + kQueryBlock);
+      set.materialized_task(run.args, call.head_mask(b, h), call_dropout(call, b, h), b, h, i0, i1,
+                            scratch);
+      return;
+    }
+  }
+  Index c = 0;
+  StreamTask<Scalar> t = stream_task(call, plan, task, &c);
+  if (plan.route == AttentionRoute::kSplitKeys) {
+    t.j_begin = (plan.first_chunk + c) * kKeyChunk;
+    t.j_end = t.j_begin + kKeyChunk;
+    t.partial = run.partials +
+                task * plan.group_heads * plan.rows_per_head * partial_row_size(call.value_dim());
+  }
+  HeadMask<Scalar> masks[kQueryBlock];
+  DropoutStream drops[kQueryBlock];
+  for (Index g = 0; g < t.heads; ++g) {
+    masks[g] = call.head_mask(t.b, t.h0 + g);
+    drops[g] = call_dropout(call, t.b, t.h0 + g);
+  }
+  set.streaming_task(run.args, masks, drops, t, scratch);
+}
+
+/// Merge `task` of one split-keys call: combines the key chunks of one task's rows, in
+/// chunk order. Storage-type operands never split (plan_attention()).
+template <class Set, class Scalar, class Operand>
+void merge_call_task(Set set, const AttentionCall<Scalar, Operand>& call,
+                     const CallRun<Scalar, Operand>& run, Index task) {
+  if constexpr (std::is_same_v<Scalar, Operand>) {
+    const AttentionPlan& plan = run.plan;
+    const AttentionArgs<Scalar>& args = run.args;
+    const Index dv = call.value_dim(), row_size = partial_row_size(dv);
+    const Index chunk_stride = plan.group_heads * plan.rows_per_head * row_size;
+    const double keep = 1.0 - (args.dropout > 0.0 ? args.dropout : 0.0);
+    const StreamTask<Scalar> t = stream_task(call, plan, task, nullptr);
+    const Index nq = t.i1 - t.i0;
+    const Scalar* first = run.partials + task * plan.chunks * chunk_stride;
+    for (Index r = 0; r < t.heads * nq; ++r) {
+      const Index h = t.h0 + r / nq;
+      const Scalar sink =
+          args.sinks != nullptr ? args.sinks[h] : -std::numeric_limits<Scalar>::infinity();
+      set.merge_partials(first + r * row_size, plan.chunks, chunk_stride, dv, keep,
+                         &args.out(t.b, h, t.i0 + r % nq, 0), sink);
+    }
+  } else {
+    static_cast<void>(set), static_cast<void>(call), static_cast<void>(run);
+    static_cast<void>(task);
+  }
+}
+
+/// Runs `count` attention calls (see plan_attention()) in one parallel region: every call's
+/// tasks, then every call's split-keys merges, handed out together, so that the short calls
+/// of a packed batch (one per sequence) share the threads instead of each forking its own.
+/// Each call's tasks are exactly those it runs alone: each output element is written by
+/// exactly one task, or merged from its key chunks in chunk order, so results do not depend
+/// on the thread count, the schedule or the other calls. `ws` holds the threads' scratch,
+/// the head-major K/V copies and the split-keys partial states: nothing is allocated once it
+/// has served a run as large (a run of several calls allocates its table of them).
+template <class Scalar, class Operand>
+void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Workspace& ws) {
+  using Run = CallRun<Scalar, Operand>;
+  if (count <= 0) return;
+  Run one;
+  std::vector<Run> many;
+  if (count > 1) many.resize(static_cast<std::size_t>(count));
+  Run* runs = count > 1 ? many.data() : &one;
+  // 1. The plans; the tasks, merges, scratch and buffers of all calls.
+  Index tasks = 0, merges = 0, scratch = 0, copies = 0, partial_size = 0;
+  for (Index c = 0; c < count; ++c) {
+    Run& r = runs[c];
+    r.plan = plan_attention(calls[c]);
+    r.args = calls[c].args;
+    if constexpr (std::is_same_v<Operand, bfloat16>) r.args.path = bf16_path();
+    r.first_task = tasks, r.first_merge = merges;
+    tasks += r.plan.tasks, merges += r.plan.merges;
+    scratch = std::max(scratch, r.plan.scratch);
+    copies += (r.plan.copy_k ? r.args.k.size() : 0) + (r.plan.copy_v ? r.args.v.size() : 0);
+    if (r.plan.merges > 0) {
+      r.partial_size = r.plan.tasks * r.plan.group_heads * r.plan.rows_per_head *
+                       partial_row_size(calls[c].value_dim());
+    }
+    partial_size += r.partial_size;
+  }
+  // 2. K, V copied head-major (B, H_kv, T_k, d): each head's rows back to back.
+  Operand* buffer =
+      copies > 0 ? workspace_get<Operand>(ws, WorkspaceSlot::kKernelKeyValue, copies) : nullptr;
+  for (Index c = 0; c < count && copies > 0; ++c) {
+    AttentionArgs<Scalar, Operand>& args = runs[c].args;
+    if (runs[c].plan.copy_k) {
       const TensorView<Operand, 4> k(buffer, args.k.shape());
       attn::copy(args.k, k);
       args.k = k;
+      buffer += k.size();
     }
-    if (plan.copy_v) {
-      const TensorView<Operand, 4> v(buffer + k_size, args.v.shape());
+    if (runs[c].plan.copy_v) {
+      const TensorView<Operand, 4> v(buffer, args.v.shape());
       attn::copy(args.v, v);
       args.v = v;
+      buffer += v.size();
     }
   }
-  // 2. Scratch: one buffer per thread; split keys: each task's rows' partial states (partial
+  // 3. Scratch: one buffer per thread; split keys: each task's rows' partial states (partial
   //    row size each), chunk after chunk.
-  const int threads = task_threads(plan.tasks);
-  for (int t = 0; t < threads; ++t) {
-    workspace_get<Scalar>(ws, WorkspaceSlot::kThread, plan.scratch, t);
+  const int threads = task_threads(tasks);
+  for (int t = 0; t < threads; ++t) workspace_get<Scalar>(ws, WorkspaceSlot::kThread, scratch, t);
+  Scalar* partials = partial_size > 0
+                         ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, partial_size)
+                         : nullptr;
+  for (Index c = 0; c < count && partials != nullptr; ++c) {
+    runs[c].partials = runs[c].partial_size > 0 ? partials : nullptr;
+    partials += runs[c].partial_size;
   }
-  const Index tq = call.queries(), heads = call.heads(), kv_heads = call.kv_heads();
-  const Index group = heads / kv_heads, dv = call.value_dim();
-  const Index row_size = partial_row_size(dv);
-  const Index chunk_stride = plan.group_heads * plan.rows_per_head * row_size;
-  Scalar* partials = plan.merges > 0 ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials,
-                                                             plan.tasks * chunk_stride)
-                                     : nullptr;
-  const auto drop_of = [&](Index b, Index h) {
-    return make_dropout_stream(args.dropout, call.dropout_seed, call.dropout_call, b, h);
+  // The call a task (or merge) of the run belongs to.
+  const auto call_of = [&](Index task, bool merge) {
+    if (count == 1) return Index(0);
+    const auto first = [merge](const Run& r) { return merge ? r.first_merge : r.first_task; };
+    const Run* it = std::upper_bound(runs, runs + count, task,
+                                     [&](Index t, const Run& r) { return t < first(r); });
+    // Calls without merges share their first merge with the next: the last one holds it.
+    return static_cast<Index>(it - runs) - 1;
   };
-  // A streaming task's rows, and (c, when not null) its key chunk.
-  const auto stream_task = [&](Index task, Index* c) {
-    StreamTask<Scalar> t;
-    Index rest = task;
-    if (c != nullptr) *c = rest % plan.chunks, rest /= plan.chunks;
-    const Index tile = rest % plan.tiles;
-    rest /= plan.tiles;
-    const Index hc = rest % plan.head_chunks;
-    rest /= plan.head_chunks;
-    t.kv_head = rest % kv_heads;
-    t.b = rest / kv_heads;
-    t.h0 = t.kv_head * group + hc * plan.group_heads;
-    t.heads = std::min(plan.group_heads, (t.kv_head + 1) * group - t.h0);
-    t.i0 = tile * plan.rows_per_head;
-    t.i1 = std::min(tq, t.i0 + plan.rows_per_head);
-    return t;
-  };
-  const double keep = 1.0 - (args.dropout > 0.0 ? args.dropout : 0.0);
-  // 3. The tasks, then (split keys) the merges, in one parallel region.
+  // 4. The tasks, then (split keys) the merges, in one parallel region.
   with_kernels(kernel_isa(), [&](auto set) {
     const auto run_task = [&](Index task, int thread) {
-      Scalar* scratch = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread);
-      if constexpr (!kReduced) {
-        if (plan.route == AttentionRoute::kMaterialized) {
-          const Index tile = task % plan.tiles, bh = task / plan.tiles;
-          const Index b = bh / heads, h = bh % heads;
-          const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
-          set.materialized_task(args, call.head_mask(b, h), drop_of(b, h), b, h, i0, i1, scratch);
-          return;
-        }
-      }
-      Index c = 0;
-      StreamTask<Scalar> t = stream_task(task, &c);
-      if (plan.route == AttentionRoute::kSplitKeys) {
-        t.j_begin = (plan.first_chunk + c) * kKeyChunk;
-        t.j_end = t.j_begin + kKeyChunk;
-        t.partial = partials + task * chunk_stride;
-      }
-      HeadMask<Scalar> masks[kQueryBlock];
-      DropoutStream drops[kQueryBlock];
-      for (Index g = 0; g < t.heads; ++g) {
-        masks[g] = call.head_mask(t.b, t.h0 + g);
-        drops[g] = drop_of(t.b, t.h0 + g);
-      }
-      set.streaming_task(args, masks, drops, t, scratch);
+      const Index c = call_of(task, false);
+      run_call_task(set, calls[c], runs[c], task - runs[c].first_task,
+                    workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread));
     };
-    // Combines the key chunks of one split task's rows, in chunk order.
     const auto merge = [&](Index task, int) {
-      if constexpr (!kReduced) {  // storage types never split (plan_attention())
-        const StreamTask<Scalar> t = stream_task(task, nullptr);
-        const Index nq = t.i1 - t.i0;
-        const Scalar* first = partials + task * plan.chunks * chunk_stride;
-        for (Index r = 0; r < t.heads * nq; ++r) {
-          const Index h = t.h0 + r / nq;
-          const Scalar sink =
-              args.sinks != nullptr ? args.sinks[h] : -std::numeric_limits<Scalar>::infinity();
-          set.merge_partials(first + r * row_size, plan.chunks, chunk_stride, dv, keep,
-                             &args.out(t.b, h, t.i0 + r % nq, 0), sink);
-        }
-      } else {
-        static_cast<void>(task);
-      }
+      const Index c = call_of(task, true);
+      merge_call_task(set, calls[c], runs[c], task - runs[c].first_merge);
     };
-    run_tasks(threads, plan.tasks, run_task, plan.merges, merge);
+    run_tasks(threads, tasks, run_task, merges, merge);
   });
+}
+
+/// Runs one attention call (see the run of several above).
+template <class Scalar, class Operand>
+void run_attention(const AttentionCall<Scalar, Operand>& call, Workspace& ws) {
+  run_attention(&call, 1, ws);
 }
 
 }  // namespace detail

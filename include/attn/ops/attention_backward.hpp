@@ -7,11 +7,13 @@
 #pragma once
 
 #include <algorithm>
+#include <vector>
 
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
 #include "attn/kernels/attention_args.hpp"
 #include "attn/kernels/dispatch.hpp"
+#include "attn/ops/attention.hpp"
 #include "attn/ops/attention_call.hpp"
 #include "attn/parallel.hpp"
 #include "attn/workspace.hpp"
@@ -19,8 +21,20 @@
 ATTN_NAMESPACE_BEGIN
 namespace detail {
 
-/// The backward of the attention call `call` (the forward's, with its output in args.out and
-/// its logsumexp in args.lse, both read only), adding into the gradients of `grads`.
+/// The tasks of one backward call and where they start among a run's (see
+/// run_attention_backward()).
+template <class Scalar>
+struct BackwardRun {
+  AttentionBackwardArgs<Scalar> args;
+  Index q_tiles = 0, k_tiles = 0, key_tasks = 0, query_tasks = 0, sink_tiles = 1;
+  Index first_key = 0, first_query = 0;
+};
+
+/// The backward of `count` attention calls `calls` (each the forward's, with its output in
+/// args.out and its logsumexp in args.lse, both read only), adding into the gradients of
+/// `grads` (one per call), in one parallel region: every call's key tasks, then every
+/// call's query tasks, handed out together (the short calls of a packed batch share the
+/// threads). Each call's tasks are exactly those it runs alone.
 /// - streaming: first one task per (batch, key/value head, key tile of kKeyBlock) computes
 ///   dK and dV of its keys over the query tiles that see them (causal: from the diagonal
 ///   on), then one task per (batch, head, query tile of kQueryBlock) computes dQ over the
@@ -32,73 +46,118 @@ namespace detail {
 /// head materialised) covers one key/value head and runs the group's query heads one after
 /// the other, in head order, each adding its share: every gradient row still has one owner,
 /// and the result does not depend on the thread count.
-/// With sinks and grads.grad_sinks: each dQ task (materialised: each head) writes its rows'
-/// share of dL/dsink_h into a buffer, summed per head in (batch, tile) order at the end.
+/// With sinks and grad_sinks: each dQ task (materialised: each head) writes its rows' share
+/// of dL/dsink_h into a buffer, summed per head in (batch, tile) order at the end, call
+/// after call, each call's sum added on its own (as the call alone adds it).
 template <class Scalar>
-void run_attention_backward(const AttentionCall<Scalar>& call,
-                            const AttentionGradients<Scalar>& grads, Workspace& ws) {
-  AttentionBackwardArgs<Scalar> args;
-  static_cast<AttentionArgs<Scalar>&>(args) = call.args;
-  static_cast<AttentionGradients<Scalar>&>(args) = grads;
-  const Index batch = call.batch(), heads = call.heads(), tq = call.queries();
-  const Index kv_heads = call.kv_heads(), group = heads / kv_heads, tk = call.keys();
-  const Index d = call.head_dim(), dv = call.value_dim();
-  const Index q_tiles = (tq + kQueryBlock - 1) / kQueryBlock;
-  const Index k_tiles = (tk + kKeyBlock - 1) / kKeyBlock;
-  const bool materialize = call.materialize;
-  // 1. The tasks of each phase, and each thread's scratch.
-  const Index key_tasks = materialize ? batch * kv_heads : batch * kv_heads * k_tiles;
-  const Index query_tasks = materialize ? 0 : batch * heads * q_tiles;
-  const Index scratch =
-      materialize ? materialized_backward_scratch_size(tq, d, dv, tk, args.softcap != Scalar(0))
-                  : stream_backward_scratch_size(d, dv);
-  // The sink gradient's shares: one per (b, h, query tile) (materialised: per (b, h)).
-  const Index sink_tiles = materialize ? 1 : q_tiles;
-  const bool sink_grad = args.sinks != nullptr && grads.grad_sinks.data() != nullptr;
-  if (sink_grad) {
-    const Index n = batch * heads * sink_tiles;
-    args.sink_partials = workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, n);
-    std::fill(args.sink_partials, args.sink_partials + n, Scalar(0));
+void run_attention_backward(const AttentionCall<Scalar>* calls,
+                            const AttentionGradients<Scalar>* grads, Index count, Workspace& ws) {
+  if (count <= 0) return;
+  BackwardRun<Scalar> one;
+  std::vector<BackwardRun<Scalar>> many;
+  if (count > 1) many.resize(static_cast<std::size_t>(count));
+  BackwardRun<Scalar>* runs = count > 1 ? many.data() : &one;
+  // 1. The tasks of each phase, each thread's scratch and the sink gradient's shares: one
+  //    per (b, h, query tile) (materialised: per (b, h)).
+  Index key_tasks = 0, query_tasks = 0, scratch = 0, shares = 0;
+  for (Index c = 0; c < count; ++c) {
+    const AttentionCall<Scalar>& call = calls[c];
+    BackwardRun<Scalar>& r = runs[c];
+    static_cast<AttentionArgs<Scalar>&>(r.args) = call.args;
+    static_cast<AttentionGradients<Scalar>&>(r.args) = grads[c];
+    const Index batch = call.batch(), heads = call.heads(), tq = call.queries();
+    const Index kv_heads = call.kv_heads(), tk = call.keys();
+    const Index d = call.head_dim(), dv = call.value_dim();
+    r.q_tiles = (tq + kQueryBlock - 1) / kQueryBlock;
+    r.k_tiles = (tk + kKeyBlock - 1) / kKeyBlock;
+    r.key_tasks = call.materialize ? batch * kv_heads : batch * kv_heads * r.k_tiles;
+    r.query_tasks = call.materialize ? 0 : batch * heads * r.q_tiles;
+    r.first_key = key_tasks, r.first_query = query_tasks;
+    key_tasks += r.key_tasks, query_tasks += r.query_tasks;
+    scratch = std::max(scratch, call.materialize ? materialized_backward_scratch_size(
+                                                       tq, d, dv, tk, r.args.softcap != Scalar(0))
+                                                 : stream_backward_scratch_size(d, dv));
+    r.sink_tiles = call.materialize ? 1 : r.q_tiles;
+    if (r.args.sinks != nullptr && grads[c].grad_sinks.data() != nullptr) {
+      shares += batch * heads * r.sink_tiles;
+    }
+  }
+  Scalar* share =
+      shares > 0 ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, shares) : nullptr;
+  if (share != nullptr) std::fill(share, share + shares, Scalar(0));
+  for (Index c = 0; c < count && share != nullptr; ++c) {
+    BackwardRun<Scalar>& r = runs[c];
+    if (r.args.sinks == nullptr || grads[c].grad_sinks.data() == nullptr) continue;
+    r.args.sink_partials = share;
+    share += calls[c].batch() * calls[c].heads() * r.sink_tiles;
   }
   const int threads = task_threads(std::max(key_tasks, query_tasks));
   for (int t = 0; t < threads; ++t) workspace_get<Scalar>(ws, WorkspaceSlot::kThread, scratch, t);
-  const auto stream = [&](Index b, Index h) {
-    return make_dropout_stream(args.dropout, call.dropout_seed, call.dropout_call, b, h);
+  // The call a task of a phase belongs to (every call has tasks of both phases, or, all
+  // materialised, none of the second).
+  const auto call_of = [&](Index task, bool keys) {
+    if (count == 1) return Index(0);
+    const BackwardRun<Scalar>* it =
+        std::upper_bound(runs, runs + count, task, [keys](Index t, const BackwardRun<Scalar>& r) {
+          return t < (keys ? r.first_key : r.first_query);
+        });
+    return static_cast<Index>(it - runs) - 1;
   };
   // 2. dK and dV (materialised: everything) per key/value head, then dQ per query tile.
   with_kernels(kernel_isa(), [&](auto set) {
-    const auto keys = [&](Index task, int thread) {
+    const auto keys = [&](Index global, int thread) {
+      const Index c = call_of(global, true);
+      const AttentionCall<Scalar>& call = calls[c];
+      const BackwardRun<Scalar>& r = runs[c];
+      const Index task = global - r.first_key, kv_heads = call.kv_heads();
+      const Index group = call.heads() / kv_heads;
       Scalar* buffer = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread);
-      const Index tile = materialize ? 0 : task % k_tiles;
-      const Index bh = materialize ? task : task / k_tiles, b = bh / kv_heads;
+      const Index tile = call.materialize ? 0 : task % r.k_tiles;
+      const Index bh = call.materialize ? task : task / r.k_tiles, b = bh / kv_heads;
       const Index kvh = bh % kv_heads;
-      const Index j0 = tile * kKeyBlock, j1 = std::min(tk, j0 + kKeyBlock);
-      const BackwardTask kind = materialize ? BackwardTask::kMaterialized : BackwardTask::kKeys;
+      const Index j0 = tile * kKeyBlock, j1 = std::min(call.keys(), j0 + kKeyBlock);
+      const BackwardTask kind =
+          call.materialize ? BackwardTask::kMaterialized : BackwardTask::kKeys;
       for (Index h = kvh * group; h < (kvh + 1) * group; ++h) {
-        set.attention_backward_task(args, call.head_mask(b, h), stream(b, h), kind, b, h, j0, j1,
-                                    buffer);
+        set.attention_backward_task(r.args, call.head_mask(b, h), call_dropout(call, b, h), kind, b,
+                                    h, j0, j1, buffer);
       }
     };
-    const auto queries = [&](Index task, int thread) {
+    const auto queries = [&](Index global, int thread) {
+      const Index c = call_of(global, false);
+      const AttentionCall<Scalar>& call = calls[c];
+      const BackwardRun<Scalar>& r = runs[c];
+      const Index task = global - r.first_query;
       Scalar* buffer = workspace_peek<Scalar>(ws, WorkspaceSlot::kThread, thread);
-      const Index tile = task % q_tiles, bh = task / q_tiles, b = bh / heads, h = bh % heads;
-      const Index i0 = tile * kQueryBlock, i1 = std::min(tq, i0 + kQueryBlock);
-      set.attention_backward_task(args, call.head_mask(b, h), stream(b, h), BackwardTask::kQueries,
-                                  b, h, i0, i1, buffer);
+      const Index tile = task % r.q_tiles, bh = task / r.q_tiles;
+      const Index b = bh / call.heads(), h = bh % call.heads();
+      const Index i0 = tile * kQueryBlock, i1 = std::min(call.queries(), i0 + kQueryBlock);
+      set.attention_backward_task(r.args, call.head_mask(b, h), call_dropout(call, b, h),
+                                  BackwardTask::kQueries, b, h, i0, i1, buffer);
     };
     run_tasks(threads, key_tasks, keys, query_tasks, queries);
   });
-  // 3. dL/dsink_h: the shares summed in (batch, tile) order.
-  if (sink_grad) {
+  // 3. dL/dsink_h: each call's shares summed in (batch, tile) order, then added.
+  for (Index c = 0; c < count; ++c) {
+    const BackwardRun<Scalar>& r = runs[c];
+    if (r.args.sink_partials == nullptr) continue;
+    const Index batch = calls[c].batch(), heads = calls[c].heads();
     for (Index h = 0; h < heads; ++h) {
       Scalar total = 0;
       for (Index b = 0; b < batch; ++b) {
-        const Scalar* share = args.sink_partials + (b * heads + h) * sink_tiles;
-        for (Index t = 0; t < sink_tiles; ++t) total += share[t];
+        const Scalar* part = r.args.sink_partials + (b * heads + h) * r.sink_tiles;
+        for (Index t = 0; t < r.sink_tiles; ++t) total += part[t];
       }
-      grads.grad_sinks(h) += total;
+      grads[c].grad_sinks(h) += total;
     }
   }
+}
+
+/// The backward of one attention call (see the run of several above).
+template <class Scalar>
+void run_attention_backward(const AttentionCall<Scalar>& call,
+                            const AttentionGradients<Scalar>& grads, Workspace& ws) {
+  run_attention_backward(&call, &grads, 1, ws);
 }
 
 }  // namespace detail

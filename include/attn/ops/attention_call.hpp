@@ -90,7 +90,8 @@ struct CallMask {
 ///   dropout probability, and the ring size of a sliding-window cache's keys;
 /// - mask: the resolved mask;
 /// - the dropout stream's seed and call number (the keep decisions are a hash of them and
-///   of (batch, head, query, key));
+///   of (batch, head, query, key)), and the batch index of its item 0 in that hash (a packed
+///   batch runs sequence s as a call of one item, dropout_item s);
 /// - materialize: the materialised path (weights wanted, or asked for); else streaming.
 /// A front end builds it once, after its checks; a backward reads the forward's call.
 /// Operand bfloat16 or float16 (Scalar float): q, k, v and out of that type (AttentionArgs).
@@ -99,6 +100,7 @@ struct AttentionCall {
   AttentionArgs<Scalar, Operand> args;
   CallMask<Scalar> mask;
   std::uint64_t dropout_seed = 0, dropout_call = 0;
+  Index dropout_item = 0;
   bool materialize = false;
 
   Index batch() const noexcept { return args.q.extent(0); }

@@ -333,18 +333,18 @@ void check_backward_memory(const char* where, const AttentionCall<Scalar>& call,
   }
 }
 
-/// Checks a backward call, then runs it: make_call() on the forward's q, k, v, out, mask,
-/// options and module bound (the same call the forward made); then grad_out (out's shape),
-/// the logsumexp ((B, H, T_q), needed by the streaming path), the gradients (their inputs'
-/// shapes) and, unless `own_gradients` (a module's backward, whose head-major dQ, dK, dV
-/// interleave per batch item in its own buffer without sharing an element), their memory.
+/// Checks a backward call and describes it: make_call() on the forward's q, k, v, out,
+/// mask, options and module bound (the same call the forward made); then grad_out (out's
+/// shape), the logsumexp ((B, H, T_q), needed by the streaming path), the gradients (their
+/// inputs' shapes) and, unless `own_gradients` (a module's backward, whose head-major dQ,
+/// dK, dV interleave per batch item in its own buffer without sharing an element), their
+/// memory.
 template <class Scalar>
-void attend_backward(const char* where, TensorView<const Scalar, 4> q,
-                     TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
-                     TensorView<const Scalar, 4> out, TensorView<const Scalar, 3> lse,
-                     const AttentionGradients<Scalar>& grads, const AttentionMask<Scalar>& mask,
-                     const AttentionOptions& options, Workspace& ws, const CausalBound& module = {},
-                     bool own_gradients = false) {
+AttentionCall<Scalar> backward_call(
+    const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
+    TensorView<const Scalar, 4> v, TensorView<const Scalar, 4> out, TensorView<const Scalar, 3> lse,
+    const AttentionGradients<Scalar>& grads, const AttentionMask<Scalar>& mask,
+    const AttentionOptions& options, const CausalBound& module = {}, bool own_gradients = false) {
   // The backward reads out and lse; the call's views are mutable for the forward's sake.
   const auto writable = [](const auto& view) {
     using Element = std::remove_const_t<typename std::decay_t<decltype(view)>::element_type>;
@@ -403,7 +403,20 @@ void attend_backward(const char* where, TensorView<const Scalar, 4> q,
   }
   call.args.lse = writable(lse);
   if (!own_gradients) check_backward_memory(where, call, grads, mask);
-  run_attention_backward(call, grads, ws);
+  return call;
+}
+
+/// backward_call(), then the backward's driver.
+template <class Scalar>
+void attend_backward(const char* where, TensorView<const Scalar, 4> q,
+                     TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
+                     TensorView<const Scalar, 4> out, TensorView<const Scalar, 3> lse,
+                     const AttentionGradients<Scalar>& grads, const AttentionMask<Scalar>& mask,
+                     const AttentionOptions& options, Workspace& ws, const CausalBound& module = {},
+                     bool own_gradients = false) {
+  run_attention_backward(
+      backward_call(where, q, k, v, out, lse, grads, mask, options, module, own_gradients), grads,
+      ws);
 }
 
 }  // namespace detail

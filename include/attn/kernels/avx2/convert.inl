@@ -178,3 +178,32 @@ inline Index convert_vector_part(const float8_e4m3* src, float* dst, Index n) no
 inline Index convert_vector_part(const float8_e5m2* src, float* dst, Index n) noexcept {
   return convert_ops::float8_to_float_row<Float8E5M2Format>(src, dst, n);
 }
+
+// ---- the integer levels of a quantised KVCache's rows (generic/kv_load.inl) ----
+
+/// The first multiple of 8 of n int8 values times `scale` as floats.
+inline Index widen_int8_part(const std::int8_t* src, float* dst, Index n, float scale) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
+  Index i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s));
+  }
+  return i;
+}
+
+/// One int4 block (16 bytes: elements i and i + 16 in byte i, as q + 8) as the floats q
+/// times `scale`.
+inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) noexcept {
+  const __m256i low = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+  const __m256 s = _mm256_set1_ps(scale);
+  for (Index half = 0; half < 16; half += 8) {
+    const __m256i w =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + half)));
+    const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(w, low), eight);
+    const __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(w, 4), eight);
+    _mm256_storeu_ps(dst + half, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), s));
+    _mm256_storeu_ps(dst + 16 + half, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), s));
+  }
+  return true;
+}

@@ -71,6 +71,8 @@ struct Vec<float> {
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   }
   static Mask less(Reg a, Reg b) noexcept { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  /// Whether every lane of `m` is set.
+  static bool all(Mask m) noexcept { return _mm256_movemask_ps(m) == 0xFF; }
   static Mask greater(Reg a, Reg b) noexcept { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
   static Reg select(Mask m, Reg a, Reg b) noexcept { return _mm256_blendv_ps(b, a, m); }
 };
@@ -129,6 +131,8 @@ struct Vec<double> {
     return _mm256_mul_pd(_mm256_mul_pd(p, s1), s2);
   }
   static Mask less(Reg a, Reg b) noexcept { return _mm256_cmp_pd(a, b, _CMP_LT_OQ); }
+  /// Whether every lane of `m` is set.
+  static bool all(Mask m) noexcept { return _mm256_movemask_pd(m) == 0xF; }
   static Mask greater(Reg a, Reg b) noexcept { return _mm256_cmp_pd(a, b, _CMP_GT_OQ); }
   static Reg select(Mask m, Reg a, Reg b) noexcept { return _mm256_blendv_pd(b, a, m); }
 };

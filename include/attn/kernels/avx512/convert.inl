@@ -203,3 +203,35 @@ inline Index convert_vector_part(const float8_e4m3* src, float* dst, Index n) no
 inline Index convert_vector_part(const float8_e5m2* src, float* dst, Index n) noexcept {
   return convert_ops::float8_to_float_row<Float8E5M2Format>(src, dst, n);
 }
+
+// ---- the integer levels of a quantised KVCache's rows (generic/kv_load.inl) ----
+
+/// n int8 values times `scale` as floats (all of them: the tail under a lane mask).
+inline Index widen_int8_part(const std::int8_t* src, float* dst, Index n, float scale) noexcept {
+  const __m512 s = _mm512_set1_ps(scale);
+  Index i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s));
+  }
+  if (i < n) {
+    const __mmask16 m = convert_ops::first_lanes(n - i);
+    const __m128i b = _mm_maskz_loadu_epi8(m, src + i);
+    _mm512_mask_storeu_ps(dst + i, m,
+                          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s));
+  }
+  return n;
+}
+
+/// One int4 block (16 bytes: elements i and i + 16 in byte i, as q + 8) as the floats q
+/// times `scale`.
+inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) noexcept {
+  const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  const __m512i eight = _mm512_set1_epi32(8);
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x0F)), eight);
+  const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(w, 4), eight);
+  _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), s));
+  _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), s));
+  return true;
+}

@@ -45,6 +45,8 @@ struct Vec<float> {
   }
   static Reg ldexp(Reg p, Reg n) noexcept { return _mm512_scalef_ps(p, n); }
   static Mask less(Reg a, Reg b) noexcept { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  /// Whether every lane of `m` is set.
+  static bool all(Mask m) noexcept { return m == 0xFFFF; }
   static Mask greater(Reg a, Reg b) noexcept { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
   static Reg select(Mask m, Reg a, Reg b) noexcept { return _mm512_mask_blend_ps(m, b, a); }
 };
@@ -83,6 +85,8 @@ struct Vec<double> {
   }
   static Reg ldexp(Reg p, Reg n) noexcept { return _mm512_scalef_pd(p, n); }
   static Mask less(Reg a, Reg b) noexcept { return _mm512_cmp_pd_mask(a, b, _CMP_LT_OQ); }
+  /// Whether every lane of `m` is set.
+  static bool all(Mask m) noexcept { return m == 0xFF; }
   static Mask greater(Reg a, Reg b) noexcept { return _mm512_cmp_pd_mask(a, b, _CMP_GT_OQ); }
   static Reg select(Mask m, Reg a, Reg b) noexcept { return _mm512_mask_blend_pd(m, b, a); }
 };

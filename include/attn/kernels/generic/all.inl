@@ -14,7 +14,8 @@
 //    select (mask ? a : b);
 //  - transpose_block / transpose_block_wide and their widths, for packing;
 //  - optionally (<set>/convert.inl), convert_vector_part() overloads for the element-type
-//    conversions the set vectorises (see generic/convert.inl).
+//    conversions the set vectorises (see generic/convert.inl), and widen_int8_part() /
+//    widen_int4_block() for a quantised KVCache's rows (see generic/kv_load.inl).
 //  - the avx512 set only (avx512/bf16_dot.inl, avx512/amx_bf16.inl): the bfloat16
 //    dot-product kernel bf16_dot_tile_rows(), its packing pack_pairs(), and the AMX kernel
 //    amx_configure(), amx_pack_a(), amx_block(), amx_release() (see generic/gemm.inl).
@@ -26,6 +27,7 @@
 #include "attn/kernels/generic/gemm.inl"
 #include "attn/kernels/generic/softmax.inl"
 #include "attn/kernels/generic/variants.inl"
+#include "attn/kernels/generic/kv_load.inl"
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
 #include "attn/kernels/generic/attention_backward.inl"

@@ -232,6 +232,9 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// the float path's products. A V tile holding a NaN or an infinity takes the widened
 /// product (see "values that are NaN or infinite" above). Writes out in Operand, one
 /// rounding of the float result.
+/// Stored keys and values (a quantised cache, p.stored; float operands only, Operand ==
+/// Scalar; scratch also stored_tile_scratch_size()) are dequantised tile by tile into the
+/// task's scratch (load_stored_rows()), then read as the tile would be in place.
 template <class Scalar, class Operand>
 void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
@@ -262,6 +265,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   Scalar* qp = vw + kKeyBlock * dv;                    // Q^T in k-pairs (words, kQueryBlock)
   Scalar* vp = qp + ((d + 1) / 2 + 32) * kQueryBlock;  // a V tile in k-pairs (width / 2, d_v)
   Operand* pb = reinterpret_cast<Operand*>(vp + kKeyBlock / 2 * dv);  // P rounded (rows, width)
+  // Stored keys and values (stored_tile_scratch_size(); float operands only, so the same
+  // place as the storage types' buffers):
+  Scalar* k_load = clean + kKeyBlock * dv;  // the K tile dequantised (kKeyBlock, d)
+  Scalar* v_load = k_load + kKeyBlock * d;  // the V tile dequantised (kKeyBlock, d_v)
+  const bool stored = !kReduced && p.stored.active();
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
   std::fill(l, l + kQueryBlock, Scalar(0));
@@ -281,9 +289,18 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     max_begin = std::max(max_begin, begin[r]);
     min_end = std::min(min_end, end[r]);
   }
-  const Index q_rs = p.q.stride(2), k_rs = p.k.stride(2), v_rs = p.v.stride(2);
-  const Operand* k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
-  const Operand* v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+  const Index q_rs = p.q.stride(2);
+  const Index k_rs = stored ? d : p.k.stride(2), v_rs = stored ? dv : p.v.stride(2);
+  // K and V of the task's item and key/value head; stored: the dequantised tiles.
+  const Operand* k = nullptr;
+  const Operand* v = nullptr;
+  if constexpr (kReduced) {
+    k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
+    v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+  } else {
+    k = stored ? k_load : p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
+    v = stored ? v_load : p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+  }
   const bool elementwise = masks[0].elementwise();
   const Index col_group = micro_cols<Scalar>();
   // Dot products cost rows (d / W + ~8 for the reduction) per key, the micro-kernel about
@@ -319,17 +336,22 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   // ALiBi: each row's key position and its head's slope.
   const bool alibi = p.has_alibi();
   alignas(64) Scalar pos[kQueryBlock], slope[kQueryBlock];
+  // (The slope once per head, copied along its rows: the standard series' three pow calls
+  // per row were 10 % of a B8 T512 H8 task's time.)
   for (Index r = 0; r < (alibi ? kQueryBlock : 0); ++r) {
     const Index g = std::min(r, rows - 1) / nq;
+    const bool same_head = r > 0 && g == std::min(r - 1, rows - 1) / nq;
     pos[r] = static_cast<Scalar>(i0 + r % nq + masks[g].position);
-    slope[r] = alibi_slope(p, task.h0 + g);
+    slope[r] = same_head ? slope[r - 1] : alibi_slope(p, task.h0 + g);
   }
 
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
     if (p.ring > 0) width = std::min(width, p.ring - j0 % p.ring);  // no tile crosses the wrap
-    const Operand* k_tile = k + (p.ring > 0 ? j0 % p.ring : j0) * k_rs;
-    const Operand* v_tile = v + (p.ring > 0 ? j0 % p.ring : j0) * v_rs;
+    const Index slot = p.ring > 0 ? j0 % p.ring : j0;
+    const Operand* k_tile = stored ? k : k + slot * k_rs;
+    const Operand* v_tile = stored ? v : v + slot * v_rs;
+    if (stored) load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw.
     const Scalar* kt = nullptr;
     Index kt_rs = k_rs;
@@ -458,7 +480,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       const auto sh = V::max(m_new, lowest);
       V::store(m + c, m_new);
       V::store(shift + c, sh);
-      V::store(corr + c, vexp<V>(V::sub(V::max(m_old, lowest), sh)));
+      V::store(corr + c, vexp_normal<V>(V::sub(V::max(m_old, lowest), sh)));
     }
     // pass 4: p^T = exp(s^T - shift), column sums into l (before dropout, which only
     // zeroes entries of the numerator), acc rows rescaled.
@@ -469,14 +491,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (n == W) {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp<V>(V::sub(V::load(x), sh));
+          const auto e = vexp_normal<V>(V::sub(V::load(x), sh));
           V::store(x, e);
           sum = V::add(sum, e);
         }
       } else {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp<V>(V::sub(V::load_partial(x, n), sh));
+          const auto e = vexp_normal<V>(V::sub(V::load_partial(x, n), sh));
           V::store_partial(x, e, n);
           sum = V::add(sum, e);
         }
@@ -504,6 +526,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       return std::clamp<Index>(need, 0, width);
     };
     const Index tile_need = need_of(0, rows);
+    if (stored) load_stored_rows(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, v_load);
     const Scalar* vt = nullptr;
     Index vt_rs = v_rs;
     if constexpr (kReduced) {
@@ -561,7 +584,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     }
     const Scalar* vc = vt;
     Index vc_rs = vt_rs;
-    const bool dirty = clean_values(vt, vt_rs, tile_need, dv, clean);
+    const bool dirty = (!stored || stored_may_be_nonfinite(p.stored.v.element)) &&
+                       clean_values(vt, vt_rs, tile_need, dv, clean);
     if (dirty) vc = clean, vc_rs = dv;
     for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, rows - r0);

@@ -80,3 +80,19 @@ inline typename V::Reg vexp(typename V::Reg x) noexcept {
   y = V::select(V::greater(x, hi), V::set1(std::numeric_limits<typename V::Scalar>::infinity()), y);
   return V::select(V::less(x, lo), V::zero(), y);
 }
+
+/// exp of every lane, or 0 where the result would be below 2^-125 (2^-1021 for double): x
+/// below ln(smallest normal) + 1 (-86.34 float, -707.4 double); NaN for NaN. What the
+/// attention kernels exponentiate shifted scores with: each row's exponentials sum to at least
+/// 1 there (the row's largest is exp(0)), so dropping terms that small changes nothing a float
+/// (double) sum keeps, while producing or multiplying subnormals costs microcode assists on
+/// x86 without FTZ/DAZ. (The + 1 keeps vexp's own result normal: exp(r) < 1 times 2^-126
+/// would not be.)
+template <class V>
+inline typename V::Reg vexp_normal(typename V::Reg x) noexcept {
+  using S = typename V::Scalar;
+  const auto floor = V::set1(std::log(std::numeric_limits<S>::min()) + S(1));
+  // max(floor, x) keeps a NaN x (max returns its second operand then), and keeps vexp's
+  // input where its result is normal.
+  return V::select(V::less(x, floor), V::zero(), vexp<V>(V::max(floor, x)));
+}

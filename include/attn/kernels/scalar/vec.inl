@@ -44,6 +44,8 @@ struct Vec {
     return p * pow2(half) * pow2(ni - half);
   }
   static Mask less(Reg a, Reg b) noexcept { return a < b; }
+  /// Whether every lane of `m` is set.
+  static bool all(Mask m) noexcept { return m; }
   static Mask greater(Reg a, Reg b) noexcept { return a > b; }
   static Reg select(Mask m, Reg a, Reg b) noexcept { return m ? a : b; }
 

@@ -69,6 +69,8 @@ struct Vec<float> {
     return _mm_mul_ps(_mm_mul_ps(p, s1), s2);
   }
   static Mask less(Reg a, Reg b) noexcept { return _mm_cmplt_ps(a, b); }
+  /// Whether every lane of `m` is set.
+  static bool all(Mask m) noexcept { return _mm_movemask_ps(m) == 0xF; }
   static Mask greater(Reg a, Reg b) noexcept { return _mm_cmpgt_ps(a, b); }
   static Reg select(Mask m, Reg a, Reg b) noexcept {
     return _mm_or_ps(_mm_and_ps(m, a), _mm_andnot_ps(m, b));
@@ -119,6 +121,8 @@ struct Vec<double> {
     return _mm_mul_pd(_mm_mul_pd(p, pow2(half)), pow2(rest));
   }
   static Mask less(Reg a, Reg b) noexcept { return _mm_cmplt_pd(a, b); }
+  /// Whether every lane of `m` is set.
+  static bool all(Mask m) noexcept { return _mm_movemask_pd(m) == 0x3; }
   static Mask greater(Reg a, Reg b) noexcept { return _mm_cmpgt_pd(a, b); }
   static Reg select(Mask m, Reg a, Reg b) noexcept {
     return _mm_or_pd(_mm_and_pd(m, a), _mm_andnot_pd(m, b));
