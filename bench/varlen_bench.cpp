@@ -74,6 +74,13 @@ void sdpa_packed(benchmark::State& state, bool head_major) {
 void BM_Sdpa_Packed(benchmark::State& state) { sdpa_packed(state, false); }
 void BM_Sdpa_Packed_HeadMajor(benchmark::State& state) { sdpa_packed(state, true); }
 
+/// The padded batch's causal mask: the items' key lengths, or the padding mask `pad`.
+attn::AttentionMask<float> padded_mask(const attn::Tensor<bool, 2>& pad, bool lengths) {
+  auto mask = attn::AttentionMask<float>().causal();
+  if (lengths) return mask.key_lengths(kLengths);
+  return mask.key_padding(pad);
+}
+
 void sdpa_padded(benchmark::State& state, bool lengths) {
   const attn::Shape<4> shape{items(), kHeads, kLongest, kHeadDim};
   const auto q = attn::bench::random_tensor<float, 4>(shape, 1);
@@ -81,12 +88,7 @@ void sdpa_padded(benchmark::State& state, bool lengths) {
   const auto v = attn::bench::random_tensor<float, 4>(shape, 3);
   attn::Tensor<float, 4> out(shape);
   const attn::Tensor<bool, 2> pad = key_padding();
-  auto mask = attn::AttentionMask<float>().causal();
-  if (lengths) {
-    mask.key_lengths(kLengths);
-  } else {
-    mask.key_padding(pad);
-  }
+  const auto mask = padded_mask(pad, lengths);
   attn::Workspace ws;
   for (auto _ : state) {
     attn::scaled_dot_product_attention<float>(q.view(), k.view(), v.view(), out.view(), ws, mask);
@@ -117,12 +119,7 @@ void mha_padded(benchmark::State& state, bool lengths) {
   const auto x = attn::bench::random_tensor<float, 3>({items(), kLongest, kModel}, 4);
   attn::Tensor<float, 3> out({items(), kLongest, kModel});
   const attn::Tensor<bool, 2> pad = key_padding();
-  auto mask = attn::AttentionMask<float>().causal();
-  if (lengths) {
-    mask.key_lengths(kLengths);
-  } else {
-    mask.key_padding(pad);
-  }
+  const auto mask = padded_mask(pad, lengths);
   attn::Workspace ws;
   for (auto _ : state) {
     mha.forward(x.view(), x.view(), x.view(), out.view(), ws, mask);

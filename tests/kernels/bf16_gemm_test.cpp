@@ -122,15 +122,9 @@ void for_each_path(F&& f) {
   }
 }
 
-class Bf16Gemm : public ::testing::Test {
- protected:
-  void TearDown() override {
-    attn::set_bf16_path(std::nullopt);
-    attn::set_isa(attn::best_isa());
-    attn::set_num_threads(threads_);
-  }
-  int threads_ = attn::num_threads();
-};
+// The kernel set, bf16 path and thread count a test sets are restored around every test by
+// tests/support/test_main.cpp.
+class Bf16Gemm : public ::testing::Test {};
 
 bool sampled_row(Index i, Index m) {
   const Index r = i % 96;
