@@ -3,14 +3,17 @@
 #   fuzz:     libFuzzer (clang, ASan + UBSan): fuzz/safetensors_fuzz, fuzz/mask_api_fuzz,
 #             fuzz/attn_run_fuzz, and the call-sequence targets fuzz/kv_cache_fuzz and
 #             fuzz/training_fuzz, each for ATTN_FUZZ_SECONDS (default 25), ATTN_JOBS at a time
-#             (the five, build excluded, within about 80 s on two cores), from the committed seeds in
-#             fuzz/corpus/<target>/, with the dictionaries in fuzz/ and inputs up to 256 KiB
-#             (enough for the 100000-deep JSON headers of the crash corpus);
+#             (the five, build excluded, within about 80 s on two cores), from the committed
+#             seeds in fuzz/corpus/<target>/, with the dictionaries in fuzz/ and inputs up to
+#             256 KiB (enough for the 100000-deep JSON headers of the crash corpus). Built in a
+#             tree of their own (build/fuzz), or taken from the tree ATTN_FUZZ_TREE names
+#             (scripts/run_tests.sh: its sanitizer tree, configured with
+#             -DATTN_BUILD_FUZZERS=ON, where they link the tests' kernel units);
 #   tsan:     ThreadSanitizer (clang, no OpenMP) build of tests/concurrency, run once;
 #   valgrind: memcheck (--error-exitcode=1) of attn_run on a committed fixture and of the
-#             first notebook example, on the AVX2 kernels (ATTN_ISA=avx2: valgrind lacks
-#             AVX-512): the release tree's programs when run_tests.sh has built them, else
-#             a tree of its own.
+#             notebook catalogue tests (every notebook class), on the AVX2 kernels
+#             (ATTN_ISA=avx2: valgrind lacks AVX-512): the release tree's programs when
+#             run_tests.sh has built them, else a tree of its own.
 # Longer fuzzing on demand:  ATTN_FUZZ_SECONDS=3600 scripts/run_hardening.sh fuzz
 # Usage: scripts/run_hardening.sh [fuzz|tsan|valgrind]...   (default: all three)
 set -euo pipefail
@@ -20,12 +23,20 @@ fuzz_seconds="${ATTN_FUZZ_SECONDS:-25}"
 
 run_fuzzers() {
   ensure_packages "${ATTN_BASE_PACKAGES[@]}" clang libfuzzer-14-dev libclang-rt-14-dev
-  local build="$ATTN_ROOT/build/fuzz"
-  log "[fuzz] building (clang, -fsanitize=fuzzer,address,undefined)"
-  cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DATTN_BUILD_FUZZERS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
-    -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
-  cmake --build "$build" -j "$ATTN_JOBS"
+  local build="${ATTN_FUZZ_TREE:-$ATTN_ROOT/build/fuzz}"
+  if [ -n "${ATTN_FUZZ_TREE:-}" ]; then
+    # scripts/run_tests.sh: the targets built in its sanitizer tree, sharing its kernel units
+    log "[fuzz] the targets of $build"
+  else
+    log "[fuzz] building (clang, -fsanitize=fuzzer,address,undefined)"
+    cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+      -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DATTN_BUILD_FUZZERS=ON -DATTN_BUILD_IO=ON \
+      -DATTN_WERROR=ON -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_EXAMPLES=OFF \
+      -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
+    cmake --build "$build" -j "$ATTN_JOBS"
+  fi
+  # One thread per target (where the tree has OpenMP): they run ATTN_JOBS at a time.
+  export OMP_NUM_THREADS=1
   # The targets run ATTN_JOBS at a time, each on one core for its full time.
   local target running=0 failed=0
   for target in safetensors_fuzz mask_api_fuzz attn_run_fuzz kv_cache_fuzz training_fuzz; do
@@ -83,22 +94,18 @@ run_tsan() {
 
 run_valgrind() {
   ensure_packages "${ATTN_BASE_PACKAGES[@]}" valgrind
-  local example
-  example="$(cd "$ATTN_ROOT/examples" && ls [0-9]*.cpp 2>/dev/null | head -n 1 || true)"
-  example="${example%.cpp}"
   # The release tree's programs when scripts/run_tests.sh has built them (what users build,
   # run on one OpenMP thread: libgomp's thread stacks would read as "possibly lost"); else a
   # tree of its own, without OpenMP.
   local build="$ATTN_ROOT/build/release"
-  if [ ! -x "$build/tools/attn_run" ] || { [ -n "$example" ] && [ ! -x "$build/examples/$example" ]; }; then
+  if [ ! -x "$build/tools/attn_run" ] || [ ! -x "$build/tests/catalogue_tests" ]; then
     build="$ATTN_ROOT/build/valgrind"
-    log "[valgrind] building attn_run ${example:+and $example} (no -march=native, no OpenMP)"
+    log "[valgrind] building attn_run and catalogue_tests (no -march=native, no OpenMP)"
     cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_NATIVE=OFF \
-      -DATTN_OPENMP=OFF -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
-      -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
-    local targets=(attn_run)
-    [ -n "$example" ] && targets+=("example_$example")
-    cmake --build "$build" -j "$ATTN_JOBS" --target "${targets[@]}"
+      -DATTN_OPENMP=OFF -DATTN_BUILD_TOOLS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
+      -DATTN_BUILD_TESTS=ON -DATTN_SHARE_KERNELS=ON -DATTN_BUILD_EXAMPLES=OFF \
+      -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
+    cmake --build "$build" -j "$ATTN_JOBS" --target attn_run catalogue_tests
   fi
   export ATTN_ISA=avx2  # clamped to the CPU; valgrind cannot run AVX-512 instructions
   export OMP_NUM_THREADS=1
@@ -110,10 +117,9 @@ run_valgrind() {
   "${memcheck[@]}" "$build/tools/attn_run" --weights "$fixtures/case045.weights.safetensors" \
     --input "$fixtures/case045.input.safetensors" --output "$out/case045.output.safetensors" \
     --num-heads 4 --need-weights
-  if [ -n "$example" ]; then
-    log "[valgrind] examples/$example"
-    "${memcheck[@]}" "$build/examples/$example" >/dev/null
-  fi
+  # Every notebook class on the notebooks' own values (what the examples run).
+  log "[valgrind] tests/catalogue_tests"
+  "${memcheck[@]}" "$build/tests/catalogue_tests" --gtest_brief=1 >/dev/null
 }
 
 steps=("$@")

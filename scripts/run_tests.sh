@@ -2,12 +2,12 @@
 # README command 2: installs what is missing, then builds and runs the whole test suite:
 #   0. the format check (scripts/check_format.sh) and the layer check (scripts/check_layers.sh);
 #   1. release build (-O2, OpenMP, -Werror; no -march flag, as users build; Ninja where
-#      installed): every test, the packaging tests and the examples, tools and benchmarks
-#      compiled (benchmarks are not run); then the tests again once per narrower kernel set
-#      this CPU has (ATTN_ISA);
-#   2. ASan + UBSan build with clang (-O0 -g1, -Werror; the kernels at -O2): every test
-#      again, through the other compiler;
-#   3. libFuzzer targets (clang) for ATTN_FUZZ_SECONDS (25) each; valgrind memcheck; TSan.
+#      installed): every test, the packaging tests and attn_run; then the tests again once
+#      per narrower kernel set this CPU has (ATTN_ISA);
+#   2. ASan + UBSan build with clang (-O0 -g1, -Werror; the kernels at -O2): every test again,
+#      through the other compiler, the examples (run as tests), the benchmarks (compiled, not
+#      run) and the libFuzzer targets;
+#   3. the libFuzzer targets for ATTN_FUZZ_SECONDS (25) each; valgrind memcheck; TSan.
 # At the end it prints each stage's wall and CPU time and the tests it ran.
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
@@ -88,14 +88,16 @@ stage "format check" "$ATTN_ROOT/scripts/check_format.sh"
 # Layering: no #include in include/attn/ climbs a layer.
 stage "layer check" "$ATTN_ROOT/scripts/check_layers.sh"
 
-# 1. Release: everything built, every test on the widest kernel set.
-# The examples, benchmarks and tools link the tests' compiled kernel unit (ATTN_SHARE_KERNELS):
-# a quarter of their compile time; tests/dispatch and tests/cmake build header-only programs.
-# Each test executable is one unity batch (ATTN_TEST_UNITY_BATCH=0, here and in the sanitizer
-# tree): the 29 attention tests compiled in 172 CPU s as one unit, 271 s as four batches of 8.
+# 1. Release: every test on the widest kernel set, and attn_run (its tests and valgrind's run).
+# The programs link the tests' compiled kernel units (ATTN_SHARE_KERNELS): a quarter of their
+# compile time; tests/dispatch and tests/cmake build header-only programs. Each test executable
+# is one unity batch (ATTN_TEST_UNITY_BATCH=0, here and in the sanitizer tree): the 29
+# attention tests compiled in 172 CPU s as one unit, 271 s as four batches of 8. The examples
+# and benchmarks are built in the sanitizer tree instead: GCC at -O2 took 320 CPU s for them,
+# a quarter of this build, clang at -O0 about a third of that.
 configure release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
-  -DATTN_BUILD_EXAMPLES=ON -DATTN_BUILD_BENCHMARKS=ON -DATTN_SHARE_KERNELS=ON \
-  -DATTN_TEST_UNITY_BATCH=0
+  -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_BUILD_TOOLS=ON \
+  -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0
 stage "release: build" build release
 best="$("$ATTN_ROOT/build/release/tests/dispatch_test" --report | sed -n 's/.* best=\([a-z0-9]*\).*/\1/p')"
 stage "release: tests ($best)" run_tests release
@@ -109,20 +111,22 @@ for isa in avx2 sse2 scalar; do
   ATTN_ISA=$isa stage "release: tests ATTN_ISA=$isa" run_tests release -LE "packaging|compile_fail"
 done
 
-# 2. ASan + UBSan, compiled by clang: every test through the second compiler and the
-# sanitizers in one tree. -O0 (the kernel instances and the kernel tests at -O2): the
-# sanitizers find the same bugs, and clang compiled this tree in 440 CPU s where GCC took
+# 2. ASan + UBSan, compiled by clang: every test, the examples, the benchmarks and the fuzz
+# targets through the second compiler and the sanitizers in one tree, sharing one set of
+# kernel units. -O0 (the kernel units and the kernel tests at -O2, the fuzz targets at -O1):
+# the sanitizers find the same bugs, and clang compiled the tests in 440 CPU s where GCC took
 # 852 s (GCC's -O0 front end spends 3x clang's on the same test units).
-ensure_packages clang
+ensure_packages clang libfuzzer-14-dev libclang-rt-14-dev
 configure sanitize -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DATTN_SANITIZE=ON -DATTN_BUILD_EXAMPLES=OFF \
-  -DATTN_BUILD_BENCHMARKS=OFF -DATTN_TEST_UNITY_BATCH=0
+  -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DATTN_SANITIZE=ON -DATTN_BUILD_EXAMPLES=ON \
+  -DATTN_BUILD_BENCHMARKS=ON -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_FUZZERS=ON \
+  -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0
 stage "sanitize (clang): build" build sanitize
 stage "sanitize (clang): tests" run_tests sanitize
 
-# 3. hardening: libFuzzer targets (25 s each), a valgrind memcheck run and ThreadSanitizer
-# on tests/concurrency (scripts/run_hardening.sh).
-stage "fuzz" "$ATTN_ROOT/scripts/run_hardening.sh" fuzz
+# 3. hardening: the libFuzzer targets of the sanitizer tree (25 s each), a valgrind memcheck
+# run and ThreadSanitizer on tests/concurrency (scripts/run_hardening.sh).
+ATTN_FUZZ_TREE="$ATTN_ROOT/build/sanitize" stage "fuzz" "$ATTN_ROOT/scripts/run_hardening.sh" fuzz
 stage "valgrind" "$ATTN_ROOT/scripts/run_hardening.sh" valgrind
 stage "tsan" "$ATTN_ROOT/scripts/run_hardening.sh" tsan
 

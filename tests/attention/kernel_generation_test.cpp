@@ -62,13 +62,7 @@ const std::vector<Dims> kShapes = {
     {1, 64, 1, 2, 130, 4, 4},    // 64 heads of one group: two head chunks of rows
 };
 
-std::vector<Isa> runnable_sets() {
-  std::vector<Isa> sets;
-  for (const Isa isa : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa <= attn::best_isa()) sets.push_back(isa);
-  }
-  return sets;
-}
+using attn::test::runnable_sets;
 
 template <class Scalar>
 struct Inputs {
@@ -82,10 +76,11 @@ Inputs<Scalar> make_inputs(const Dims& s, std::uint64_t seed) {
           attn::test::random_tensor<Scalar>(Shape<4>{s.b, s.hkv, s.tk, s.dv}, seed + 2)};
 }
 
-/// Runs `path` and checks it against the reference (K/V repeated to H heads).
+/// Runs both paths on each of `sets` (default: the set in use) and checks them against the
+/// reference (K/V repeated to H heads), computed once.
 template <class Scalar>
 void check(const Dims& s, const AttentionMask<Scalar>& mask, const ref::DenseMask& dense,
-           std::uint64_t seed) {
+           std::uint64_t seed, const std::vector<Isa>& sets = {}) {
   SCOPED_TRACE(describe(s));
   const Inputs<Scalar> in = make_inputs<Scalar>(s, seed);
   const auto k_rep = ref::repeat_kv(in.k.view(), s.h);
@@ -94,16 +89,20 @@ void check(const Dims& s, const AttentionMask<Scalar>& mask, const ref::DenseMas
   const ref::Result expected =
       ref::attention(in.q.view(), k_rep.view(), v_rep.view(), dense, static_cast<ref::Real>(scale));
   const double tol = ref::kernel_tolerance<Scalar>(s.d, s.tk);
-  for (const AttentionPath path : {AttentionPath::kMaterialized, AttentionPath::kStreaming}) {
-    SCOPED_TRACE(path == AttentionPath::kMaterialized ? "materialized" : "streaming");
-    const Tensor<Scalar, 4> out =
-        ref::run_kernel<Scalar>(in.q.view(), in.k.view(), in.v.view(), mask, {}, path);
-    EXPECT_TRUE(ref::all_near(out.view(), expected.output.view(), tol));
+  for (const Isa isa : sets.empty() ? std::vector<Isa>{attn::active_isa()} : sets) {
+    attn::set_isa(isa);
+    SCOPED_TRACE(attn::isa_name(isa));
+    for (const AttentionPath path : {AttentionPath::kMaterialized, AttentionPath::kStreaming}) {
+      SCOPED_TRACE(path == AttentionPath::kMaterialized ? "materialized" : "streaming");
+      const Tensor<Scalar, 4> out =
+          ref::run_kernel<Scalar>(in.q.view(), in.k.view(), in.v.view(), mask, {}, path);
+      EXPECT_TRUE(ref::all_near(out.view(), expected.output.view(), tol));
+    }
+    Tensor<Scalar, 4> weights;
+    ref::run_kernel<Scalar>(in.q.view(), in.k.view(), in.v.view(), mask, {},
+                            AttentionPath::kMaterialized, &weights);
+    EXPECT_TRUE(ref::all_near(weights.view(), expected.weights.view(), tol)) << "weights";
   }
-  Tensor<Scalar, 4> weights;
-  ref::run_kernel<Scalar>(in.q.view(), in.k.view(), in.v.view(), mask, {},
-                          AttentionPath::kMaterialized, &weights);
-  EXPECT_TRUE(ref::all_near(weights.view(), expected.weights.view(), tol)) << "weights";
 }
 
 template <class Scalar>
@@ -129,16 +128,13 @@ std::vector<Index> ragged_lengths(const Dims& s) {
 
 TYPED_TEST(KernelGeneration, GroupedQueryMatchesRepeatedKeysOnEverySet) {
   using S = TypeParam;
-  for (const Isa isa : runnable_sets()) {
-    attn::set_isa(isa);
-    SCOPED_TRACE(attn::isa_name(isa));
-    for (const Dims& s : kShapes) {
-      check<S>(s, {}, ref::DenseMask(s.b, s.h, s.tq, s.tk), 11);
-      AttentionMask<S> causal;
-      causal.causal(CausalAlignment::kBottomRight);
-      check<S>(s, causal,
-               ref::DenseMask(s.b, s.h, s.tq, s.tk).causal(CausalAlignment::kBottomRight), 12);
-    }
+  const std::vector<Isa> sets = runnable_sets();
+  for (const Dims& s : kShapes) {
+    check<S>(s, {}, ref::DenseMask(s.b, s.h, s.tq, s.tk), 11, sets);
+    AttentionMask<S> causal;
+    causal.causal(CausalAlignment::kBottomRight);
+    check<S>(s, causal, ref::DenseMask(s.b, s.h, s.tq, s.tk).causal(CausalAlignment::kBottomRight),
+             12, sets);
   }
 }
 

@@ -20,6 +20,7 @@
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
+#include "support/test_support.hpp"
 
 namespace nonfinite_test {
 namespace {
@@ -30,13 +31,7 @@ using attn::Isa;
 template <class Scalar>
 using T4 = attn::Tensor<Scalar, 4>;
 
-std::vector<Isa> runnable_sets() {
-  std::vector<Isa> sets;
-  for (const Isa isa : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa <= attn::best_isa()) sets.push_back(isa);
-  }
-  return sets;
-}
+using attn::test::runnable_sets;
 
 struct Path {
   attn::AttentionPath path;

@@ -17,18 +17,13 @@
 
 #include "attn/attn.hpp"
 #include "dispatch_workload.hpp"
+#include "support/test_support.hpp"
 
 namespace {
 
 using attn::Isa;
 
-std::vector<Isa> runnable_sets() {
-  std::vector<Isa> sets;
-  for (const Isa isa : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
-    if (isa <= attn::best_isa()) sets.push_back(isa);
-  }
-  return sets;
-}
+using attn::test::runnable_sets;
 
 TEST(Dispatch, BothUnitsRunTheWidestSetByDefaultAndHaveDifferentAbiTags) {
   const DispatchDigest baseline = run_baseline_unit(attn::best_isa(), 1);

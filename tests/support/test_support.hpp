@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <vector>
@@ -71,9 +72,24 @@ constexpr double reduction_tolerance(Index n) {
   return 8.0 * static_cast<double>(n) * std::numeric_limits<Scalar>::epsilon();
 }
 
-/// Every kernel set this CPU runs, narrowest first (for loops that set_isa() each; restore
-/// attn::set_isa(attn::best_isa()) afterwards).
+/// The kernel set this run of the suite uses: the one ATTN_ISA names (clamped to the CPU), or
+/// the widest. Read from the environment, not from active_isa(), so a test that has called
+/// set_isa() still sees it.
+inline Isa run_isa() {
+  Isa isa = best_isa();
+  const char* env = std::getenv("ATTN_ISA");
+  if (env != nullptr && *env != '\0' && !parse_isa(env, isa)) isa = best_isa();
+  return isa < best_isa() ? isa : best_isa();
+}
+
+/// The kernel sets for a test that loops over sets itself (set_isa() each; test_main restores
+/// the run's set after every test), narrowest first. In a run on the widest set (the test
+/// command's first run, and the sanitizer tree's): every set this CPU runs. In a run that
+/// ATTN_ISA narrows: that set alone. The test command runs the suite once per set, so the
+/// narrower runs check their own set without repeating the loops of the widest run.
 inline std::vector<Isa> runnable_sets() {
+  const Isa run = run_isa();
+  if (run < best_isa()) return {run};
   std::vector<Isa> sets;
   for (const Isa isa : {Isa::kScalar, Isa::kSse2, Isa::kAvx2, Isa::kAvx512}) {
     if (isa <= best_isa()) sets.push_back(isa);

@@ -13,11 +13,11 @@
 //
 // To spread the work over several units (they compile in parallel), instantiate one set in
 // each instead: define ATTN_KERNELS_INSTANTIATE and include that set's header,
-// attn/kernels/scalar.hpp, sse2.hpp, avx2.hpp or avx512.hpp (the fuzz build does).
+// attn/kernels/scalar.hpp, sse2.hpp, avx2.hpp or avx512.hpp.
 //
 // All units must be built with the same instruction-set flags (the same ABI tag, see
-// attn/config.hpp). The test suite builds this way (tests/support/kernel_instances.cpp): it
-// roughly halves each test's compile time.
+// attn/config.hpp). The test suite builds this way, one set per unit
+// (tests/support/kernel_set_instances.cpp): it roughly halves each test's compile time.
 #pragma once
 
 #ifndef ATTN_KERNELS_INSTANTIATE
