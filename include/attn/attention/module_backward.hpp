@@ -191,7 +191,7 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     Index columns = 0;
     for (int p = starts[g]; p < group_end[g]; ++p) columns += proj.width(p);
     const Index hd = proj.head_dim(starts[g]);  // the group's heads' size
-    Index offset = 0;  // first head of part p in the group
+    Index offset = 0;                           // first head of part p in the group
     for (int p = starts[g]; p < group_end[g]; ++p) {
       const Index part_heads = proj.width(p) / hd;
       part_grad[p] =

@@ -78,8 +78,8 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   const Index heads = core.num_heads(), kv_heads = core.num_kv_heads(), hd = core.head_dim();
   const Index hd_v = core.value_head_dim(), qa = heads * hd, a = core.attention_width();
   const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
-  Scalar* q = workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
-                                    total * (qa + kv_heads * (hd + hd_v)));
+  Scalar* q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (qa + kv_heads * (hd + hd_v)));
   Scalar* kv = q + total * qa;
   proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
                     GemmOutput<Scalar>::head_major(q, total, qa, hd), ws);

@@ -178,8 +178,8 @@ class QkvProjection {
                  QkvLayout layout, const char* who) {
     require_fused(who);
     detail::require_config(
-        layout == QkvLayout::kStacked || (kv_heads_ == heads_ && value_head_dim_ == head_dim_),
-        who, [&] {
+        layout == QkvLayout::kStacked || (kv_heads_ == heads_ && value_head_dim_ == head_dim_), who,
+        [&] {
           return "the per-head [q; k; v] layout needs num_kv_heads == num_heads and "
                  "value_head_dim == head_dim (got " +
                  std::to_string(kv_heads_) + " and " + std::to_string(heads_) + ", " +
@@ -279,8 +279,7 @@ class QkvProjection {
     const bool kv_same = detail::same_view(key, value);
     const bool one_size = value_head_dim_ == head_dim_;
     // `heads` heads of `hd` at base, in a buffer of `columns` features per token.
-    const auto view = [&](const Scalar* base, Index heads, Index tokens, Index columns,
-                          Index hd) {
+    const auto view = [&](const Scalar* base, Index heads, Index tokens, Index columns, Index hd) {
       return TensorView<const Scalar, 4>(base, {batch, heads, tokens, hd},
                                          {tokens * columns, tokens * hd, hd, 1});
     };
