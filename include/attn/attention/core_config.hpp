@@ -200,35 +200,36 @@ inline bool same_config(const CoreConfig& a, const CoreConfig& b) noexcept {
   return std::strcmp(a.name, b.name) == 0 && a.d_in == b.d_in && a.kdim == b.kdim &&
          a.vdim == b.vdim && a.d_out == b.d_out && a.num_heads == b.num_heads &&
          a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim &&
-         a.value_head_dim == b.value_head_dim && a.context_length == b.context_length &&
-         a.dropout == b.dropout && a.qkv_bias == b.qkv_bias && a.out_proj == b.out_proj &&
-         a.out_bias == b.out_bias && a.causal == b.causal &&
-         (!a.causal || a.causal_alignment == b.causal_alignment) && same_rope(a.rope, b.rope) &&
-         a.sliding_window == b.sliding_window && same_variants(a, b);
+         a.context_length == b.context_length && a.dropout == b.dropout &&
+         a.qkv_bias == b.qkv_bias && a.out_proj == b.out_proj && a.out_bias == b.out_bias &&
+         a.causal == b.causal && (!a.causal || a.causal_alignment == b.causal_alignment) &&
+         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window && same_variants(a, b) &&
+         a.value_head_dim == b.value_head_dim;
 }
 
 /// `c` when it describes a module that can exist; else a ConfigError naming the values (the
 /// sizes, head counts, head dim, rotary head dim, window, variants and dropout).
 inline CoreConfig checked_core_config(const CoreConfig& c) {
-  require_config(
-      c.d_in > 0 && c.d_out > 0 && c.num_heads > 0 && c.kdim >= 0 && c.vdim >= 0 &&
-          c.context_length >= 0 && c.num_kv_heads >= 0 && c.head_dim >= 0 && c.value_head_dim >= 0,
-      c.name, [&] {
-        std::string sizes = "d_in=" + std::to_string(c.d_in) + ", d_out=" + std::to_string(c.d_out);
-        if (c.num_heads != 1) sizes += ", num_heads=" + std::to_string(c.num_heads);
-        if (c.num_kv_heads != 0) {
-          sizes += ", num_kv_heads=" + std::to_string(c.num_kv_heads);
-        }
-        if (c.head_dim != 0) sizes += ", head_dim=" + std::to_string(c.head_dim);
-        if (c.value_head_dim != 0) {
-          sizes += ", value_head_dim=" + std::to_string(c.value_head_dim);
-        }
-        if (c.kdim != 0) sizes += ", kdim=" + std::to_string(c.kdim);
-        if (c.vdim != 0) sizes += ", vdim=" + std::to_string(c.vdim);
-        return sizes + ", context_length=" + std::to_string(c.context_length) +
-               ": sizes must be positive (kdim, vdim, num_kv_heads, head_dim, "
-               "value_head_dim, context_length: 0 = default)";
-      });
+  require_config(c.d_in > 0 && c.d_out > 0 && c.num_heads > 0 && c.kdim >= 0 && c.vdim >= 0 &&
+                     c.context_length >= 0 && c.num_kv_heads >= 0 && c.head_dim >= 0,
+                 c.name, [&] {
+                   std::string sizes =
+                       "d_in=" + std::to_string(c.d_in) + ", d_out=" + std::to_string(c.d_out);
+                   if (c.num_heads != 1) sizes += ", num_heads=" + std::to_string(c.num_heads);
+                   if (c.num_kv_heads != 0) {
+                     sizes += ", num_kv_heads=" + std::to_string(c.num_kv_heads);
+                   }
+                   if (c.head_dim != 0) sizes += ", head_dim=" + std::to_string(c.head_dim);
+                   if (c.kdim != 0) sizes += ", kdim=" + std::to_string(c.kdim);
+                   if (c.vdim != 0) sizes += ", vdim=" + std::to_string(c.vdim);
+                   return sizes + ", context_length=" + std::to_string(c.context_length) +
+                          ": sizes must be positive (kdim, vdim, num_kv_heads, head_dim, "
+                          "context_length: 0 = default)";
+                 });
+  require_config(c.value_head_dim >= 0, c.name, [&] {
+    return "value_head_dim=" + std::to_string(c.value_head_dim) +
+           " must be 0 (head_dim) or positive";
+  });
   require_config(c.head_dim > 0 || c.d_out % c.num_heads == 0, c.name, [&] {
     return "d_out=" + std::to_string(c.d_out) +
            " is not divisible by num_heads=" + std::to_string(c.num_heads) +

@@ -49,9 +49,8 @@ namespace detail {
 ///   2. projections: QkvProjection writes Q, K, V head-major into the workspace;
 ///   3. kernel: attend() runs scaled_dot_product_attention over (B, H, T, hd) views (V
 ///      (B, H_kv, T_k, hd_v)), the context written into (B, T_q, H, hd_v) == (B, T_q, A),
-///      the module's own causal bound,
-///      scale, dropout and variants (softcap, ALiBi, its sinks) applied: kernel_options()
-///      is the one place they enter the call;
+///      the module's own causal bound, scale, dropout and variants (softcap, ALiBi, its
+///      sinks) applied: kernel_options() is the one place they enter the call;
 ///   4. output projection: out_proj (d_out, A) from that buffer, or the context is the output.
 /// Grouped-query attention (num_kv_heads < num_heads): K and V are projected with H_kv heads
 /// and the kernel maps query head h to key/value head h / (H / H_kv), copying nothing.

@@ -70,9 +70,9 @@ class QkvProjection {
   static constexpr int kQuery = 0, kKey = 1, kValue = 2;
 
   /// Q (B, H, T_q, hd), K (B, H_kv, T_k, hd) and V (B, H_kv, T_k, hd_v) as views into the
-  /// workspace (valid until
-  /// its next use), and the input rows each projection read (the inputs themselves, or staged
-  /// copies in the workspace): what a backward needs for the weight gradients.
+  /// workspace (valid until its next use), and the input rows each projection read (the
+  /// inputs themselves, or staged copies in the workspace): what a backward needs for the
+  /// weight gradients.
   struct Heads {
     TensorView<const Scalar, 4> query, key, value;
     detail::RowsRef<const Scalar> rows[3];
