@@ -14,6 +14,9 @@
 #                   power of two come from the second series;
 #   softcap         Gemma 2 (transformers, models/gemma2/modeling_gemma2.py): the scaled
 #                   scores capped with tanh before the causal mask (module fixture only);
+#   value heads     DeepSeek-V3 (transformers, models/deepseek_v3/modeling_deepseek_v3.py) with
+#                   its decompressed heads: queries and keys of one head size, values of
+#                   another (v_head_dim), 1/sqrt(q head size), causal (module fixture only);
 #   modules         q_proj, k_proj, v_proj, one of the attentions above, o_proj, with
 #                   gradients of every parameter (sinks included) and of the input.
 #
@@ -162,19 +165,29 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(B, H_kv, n_rep, T, d).reshape(B, H_kv * n_rep, T, d)
 
 
+def causal_attention(q, k, v, scaling):
+    # The eager attention of DeepSeek-V3 (and Llama) with its causal mask: softmax(q k^T
+    # scaling + causal) v; q and k (B, H, T, d), v (B, H, T, d_v), already repeated.
+    T = q.shape[2]
+    scores = torch.matmul(q, k.transpose(2, 3)) * scaling
+    scores = scores + torch.triu(torch.full((T, T), -float("inf")), diagonal=1)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
 def module_case(path, kind, B, T, D, H, H_kv, d, seed, sliding_window=0, softcap=0.0,
-                bias=True):
+                bias=True, dv=None):
     g = torch.Generator().manual_seed(seed)
+    dv = d if dv is None else dv  # the value heads' size
 
     def param(*shape, lo=-0.5, hi=0.5):
         return (torch.rand(*shape, generator=g) * (hi - lo) + lo).requires_grad_()
 
     params = {"q_proj.weight": param(H * d, D), "k_proj.weight": param(H_kv * d, D),
-              "v_proj.weight": param(H_kv * d, D)}
+              "v_proj.weight": param(H_kv * dv, D)}
     if bias:
         params.update({"q_proj.bias": param(H * d), "k_proj.bias": param(H_kv * d),
-                       "v_proj.bias": param(H_kv * d)})
-    params["o_proj.weight"] = param(D, H * d)
+                       "v_proj.bias": param(H_kv * dv)})
+    params["o_proj.weight"] = param(D, H * dv)
     if bias:
         params["o_proj.bias"] = param(D)
     if kind == "gpt_oss":
@@ -194,13 +207,15 @@ def module_case(path, kind, B, T, D, H, H_kv, d, seed, sliding_window=0, softcap
     else:
         qh = q.view(B, T, H, d).transpose(1, 2)
         kh = repeat_kv(k.view(B, T, H_kv, d).transpose(1, 2), H // H_kv)
-        vh = repeat_kv(v.view(B, T, H_kv, d).transpose(1, 2), H // H_kv)
+        vh = repeat_kv(v.view(B, T, H_kv, dv).transpose(1, 2), H // H_kv)
         if kind == "gemma2":
             ctx = gemma2_attention(qh, kh, vh, scale, softcap)
+        elif kind == "deepseek":
+            ctx = causal_attention(qh, kh, vh, scale)
         else:  # BLOOM's ALiBi attention
             alibi = build_alibi_tensor(torch.ones(B, T, dtype=torch.long), H, torch.float64)
             ctx = bloom_attention(qh, kh, vh, alibi)
-        ctx = ctx.transpose(1, 2).reshape(B, T, H * d)
+        ctx = ctx.transpose(1, 2).reshape(B, T, H * dv)
     out = linear(ctx, "o_proj")
     grad_out = torch.rand(out.shape, generator=g) * 2 - 1
     (out * grad_out).sum().backward()
@@ -226,13 +241,17 @@ def main(argv):
     gpt_oss_case(os.path.join(out, "gpt_oss_sinks_window.safetensors"), 13, 2, 2, 8, 4, 2)
     bloom_case(os.path.join(out, "bloom_alibi.safetensors"), 2, 6, 9, 8, 3)
     # Modules: gpt-oss (sinks, grouped-query heads, a window of 4), Gemma 2 (softcap 2.5,
-    # grouped-query heads, head_dim 3 with D 8: H * d != D), BLOOM (ALiBi, 6 heads, no bias).
+    # grouped-query heads, head_dim 3 with D 8: H * d != D), BLOOM (ALiBi, 6 heads, no bias),
+    # DeepSeek-V3's shapes scaled down (queries and keys of 6, values of 4; grouped-query heads
+    # too, which DeepSeek's decompressed heads are not, to cover the mapping).
     module_case(os.path.join(out, "gpt_oss_module.safetensors"), "gpt_oss", 2, 10, 12, 4, 2, 4,
                 4, sliding_window=4)
     module_case(os.path.join(out, "gemma2_softcap_module.safetensors"), "gemma2", 2, 9, 8, 4, 2,
                 3, 5, softcap=2.5, bias=False)
     module_case(os.path.join(out, "bloom_alibi_module.safetensors"), "bloom", 2, 8, 12, 6, 6, 2,
                 6, bias=False)
+    module_case(os.path.join(out, "deepseek_value_heads_module.safetensors"), "deepseek", 2, 9,
+                10, 4, 2, 6, 7, dv=4)
     return 0
 
 

@@ -373,21 +373,26 @@ attn::MultiHeadAttentionOptions module_options(Index kdim, Index kv_heads) {
 }
 
 // Self-attention (causal, key padding), cross-attention with kdim != d_in and grouped-query
-// heads, softcap and ALiBi: every set and path, and 1 and 2 threads bit for bit.
+// heads, softcap and ALiBi, value heads of another size (value_head_dim): every set and path,
+// and 1 and 2 threads bit for bit; with value_head_dim also frozen (packed weights) bit for bit.
 TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
   struct ModuleCase {
     Index kdim, kv_heads, tq, tk;
     bool causal, padding, variants;
+    Index value_head_dim;
   };
   const ModuleCase cases[] = {
-      {0, 0, 37, 37, true, false, false},    // self, causal, fused Q/K/V
-      {0, 2, 70, 70, false, true, true},     // self, GQA, padding, softcap + ALiBi
-      {48, 4, 19, 77, false, false, false},  // cross, kdim = vdim = 48: W_q, [W_k; W_v]
+      {0, 0, 37, 37, true, false, false, 0},    // self, causal, fused Q/K/V
+      {0, 2, 70, 70, false, true, true, 0},     // self, GQA, padding, softcap + ALiBi
+      {48, 4, 19, 77, false, false, false, 0},  // cross, kdim = vdim = 48: W_q, [W_k; W_v]
+      {0, 2, 37, 37, true, false, false, 8},    // self, values of 8 against keys of 16
+      {48, 4, 19, 77, false, false, true, 24},  // cross, values of 24
   };
   for (const ModuleCase& c : cases) {
     SCOPED_TRACE("case kdim " + std::to_string(c.kdim) + " tq " + std::to_string(c.tq));
     auto o = module_options(c.kdim, c.kv_heads);
     o.causal = c.causal;
+    o.value_head_dim = c.value_head_dim;
     if (c.variants) {
       o.softcap = 5.0;
       o.alibi_max_bias = 8.0;
@@ -415,6 +420,15 @@ TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
       attn::set_num_threads(1);
       for (Index i = 0; i < out.size(); ++i) {
         ASSERT_EQ(out.data()[i].bits(), two.data()[i].bits()) << "element " << i;
+      }
+      if (c.value_head_dim == 0) return;
+      attn::MultiHeadAttention<bfloat16> frozen = m.narrow;
+      frozen.freeze();
+      const Tensor<bfloat16, 3> packed = self
+                                             ? frozen.forward(q.narrow, mask)
+                                             : frozen.forward(q.narrow, kv.narrow, kv.narrow, mask);
+      for (Index i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out.data()[i].bits(), packed.data()[i].bits()) << "frozen, element " << i;
       }
     });
   }

@@ -3,7 +3,8 @@
 // module_backward.hpp through the module API): central finite differences in double of the
 // module's own forward for the inputs and every parameter, with masks, for the simple,
 // single-head v1 (raw transposed parameters) and v2, causal, wrapper, multi-head (fused,
-// separate kdim/vdim, self, cross, key = value; grouped-query, rotary, windowed) and
+// separate kdim/vdim, self, cross, key = value; grouped-query, rotary, windowed; value heads
+// of their own size) and
 // cross-attention classes; unbatched
 // inputs; bit-identical gradients for 1, 2 and 3 threads; accumulation; the checks.
 // (PyTorch's own gradients: tests/parity/grad_fixtures_test.cpp.)
@@ -131,28 +132,33 @@ TEST(ModuleBackward, MultiHeadSelfAttentionMatchesFiniteDifferences) {
 
 // Llama-style layers: grouped-query and multi-query heads (dK, dV summed over each group),
 // rotary embeddings in both pair conventions (dQ, dK rotated back by R^T), partial rotary,
-// a sliding window, an explicit head_dim.
+// a sliding window, an explicit head_dim, value heads of another size (value_head_dim).
 TEST(ModuleBackward, GroupedQueryRotaryAndWindowedAttentionMatchFiniteDifferences) {
   attn::manual_seed(8);
   struct Config {
     Index kv_heads, rotary_dim, window;
     attn::RopeStyle style;
     bool bias;
+    Index value_head_dim;
   };
   const Config configs[] = {
-      {2, 4, 0, attn::RopeStyle::kHalfSplit, true},
-      {1, 2, 2, attn::RopeStyle::kInterleaved, false},
-      {4, 0, 3, attn::RopeStyle::kHalfSplit, false},  // MHA with a window
-      {2, 0, 0, attn::RopeStyle::kHalfSplit, false},  // no rope: GQA alone
+      {2, 4, 0, attn::RopeStyle::kHalfSplit, true, 0},
+      {1, 2, 2, attn::RopeStyle::kInterleaved, false, 0},
+      {4, 0, 3, attn::RopeStyle::kHalfSplit, false, 0},  // MHA with a window
+      {2, 0, 0, attn::RopeStyle::kHalfSplit, false, 0},  // no rope: GQA alone
+      {2, 4, 2, attn::RopeStyle::kHalfSplit, true, 3},   // value heads narrower (DeepSeek)
+      {4, 0, 0, attn::RopeStyle::kHalfSplit, false, 5},  // and wider
   };
   for (const Config& c : configs) {
     SCOPED_TRACE("H_kv " + std::to_string(c.kv_heads) + ", rotary_dim " +
-                 std::to_string(c.rotary_dim) + ", window " + std::to_string(c.window));
+                 std::to_string(c.rotary_dim) + ", window " + std::to_string(c.window) +
+                 ", value_head_dim " + std::to_string(c.value_head_dim));
     attn::MultiHeadAttentionOptions o;
     o.d_in = kD;
     o.num_heads = 4;
     o.num_kv_heads = c.kv_heads;
     o.head_dim = 4;
+    o.value_head_dim = c.value_head_dim;
     o.qkv_bias = c.bias;
     o.out_bias = c.bias;
     o.causal = true;
@@ -169,17 +175,23 @@ TEST(ModuleBackward, GroupedQueryRotaryAndWindowedAttentionMatchFiniteDifference
 }
 
 // Three inputs: separate weights (kdim/vdim), a fused weight read by three tensors, and key =
-// value (one tensor, one gradient view given twice).
+// value (one tensor, one gradient view given twice); each also with value heads of another
+// size (value_head_dim: W_v's GEMMs apart from W_q's and W_k's).
 TEST(ModuleBackward, MultiHeadCrossAttentionMatchesFiniteDifferences) {
   attn::manual_seed(4);
   struct Config {
     Index kdim, vdim;
     bool key_is_value;
+    Index value_head_dim;
   };
-  for (const Config c : {Config{5, 3, false}, Config{kD, kD, false}, Config{4, 4, true}}) {
-    SCOPED_TRACE("kdim " + std::to_string(c.kdim) + " vdim " + std::to_string(c.vdim));
-    attn::MultiHeadAttention<double> m(
-        attn::MultiHeadAttentionOptions::pytorch(kD, 2, true, c.kdim, c.vdim));
+  for (const Config c : {Config{5, 3, false, 0}, Config{kD, kD, false, 0}, Config{4, 4, true, 0},
+                         Config{5, 3, false, 2}, Config{kD, kD, false, 4}, Config{4, 4, true, 2}}) {
+    SCOPED_TRACE("kdim " + std::to_string(c.kdim) + " vdim " + std::to_string(c.vdim) +
+                 " value_head_dim " + std::to_string(c.value_head_dim));
+    attn::MultiHeadAttentionOptions o =
+        attn::MultiHeadAttentionOptions::pytorch(kD, 2, true, c.kdim, c.vdim);
+    o.value_head_dim = c.value_head_dim;
+    attn::MultiHeadAttention<double> m(o);
     Tensor<double, 3> q = input(kT, kD, 5), k = input(kTk, c.kdim, 6), v = input(kTk, c.vdim, 7);
     Tensor<bool, 2> padding({kB, kTk});
     padding(0, 2) = true;

@@ -8,8 +8,12 @@
 // like any other (names, Gradients, AdamW, freezing); the materialised path. Every other
 // module with weights (SelfAttention, CausalAttention, CrossAttention, the wrapper's heads)
 // with each variant against a long-double loop written from the formulas, forward, and its
-// backward against central differences. PyTorch references of whole modules:
-// tests/io/variants_fixtures_test.cpp.
+// backward against central differences. Value heads of their own size (value_head_dim):
+// every projection storage against a long-double reference, the incremental forward and the
+// packed prefill (plain, ring with the variants, bfloat16 rows), the packed forward, thread
+// counts, parameter shapes, a state_dict round trip and the refusals (their gradients:
+// tests/attention/module_backward_test.cpp and the finite differences below). PyTorch
+// references of whole modules: tests/io/variants_fixtures_test.cpp.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +29,7 @@
 #include "attention/module_test_support.hpp"
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
+#include "attn/io/state_dict.hpp"
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
@@ -41,6 +46,7 @@ using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
 using attn::test::module_tolerance;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
@@ -68,12 +74,13 @@ const std::vector<Variant> kVariants = {
     {"all", 16, 4, 2, 4, 0, false, 3.0, 4.0, {}, true},
 };
 
-MultiHeadAttentionOptions options(const Variant& v, Index max_positions) {
+MultiHeadAttentionOptions options(const Variant& v, Index max_positions, Index value_head_dim = 0) {
   MultiHeadAttentionOptions o;
   o.d_in = v.d;
   o.num_heads = v.heads;
   o.num_kv_heads = v.kv_heads;
   o.head_dim = v.head_dim;
+  o.value_head_dim = value_head_dim;
   o.qkv_bias = true;
   o.causal = true;
   o.sliding_window = v.window;
@@ -91,9 +98,10 @@ MultiHeadAttentionOptions options(const Variant& v, Index max_positions) {
 /// The module of `v` with sinks set to values in [-1, 1.5] (their initial 0 would hide a
 /// sink read from the wrong head).
 template <class Scalar>
-MultiHeadAttention<Scalar> make_module(const Variant& v, Index max_positions = 64) {
+MultiHeadAttention<Scalar> make_module(const Variant& v, Index max_positions = 64,
+                                       Index value_head_dim = 0) {
   attn::TorchGenerator gen(11);
-  MultiHeadAttention<Scalar> m(options(v, max_positions), gen);
+  MultiHeadAttention<Scalar> m(options(v, max_positions, value_head_dim), gen);
   for (Index h = 0; h < m.sinks().extent(0); ++h) {
     m.sinks()(h) =
         static_cast<Scalar>(-1.0 + 2.5 * static_cast<double>(h) / static_cast<double>(v.heads));
@@ -250,11 +258,14 @@ double loss(const MultiHeadAttention<double>& m, const Tensor<double, 3>& x,
 // so 1e-7 (relative to max(1, |g|)) leaves a wide margin; a dropped dsinks or a wrong
 // softcap derivative is off by 1e-2 or more.
 TEST(ModuleVariantsBackward, EveryGradientMatchesFiniteDifferences) {
-  for (const bool given_slopes : {false, true}) {
+  for (const int c : {0, 1, 2}) {
+    const bool given_slopes = c > 0;
+    const Index value_head_dim = c == 2 ? 3 : 0;  // value heads narrower than the keys' 4
     SCOPED_TRACE(given_slopes ? "given slopes" : "standard slopes");
+    SCOPED_TRACE("value_head_dim " + std::to_string(value_head_dim));
     Variant v{"all+window", 12, 4, 2, 4, 4, true, 1.5, 6.0, {}, true};
     if (given_slopes) v.alibi_max_bias = 0.0, v.slopes = {0.7, 0.05, 0.3, 1.1};
-    MultiHeadAttention<double> m = make_module<double>(v);
+    MultiHeadAttention<double> m = make_module<double>(v, 64, value_head_dim);
     const auto x = attn::test::random_tensor<double>(Shape<3>{2, 7, v.d}, 21);
     const auto grad_out = attn::test::random_tensor<double>(Shape<3>{2, 7, v.d}, 22);
     attn::SavedForward<double> saved;
@@ -299,6 +310,295 @@ TEST(ModuleVariantsBackward, EveryGradientMatchesFiniteDifferences) {
       EXPECT_NEAR(grad_x.data()[e], (up - down) / (2 * h), 1e-7) << "x[" << e << "]";
     }
   }
+}
+
+// ---- value heads of their own size (MultiHeadAttentionOptions::value_head_dim) ----
+
+/// Options of a 4-head module of d_in 12 and d_out 10 whose value heads (hd_v) differ from
+/// its query/key heads (hd): kdim and vdim pick the projections' storage (0, 0: one fused
+/// weight; equal: [W_k; W_v] stacked; different: three weights).
+MultiHeadAttentionOptions value_head_options(Index kdim, Index vdim, Index kv_heads, Index hd,
+                                             Index hd_v, bool causal) {
+  MultiHeadAttentionOptions o;
+  o.d_in = 12;
+  o.d_out = 10;
+  o.kdim = kdim;
+  o.vdim = vdim;
+  o.num_heads = 4;
+  o.num_kv_heads = kv_heads;
+  o.head_dim = hd;
+  o.value_head_dim = hd_v;
+  o.qkv_bias = true;
+  o.causal = causal;
+  return o;
+}
+
+/// The module's output on its own weights, computed apart from it in long double: each
+/// projection a loop of its own (ref::linear), the key/value heads repeated per group
+/// (ref::repeat_kv), the attention per head (ref::attention), the heads merged, out_proj.
+Tensor<double, 3> value_head_reference(const MultiHeadAttention<float>& m,
+                                       TensorView<const float, 3> query,
+                                       TensorView<const float, 3> key,
+                                       TensorView<const float, 3> value, const ref::DenseMask& mask,
+                                       Tensor<double, 4>* weights = nullptr) {
+  const attn::test::WideWeights w = attn::test::wide(m);
+  const Index heads = m.num_heads(), kv_heads = m.num_kv_heads();
+  const Tensor<ref::Real, 3> q = ref::linear(query, w.wq.view(), w.bq.view());
+  const Tensor<ref::Real, 3> k = ref::linear(key, w.wk.view(), w.bk.view());
+  const Tensor<ref::Real, 3> v = ref::linear(value, w.wv.view(), w.bv.view());
+  const auto kh = ref::repeat_kv(ref::heads_of(k.view(), kv_heads), heads);
+  const auto vh = ref::repeat_kv(ref::heads_of(v.view(), kv_heads), heads);
+  ref::Result r = ref::attention(ref::heads_of(q.view(), heads), kh.view(), vh.view(), mask,
+                                 attn::test::inv_sqrt(m.head_dim()));
+  if (weights != nullptr) *weights = std::move(r.weights);
+  const Tensor<ref::Real, 3> ctx = ref::merge(r.output.view());
+  const Tensor<ref::Real, 3> y = ref::linear(ctx.view(), w.wo.view(), w.bo.view());
+  Tensor<double, 3> out(y.shape());
+  for (Index i = 0; i < y.size(); ++i) out.data()[i] = static_cast<double>(y.data()[i]);
+  return out;
+}
+
+// The whole-sequence forward (streamed and materialised, frozen and not) against the
+// independent reference, for each storage of the projections: self-attention (one fused
+// weight, two GEMMs: [W_q; W_k], then W_v), cross-attention with kdim == vdim (key = value
+// and not) and kdim != vdim; grouped-query heads; hd_v below and above hd; a causal bound or
+// a key-length mask. Tolerance: module_tolerance (see module_test_support.hpp) with the
+// larger head size. The weights must equal the reference's probabilities to the same
+// tolerance. Freezing packs the weights and must change no bit.
+TEST(ModuleValueHeadDim, ForwardMatchesAnIndependentReference) {
+  struct Case {
+    const char* name;
+    Index kdim, vdim, kv_heads, hd, hd_v;
+    bool causal, key_is_value;
+  };
+  const Case cases[] = {
+      {"self, fused weight, GQA, causal", 0, 0, 2, 5, 2, true, false},
+      {"self, hd_v > hd", 0, 0, 4, 2, 6, true, false},
+      {"cross, kdim == vdim, key = value", 7, 7, 2, 5, 3, false, true},
+      {"cross, kdim == vdim, two tensors", 7, 7, 1, 5, 3, false, false},
+      {"cross, kdim != vdim", 7, 5, 4, 3, 4, false, false},
+  };
+  const Index batch = 2, tq = 6, tk = 9;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    attn::TorchGenerator gen(5);
+    MultiHeadAttention<float> m(
+        value_head_options(c.kdim, c.vdim, c.kv_heads, c.hd, c.hd_v, c.causal), gen);
+    EXPECT_EQ(m.value_head_dim(), c.hd_v);
+    EXPECT_EQ(m.v_proj_weight().extent(0), c.kv_heads * c.hd_v);
+    EXPECT_EQ(m.out_proj().weight().extent(1), 4 * c.hd_v);
+    const bool self = c.kdim == 0;
+    const Index keys = self ? tq : tk;
+    const auto x = attn::test::random_tensor<float>(Shape<3>{batch, tq, 12}, 1);
+    const auto kx = attn::test::random_tensor<float>(Shape<3>{batch, keys, self ? 12 : c.kdim}, 2);
+    const auto vx = attn::test::random_tensor<float>(Shape<3>{batch, keys, self ? 12 : c.vdim}, 3);
+    const TensorView<const float, 3> key = self ? x.view() : kx.view();
+    const TensorView<const float, 3> value =
+        self ? x.view() : (c.key_is_value ? kx.view() : vx.view());
+    attn::AttentionMask<float> mask;
+    ref::DenseMask dense(batch, 4, tq, keys);
+    if (c.causal) {
+      dense.causal(attn::CausalAlignment::kTopLeft);
+    } else {
+      mask.key_lengths({keys, 4});
+      dense.key_lengths({keys, 4});
+    }
+    Tensor<double, 4> expected_weights;
+    const Tensor<double, 3> expected =
+        value_head_reference(m, x.view(), key, value, dense, &expected_weights);
+    const double tol = module_tolerance<float>(12, std::max(c.hd, c.hd_v), keys, 10);
+    const Tensor<float, 3> streamed = m.forward(x.view(), key, value, mask);
+    EXPECT_TRUE(ref::all_near(streamed.view(), expected.view(), tol));
+    const auto result = m.forward_with_weights(x.view(), key, value, mask);
+    EXPECT_TRUE(ref::all_near(result.output.view(), expected.view(), tol));
+    EXPECT_TRUE(ref::all_near(result.weights.view(), expected_weights.view(), tol));
+    m.freeze();
+    EXPECT_EQ(attn::test::to_vector(m.forward(x.view(), key, value, mask)),
+              attn::test::to_vector(streamed));
+  }
+}
+
+// The incremental forward through a KVCache of the same value_head_dim equals the whole
+// forward (tolerance as CachedGenerationEqualsTheWholeForward): a plain cache, a sliding-window
+// ring with the variants (sinks, ALiBi, softcap, rotary embeddings on the 6-wide keys), and a
+// bfloat16 cache (the rows rounded to 8 bits: 2^-8 relative on each key and value, outputs of
+// order 1, so within 3e-2; a value row in the wrong place or of the wrong width moves them by
+// more than 0.1). Then the packed prefill of two sequences equals each one's incremental forward
+// alone, bit for bit, and a cache of another value_head_dim is refused naming both.
+TEST(ModuleValueHeadDim, CachedAndPackedPrefillEqualTheWholeForward) {
+  MultiHeadAttentionOptions o = value_head_options(0, 0, 2, 6, 4, true);
+  o.d_out = 12;
+  for (const int variant : {0, 1, 2}) {
+    SCOPED_TRACE("case " + std::to_string(variant));
+    MultiHeadAttentionOptions c = o;
+    attn::KVCacheOptions co;
+    co.batch = 2, co.num_kv_heads = 2, co.head_dim = 6, co.value_head_dim = 4, co.capacity = 24;
+    if (variant == 1) {
+      c.sliding_window = 5;
+      c.sinks = true;
+      c.alibi_max_bias = 4.0;
+      c.softcap = 2.0;
+      c.rope = attn::RotaryOptions{6, 6, 100.0, attn::RopeStyle::kHalfSplit, 64};
+      co.window = 5, co.max_chunk = 4, co.capacity = 0;
+    }
+    if (variant == 2) co.element = attn::KVElement::kBFloat16;
+    attn::TorchGenerator gen(9);
+    MultiHeadAttention<float> m(c, gen);
+    for (Index h = 0; h < m.sinks().extent(0); ++h)
+      m.sinks()(h) = 0.4f * static_cast<float>(h) - 0.5f;
+    const auto x = attn::test::random_tensor<float>(Shape<3>{2, 20, 12}, 4);
+    const Tensor<float, 3> whole = m.forward(x.view());
+    KVCache<float> cache(co);
+    Tensor<float, 3> out({2, 20, 12});
+    attn::Workspace ws;
+    Index t0 = 0;
+    for (const Index t : {7, 3, 1, 4, 1, 1, 1, 1, 1}) {
+      m.forward(attn::slice(x.view(), 1, t0, t0 + t), attn::slice(out.view(), 1, t0, t0 + t), ws,
+                cache);
+      t0 += t;
+    }
+    ASSERT_EQ(t0, 20);
+    const double tol = variant == 2 ? 3e-2 : 2 * module_tolerance<float>(12, 6, 20, 12);
+    EXPECT_TRUE(ref::all_near(TensorView<const float, 3>(out.view()), whole.view(), tol));
+    // The packed prefill of sequences of 7 and 3 tokens against each alone.
+    const attn::SequenceOffsets cu = attn::SequenceOffsets::from_lengths({7, 3});
+    const Tensor<float, 2> rows(attn::slice(attn::select(x.view(), 0, 0), 0, 0, 10));
+    Tensor<float, 2> packed(Shape<2>{10, 12});
+    KVCache<float> both(co);
+    m.forward(rows.view(), rows.view(), rows.view(), cu, packed.view(), ws, both);
+    for (Index s = 0; s < 2; ++s) {
+      attn::KVCacheOptions one = co;
+      one.batch = 1;
+      KVCache<float> alone(one);
+      const Index r0 = cu.begin(s), r1 = r0 + cu.length(s);
+      Tensor<float, 3> y(Shape<3>{1, r1 - r0, 12});
+      m.forward(attn::unsqueeze(attn::slice(rows.view(), 0, r0, r1), 0), y.view(), ws, alone);
+      EXPECT_EQ(attn::test::to_vector(attn::slice(packed.view(), 0, r0, r1)),
+                attn::test::to_vector(attn::select(y.view(), 0, 0)))
+          << "sequence " << s;
+    }
+  }
+  attn::TorchGenerator gen(9);
+  const MultiHeadAttention<float> m(o, gen);
+  KVCache<float> wrong(2, 2, 6, 8);  // value rows of 6
+  Tensor<float, 3> out({2, 1, 12});
+  attn::Workspace ws;
+  EXPECT_THAT(
+      [&] {
+        m.forward(Tensor<float, 3>({2, 1, 12}).view(), out.view(), ws, wrong);
+      },
+      ThrowsMessage<attn::ShapeError>(
+          AllOf(HasSubstr("value_head_dim=6"), HasSubstr("value_head_dim=4"))));
+}
+
+// The packed forward equals each sequence alone, bit for bit, and the training forward and
+// backward (packed and not) give the same bits on 1 and 2 threads.
+TEST(ModuleValueHeadDim, PackedForwardAndThreadCountInvariance) {
+  const int threads = attn::num_threads();
+  attn::TorchGenerator gen(13);
+  const MultiHeadAttention<float> m(value_head_options(0, 0, 2, 6, 3, true), gen);
+  const attn::SequenceOffsets cu = attn::SequenceOffsets::from_lengths({9, 1, 14});
+  const auto x = attn::test::random_tensor<float>(Shape<2>{24, 12}, 6);
+  const auto grad_out = attn::test::random_tensor<float>(Shape<2>{24, 10}, 7);
+  const auto xb = attn::test::random_tensor<float>(Shape<3>{2, 11, 12}, 8);
+  const auto gb = attn::test::random_tensor<float>(Shape<3>{2, 11, 10}, 9);
+  std::vector<float> results[2];
+  for (int t = 0; t < 2; ++t) {
+    attn::set_num_threads(t + 1);
+    attn::Workspace ws;
+    std::vector<float>& r = results[t];
+    Tensor<float, 2> packed(Shape<2>{24, 10}), gx(Shape<2>{24, 12});
+    m.forward(x.view(), x.view(), x.view(), cu, packed.view(), ws);
+    if (t == 0) {
+      for (Index s = 0; s < cu.sequences(); ++s) {
+        const Index r0 = cu.begin(s), r1 = r0 + cu.length(s);
+        Tensor<float, 2> y(Shape<2>{r1 - r0, 10});
+        const auto xs = attn::slice(x.view(), 0, r0, r1);
+        m.forward(xs, xs, xs, y.view(), ws);
+        EXPECT_EQ(attn::test::to_vector(attn::slice(packed.view(), 0, r0, r1)),
+                  attn::test::to_vector(y))
+            << "sequence " << s;
+      }
+    }
+    attn::SavedForward<float> saved;
+    attn::Gradients<float> grads(m.named_parameters());
+    m.forward(x.view(), x.view(), x.view(), cu, packed.view(), saved, ws);
+    m.backward(grad_out.view(), saved, gx.view(), gx.view(), gx.view(), grads, ws);
+    Tensor<float, 3> y(Shape<3>{2, 11, 10}), gxb(Shape<3>{2, 11, 12});
+    m.forward(xb.view(), y.view(), saved, ws);
+    m.backward(gb.view(), saved, gxb.view(), grads, ws);
+    for (const auto& v : {attn::test::to_vector(packed), attn::test::to_vector(gx),
+                          attn::test::to_vector(y), attn::test::to_vector(gxb)}) {
+      r.insert(r.end(), v.begin(), v.end());
+    }
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      const auto g = attn::test::to_vector(grads[i].matrix());
+      r.insert(r.end(), g.begin(), g.end());
+    }
+  }
+  attn::set_num_threads(threads);
+  EXPECT_EQ(results[0], results[1]);
+}
+
+// Parameter shapes under every naming, a state_dict round trip, what is refused (naming the
+// sizes) and the Llama-named file's options.
+TEST(ModuleValueHeadDim, ParametersStateDictAndErrors) {
+  attn::TorchGenerator gen(17);
+  const MultiHeadAttentionOptions o = value_head_options(0, 0, 2, 5, 3, true);
+  MultiHeadAttention<float> m(o, gen);
+  // in_proj_weight stacks [W_q; W_k; W_v]: (4 + 2) 5 + 2 * 3 rows.
+  EXPECT_EQ(m.in_proj_weight().shape(), (Shape<2>{36, 12}));
+  EXPECT_EQ(m.in_proj_bias().extent(0), 36);
+  const auto llama = m.named_parameters(ParameterNames::kLlama);
+  ASSERT_NE(llama.find("v_proj.weight"), nullptr);
+  EXPECT_EQ(llama.find("v_proj.weight")->matrix().shape(), (Shape<2>{6, 12}));
+  EXPECT_EQ(llama.find("o_proj.weight")->matrix().shape(), (Shape<2>{10, 12}));
+  // A round trip through a state_dict under Llama's names, and the options read back.
+  attn::io::SafetensorsWriter writer;
+  attn::io::save_state_dict(m, writer, "", ParameterNames::kLlama);
+  const auto file = attn::io::SafetensorsFile::from_bytes(writer.to_bytes());
+  MultiHeadAttentionOptions read = attn::io::options_from_state_dict(file, 4);
+  EXPECT_EQ(read.head_dim, 5);
+  EXPECT_EQ(read.num_kv_heads, 2);
+  EXPECT_EQ(read.value_head_dim, 3);
+  read.causal = true;
+  MultiHeadAttention<float> loaded(read);
+  attn::io::load_state_dict(loaded, file);
+  const auto x = attn::test::random_tensor<float>(Shape<3>{1, 5, 12}, 3);
+  EXPECT_EQ(attn::test::to_vector(loaded.forward(x.view())),
+            attn::test::to_vector(m.forward(x.view())));
+  // The per-head [q; k; v] layout has no room for value heads of another size.
+  const Tensor<float, 2> fused(Shape<2>{36, 12});
+  EXPECT_THAT(
+      [&] { m.set_in_proj(fused.view(), {}, attn::QkvLayout::kPerHead); },
+      ThrowsMessage<ConfigError>(HasSubstr("value_head_dim == head_dim (got 2 and 4, 3 and 5)")));
+  m.set_in_proj(fused.view());  // the stacked layout loads
+  // Bad sizes, named.
+  MultiHeadAttentionOptions bad = o;
+  bad.value_head_dim = -1;
+  EXPECT_THAT([&] { MultiHeadAttention<float> x(bad); },
+              ThrowsMessage<ConfigError>(HasSubstr("value_head_dim=-1")));
+  // Without an output projection the context (H hd_v) is the output (d_out).
+  EXPECT_THAT(
+      [&] {
+        attn::detail::CoreConfig c(o);
+        c.name = "Test";
+        c.out_proj = false;
+        (void)attn::detail::checked_core_config(c);
+      },
+      ThrowsMessage<ConfigError>(HasSubstr("num_heads=4 x value_head_dim=3 != d_out=10")));
+  // A record of a module with other value heads is refused, naming both.
+  attn::TorchGenerator gen2(17);
+  MultiHeadAttentionOptions other = o;
+  other.value_head_dim = 0;
+  const MultiHeadAttention<float> n(other, gen2);
+  attn::SavedForward<float> saved;
+  attn::Workspace ws;
+  Tensor<float, 3> y(Shape<3>{1, 5, 10}), gx(Shape<3>{1, 5, 12});
+  n.forward(x.view(), y.view(), saved, ws);
+  attn::Gradients<float> grads(m.named_parameters());
+  EXPECT_THAT([&] { m.backward(y.view(), saved, gx.view(), grads, ws); },
+              ThrowsMessage<attn::ShapeError>(HasSubstr("value_head_dim=3")));
 }
 
 TEST(ModuleVariantsParameters, SinksAreAParameterLikeAnyOther) {

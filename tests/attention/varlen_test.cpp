@@ -7,7 +7,8 @@
 // grouped-query heads, the variants (softcap, ALiBi, sinks), empty sequences and sequences
 // without keys, on 1 and 2 threads. Also the module's packed forward, training forward and
 // backward against the module on each sequence alone, the packed prefill of a KVCache against
-// each item's own prefill, and the errors.
+// each item's own prefill, and the errors. The packed backward also against central finite
+// differences in double.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
 namespace varlen_test {
@@ -36,6 +38,7 @@ using attn::Workspace;
 using attn::test::random_tensor;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
+namespace fd = attn::test::fd;
 
 /// Rows [r0, r1) of a packed (total, H, d) tensor as a contiguous (1, H, r1 - r0, d) tensor.
 Tensor<float, 4> alone(TensorView<const float, 3> x, Index r0, Index r1) {
@@ -215,6 +218,86 @@ TEST(Varlen, ForwardAndBackwardEqualEachSequenceAlone) {
       expect_rows(dv[0].view(), k0, k1, gv.view(), "dv");
     }
     EXPECT_EQ(attn::test::to_vector(dsinks[0]), attn::test::to_vector(dsinks_alone));
+  }
+}
+
+// The packed backward against central differences of the packed forward, in double (step
+// and tolerance: support/finite_difference.hpp): dq, dk, dv and dsinks, for self-attention
+// with a causal bound, learned sinks and an empty sequence, and cross-attention with
+// grouped-query heads, d_v != d, a bottom-right causal bound with a window and ALiBi, on
+// both paths (the streaming one reads the forward's logsumexp).
+TEST(Varlen, BackwardMatchesFiniteDifferences) {
+  struct FdCase {
+    const char* name;
+    std::vector<Index> lq, lk;
+    Index heads, kv_heads, d, dv;
+    AttentionMask<double> mask;
+    bool alibi;
+  };
+  const FdCase fd_cases[] = {
+      {"self, causal, sinks, empty sequence",
+       {3, 0, 4},
+       {},
+       2,
+       2,
+       3,
+       3,
+       AttentionMask<double>().causal(),
+       false},
+      {"cross, GQA, d_v != d, bottom-right window, ALiBi",
+       {2, 3},
+       {4, 5},
+       4,
+       2,
+       3,
+       2,
+       AttentionMask<double>().causal(CausalAlignment::kBottomRight).sliding_window(3),
+       true},
+  };
+  for (const FdCase& c : fd_cases) {
+    for (const attn::AttentionPath path :
+         {attn::AttentionPath::kStreaming, attn::AttentionPath::kMaterialized}) {
+      SCOPED_TRACE(std::string(c.name) +
+                   (path == attn::AttentionPath::kStreaming ? ", streaming" : ", materialised"));
+      const SequenceOffsets cq = SequenceOffsets::from_lengths(c.lq);
+      const SequenceOffsets ck = SequenceOffsets::from_lengths(c.lk.empty() ? c.lq : c.lk);
+      const Index tq = cq.view()(cq.sequences()), tk = ck.view()(ck.sequences());
+      Tensor<double, 3> q = random_tensor<double, 3>({tq, c.heads, c.d}, 1);
+      Tensor<double, 3> k = random_tensor<double, 3>({tk, c.kv_heads, c.d}, 2);
+      Tensor<double, 3> v = random_tensor<double, 3>({tk, c.kv_heads, c.dv}, 3);
+      Tensor<double, 1> sinks = random_tensor<double, 1>({c.heads}, 4);
+      const Tensor<double, 1> slopes = random_tensor<double, 1>({c.heads}, 5, 0.1, 0.5);
+      const Tensor<double, 3> w = random_tensor<double, 3>({tq, c.heads, c.dv}, 6);
+      AttentionOptions options;
+      options.path = path;
+      options.sinks = sinks;
+      if (c.alibi) options.alibi_slopes = slopes;
+      Workspace ws;
+      const auto forward = [&](Tensor<double, 3>& out, Tensor<double, 2>& lse) {
+        out = Tensor<double, 3>(Shape<3>{tq, c.heads, c.dv});
+        lse = Tensor<double, 2>(Shape<2>{c.heads, tq});
+        attn::scaled_dot_product_attention_varlen<double>(
+            q.view(), k.view(), v.view(), cq, ck, out.view(), lse.view(), ws, c.mask, options);
+      };
+      Tensor<double, 3> out;
+      Tensor<double, 2> lse;
+      forward(out, lse);
+      Tensor<double, 3> dq(q.shape()), dk(k.shape()), dv(v.shape());
+      Tensor<double, 1> dsinks(Shape<1>{c.heads});
+      attn::scaled_dot_product_attention_varlen_backward<double>(
+          q.view(), k.view(), v.view(), cq, ck, out.view(), w.view(), lse.view(), dq.view(),
+          dk.view(), dv.view(), ws, c.mask, options, dsinks.view());
+      const auto loss = [&]() -> long double {
+        Tensor<double, 3> o;
+        Tensor<double, 2> l;
+        forward(o, l);
+        return fd::weighted_sum(o.view(), w.view());
+      };
+      EXPECT_TRUE(fd::check(
+          loss, {fd::variable("q", q.view(), dq.view()), fd::variable("k", k.view(), dk.view()),
+                 fd::variable("v", v.view(), dv.view()),
+                 fd::variable("sinks", sinks.view(), dsinks.view())}));
+    }
   }
 }
 

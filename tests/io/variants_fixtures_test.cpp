@@ -7,8 +7,9 @@
 // every kernel set. Then whole modules (MultiHeadAttention with MultiHeadAttentionOptions'
 // variants), built from the fixtures' state_dicts: gpt-oss's attention (learned sinks,
 // grouped-query heads, a window), Gemma 2's softcap (grouped-query heads, head_dim set) and
-// BLOOM's ALiBi (6 heads), forward and every gradient (the input's and each parameter's,
-// sinks included); and a state_dict round trip of a module with sinks.
+// BLOOM's ALiBi (6 heads), DeepSeek-V3's value heads of their own size (value_head_dim, read
+// from v_proj's rows), forward and every gradient (the input's and each parameter's, sinks
+// included); and a state_dict round trip of a module with sinks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -196,9 +197,9 @@ std::vector<Scalar> flat(TensorView<const Scalar, 2> m) {
   return v;
 }
 
-const char* const kModuleFixtures[] = {"gpt_oss_module.safetensors",
-                                       "gemma2_softcap_module.safetensors",
-                                       "bloom_alibi_module.safetensors"};
+const char* const kModuleFixtures[] = {
+    "gpt_oss_module.safetensors", "gemma2_softcap_module.safetensors",
+    "bloom_alibi_module.safetensors", "deepseek_value_heads_module.safetensors"};
 
 TEST(VariantsFixtures, ModulesAreBuiltWithTheirVariants) {
   const ModuleCase<double> gpt("gpt_oss_module.safetensors");
@@ -207,7 +208,13 @@ TEST(VariantsFixtures, ModulesAreBuiltWithTheirVariants) {
   EXPECT_EQ(gpt.module.sinks()(3), gpt.file.values<double>("module.sinks")[3]);
   const ModuleCase<double> gemma("gemma2_softcap_module.safetensors");
   EXPECT_EQ(gemma.module.head_dim(), 3);
+  EXPECT_EQ(gemma.module.value_head_dim(), 3);
   EXPECT_EQ(gemma.module.sinks().extent(0), 0);
+  // options_from_state_dict reads the value heads' size from v_proj.weight.
+  const ModuleCase<double> deepseek("deepseek_value_heads_module.safetensors");
+  EXPECT_EQ(deepseek.module.head_dim(), 6);
+  EXPECT_EQ(deepseek.module.value_head_dim(), 4);
+  EXPECT_EQ(deepseek.module.num_kv_heads(), 2);
 }
 
 // Tolerances: the double results differ from PyTorch's by rounding alone (measured: at most

@@ -2,7 +2,8 @@
 // attn/attention/cached_forward.hpp: the incremental (generation) forward of every module
 // built on one AttentionCore: new tokens through a KVCache, written once for all of them.
 // Glossary: B = batch, T = new tokens, H = heads, H_kv = key/value heads, hd = head dim,
-// A = H * hd, L_b = item b's cache length (the position of its next token), W = window.
+// hd_v = value head dim, A = H * hd_v, L_b = item b's cache length (the position of its next
+// token), W = window.
 #pragma once
 
 #include <algorithm>
@@ -121,7 +122,8 @@ void check_cache_use(const AttentionCore<Scalar>& core, const KVCache<Scalar>& c
            std::to_string(cache.batch()) + " items";
   });
   require((packed || cache.batch() == items) && cache.num_kv_heads() == core.num_kv_heads() &&
-              cache.head_dim() == core.head_dim() && cache.value_head_dim() == core.head_dim(),
+              cache.head_dim() == core.head_dim() &&
+              cache.value_head_dim() == core.value_head_dim(),
           where, [&] {
             return "the cache holds B=" + std::to_string(cache.batch()) +
                    ", H_kv=" + std::to_string(cache.num_kv_heads()) +
@@ -129,7 +131,8 @@ void check_cache_use(const AttentionCore<Scalar>& core, const KVCache<Scalar>& c
                    ", value_head_dim=" + std::to_string(cache.value_head_dim()) +
                    "; the call needs B=" + std::to_string(items) +
                    ", H_kv=" + std::to_string(core.num_kv_heads()) +
-                   ", head_dim=value_head_dim=" + std::to_string(core.head_dim());
+                   ", head_dim=" + std::to_string(core.head_dim()) +
+                   ", value_head_dim=" + std::to_string(core.value_head_dim());
           });
   const Index window = core.sliding_window();
   require_config(cache.window() == 0 || (window > 0 && window <= cache.window()), where, [&] {
@@ -195,43 +198,68 @@ void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3>
   require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
 }
 
+/// K and V of `rows` (B T rows of d_in features, T = `tokens`) head-major into `kv`: per batch
+/// item a block of T H_kv (hd + hd_v) Scalars, its H_kv key heads (T, hd) then its H_kv value
+/// heads (T, hd_v): (B, 2 H_kv, T, hd) when hd_v = hd (one GEMM with the stacked [W_k; W_v];
+/// else two, one per head size).
+template <class Scalar>
+void project_key_value(const QkvProjection<Scalar>& proj, const RowsRef<const Scalar>& rows,
+                       Index tokens, Scalar* kv, Workspace& ws) {
+  using P = QkvProjection<Scalar>;
+  const Index kw = proj.width(P::kKey), vw = proj.width(P::kValue);
+  if (proj.value_head_dim() == proj.head_dim()) {
+    proj.project_rows(rows, P::kKey, 2,
+                      GemmOutput<Scalar>::head_major(kv, tokens, kw + vw, proj.head_dim()), ws);
+    return;
+  }
+  GemmOutput<Scalar> k = GemmOutput<Scalar>::head_major(kv, tokens, kw, proj.head_dim());
+  GemmOutput<Scalar> v =
+      GemmOutput<Scalar>::head_major(kv + tokens * kw, tokens, vw, proj.value_head_dim());
+  k.batch_stride = v.batch_stride = tokens * (kw + vw);
+  proj.project_rows(rows, P::kKey, 1, k, ws);
+  proj.project_rows(rows, P::kValue, 1, v, ws);
+}
+
 /// One step of at most cache.max_chunk() tokens (see forward_cached()).
 template <class Scalar>
 void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                  TensorView<Scalar, 3> out, Workspace& ws, KVCache<Scalar>& cache) {
   const QkvProjection<Scalar>& proj = core.projection();
   const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
-  const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), a = heads * hd;
-  const auto head_major = [&](Scalar* data, Index width) {  // (B, width / hd, t, hd)
-    return GemmOutput<Scalar>::head_major(data, t, width, hd);
-  };
+  const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), hd_v = core.value_head_dim();
+  const Index qa = heads * hd, a = core.attention_width();
   // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
-  // they are one strided block (equal lengths, no ring wrap, Scalar rows), else through the
-  // workspace (quantised rows: rotated there, then stored).
+  // they are one strided block (equal lengths, no ring wrap, Scalar rows, hd_v = hd), else
+  // through the workspace (quantised rows: rotated there, then stored).
   // Staged (strided rows, e.g. one chunk of a longer x) into the key slot: the query slot may
   // hold x itself, copied there by stage_overlapping() when it overlaps out.
   const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
-  Scalar* q =
-      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
-  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
+  const Index item_kv = t * kv_heads * (hd + hd_v);  // one item's staged K and V
+  Scalar* q = workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * (t * qa + item_kv));
+  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
+                    GemmOutput<Scalar>::head_major(q, t, qa, hd), ws);
   const Index cap = cache.capacity();
   const bool stored = cache.element() != KVElement::kScalar;
-  Scalar* kv = q + batch * t * a;  // (B, 2 H_kv, t, hd) when staged
-  if (!stored && cache.uniform() && cache.length(0) % cap + t <= cap) {
+  Scalar* kv = q + batch * t * qa;  // staged: see project_key_value()
+  const auto k_at = [&](Index b, Index h) { return kv + b * item_kv + h * t * hd; };
+  const auto v_at = [&](Index b, Index h) {
+    return kv + b * item_kv + kv_heads * t * hd + h * t * hd_v;
+  };
+  if (!stored && hd_v == hd && cache.uniform() && cache.length(0) % cap + t <= cap) {
     const TensorView<Scalar, 4> next = cache.next_rows(t);
     GemmOutput<Scalar> o;
     o.data = next.data(), o.ldc = next.stride(2), o.rows_per_batch = t;
     o.batch_stride = next.stride(0), o.segment = hd, o.segment_stride = next.stride(1);
     proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, o, ws);
   } else {
-    proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, head_major(kv, 2 * kv_heads * hd), ws);
+    project_key_value(proj, rows, t, kv, ws);
     for (Index b = 0; b < (stored ? 0 : batch); ++b) {
       for (Index h = 0; h < kv_heads; ++h) {
-        const Scalar* k_rows = kv + (b * 2 * kv_heads + h) * t * hd;
-        const Scalar* v_rows = k_rows + kv_heads * t * hd;
+        const Scalar* k_rows = k_at(b, h);
+        const Scalar* v_rows = v_at(b, h);
         for (Index i = 0; i < t; ++i) {
           std::copy_n(k_rows + i * hd, hd, cache.k_slot(b, h, cache.length(b) + i));
-          std::copy_n(v_rows + i * hd, hd, cache.v_slot(b, h, cache.length(b) + i));
+          std::copy_n(v_rows + i * hd_v, hd_v, cache.v_slot(b, h, cache.length(b) + i));
         }
       }
     }
@@ -244,8 +272,7 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
       for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
       for (Index h = 0; h < kv_heads; ++h) {
         for (Index i = 0; i < t; ++i) {
-          Scalar* k_row =
-              stored ? kv + ((b * 2 * kv_heads + h) * t + i) * hd : cache.k_slot(b, h, first + i);
+          Scalar* k_row = stored ? k_at(b, h) + i * hd : cache.k_slot(b, h, first + i);
           rope.apply(k_row, 1, hd, first + i);
         }
       }
@@ -254,10 +281,11 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   // 2b. Quantised rows: the rotated keys and the values stored (quantised) at L_b + i.
   for (Index b = 0; b < (stored ? batch : 0); ++b) {
     for (Index part = 0; part < 2; ++part) {
+      const Index width = part == 0 ? hd : hd_v;
       for (Index h = 0; h < kv_heads; ++h) {
-        const Scalar* from = kv + (b * 2 * kv_heads + part * kv_heads + h) * t * hd;
+        const Scalar* from = part == 0 ? k_at(b, h) : v_at(b, h);
         for (Index i = 0; i < t; ++i) {
-          KVCacheAccess::store_row(cache, from + i * hd, b, static_cast<int>(part), h,
+          KVCacheAccess::store_row(cache, from + i * width, b, static_cast<int>(part), h,
                                    cache.length(b) + i);
         }
       }
@@ -274,9 +302,9 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   run_attention(
       cache_call<Scalar>(
           core.config().forward_name,
-          TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}), cache,
-          TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
-                                {ctx_strides[0], hd, ctx_strides[1], 1}),
+          TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * qa, t * hd, hd, 1}), cache,
+          TensorView<Scalar, 4>(ctx, {batch, heads, t, hd_v},
+                                {ctx_strides[0], hd_v, ctx_strides[1], 1}),
           core.kernel_options({}), core.sliding_window()),
       ws);
   // 4. The output projection.

@@ -3,7 +3,8 @@
 // sizes, heads, masks, rotary embeddings, window, the attention variants, names), how its
 // weights are first drawn (InitScheme), and the one validation of a configuration, with
 // messages naming the values.
-// Glossary: H = heads, H_kv = key/value heads, hd = head dim.
+// Glossary: H = heads, H_kv = key/value heads, hd = head dim (queries and keys), hd_v = value
+// head dim.
 #pragma once
 
 #include <cmath>
@@ -73,6 +74,12 @@ struct MultiHeadAttentionOptions : AttentionVariants {
   /// Features per head; 0 means d_out / num_heads. When set, Q is projected to num_heads *
   /// head_dim features and out_proj maps those to d_out (Gemma-like shapes).
   Index head_dim = 0;
+  /// Features per value head hd_v; 0 means head_dim. When set, V is projected to
+  /// num_kv_heads * value_head_dim features, the context is num_heads * value_head_dim wide
+  /// and out_proj maps it to d_out (DeepSeek's decompressed MLA heads: queries and keys of
+  /// 192, values of 128). A KVCache for the incremental forward needs the same
+  /// KVCacheOptions::value_head_dim.
+  Index value_head_dim = 0;
   Index kdim = 0;            ///< key features; 0 means d_in
   Index vdim = 0;            ///< value features; 0 means d_in
   Index context_length = 0;  ///< longest accepted sequence; 0 means unlimited
@@ -161,9 +168,12 @@ inline std::string describe_config(const CoreConfig& c) {
                      ", d_out=" + std::to_string(c.d_out) +
                      ", num_heads=" + std::to_string(c.num_heads) +
                      ", num_kv_heads=" + std::to_string(c.num_kv_heads) +
-                     ", head_dim=" + std::to_string(c.head_dim) + ", qkv_bias=" + flag(c.qkv_bias) +
-                     ", out_proj=" + flag(c.out_proj) + ", out_bias=" + flag(c.out_bias) +
-                     ", causal=" + flag(c.causal);
+                     ", head_dim=" + std::to_string(c.head_dim);
+  if (c.value_head_dim != 0 && c.value_head_dim != c.head_dim) {
+    text += ", value_head_dim=" + std::to_string(c.value_head_dim);
+  }
+  text += ", qkv_bias=" + flag(c.qkv_bias) + ", out_proj=" + flag(c.out_proj) +
+          ", out_bias=" + flag(c.out_bias) + ", causal=" + flag(c.causal);
   if (c.causal) text += ", alignment=" + std::to_string(static_cast<int>(c.causal_alignment));
   text += ", sliding_window=" + std::to_string(c.sliding_window) +
           ", context_length=" + std::to_string(c.context_length) + ", dropout=" + number(c.dropout);
@@ -193,7 +203,8 @@ inline bool same_config(const CoreConfig& a, const CoreConfig& b) noexcept {
          a.context_length == b.context_length && a.dropout == b.dropout &&
          a.qkv_bias == b.qkv_bias && a.out_proj == b.out_proj && a.out_bias == b.out_bias &&
          a.causal == b.causal && (!a.causal || a.causal_alignment == b.causal_alignment) &&
-         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window && same_variants(a, b);
+         same_rope(a.rope, b.rope) && a.sliding_window == b.sliding_window && same_variants(a, b) &&
+         a.value_head_dim == b.value_head_dim;
 }
 
 /// `c` when it describes a module that can exist; else a ConfigError naming the values (the
@@ -215,6 +226,10 @@ inline CoreConfig checked_core_config(const CoreConfig& c) {
                           ": sizes must be positive (kdim, vdim, num_kv_heads, head_dim, "
                           "context_length: 0 = default)";
                  });
+  require_config(c.value_head_dim >= 0, c.name, [&] {
+    return "value_head_dim=" + std::to_string(c.value_head_dim) +
+           " must be 0 (head_dim) or positive";
+  });
   require_config(c.head_dim > 0 || c.d_out % c.num_heads == 0, c.name, [&] {
     return "d_out=" + std::to_string(c.d_out) +
            " is not divisible by num_heads=" + std::to_string(c.num_heads) +
@@ -226,22 +241,25 @@ inline CoreConfig checked_core_config(const CoreConfig& c) {
            " is not divisible by num_kv_heads=" + std::to_string(kv_heads) +
            ": the number of heads in key and value must divide the number of heads in query";
   });
-  // The projections' widths, H hd and (H + 2 H_kv) hd, are the sizes every buffer of a
-  // forward is built from: they must fit an Index.
+  // The projections' widths, H hd, H hd_v (the context) and (H + H_kv) hd + H_kv hd_v, are
+  // the sizes every buffer of a forward is built from: they must fit an Index.
   const Index hd = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
-  Index width = 0, heads_total = 0, rows = 0;
-  require_config(checked_product(width, c.num_heads, hd) &&
-                     checked_sum(heads_total, c.num_heads, kv_heads, kv_heads) &&
-                     checked_product(rows, heads_total, hd),
-                 c.name, [&] {
-                   return "num_heads=" + std::to_string(c.num_heads) +
-                          ", num_kv_heads=" + std::to_string(kv_heads) +
-                          " and head_dim=" + std::to_string(hd) +
-                          ": the projections' widths overflow";
-                 });
-  require_config(c.out_proj || c.head_dim == 0 || width == c.d_out, c.name, [&] {
-    return "num_heads=" + std::to_string(c.num_heads) +
-           " x head_dim=" + std::to_string(c.head_dim) + " != d_out=" + std::to_string(c.d_out) +
+  const Index hd_v = c.value_head_dim > 0 ? c.value_head_dim : hd;
+  Index width = 0, value_width = 0, qk_heads = 0, qk_rows = 0, v_rows = 0, rows = 0;
+  require_config(
+      checked_product(width, c.num_heads, hd) && checked_product(value_width, c.num_heads, hd_v) &&
+          checked_sum(qk_heads, c.num_heads, kv_heads) && checked_product(qk_rows, qk_heads, hd) &&
+          checked_product(v_rows, kv_heads, hd_v) && checked_sum(rows, qk_rows, v_rows),
+      c.name, [&] {
+        return "num_heads=" + std::to_string(c.num_heads) +
+               ", num_kv_heads=" + std::to_string(kv_heads) + ", head_dim=" + std::to_string(hd) +
+               " and value_head_dim=" + std::to_string(hd_v) + ": the projections' widths overflow";
+      });
+  require_config(c.out_proj || value_width == c.d_out, c.name, [&] {
+    return "num_heads=" + std::to_string(c.num_heads) + " x " +
+           (c.value_head_dim > 0 ? "value_head_dim=" + std::to_string(hd_v)
+                                 : "head_dim=" + std::to_string(hd)) +
+           " != d_out=" + std::to_string(c.d_out) +
            ": without an output projection the context is the output";
   });
   require_config(c.rope.head_dim == 0 || c.rope.head_dim == hd, c.name, [&] {

@@ -486,13 +486,15 @@ class CoreModule {
   // ---- configuration ----
 
   Index d_in() const noexcept { return core_.d_in(); }
-  /// Output features: num_heads * head_dim, unless head_dim was set and out_proj maps
-  /// num_heads * head_dim features to d_out.
+  /// Output features: num_heads * head_dim, unless head_dim (or value_head_dim) was set and
+  /// out_proj maps num_heads * value_head_dim features to d_out.
   Index d_out() const noexcept { return core_.d_out(); }
   Index num_heads() const noexcept { return core_.num_heads(); }
   /// Heads of the keys and values (grouped-query attention when below num_heads).
   Index num_kv_heads() const noexcept { return core_.num_kv_heads(); }
   Index head_dim() const noexcept { return core_.head_dim(); }
+  /// The value heads' size (head_dim unless MultiHeadAttentionOptions::value_head_dim is set).
+  Index value_head_dim() const noexcept { return core_.value_head_dim(); }
   /// Longest accepted sequence (0: unlimited).
   Index context_length() const noexcept { return core_.config().context_length; }
   /// Dropout probability on the attention weights (training mode only).

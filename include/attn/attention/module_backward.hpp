@@ -2,8 +2,8 @@
 // attn/attention/module_backward.hpp: the one backward path of every attention module with
 // weights (AttentionCore): out_proj -> attention kernel -> Q/K/V projections, adding into
 // the input gradients and the parameter gradients (Gradients, found by address).
-// Glossary: B = batch, T_q / T_k = query / key tokens, H = heads, hd = head dim,
-// A = H * hd (the context's width), P = heads in one projection GEMM.
+// Glossary: B = batch, T_q / T_k = query / key tokens, H = heads, hd = head dim, hd_v = value
+// head dim, A = H * hd_v (the context's width), P = heads in one projection GEMM.
 #pragma once
 
 #include <algorithm>
@@ -118,7 +118,8 @@ void check_module_backward(const char* where, const AttentionCore<Scalar>& core,
 ///   1. out_proj: dC = dY W_o (scratch), dW_o += dY^T C, db_o += column sums of dY; without
 ///      out_proj, dC = dY;
 ///   2. kernel: dQ, dK, dV from dC, Q, K, V, the context and logsumexp, written head-major
-///      (B, P*H, T, hd) as the projections wrote Q, K, V (grouped-query attention: dK and dV
+///      (B, P*H, T, hd) as the projections wrote Q, K, V (dV's heads hd_v wide; one group's
+///      heads are of one size) (grouped-query attention: dK and dV
 ///      of the H_kv heads, each summed over its group of query heads); with rotary
 ///      embeddings, dQ and dK rotated back (R^T) to the projections' outputs; with learned
 ///      sinks, dL/dsinks added into their gradient;
@@ -137,7 +138,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const char* const names[3] = {"grad_query", "grad_key", "grad_value"};
   check_module_backward(where, core, saved, grad_out, core.d_out(), grad_in, in_features, names);
   const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
-  const Index heads = core.num_heads(), hd = core.head_dim(), width = core.attention_width();
+  const Index heads = core.num_heads(), hd_v = core.value_head_dim(),
+              width = core.attention_width();
   const Index q_rows = batch * tq;
 
   // 1. dC (B, T_q, A): through out_proj, or dY itself.
@@ -153,8 +155,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     grad_context = TensorView<const Scalar, 3>(dc, {batch, tq, width});
   }
 
-  // Projection groups: runs of parts reading the same rows, with adjacent weights and the
-  // same input gradient.
+  // Projection groups: runs of parts reading the same rows, with adjacent weights, the same
+  // input gradient and heads of one size.
   int group_end[3] = {1, 2, 3};
   int groups = 0, starts[3] = {0, 0, 0};
   for (int p = 0; p < 3;) {
@@ -166,7 +168,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
       const bool same_rows = a.data == b.data && a.ld == b.ld && a.rows == b.rows;
       const bool adjacent = wa.data() + wa.size() == wb.data() && wa.extent(1) == wb.extent(1);
       const bool same_grad = same_view(grad_in[end - 1], grad_in[end]);
-      if (!(same_rows && adjacent && same_grad)) break;
+      const bool same_size = proj.head_dim(end - 1) == proj.head_dim(end);
+      if (!(same_rows && adjacent && same_grad && same_size)) break;
       ++end;
     }
     starts[groups] = p;
@@ -175,7 +178,7 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   }
 
   // 2. The kernel's backward into head-major dQ, dK, dV: group g's buffer is (B, P_g*H, T, hd)
-  //    like its projection's output, zeroed (the backward adds).
+  //    (hd_v for dV) like its projection's output, zeroed (the backward adds).
   Index total = 0;
   for (int p = 0; p < 3; ++p) total += batch * (p == 0 ? tq : tk) * proj.width(p);
   Scalar* dqkv = workspace_get<Scalar>(ws, WorkspaceSlot::kGradProjection, total);
@@ -187,7 +190,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     const Index tokens = starts[g] == 0 ? tq : tk;
     Index columns = 0;
     for (int p = starts[g]; p < group_end[g]; ++p) columns += proj.width(p);
-    Index offset = 0;  // first head of part p in the group
+    const Index hd = proj.head_dim(starts[g]);  // the group's heads' size
+    Index offset = 0;                           // first head of part p in the group
     for (int p = starts[g]; p < group_end[g]; ++p) {
       const Index part_heads = proj.width(p) / hd;
       part_grad[p] =
@@ -198,11 +202,11 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     group_rows[g] = GemmOutput<const Scalar>::head_major(cursor, tokens, columns, hd);
     cursor += batch * tokens * columns;
   }
-  const TensorView<const Scalar, 4> context(saved.context.data(), {batch, heads, tq, hd},
-                                            {tq * width, hd, width, 1});
+  const TensorView<const Scalar, 4> context(saved.context.data(), {batch, heads, tq, hd_v},
+                                            {tq * width, hd_v, width, 1});
   const TensorView<const Scalar, 4> grad_context4(
-      grad_context.data(), {batch, heads, tq, hd},
-      {grad_context.stride(0), hd, grad_context.stride(1), 1});
+      grad_context.data(), {batch, heads, tq, hd_v},
+      {grad_context.stride(0), hd_v, grad_context.stride(1), 1});
   // With learned sinks, dL/dsinks is added into their gradient (the kernel sums it per head).
   const TensorView<Scalar, 1> grad_sinks =
       c.sinks ? grads.of(core.sinks()) : TensorView<Scalar, 1>();

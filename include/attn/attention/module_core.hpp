@@ -3,8 +3,9 @@
 // module with weights (checks -> Q/K/V projection -> kernel -> output projection), its
 // modes, freezing and parameter names, and the learned sinks it owns. What configures it:
 // core_config.hpp.
-// Glossary: B = batch, T = tokens, H = heads, H_kv = key/value heads, hd = head dim,
-// A = H * hd (the attention width; d_out unless head_dim is set).
+// Glossary: B = batch, T = tokens, H = heads, H_kv = key/value heads, hd = head dim (queries
+// and keys), hd_v = value head dim (hd unless set), A = H * hd_v (the attention width, the
+// context's features; d_out unless head_dim or value_head_dim is set).
 #pragma once
 
 #include <algorithm>
@@ -46,10 +47,10 @@ namespace detail {
 /// The one forward path of the attention modules with weights, and their state:
 ///   1. checks: shapes, batch and lengths, out, context_length (messages name the module);
 ///   2. projections: QkvProjection writes Q, K, V head-major into the workspace;
-///   3. kernel: attend() runs scaled_dot_product_attention over (B, H, T, hd) views, the
-///      context written into (B, T_q, H, hd) == (B, T_q, A), the module's own causal bound,
-///      scale, dropout and variants (softcap, ALiBi, its sinks) applied: kernel_options()
-///      is the one place they enter the call;
+///   3. kernel: attend() runs scaled_dot_product_attention over (B, H, T, hd) views (V
+///      (B, H_kv, T_k, hd_v)), the context written into (B, T_q, H, hd_v) == (B, T_q, A),
+///      the module's own causal bound, scale, dropout and variants (softcap, ALiBi, its
+///      sinks) applied: kernel_options() is the one place they enter the call;
 ///   4. output projection: out_proj (d_out, A) from that buffer, or the context is the output.
 /// Grouped-query attention (num_kv_heads < num_heads): K and V are projected with H_kv heads
 /// and the kernel maps query head h to key/value head h / (H / H_kv), copying nothing.
@@ -105,9 +106,10 @@ class AttentionCore {
     config_.vdim = vdim;
     config_.num_kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
     config_.head_dim = c.head_dim > 0 ? c.head_dim : c.d_out / c.num_heads;
+    config_.value_head_dim = c.value_head_dim > 0 ? c.value_head_dim : config_.head_dim;
     const Index width = attention_width();
     proj_ = QkvProjection<Scalar>(c.d_in, kdim, vdim, c.num_heads, config_.head_dim, c.qkv_bias,
-                                  config_.num_kv_heads);
+                                  config_.num_kv_heads, config_.value_head_dim);
     dropout_ = Dropout<Compute>(c.dropout);
     if (c.rope.head_dim > 0) rope_ = RotaryEmbedding<Compute>(c.rope);
     if (c.sinks) sinks_ = Tensor<Scalar, 1>(Shape<1>{c.num_heads});  // 0: see the option
@@ -163,8 +165,8 @@ class AttentionCore {
       }
     }
     const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
-                hd = head_dim();
-    // The context (B, T_q, H, hd) == (B, T_q, A): out itself when no projection follows
+                hd = value_head_dim();
+    // The context (B, T_q, H, hd_v) == (B, T_q, A): out itself when no projection follows
     // (and no backward needs it kept).
     const bool direct = saved == nullptr && !config_.out_proj && out.stride(2) == 1;
     Scalar* ctx =
@@ -256,12 +258,14 @@ class AttentionCore {
   }
 
   /// Every buffer a forward sizes from its call (staged inputs, the projections, the context)
-  /// holds at most B (T_q + 2 T_k) max(d_in, kdim, vdim, D) elements: that bound is checked
-  /// once here, so no size computed from it downstream overflows. Only views with zero strides
-  /// (a few elements seen as 2^60) get near it. @throws ShapeError naming the inputs.
+  /// holds at most B (T_q + 2 T_k) max(d_in, kdim, vdim, d_out, H hd, A) elements: that bound
+  /// is checked once here, so no size computed from it downstream overflows. Only views with
+  /// zero strides (a few elements seen as 2^60) get near it. @throws ShapeError naming the
+  /// inputs.
   void check_buffer_sizes(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
                           TensorView<const Scalar, 3> value) const {
-    const Index features = std::max({d_in(), kdim(), vdim(), d_out()});
+    const Index features =
+        std::max({d_in(), kdim(), vdim(), d_out(), num_heads() * head_dim(), attention_width()});
     const auto fits = [&] {
       const auto tq = static_cast<std::size_t>(query.extent(1));
       const auto tk = static_cast<std::size_t>(key.extent(1));
@@ -297,7 +301,7 @@ class AttentionCore {
     return options;
   }
 
-  /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd) (and, when
+  /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd_v) (and, when
   /// not empty, each query's logsumexp into `lse` (B, H, T_q)); per sequence with `packed`
   /// (float and double cores: check() refuses a packed batch on a bfloat16 one).
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const Mask& mask,
@@ -383,13 +387,15 @@ class AttentionCore {
   Index num_heads() const noexcept { return config_.num_heads; }
   Index num_kv_heads() const noexcept { return config_.num_kv_heads; }
   Index head_dim() const noexcept { return config_.head_dim; }
+  /// hd_v: the value heads' size (head_dim unless value_head_dim was set).
+  Index value_head_dim() const noexcept { return config_.value_head_dim; }
   /// The sliding window (0: none).
   Index sliding_window() const noexcept { return config_.sliding_window; }
   bool has_rope() const noexcept { return rope_.head_dim() > 0; }
   /// The rotary embedding (head_dim 0: none).
   const RotaryEmbedding<Compute>& rope() const noexcept { return rope_; }
-  /// A = num_heads * head_dim: the context's features, out_proj's input.
-  Index attention_width() const noexcept { return config_.num_heads * config_.head_dim; }
+  /// A = num_heads * value_head_dim: the context's features, out_proj's input.
+  Index attention_width() const noexcept { return config_.num_heads * config_.value_head_dim; }
   double dropout() const noexcept { return dropout_.p(); }
   QkvProjection<Scalar>& projection() noexcept { return proj_; }
   const QkvProjection<Scalar>& projection() const noexcept { return proj_; }

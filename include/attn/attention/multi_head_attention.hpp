@@ -72,6 +72,12 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// h reads key/value head h / (H / H_kv) (PyTorch's enable_gqa, Hugging Face's repeat_kv)
 /// without copying K or V. Llama-family names: ParameterNames::kLlama (q_proj.weight, ...).
 ///
+/// Value heads of their own size (MultiHeadAttentionOptions::value_head_dim = hd_v, DeepSeek's
+/// 128 against queries and keys of 192): W_v is (H_kv hd_v, vdim), the context (B, T_q,
+/// H hd_v) and out_proj (d_out, H hd_v); in_proj_weight stacks them, ((H + H_kv) hd + H_kv
+/// hd_v, d_in). Every forward, the backward and the incremental forward (a KVCache with the
+/// same KVCacheOptions::value_head_dim) follow it.
+///
 /// forward() is const and may be called from several threads at once (dropout's call
 /// counter is atomic; give each thread its own Workspace).
 ///
@@ -142,8 +148,8 @@ class MultiHeadAttention
   Index vdim() const noexcept { return this->core_.vdim(); }
   bool is_causal() const noexcept { return this->core_.config().causal; }
   bool has_qkv_bias() const noexcept { return this->core_.projection().has_bias(); }
-  /// True when d_in == kdim == vdim, so Q/K/V share one (3 d_out, d_in) weight (((H + 2 H_kv)
-  /// hd, d_in) with grouped-query attention).
+  /// True when d_in == kdim == vdim, so Q/K/V share one (3 d_out, d_in) weight (((H + H_kv)
+  /// hd + H_kv hd_v, d_in) with grouped-query attention or value_head_dim).
   bool qkv_same_embed_dim() const noexcept { return this->core_.projection().fused(); }
 
   // ---- parameters (PyTorch names; w_query() etc. give the notebooks' view) ----
@@ -157,8 +163,8 @@ class MultiHeadAttention
   TensorView<Scalar, 1> in_proj_bias() noexcept { return proj().fused_bias(); }
   TensorView<const Scalar, 1> in_proj_bias() const noexcept { return proj().fused_bias(); }
 
-  /// W_q (d_out, d_in), W_k (d_out, kdim), W_v (d_out, vdim) (H hd and H_kv hd rows with
-  /// head_dim or num_kv_heads set); the non-const forms unfreeze.
+  /// W_q (d_out, d_in), W_k (d_out, kdim), W_v (d_out, vdim) (H hd, H_kv hd and H_kv hd_v
+  /// rows with head_dim, num_kv_heads or value_head_dim set); the non-const forms unfreeze.
   TensorView<Scalar, 2> q_proj_weight() noexcept { return proj().weight(0); }
   TensorView<Scalar, 2> k_proj_weight() noexcept { return proj().weight(1); }
   TensorView<Scalar, 2> v_proj_weight() noexcept { return proj().weight(2); }
@@ -166,7 +172,8 @@ class MultiHeadAttention
   TensorView<const Scalar, 2> k_proj_weight() const noexcept { return proj().weight(1); }
   TensorView<const Scalar, 2> v_proj_weight() const noexcept { return proj().weight(2); }
 
-  /// The output projection (d_out, H hd), H hd = d_out unless head_dim is set; a Linear,
+  /// The output projection (d_out, H hd_v), H hd_v = d_out unless head_dim or value_head_dim
+  /// is set; a Linear,
   /// which unfreezes itself when its weight is written through it.
   Linear<Scalar>& out_proj() noexcept { return this->core_.out_proj(); }
   const Linear<Scalar>& out_proj() const noexcept { return this->core_.out_proj(); }

@@ -4,7 +4,8 @@
 // sequence s appended to item s of a KVCache, the attention of every sequence in one parallel
 // region.
 // Glossary: N = sequences, T(s) = sequence s's tokens, total = their sum, H = heads, H_kv =
-// key/value heads, hd = head dim, A = H * hd, L_s = item s's cache length, C = largest chunk.
+// key/value heads, hd = head dim, hd_v = value head dim, A = H * hd_v, L_s = item s's cache
+// length, C = largest chunk.
 #pragma once
 
 #include <algorithm>
@@ -71,18 +72,19 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   check_output_memory(where, out, {}, AttentionMask<Scalar>());
   require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
   KVCacheAccess::set_owner(cache, core.id());
-  // 2. Projections: Q (1, H, total, hd), then K and V (1, 2 H_kv, total, hd).
+  // 2. Projections: Q (1, H, total, hd), then K (1, H_kv, total, hd) and V (1, H_kv, total,
+  //    hd_v).
   const QkvProjection<Scalar>& proj = core.projection();
   const Index heads = core.num_heads(), kv_heads = core.num_kv_heads(), hd = core.head_dim();
-  const Index a = heads * hd;
+  const Index hd_v = core.value_head_dim(), qa = heads * hd, a = core.attention_width();
   const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
   Scalar* q =
-      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (a + 2 * kv_heads * hd));
-  Scalar* kv = q + total * a;
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (qa + kv_heads * (hd + hd_v)));
+  Scalar* kv = q + total * qa;
   proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
-                    GemmOutput<Scalar>::head_major(q, total, a, hd), ws);
-  proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2,
-                    GemmOutput<Scalar>::head_major(kv, total, 2 * kv_heads * hd, hd), ws);
+                    GemmOutput<Scalar>::head_major(q, total, qa, hd), ws);
+  project_key_value(proj, rows, total, kv, ws);
+  Scalar* v = kv + total * kv_heads * hd;
   const bool direct = !c.out_proj && out.stride(2) == 1;
   Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, total * a);
   const Index ctx_row = direct ? out.stride(1) : a;
@@ -106,18 +108,21 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
         }
       }
       for (Index part = 0; part < 2; ++part) {
+        const Index width = part == 0 ? hd : hd_v;
         for (Index h = 0; h < kv_heads; ++h) {
-          const Scalar* from = kv + (part * kv_heads + h) * total * hd + r0 * hd;
+          const Scalar* from = (part == 0 ? kv : v) + (h * total + r0) * width;
           for (Index i = 0; i < t; ++i) {
-            KVCacheAccess::store_row(cache, from + i * hd, s, static_cast<int>(part), h, first + i);
+            KVCacheAccess::store_row(cache, from + i * width, s, static_cast<int>(part), h,
+                                     first + i);
           }
         }
       }
       cache.advance(t, s, 1);
       calls.push_back(cache_call<Scalar>(
           where,
-          TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {a, total * hd, hd, 1}),
-          cache, TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd}, {a, hd, ctx_row, 1}),
+          TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {qa, total * hd, hd, 1}),
+          cache,
+          TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd_v}, {a, hd_v, ctx_row, 1}),
           options, core.sliding_window(), s));
       calls.back().dropout_item = s;
     }

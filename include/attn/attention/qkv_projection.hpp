@@ -2,10 +2,12 @@
 // attn/attention/qkv_projection.hpp: QkvProjection, the Q/K/V projections of every attention
 // module: their storage (fused, separate, kdim/vdim), init, freezing and GEMMs.
 // Glossary: B = batch, T = tokens, H = query heads, H_kv = key/value heads (H_kv divides H;
-// grouped-query attention when H_kv < H), hd = head dim, D = H * hd (the query width).
+// grouped-query attention when H_kv < H), hd = head dim (queries and keys), hd_v = value head
+// dim (hd unless set), D = H * hd (the query width).
 #pragma once
 
 #include <cstddef>
+#include <numeric>
 #include <string>
 #include <type_traits>
 
@@ -22,25 +24,25 @@
 
 ATTN_NAMESPACE_BEGIN
 
-/// Row order of a fused (3 D, d_in) Q/K/V weight.
+/// Row order of a fused ((H + H_kv) hd + H_kv hd_v, d_in) Q/K/V weight.
 enum class QkvLayout {
   /// [W_q; W_k; W_v]: torch.nn.MultiheadAttention's in_proj_weight.
   kStacked,
   /// Per head h: [W_q,h; W_k,h; W_v,h] (3 hd rows each): notebook 004's qkv_layer
-  /// followed by reshape(B, T, H, 3 hd) and chunk(3, dim=-1).
+  /// followed by reshape(B, T, H, 3 hd) and chunk(3, dim=-1). Needs H_kv == H and hd_v == hd.
   kPerHead,
 };
 
 /// The query, key and value projections of an attention module, y = x W^T + b each, with
-/// W in nn.Linear's layout: W_q (H hd, d_in), W_k (H_kv hd, kdim), W_v (H_kv hd, vdim).
+/// W in nn.Linear's layout: W_q (H hd, d_in), W_k (H_kv hd, kdim), W_v (H_kv hd_v, vdim).
 /// The storage follows the input sizes:
-/// - d_in == kdim == vdim: one ((H + 2 H_kv) hd, d_in) weight [W_q; W_k; W_v]
-///   (nn.MultiheadAttention's in_proj_weight when H_kv == H), so self-attention projects
-///   with one GEMM;
-/// - kdim == vdim != d_in: W_q, and one (2 H_kv hd, kdim) [W_k; W_v] (one GEMM when key and
-///   value are the same tensor);
+/// - d_in == kdim == vdim: one ((H + H_kv) hd + H_kv hd_v, d_in) weight [W_q; W_k; W_v]
+///   (nn.MultiheadAttention's in_proj_weight when H_kv == H and hd_v == hd), so
+///   self-attention projects with one GEMM (two when hd_v != hd: [W_q; W_k], then W_v);
+/// - kdim == vdim != d_in: W_q, and one (H_kv (hd + hd_v), kdim) [W_k; W_v] (one GEMM when
+///   key and value are the same tensor and hd_v == hd);
 /// - otherwise three weights.
-/// The bias is one ((H + 2 H_kv) hd) vector [b_q; b_k; b_v] (nn.MultiheadAttention's
+/// The bias is one ((H + H_kv) hd + H_kv hd_v) vector [b_q; b_k; b_v] (nn.MultiheadAttention's
 /// in_proj_bias).
 ///
 /// Grouped-query attention (H_kv < H) keeps the stacked storage: the GEMM writes its output
@@ -50,7 +52,8 @@ enum class QkvLayout {
 ///
 /// project() writes Q, K and V straight into a head-major (B, P, T, hd) buffer of the
 /// workspace (P heads per GEMM), so each head's rows are a contiguous (T, hd) block: the
-/// kernel's best access pattern, with no split or copy step.
+/// kernel's best access pattern, with no split or copy step. One GEMM writes heads of one
+/// size: with hd_v != hd, V has a GEMM (and a (B, H_kv, T, hd_v) buffer) of its own.
 ///
 /// freeze() packs the weights into the GEMM's layout once; results are bit for bit those
 /// of the unfrozen projection. Every non-const weight accessor unfreezes.
@@ -66,9 +69,10 @@ class QkvProjection {
   /// Projection indices.
   static constexpr int kQuery = 0, kKey = 1, kValue = 2;
 
-  /// Q (B, H, T_q, hd), K and V (B, H_kv, T_k, hd) as views into the workspace (valid until
-  /// its next use), and the input rows each projection read (the inputs themselves, or staged
-  /// copies in the workspace): what a backward needs for the weight gradients.
+  /// Q (B, H, T_q, hd), K (B, H_kv, T_k, hd) and V (B, H_kv, T_k, hd_v) as views into the
+  /// workspace (valid until its next use), and the input rows each projection read (the
+  /// inputs themselves, or staged copies in the workspace): what a backward needs for the
+  /// weight gradients.
   struct Heads {
     TensorView<const Scalar, 4> query, key, value;
     detail::RowsRef<const Scalar> rows[3];
@@ -77,30 +81,32 @@ class QkvProjection {
   QkvProjection() = default;
 
   /// Zero weights for inputs of d_in (query), kdim (key) and vdim (value) features, the
-  /// query projected to num_heads * head_dim features, key and value to num_kv_heads *
-  /// head_dim (0: num_heads). Sizes are the caller's to check (H_kv divides H).
+  /// query projected to num_heads * head_dim features, the key to num_kv_heads * head_dim
+  /// (0: num_heads) and the value to num_kv_heads * value_head_dim (0: head_dim). Sizes are
+  /// the caller's to check (H_kv divides H).
   QkvProjection(Index d_in, Index kdim, Index vdim, Index num_heads, Index head_dim, bool bias,
-                Index num_kv_heads = 0)
+                Index num_kv_heads = 0, Index value_head_dim = 0)
       : in_{d_in, kdim, vdim},
         heads_(num_heads),
         kv_heads_(num_kv_heads > 0 ? num_kv_heads : num_heads),
-        head_dim_(head_dim) {
-    const Index qw = width(kQuery), kvw = width(kKey);
+        head_dim_(head_dim),
+        value_head_dim_(value_head_dim > 0 ? value_head_dim : head_dim) {
+    const Index qw = width(kQuery), kw = width(kKey), vw = width(kValue);
     storage_ = d_in == kdim && kdim == vdim ? Storage::kFused
                : kdim == vdim               ? Storage::kKeyValueFused
                                             : Storage::kSeparate;
     if (storage_ == Storage::kFused) {
-      w_[0] = Tensor<Scalar, 2>({qw + 2 * kvw, d_in});
+      w_[0] = Tensor<Scalar, 2>({qw + kw + vw, d_in});
     } else {
       w_[0] = Tensor<Scalar, 2>({qw, d_in});
       if (storage_ == Storage::kKeyValueFused) {
-        w_[1] = Tensor<Scalar, 2>({2 * kvw, kdim});
+        w_[1] = Tensor<Scalar, 2>({kw + vw, kdim});
       } else {
-        w_[1] = Tensor<Scalar, 2>({kvw, kdim});
-        w_[2] = Tensor<Scalar, 2>({kvw, vdim});
+        w_[1] = Tensor<Scalar, 2>({kw, kdim});
+        w_[2] = Tensor<Scalar, 2>({vw, vdim});
       }
     }
-    if (bias) bias_ = Tensor<Scalar, 1>({qw + 2 * kvw});
+    if (bias) bias_ = Tensor<Scalar, 1>({qw + kw + vw});
   }
 
   // ---- sizes ----
@@ -111,14 +117,22 @@ class QkvProjection {
   /// Heads of the key and value projections (H_kv).
   Index num_kv_heads() const noexcept { return kv_heads_; }
   Index head_dim() const noexcept { return head_dim_; }
+  /// The value heads' size hd_v (head_dim unless set).
+  Index value_head_dim() const noexcept { return value_head_dim_; }
+  /// The head size of projection `part`: hd_v for kValue, hd for the others.
+  Index head_dim(int part) const {
+    return checked_part(part) == kValue ? value_head_dim_ : head_dim_;
+  }
   /// Output features of the query projection: num_heads * head_dim.
   Index width() const noexcept { return heads_ * head_dim_; }
-  /// Output features of projection `part`: H hd for kQuery, H_kv hd for kKey and kValue.
+  /// Output features of projection `part`: H hd for kQuery, H_kv hd for kKey, H_kv hd_v for
+  /// kValue.
   Index width(int part) const {
-    return (checked_part(part) == kQuery ? heads_ : kv_heads_) * head_dim_;
+    return (checked_part(part) == kQuery ? heads_ : kv_heads_) * head_dim(part);
   }
   bool has_bias() const noexcept { return !bias_.empty(); }
-  /// True when Q, K and V share one (3 D, d_in) weight (d_in == kdim == vdim).
+  /// True when Q, K and V share one ((H + H_kv) hd + H_kv hd_v, d_in) weight (d_in == kdim ==
+  /// vdim).
   bool fused() const noexcept { return storage_ == Storage::kFused; }
 
   // ---- weights ----
@@ -141,7 +155,7 @@ class QkvProjection {
   TensorView<const Scalar, 1> bias(int part) const {
     return const_cast<QkvProjection*>(this)->bias(part);
   }
-  /// The fused ((H + 2 H_kv) hd, d_in) weight [W_q; W_k; W_v]; unfreezes.
+  /// The fused ((H + H_kv) hd + H_kv hd_v, d_in) weight [W_q; W_k; W_v]; unfreezes.
   /// @throws ConfigError naming `who` unless fused().
   TensorView<Scalar, 2> fused_weight(const char* who) {
     require_fused(who);
@@ -152,21 +166,25 @@ class QkvProjection {
     require_fused(who);
     return w_[0].view();
   }
-  /// The ((H + 2 H_kv) hd) bias [b_q; b_k; b_v]; empty without bias.
+  /// The ((H + H_kv) hd + H_kv hd_v) bias [b_q; b_k; b_v]; empty without bias.
   TensorView<Scalar, 1> fused_bias() noexcept { return bias_.view(); }
   TensorView<const Scalar, 1> fused_bias() const noexcept { return bias_.view(); }
 
-  /// Loads a fused ((H + 2 H_kv) hd, d_in) weight and optional bias (an empty view: none)
-  /// given in `layout`'s row order. `who` names the caller in messages.
-  /// @throws ConfigError unless fused() (and H_kv == H for kPerHead); ShapeError on wrong
-  ///         shapes or a bias without qkv_bias.
+  /// Loads a fused ((H + H_kv) hd + H_kv hd_v, d_in) weight and optional bias (an empty
+  /// view: none) given in `layout`'s row order. `who` names the caller in messages.
+  /// @throws ConfigError unless fused() (and H_kv == H, hd_v == hd for kPerHead); ShapeError
+  ///         on wrong shapes or a bias without qkv_bias.
   void set_fused(TensorView<const Scalar, 2> weight, TensorView<const Scalar, 1> bias,
                  QkvLayout layout, const char* who) {
     require_fused(who);
-    detail::require_config(layout == QkvLayout::kStacked || kv_heads_ == heads_, who, [&] {
-      return "the per-head [q; k; v] layout needs num_kv_heads == num_heads (got " +
-             std::to_string(kv_heads_) + " and " + std::to_string(heads_) + ")";
-    });
+    detail::require_config(
+        layout == QkvLayout::kStacked || (kv_heads_ == heads_ && value_head_dim_ == head_dim_), who,
+        [&] {
+          return "the per-head [q; k; v] layout needs num_kv_heads == num_heads and "
+                 "value_head_dim == head_dim (got " +
+                 std::to_string(kv_heads_) + " and " + std::to_string(heads_) + ", " +
+                 std::to_string(value_head_dim_) + " and " + std::to_string(head_dim_) + ")";
+        });
     const Index d = width(), hd = head_dim_, rows = offset(3);
     const Shape<2> expected{rows, in_[0]};
     detail::require(weight.shape() == expected, who, [&] {
@@ -236,7 +254,7 @@ class QkvProjection {
       const Tensor<Scalar, 2>& w = w_[s];
       pack_[s] = w.empty() ? detail::PackedGemmB<Scalar>()
                            : detail::pack_gemm_b(w.extent(0), w.extent(1), w.data(), w.extent(1),
-                                                 head_dim_);
+                                                 pack_segment(s));
     }
     frozen_ = true;
   }
@@ -257,45 +275,57 @@ class QkvProjection {
                 TensorView<const Scalar, 3> value, Workspace& ws) const {
     using detail::WorkspaceSlot;
     const Index batch = query.extent(0), tq = query.extent(1), tk = key.extent(1);
-    const Index qw = width(kQuery), kvw = width(kKey);
+    const Index qw = width(kQuery), kw = width(kKey), vw = width(kValue);
     const bool kv_same = detail::same_view(key, value);
-    // `heads` heads of hd at base, in a buffer of `columns` features per token.
-    const auto view = [&](const Scalar* base, Index heads, Index tokens, Index columns) {
-      return TensorView<const Scalar, 4>(base, {batch, heads, tokens, head_dim_},
-                                         {tokens * columns, tokens * head_dim_, head_dim_, 1});
+    const bool one_size = value_head_dim_ == head_dim_;
+    // `heads` heads of `hd` at base, in a buffer of `columns` features per token.
+    const auto view = [&](const Scalar* base, Index heads, Index tokens, Index columns, Index hd) {
+      return TensorView<const Scalar, 4>(base, {batch, heads, tokens, hd},
+                                         {tokens * columns, tokens * hd, hd, 1});
     };
+    const Index hd = head_dim_, hd_v = value_head_dim_;
     const auto xq = detail::as_rows(query, ws, WorkspaceSlot::kQueryStaging);
     if (fused() && kv_same && detail::same_view(query, key)) {
-      // x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, H + 2 H_kv, T, hd)
-      const Index all = qw + 2 * kvw;
+      // x (B*T, d_in) [W_q; W_k; W_v]^T + b -> (B, H + 2 H_kv, T, hd); with hd_v != hd,
+      // x [W_q; W_k]^T -> (B, H + H_kv, T, hd), then x W_v^T -> (B, H_kv, T, hd_v).
+      const Index qk = qw + kw, all = qk + vw;
       Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * all);
-      gemm_into(xq, tq, kQuery, 3, qkv, ws);
-      return {view(qkv, heads_, tq, all),
-              view(qkv + tq * qw, kv_heads_, tq, all),
-              view(qkv + tq * (qw + kvw), kv_heads_, tq, all),
+      if (one_size) {
+        gemm_into(xq, tq, kQuery, 3, qkv, ws);
+        return {view(qkv, heads_, tq, all, hd),
+                view(qkv + tq * qw, kv_heads_, tq, all, hd),
+                view(qkv + tq * qk, kv_heads_, tq, all, hd),
+                {xq, xq, xq}};
+      }
+      Scalar* vbuf = qkv + xq.rows * qk;
+      gemm_into(xq, tq, kQuery, 2, qkv, ws);
+      gemm_into(xq, tq, kValue, 1, vbuf, ws);
+      return {view(qkv, heads_, tq, qk, hd),
+              view(qkv + tq * qw, kv_heads_, tq, qk, hd),
+              view(vbuf, kv_heads_, tq, vw, hd_v),
               {xq, xq, xq}};
     }
     const Index kv_rows = batch * tk;
     Scalar* qbuf = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
-                                                 xq.rows * qw + kv_rows * 2 * kvw);
+                                                 xq.rows * qw + kv_rows * (kw + vw));
     Scalar* kbuf = qbuf + xq.rows * qw;
     gemm_into(xq, tq, kQuery, 1, qbuf, ws);  // (B, H, T_q, hd)
     const auto xk = detail::as_rows(key, ws, WorkspaceSlot::kKeyStaging);
-    if (kv_same && storage_ != Storage::kSeparate) {
+    if (kv_same && storage_ != Storage::kSeparate && one_size) {
       // key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2 H_kv, T_k, hd)
       gemm_into(xk, tk, kKey, 2, kbuf, ws);
-      return {view(qbuf, heads_, tq, qw),
-              view(kbuf, kv_heads_, tk, 2 * kvw),
-              view(kbuf + tk * kvw, kv_heads_, tk, 2 * kvw),
+      return {view(qbuf, heads_, tq, qw, hd),
+              view(kbuf, kv_heads_, tk, kw + vw, hd),
+              view(kbuf + tk * kw, kv_heads_, tk, kw + vw, hd),
               {xq, xk, xk}};
     }
-    Scalar* vbuf = kbuf + kv_rows * kvw;
+    Scalar* vbuf = kbuf + kv_rows * kw;
     gemm_into(xk, tk, kKey, 1, kbuf, ws);
-    const auto xv = detail::as_rows(value, ws, WorkspaceSlot::kValueStaging);
+    const auto xv = kv_same ? xk : detail::as_rows(value, ws, WorkspaceSlot::kValueStaging);
     gemm_into(xv, tk, kValue, 1, vbuf, ws);
-    return {view(qbuf, heads_, tq, qw),
-            view(kbuf, kv_heads_, tk, kvw),
-            view(vbuf, kv_heads_, tk, kvw),
+    return {view(qbuf, heads_, tq, qw, hd),
+            view(kbuf, kv_heads_, tk, kw, hd),
+            view(vbuf, kv_heads_, tk, vw, hd_v),
             {xq, xk, xv}};
   }
 
@@ -327,7 +357,22 @@ class QkvProjection {
   }
   // First row of projection `part` in [W_q; W_k; W_v] (and of its bias); offset(3): all rows.
   Index offset(int part) const noexcept {
-    return part == 0 ? 0 : width(kQuery) + (part - 1) * width(kKey);
+    const Index rows[4] = {0, heads_ * head_dim_, (heads_ + kv_heads_) * head_dim_,
+                           (heads_ + kv_heads_) * head_dim_ + kv_heads_ * value_head_dim_};
+    return rows[part];
+  }
+  // The output segment of freeze()'s pack of storage tensor `s`: the head size of the
+  // projections it holds, gcd(hd, hd_v) when it holds W_v and another (each GEMM writes
+  // heads of one size, a multiple of it, from a row that is one too).
+  Index pack_segment(int s) const noexcept {
+    const bool holds_value = s == 2 || (s == 0 && storage_ == Storage::kFused) ||
+                             (s == 1 && storage_ == Storage::kKeyValueFused);
+    if (!holds_value) return head_dim_;
+    return s == 2 ? value_head_dim_ : std::gcd(head_dim_, value_head_dim_);
+  }
+  // True when projections part .. part + count - 1 have heads of one size (one GEMM).
+  bool one_head_size(int part, int count) const noexcept {
+    return value_head_dim_ == head_dim_ || part + count <= kValue || (part == kValue && count == 1);
   }
 
   TensorView<Scalar, 2> weight_view(int part) noexcept {
@@ -348,19 +393,19 @@ class QkvProjection {
   // (B, heads of those projections, T, hd), each head's rows a contiguous (T, hd) block.
   void gemm_into(const detail::RowsRef<const Scalar>& x, Index tokens, int part, int count,
                  Scalar* dst, Workspace& ws) const {
-    const Index columns = offset(part + count) - offset(part);
+    const Index columns = offset(part + count) - offset(part), hd = head_dim(part);
     if constexpr (std::is_same_v<Scalar, bfloat16>) {  // float sums, rounded once into dst
       const Location at = locate(part);
       const Index in = in_[part];
       detail::gemm_nt_rounded(
           x.rows, columns, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in, dst,
           [&](float* wide) {
-            return detail::GemmOutput<float>::head_major(wide, tokens, columns, head_dim_);
+            return detail::GemmOutput<float>::head_major(wide, tokens, columns, hd);
           },
           has_bias() ? bias_.data() + offset(part) : nullptr, packed(at), ws);
     } else {
-      project_rows(x, part, count,
-                   detail::GemmOutput<Scalar>::head_major(dst, tokens, columns, head_dim_), ws);
+      project_rows(x, part, count, detail::GemmOutput<Scalar>::head_major(dst, tokens, columns, hd),
+                   ws);
     }
   }
   // freeze()'s pack of the storage tensor at `at` from its row, or none.
@@ -374,9 +419,11 @@ class QkvProjection {
   /// features), written through `out` in head_dim-wide segments (see detail::GemmOutput):
   /// for a caller that places the heads itself, as the incremental forward writes K and V
   /// straight into a KVCache. The projections must share one stored weight (count 1, the
-  /// fused storage, or K and V with kdim == vdim). Sizes are the caller's to check.
+  /// fused storage, or K and V with kdim == vdim) and one head size (out's segment). Sizes
+  /// are the caller's to check.
   void project_rows(const detail::RowsRef<const Scalar>& x, int part, int count,
                     const detail::GemmOutput<Scalar>& out, Workspace& ws) const {
+    ATTN_ASSERT(one_head_size(part, count));
     const Location at = locate(part);
     const Index columns = offset(part + count) - offset(part), in = in_[part];
     const Scalar* bias = has_bias() ? bias_.data() + offset(part) : nullptr;
@@ -386,7 +433,7 @@ class QkvProjection {
 
  private:
   Index in_[3] = {0, 0, 0};
-  Index heads_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  Index heads_ = 0, kv_heads_ = 0, head_dim_ = 0, value_head_dim_ = 0;
   Storage storage_ = Storage::kFused;
   Tensor<Scalar, 2> w_[3];  // see locate(): which holds which projection
   Tensor<Scalar, 1> bias_;

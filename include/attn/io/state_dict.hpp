@@ -230,9 +230,9 @@ void save_state_dict(const Module& module, const std::string& path,
 /// MultiHeadAttention, or Hugging Face Llama / Mistral / Qwen2 attention) whose state_dict
 /// `file` holds under `prefix`: embed_dim (d_in, d_out), kdim, vdim and bias presence come
 /// from the tensors' shapes; num_heads is not stored in a state_dict and must be given. With
-/// Llama's names (q_proj.weight, ...) head_dim is q_proj's rows / num_heads and num_kv_heads
-/// k_proj's rows / head_dim. A `sinks` tensor (gpt-oss) sets sinks (its length must be
-/// num_heads).
+/// Llama's names (q_proj.weight, ...) head_dim is q_proj's rows / num_heads, num_kv_heads
+/// k_proj's rows / head_dim and value_head_dim v_proj's rows / num_kv_heads. A `sinks` tensor
+/// (gpt-oss) sets sinks (its length must be num_heads).
 /// @throws StateDictError if no known layout is found or the shapes are inconsistent.
 inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& file,
                                                          Index num_heads,
@@ -294,7 +294,18 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
     o.head_dim = head_dim;
     o.num_kv_heads = k[0] / head_dim;
     o.kdim = k[1];
-    o.vdim = has(llama(2, ".weight")) ? matrix_shape(llama(2, ".weight"))[1] : k[1];
+    o.vdim = k[1];
+    if (has(llama(2, ".weight"))) {  // value heads of their own size (DeepSeek)
+      const auto v = matrix_shape(llama(2, ".weight"));
+      detail::io_require<StateDictError>(v[0] > 0 && v[0] % o.num_kv_heads == 0, where, [&] {
+        return "'" + file.source() + "': " + prefix + llama(2, ".weight") + " " +
+               detail::shape_text(v) +
+               " does not split into num_kv_heads=" + std::to_string(o.num_kv_heads) +
+               " value heads";
+      });
+      o.vdim = v[1];
+      if (v[0] / o.num_kv_heads != head_dim) o.value_head_dim = v[0] / o.num_kv_heads;
+    }
     o.qkv_bias = has(llama(0, ".bias"));
     o.out_bias = has(std::string(Names::kLlamaOutProj) + "bias");
     o.init = InitScheme::kNone;
