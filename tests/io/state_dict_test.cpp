@@ -366,7 +366,7 @@ TEST(StateDict, WiderDtypesLoadIntoABf16ModuleRoundedToNearestEven) {
   const std::uint16_t f32_expected[12] = {0x3F80, 0x3F82, 0x3F81, 0x3F80, 0xBF82, 0x7F80,
                                           0x0000, 0x0040, 0x7FC0, 0x8000, 0x3EAB, 0x4B80};
   // out_proj.weight (2, 2) in F16: 10 mantissa bits round to 7.
-  const std::uint16_t f16[4] = {0x3C04, 0x3C0C, 0x0001, 0xFC00};  // 1 + 2^-8, 1 + 3 2^-8,
+  const std::uint16_t f16[4] = {0x3C04, 0x3C0C, 0x0001, 0xFC00};           // 1 + 2^-8, 1 + 3 2^-8,
   const std::uint16_t f16_expected[4] = {0x3F80, 0x3F82, 0x3380, 0xFF80};  // 2^-24, -inf
   // in_proj_bias (6) and out_proj.bias (2) in F64: rounded once from the double, not through
   // float (1 + 2^-8 + 2^-40 is past the tie; as a float it would be the tie, which rounds to 1).
