@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -334,6 +335,37 @@ TEST(StateDict, Bf16ModuleRoundTripsBitExactly) {
       for (attn::Index c = 0; c < f.extent(1); ++c) {
         ASSERT_EQ(float_bits(f(r, c)), std::uint32_t{n(r, c).bits()} << 16)
             << wide_params[p].name() << " " << r << " " << c;
+      }
+    }
+  }
+}
+
+// CausalAttention<bfloat16> saves its weights and the notebook's `mask` buffer as BF16 and
+// loads them back bit for bit, like MultiHeadAttention<bfloat16>.
+TEST(StateDict, Bf16CausalAttentionRoundTripsWithItsMask) {
+  using attn::bfloat16;
+  attn::manual_seed(4);
+  const auto source = attn::convert<bfloat16>(attn::CausalAttention<float>(6, 4, 5, 0.0, true));
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(),
+              ElementsAre("W_key.bias", "W_key.weight", "W_query.bias", "W_query.weight",
+                          "W_value.bias", "W_value.weight", "mask"));
+  EXPECT_EQ(file.dtype("mask"), attn::io::DType::kBF16);
+  EXPECT_EQ(file.dtype("W_query.weight"), attn::io::DType::kBF16);
+  EXPECT_EQ((file.get<float, 2>("mask")(1, 2)), 1.0f);
+  auto target = attn::convert<bfloat16>(attn::CausalAttention<float>(6, 4, 5, 0.0, true));
+  attn::io::load_state_dict(target, file);
+  const auto a = source.named_parameters();
+  const auto b = std::as_const(target).named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    const auto x = a[p].matrix();
+    const auto y = b[p].matrix();
+    for (attn::Index r = 0; r < x.extent(0); ++r) {
+      for (attn::Index c = 0; c < x.extent(1); ++c) {
+        ASSERT_EQ(x(r, c).bits(), y(r, c).bits()) << a[p].name();
       }
     }
   }

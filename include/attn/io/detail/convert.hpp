@@ -109,10 +109,14 @@ const char* convert_to_storage(DType dtype, const unsigned char* src, std::size_
       });
       return nullptr;
     case DType::kF32:
-      each([](const unsigned char* p) { return attn::detail::convert_element<S>(load_le<float>(p)); });
+      each([](const unsigned char* p) {
+        return attn::detail::convert_element<S>(load_le<float>(p));
+      });
       return nullptr;
     case DType::kF64:
-      each([](const unsigned char* p) { return attn::detail::convert_element<S>(load_le<double>(p)); });
+      each([](const unsigned char* p) {
+        return attn::detail::convert_element<S>(load_le<double>(p));
+      });
       return nullptr;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
