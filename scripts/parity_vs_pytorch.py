@@ -7,6 +7,7 @@
 #
 #   /usr/bin/python3 scripts/parity_vs_pytorch.py --attn-run build/io/tools/attn_run \
 #       [--report docs/parity.md] [--fixtures tests/fixtures/io] [--seed 20240607]
+#       [--only bf16]
 #
 # For each case: a random nn.MultiheadAttention (random biases too), random inputs and
 # masks; the state_dict and the inputs are written as safetensors, attn_run runs them, and
@@ -20,6 +21,13 @@
 # random q/k/v/o_proj weights (biases on or off, some under a model.layers.N.self_attn.
 # prefix), both RoPE conventions, partial rotary, theta 1e4 / 5e5 / 1e6, GQA and MQA,
 # sliding windows and prefill/chunk splits, same tolerance.
+#
+# bfloat16 cases (their own draws: `--only bf16` regenerates them alone): `attn_run --dtype
+# bf16` against PyTorch's own bfloat16 nn.MultiheadAttention (`.to(torch.bfloat16).eval()`,
+# self and cross, key padding, boolean and causal masks), on BF16 weights and inputs. Both
+# round at different points, so the output is also compared with a float64 evaluation of the
+# same bfloat16 weights and inputs, for PyTorch and for attn; all three are written to
+# tests/fixtures/io/bf16/ (tests/io/pytorch_fixtures_test.cpp).
 #
 # Backward cases (after the Llama ones): `attn_run --backward` against PyTorch autograd on random
 # nn.MultiheadAttention configurations (self and cross, kdim/vdim, bias on and off, bool and
@@ -54,16 +62,27 @@ _DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BOOL": np.b
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
+class BF16:
+    """A bfloat16 tensor for save_file: its bits as a uint16 numpy array (numpy has no bfloat16)."""
+
+    def __init__(self, bits):
+        self.bits = np.ascontiguousarray(bits, dtype=np.uint16)
+
+
 def save_file(tensors, path, metadata=None):
-    """Writes {name: numpy array} as a safetensors file."""
-    if _st_save is not None:
+    """Writes {name: numpy array or BF16} as a safetensors file."""
+    if _st_save is not None and not any(isinstance(v, BF16) for v in tensors.values()):
         _st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path, metadata)
         return
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
+        if isinstance(tensors[name], BF16):
+            a, dtype = tensors[name].bits, "BF16"
+        else:
+            a = np.ascontiguousarray(tensors[name])
+            dtype = _NAMES[a.dtype]
         data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape),
+        header[name] = {"dtype": dtype, "shape": list(a.shape),
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
@@ -79,9 +98,12 @@ def save_file(tensors, path, metadata=None):
 
 
 def load_file(path):
-    """Reads a safetensors file as {name: numpy array}."""
+    """Reads a safetensors file as {name: numpy array} (BF16 widened to float32)."""
     if _st_load is not None:
-        return _st_load(path)
+        try:
+            return _st_load(path)
+        except Exception:  # BF16, which safetensors.numpy does not read
+            pass
     with open(path, "rb") as f:
         raw = f.read()
     (n,) = struct.unpack("<Q", raw[:8])
@@ -90,8 +112,12 @@ def load_file(path):
     base = 8 + n
     out = {}
     for name, e in header.items():
-        dt = np.dtype(_DTYPES[e["dtype"]]).newbyteorder("<")
         b, end = e["data_offsets"]
+        if e["dtype"] == "BF16":
+            bits = np.frombuffer(raw[base + b:base + end], dtype="<u2").astype(np.uint32) << 16
+            out[name] = bits.view(np.float32).reshape(e["shape"])
+            continue
+        dt = np.dtype(_DTYPES[e["dtype"]]).newbyteorder("<")
         out[name] = np.frombuffer(raw[base + b:base + end], dtype=dt).reshape(e["shape"])
     return out
 
@@ -501,15 +527,151 @@ def run_backward_case(torch, attn_run, case, rng, workdir, index, fixtures_dir=N
 FIXTURE_BACKWARD_CASES = {0, 3, 7, 12, 15, 21, 22, 23, 28, 36, 43}
 
 
+# ---- bfloat16 cases (attn_run --dtype bf16 vs PyTorch's bfloat16 nn.MultiheadAttention) ----
+
+def make_bf16_cases():
+    def case(embed, heads, batch, tq, mask, tk=None, kdim=None, vdim=None):
+        return dict(dtype="bfloat16", embed=embed, heads=heads, bias=True, cross=tk is not None,
+                    kdim=kdim or embed, vdim=vdim or embed, batch=batch, tq=tq, tk=tk,
+                    mask=mask, need_weights=False, unbatched=False, nan_rows=False)
+    return [case(32, 4, 2, 9, "none"),
+            case(64, 8, 2, 13, "padding"),
+            case(32, 2, 2, 17, "causal+padding"),
+            case(32, 4, 2, 7, "padding", tk=11, kdim=24, vdim=40),
+            case(48, 6, 1, 5, "bool2d", tk=19),
+            case(64, 4, 2, 33, "padding")]
+
+
+# Every bfloat16 case is committed as tests/fixtures/io/bf16/.
+BF16_TOLERANCE = 1.5e-2  # max |attn - torch| / max |reference|, as tests/io/pytorch_fixtures_test.cpp
+
+
+def bf16_bits(t):
+    """A torch bfloat16 tensor's bits as uint16."""
+    import torch
+    return t.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def run_bf16_case(torch, attn_run, case, rng, workdir, index, fixtures_dir=None):
+    e, h, b, tq = case["embed"], case["heads"], case["batch"], case["tq"]
+    tk = case["tk"] if case["cross"] else tq
+    mha = torch.nn.MultiheadAttention(e, h, dropout=0.0, bias=True, kdim=case["kdim"],
+                                      vdim=case["vdim"], batch_first=True)
+    with torch.no_grad():
+        for name, p in mha.named_parameters():
+            if "bias" in name:  # default init zeroes them: make them matter
+                p.copy_(torch.from_numpy(rng.normal(0, 0.2, p.shape)).float())
+    mha = mha.to(torch.bfloat16).eval()
+
+    def draw(shape):
+        return torch.from_numpy(rng.normal(0, 1, shape).astype(np.float32)).to(torch.bfloat16)
+    q = draw((b, tq, e))
+    k, v = (draw((b, tk, case["kdim"])), draw((b, tk, case["vdim"]))) if case["cross"] else (q, q)
+    inputs = {"query": BF16(bf16_bits(q))}
+    if case["cross"]:
+        inputs["key"], inputs["value"] = BF16(bf16_bits(k)), BF16(bf16_bits(v))
+    flags, kwargs, torch_mask = ["--dtype", "bf16"], {}, None
+    if "bool2d" in case["mask"]:
+        attn_mask = rng.random((tq, tk)) < 0.35
+        attn_mask[:, 0] = False
+        inputs["attn_mask"] = attn_mask
+        torch_mask = attn_mask
+    if "padding" in case["mask"]:
+        padding = rng.random((b, tk)) < 0.3
+        padding[:, 0] = False
+        inputs["key_padding_mask"] = padding
+        kwargs["key_padding_mask"] = torch.from_numpy(padding)
+    if "causal" in case["mask"]:
+        flags.append("--causal")
+        causal = np.triu(np.ones((tq, tk), dtype=bool), 1)
+        torch_mask = causal if torch_mask is None else torch_mask | causal
+    if torch_mask is not None:
+        kwargs["attn_mask"] = torch.from_numpy(np.ascontiguousarray(torch_mask))
+    with torch.no_grad():
+        # What a user runs: eval (PyTorch's fused fast path for self-attention without an
+        # attn_mask), and the regular path (train() with dropout 0) for comparison.
+        y = mha(q, k, v, need_weights=False, **kwargs)[0]
+        mha.train()
+        y_regular = mha(q, k, v, need_weights=False, **kwargs)[0]
+        mha.eval()
+        # The same bfloat16 weights and inputs evaluated in float64.
+        wide = torch.nn.MultiheadAttention(e, h, dropout=0.0, bias=True, kdim=case["kdim"],
+                                           vdim=case["vdim"], batch_first=True).double()
+        wide.load_state_dict({n: t.double() for n, t in mha.state_dict().items()})
+        wide.train()
+        qd = q.double()
+        kd, vd = (k.double(), v.double()) if case["cross"] else (qd, qd)
+        reference = wide(qd, kd, vd, need_weights=False, **kwargs)[0].numpy()
+    y_np, regular_np = y.float().numpy(), y_regular.float().numpy()
+    stem = os.path.join(workdir, f"bf16{index:03d}")
+    weights = {n: BF16(bf16_bits(t)) for n, t in mha.state_dict().items()}
+    save_file(weights, stem + ".weights.safetensors")
+    save_file(inputs, stem + ".input.safetensors")
+    cmd = [attn_run, "--weights", stem + ".weights.safetensors", "--input",
+           stem + ".input.safetensors", "--output", stem + ".output.safetensors",
+           "--num-heads", str(h)] + flags
+    scale = float(np.abs(reference).max())
+
+    def rel(a, want):
+        return float(np.abs(a - want).max()) / scale
+    r = dict(ok=False, error="", attn_torch=float("nan"), attn_ref=float("nan"),
+             torch_ref=rel(y_np, reference), regular_ref=rel(regular_np, reference),
+             torch_regular=rel(y_np, regular_np))
+    if attn_run is not None:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            r["error"] = proc.stderr.strip()
+            return r
+        got = load_file(stem + ".output.safetensors")["output"].astype(np.float64)
+        r["attn_torch"], r["attn_ref"] = rel(got, y_np), rel(got, reference)
+        r["ok"] = r["attn_torch"] <= BF16_TOLERANCE and bool(np.isfinite(got).all())
+    if fixtures_dir is not None:
+        os.makedirs(fixtures_dir, exist_ok=True)
+        name = os.path.join(fixtures_dir, f"bf16{index:03d}")
+        save_file(weights, name + ".weights.safetensors")
+        save_file(inputs, name + ".input.safetensors")
+        save_file({"output": BF16(bf16_bits(y)), "output_regular": BF16(bf16_bits(y_regular)),
+                   "reference": reference.astype(np.float32),
+                   "finite_rows": np.ones(reference.shape[:-1], dtype=bool)},
+                  name + ".expected.safetensors",
+                  metadata={"flags": " ".join(flags), "num_heads": str(h),
+                            "case": describe(case), "torch": torch.__version__})
+    return r
+
+
+def run_bf16_cases(torch, attn_run, seed, workdir, fixtures_dir):
+    """Every bfloat16 case from its own draws (torch's and numpy's), so `--only bf16` and the
+    full run write the same fixtures."""
+    torch.manual_seed(seed + 16)
+    rng = np.random.default_rng([seed, 16])
+    rows = []
+    for i, case in enumerate(make_bf16_cases()):
+        r = run_bf16_case(torch, attn_run, case, rng, workdir, i, fixtures_dir)
+        rows.append((i, case, r))
+        print(f"H{i:2d} bf16    {describe(case):55s} attn-torch {r['attn_torch']:.2e}  "
+              f"attn-ref {r['attn_ref']:.2e}  torch-ref {r['torch_ref']:.2e}  "
+              f"torch regular path-ref {r['regular_ref']:.2e}  "
+              f"{'ok' if r['ok'] else 'FAIL'}" + (f"  {r['error']}" if r["error"] else ""),
+              flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--attn-run", required=True, help="path of the attn_run executable")
     ap.add_argument("--report", help="write the markdown table and summary here")
     ap.add_argument("--fixtures", help="also write the small fixture cases to this directory")
     ap.add_argument("--seed", type=int, default=20240607)
+    ap.add_argument("--only", choices=["bf16"],
+                    help="run (and write the fixtures of) this group only; no report")
     args = ap.parse_args()
 
     import torch  # Debian: python3-torch (1.13)
+    if args.only == "bf16":
+        with tempfile.TemporaryDirectory(prefix="attn_parity_") as work:
+            rows = run_bf16_cases(torch, args.attn_run, args.seed, work,
+                                  os.path.join(args.fixtures, "bf16") if args.fixtures else None)
+        return 0 if all(r["ok"] for _, _, r in rows) else 1
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     cases = make_cases(rng)
@@ -543,6 +705,8 @@ def main():
             print(f"B{i:2d} {case['dtype']:7s} {describe(case):55s} worst rel {r['worst']:.2e}"
                   f" ({r['worst_name']})  {'ok' if r['ok'] else 'FAIL'}"
                   + (f"  {r['error']}" if r["error"] else ""), flush=True)
+        bf16_rows = run_bf16_cases(torch, args.attn_run, args.seed, work,
+                                   os.path.join(args.fixtures, "bf16") if args.fixtures else None)
     elapsed = time.time() - start
 
     failed = [i for i, _, r in rows if not r["ok"]]
@@ -552,6 +716,10 @@ def main():
         vals = [r[key] for _, c, r in llama_rows if c["dtype"] == dtype and r["ok"]]
         return max(vals) if vals else float("nan")
     backward_failed = [i for i, _, r in backward_rows if not r["ok"]]
+    bf16_failed = [i for i, _, r in bf16_rows if not r["ok"]]
+
+    def bf16_worst(key):
+        return max(r[key] for _, _, r in bf16_rows)
 
     def backward_worst(dtype):
         vals = [r["worst"] for _, c, r in backward_rows if c["dtype"] == dtype and not r["error"]]
@@ -585,6 +753,13 @@ def main():
         f"max gradient error "
         f"{backward_worst('float32'):.2e} (float32, tolerance 1e-5), "
         f"{backward_worst('float64'):.2e} (float64, tolerance 1e-10) relative",
+        f"bfloat16 cases (`attn_run --dtype bf16` vs PyTorch's bfloat16 module, eval): "
+        f"{len(bf16_rows)}; passed: {len(bf16_rows) - len(bf16_failed)}; "
+        f"{failures(bf16_failed)}; max |attn - torch| {bf16_worst('attn_torch'):.2e} "
+        f"(tolerance {BF16_TOLERANCE:g}); against a float64 evaluation of the same bfloat16 "
+        f"weights and inputs: attn {bf16_worst('attn_ref'):.2e}, PyTorch "
+        f"{bf16_worst('torch_ref'):.2e} (its regular path {bf16_worst('regular_ref'):.2e}); "
+        f"relative to max |reference|",
         f"torch {torch.__version__}, numpy {np.__version__}, safetensors writer: "
         f"{'safetensors package' if _st_save else 'built-in'}; {elapsed:.1f} s",
     ]
@@ -649,7 +824,21 @@ def main():
                         f"{'-' if c['unbatched'] else c['batch']} | {c['tq']} | {tk} | "
                         f"{c['embed']} | {c['heads']} | {r['worst']:.2e} | {r['worst_name']} "
                         f"| {'pass' if r['ok'] else 'FAIL'} |\n")
-    return 1 if failed or llama_failed or backward_failed else 0
+            f.write("\n## bfloat16 cases\n\n")
+            f.write("`attn_run --dtype bf16` against PyTorch's `nn.MultiheadAttention` after "
+                    "`.to(torch.bfloat16).eval()`, on BF16 weights and inputs; each error is "
+                    "`max|a - b| / max|reference|`, the reference being the same bfloat16 "
+                    "weights and inputs evaluated in float64 (docs/precision.md).\n\n")
+            f.write("| # | case | B | T_q | T_k | E | H | attn - torch | attn - reference | "
+                    "torch - reference | torch regular path - reference | result |\n")
+            f.write("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            for i, c, r in bf16_rows:
+                tk = c["tk"] if c["cross"] else c["tq"]
+                f.write(f"| H{i} | {describe(c)} | {c['batch']} | {c['tq']} | {tk} | "
+                        f"{c['embed']} | {c['heads']} | {r['attn_torch']:.2e} | "
+                        f"{r['attn_ref']:.2e} | {r['torch_ref']:.2e} | {r['regular_ref']:.2e} "
+                        f"| {'pass' if r['ok'] else 'FAIL'} |\n")
+    return 1 if failed or llama_failed or backward_failed or bf16_failed else 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 # backward cases against PyTorch autograd) and writes docs/parity.md.
 #   scripts/parity_vs_pytorch.sh                  # report to docs/parity.md
 #   scripts/parity_vs_pytorch.sh --fixtures tests/fixtures/io   # also regenerate fixtures
+#   scripts/parity_vs_pytorch.sh --only bf16 --fixtures tests/fixtures/io   # the bf16 group only
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 

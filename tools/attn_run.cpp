@@ -5,7 +5,7 @@
 //
 //   attn_run --weights W.safetensors --input X.safetensors --output Y.safetensors
 //            --num-heads H [--prefix P] [--causal] [--need-weights] [--per-head-weights]
-//            [--double]
+//            [--double] [--dtype f32|f64|bf16] [--output-dtype bf16|f32]
 //   attn_run --format llama --weights W.safetensors --input X.safetensors --output Y.safetensors
 //            --num-heads H [--num-kv-heads HKV] [--head-dim HD] [--rope-theta THETA]
 //            [--rotary-dim R] [--rope-interleaved] [--sliding-window W] [--prefill N]

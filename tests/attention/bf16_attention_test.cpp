@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/reference_attention.hpp"
@@ -490,6 +491,49 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
   } catch (const attn::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("bfloat16"), std::string::npos) << e.what();
   }
+}
+
+// SelfAttention, CausalAttention and CrossAttention on bfloat16 run MultiHeadAttention<bfloat16>'s
+// core: each against its float twin holding the same rounded weights, on the same rounded
+// input, within module_near's bound (the same roundings: Q, K, V, P, the context, and the
+// output where out_proj follows; one head of 32 features for the single-head modules, whose
+// output is the rounded context itself). Conversion rounds each weight once.
+TEST_F(StorageAttention, Bf16SingleHeadAndCrossModules) {
+  attn::manual_seed(7);
+  const attn::SelfAttention<float> self_wide(64, 32, true);
+  const attn::CausalAttention<float> causal_wide(64, 32, 48, 0.0, true);
+  const attn::CrossAttention<float> cross_wide(64, 40, 48, 4, true);
+  const RoundedInput x({2, 37, 64}, 51), kv({2, 23, 40}, 53);
+  const auto twins = [](const auto& source) {
+    auto narrow = attn::convert<bfloat16>(source);
+    auto wide = attn::convert<float>(narrow);
+    narrow.eval();
+    wide.eval();
+    const auto from = source.named_parameters()[0].matrix();
+    const auto to = narrow.named_parameters()[0].matrix();
+    EXPECT_EQ(bfloat16(from(1, 2)).bits(), to(1, 2).bits());
+    return std::make_pair(std::move(narrow), std::move(wide));
+  };
+  const auto self = twins(self_wide);
+  EXPECT_TRUE(module_near(self.first.forward(x.narrow), self.second.forward(x.wide)));
+  const auto causal = twins(causal_wide);
+  const Tensor<bfloat16, 3> causal_out = causal.first.forward(x.narrow);
+  EXPECT_TRUE(module_near(causal_out, causal.second.forward(x.wide)));
+  // The causal bound holds: changing the later tokens leaves the first rows' bits alone.
+  Tensor<bfloat16, 3> later = x.narrow;
+  for (Index t = 20; t < 37; ++t) {
+    for (Index e = 0; e < 64; ++e) later(1, t, e) = bfloat16(-static_cast<float>(later(1, t, e)));
+  }
+  const Tensor<bfloat16, 3> changed = causal.first.forward(later);
+  for (Index t = 0; t < 20; ++t) {
+    for (Index e = 0; e < 32; ++e) {
+      ASSERT_EQ(changed(1, t, e).bits(), causal_out(1, t, e).bits()) << t << " " << e;
+    }
+  }
+  EXPECT_NE(changed(1, 30, 0).bits(), causal_out(1, 30, 0).bits());
+  const auto cross = twins(cross_wide);
+  EXPECT_TRUE(
+      module_near(cross.first.forward(x.narrow, kv.narrow), cross.second.forward(x.wide, kv.wide)));
 }
 
 }  // namespace

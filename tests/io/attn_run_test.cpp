@@ -271,6 +271,92 @@ TEST(AttnRunArguments, UsageErrorsSayWhat) {
   EXPECT_THAT(out.str(), HasSubstr("usage: attn_run"));
 }
 
+// --dtype bf16: a BF16 state_dict and F32 inputs (rounded to nearest even as they load) run
+// through MultiHeadAttention<bfloat16>, bit for bit what the module gives on the rounded query
+// with the same key padding, written as BF16 (or widened to F32); the modes a bfloat16 module
+// lacks are usage errors naming them.
+TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
+  using attn::bfloat16;
+  attn::TorchGenerator gen(3);
+  const auto module = attn::convert<bfloat16>(
+      attn::MultiHeadAttention<float>(attn::MultiHeadAttentionOptions::pytorch(kE, kH), gen));
+  SafetensorsWriter w;
+  attn::io::save_state_dict(module, w);
+  const auto bf16_weights = SafetensorsFile::from_bytes(w.to_bytes(), "w");
+  ASSERT_EQ(bf16_weights.dtype("in_proj_weight"), DType::kBF16);
+  const auto query = attn::test::random_tensor<float, 3>({kB, kT, kE}, 7);
+  SafetensorsWriter inputs;
+  inputs.add("query", query);
+  inputs.add_raw("key_padding_mask", DType::kBool, {kB, kT}, integer_bytes(kPadding, DType::kBool));
+  const auto in = SafetensorsFile::from_bytes(inputs.to_bytes(), "x");
+
+  Tensor<bool, 2> padding({kB, kT});
+  for (Index i = 0; i < padding.size(); ++i) padding.data()[i] = kPadding[i] != 0;
+  attn::AttentionMask<float> mask;
+  mask.key_padding(padding);
+  const Tensor<bfloat16, 3> expected = module.forward(attn::convert<bfloat16>(query).view(), mask);
+
+  const ParsedArguments p = parse({"--dtype", "bf16", "--weights", "w", "--input", "x", "--output",
+                                   "y", "--num-heads", std::to_string(kH)});
+  ASSERT_EQ(p.action, ParsedArguments::Action::kRun) << p.error;
+  const auto y =
+      SafetensorsFile::from_bytes(attn_run::run(p.arguments, bf16_weights, in).to_bytes());
+  ASSERT_EQ(y.dtype("output"), DType::kBF16);
+  const Tensor<bfloat16, 3> output = y.get<bfloat16, 3>("output");
+  ASSERT_EQ(output.shape(), expected.shape());
+  for (Index i = 0; i < output.size(); ++i) {
+    ASSERT_EQ(output.data()[i].bits(), expected.data()[i].bits()) << "element " << i;
+  }
+  // The same weights in F32 (weights(): the float module of the same draws) load rounded to
+  // the same bfloat16 module: the same bits.
+  const auto y_from_f32 =
+      SafetensorsFile::from_bytes(attn_run::run(p.arguments, weights(), in).to_bytes());
+  EXPECT_EQ(y_from_f32.values<float>("output"), y.values<float>("output"));
+
+  const ParsedArguments wide = parse({"--dtype", "bf16", "--output-dtype", "f32", "--weights", "w",
+                                      "--input", "x", "--output", "y", "--num-heads", "2"});
+  ASSERT_EQ(wide.action, ParsedArguments::Action::kRun) << wide.error;
+  const auto y32 =
+      SafetensorsFile::from_bytes(attn_run::run(wide.arguments, bf16_weights, in).to_bytes());
+  ASSERT_EQ(y32.dtype("output"), DType::kF32);
+  EXPECT_EQ(y32.values<float>("output"), y.values<float>("output"));  // widened exactly
+
+  const std::vector<std::string> run_args = {"--weights",   "w", "--input", "x",   "--output", "y",
+                                             "--num-heads", "2", "--dtype", "bf16"};
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--backward", "--backward is not supported with --dtype bf16"},
+      {"--need-weights", "--need-weights is not supported with --dtype bf16"},
+      {"--per-head-weights", "--per-head-weights is not supported with --dtype bf16"},
+      {"--format llama", "--format llama is not supported with --dtype bf16"},
+      {"--format onnx", "--format onnx is not supported with --dtype bf16"},
+      {"--double", "--double and --dtype bf16 disagree"},
+  };
+  for (const auto& [flag, message] : refused) {
+    std::vector<std::string> argv = run_args;
+    argv.push_back(flag.substr(0, flag.find(' ')));
+    if (flag.find(' ') != std::string::npos) argv.push_back(flag.substr(flag.find(' ') + 1));
+    const ParsedArguments bad = parse(argv);
+    EXPECT_EQ(bad.action, ParsedArguments::Action::kError) << flag;
+    EXPECT_THAT(bad.error, HasSubstr(message));
+  }
+  EXPECT_THAT(parse({"--output-dtype", "f32", "--weights", "w", "--input", "x", "--output", "y",
+                     "--num-heads", "2"})
+                  .error,
+              HasSubstr("--output-dtype needs --dtype bf16"));
+  std::ostringstream out, err;
+  std::vector<std::string> backward = run_args;
+  backward.push_back("--backward");
+  EXPECT_EQ(attn_run::main(backward, out, err), 2);
+  EXPECT_THAT(err.str(), HasSubstr("--backward is not supported with --dtype bf16 (--dtype bf16 "
+                                   "runs the mha format's forward only"));
+  RunOptions o;
+  o.num_heads = kH;
+  o.need_weights = true;
+  EXPECT_THAT([&] { attn_run::run_multi_head_attention<bfloat16>(bf16_weights, in, o); },
+              ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("a bfloat16 run has no backward and no attention weights")));
+}
+
 TEST(AttnRunFiles, OutputOverInputFailingKeepsTheInput) {
   // `attn_run --output X --input X` used to truncate X first: a write failing partway (here
   // past a file size limit, SIGXFSZ ignored as attn_run does) destroyed the input.

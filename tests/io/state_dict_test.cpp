@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -274,6 +277,154 @@ TEST(StateDict, HalfPrecisionWeightsLoadIntoFloat) {
             std::vector<unsigned char>(ones.begin(), ones.begin() + 8));
   attn::io::load_state_dict(m, reopen(w));
   EXPECT_EQ(m.in_proj_weight()(5, 1), 1.0f);
+}
+
+// Every parameter's bits, in state_dict order (matrices row by row).
+std::vector<std::uint16_t> parameter_bits(const attn::MultiHeadAttention<attn::bfloat16>& m) {
+  std::vector<std::uint16_t> bits;
+  for (const auto& p : m.named_parameters()) {
+    const auto v = p.matrix();
+    for (attn::Index r = 0; r < v.extent(0); ++r) {
+      for (attn::Index c = 0; c < v.extent(1); ++c) bits.push_back(v(r, c).bits());
+    }
+  }
+  return bits;
+}
+
+std::uint32_t float_bits(float f) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// A bfloat16 module saves BF16 tensors holding its bits and loads them back bit for bit (a
+// signalling NaN, a subnormal, -0 and -inf included: a trip through float would quieten the
+// NaN); the same file loads into a float module widened exactly (bits << 16).
+TEST(StateDict, Bf16ModuleRoundTripsBitExactly) {
+  using attn::bfloat16;
+  auto source = attn::convert<bfloat16>(make_mha<float>(8, 2, true, 0, 0, 1));
+  const std::uint16_t special[] = {0x7F81, 0x0001, 0x8000, 0xFF80, 0x3F81};
+  for (int i = 0; i < 5; ++i) source.in_proj_weight()(0, i) = bfloat16::from_bits(special[i]);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(),
+              ElementsAre("in_proj_bias", "in_proj_weight", "out_proj.bias", "out_proj.weight"));
+  for (const std::string& name : file.names()) {
+    EXPECT_EQ(file.dtype(name), attn::io::DType::kBF16) << name;
+  }
+  const unsigned char* raw = file.raw_data("in_proj_weight");
+  for (int i = 0; i < 5; ++i) {  // little-endian bits, unchanged
+    EXPECT_EQ(raw[2 * i] | raw[2 * i + 1] << 8, special[i]) << i;
+  }
+
+  auto target = attn::convert<bfloat16>(make_mha<float>(8, 2, true, 0, 0, 2));
+  ASSERT_NE(parameter_bits(source), parameter_bits(target));
+  attn::io::load_state_dict(target, file);
+  EXPECT_EQ(parameter_bits(source), parameter_bits(target));
+
+  auto wide = make_mha<float>(8, 2, true, 0, 0, 3);
+  attn::io::load_state_dict(wide, file);
+  const auto narrow_params = source.named_parameters();
+  const auto wide_params = wide.named_parameters();
+  ASSERT_EQ(narrow_params.size(), wide_params.size());
+  for (std::size_t p = 0; p < wide_params.size(); ++p) {
+    const auto n = narrow_params[p].matrix();
+    const auto f = wide_params[p].matrix();
+    for (attn::Index r = 0; r < f.extent(0); ++r) {
+      for (attn::Index c = 0; c < f.extent(1); ++c) {
+        ASSERT_EQ(float_bits(f(r, c)), std::uint32_t{n(r, c).bits()} << 16)
+            << wide_params[p].name() << " " << r << " " << c;
+      }
+    }
+  }
+}
+
+// CausalAttention<bfloat16> saves its weights and the notebook's `mask` buffer as BF16 and
+// loads them back bit for bit, like MultiHeadAttention<bfloat16>.
+TEST(StateDict, Bf16CausalAttentionRoundTripsWithItsMask) {
+  using attn::bfloat16;
+  attn::manual_seed(4);
+  const auto source = attn::convert<bfloat16>(attn::CausalAttention<float>(6, 4, 5, 0.0, true));
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.names(),
+              ElementsAre("W_key.bias", "W_key.weight", "W_query.bias", "W_query.weight",
+                          "W_value.bias", "W_value.weight", "mask"));
+  EXPECT_EQ(file.dtype("mask"), attn::io::DType::kBF16);
+  EXPECT_EQ(file.dtype("W_query.weight"), attn::io::DType::kBF16);
+  EXPECT_EQ((file.get<float, 2>("mask")(1, 2)), 1.0f);
+  auto target = attn::convert<bfloat16>(attn::CausalAttention<float>(6, 4, 5, 0.0, true));
+  attn::io::load_state_dict(target, file);
+  const auto a = source.named_parameters();
+  const auto b = std::as_const(target).named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    const auto x = a[p].matrix();
+    const auto y = b[p].matrix();
+    for (attn::Index r = 0; r < x.extent(0); ++r) {
+      for (attn::Index c = 0; c < x.extent(1); ++c) {
+        ASSERT_EQ(x(r, c).bits(), y(r, c).bits()) << a[p].name();
+      }
+    }
+  }
+}
+
+// F32, F16 and F64 tensors load into a bfloat16 module rounded once, to nearest even, from
+// their exact values (expected bits written out by hand).
+TEST(StateDict, WiderDtypesLoadIntoABf16ModuleRoundedToNearestEven) {
+  attn::MultiHeadAttention<attn::bfloat16> m(attn::MultiHeadAttentionOptions::pytorch(2, 1));
+  const auto bytes_of = [](const auto& values) {
+    std::vector<unsigned char> bytes(sizeof values);
+    std::memcpy(bytes.data(), values, sizeof values);  // little-endian host (x86)
+    return bytes;
+  };
+  // in_proj_weight (6, 2) in F32: ties go to the even neighbour, anything past a tie away.
+  const std::uint32_t f32[12] = {
+      0x3F808000,  // 1 + 2^-8, a tie        -> 1 (0x3F80)
+      0x3F818000,  // 1 + 3 2^-8, a tie      -> 1 + 2^-6 (0x3F82)
+      0x3F808001,  // just past the tie      -> 0x3F81
+      0x3F807FFF,  // just short of it       -> 0x3F80
+      0xBF818000,  // negative tie           -> 0xBF82
+      0x7F7FFFFF,  // float's largest        -> +inf (0x7F80)
+      0x00000001,  // float's least subnormal -> +0
+      0x00400000,  // subnormal 2^-127       -> 0x0040, exact
+      0x7FC00001,  // a NaN                  -> a NaN (0x7FC0)
+      0x80000000,  // -0                     -> 0x8000
+      0x3EAAAAAB,  // 1/3                    -> 0x3EAB
+      0x4B7FFFFF,  // 2^24 - 1               -> 2^24 (0x4B80)
+  };
+  const std::uint16_t f32_expected[12] = {0x3F80, 0x3F82, 0x3F81, 0x3F80, 0xBF82, 0x7F80,
+                                          0x0000, 0x0040, 0x7FC0, 0x8000, 0x3EAB, 0x4B80};
+  // out_proj.weight (2, 2) in F16: 10 mantissa bits round to 7.
+  const std::uint16_t f16[4] = {0x3C04, 0x3C0C, 0x0001, 0xFC00};           // 1 + 2^-8, 1 + 3 2^-8,
+  const std::uint16_t f16_expected[4] = {0x3F80, 0x3F82, 0x3380, 0xFF80};  // 2^-24, -inf
+  // in_proj_bias (6) and out_proj.bias (2) in F64: rounded once from the double, not through
+  // float (1 + 2^-8 + 2^-40 is past the tie; as a float it would be the tie, which rounds to 1).
+  const double f64[6] = {1 + 0x1p-8 + 0x1p-40, 1 + 0x1p-8, -2.5, 0x1p-140, 1e39, 0.1};
+  const std::uint16_t f64_expected[6] = {0x3F81, 0x3F80, 0xC020, 0x0000, 0x7F80, 0x3DCD};
+  const double out_bias[2] = {3.0, -0.0};
+  SafetensorsWriter w;
+  w.add_raw("in_proj_weight", attn::io::DType::kF32, {6, 2}, bytes_of(f32));
+  w.add_raw("out_proj.weight", attn::io::DType::kF16, {2, 2}, bytes_of(f16));
+  w.add_raw("in_proj_bias", attn::io::DType::kF64, {6}, bytes_of(f64));
+  w.add_raw("out_proj.bias", attn::io::DType::kF64, {2}, bytes_of(out_bias));
+  attn::io::load_state_dict(m, reopen(w));
+  for (int i = 0; i < 12; ++i) {
+    const std::uint16_t got = m.in_proj_weight()(i / 2, i % 2).bits();
+    if (i == 8) {
+      EXPECT_TRUE((got & 0x7F80) == 0x7F80 && (got & 0x7F) != 0) << std::hex << got;
+    } else {
+      EXPECT_EQ(got, f32_expected[i]) << "F32 " << i;
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(m.out_proj().weight()(i / 2, i % 2).bits(), f16_expected[i]) << "F16 " << i;
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(m.in_proj_bias()(i).bits(), f64_expected[i]) << "F64 " << i;
+  EXPECT_EQ(m.out_proj().bias()(0).bits(), 0x4040);
+  EXPECT_EQ(m.out_proj().bias()(1).bits(), 0x8000);
 }
 
 TEST(StateDict, SelfAttentionRawParametersAreTransposed) {

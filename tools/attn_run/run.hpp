@@ -21,6 +21,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
+#include "attn/types/element.hpp"
 #include "attn_run/masks.hpp"
 
 namespace attn_run {
@@ -33,6 +34,8 @@ struct RunOptions {
   bool average_weights = true;  ///< average the weights over heads, like PyTorch's default
   bool backward = false;        ///< also the gradients (--backward)
   std::string prefix;           ///< prefix of the weights' names
+  /// A bfloat16 run's output written as F32 (exactly widened) instead of BF16.
+  bool widen_output = false;
 };
 
 namespace detail {
@@ -108,11 +111,17 @@ inline void check_input_shape(const attn::io::SafetensorsFile& file, const std::
 /// gradients of sum(grad_output * output) (`grad_output` from the inputs, else ones).
 /// Rows with no visible key give zeros (PyTorch gives NaN there).
 ///
+/// Scalar bfloat16 runs MultiHeadAttention<bfloat16> (inference): the weights load as
+/// bfloat16 (BF16 bit for bit, F32 rounded once to nearest even), so do query, key and value,
+/// float masks stay float (the module's Compute type), and `output` is written as BF16 (F32,
+/// widened exactly, with widen_output). It has no backward and no attention weights.
+///
 /// Every input is checked against the weights (its rank, its features, no empty axis, a
 /// floating dtype) from the file's header before anything is read or sized from it.
 ///
 /// @throws StateDictError / FormatError naming the file and tensor for a bad file or inputs
-///         whose shapes do not fit; std::invalid_argument for bad options.
+///         whose shapes do not fit; std::invalid_argument for bad options (backward or
+///         need_weights with bfloat16).
 template <class Scalar>
 attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::SafetensorsFile& weights,
                                                      const attn::io::SafetensorsFile& inputs,
@@ -121,9 +130,18 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
   using attn::io::detail::io_require;
   using attn::io::detail::shape_text;
   const char* where = "run_multi_head_attention";
+  // What masks are in: Scalar, or float for bfloat16.
+  using Compute = attn::compute_type_t<Scalar>;
+  constexpr bool kStorage = attn::is_storage_type_v<Scalar>;
   io_require<std::invalid_argument>(options.num_heads > 0, where, [&] {
     return "num_heads=" + std::to_string(options.num_heads) + " must be positive";
   });
+  io_require<std::invalid_argument>(!kStorage || (!options.backward && !options.need_weights),
+                                    where, [&] {
+                                      return std::string("a ") + attn::element_name<Scalar>() +
+                                             " run has no backward and no attention weights "
+                                             "yet; run it in float or double";
+                                    });
   const attn::MultiHeadAttentionOptions config =
       attn::io::options_from_state_dict(weights, options.num_heads, options.prefix);
   attn::MultiHeadAttention<Scalar> mha(config);
@@ -180,27 +198,29 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
                     tk = has_key ? key.extent(1) : tq;
 
   // ---- masks ----
-  attn::AttentionMask<Scalar> mask;
+  attn::AttentionMask<Compute> mask;
   if (options.causal) mask.causal(attn::CausalAlignment::kTopLeft);
-  Masks<Scalar> masks(batch, options.num_heads, tq, tk, batched);
+  Masks<Compute> masks(batch, options.num_heads, tq, tk, batched);
   masks.read(inputs, mask);
 
   // ---- backward: grad_output (optional: the gradient of sum(output), ones) ----
   attn::Tensor<Scalar, 3> grad_output;
-  if (options.backward) {
-    const attn::Index e = mha.embed_dim();
-    if (inputs.contains("grad_output")) {
-      grad_output = read3("grad_output");
-      io_require<FormatError>(grad_output.shape() == attn::Shape<3>{batch, tq, e}, where, [&] {
-        const std::vector<attn::Index> want =
-            batched ? std::vector<attn::Index>{batch, tq, e} : std::vector<attn::Index>{tq, e};
-        return "'" + inputs.source() + "': grad_output has shape " +
-               shape_text(inputs.shape("grad_output")) + ", expected the output's shape " +
-               shape_text(want);
-      });
-    } else {
-      grad_output = attn::Tensor<Scalar, 3>({batch, tq, e});
-      grad_output.fill(Scalar(1));
+  if constexpr (!kStorage) {  // a bfloat16 run has no backward (refused above)
+    if (options.backward) {
+      const attn::Index e = mha.embed_dim();
+      if (inputs.contains("grad_output")) {
+        grad_output = read3("grad_output");
+        io_require<FormatError>(grad_output.shape() == attn::Shape<3>{batch, tq, e}, where, [&] {
+          const std::vector<attn::Index> want =
+              batched ? std::vector<attn::Index>{batch, tq, e} : std::vector<attn::Index>{tq, e};
+          return "'" + inputs.source() + "': grad_output has shape " +
+                 shape_text(inputs.shape("grad_output")) + ", expected the output's shape " +
+                 shape_text(want);
+        });
+      } else {
+        grad_output = attn::Tensor<Scalar, 3>({batch, tq, e});
+        grad_output.fill(Scalar(1));
+      }
     }
   }
 
@@ -217,49 +237,60 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
       out.add(name, attn::select(y.view(), 0, 0));
     }
   };
-  if (options.backward) {
-    // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
-    // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
-    // grad_query is the whole gradient of the one input.
-    attn::Workspace ws;
-    attn::SavedForward<Scalar> saved;
-    attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
-    attn::Gradients<Scalar> grads(mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
-    attn::Tensor<Scalar, 3> grad_query(query.shape());
-    if (has_key) {
-      attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
-      mha.forward(q, k, v, output.view(), saved, ws, mask);
-      mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(), grad_value.view(),
-                   grads, ws);
-      add("grad_key", grad_key);
-      add("grad_value", grad_value);
+  if constexpr (kStorage) {  // inference: the output only
+    const attn::Tensor<Scalar, 3> y = mha.forward(q, k, v, mask);
+    if (options.widen_output) {
+      add("output", attn::convert<float>(y));
     } else {
-      mha.forward(q, output.view(), saved, ws, mask);
-      mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
+      add("output", y);
     }
-    add("output", output);
-    add("grad_query", grad_query);
-    for (const auto& g : grads) {
-      const std::string name = "grad." + g.name();
-      if (g.rank() == 1) {
-        out.add(name, attn::Tensor<Scalar, 1>(g.vector()));
+    return out;
+  } else {
+    if (options.backward) {
+      // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
+      // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
+      // grad_query is the whole gradient of the one input.
+      attn::Workspace ws;
+      attn::SavedForward<Scalar> saved;
+      attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
+      attn::Gradients<Scalar> grads(
+          mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
+      attn::Tensor<Scalar, 3> grad_query(query.shape());
+      if (has_key) {
+        attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
+        mha.forward(q, k, v, output.view(), saved, ws, mask);
+        mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(),
+                     grad_value.view(), grads, ws);
+        add("grad_key", grad_key);
+        add("grad_value", grad_value);
       } else {
-        out.add(name, attn::Tensor<Scalar, 2>(g.matrix()));
+        mha.forward(q, output.view(), saved, ws, mask);
+        mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
+      }
+      add("output", output);
+      add("grad_query", grad_query);
+      for (const auto& g : grads) {
+        const std::string name = "grad." + g.name();
+        if (g.rank() == 1) {
+          out.add(name, attn::Tensor<Scalar, 1>(g.vector()));
+        } else {
+          out.add(name, attn::Tensor<Scalar, 2>(g.matrix()));
+        }
       }
     }
-  }
-  if (!options.need_weights) {
-    if (!options.backward) add("output", mha.forward(q, k, v, mask));
+    if (!options.need_weights) {
+      if (!options.backward) add("output", mha.forward(q, k, v, mask));
+      return out;
+    }
+    const attn::MultiHeadAttentionOutput<Scalar> r = mha.forward_with_weights(q, k, v, mask);
+    if (!options.backward) add("output", r.output);
+    if (options.average_weights) {
+      add("weights", attn::average_heads(r.weights.view()));
+    } else {
+      add("weights", r.weights);
+    }
     return out;
   }
-  const attn::MultiHeadAttentionOutput<Scalar> r = mha.forward_with_weights(q, k, v, mask);
-  if (!options.backward) add("output", r.output);
-  if (options.average_weights) {
-    add("weights", attn::average_heads(r.weights.view()));
-  } else {
-    add("weights", r.weights);
-  }
-  return out;
 }
 
 }  // namespace attn_run

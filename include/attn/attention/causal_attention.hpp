@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/self_attention.hpp"
@@ -21,7 +22,8 @@ ATTN_NAMESPACE_BEGIN
 ///
 /// Shapes: x (B, T, d_in) -> (B, T, d_out) with T <= context_length; unbatched (T, d_in)
 /// -> (T, d_out).
-/// @tparam Scalar float or double.
+/// @tparam Scalar float, double or bfloat16 (inference, as SelfAttention<bfloat16>; the
+///         dropout of a training forward needs float or double).
 /// @throws ConfigError from the constructor on non-positive sizes or dropout outside
 ///         [0, 1); from forward() when T > context_length. ShapeError from forward() on
 ///         wrong shapes.
@@ -36,6 +38,10 @@ class CausalAttention : public SelfAttention<Scalar> {
   CausalAttention(Index d_in, Index d_out, Index context_length, double dropout,
                   bool qkv_bias = false, const AttentionVariants& variants = {})
       : Base(config(d_in, d_out, context_length, dropout, qkv_bias, variants)) {}
+
+  /// `other` with its weights converted to Scalar (see SelfAttention's converting constructor).
+  template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
+  explicit CausalAttention(const CausalAttention<Other>& other) : Base(other) {}
 
  private:
   static detail::CoreConfig config(Index d_in, Index d_out, Index context_length, double dropout,
@@ -53,5 +59,11 @@ class CausalAttention : public SelfAttention<Scalar> {
     return c;
   }
 };
+
+/// `module` with its weights converted to `To`: convert<bfloat16>(float_module).
+template <class To, class From>
+CausalAttention<To> convert(const CausalAttention<From>& module) {
+  return CausalAttention<To>(module);
+}
 
 ATTN_NAMESPACE_END

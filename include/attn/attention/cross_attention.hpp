@@ -2,6 +2,8 @@
 // attn/attention/cross_attention.hpp: queries from one sequence, keys and values from another.
 #pragma once
 
+#include <type_traits>
+
 #include "attn/attention/module.hpp"
 #include "attn/attention/multi_head_attention.hpp"
 #include "attn/config.hpp"
@@ -18,7 +20,7 @@ ATTN_NAMESPACE_BEGIN
 ///
 /// Shapes: x_q (B, T_q, d_q), x_kv (B, T_kv, d_kv) -> (B, T_q, d_out), weights
 /// (B, H, T_q, T_kv); unbatched (T_q, d_q), (T_kv, d_kv) -> (T_q, d_out).
-/// @tparam Scalar float or double.
+/// @tparam Scalar float, double or bfloat16 (inference, as MultiHeadAttention<bfloat16>).
 /// @throws as MultiHeadAttention.
 template <class Scalar = float>
 class CrossAttention : private MultiHeadAttention<Scalar>,
@@ -35,6 +37,11 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   CrossAttention(Index d_q, Index d_kv, Index d_out, Index num_heads, bool qkv_bias = false,
                  double dropout = 0.0, const AttentionVariants& variants = {})
       : Module(options(d_q, d_kv, d_out, num_heads, qkv_bias, dropout, variants)) {}
+
+  /// `other` with its weights converted to Scalar (see MultiHeadAttention's converting
+  /// constructor); attn::convert<To>(module) says the same.
+  template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
+  explicit CrossAttention(const CrossAttention<Other>& other) : Module(other.module()) {}
 
   /// forward(x_q, x_kv, ...) and forward_with_weights(x_q, x_kv, ...), as every module's.
   using Forwards::forward;
@@ -83,5 +90,11 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
     return o;
   }
 };
+
+/// `module` with its weights converted to `To`: convert<bfloat16>(float_module).
+template <class To, class From>
+CrossAttention<To> convert(const CrossAttention<From>& module) {
+  return CrossAttention<To>(module);
+}
 
 ATTN_NAMESPACE_END

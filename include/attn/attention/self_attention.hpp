@@ -41,14 +41,19 @@ inline constexpr RandInit kRandInit{};
 ///
 /// Shapes: x (B, T, d_in) -> (B, T, d_out); unbatched x (T, d_in) -> (T, d_out); weights
 /// (B, T, T).
-/// @tparam Scalar float or double.
+///
+/// bfloat16 (inference): SelfAttention<bfloat16> runs MultiHeadAttention<bfloat16>'s core
+/// (bfloat16 weights and biases, float sums and softmax, docs/precision.md) with the same
+/// limits: whole-sequence forwards only, masks in float; convert<bfloat16>(module) rounds a
+/// float module's weights once.
+/// @tparam Scalar float, double or bfloat16 (inference).
 /// @throws ConfigError from the constructors on non-positive sizes.
 template <class Scalar = float>
 class SelfAttention
     : public detail::CoreModule<Scalar>,
       public detail::ModuleForwards<SelfAttention<Scalar>, Scalar, 3, detail::InputX> {
-  static_assert(std::is_floating_point_v<Scalar>,
-                "attn::SelfAttention: Scalar must be float or double");
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
+                "attn::SelfAttention: Scalar must be float, double or bfloat16 (inference)");
 
  public:
   /// SelfAttention_v2: three nn.Linear(d_in, d_out, bias=qkv_bias), drawn in the order
@@ -64,6 +69,12 @@ class SelfAttention
   SelfAttention(Index d_in, Index d_out, RandInit)
       : SelfAttention(config(d_in, d_out, false, InitScheme::kRand, ParameterNames::kNotebookRaw)) {
   }
+
+  /// `other` with its weights converted to Scalar (each rounded once to nearest even when
+  /// narrowing, widened exactly otherwise); modes, dropout seed and scaling kept.
+  /// attn::convert<To>(module) says the same.
+  template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
+  explicit SelfAttention(const SelfAttention<Other>& other) : detail::CoreModule<Scalar>(other) {}
 
   /// The raw form with given (d_in, d_out) matrices, applied as x @ W (no bias).
   /// @throws ShapeError if the three shapes differ or are empty.
@@ -110,5 +121,11 @@ class SelfAttention
  private:
   friend class detail::ModuleForwards<SelfAttention, Scalar, 3, detail::InputX>;
 };
+
+/// `module` with its weights converted to `To`: convert<bfloat16>(float_module).
+template <class To, class From>
+SelfAttention<To> convert(const SelfAttention<From>& module) {
+  return SelfAttention<To>(module);
+}
 
 ATTN_NAMESPACE_END

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // attn/io/dtype.hpp: the element types of the safetensors format, in one table (name, size,
-// kind), and what attn writes for float, double and bool.
+// kind), and what attn writes for float, double, bfloat16, float16 and bool.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +8,8 @@
 #include <type_traits>
 
 #include "attn/config.hpp"
+#include "attn/types/bfloat16.hpp"
+#include "attn/types/float16.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace io {
@@ -21,8 +23,8 @@ enum class DType {
   kF8E5M2,  ///< "F8_E5M2" (recognised; not convertible)
   kI16,     ///< "I16"
   kU16,     ///< "U16"
-  kF16,     ///< "F16", IEEE half; converted to float/double on load
-  kBF16,    ///< "BF16", bfloat16; converted to float/double on load
+  kF16,     ///< "F16", IEEE half (attn::float16); widened to float/double on load
+  kBF16,    ///< "BF16", bfloat16 (attn::bfloat16); widened to float/double on load
   kI32,     ///< "I32"
   kU32,     ///< "U32"
   kF32,     ///< "F32"
@@ -107,16 +109,24 @@ constexpr std::size_t dtype_size(DType dtype) noexcept { return detail::dtype_in
 /// Bool, integer, float (F16, BF16, F32, F64) or 8-bit float.
 constexpr DTypeKind dtype_kind(DType dtype) noexcept { return detail::dtype_info(dtype).kind; }
 
-/// The dtype attn writes for a C++ element type: float -> F32, double -> F64, bool -> BOOL.
+/// The dtype attn writes for a C++ element type: float -> F32, double -> F64, bfloat16 ->
+/// BF16, float16 -> F16, bool -> BOOL.
 template <class Scalar>
 constexpr DType dtype_of() noexcept {
   using S = std::remove_const_t<Scalar>;
-  static_assert(std::is_same_v<S, float> || std::is_same_v<S, double> || std::is_same_v<S, bool>,
-                "attn::io: tensors are written as float (F32), double (F64) or bool (BOOL)");
+  static_assert(std::is_same_v<S, float> || std::is_same_v<S, double> ||
+                    std::is_same_v<S, bfloat16> || std::is_same_v<S, float16> ||
+                    std::is_same_v<S, bool>,
+                "attn::io: tensors are written as float (F32), double (F64), bfloat16 (BF16), "
+                "float16 (F16) or bool (BOOL)");
   if constexpr (std::is_same_v<S, float>) {
     return DType::kF32;
   } else if constexpr (std::is_same_v<S, double>) {
     return DType::kF64;
+  } else if constexpr (std::is_same_v<S, bfloat16>) {
+    return DType::kBF16;
+  } else if constexpr (std::is_same_v<S, float16>) {
+    return DType::kF16;
   } else {
     return DType::kBool;
   }

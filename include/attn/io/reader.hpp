@@ -23,6 +23,7 @@
 #include "attn/io/tensor_info.hpp"
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace io {
@@ -38,8 +39,9 @@ namespace io {
 /// dtype size), and that the tensors tile the data section exactly (no overlap, no gap,
 /// nothing left over). Any violation throws FormatError naming the file, the tensor and the
 /// values; nothing is read out of bounds. Tensors are then decoded on demand by get(), which
-/// converts F16/BF16/F32/F64 (and integers) to float or double and BOOL (and integers,
-/// nonzero = true) to bool.
+/// converts F16/BF16/F32/F64 (and integers) to float or double, BOOL (and integers,
+/// nonzero = true) to bool, and F16/BF16/F32/F64 to bfloat16 or float16: BF16 to bfloat16
+/// (F16 to float16) bit for bit, any other floating dtype rounded once to nearest even.
 ///
 /// open() memory-maps the file (ATTN_IO_HAS_MMAP, the default on POSIX systems) or streams
 /// it into memory. Copies share the bytes, which live until the last copy is destroyed. A
@@ -110,9 +112,12 @@ class SafetensorsFile {
     return data_begin() + info(name).begin;
   }
 
-  /// Tensor `name` converted to Scalar (float, double or bool).
+  /// Tensor `name` converted to Scalar (float, double, bfloat16, float16 or bool). BF16 read
+  /// as bfloat16 (F16 as float16) is copied bit for bit; F32 or F64 read as bfloat16 rounds
+  /// each element once, to nearest even (attn::convert's rule); widening is exact.
   /// @throws FormatError if it is missing, its rank is not Rank, or its dtype does not
-  ///         convert (float types to bool, BOOL to float, F8 formats).
+  ///         convert (float types to bool, BOOL to float, F8 formats, integers to bfloat16 or
+  ///         float16).
   /// Shapes: as stored; a rank-0 tensor is read with Rank 1 as shape (1).
   template <class Scalar, std::size_t Rank>
   Tensor<Scalar, Rank> get(const std::string& name) const {
@@ -183,16 +188,22 @@ class SafetensorsFile {
   const unsigned char* data_begin() const noexcept { return storage_->data() + 8 + header_bytes_; }
 
   template <class Scalar>
+  static std::string type_name() {
+    if constexpr (std::is_same_v<Scalar, bool>) {
+      return "bool";
+    } else {
+      return element_name<Scalar>();
+    }
+  }
+
+  template <class Scalar>
   void convert(const std::string& name, const TensorInfo& entry, Scalar* out) const {
     const char* why = detail::convert_elements(entry.dtype, data_begin() + entry.begin,
                                                static_cast<std::size_t>(entry.numel()), out);
     if (why != nullptr) {
       throw FormatError("attn::io::SafetensorsFile::get: " + where(name) + " has dtype " +
                         dtype_name(entry.dtype) + ", which cannot be read as " +
-                        (std::is_same_v<Scalar, bool>    ? "bool"
-                         : std::is_same_v<Scalar, float> ? "float"
-                                                         : "double") +
-                        why);
+                        type_name<Scalar>() + why);
     }
   }
 

@@ -103,7 +103,10 @@ ParameterNames naming_in(const Module& module, const SafetensorsFile& file,
 /// (`W_query.weight`, ...); for SelfAttention, `W_query.weight`, ... or SelfAttention_v1's
 /// raw `W_query` (d_in, d_out); for the wrapper `heads.<h>.W_query.weight`, .... Buffers the
 /// module derives (the notebooks' causal `mask`) are accepted when their shape fits and
-/// need not be present. Values are converted to Scalar from F16, BF16, F32 or F64.
+/// need not be present. Values are converted to Scalar from F16, BF16, F32 or F64: widened
+/// exactly into a float or double module; into a bfloat16 module BF16 tensors are copied
+/// bit for bit (never through float) and F16, F32 and F64 ones rounded once, to nearest
+/// even (SafetensorsFile::get).
 ///
 /// The module must already have the file's configuration (sizes, bias presence): build a
 /// MultiHeadAttention with MultiHeadAttentionOptions::pytorch(embed_dim, num_heads, bias,
@@ -200,9 +203,10 @@ LoadResult load_state_dict(Module& module, const std::string& path, const std::s
 }
 
 /// Adds a module's parameters and buffers to `out` under the names of `names` (kDefault:
-/// the module's own; see ParameterNames), each prefixed with `prefix`. The notebooks'
-/// causal modules also write their `mask` buffer, so PyTorch's strict load_state_dict
-/// accepts the file.
+/// the module's own; see ParameterNames), each prefixed with `prefix`, in the module's type:
+/// F32 for float, F64 for double, BF16 for bfloat16 (the weights' bits, which load back bit
+/// for bit). The notebooks' causal modules also write their `mask` buffer, so PyTorch's
+/// strict load_state_dict accepts the file.
 template <class Module>
 void save_state_dict(const Module& module, SafetensorsWriter& out, const std::string& prefix = "",
                      StateDictNames names = StateDictNames::kDefault) {

@@ -25,13 +25,15 @@
 #include "attn/tensor/shape.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace io {
 
 /// Collects named tensors and writes them as one safetensors file. Tensors are copied in
 /// when added (any strides), so the sources need not outlive the writer. float is written
-/// as F32, double as F64 and bool as BOOL; add_raw() writes any dtype from raw bytes. The
+/// as F32, double as F64, bfloat16 as BF16 and float16 as F16 (their bits, unchanged) and
+/// bool as BOOL; add_raw() writes any dtype from raw bytes. The
 /// header is padded with spaces to a multiple of 8 bytes and the data is ordered by
 /// element size (largest first), then by name, as the reference implementation does.
 class SafetensorsWriter {
@@ -52,6 +54,8 @@ class SafetensorsWriter {
           unsigned char* dst = out + static_cast<std::size_t>(o) * sizeof(S);
           if constexpr (std::is_same_v<S, bool>) {
             *dst = in[i] ? 1 : 0;
+          } else if constexpr (is_storage_type_v<S>) {
+            detail::store_le<std::uint16_t>(in[i].bits(), dst);
           } else {
             detail::store_le<S>(in[i], dst);
           }

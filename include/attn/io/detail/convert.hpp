@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // attn/io/detail/convert.hpp: little-endian loads and stores, half and bfloat16 to float, and
-// the conversion of a tensor's raw bytes to float, double or bool.
+// the conversion of a tensor's raw bytes to float, double, bfloat16, float16 or bool.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 
 #include "attn/config.hpp"
 #include "attn/io/dtype.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace io {
@@ -75,15 +76,61 @@ inline float bfloat16_to_float(std::uint16_t b) noexcept {
   return f;
 }
 
-/// Converts `n` elements of `dtype` at `src` (little-endian, any alignment) to Scalar
-/// (float, double or bool) at `out`: floats and integers to float/double, BOOL and integers
-/// to bool (nonzero = true). Returns nullptr, or why the conversion does not exist (then
-/// nothing is written).
+/// Converts `n` elements of `dtype` at `src` (little-endian, any alignment) to a 16-bit
+/// storage type S (bfloat16, float16) at `out`. S's own dtype (BF16 for bfloat16, F16 for
+/// float16) is copied bit for bit, never widened and narrowed back (a NaN keeps its payload,
+/// signalling or not); the other floating dtypes round once, to nearest even, from their exact
+/// value (F16, BF16 and F32 through float, which holds them exactly; F64 directly), as
+/// attn::convert rounds. Integers, BOOL and the 8-bit floats are refused. Returns nullptr, or
+/// why the conversion does not exist (then nothing is written).
+template <class S>
+const char* convert_to_storage(DType dtype, const unsigned char* src, std::size_t n, S* out) {
+  const std::size_t step = dtype_size(dtype);
+  const auto each = [&](auto load) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = load(src + i * step);
+  };
+  if (dtype == dtype_of<S>()) {
+    if constexpr (host_is_little_endian()) {
+      if (n > 0) std::memcpy(static_cast<void*>(out), src, n * sizeof(S));
+    } else {
+      each([](const unsigned char* p) { return S::from_bits(load_le<std::uint16_t>(p)); });
+    }
+    return nullptr;
+  }
+  switch (dtype) {
+    case DType::kF16:
+      each([](const unsigned char* p) {
+        return attn::detail::convert_element<S>(half_to_float(load_le<std::uint16_t>(p)));
+      });
+      return nullptr;
+    case DType::kBF16:
+      each([](const unsigned char* p) {
+        return attn::detail::convert_element<S>(bfloat16_to_float(load_le<std::uint16_t>(p)));
+      });
+      return nullptr;
+    case DType::kF32:
+      each([](const unsigned char* p) {
+        return attn::detail::convert_element<S>(load_le<float>(p));
+      });
+      return nullptr;
+    case DType::kF64:
+      each([](const unsigned char* p) {
+        return attn::detail::convert_element<S>(load_le<double>(p));
+      });
+      return nullptr;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      return " (8-bit float formats are not supported)";
+    case DType::kBool:
+      return " (a boolean mask; read it as bool)";
+    default:
+      return " (an integer tensor; read it as float or double)";
+  }
+}
+
+/// convert_elements() to float, double or bool.
 template <class Scalar>
-const char* convert_elements(DType dtype, const unsigned char* src, std::size_t n, Scalar* out) {
-  static_assert(std::is_same_v<Scalar, float> || std::is_same_v<Scalar, double> ||
-                    std::is_same_v<Scalar, bool>,
-                "attn::io: read tensors as float, double or bool");
+const char* convert_to_wide(DType dtype, const unsigned char* src, std::size_t n, Scalar* out) {
   constexpr bool kToBool = std::is_same_v<Scalar, bool>;
   const std::size_t step = dtype_size(dtype);
   const auto each = [&](auto load) {
@@ -161,6 +208,23 @@ const char* convert_elements(DType dtype, const unsigned char* src, std::size_t 
         break;
     }
     return nullptr;
+  }
+}
+
+/// Converts `n` elements of `dtype` at `src` (little-endian, any alignment) to Scalar at
+/// `out`: floats and integers to float/double, BOOL and integers to bool (nonzero = true),
+/// floats to bfloat16 and float16 as convert_to_storage() says. Returns nullptr, or why the
+/// conversion does not exist (then nothing is written).
+template <class Scalar>
+const char* convert_elements(DType dtype, const unsigned char* src, std::size_t n, Scalar* out) {
+  static_assert(std::is_same_v<Scalar, float> || std::is_same_v<Scalar, double> ||
+                    std::is_same_v<Scalar, bfloat16> || std::is_same_v<Scalar, float16> ||
+                    std::is_same_v<Scalar, bool>,
+                "attn::io: read tensors as float, double, bfloat16, float16 or bool");
+  if constexpr (std::is_same_v<Scalar, bfloat16> || std::is_same_v<Scalar, float16>) {
+    return convert_to_storage(dtype, src, n, out);
+  } else {
+    return convert_to_wide(dtype, src, n, out);
   }
 }
 
