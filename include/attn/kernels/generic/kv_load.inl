@@ -15,9 +15,10 @@ inline bool widen_int4_block(const unsigned char*, Scalar*, float) noexcept {
   return false;
 }
 
-/// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside), each
-/// `width` elements, dequantised into out (n, width) (row stride width): q times its
-/// scale, one rounding (the int8 and int4 levels are exact in Scalar).
+/// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside; paged
+/// rows may cross blocks), each `width` elements, dequantised into out (n, width) (row
+/// stride width): q times its scale, one rounding (the int8 and int4 levels are exact in
+/// Scalar); Scalar rows copied.
 template <class Scalar>
 void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n, Index width,
                       Scalar* out) noexcept {
@@ -63,8 +64,9 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
         }
         continue;
       }
-      case KVElement::kScalar:
-        break;
+      case KVElement::kScalar:  // paged Scalar rows: copied as they are
+        std::memcpy(o, row, static_cast<std::size_t>(width) * sizeof(Scalar));
+        continue;
     }
     if (scales == nullptr) continue;
     for (Index e0 = 0, g = 0; e0 < width; e0 += s.group, ++g) {

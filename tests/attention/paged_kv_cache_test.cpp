@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: MIT
+// tests/attention/paged_kv_cache_test.cpp: PagedKVCache: the block pool's bookkeeping
+// (tables, reference counts, copy on write, freeing and truncating), the strong guarantee
+// when the pool is exhausted, and attention through the block tables against a contiguous
+// KVCache holding the same tokens: the same bits (every element kind, every kernel set, 1
+// and 2 threads, decode and prefill, windows, GQA); the modules' incremental forward on a
+// ragged batch of sequences against the same forward over a KVCache.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/reference_attention.hpp"
+#include "attn/attention/paged_forward.hpp"
+#include "attn/attn.hpp"
+#include "support/test_support.hpp"
+
+namespace paged_kv_cache_test {
+
+namespace {
+
+using attn::Index;
+using attn::KVCache;
+using attn::KVCacheOptions;
+using attn::KVElement;
+using attn::PagedKVCache;
+using attn::PagedKVCacheOptions;
+using attn::Tensor;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+namespace ref = attn::test::ref;
+
+struct Kind {
+  KVElement element;
+  Index int4_group;
+  const char* name;
+};
+const std::vector<Kind> kKinds = {
+    {KVElement::kScalar, 32, "f32"},         {KVElement::kInt8, 32, "int8"},
+    {KVElement::kInt4, 32, "int4/32"},       {KVElement::kFloat8E4M3, 32, "fp8e4m3"},
+    {KVElement::kFloat8E5M2, 32, "fp8e5m2"}, {KVElement::kBFloat16, 32, "bf16"},
+    {KVElement::kFloat16, 32, "fp16"},
+};
+
+PagedKVCacheOptions paged_options(const Kind& kind, Index blocks, Index block_size, Index kv_heads,
+                                  Index hd) {
+  PagedKVCacheOptions o;
+  o.num_blocks = blocks, o.block_size = block_size, o.num_kv_heads = kv_heads, o.head_dim = hd;
+  o.element = kind.element, o.int4_group = kind.int4_group;
+  return o;
+}
+
+// Sequence s's rows as float: [keys..., values...].
+std::vector<float> rows_of(const PagedKVCache<float>& cache, Index s) {
+  const Index n = cache.length(s), heads = cache.num_kv_heads();
+  Tensor<float, 3> k({heads, n, cache.head_dim()}), v({heads, n, cache.value_head_dim()});
+  cache.dequantize(s, k.view(), v.view());
+  std::vector<float> out(k.data(), k.data() + k.size());
+  out.insert(out.end(), v.data(), v.data() + v.size());
+  return out;
+}
+
+// Appends the same `t` random tokens to each listed paged sequence and contiguous item.
+void append_to(PagedKVCache<float>& paged, const std::vector<Index>& seqs, KVCache<float>* flat,
+               const std::vector<Index>& items, Index t, std::uint64_t seed) {
+  const Index heads = paged.num_kv_heads(), hd = paged.head_dim();
+  const auto k = attn::test::random_tensor<float, 4>({1, heads, t, hd}, seed);
+  const auto v = attn::test::random_tensor<float, 4>({1, heads, t, hd}, seed + 1);
+  for (const Index s : seqs) {
+    paged.append(s, attn::select(k.view(), 0, 0), attn::select(v.view(), 0, 0));
+  }
+  for (const Index b : items) {
+    if (flat != nullptr) flat->append(k.view(), v.view(), b);
+  }
+}
+
+TEST(PagedKVCache, BlockTablesReferenceCountsAndCopyOnWrite) {
+  PagedKVCache<float> cache(paged_options(kKinds[1], 8, 4, 2, 8));
+  EXPECT_EQ(cache.free_blocks(), 8);
+  const Index a = cache.add_sequence();
+  append_to(cache, {a}, nullptr, {}, 6, 1);
+  EXPECT_EQ(cache.length(a), 6);
+  EXPECT_EQ(cache.block_table(a), (std::vector<Index>{0, 1}));
+  EXPECT_EQ(cache.free_blocks(), 6);
+  const std::vector<float> a_rows = rows_of(cache, a);
+
+  // A fork shares every block; writing into its partly filled last block copies it first.
+  const Index b = cache.fork(a);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(cache.free_blocks(), 6);
+  EXPECT_EQ(cache.ref_count(0), 2);
+  EXPECT_EQ(cache.ref_count(1), 2);
+  EXPECT_EQ(cache.blocks_needed(b, 1), 1);  // the copy
+  EXPECT_EQ(cache.blocks_needed(b, 3), 2);  // the copy and one new block
+  append_to(cache, {b}, nullptr, {}, 1, 3);
+  EXPECT_EQ(cache.free_blocks(), 5);
+  EXPECT_EQ(cache.block_table(a), (std::vector<Index>{0, 1}));
+  EXPECT_EQ(cache.block_table(b), (std::vector<Index>{0, 2}));
+  EXPECT_EQ(cache.ref_count(0), 2);
+  EXPECT_EQ(cache.ref_count(1), 1);
+  EXPECT_EQ(rows_of(cache, a), a_rows);  // the parent's rows untouched
+  const std::vector<float> b_rows = rows_of(cache, b);
+  for (Index part = 0; part < 2; ++part) {  // the child: the parent's 6 tokens, then its own
+    for (Index h = 0; h < 2; ++h) {
+      for (Index p = 0; p < 6; ++p) {
+        for (Index e = 0; e < 8; ++e) {
+          ASSERT_EQ(b_rows[static_cast<std::size_t>(((part * 2 + h) * 7 + p) * 8 + e)],
+                    a_rows[static_cast<std::size_t>(((part * 2 + h) * 6 + p) * 8 + e)]);
+        }
+      }
+    }
+  }
+  // Now the parent's last block is its own: written in place.
+  append_to(cache, {a}, nullptr, {}, 2, 5);
+  EXPECT_EQ(cache.block_table(a), (std::vector<Index>{0, 1}));
+  EXPECT_EQ(cache.free_blocks(), 5);
+  // Two sequences sharing a partly filled block, both appending: one copy (the last writer
+  // keeps the block).
+  const Index c = cache.fork(b), d = cache.fork(b);
+  const std::vector<Index> batch = {b, c, d};
+  EXPECT_EQ(cache.needed("test", batch.data(), 3, 1), 2);
+  EXPECT_EQ(cache.needed("test", batch.data(), 2, 1), 2);
+  EXPECT_THROW(cache.needed("test", std::vector<Index>{b, b}.data(), 2, 1), attn::ConfigError);
+
+  // Freeing gives back the blocks no one else holds; ids are reused; truncate frees blocks.
+  cache.free_sequence(c);
+  cache.free_sequence(d);
+  EXPECT_FALSE(cache.contains(c));
+  EXPECT_THROW(cache.length(c), attn::IndexError);
+  EXPECT_EQ(cache.free_blocks(), 5);
+  cache.free_sequence(a);
+  EXPECT_EQ(cache.free_blocks(), 6);  // block 1; block 0 is still b's
+  EXPECT_EQ(cache.ref_count(0), 1);
+  EXPECT_EQ(cache.num_sequences(), 1);
+  const Index e = cache.add_sequence();
+  EXPECT_TRUE(e == a || e == c || e == d);
+  EXPECT_EQ(cache.length(e), 0);
+  cache.truncate(b, 3);
+  EXPECT_EQ(cache.block_table(b), (std::vector<Index>{0}));
+  EXPECT_EQ(cache.free_blocks(), 7);
+  EXPECT_THROW(cache.truncate(b, 4), attn::ConfigError);
+  EXPECT_THROW(cache.fork(99), attn::IndexError);
+  EXPECT_THROW(cache.ref_count(8), attn::IndexError);
+}
+
+TEST(PagedKVCache, AnExhaustedPoolThrowsNamingTheBlocksAndChangesNothing) {
+  for (const Kind& kind : {kKinds[0], kKinds[2]}) {
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> cache(paged_options(kind, 4, 4, 1, 32));
+    const Index a = cache.add_sequence();
+    append_to(cache, {a}, nullptr, {}, 10, 7);
+    const Index b = cache.fork(a);
+    // b's 7 more tokens: 2 new blocks and a copy of the shared last block; 1 is free.
+    EXPECT_EQ(cache.blocks_needed(b, 7), 3);
+    const auto memory = [&] {
+      const auto m = cache.memory();
+      return std::vector<float>(m.data(), m.data() + m.extent(0));
+    };
+    const std::vector<float> before = memory();
+    const std::vector<Index> a_table = cache.block_table(a), b_table = cache.block_table(b);
+    const auto k = attn::test::random_tensor<float, 3>({1, 7, 32}, 9);
+    EXPECT_THAT([&] { cache.append(b, k.view(), k.view()); },
+                ThrowsMessage<attn::ConfigError>(
+                    AllOf(HasSubstr("exhausted"), HasSubstr("need 3 blocks"),
+                          HasSubstr("1 of N=4 are free"), HasSubstr("sequence 1"))));
+    EXPECT_EQ(cache.length(a), 10);
+    EXPECT_EQ(cache.length(b), 10);
+    EXPECT_EQ(cache.block_table(a), a_table);
+    EXPECT_EQ(cache.block_table(b), b_table);
+    EXPECT_EQ(cache.free_blocks(), 1);
+    for (Index n = 0; n < 3; ++n) EXPECT_EQ(cache.ref_count(n), 2);
+    EXPECT_EQ(memory(), before);
+    // What fits still goes in: 2 tokens (the copy; the block then holds 4).
+    cache.append(b, attn::test::random_tensor<float, 3>({1, 2, 32}, 11).view(),
+                 attn::test::random_tensor<float, 3>({1, 2, 32}, 12).view());
+    EXPECT_EQ(cache.free_blocks(), 0);
+    EXPECT_EQ(cache.blocks_needed(b, 1), 1);
+    const auto one = attn::test::random_tensor<float, 3>({1, 1, 32}, 13);
+    EXPECT_THROW(cache.append(b, one.view(), one.view()), attn::ConfigError);
+  }
+}
+
+}  // namespace
+}  // namespace paged_kv_cache_test
