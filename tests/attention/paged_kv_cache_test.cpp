@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "attention/reference_attention.hpp"
@@ -179,6 +180,88 @@ TEST(PagedKVCache, AnExhaustedPoolThrowsNamingTheBlocksAndChangesNothing) {
     const auto one = attn::test::random_tensor<float, 3>({1, 1, 32}, 13);
     EXPECT_THROW(cache.append(b, one.view(), one.view()), attn::ConfigError);
   }
+}
+
+TEST(PagedKVCache, AttentionThroughTheBlockTablesIsBitIdenticalToTheContiguousCache) {
+  // Three sequences of a pool of blocks of 16: s0 (37 tokens), s1 forked from it then
+  // 93 more (the shared partly filled block copied), s2 of 520 (two 512-key chunks of a
+  // decode step), then one more token each; a KVCache holds the same tokens per item. A
+  // decode step and a prefill-shaped call of 5 queries, with and without a window, GQA
+  // (H 4, H_kv 2), hd 40 (a partial int4 block, a vector tail): the same bits for every
+  // element kind, for 1 and 2 threads, on every kernel set (float and int8 rows).
+  const int saved = attn::num_threads();
+  for (const Kind& kind : kKinds) {
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> paged(paged_options(kind, 64, 16, 2, 40));
+    KVCacheOptions fo{3, 2, 40, 700};
+    fo.element = kind.element, fo.int4_group = kind.int4_group;
+    KVCache<float> flat(fo);
+    const Index s0 = paged.add_sequence(), s2 = paged.add_sequence();
+    append_to(paged, {s0}, &flat, {0, 1}, 37, 1);
+    const Index s1 = paged.fork(s0);
+    append_to(paged, {s1}, &flat, {1}, 93, 3);
+    append_to(paged, {s2}, &flat, {2}, 500, 5);
+    append_to(paged, {s2}, &flat, {2}, 20, 7);
+    append_to(paged, {s0}, &flat, {0}, 1, 9);
+    append_to(paged, {s1}, &flat, {1}, 1, 11);
+    append_to(paged, {s2}, &flat, {2}, 1, 13);
+    ASSERT_EQ(paged.length(s1), 131);
+    ASSERT_NE(paged.block_table(s0)[2], paged.block_table(s1)[2]);  // copied on write
+    ASSERT_EQ(paged.block_table(s0)[1], paged.block_table(s1)[1]);  // shared
+    const std::vector<Index> seqs = {s0, s1, s2};
+    for (const auto& [t, window] : std::vector<std::pair<Index, Index>>{{1, 0}, {1, 50}, {5, 50}}) {
+      const auto q = attn::test::random_tensor<float, 4>({3, 4, t, 40}, 17 + t);
+      {
+        attn::Workspace ws;
+        // Every kernel set for float and int8 rows; the widest for the other kinds.
+        std::vector<attn::Isa> sets = attn::test::runnable_sets();
+        if (kind.element != KVElement::kScalar && kind.element != KVElement::kInt8) {
+          sets = {sets.back()};
+        }
+        for (const attn::Isa isa : sets) {
+          attn::set_isa(isa);
+          attn::set_num_threads(saved);
+          Tensor<float, 4> want({3, 4, t, 40});
+          attn::cached_attention(q.view(), flat, want.view(), ws, {}, window);
+          for (const int threads : {1, 2}) {
+            attn::set_num_threads(threads);
+            Tensor<float, 4> got({3, 4, t, 40});
+            attn::paged_attention(q.view(), paged, seqs, got.view(), ws, {}, window);
+            EXPECT_TRUE(ref::same_bits(got.view(), want.view()))
+                << "T=" << t << " window=" << window << " isa=" << static_cast<int>(isa)
+                << " threads=" << threads;
+          }
+        }
+        attn::set_isa(attn::best_isa());
+        attn::set_num_threads(saved);
+      }
+    }
+    // A batch of other sequences and in another order reads their own rows.
+    const auto q = attn::test::random_tensor<float, 4>({2, 4, 1, 40}, 31);
+    Tensor<float, 4> got({2, 4, 1, 40}), want({3, 4, 1, 40});
+    auto q3 = attn::test::random_tensor<float, 4>({3, 4, 1, 40}, 31);
+    attn::Workspace ws;
+    attn::paged_attention(q.view(), paged, {s2, s0}, got.view(), ws);
+    for (Index h = 0; h < 4; ++h) {  // q3's items 2 and 0 hold q's rows 0 and 1
+      for (Index e = 0; e < 40; ++e) {
+        q3.data()[(2 * 4 + h) * 40 + e] = q(0, h, 0, e);
+        q3.data()[(0 * 4 + h) * 40 + e] = q(1, h, 0, e);
+      }
+    }
+    attn::cached_attention(q3.view(), flat, want.view(), ws);
+    EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 0), attn::select(want.view(), 0, 2)));
+    EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 1), attn::select(want.view(), 0, 0)));
+  }
+  // Errors name what is wrong, before anything runs.
+  PagedKVCache<float> paged(paged_options(kKinds[0], 4, 16, 1, 8));
+  const Index s = paged.add_sequence();
+  const auto q = attn::test::random_tensor<float, 4>({1, 2, 2, 8}, 1);
+  Tensor<float, 4> out({1, 2, 2, 8});
+  attn::Workspace ws;
+  EXPECT_THAT([&] { attn::paged_attention(q.view(), paged, {s}, out.view(), ws); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("append the new ones first")));
+  EXPECT_THROW(attn::paged_attention(q.view(), paged, {s, s}, out.view(), ws), attn::ShapeError);
+  EXPECT_THROW(attn::paged_attention(q.view(), paged, {5}, out.view(), ws), attn::IndexError);
 }
 
 }  // namespace
