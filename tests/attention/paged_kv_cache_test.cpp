@@ -264,5 +264,76 @@ TEST(PagedKVCache, AttentionThroughTheBlockTablesIsBitIdenticalToTheContiguousCa
   EXPECT_THROW(attn::paged_attention(q.view(), paged, {5}, out.view(), ws), attn::IndexError);
 }
 
+TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache) {
+  // A Llama-style module (GQA, RoPE, a window of 40) over a paged cache (blocks of 16):
+  // prompts of 30, 45 and 7 tokens prefilled one sequence at a time, s3 forked from s0
+  // (a shared prompt), then 3 decode steps of one token for all four in one call. Each
+  // sequence's rows against the same forward over its own KVCache of one item: the same
+  // bits, for float and int8 rows.
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 64, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.causal = true;
+  o.sliding_window = 40;
+  o.rope = attn::RotaryOptions{16, 16, 10000.0, attn::RopeStyle::kHalfSplit, 256};
+  attn::TorchGenerator gen(5);
+  attn::MultiHeadAttention<float> m(o, gen);
+  m.eval();
+  const std::vector<Index> prompt_lengths = {30, 45, 7, 30};
+  for (const Kind& kind : {kKinds[0], kKinds[1]}) {
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> paged(paged_options(kind, 32, 16, 2, 16));
+    std::vector<KVCache<float>> flat;
+    KVCacheOptions fo{1, 2, 16, 64};
+    fo.element = kind.element;
+    for (Index b = 0; b < 4; ++b) flat.emplace_back(fo);
+    attn::Workspace ws;
+    std::vector<Index> seqs;
+    for (Index b = 0; b < 4; ++b) {
+      const Index t = prompt_lengths[static_cast<std::size_t>(b)];
+      const auto x = attn::test::random_tensor<float, 3>({1, t, 64}, 41 + (b == 3 ? 0 : b));
+      Tensor<float, 3> got({1, t, 64}), want({1, t, 64});
+      m.forward(x.view(), want.view(), ws, flat[static_cast<std::size_t>(b)]);
+      if (b == 3) {
+        seqs.push_back(paged.fork(seqs[0]));
+        continue;
+      }
+      seqs.push_back(paged.add_sequence());
+      m.forward(x.view(), got.view(), ws, paged, {seqs.back()});
+      EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << "prefill of " << b;
+    }
+    for (Index step = 0; step < 3; ++step) {
+      const auto x = attn::test::random_tensor<float, 3>({4, 1, 64}, 60 + step);
+      Tensor<float, 3> got({4, 1, 64}), want({4, 1, 64});
+      m.forward(x.view(), got.view(), ws, paged, seqs);
+      for (Index b = 0; b < 4; ++b) {
+        m.forward(attn::slice(x.view(), 0, b, b + 1), attn::slice(want.view(), 0, b, b + 1), ws,
+                  flat[static_cast<std::size_t>(b)]);
+      }
+      EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << "step " << step;
+    }
+    EXPECT_EQ(paged.length(seqs[3]), 33);
+    EXPECT_NE(paged.block_table(seqs[0])[1], paged.block_table(seqs[3])[1]);  // copied
+    EXPECT_EQ(paged.block_table(seqs[0])[0], paged.block_table(seqs[3])[0]);  // shared
+  }
+  // Errors before anything is written: a short pool (naming the blocks), a repeated
+  // sequence, a non-causal module.
+  PagedKVCache<float> paged(paged_options(kKinds[0], 2, 16, 2, 16));
+  const Index s = paged.add_sequence();
+  const auto x = attn::test::random_tensor<float, 3>({1, 40, 64}, 1);
+  Tensor<float, 3> y({1, 40, 64});
+  attn::Workspace ws;
+  EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, paged, {s}); },
+              ThrowsMessage<attn::ConfigError>(AllOf(HasSubstr("need 3 blocks"),
+                                                     HasSubstr("2 of N=2 are free"))));
+  EXPECT_EQ(paged.length(s), 0);
+  EXPECT_EQ(paged.free_blocks(), 2);
+  const auto x2 = attn::test::random_tensor<float, 3>({2, 1, 64}, 1);
+  Tensor<float, 3> y2({2, 1, 64});
+  EXPECT_THAT([&] { m.forward(x2.view(), y2.view(), ws, paged, {s, s}); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("appears twice")));
+  o.causal = false, o.sliding_window = 0;
+  const attn::MultiHeadAttention<float> open(o, gen);
+  EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);
+}
+
 }  // namespace
 }  // namespace paged_kv_cache_test

@@ -54,6 +54,129 @@ AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> 
   return call;
 }
 
+/// The checks of forward_paged(), all before anything is written (the cache included): a
+/// causal self-attention module of the cache's heads and head size, x (B, T, d_in) for B
+/// distinct sequences of the cache, out (B, T, d_out) outside the cache, positions within
+/// context_length and the rotary tables, and blocks enough in the pool.
+/// @throws as forward_paged().
+template <class Scalar>
+void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                 TensorView<Scalar, 3> out, const PagedKVCache<Scalar>& cache,
+                 const std::vector<Index>& seqs) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index batch = x.extent(0), tokens = x.extent(1);
+  require_config(c.causal && core.projection().fused(), where, [] {
+    return std::string(
+        "the incremental forward is causal self-attention (each token attends to the cached "
+        "keys up to its own position): build the module with causal=true and kdim == vdim "
+        "== d_in");
+  });
+  require(batch == static_cast<Index>(seqs.size()) &&
+              cache.num_kv_heads() == core.num_kv_heads() &&
+              cache.head_dim() == core.head_dim() && cache.value_head_dim() == core.head_dim(),
+          where, [&] {
+            return "x of B=" + std::to_string(batch) + " for " + std::to_string(seqs.size()) +
+                   " sequences of a paged cache of H_kv=" + std::to_string(cache.num_kv_heads()) +
+                   ", head_dim=" + std::to_string(cache.head_dim()) +
+                   ", value_head_dim=" + std::to_string(cache.value_head_dim()) +
+                   "; the module needs one sequence per item and H_kv=" +
+                   std::to_string(core.num_kv_heads()) +
+                   ", head_dim=value_head_dim=" + std::to_string(core.head_dim());
+          });
+  check_output(where, out, {batch, tokens, core.d_out()});
+  const Index need = cache.needed(where, seqs.data(), batch, tokens);  // ids, repeats
+  for (Index b = 0; b < batch; ++b) {
+    const Index end = cache.length(seqs[static_cast<std::size_t>(b)]) + tokens;  // no overflow
+    require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
+      return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) + " would reach " +
+             std::to_string(end) + " tokens, more than context_length=" +
+             std::to_string(c.context_length);
+    });
+    require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
+      return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) +
+             " would reach position " + std::to_string(end - 1) + ", outside the rotary tables [0, " +
+             std::to_string(core.rope().max_positions()) + ") (set rope.max_positions)";
+    });
+  }
+  require_config(need <= cache.free_blocks(), where, [&] {
+    return "the block pool is exhausted: " + std::to_string(tokens) + " more tokens for " +
+           std::to_string(batch) + " sequences need " + std::to_string(need) + " blocks, " +
+           std::to_string(cache.free_blocks()) + " of N=" + std::to_string(cache.num_blocks()) +
+           " are free (free or preempt sequences, or build a larger pool)";
+  });
+  require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
+}
+
+/// The incremental forward over sequences of a paged cache: x (B, T, d_in) holds the next T
+/// tokens of sequences seqs[0 .. B-1], each at its own length (a ragged batch). As
+/// forward_cached(): their keys and values are appended (rotated, quantised), and each token
+/// attends causally (within the module's window) to its sequence's cached keys; the rows
+/// equal forward_cached()'s over a KVCache holding the same tokens, bit for bit.
+template <class Scalar>
+void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                   TensorView<Scalar, 3> out, Workspace& ws, PagedKVCache<Scalar>& cache,
+                   const std::vector<Index>& seqs) {
+  check_paged(core, x, out, cache, seqs);
+  const QkvProjection<Scalar>& proj = core.projection();
+  const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
+  const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), a = heads * hd;
+  const auto head_major = [&](Scalar* data, Index width) {  // (B, width / hd, t, hd)
+    return GemmOutput<Scalar>::head_major(data, t, width, hd);
+  };
+  // 1. Blocks for the new tokens (copies of shared last blocks first); strong guarantee.
+  cache.prepare(core.config().forward_name, seqs.data(), batch, t);
+  // 2. Projections into the workspace: Q (B, H, t, hd), K and V (B, 2 H_kv, t, hd).
+  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
+  Scalar* q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
+  Scalar* kv = q + batch * t * a;
+  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
+  proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, head_major(kv, 2 * kv_heads * hd), ws);
+  // 3. RoPE on Q and the new K rows at each sequence's positions L_b .. L_b + t - 1; the
+  // rotated keys and the values stored (quantised) there.
+  for (Index b = 0; b < batch; ++b) {
+    const Index s = seqs[static_cast<std::size_t>(b)], first = cache.length(s);
+    if (core.has_rope()) {
+      const RotaryEmbedding<Scalar>& rope = core.rope();
+      for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
+      for (Index h = 0; h < kv_heads; ++h) rope.apply(kv + (b * 2 * kv_heads + h) * t * hd, t, hd, first);
+    }
+    for (Index part = 0; part < 2; ++part) {
+      for (Index h = 0; h < kv_heads; ++h) {
+        const Scalar* from = kv + (b * 2 * kv_heads + part * kv_heads + h) * t * hd;
+        for (Index i = 0; i < t; ++i) {
+          cache.store_row(from + i * hd, 1, s, static_cast<int>(part), h, first + i);
+        }
+      }
+    }
+  }
+  for (const Index s : seqs) cache.advance(s, t);
+  // 4. The kernel over the cache through the block tables.
+  const bool direct = !core.config().out_proj && out.stride(2) == 1;
+  Scalar* ctx =
+      direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
+  const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
+  run_attention(
+      paged_call<Scalar>(
+          core.config().forward_name,
+          TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}), cache,
+          seqs.data(),
+          TensorView<Scalar, 4>(ctx, {batch, heads, t, hd}, {ctx_strides[0], hd, ctx_strides[1], 1}),
+          core.kernel_options({}), core.sliding_window()),
+      ws);
+  // 5. The output projection.
+  if (direct) return;
+  const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
+  if (core.config().out_proj) {
+    core.out_proj().forward(context, out, ws);
+  } else {
+    copy(context, out);
+  }
+}
+
 }  // namespace detail
 
 /// Attention of q (B, H, T, hd) over sequences seqs[0 .. B-1] of `cache` (H_kv dividing H;
