@@ -322,14 +322,17 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
   Tensor<float, 3> y({1, 40, 64});
   attn::Workspace ws;
   EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, paged, {s}); },
-              ThrowsMessage<attn::ConfigError>(AllOf(HasSubstr("need 3 blocks"),
-                                                     HasSubstr("2 of N=2 are free"))));
+              ThrowsMessage<attn::ConfigError>(
+                  AllOf(HasSubstr("need 3 blocks"), HasSubstr("2 of N=2 are free"))));
   EXPECT_EQ(paged.length(s), 0);
   EXPECT_EQ(paged.free_blocks(), 2);
   const auto x2 = attn::test::random_tensor<float, 3>({2, 1, 64}, 1);
   Tensor<float, 3> y2({2, 1, 64});
-  EXPECT_THAT([&] { m.forward(x2.view(), y2.view(), ws, paged, {s, s}); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("appears twice")));
+  EXPECT_THAT(
+      [&] {
+        m.forward(x2.view(), y2.view(), ws, paged, {s, s});
+      },
+      ThrowsMessage<attn::ConfigError>(HasSubstr("appears twice")));
   o.causal = false, o.sliding_window = 0;
   const attn::MultiHeadAttention<float> open(o, gen);
   EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);

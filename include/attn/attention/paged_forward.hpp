@@ -43,8 +43,8 @@ AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> 
   // k and v give the shapes only (the kernel reads call.args.stored), as broadcasts of q's
   // first row, memory the checks already accept.
   const auto shape_only = [&](Index width) {
-    return TensorView<const Scalar, 4>(q.data(), {batch.batch, cache.num_kv_heads(), batch.slots, width},
-                                       {0, 0, 0, 1});
+    return TensorView<const Scalar, 4>(
+        q.data(), {batch.batch, cache.num_kv_heads(), batch.slots, width}, {0, 0, 0, 1});
   };
   AttentionCall<Scalar> call = make_call<Scalar>(
       where, q, shape_only(cache.head_dim()), shape_only(cache.value_head_dim()), out, {}, {}, {},
@@ -74,8 +74,7 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
         "keys up to its own position): build the module with causal=true and kdim == vdim "
         "== d_in");
   });
-  require(batch == static_cast<Index>(seqs.size()) &&
-              cache.num_kv_heads() == core.num_kv_heads() &&
+  require(batch == static_cast<Index>(seqs.size()) && cache.num_kv_heads() == core.num_kv_heads() &&
               cache.head_dim() == core.head_dim() && cache.value_head_dim() == core.head_dim(),
           where, [&] {
             return "x of B=" + std::to_string(batch) + " for " + std::to_string(seqs.size()) +
@@ -92,13 +91,14 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
     const Index end = cache.length(seqs[static_cast<std::size_t>(b)]) + tokens;  // no overflow
     require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
       return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) + " would reach " +
-             std::to_string(end) + " tokens, more than context_length=" +
-             std::to_string(c.context_length);
+             std::to_string(end) +
+             " tokens, more than context_length=" + std::to_string(c.context_length);
     });
     require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
       return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) +
-             " would reach position " + std::to_string(end - 1) + ", outside the rotary tables [0, " +
-             std::to_string(core.rope().max_positions()) + ") (set rope.max_positions)";
+             " would reach position " + std::to_string(end - 1) +
+             ", outside the rotary tables [0, " + std::to_string(core.rope().max_positions()) +
+             ") (set rope.max_positions)";
     });
   }
   require_config(need <= cache.free_blocks(), where, [&] {
@@ -142,7 +142,8 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     if (core.has_rope()) {
       const RotaryEmbedding<Scalar>& rope = core.rope();
       for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
-      for (Index h = 0; h < kv_heads; ++h) rope.apply(kv + (b * 2 * kv_heads + h) * t * hd, t, hd, first);
+      for (Index h = 0; h < kv_heads; ++h)
+        rope.apply(kv + (b * 2 * kv_heads + h) * t * hd, t, hd, first);
     }
     for (Index part = 0; part < 2; ++part) {
       for (Index h = 0; h < kv_heads; ++h) {
@@ -159,14 +160,14 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   Scalar* ctx =
       direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
-  run_attention(
-      paged_call<Scalar>(
-          core.config().forward_name,
-          TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}), cache,
-          seqs.data(),
-          TensorView<Scalar, 4>(ctx, {batch, heads, t, hd}, {ctx_strides[0], hd, ctx_strides[1], 1}),
-          core.kernel_options({}), core.sliding_window()),
-      ws);
+  run_attention(paged_call<Scalar>(
+                    core.config().forward_name,
+                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}),
+                    cache, seqs.data(),
+                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
+                                          {ctx_strides[0], hd, ctx_strides[1], 1}),
+                    core.kernel_options({}), core.sliding_window()),
+                ws);
   // 5. The output projection.
   if (direct) return;
   const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
@@ -196,8 +197,7 @@ void paged_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>
                      typename std::enable_if_t<true, TensorView<Scalar, 4>> out, Workspace& ws,
                      const AttentionOptions& options = {}, Index window = 0) {
   const char* where = "paged_attention";
-  detail::require(q.extent(0) == static_cast<Index>(seqs.size()) &&
-                      q.extent(3) == cache.head_dim(),
+  detail::require(q.extent(0) == static_cast<Index>(seqs.size()) && q.extent(3) == cache.head_dim(),
                   where, [&] {
                     return "q " + detail::to_string(q.shape()) + " over " +
                            std::to_string(seqs.size()) +

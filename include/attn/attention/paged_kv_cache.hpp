@@ -107,17 +107,17 @@ class PagedKVCache {
         detail::stored_row_scales(o_.element, o_.value_head_dim, o_.float8_scale, o_.int4_group);
     const Index heads = o_.num_kv_heads;
     Index per_head = 0, pool = 0, scales = 0, scale_bytes = 0, total = 0;
-    const bool fits = head_bytes(o_.head_dim, k_row_, k_head_) &&
-                      head_bytes(o_.value_head_dim, v_row_, v_head_) &&
-                      detail::checked_add(k_head_, v_head_, per_head) &&
-                      detail::checked_mul(per_head, heads, block_) &&
-                      detail::checked_mul(block_, o_.num_blocks, pool) &&
-                      detail::checked_product(scale_block_, heads, o_.block_size,
-                                              k_scales_ + v_scales_) &&
-                      detail::checked_mul(scale_block_, o_.num_blocks, scales) &&
-                      detail::checked_mul(scales, Index(sizeof(float)), scale_bytes) &&
-                      detail::checked_add(pool, scale_bytes, total) &&
-                      static_cast<std::size_t>(total) <= detail::kMaxObjectBytes;
+    const bool fits =
+        head_bytes(o_.head_dim, k_row_, k_head_) &&
+        head_bytes(o_.value_head_dim, v_row_, v_head_) &&
+        detail::checked_add(k_head_, v_head_, per_head) &&
+        detail::checked_mul(per_head, heads, block_) &&
+        detail::checked_mul(block_, o_.num_blocks, pool) &&
+        detail::checked_product(scale_block_, heads, o_.block_size, k_scales_ + v_scales_) &&
+        detail::checked_mul(scale_block_, o_.num_blocks, scales) &&
+        detail::checked_mul(scales, Index(sizeof(float)), scale_bytes) &&
+        detail::checked_add(pool, scale_bytes, total) &&
+        static_cast<std::size_t>(total) <= detail::kMaxObjectBytes;
     detail::require_config(fits, "PagedKVCache", [&] { return describe() + ": too large"; });
     storage_ = detail::AlignedBuffer<unsigned char>(static_cast<std::size_t>(total));
     std::fill_n(storage_.data(), total, static_cast<unsigned char>(0));
@@ -354,8 +354,8 @@ class PagedKVCache {
                                  end <= std::numeric_limits<Index>::max() - o_.block_size,
                              where, [&] {
                                return "sequence " + std::to_string(seqs[i]) + " at length " +
-                                      std::to_string(x.length) + ": T_new=" +
-                                      std::to_string(t_new) +
+                                      std::to_string(x.length) +
+                                      ": T_new=" + std::to_string(t_new) +
                                       " more overflow the position counter";
                              });
       total += blocks_for(end) - static_cast<Index>(x.blocks.size());
@@ -389,10 +389,9 @@ class PagedKVCache {
       }
       if (count > 8) names += ", ...";
       return "the block pool is exhausted: " + std::to_string(t_new) + " more tokens for " +
-             (count == 1 ? "sequence " : "sequences ") + names + " need " +
-             std::to_string(need) + " blocks of " + std::to_string(o_.block_size) +
-             " tokens, " + std::to_string(free_blocks()) + " of N=" +
-             std::to_string(o_.num_blocks) +
+             (count == 1 ? "sequence " : "sequences ") + names + " need " + std::to_string(need) +
+             " blocks of " + std::to_string(o_.block_size) + " tokens, " +
+             std::to_string(free_blocks()) + " of N=" + std::to_string(o_.num_blocks) +
              " are free (free or preempt sequences, or build a larger pool)";
     });
     for (Index i = 0; i < count; ++i) {  // may throw std::bad_alloc: nothing changed yet
@@ -437,10 +436,9 @@ class PagedKVCache {
   };
 
   std::string describe() const {
-    std::string text = "N=" + std::to_string(o_.num_blocks) +
-                       ", block_size=" + std::to_string(o_.block_size) +
-                       ", H_kv=" + std::to_string(o_.num_kv_heads) +
-                       ", head_dim=" + std::to_string(o_.head_dim);
+    std::string text =
+        "N=" + std::to_string(o_.num_blocks) + ", block_size=" + std::to_string(o_.block_size) +
+        ", H_kv=" + std::to_string(o_.num_kv_heads) + ", head_dim=" + std::to_string(o_.head_dim);
     if (o_.value_head_dim != o_.head_dim) {
       text += ", value_head_dim=" + std::to_string(o_.value_head_dim);
     }
@@ -538,12 +536,12 @@ class PagedKVCache {
 
   PagedKVCacheOptions o_{};
   Index k_row_ = 0, v_row_ = 0, k_head_ = 0, v_head_ = 0, block_ = 0;  // bytes
-  Index k_scales_ = 0, v_scales_ = 0, scale_block_ = 0;  // floats: per row, per block
+  Index k_scales_ = 0, v_scales_ = 0, scale_block_ = 0;                // floats: per row, per block
   detail::AlignedBuffer<unsigned char> storage_;
-  std::vector<Index> refs_;      // per block: the sequences holding it
-  std::vector<Index> free_;      // the free blocks (a stack; capacity N)
-  std::vector<Sequence> seqs_;   // by id; freed ones not live
-  std::vector<Index> free_ids_;  // ids of freed sequences (capacity: every id)
+  std::vector<Index> refs_;                     // per block: the sequences holding it
+  std::vector<Index> free_;                     // the free blocks (a stack; capacity N)
+  std::vector<Sequence> seqs_;                  // by id; freed ones not live
+  std::vector<Index> free_ids_;                 // ids of freed sequences (capacity: every id)
   mutable std::vector<Index> table_, lengths_;  // batch()'s gathered tables and lengths
   mutable std::vector<Index> shared_;           // needed()'s bookkeeping
 };
