@@ -55,10 +55,12 @@ struct PagedBatch {
 
 /// The keys and values of one attention layer for many sequences, in blocks of a shared pool.
 ///
-/// Storage. One 64-byte aligned allocation of N blocks, zero-filled at construction. A block
-/// holds S positions of every key/value head: the H_kv key heads, then the H_kv value heads,
-/// each S rows (rows padded to 64 bytes as KVCache's); the scales of quantised rows follow
-/// all the blocks, N runs of them. bytes() is fixed at construction, whatever the sequences.
+/// Storage. One 64-byte aligned allocation, zero-filled at construction, head-major: for
+/// each key head, N blocks of S rows, then the same for the value heads, then the scales of
+/// quantised rows in the same order (rows padded to 64 bytes as KVCache's). Block n is the
+/// n-th run of S rows of every head, so a sequence whose blocks are consecutive numbers has
+/// each head's rows consecutive in memory, as a contiguous cache does (the streaming read a
+/// decode step makes). bytes() is fixed at construction, whatever the sequences.
 ///
 /// Sequences. add_sequence() returns a new empty sequence's id (ids of freed sequences are
 /// reused). Sequence s holds length(s) tokens in block_table(s): position p is row p % S of
@@ -105,20 +107,27 @@ class PagedKVCache {
     k_scales_ = detail::stored_row_scales(o_.element, o_.head_dim, o_.float8_scale, o_.int4_group);
     v_scales_ =
         detail::stored_row_scales(o_.element, o_.value_head_dim, o_.float8_scale, o_.int4_group);
-    const Index heads = o_.num_kv_heads;
-    Index per_head = 0, pool = 0, scales = 0, scale_bytes = 0, total = 0;
+    const Index heads = o_.num_kv_heads, line = static_cast<Index>(detail::kAlignment);
+    Index k_part = 0, v_part = 0, v_end = 0, k_scales = 0, v_scales = 0, scale_bytes = 0;
+    Index total = 0;
     const bool fits =
-        head_bytes(o_.head_dim, k_row_, k_head_) &&
-        head_bytes(o_.value_head_dim, v_row_, v_head_) &&
-        detail::checked_add(k_head_, v_head_, per_head) &&
-        detail::checked_mul(per_head, heads, block_) &&
-        detail::checked_mul(block_, o_.num_blocks, pool) &&
-        detail::checked_product(scale_block_, heads, o_.block_size, k_scales_ + v_scales_) &&
-        detail::checked_mul(scale_block_, o_.num_blocks, scales) &&
-        detail::checked_mul(scales, Index(sizeof(float)), scale_bytes) &&
-        detail::checked_add(pool, scale_bytes, total) &&
+        row_bytes(o_.head_dim, k_row_) && row_bytes(o_.value_head_dim, v_row_) &&
+        detail::checked_mul(o_.block_size, k_row_, k_run_) &&
+        detail::checked_mul(o_.block_size, v_row_, v_run_) &&
+        detail::checked_product(k_part, heads, o_.num_blocks, k_run_) &&
+        detail::checked_product(v_part, heads, o_.num_blocks, v_run_) &&
+        detail::checked_sum(v_end, k_part, line - 1, v_part, line - 1) &&
+        detail::checked_product(k_scales, heads, o_.num_blocks, o_.block_size, k_scales_) &&
+        detail::checked_product(v_scales, heads, o_.num_blocks, o_.block_size, v_scales_) &&
+        detail::checked_sum(scale_bytes, k_scales, v_scales) &&
+        detail::checked_mul(scale_bytes, Index(sizeof(float)), scale_bytes) &&
+        detail::checked_add(v_end, scale_bytes, total) &&
         static_cast<std::size_t>(total) <= detail::kMaxObjectBytes;
     detail::require_config(fits, "PagedKVCache", [&] { return describe() + ": too large"; });
+    v_at_ = (k_part + line - 1) / line * line;  // each part starts 64-byte aligned
+    scales_at_ = (v_at_ + v_part + line - 1) / line * line;
+    k_srun_ = o_.block_size * k_scales_, v_srun_ = o_.block_size * v_scales_;
+    v_sat_ = k_scales;
     storage_ = detail::AlignedBuffer<unsigned char>(static_cast<std::size_t>(total));
     std::fill_n(storage_.data(), total, static_cast<unsigned char>(0));
     refs_.assign(static_cast<std::size_t>(o_.num_blocks), 0);
@@ -311,12 +320,12 @@ class PagedKVCache {
     const auto rows = [&](int part, Index width, Index scales) {
       detail::StoredRows r;
       r.element = o_.element;
-      r.data = storage_.data() + part * o_.num_kv_heads * k_head_;
-      r.item_stride = block_, r.head_stride = part == 0 ? k_head_ : v_head_;
+      r.data = row_at(0, part, 0, 0);
+      r.item_stride = run(part), r.head_stride = o_.num_blocks * run(part);
       r.row_stride = part == 0 ? k_row_ : v_row_;
       if (scales > 0) {
-        r.scales = scale_base() + part * o_.num_kv_heads * o_.block_size * k_scales_;
-        r.scale_item_stride = scale_block_, r.scale_head_stride = o_.block_size * scales;
+        r.scales = scales_at(0, part, 0, 0);
+        r.scale_item_stride = scale_run(part), r.scale_head_stride = o_.num_blocks * scale_run(part);
         r.scale_row_stride = scales;
         r.group = group(width);
       }
@@ -487,8 +496,14 @@ class PagedKVCache {
     blocks.resize(std::min(blocks.size(), static_cast<std::size_t>(keep)));
   }
   void copy_block(Index from, Index to) noexcept {
-    std::copy_n(storage_.data() + from * block_, block_, storage_.data() + to * block_);
-    std::copy_n(scale_base() + from * scale_block_, scale_block_, scale_base() + to * scale_block_);
+    for (int part = 0; part < 2; ++part) {
+      for (Index h = 0; h < o_.num_kv_heads; ++h) {
+        std::copy_n(row_at(from, part, h, 0), run(part), row_at(to, part, h, 0));
+        if (scale_run(part) > 0) {
+          std::copy_n(scales_at(from, part, h, 0), scale_run(part), scales_at(to, part, h, 0));
+        }
+      }
+    }
   }
 
   // ---- layout (bytes; see the class comment) ----
@@ -497,11 +512,10 @@ class PagedKVCache {
   Index group(Index width) const noexcept {
     return o_.element == KVElement::kInt4 && o_.int4_group > 0 ? o_.int4_group : width;
   }
-  /// A row's bytes (padded to 64 when that costs at most 1/16 of it) and a head's S rows
-  /// (rounded up to 64 bytes); false on overflow.
-  bool head_bytes(Index width, Index& row, Index& head) const noexcept {
+  /// A row's bytes (padded to 64 when that costs at most 1/16 of it); false on overflow.
+  bool row_bytes(Index width, Index& row) const noexcept {
     const Index line = static_cast<Index>(detail::kAlignment);
-    Index raw = 0, padded = 0, rows = 0;
+    Index raw = 0, padded = 0;
     if (o_.element == KVElement::kScalar) {
       if (!detail::checked_mul(width, static_cast<Index>(sizeof(Scalar)), raw)) return false;
     } else if (width > std::numeric_limits<Index>::max() / 4) {
@@ -511,32 +525,31 @@ class PagedKVCache {
     }
     if (!detail::checked_add(raw, line - 1, padded)) return false;
     padded = padded / line * line;
-    row = 16 * (padded - raw) <= raw ? padded : raw;
-    if (!detail::checked_mul(o_.block_size, row, rows) ||
-        !detail::checked_add(rows, line - 1, head)) {
-      return false;
-    }
-    head = head / line * line;
+    row = 16 * (padded - raw) <= raw ? padded : raw;  // padded - raw < 64: no overflow
     return true;
   }
+  /// Bytes of one head's S rows in a block, and floats of their scales.
+  Index run(int part) const noexcept { return part == 0 ? k_run_ : v_run_; }
+  Index scale_run(int part) const noexcept { return part == 0 ? k_srun_ : v_srun_; }
   unsigned char* row_at(Index block, int part, Index h, Index r) const noexcept {
-    return storage_.data() + block * block_ +
-           (part == 0 ? h * k_head_ : o_.num_kv_heads * k_head_ + h * v_head_) +
+    return storage_.data() + (part == 0 ? 0 : v_at_) + (h * o_.num_blocks + block) * run(part) +
            r * (part == 0 ? k_row_ : v_row_);
   }
   float* scale_base() const noexcept {
-    return reinterpret_cast<float*>(storage_.data() + block_ * o_.num_blocks);
+    return reinterpret_cast<float*>(storage_.data() + scales_at_);
   }
   float* scales_at(Index block, int part, Index h, Index r) const noexcept {
     const Index n = part == 0 ? k_scales_ : v_scales_;
     if (n == 0) return nullptr;
-    return scale_base() + block * scale_block_ +
-           part * o_.num_kv_heads * o_.block_size * k_scales_ + (h * o_.block_size + r) * n;
+    return scale_base() + (part == 0 ? 0 : v_sat_) + (h * o_.num_blocks + block) * scale_run(part) +
+           r * n;
   }
 
   PagedKVCacheOptions o_{};
-  Index k_row_ = 0, v_row_ = 0, k_head_ = 0, v_head_ = 0, block_ = 0;  // bytes
-  Index k_scales_ = 0, v_scales_ = 0, scale_block_ = 0;                // floats: per row, per block
+  Index k_row_ = 0, v_row_ = 0, k_run_ = 0, v_run_ = 0;  // bytes: a row, a head's S rows
+  Index v_at_ = 0, scales_at_ = 0;                       // bytes: where values, scales start
+  Index k_scales_ = 0, v_scales_ = 0, k_srun_ = 0, v_srun_ = 0;  // floats: per row, per S rows
+  Index v_sat_ = 0;  // floats: where the values' scales start
   detail::AlignedBuffer<unsigned char> storage_;
   std::vector<Index> refs_;                     // per block: the sequences holding it
   std::vector<Index> free_;                     // the free blocks (a stack; capacity N)
