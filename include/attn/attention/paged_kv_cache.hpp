@@ -325,7 +325,8 @@ class PagedKVCache {
       r.row_stride = part == 0 ? k_row_ : v_row_;
       if (scales > 0) {
         r.scales = scales_at(0, part, 0, 0);
-        r.scale_item_stride = scale_run(part), r.scale_head_stride = o_.num_blocks * scale_run(part);
+        r.scale_item_stride = scale_run(part),
+        r.scale_head_stride = o_.num_blocks * scale_run(part);
         r.scale_row_stride = scales;
         r.group = group(width);
       }
