@@ -3,7 +3,7 @@
 // (tables, reference counts, copy on write, freeing and truncating), the strong guarantee
 // when the pool is exhausted, and attention through the block tables against a contiguous
 // KVCache holding the same tokens: the same bits (every element kind, every kernel set, 1
-// and 2 threads, decode and prefill, windows, GQA); the modules' incremental forward on a
+// and 2 threads, decode and prefill, windows, GQA, float and double); the modules' incremental forward on a
 // ragged batch of sequences against the same forward over a KVCache.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -251,6 +251,22 @@ TEST(PagedKVCache, AttentionThroughTheBlockTablesIsBitIdenticalToTheContiguousCa
     attn::cached_attention(q3.view(), flat, want.view(), ws);
     EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 0), attn::select(want.view(), 0, 2)));
     EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 1), attn::select(want.view(), 0, 0)));
+  }
+  {  // double rows: the same bits too (blocks of 8, 50 tokens, a decode step)
+    PagedKVCacheOptions po = paged_options(kKinds[0], 8, 8, 1, 16);
+    PagedKVCache<double> paged(po);
+    KVCache<double> flat(1, 1, 16, 64);
+    const Index s = paged.add_sequence();
+    const auto k = attn::test::random_tensor<double, 4>({1, 1, 50, 16}, 3);
+    const auto v = attn::test::random_tensor<double, 4>({1, 1, 50, 16}, 4);
+    paged.append(s, attn::select(k.view(), 0, 0), attn::select(v.view(), 0, 0));
+    flat.append(k.view(), v.view());
+    const auto q = attn::test::random_tensor<double, 4>({1, 2, 1, 16}, 5);
+    Tensor<double, 4> got({1, 2, 1, 16}), want({1, 2, 1, 16});
+    attn::Workspace ws;
+    attn::paged_attention(q.view(), paged, {s}, got.view(), ws);
+    attn::cached_attention(q.view(), flat, want.view(), ws);
+    EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << "double";
   }
   // Errors name what is wrong, before anything runs.
   PagedKVCache<float> paged(paged_options(kKinds[0], 4, 16, 1, 8));
