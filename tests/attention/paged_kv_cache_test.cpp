@@ -3,8 +3,9 @@
 // (tables, reference counts, copy on write, freeing and truncating), the strong guarantee
 // when the pool is exhausted, and attention through the block tables against a contiguous
 // KVCache holding the same tokens: the same bits (every element kind, every kernel set, 1
-// and 2 threads, decode and prefill, windows, GQA, float and double); the modules' incremental forward on a
-// ragged batch of sequences against the same forward over a KVCache.
+// and 2 threads, decode and prefill, windows, GQA, float and double); the modules'
+// incremental forward on a ragged batch of sequences against the same forward over a
+// KVCache.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
