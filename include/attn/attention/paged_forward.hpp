@@ -186,7 +186,8 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 /// `window` (0: none). out: (B, H, T, hd_v). The kernel reads the rows through the block
 /// tables, dequantising quantised ones tile by tile: the same bits as cached_attention() over
 /// a KVCache holding the same tokens, for any thread count. Allocation-free with a warm
-/// workspace and cache.
+/// workspace and cache. The sequences' tables are gathered into the cache (batch()): no
+/// other call may use the same cache at the same time.
 /// @throws IndexError for an entry of seqs that is not a sequence; ShapeError on shapes that
 ///         do not fit (seqs must have B entries) or an `out` sharing memory with q or the
 ///         cache; ConfigError for T past a sequence's length, a negative window, or options
