@@ -10,19 +10,23 @@
 //
 // Usage: decode_timer OP B L threads reps [--max-seconds S] [--warmup N] [--chunk C]
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
-//                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4]
+//                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]
 //   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
 //   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows; or attend: the
 //   attention of a decode step alone (cached_attention(), one query per head and item over
 //   the L cached tokens), what the cache's element type changes.
 //   --kv-dtype: what the cache stores (KVElement; int4 with one scale per 32 elements).
+//   --paged S: a PagedKVCache of blocks of S tokens instead of a KVCache (one sequence per
+//   item, a pool of just the blocks they take, filled item by item in chunks of 1024 tokens
+//   so the items' blocks interleave); decode, prefill and attend read it through the block
+//   tables.
 //   The cache is filled with random keys and values for L tokens (no prefill is run); after
 //   every timed step it is truncated back to L, so each step sees the same cache.
 // Output, one line:
 //   impl=attn op=decode B=1 L=512 T_new=1 D=4096 H=32 H_kv=8 hd=128 threads=1 reps=20
 //   median_ms=.. min_ms=.. bytes=.. gbps=.. cache_bytes=.. kv_bytes=.. workspace_bytes=..
-//   max_rss_mib=.. base_rss_mib=.. isa=.. kv_dtype=.. token_bytes=..
+//   max_rss_mib=.. base_rss_mib=.. isa=.. kv_dtype=.. token_bytes=.. paged=S (0: contiguous)
 // bytes: what the step must read, 4 ((H + 2 H_kv) hd D + D H hd) for the weights plus
 // B (L + T_new) token_bytes for the cache (token_bytes = KVCache::bytes_per_token(), 4 * 2
 // H_kv hd for f32: pytorch_decode.py's formula); gbps = bytes / median. For op=gemm, bytes
@@ -46,7 +50,7 @@ namespace {
 constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
-    "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4]";
+    "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -74,7 +78,7 @@ void fill(View x, std::uint64_t seed, float scale) {
 int main(int argc, char** argv) {
   std::vector<const char*> positional;
   double max_seconds = 5.0;
-  long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128;
+  long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128, paged = 0;
   std::string kv_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     const auto option = [&](const char* name, long& value) {
@@ -88,7 +92,7 @@ int main(int argc, char** argv) {
       kv_dtype = argv[++i];
     } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
                !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
-               !option("--head-dim", head_dim)) {
+               !option("--head-dim", head_dim) && !option("--paged", paged)) {
       positional.push_back(argv[i]);
     }
   }
@@ -153,35 +157,62 @@ int main(int argc, char** argv) {
   } else {
     cache_options.batch = b, cache_options.num_kv_heads = kv_heads;
     cache_options.head_dim = head_dim, cache_options.capacity = length + t_new;
-    attn::KVCache<float> cache(cache_options);
-    // L random keys and values, appended (quantised) in chunks of up to 1024 tokens.
+    attn::KVCache<float> cache(paged > 0 ? attn::KVCacheOptions{1, 1, 1, 1} : cache_options);
+    attn::PagedKVCacheOptions pool;
+    pool.block_size = paged > 0 ? paged : 1;
+    pool.num_blocks = b * ((length + t_new + pool.block_size - 1) / pool.block_size);
+    pool.num_kv_heads = kv_heads, pool.head_dim = head_dim;
+    pool.element = cache_options.element;
+    attn::PagedKVCache<float> pages(paged > 0 ? pool : attn::PagedKVCacheOptions{1, 1, 1, 1});
+    std::vector<attn::Index> seqs;
+    for (attn::Index i = 0; i < (paged > 0 ? b : 0); ++i) seqs.push_back(pages.add_sequence());
+    // L random keys and values, appended (quantised) in chunks of up to 1024 tokens (paged:
+    // item by item, so the items' blocks interleave in the pool).
     for (attn::Index t0 = 0, c = 0; t0 < length; t0 += 1024, ++c) {
       const attn::Index n = std::min<attn::Index>(1024, length - t0);
       attn::Tensor<float, 4> k({b, kv_heads, n, head_dim}), v({b, kv_heads, n, head_dim});
       fill(k.view(), 4 + 2 * static_cast<std::uint64_t>(c), 1.0f);
       fill(v.view(), 5 + 2 * static_cast<std::uint64_t>(c), 1.0f);
-      cache.append(k.view(), v.view());
+      if (paged == 0) cache.append(k.view(), v.view());
+      for (attn::Index i = 0; i < static_cast<attn::Index>(seqs.size()); ++i) {
+        pages.append(seqs[static_cast<std::size_t>(i)], attn::select(k.view(), 0, i),
+                     attn::select(v.view(), 0, i));
+      }
     }
-    token_bytes = static_cast<std::int64_t>(cache.bytes_per_token());
+    token_bytes =
+        static_cast<std::int64_t>(paged > 0 ? pages.bytes_per_token() : cache.bytes_per_token());
     if (op == "attend") {
       attn::Tensor<float, 4> q({b, heads, 1, head_dim}), out({b, heads, 1, head_dim});
       fill(q.view(), 6, 1.0f);
-      ms = attn::bench::time_calls([&] { attn::cached_attention(q.view(), cache, out.view(), ws); },
-                                   warmup, reps, max_seconds);
+      ms = attn::bench::time_calls(
+          [&] {
+            if (paged > 0) {
+              attn::paged_attention(q.view(), pages, seqs, out.view(), ws);
+            } else {
+              attn::cached_attention(q.view(), cache, out.view(), ws);
+            }
+          },
+          warmup, reps, max_seconds);
       bytes = b * length * token_bytes;
     } else {
       attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
       fill(x.view(), 6, 1.0f);
       ms = attn::bench::time_calls(
           [&] {
-            mha.forward(x.view(), y.view(), ws, cache);
-            for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
+            if (paged > 0) {
+              mha.forward(x.view(), y.view(), ws, pages, seqs);
+              for (const attn::Index s : seqs) pages.truncate(s, length);
+            } else {
+              mha.forward(x.view(), y.view(), ws, cache);
+              for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
+            }
           },
           warmup, reps, max_seconds);
       bytes = weight_bytes + b * (length + t_new) * token_bytes;
     }
-    cache_bytes = static_cast<std::int64_t>(cache.bytes());
-    kv_bytes = static_cast<std::int64_t>(cache.payload_bytes());
+    cache_bytes = static_cast<std::int64_t>(paged > 0 ? pages.bytes() : cache.bytes());
+    kv_bytes = paged > 0 ? b * (length + t_new) * token_bytes
+                         : static_cast<std::int64_t>(cache.payload_bytes());
   }
   const std::size_t n = ms.size();
   const double median = attn::bench::median(ms);
@@ -189,11 +220,12 @@ int main(int argc, char** argv) {
       "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "
       "workspace_bytes=%zu max_rss_mib=%.1f base_rss_mib=%.1f isa=%s kv_dtype=%s "
-      "token_bytes=%lld\n",
+      "token_bytes=%lld paged=%ld\n",
       op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new), dim,
       heads, kv_heads, head_dim, threads, n, median, ms.front(), static_cast<long long>(bytes),
       static_cast<double>(bytes) / (median * 1e-3) * 1e-9, static_cast<long long>(cache_bytes),
       static_cast<long long>(kv_bytes), ws.bytes(), attn::bench::max_rss_mib(), base_rss,
-      attn::isa_name(attn::active_isa()), kv_dtype.c_str(), static_cast<long long>(token_bytes));
+      attn::isa_name(attn::active_isa()), kv_dtype.c_str(), static_cast<long long>(token_bytes),
+      paged);
   return 0;
 }

@@ -9,6 +9,8 @@
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/multi_head_attention.hpp"
 #include "attn/attention/multi_head_attention_wrapper.hpp"
+#include "attn/attention/paged_forward.hpp"
+#include "attn/attention/paged_kv_cache.hpp"
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"

@@ -15,20 +15,27 @@
 #      (--kv-dtypes; KVCacheOptions::element), B in --kv-batches, L in --kv-lengths: its time,
 #      the cache bytes per token, GB/s of the cache bytes read, that as a fraction of the
 #      bandwidth, and the speedup over the f32 cache (written to <out>/kv_cache.csv/.txt);
+#      with --paged-block S (default 16; 0: off) each of these runs again right after it
+#      through a PagedKVCache of blocks of S tokens (decode_timer --paged S), and the table
+#      adds its time and contiguous time / paged time;
 #   5. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
 #      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
 #        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
+#                 paged_vs_contiguous_min=X.XX
 #      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows;
 #      decode_speedup_min / prefill_chunk_speedup_min: the smallest PyTorch / attn time ratio
-#      over the decode / prefill rows.
+#      over the decode / prefill rows; paged_vs_contiguous_min: the smallest contiguous /
+#      paged time ratio over step 4's rows (1: paged as fast; below 1: slower). --kv-only
+#      prints it too, on kv_cache.txt's last line.
 # Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
 #                                [--batches 1,4] [--lengths 512,...] [--out DIR]
 #                                [--kv-dtypes f32,int8,...] [--kv-batches 1,8]
-#                                [--kv-lengths 2048,...] [--kv-only]
+#                                [--kv-lengths 2048,...] [--kv-only] [--paged-block S]
 #   --quick    B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
 #   --kv-only  step 4 alone (no PyTorch)
+#   --paged-block S  step 4's paged runs in blocks of S tokens (0: none)
 # Settings: scripts/bench/env.sh's bench_env (threads for every layer, glibc malloc kept,
 # OpenBLAS's kernels); attn gets OMP_WAIT_POLICY=ACTIVE, PyTorch the default, as in
 # bench_vs_pytorch.sh. ATTN_BENCH_BUILD_DIR changes the build directory.
@@ -37,7 +44,7 @@ source "$(dirname "$0")/../lib/common.sh"
 source "$(dirname "$0")/env.sh"
 
 quick=0 rounds="" reps="" threads_list="" batches="" lengths="" out=""
-kv_dtypes="" kv_batches="" kv_lengths="" kv_only=0
+kv_dtypes="" kv_batches="" kv_lengths="" kv_only=0 paged_block=16
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -51,7 +58,8 @@ while [ $# -gt 0 ]; do
     --kv-batches) kv_batches="$2"; shift ;;
     --kv-lengths) kv_lengths="$2"; shift ;;
     --kv-only) kv_only=1 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    --paged-block) paged_block="$2"; shift ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "decode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -105,6 +113,11 @@ for dtype in ${kv_dtypes//,/ }; do
         for ((r = 0; r < rounds; ++r)); do
           run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
             --max-seconds "$max_seconds" --kv-dtype "$dtype" | tee -a "$kv_raw"
+          if [ "$paged_block" != 0 ]; then
+            run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
+              --max-seconds "$max_seconds" --kv-dtype "$dtype" --paged "$paged_block" \
+              | tee -a "$kv_raw"
+          fi
         done
       done
     done
@@ -120,26 +133,40 @@ for line in open(raw):
     if line.startswith("stream") and f.get("kernel") == "read":
         bw[int(f["threads"])] = float(f["median_gbps"])
     elif line.startswith("impl="):
-        key = (f["kv_dtype"], int(f["B"]), int(f["L"]), int(f["threads"]))
+        key = (f["kv_dtype"], int(f["B"]), int(f["L"]), int(f["threads"]), int(f.get("paged", 0)))
         if key not in rows or float(f["median_ms"]) < float(rows[key]["median_ms"]):
             rows[key] = f  # the fastest median over the rounds
 print("decode attention alone (H 32, H_kv 8, hd 128, one query per head) per cache type")
 print(f"{'dtype':9s}{'B':>3s}{'L':>7s}{'thr':>4s}{'B/token':>9s}{'ms':>9s}{'GB/s':>8s}"
-      f"{'of bw':>7s}{'vs f32':>8s}")
+      f"{'of bw':>7s}{'vs f32':>8s}{'paged ms':>10s}{'vs paged':>9s}")
+ratios = []
 with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
     w = csv.writer(fcsv)
-    w.writerow(["kv_dtype", "B", "L", "threads", "token_bytes", "median_ms", "min_ms", "gbps",
-                "bw_fraction", "speedup_vs_f32"])
-    for key in sorted(rows, key=lambda k: (k[1], k[2], k[3], k[0])):
-        f, f32 = rows[key], rows.get(("f32",) + key[1:])
+    w.writerow(["kv_dtype", "B", "L", "threads", "paged", "token_bytes", "median_ms", "min_ms",
+                "gbps", "bw_fraction", "speedup_vs_f32", "contiguous_vs_paged"])
+    for key in sorted(rows, key=lambda k: (k[1], k[2], k[3], k[0], k[4])):
+        f, f32 = rows[key], rows.get(("f32",) + key[1:4] + (0,))
         frac = float(f["gbps"]) / bw[key[3]] if key[3] in bw else float("nan")
         speed = float(f32["median_ms"]) / float(f["median_ms"]) if f32 else float("nan")
-        w.writerow([key[0], key[1], key[2], key[3], f["token_bytes"], f["median_ms"],
-                    f["min_ms"], f["gbps"], f"{frac:.3f}", f"{speed:.2f}"])
-        print(f"{key[0]:9s}{key[1]:3d}{key[2]:7d}{key[3]:4d}{int(f['token_bytes']):9d}"
-              f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{frac:7.2f}{speed:8.2f}")
+        flat = rows.get(key[:4] + (0,))
+        ratio = float(flat["median_ms"]) / float(f["median_ms"]) if key[4] and flat else float("nan")
+        if key[4] and flat:
+            ratios.append(ratio)
+        w.writerow([key[0], key[1], key[2], key[3], key[4], f["token_bytes"], f["median_ms"],
+                    f["min_ms"], f["gbps"], f"{frac:.3f}", f"{speed:.2f}",
+                    f"{ratio:.3f}" if key[4] else ""])
+        if key[4] == 0:
+            paged = [k for k in rows if k[:4] == key[:4] and k[4]]
+            p = rows[paged[0]] if paged else None
+            r = float(f["median_ms"]) / float(p["median_ms"]) if p else float("nan")
+            print(f"{key[0]:9s}{key[1]:3d}{key[2]:7d}{key[3]:4d}{int(f['token_bytes']):9d}"
+                  f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{frac:7.2f}{speed:8.2f}"
+                  f"{float(p['median_ms']) if p else float('nan'):10.2f}{r:9.2f}")
+print(f"paged: paged_vs_contiguous_min={min(ratios) if ratios else float('nan'):.2f} "
+      f"(contiguous time / paged time, the smallest over the rows)")
 PY
 rm -f "$kv_raw"
+paged_min=$(grep -o 'paged_vs_contiguous_min=[^ ]*' "$out/kv_cache.txt" || echo paged_vs_contiguous_min=nan)
 if [ "$kv_only" = 1 ]; then
   rm -f "$raw"
   exit 0
@@ -169,9 +196,9 @@ for op in decode prefill; do
 done
 
 log "report"
-"$BENCH_PYTHON" - "$raw" "$out" <<'PY' | tee "$out/decode.txt"
+"$BENCH_PYTHON" - "$raw" "$out" "$paged_min" <<'PY' | tee "$out/decode.txt"
 import csv, os, sys
-raw, out = sys.argv[1], sys.argv[2]
+raw, out, paged_min = sys.argv[1], sys.argv[2], sys.argv[3]
 bw, rows = {}, {}
 for line in open(raw):
     f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
@@ -213,7 +240,7 @@ with open(os.path.join(out, "decode.csv"), "w", newline="") as fcsv:
 fmin = lambda v: min(v) if v else float("nan")
 print(f"summary: decode_bw_fraction_min={fmin(fractions):.2f} "
       f"decode_speedup_min={fmin(decode_speedups):.2f} "
-      f"prefill_chunk_speedup_min={fmin(prefill_speedups):.2f}")
+      f"prefill_chunk_speedup_min={fmin(prefill_speedups):.2f} {paged_min}")
 PY
 
 if command -v gnuplot >/dev/null; then

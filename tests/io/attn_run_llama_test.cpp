@@ -165,6 +165,38 @@ TEST(AttnRunLlama, PrefillAndChunkSplitsAgree) {
               ThrowsMessage<std::invalid_argument>(HasSubstr("do not fit T=9")));
 }
 
+TEST(AttnRunLlama, APagedCacheReportsItsErrorAgainstTheContiguousOne) {
+  // --paged 4: float rows give the same bits as the contiguous cache (error 0) without a
+  // window; with a window of 3 the contiguous cache is a ring whose wrap splits the kernel's
+  // key tiles (another summation order, ~1e-7). int8 rows paged give int8's error (2e-2:
+  // kv_cache_quantized_test's bound).
+  attn_run::LlamaOptions o;
+  o.num_heads = 4;
+  o.prefill = 5, o.chunk = 2, o.paged_block = 4;
+  for (const attn::Index window : {attn::Index(0), attn::Index(3)}) {
+    o.sliding_window = window;
+    double error = -1;
+    const SafetensorsFile paged = SafetensorsFile::from_bytes(
+        attn_run::run_llama<float>(llama_weights(2), hidden_states(9), o, &error).to_bytes());
+    EXPECT_EQ(paged.metadata().at("kv_paged_block"), "4");
+    if (window == 0) {
+      EXPECT_EQ(error, 0.0);
+    } else {
+      EXPECT_LT(error, 1e-6);
+    }
+  }
+  o.kv_element = attn::KVElement::kInt8;
+  double error = -1;
+  attn_run::run_llama<float>(llama_weights(2), hidden_states(9), o, &error);
+  EXPECT_GT(error, 0.0);
+  EXPECT_LT(error, 2e-2);
+  EXPECT_EQ(arguments_of("--format llama --num-heads 4 --paged 16").llama_options.paged_block, 16);
+  const ParsedArguments e = attn_run::parse_arguments(
+      {"--weights", "w", "--input", "x", "--output", "y", "--num-heads", "2", "--paged", "0"});
+  EXPECT_EQ(e.action, ParsedArguments::Action::kError);
+  EXPECT_THAT(e.error, HasSubstr("--paged expects a positive block size"));
+}
+
 TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   const ParsedArguments p = attn_run::parse_arguments({"--format",
                                                        "llama",

@@ -99,6 +99,8 @@ llama options:
                         bf16, fp16, fp8e4m3, fp8e5m2, int8, int4 (groups of 32); not f32:
                         the run is repeated with a float cache and the output's relative
                         error against it printed (and kept in Y's metadata)
+  --paged S             a paged KV cache of blocks of S tokens (as vLLM's); compared with a
+                        contiguous float cache as --kv-dtype is (f32 rows: the same bits)
 onnx options (the operator's attributes; unset: the attribute's default):
   --q-num-heads N, --kv-num-heads N   head counts of 3-D inputs (both required for them)
   --is-causal 0|1       the causal frontier: query i sees keys j <= i + P (P past keys)
@@ -204,7 +206,7 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
         flag == "--q-num-heads" || flag == "--kv-num-heads" || flag == "--is-causal" ||
         flag == "--scale" || flag == "--softcap" || flag == "--qk-matmul-output-mode" ||
         flag == "--softmax-precision" || flag == "--kv-dtype" || flag == "--dtype" ||
-        flag == "--output-dtype";
+        flag == "--output-dtype" || flag == "--paged";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
     if (flag == "--q-num-heads" || flag == "--kv-num-heads") {
@@ -301,6 +303,11 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       if (!known) {
         return error("--kv-dtype expects f32, bf16, fp16, fp8e4m3, fp8e5m2, int8 or int4, got '" +
                      value + "'");
+      }
+    } else if (flag == "--paged") {
+      llama_flags.push_back(flag);
+      if (!positive(flag, value, llama.paged_block)) {
+        return error(flag + " expects a positive block size in tokens, got '" + value + "'");
       }
     } else if (flag == "--rope-interleaved") {
       llama_flags.push_back(flag);
@@ -440,6 +447,9 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
     run(args, weights, input, &kv_error).save(args.output);
     if (kv_error >= 0) {
       out << "attn_run: KV cache " << attn::kv_element_name(args.llama_options.kv_element)
+          << (args.llama_options.paged_block > 0
+                  ? ", paged in blocks of " + std::to_string(args.llama_options.paged_block)
+                  : std::string())
           << ": ||output - output with a float cache|| / ||output with a float cache|| = "
           << kv_error << "\n";
     }

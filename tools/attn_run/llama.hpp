@@ -12,6 +12,7 @@
 
 #include "attn/attention/kv_cache.hpp"
 #include "attn/attention/multi_head_attention.hpp"
+#include "attn/attention/paged_kv_cache.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/config.hpp"
 #include "attn/io/error.hpp"
@@ -41,6 +42,10 @@ struct LlamaOptions {
   /// What the KV cache stores (--kv-dtype); not kScalar: the run is repeated with a Scalar
   /// cache and the output's relative error against it reported.
   attn::KVElement kv_element = attn::KVElement::kScalar;
+  /// Tokens per block of a paged KV cache (--paged; 0: a contiguous KVCache). Not 0: the
+  /// run is repeated with a contiguous Scalar cache and the output's relative error against
+  /// it reported, as for kv_element.
+  attn::Index paged_block = 0;
 };
 
 /// Hugging Face's LlamaAttention forward with a causal mask, on `inputs`' `query` (B, T, D)
@@ -55,7 +60,9 @@ struct LlamaOptions {
 /// by token), each through MultiHeadAttention's incremental forward. With a quantised
 /// cache (options.kv_element), the run is repeated with a Scalar cache: `kv_error`, when
 /// not null, receives ||output - output_scalar|| / ||output_scalar||, which the output's
-/// metadata records too (kv_dtype, kv_relative_error).
+/// metadata records too (kv_dtype, kv_relative_error). With options.paged_block the steps
+/// run through a PagedKVCache (one sequence per batch item, blocks of that many tokens, the
+/// window a mask rather than a ring) and are compared the same way (kv_paged_block).
 ///
 /// Every input and flag is checked against the weights (the query's rank, width and
 /// extents from the file's header, --prefill against T) before anything is sized from them:
@@ -83,6 +90,9 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
                " (0: all) and --chunk " + std::to_string(options.chunk) +
                " must not be negative, and --chunk positive";
       });
+  io_require<std::invalid_argument>(options.paged_block >= 0, where, [&] {
+    return "--paged " + std::to_string(options.paged_block) + " must be positive";
+  });
   io_require<attn::io::FormatError>(weights.contains(prefix + "q_proj.weight"), where, [&] {
     return "'" + weights.source() + "' has no '" + prefix +
            "q_proj.weight': --format llama reads Hugging Face's q_proj/k_proj/v_proj/o_proj "
@@ -153,7 +163,26 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   const Index max_chunk = std::max(prefill, std::min(options.chunk, tokens));
   const bool ring = options.sliding_window > 0 && options.sliding_window < tokens;
   attn::Workspace ws;
-  const auto generate = [&](attn::KVElement element) {
+  const auto generate = [&](attn::KVElement element, Index paged_block) {
+    attn::Tensor<Scalar, 3> y({batch, tokens, mha.d_out()});
+    const auto steps = [&](auto&& forward) {
+      for (Index t0 = 0, step = prefill; t0 < tokens; t0 += step, step = options.chunk) {
+        const Index t1 = t0 + std::min(step, tokens - t0);
+        forward(attn::slice(attn::TensorView<const Scalar, 3>(x.view()), 1, t0, t1),
+                attn::slice(y.view(), 1, t0, t1));
+      }
+    };
+    if (paged_block > 0) {  // a pool of exactly the blocks the batch's T tokens take
+      attn::PagedKVCacheOptions c;
+      c.block_size = paged_block;
+      c.num_blocks = batch * ((tokens + paged_block - 1) / paged_block);
+      c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
+      attn::PagedKVCache<Scalar> cache(c);
+      std::vector<Index> seqs;
+      for (Index b = 0; b < batch; ++b) seqs.push_back(cache.add_sequence());
+      steps([&](auto in, auto y_out) { mha.forward(in, y_out, ws, cache, seqs); });
+      return y;
+    }
     attn::KVCacheOptions c;
     c.batch = batch, c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd;
     c.capacity = ring ? 0 : tokens;
@@ -161,19 +190,14 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
     c.max_chunk = ring ? max_chunk : 1;
     c.element = element;
     attn::KVCache<Scalar> cache(c);
-    attn::Tensor<Scalar, 3> y({batch, tokens, mha.d_out()});
-    for (Index t0 = 0, step = prefill; t0 < tokens; t0 += step, step = options.chunk) {
-      const Index t1 = t0 + std::min(step, tokens - t0);
-      mha.forward(attn::slice(attn::TensorView<const Scalar, 3>(x.view()), 1, t0, t1),
-                  attn::slice(y.view(), 1, t0, t1), ws, cache);
-    }
+    steps([&](auto in, auto y_out) { mha.forward(in, y_out, ws, cache); });
     return y;
   };
-  const attn::Tensor<Scalar, 3> y = generate(options.kv_element);
+  const attn::Tensor<Scalar, 3> y = generate(options.kv_element, options.paged_block);
   attn::io::SafetensorsWriter out;
   out.set_metadata("producer", "attn_run --format llama");
-  if (options.kv_element != attn::KVElement::kScalar) {
-    const attn::Tensor<Scalar, 3> exact = generate(attn::KVElement::kScalar);
+  if (options.kv_element != attn::KVElement::kScalar || options.paged_block > 0) {
+    const attn::Tensor<Scalar, 3> exact = generate(attn::KVElement::kScalar, 0);
     double num = 0, den = 0;
     for (Index i = 0; i < y.size(); ++i) {
       const double d = static_cast<double>(y.data()[i]) - static_cast<double>(exact.data()[i]);
@@ -186,6 +210,9 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
     std::snprintf(text, sizeof text, "%.3e", error);
     out.set_metadata("kv_dtype", attn::kv_element_name(options.kv_element));
     out.set_metadata("kv_relative_error", text);
+    if (options.paged_block > 0) {
+      out.set_metadata("kv_paged_block", std::to_string(options.paged_block));
+    }
   }
   if (rank == 3) {
     out.add("output", y);

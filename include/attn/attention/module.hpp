@@ -16,6 +16,8 @@
 #include "attn/attention/module_backward.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/packed_prefill.hpp"
+#include "attn/attention/paged_forward.hpp"
+#include "attn/attention/paged_kv_cache.hpp"
 #include "attn/attention/saved_forward.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
 #include "attn/attention/varlen.hpp"
@@ -292,6 +294,21 @@ class ModuleForwards {
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache_memory(cache));
     derived().run_cached(x, out, ws, cache, mask);
   }
+  /// Incremental forward over sequences of a paged cache (PagedKVCache, one per layer): the
+  /// inputs (B, T, features) hold the next T tokens of sequences seqs[0 .. B-1] (distinct),
+  /// each at its own length (a ragged batch: one token each to decode). As the forward
+  /// through a KVCache: the same rows, bit for bit, for the same tokens; a call that throws
+  /// (the pool short of blocks included, naming them) leaves the cache as it was.
+  /// @throws as the forward through a KVCache; IndexError for an id that is not a sequence.
+  void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
+               PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module has no KV cache yet; the incremental forward needs a "
+                  "float or double module");
+    const ModuleInputs<Scalar> x =
+        stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache.memory());
+    derived().run_paged(x, out, ws, cache, seqs);
+  }
   /// Backward of a training forward: given grad_out = dL/d out ((B, T_q, d_out), or
   /// (T_q, d_out) unbatched) and the `saved` record of that forward, ADDS dL/d input into
   /// grad_in (one view per input, as the forward took them; an empty view skips one; for
@@ -545,6 +562,17 @@ class CoreModule {
                          "query, key and value");
                    });
     forward_cached(core_, x.query, out, ws, cache, mask);
+  }
+
+  void run_paged(const ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
+                 PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs) const {
+    require_config(same_view(x.query, x.key) && same_view(x.key, x.value),
+                   core_.config().forward_name, [] {
+                     return std::string(
+                         "the incremental forward is self-attention: pass one tensor as "
+                         "query, key and value");
+                   });
+    forward_paged(core_, x.query, out, ws, cache, seqs);
   }
 
   void run_packed(const ModuleInputs<Scalar>& x, const PackedSequences& seqs,

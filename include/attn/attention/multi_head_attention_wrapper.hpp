@@ -181,6 +181,12 @@ class MultiHeadAttentionWrapper
                    TensorView<Scalar, 3>, Workspace&, KVCache<Scalar>&) const {
     detail::refuse_packed("MultiHeadAttentionWrapper::forward");
   }
+  void run_paged(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
+                 PagedKVCache<Scalar>&, const std::vector<Index>&) const {
+    detail::refuse_cached("MultiHeadAttentionWrapper::forward",
+                          "it runs num_heads separate single-head modules; use MultiHeadAttention "
+                          "(one core, one cache)");
+  }
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                   KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
     detail::refuse_cached("MultiHeadAttentionWrapper::forward",

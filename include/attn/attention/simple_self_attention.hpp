@@ -82,6 +82,11 @@ class SimpleSelfAttention
                    TensorView<Scalar, 3>, Workspace&, KVCache<Scalar>&) const {
     detail::refuse_packed("SimpleSelfAttention::forward");
   }
+  void run_paged(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
+                 PagedKVCache<Scalar>&, const std::vector<Index>&) const {
+    detail::refuse_cached("SimpleSelfAttention::forward",
+                          "the module has no projections whose keys and values a cache could hold");
+  }
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                   KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
     detail::refuse_cached("SimpleSelfAttention::forward",

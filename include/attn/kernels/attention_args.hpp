@@ -112,9 +112,9 @@ constexpr Index materialized_backward_scratch_size(Index queries, Index head_dim
 /// Operand, bfloat16 or float16 with Scalar float, is the element type of q, k, v and out
 /// (streaming path only): the products accumulate in float, on `path` for bfloat16
 /// (docs/precision.md).
-/// With `stored` active (a quantised KVCache) the keys and values are read from its rows,
-/// dequantised tile by tile, and k and v only give their shapes (streaming path only, Operand
-/// == Scalar).
+/// With `stored` active (a quantised KVCache, or a PagedKVCache) the keys and values are read
+/// from its rows (through its block tables when paged), dequantised tile by tile, and k and v
+/// only give their shapes (streaming path only, Operand == Scalar).
 template <class Scalar, class Operand = Scalar>
 struct AttentionArgs {
   TensorView<const Operand, 4> q, k, v;

@@ -80,10 +80,13 @@ inline Index stored_row_bytes(KVElement e, Index width) noexcept {
   }
 }
 
-/// Stored rows of keys or values of kind `element` (not kScalar), as the kernels read them:
-/// the row of item b, key/value head h, slot s starts at row(b, h, s); its scales (null: none)
-/// at scales_of(b, h, s), one per `group` elements. Addressing is in these two members only
-/// (a block table would replace them).
+/// Stored rows of keys or values of kind `element`, as the kernels read them: the row of
+/// item b, key/value head h, slot s starts at row(b, h, s); its scales (null: none) at
+/// scales_of(b, h, s), one per `group` elements. Addressing is in these two members only.
+/// Paged rows (a PagedKVCache; `table` not null): slot s of item b lives in row s %
+/// block_rows of block table[b * table_stride + s / block_rows], a block addressed as an item
+/// (item_stride and scale_item_stride are a block's). kScalar rows are read only when paged
+/// (a contiguous Scalar cache is read in place through AttentionArgs::k and v).
 struct StoredRows {
   KVElement element = KVElement::kScalar;
   const unsigned char* data = nullptr;
@@ -91,24 +94,53 @@ struct StoredRows {
   const float* scales = nullptr;
   Index scale_item_stride = 0, scale_head_stride = 0, scale_row_stride = 0;  // floats
   Index group = 1;                                                           // elements per scale
+  const Index* table = nullptr;  // paged: per item, its blocks in position order
+  Index table_stride = 0, block_rows = 1;
 
+  /// (item, slot) -> (block, row in the block) when paged; unchanged otherwise.
+  void locate(Index& b, Index& s) const noexcept {
+    if (table == nullptr) return;
+    b = table[b * table_stride + s / block_rows];
+    s %= block_rows;
+  }
   const unsigned char* row(Index b, Index h, Index s) const noexcept {
+    locate(b, s);
     return data + b * item_stride + h * head_stride + s * row_stride;
   }
   const float* scales_of(Index b, Index h, Index s) const noexcept {
-    return scales == nullptr
-               ? nullptr
-               : scales + b * scale_item_stride + h * scale_head_stride + s * scale_row_stride;
+    if (scales == nullptr) return nullptr;
+    locate(b, s);
+    return scales + b * scale_item_stride + h * scale_head_stride + s * scale_row_stride;
   }
 };
 
-/// The keys and values of an attention call when they are stored rows (a quantised KVCache):
-/// the kernels read these instead of AttentionArgs::k and v, whose shapes still describe
-/// them. element kScalar: not stored (k and v are read).
+/// The keys and values of an attention call when they are stored rows (a quantised KVCache,
+/// or a PagedKVCache of any element type): the kernels read these instead of
+/// AttentionArgs::k and v, whose shapes still describe them. Inactive (element kScalar, no
+/// block table): k and v are read.
 struct StoredKeyValues {
   StoredRows k, v;
-  bool active() const noexcept { return k.element != KVElement::kScalar; }
+  bool active() const noexcept { return k.element != KVElement::kScalar || k.table != nullptr; }
 };
+
+/// Scales per stored row of `width` elements of kind e: one for int8 and scaled float8, one
+/// per `int4_group` elements (0: the row) for int4, none otherwise.
+inline Index stored_row_scales(KVElement e, Index width, bool float8_scale,
+                               Index int4_group) noexcept {
+  switch (e) {
+    case KVElement::kInt8:
+      return 1;
+    case KVElement::kFloat8E4M3:
+    case KVElement::kFloat8E5M2:
+      return float8_scale ? 1 : 0;
+    case KVElement::kInt4: {
+      const Index g = int4_group > 0 ? int4_group : width;
+      return (width + g - 1) / g;
+    }
+    default:
+      return 0;
+  }
+}
 
 /// The largest finite magnitude of a float8 kind.
 inline float float8_max(KVElement e) noexcept {

@@ -80,8 +80,8 @@ AttentionPlan plan_attention(const AttentionCall<Scalar, Operand>& call) {
   AttentionPlan plan;
   // 1. The path: materialised when the weights are wanted or asked for; streaming otherwise,
   //    its keys split in chunks for few queries (a decode step). Stored keys and values (a
-  //    quantised cache) are only read by the streaming path (their front end never asks for
-  //    weights).
+  //    quantised or paged cache) are only read by the streaming path (their front end never asks
+  //    for weights).
   if (call.materialize && !kReduced && !a.stored.active()) {
     plan.route = AttentionRoute::kMaterialized;
     plan.tiles = (tq + kQueryBlock - 1) / kQueryBlock;

@@ -232,9 +232,10 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// the float path's products. A V tile holding a NaN or an infinity takes the widened
 /// product (see "values that are NaN or infinite" above). Writes out in Operand, one
 /// rounding of the float result.
-/// Stored keys and values (a quantised cache, p.stored; float operands only, Operand ==
-/// Scalar; scratch also stored_tile_scratch_size()) are dequantised tile by tile into the
-/// task's scratch (load_stored_rows()), then read as the tile would be in place.
+/// Stored keys and values (a quantised or a paged cache, p.stored; float operands only,
+/// Operand == Scalar; scratch also stored_tile_scratch_size()) are dequantised (or copied)
+/// tile by tile into the task's scratch (load_stored_rows()), then read as the tile would be
+/// in place.
 template <class Scalar, class Operand>
 void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {

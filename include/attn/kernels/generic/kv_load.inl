@@ -15,17 +15,15 @@ inline bool widen_int4_block(const unsigned char*, Scalar*, float) noexcept {
   return false;
 }
 
-/// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside), each
-/// `width` elements, dequantised into out (n, width) (row stride width): q times its
-/// scale, one rounding (the int8 and int4 levels are exact in Scalar).
+/// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside; paged
+/// rows may cross blocks), each `width` elements, dequantised into out (n, width) (row
+/// stride width): q times its scale, one rounding (the int8 and int4 levels are exact in
+/// Scalar); Scalar rows copied.
 template <class Scalar>
 void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n, Index width,
                       Scalar* out) noexcept {
   constexpr Index half = kInt4Block / 2;
-  for (Index j = 0; j < n; ++j) {
-    const unsigned char* row = s.row(b, h, slot + j);
-    const float* scales = s.scales_of(b, h, slot + j);
-    Scalar* o = out + j * width;
+  const auto load = [&](const unsigned char* row, const float* scales, Scalar* o) {
     switch (s.element) {
       case KVElement::kBFloat16:
         convert_row(reinterpret_cast<const bfloat16*>(row), o, width);
@@ -45,7 +43,7 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
         for (Index e = widen_int8_part(q, o, width, scale); e < width; ++e) {
           o[e] = static_cast<Scalar>(static_cast<float>(q[e]) * scale);
         }
-        continue;
+        return;
       }
       case KVElement::kInt4: {  // a block's elements share a scale when group % 32 == 0
         for (Index e0 = 0; e0 < width; e0 += kInt4Block) {
@@ -61,14 +59,27 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
                                             scales[(e0 + i) / s.group]);
           }
         }
-        continue;
+        return;
       }
-      case KVElement::kScalar:
-        break;
+      case KVElement::kScalar:  // paged Scalar rows: copied as they are
+        std::memcpy(o, row, static_cast<std::size_t>(width) * sizeof(Scalar));
+        return;
     }
-    if (scales == nullptr) continue;
+    if (scales == nullptr) return;
     for (Index e0 = 0, g = 0; e0 < width; e0 += s.group, ++g) {
       scale_row(o + e0, std::min(s.group, width - e0), static_cast<Scalar>(scales[g]));
+    }
+  };
+  // Rows follow each other at row_stride to the end of the call, or of a block when paged:
+  // one address lookup per run.
+  for (Index j = 0; j < n;) {
+    const Index run =
+        s.table == nullptr ? n - j : std::min(n - j, s.block_rows - (slot + j) % s.block_rows);
+    const unsigned char* row = s.row(b, h, slot + j);
+    const float* scales = s.scales_of(b, h, slot + j);
+    for (Index r = 0; r < run; ++r, ++j) {
+      load(row + r * s.row_stride, scales != nullptr ? scales + r * s.scale_row_stride : nullptr,
+           out + j * width);
     }
   }
 }

@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/paged_forward.hpp: attention over the sequences of a PagedKVCache, read
+// through their block tables (no copy of the cache), and the incremental forward of a module
+// on a batch of its sequences (ragged lengths: each sequence at its own position).
+// Glossary: B = sequences of the call, T = new tokens per sequence, H = heads, H_kv =
+// key/value heads, hd = head dim, A = H * hd, L_b = sequence b's length, W = window.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attn/attention/detail/call.hpp"
+#include "attn/attention/detail/module_support.hpp"
+#include "attn/attention/module_core.hpp"
+#include "attn/attention/paged_kv_cache.hpp"
+#include "attn/attention/qkv_projection.hpp"
+#include "attn/attention/scaled_dot_product.hpp"
+#include "attn/config.hpp"
+#include "attn/error.hpp"
+#include "attn/kernels/gemm_args.hpp"
+#include "attn/nn/mask.hpp"
+#include "attn/tensor/overlap.hpp"
+#include "attn/tensor/tensor_view.hpp"
+#include "attn/tensor/view_ops.hpp"
+#include "attn/workspace.hpp"
+
+ATTN_NAMESPACE_BEGIN
+namespace detail {
+
+/// The attention call of q (B, H, T, hd) over sequences seqs[0 .. B-1] of `cache` (their new
+/// tokens appended): query i of item b at position L_b - T + i (per-item bottom-right causal
+/// bound, the window), the rows read through the block tables. As cache_call() for a
+/// KVCache: the same tiles over the same positions, so the same bits for the same rows.
+template <class Scalar>
+AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> q,
+                                 const PagedKVCache<Scalar>& cache, const Index* seqs,
+                                 TensorView<Scalar, 4> out, const AttentionOptions& options,
+                                 Index window) {
+  const PagedBatch batch = cache.batch(seqs, q.extent(0));
+  CacheKeys keys;
+  keys.lengths = TensorView<const Index, 1>(batch.lengths, {batch.batch});
+  // k and v give the shapes only (the kernel reads call.args.stored), as broadcasts of q's
+  // first row, memory the checks already accept.
+  const auto shape_only = [&](Index width) {
+    return TensorView<const Scalar, 4>(
+        q.data(), {batch.batch, cache.num_kv_heads(), batch.slots, width}, {0, 0, 0, 1});
+  };
+  AttentionCall<Scalar> call = make_call<Scalar>(
+      where, q, shape_only(cache.head_dim()), shape_only(cache.value_head_dim()), out, {}, {}, {},
+      options, {true, CausalAlignment::kBottomRightPerItem, window}, keys);
+  call.args.stored = batch.stored;
+  call.materialize = false;  // stored rows: the streaming kernel only
+  return call;
+}
+
+/// The checks of forward_paged(), all before anything is written (the cache included): a
+/// causal self-attention module of the cache's heads and head size, x (B, T, d_in) for B
+/// distinct sequences of the cache, out (B, T, d_out) outside the cache, positions within
+/// context_length and the rotary tables, and blocks enough in the pool.
+/// @throws as forward_paged().
+template <class Scalar>
+void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                 TensorView<Scalar, 3> out, const PagedKVCache<Scalar>& cache,
+                 const std::vector<Index>& seqs) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index batch = x.extent(0), tokens = x.extent(1);
+  require_config(c.causal && core.projection().fused(), where, [] {
+    return std::string(
+        "the incremental forward is causal self-attention (each token attends to the cached "
+        "keys up to its own position): build the module with causal=true and kdim == vdim "
+        "== d_in");
+  });
+  require(batch == static_cast<Index>(seqs.size()) && cache.num_kv_heads() == core.num_kv_heads() &&
+              cache.head_dim() == core.head_dim() && cache.value_head_dim() == core.head_dim(),
+          where, [&] {
+            return "x of B=" + std::to_string(batch) + " for " + std::to_string(seqs.size()) +
+                   " sequences of a paged cache of H_kv=" + std::to_string(cache.num_kv_heads()) +
+                   ", head_dim=" + std::to_string(cache.head_dim()) +
+                   ", value_head_dim=" + std::to_string(cache.value_head_dim()) +
+                   "; the module needs one sequence per item and H_kv=" +
+                   std::to_string(core.num_kv_heads()) +
+                   ", head_dim=value_head_dim=" + std::to_string(core.head_dim());
+          });
+  check_output(where, out, {batch, tokens, core.d_out()});
+  const Index need = cache.needed(where, seqs.data(), batch, tokens);  // ids, repeats
+  for (Index b = 0; b < batch; ++b) {
+    const Index end = cache.length(seqs[static_cast<std::size_t>(b)]) + tokens;  // no overflow
+    require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
+      return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) + " would reach " +
+             std::to_string(end) +
+             " tokens, more than context_length=" + std::to_string(c.context_length);
+    });
+    require_config(!core.has_rope() || end <= core.rope().max_positions(), where, [&] {
+      return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) +
+             " would reach position " + std::to_string(end - 1) +
+             ", outside the rotary tables [0, " + std::to_string(core.rope().max_positions()) +
+             ") (set rope.max_positions)";
+    });
+  }
+  require_config(need <= cache.free_blocks(), where, [&] {
+    return "the block pool is exhausted: " + std::to_string(tokens) + " more tokens for " +
+           std::to_string(batch) + " sequences need " + std::to_string(need) + " blocks, " +
+           std::to_string(cache.free_blocks()) + " of N=" + std::to_string(cache.num_blocks()) +
+           " are free (free or preempt sequences, or build a larger pool)";
+  });
+  require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
+}
+
+/// The incremental forward over sequences of a paged cache: x (B, T, d_in) holds the next T
+/// tokens of sequences seqs[0 .. B-1], each at its own length (a ragged batch). As
+/// forward_cached(): their keys and values are appended (rotated, quantised), and each token
+/// attends causally (within the module's window) to its sequence's cached keys; the rows
+/// equal forward_cached()'s over a KVCache holding the same tokens, bit for bit.
+template <class Scalar>
+void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                   TensorView<Scalar, 3> out, Workspace& ws, PagedKVCache<Scalar>& cache,
+                   const std::vector<Index>& seqs) {
+  check_paged(core, x, out, cache, seqs);
+  const QkvProjection<Scalar>& proj = core.projection();
+  const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
+  const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), a = heads * hd;
+  const auto head_major = [&](Scalar* data, Index width) {  // (B, width / hd, t, hd)
+    return GemmOutput<Scalar>::head_major(data, t, width, hd);
+  };
+  // 1. Blocks for the new tokens (copies of shared last blocks first); strong guarantee.
+  cache.prepare(core.config().forward_name, seqs.data(), batch, t);
+  // 2. Projections into the workspace: Q (B, H, t, hd), K and V (B, 2 H_kv, t, hd).
+  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
+  Scalar* q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
+  Scalar* kv = q + batch * t * a;
+  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
+  proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, head_major(kv, 2 * kv_heads * hd), ws);
+  // 3. RoPE on Q and the new K rows at each sequence's positions L_b .. L_b + t - 1; the
+  // rotated keys and the values stored (quantised) there.
+  for (Index b = 0; b < batch; ++b) {
+    const Index s = seqs[static_cast<std::size_t>(b)], first = cache.length(s);
+    if (core.has_rope()) {
+      const RotaryEmbedding<Scalar>& rope = core.rope();
+      for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
+      for (Index h = 0; h < kv_heads; ++h)
+        rope.apply(kv + (b * 2 * kv_heads + h) * t * hd, t, hd, first);
+    }
+    for (Index part = 0; part < 2; ++part) {
+      for (Index h = 0; h < kv_heads; ++h) {
+        const Scalar* from = kv + (b * 2 * kv_heads + part * kv_heads + h) * t * hd;
+        for (Index i = 0; i < t; ++i) {
+          cache.store_row(from + i * hd, 1, s, static_cast<int>(part), h, first + i);
+        }
+      }
+    }
+  }
+  for (const Index s : seqs) cache.advance(s, t);
+  // 4. The kernel over the cache through the block tables.
+  const bool direct = !core.config().out_proj && out.stride(2) == 1;
+  Scalar* ctx =
+      direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
+  const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
+  run_attention(paged_call<Scalar>(
+                    core.config().forward_name,
+                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}),
+                    cache, seqs.data(),
+                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
+                                          {ctx_strides[0], hd, ctx_strides[1], 1}),
+                    core.kernel_options({}), core.sliding_window()),
+                ws);
+  // 5. The output projection.
+  if (direct) return;
+  const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
+  if (core.config().out_proj) {
+    core.out_proj().forward(context, out, ws);
+  } else {
+    copy(context, out);
+  }
+}
+
+}  // namespace detail
+
+/// Attention of q (B, H, T, hd) over sequences seqs[0 .. B-1] of `cache` (H_kv dividing H;
+/// distinct or not), as the incremental forward runs it once the T new tokens are appended:
+/// query i of item b sits at position L_b - T + i and sees the stored keys up to it, within
+/// `window` (0: none). out: (B, H, T, hd_v). The kernel reads the rows through the block
+/// tables, dequantising quantised ones tile by tile: the same bits as cached_attention() over
+/// a KVCache holding the same tokens, for any thread count. Allocation-free with a warm
+/// workspace and cache. The sequences' tables are gathered into the cache (batch()): no
+/// other call may use the same cache at the same time.
+/// @throws IndexError for an entry of seqs that is not a sequence; ShapeError on shapes that
+///         do not fit (seqs must have B entries) or an `out` sharing memory with q or the
+///         cache; ConfigError for T past a sequence's length, a negative window, or options
+///         scaled_dot_product_attention refuses.
+template <class Scalar>
+void paged_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>> q,
+                     const PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs,
+                     typename std::enable_if_t<true, TensorView<Scalar, 4>> out, Workspace& ws,
+                     const AttentionOptions& options = {}, Index window = 0) {
+  const char* where = "paged_attention";
+  detail::require(q.extent(0) == static_cast<Index>(seqs.size()) && q.extent(3) == cache.head_dim(),
+                  where, [&] {
+                    return "q " + detail::to_string(q.shape()) + " over " +
+                           std::to_string(seqs.size()) +
+                           " sequences of a cache of head_dim=" + std::to_string(cache.head_dim()) +
+                           ": expected (B=" + std::to_string(seqs.size()) + ", H, T, " +
+                           std::to_string(cache.head_dim()) + ")";
+                  });
+  for (std::size_t b = 0; b < seqs.size(); ++b) {
+    detail::require_config(q.extent(2) <= cache.length(seqs[b]), where, [&] {
+      return "T=" + std::to_string(q.extent(2)) + " queries, but sequence " +
+             std::to_string(seqs[b]) + " holds " + std::to_string(cache.length(seqs[b])) +
+             " tokens (append the new ones first)";
+    });
+  }
+  detail::require_config(window >= 0, where,
+                         [&] { return "window=" + std::to_string(window) + " is negative"; });
+  detail::require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
+  detail::run_attention(detail::paged_call(where, q, cache, seqs.data(), out, options, window), ws);
+}
+
+ATTN_NAMESPACE_END

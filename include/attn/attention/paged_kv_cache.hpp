@@ -1,0 +1,563 @@
+// SPDX-License-Identifier: MIT
+// attn/attention/paged_kv_cache.hpp: PagedKVCache, the keys and values of one attention layer
+// for many sequences, in fixed-size blocks from one pool (as vLLM's PagedAttention): each
+// sequence owns a block table, blocks are shared copy-on-write between forks (beam search,
+// shared prompt prefixes), and the attention kernel reads the rows through the tables.
+// Glossary: H_kv = key/value heads, hd = head dim, hd_v = value head dim, N = blocks in the
+// pool, S = tokens per block, T = new tokens, L = a sequence's length.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "attn/config.hpp"
+#include "attn/detail/checked.hpp"
+#include "attn/error.hpp"
+#include "attn/kernels/kv_storage.hpp"
+#include "attn/memory.hpp"
+#include "attn/tensor/tensor_view.hpp"
+
+ATTN_NAMESPACE_BEGIN
+
+/// Configuration of a PagedKVCache.
+struct PagedKVCacheOptions {
+  /// Blocks in the pool (N): every sequence's tokens come out of it.
+  Index num_blocks = 0;
+  /// Tokens per block (S; 16 as vLLM's default). A sequence of L tokens holds ceil(L / S)
+  /// blocks, so at most S - 1 positions per sequence are unused.
+  Index block_size = 16;
+  Index num_kv_heads = 1;
+  Index head_dim = 0;
+  /// The value head dim hd_v (0: head_dim).
+  Index value_head_dim = 0;
+  /// What the keys and values are stored as, quantised by append() as KVCache does
+  /// (KVCacheOptions::element, float8_scale and int4_group).
+  KVElement element = KVElement::kScalar;
+  bool float8_scale = true;
+  Index int4_group = 32;
+};
+
+/// The stored rows of a batch of sequences of a PagedKVCache, as one attention call reads
+/// them: item b is sequence seqs[b]; lengths (B values) and the rows' descriptors (their
+/// block tables gathered into one (B, blocks) table). Valid until the cache changes.
+struct PagedBatch {
+  detail::StoredKeyValues stored;
+  const Index* lengths = nullptr;
+  Index batch = 0;
+  Index slots = 0;  ///< positions the widest table covers (blocks x S)
+};
+
+/// The keys and values of one attention layer for many sequences, in blocks of a shared pool.
+///
+/// Storage. One 64-byte aligned allocation, zero-filled at construction, head-major: for
+/// each key head, N blocks of S rows, then the same for the value heads, then the scales of
+/// quantised rows in the same order (rows padded to 64 bytes as KVCache's). Block n is the
+/// n-th run of S rows of every head, so a sequence whose blocks are consecutive numbers has
+/// each head's rows consecutive in memory, as a contiguous cache does (the streaming read a
+/// decode step makes). bytes() is fixed at construction, whatever the sequences.
+///
+/// Sequences. add_sequence() returns a new empty sequence's id (ids of freed sequences are
+/// reused). Sequence s holds length(s) tokens in block_table(s): position p is row p % S of
+/// block block_table(s)[p / S]. append() writes whole chunks (a prefill, or one token to
+/// decode) and takes blocks from the pool as the sequence grows; free_sequence() gives them
+/// back. fork(s) makes a new sequence holding the same tokens in the same blocks (each
+/// block's reference count goes up): a beam's candidates, or requests sharing a prompt. A
+/// block shared by several sequences is never written: an append into a sequence whose
+/// partly filled last block is shared first copies that block to a fresh one (copy on
+/// write); full shared blocks stay shared for good.
+///
+/// Element types. As KVCache (KVElement): append() quantises, the kernel reads the rows as
+/// stored and dequantises them tile by tile; the same rows and scales give the same bits as a
+/// contiguous KVCache holding the same tokens.
+///
+/// Errors. Every member checks its sequence ids, shapes and counts before anything is
+/// written. When the pool has too few free blocks append() throws ConfigError naming the
+/// blocks needed and free, and the cache is as it was (lengths, tables, reference counts and
+/// rows): the caller may free or preempt sequences and retry.
+///
+/// Not thread-safe: every member that changes the cache, and batch(), need exclusive access.
+///
+/// @tparam Scalar float or double.
+template <class Scalar = float>
+class PagedKVCache {
+  static_assert(std::is_floating_point_v<Scalar>,
+                "attn::PagedKVCache: Scalar must be float or double");
+
+ public:
+  /// An empty pool of no blocks (assign a real one before use).
+  PagedKVCache() = default;
+
+  /// @throws ConfigError naming the values if a size is not positive or the pool does not
+  ///         fit memory sizes.
+  explicit PagedKVCache(const PagedKVCacheOptions& options) : o_(options) {
+    if (o_.value_head_dim == 0) o_.value_head_dim = o_.head_dim;
+    detail::require_config(o_.num_blocks > 0 && o_.block_size > 0 && o_.num_kv_heads > 0 &&
+                               o_.head_dim > 0 && o_.value_head_dim > 0 && o_.int4_group >= 0,
+                           "PagedKVCache", [&] {
+                             return describe() +
+                                    ": sizes must be positive (value_head_dim and int4_group: 0 "
+                                    "or positive)";
+                           });
+    k_scales_ = detail::stored_row_scales(o_.element, o_.head_dim, o_.float8_scale, o_.int4_group);
+    v_scales_ =
+        detail::stored_row_scales(o_.element, o_.value_head_dim, o_.float8_scale, o_.int4_group);
+    const Index heads = o_.num_kv_heads, line = static_cast<Index>(detail::kAlignment);
+    Index k_part = 0, v_part = 0, v_end = 0, k_scales = 0, v_scales = 0, scale_bytes = 0;
+    Index total = 0;
+    const bool fits =
+        row_bytes(o_.head_dim, k_row_) && row_bytes(o_.value_head_dim, v_row_) &&
+        detail::checked_mul(o_.block_size, k_row_, k_run_) &&
+        detail::checked_mul(o_.block_size, v_row_, v_run_) &&
+        detail::checked_product(k_part, heads, o_.num_blocks, k_run_) &&
+        detail::checked_product(v_part, heads, o_.num_blocks, v_run_) &&
+        detail::checked_sum(v_end, k_part, line - 1, v_part, line - 1) &&
+        detail::checked_product(k_scales, heads, o_.num_blocks, o_.block_size, k_scales_) &&
+        detail::checked_product(v_scales, heads, o_.num_blocks, o_.block_size, v_scales_) &&
+        detail::checked_sum(scale_bytes, k_scales, v_scales) &&
+        detail::checked_mul(scale_bytes, Index(sizeof(float)), scale_bytes) &&
+        detail::checked_add(v_end, scale_bytes, total) &&
+        static_cast<std::size_t>(total) <= detail::kMaxObjectBytes;
+    detail::require_config(fits, "PagedKVCache", [&] { return describe() + ": too large"; });
+    v_at_ = (k_part + line - 1) / line * line;  // each part starts 64-byte aligned
+    scales_at_ = (v_at_ + v_part + line - 1) / line * line;
+    k_srun_ = o_.block_size * k_scales_, v_srun_ = o_.block_size * v_scales_;
+    v_sat_ = k_scales;
+    storage_ = detail::AlignedBuffer<unsigned char>(static_cast<std::size_t>(total));
+    std::fill_n(storage_.data(), total, static_cast<unsigned char>(0));
+    refs_.assign(static_cast<std::size_t>(o_.num_blocks), 0);
+    free_.reserve(static_cast<std::size_t>(o_.num_blocks));
+    for (Index n = o_.num_blocks; n-- > 0;) free_.push_back(n);  // block 0 is taken first
+  }
+
+  // ---- sizes and state ----
+
+  Index num_blocks() const noexcept { return o_.num_blocks; }
+  Index block_size() const noexcept { return o_.block_size; }
+  Index num_kv_heads() const noexcept { return o_.num_kv_heads; }
+  Index head_dim() const noexcept { return o_.head_dim; }
+  Index value_head_dim() const noexcept { return o_.value_head_dim; }
+  KVElement element() const noexcept { return o_.element; }
+  /// Blocks no sequence holds.
+  Index free_blocks() const noexcept { return static_cast<Index>(free_.size()); }
+  /// How many sequences hold block n (0: free).
+  /// @throws IndexError if n is not in [0, N).
+  Index ref_count(Index n) const {
+    detail::require_that<IndexError>(n >= 0 && n < o_.num_blocks, "PagedKVCache::ref_count", [&] {
+      return "block " + std::to_string(n) + " is outside N=" + std::to_string(o_.num_blocks);
+    });
+    return refs_[static_cast<std::size_t>(n)];
+  }
+  /// Bytes held (the pool and its scales).
+  std::size_t bytes() const noexcept { return storage_.capacity(); }
+  /// The bytes of one position over all heads, keys and values with their scales, without
+  /// padding: what a decode step reads per cached token.
+  std::size_t bytes_per_token() const noexcept {
+    const auto row = [&](Index width, Index scales) {
+      const Index data = o_.element == KVElement::kScalar
+                             ? width * static_cast<Index>(sizeof(Scalar))
+                             : detail::stored_row_bytes(o_.element, width);
+      return static_cast<std::size_t>(data + scales * static_cast<Index>(sizeof(float)));
+    };
+    return static_cast<std::size_t>(o_.num_kv_heads) *
+           (row(o_.head_dim, k_scales_) + row(o_.value_head_dim, v_scales_));
+  }
+  /// The whole allocation as Scalars: what overlap checks compare.
+  TensorView<const Scalar, 1> memory() const noexcept {
+    return {reinterpret_cast<const Scalar*>(storage_.data()),
+            {static_cast<Index>(storage_.capacity() / sizeof(Scalar))}};
+  }
+
+  // ---- sequences ----
+
+  /// A new empty sequence; its id.
+  Index add_sequence() { return insert(Sequence{}); }
+  /// Whether s is a sequence of the cache (added or forked, not freed).
+  bool contains(Index s) const noexcept {
+    return s >= 0 && s < static_cast<Index>(seqs_.size()) && seq(s).live;
+  }
+  /// The sequences of the cache.
+  Index num_sequences() const noexcept {
+    return static_cast<Index>(seqs_.size() - free_ids_.size());
+  }
+  /// Tokens sequence s holds: the position of its next token.
+  /// @throws IndexError (as every member taking a sequence) if s is not a sequence.
+  Index length(Index s) const { return seq(checked("PagedKVCache::length", s)).length; }
+  /// Sequence s's blocks in position order (ceil(length / S) of them).
+  const std::vector<Index>& block_table(Index s) const {
+    return seq(checked("PagedKVCache::block_table", s)).blocks;
+  }
+  /// Blocks the pool must have free for sequence s to take t_new more tokens: the new blocks,
+  /// and one more when its partly filled last block is shared (copied before it is written).
+  /// @throws ConfigError for a negative t_new or a length that would overflow.
+  Index blocks_needed(Index s, Index t_new) const {
+    return needed("PagedKVCache::blocks_needed", &s, 1, t_new);
+  }
+
+  /// A new sequence holding sequence s's tokens in the same blocks, shared copy-on-write; its
+  /// id. Takes no block from the pool.
+  Index fork(Index s) {
+    const Index id = insert(seq(checked("PagedKVCache::fork", s)));
+    for (Index n : seq(id).blocks) ++refs_[static_cast<std::size_t>(n)];
+    return id;
+  }
+  /// Frees sequence s: its blocks that no other sequence holds go back to the pool, and its
+  /// id may be reused.
+  void free_sequence(Index s) {
+    Sequence& x = seq(checked("PagedKVCache::free_sequence", s));
+    release(x.blocks, 0);
+    x.length = 0;
+    x.live = false;
+    free_ids_.push_back(s);  // capacity reserved by insert()
+  }
+  /// Keeps sequence s's first n tokens (rolls back rejected speculative tokens); blocks past
+  /// them go back to the pool (when no other sequence holds them).
+  /// @throws ConfigError naming the values if n is negative or past length(s).
+  void truncate(Index s, Index n) {
+    Sequence& x = seq(checked("PagedKVCache::truncate", s));
+    detail::require_config(n >= 0 && n <= x.length, "PagedKVCache::truncate", [&] {
+      return "cannot keep " + std::to_string(n) + " tokens of sequence " + std::to_string(s) +
+             " (length " + std::to_string(x.length) + ")";
+    });
+    release(x.blocks, (n + o_.block_size - 1) / o_.block_size);
+    x.length = n;
+  }
+
+  // ---- writing ----
+
+  /// Appends k_new (H_kv, T, hd) and v_new (H_kv, T, hd_v) (any strides) to sequence s at
+  /// positions length(s) .. length(s) + T - 1, quantised to the element type, taking blocks
+  /// from the pool (and copying a shared last block first).
+  /// @throws IndexError if s is not a sequence; ShapeError on wrong shapes; ConfigError when
+  ///         the pool has fewer free blocks than blocks_needed(s, T) (naming both): nothing
+  ///         is changed then.
+  void append(Index s, TensorView<const Scalar, 3> k_new, TensorView<const Scalar, 3> v_new) {
+    const char* where = "PagedKVCache::append";
+    checked(where, s);
+    const Index t_new = k_new.extent(1);
+    const Shape<3> k_shape{o_.num_kv_heads, t_new, o_.head_dim};
+    const Shape<3> v_shape{o_.num_kv_heads, t_new, o_.value_head_dim};
+    detail::require(k_new.shape() == k_shape && v_new.shape() == v_shape, where, [&] {
+      return "k_new " + detail::to_string(k_new.shape()) + " and v_new " +
+             detail::to_string(v_new.shape()) + ": expected " + detail::to_string(k_shape) +
+             " and " + detail::to_string(v_shape) + " (H_kv, T, hd) and (H_kv, T, hd_v)";
+    });
+    prepare(where, &s, 1, t_new);
+    const Index first = seq(s).length;
+    for (Index h = 0; h < o_.num_kv_heads; ++h) {
+      for (Index t = 0; t < t_new; ++t) {
+        store_row(&k_new(h, t, 0), k_new.stride(2), s, 0, h, first + t);
+        store_row(&v_new(h, t, 0), v_new.stride(2), s, 1, h, first + t);
+      }
+    }
+    seq(s).length += t_new;
+  }
+
+  // ---- reading ----
+
+  /// Sequence s's keys (H_kv, L, hd) and values (H_kv, L, hd_v) as Scalar, in position
+  /// order: dequantised for quantised rows, copied otherwise.
+  /// @throws IndexError if s is not a sequence; ShapeError unless k_out and v_out have those
+  ///         shapes.
+  void dequantize(Index s, TensorView<Scalar, 3> k_out, TensorView<Scalar, 3> v_out) const {
+    const char* where = "PagedKVCache::dequantize";
+    const Index n = seq(checked(where, s)).length;
+    const Shape<3> k_shape{o_.num_kv_heads, n, o_.head_dim};
+    const Shape<3> v_shape{o_.num_kv_heads, n, o_.value_head_dim};
+    detail::require(k_out.shape() == k_shape && v_out.shape() == v_shape, where, [&] {
+      return "k_out " + detail::to_string(k_out.shape()) + " and v_out " +
+             detail::to_string(v_out.shape()) + ": expected " + detail::to_string(k_shape) +
+             " and " + detail::to_string(v_shape);
+    });
+    std::vector<float> row(static_cast<std::size_t>(std::max(o_.head_dim, o_.value_head_dim)));
+    for (int part = 0; part < 2; ++part) {
+      const TensorView<Scalar, 3>& to = part == 0 ? k_out : v_out;
+      const Index width = part == 0 ? o_.head_dim : o_.value_head_dim;
+      for (Index h = 0; h < o_.num_kv_heads; ++h) {
+        for (Index p = 0; p < n; ++p) {
+          const Index block = seq(s).blocks[static_cast<std::size_t>(p / o_.block_size)];
+          const Index r = p % o_.block_size;
+          const unsigned char* from = row_at(block, part, h, r);
+          if (o_.element == KVElement::kScalar) {
+            const auto* x = reinterpret_cast<const Scalar*>(from);
+            for (Index e = 0; e < width; ++e) to(h, p, e) = x[e];
+            continue;
+          }
+          detail::dequantize_row(o_.element, from, scales_at(block, part, h, r), group(width),
+                                 width, row.data());
+          for (Index e = 0; e < width; ++e) to(h, p, e) = static_cast<Scalar>(row[e]);
+        }
+      }
+    }
+  }
+
+  /// The rows of sequences seqs[0 .. count - 1] as one attention call over them reads them
+  /// (see PagedBatch; the gathered tables live in the cache until the next batch()).
+  /// @throws IndexError if an entry is not a sequence.
+  PagedBatch batch(const Index* seqs, Index count) const {
+    const char* where = "PagedKVCache::batch";
+    Index widest = 0;
+    for (Index b = 0; b < count; ++b) {
+      widest = std::max(widest, static_cast<Index>(seq(checked(where, seqs[b])).blocks.size()));
+    }
+    widest = std::max<Index>(widest, 1);
+    table_.assign(static_cast<std::size_t>(count * widest), 0);
+    lengths_.assign(static_cast<std::size_t>(count), 0);
+    for (Index b = 0; b < count; ++b) {
+      const Sequence& x = seq(seqs[b]);
+      std::copy(x.blocks.begin(), x.blocks.end(), table_.begin() + b * widest);
+      lengths_[static_cast<std::size_t>(b)] = x.length;
+    }
+    PagedBatch out;
+    out.batch = count;
+    out.slots = widest * o_.block_size;
+    out.lengths = lengths_.data();
+    const auto rows = [&](int part, Index width, Index scales) {
+      detail::StoredRows r;
+      r.element = o_.element;
+      r.data = row_at(0, part, 0, 0);
+      r.item_stride = run(part), r.head_stride = o_.num_blocks * run(part);
+      r.row_stride = part == 0 ? k_row_ : v_row_;
+      if (scales > 0) {
+        r.scales = scales_at(0, part, 0, 0);
+        r.scale_item_stride = scale_run(part),
+        r.scale_head_stride = o_.num_blocks * scale_run(part);
+        r.scale_row_stride = scales;
+        r.group = group(width);
+      }
+      r.table = table_.data(), r.table_stride = widest, r.block_rows = o_.block_size;
+      return r;
+    };
+    out.stored.k = rows(0, o_.head_dim, k_scales_);
+    out.stored.v = rows(1, o_.value_head_dim, v_scales_);
+    return out;
+  }
+
+  // ---- for the incremental forward (its caller checked everything first) ----
+
+  /// Blocks the pool must have free for every sequence of seqs[0 .. count - 1] (distinct) to
+  /// take t_new more tokens. A block shared by k of them and held by r sequences in all is
+  /// copied by each of them but the last writer when k = r, so k - (k == r) copies.
+  /// @throws IndexError for an entry that is not a sequence; ConfigError for a repeated one,
+  ///         a negative t_new or a length that would overflow.
+  Index needed(const char* where, const Index* seqs, Index count, Index t_new) const {
+    detail::require_config(t_new >= 0, where, [&] {
+      return "T_new=" + std::to_string(t_new) + " is negative: a token count must not be";
+    });
+    Index total = 0;
+    std::vector<Index>& shared = shared_;  // the shared, partly filled last blocks written into
+    shared.clear();
+    for (Index i = 0; i < count; ++i) {
+      const Sequence& x = seq(checked(where, seqs[i]));
+      for (Index j = 0; j < i; ++j) {
+        detail::require_config(seqs[j] != seqs[i], where, [&] {
+          return "sequence " + std::to_string(seqs[i]) + " appears twice in one batch";
+        });
+      }
+      Index end = 0;
+      detail::require_config(detail::checked_add(x.length, t_new, end) &&
+                                 end <= std::numeric_limits<Index>::max() - o_.block_size,
+                             where, [&] {
+                               return "sequence " + std::to_string(seqs[i]) + " at length " +
+                                      std::to_string(x.length) +
+                                      ": T_new=" + std::to_string(t_new) +
+                                      " more overflow the position counter";
+                             });
+      total += blocks_for(end) - static_cast<Index>(x.blocks.size());
+      if (t_new > 0 && x.length % o_.block_size != 0) {
+        const Index last = x.blocks.back();
+        if (refs_[static_cast<std::size_t>(last)] > 1) shared.push_back(last);
+      }
+    }
+    std::sort(shared.begin(), shared.end());
+    for (std::size_t i = 0; i < shared.size();) {
+      std::size_t j = i;
+      while (j < shared.size() && shared[j] == shared[i]) ++j;
+      const Index k = static_cast<Index>(j - i);
+      total += k - (k == refs_[static_cast<std::size_t>(shared[i])] ? 1 : 0);
+      i = j;
+    }
+    return total;
+  }
+
+  /// Makes room for t_new more tokens in each of seqs[0 .. count - 1] (distinct): copies
+  /// shared partly filled last blocks, takes new blocks; lengths are not changed (write the
+  /// rows with store_row(), then advance()). Strong guarantee.
+  /// @throws as needed(); ConfigError naming the blocks needed and free when the pool is
+  ///         short.
+  void prepare(const char* where, const Index* seqs, Index count, Index t_new) {
+    const Index need = needed(where, seqs, count, t_new);
+    detail::require_config(need <= free_blocks(), where, [&] {
+      std::string names;
+      for (Index i = 0; i < std::min<Index>(count, 8); ++i) {
+        names += (i ? ", " : "") + std::to_string(seqs[i]);
+      }
+      if (count > 8) names += ", ...";
+      return "the block pool is exhausted: " + std::to_string(t_new) + " more tokens for " +
+             (count == 1 ? "sequence " : "sequences ") + names + " need " + std::to_string(need) +
+             " blocks of " + std::to_string(o_.block_size) + " tokens, " +
+             std::to_string(free_blocks()) + " of N=" + std::to_string(o_.num_blocks) +
+             " are free (free or preempt sequences, or build a larger pool)";
+    });
+    for (Index i = 0; i < count; ++i) {  // may throw std::bad_alloc: nothing changed yet
+      Sequence& x = seq(seqs[i]);
+      x.blocks.reserve(static_cast<std::size_t>(blocks_for(x.length + t_new)));
+    }
+    for (Index i = 0; i < count && t_new > 0; ++i) {  // no throw from here
+      Sequence& x = seq(seqs[i]);
+      if (x.length % o_.block_size != 0 && refs_[static_cast<std::size_t>(x.blocks.back())] > 1) {
+        const Index old = x.blocks.back(), copy = take();
+        copy_block(old, copy);
+        --refs_[static_cast<std::size_t>(old)];
+        x.blocks.back() = copy;
+      }
+      while (static_cast<Index>(x.blocks.size()) < blocks_for(x.length + t_new)) {
+        x.blocks.push_back(take());
+      }
+    }
+  }
+  /// Writes one row of `width(part)` elements (stride `stride`) at sequence s's `position`
+  /// (a prepared one), quantised to the element type.
+  void store_row(const Scalar* from, Index stride, Index s, int part, Index h,
+                 Index position) noexcept {
+    const Index block = seq(s).blocks[static_cast<std::size_t>(position / o_.block_size)];
+    const Index r = position % o_.block_size, n = part == 0 ? o_.head_dim : o_.value_head_dim;
+    unsigned char* to = row_at(block, part, h, r);
+    if (o_.element == KVElement::kScalar) {
+      Scalar* x = reinterpret_cast<Scalar*>(to);
+      for (Index e = 0; e < n; ++e) x[e] = from[e * stride];
+      return;
+    }
+    detail::quantize_row(o_.element, from, stride, n, group(n), to, scales_at(block, part, h, r));
+  }
+  /// Counts t_new more tokens of sequence s, whose rows were prepared and written.
+  void advance(Index s, Index t_new) noexcept { seq(s).length += t_new; }
+
+ private:
+  struct Sequence {
+    std::vector<Index> blocks;
+    Index length = 0;
+    bool live = true;
+  };
+
+  std::string describe() const {
+    std::string text =
+        "N=" + std::to_string(o_.num_blocks) + ", block_size=" + std::to_string(o_.block_size) +
+        ", H_kv=" + std::to_string(o_.num_kv_heads) + ", head_dim=" + std::to_string(o_.head_dim);
+    if (o_.value_head_dim != o_.head_dim) {
+      text += ", value_head_dim=" + std::to_string(o_.value_head_dim);
+    }
+    if (o_.element != KVElement::kScalar) text += std::string(", ") + kv_element_name(o_.element);
+    return text;
+  }
+
+  Index checked(const char* where, Index s) const {
+    detail::require_that<IndexError>(contains(s), where, [&] {
+      return "sequence " + std::to_string(s) + " is not a sequence of the cache (added, " +
+             "forked and not freed; " + std::to_string(num_sequences()) + " live)";
+    });
+    return s;
+  }
+  Sequence& seq(Index s) noexcept { return seqs_[static_cast<std::size_t>(s)]; }
+  const Sequence& seq(Index s) const noexcept { return seqs_[static_cast<std::size_t>(s)]; }
+  Index blocks_for(Index tokens) const noexcept {
+    return tokens / o_.block_size + (tokens % o_.block_size != 0 ? 1 : 0);
+  }
+
+  /// A new live sequence (a reused id first); free_ids_ keeps room for every id.
+  Index insert(Sequence x) {
+    x.live = true;
+    if (!free_ids_.empty()) {
+      const Index id = free_ids_.back();
+      seq(id) = std::move(x);
+      free_ids_.pop_back();
+      return id;
+    }
+    free_ids_.reserve(seqs_.size() + 1);
+    seqs_.push_back(std::move(x));
+    return static_cast<Index>(seqs_.size()) - 1;
+  }
+  Index take() noexcept {
+    const Index n = free_.back();
+    free_.pop_back();
+    refs_[static_cast<std::size_t>(n)] = 1;
+    return n;
+  }
+  /// Drops the blocks of `blocks` from index `keep` on (each back to the pool when no other
+  /// sequence holds it).
+  void release(std::vector<Index>& blocks, Index keep) noexcept {
+    for (std::size_t i = static_cast<std::size_t>(keep); i < blocks.size(); ++i) {
+      if (--refs_[static_cast<std::size_t>(blocks[i])] == 0) free_.push_back(blocks[i]);
+    }
+    blocks.resize(std::min(blocks.size(), static_cast<std::size_t>(keep)));
+  }
+  void copy_block(Index from, Index to) noexcept {
+    for (int part = 0; part < 2; ++part) {
+      for (Index h = 0; h < o_.num_kv_heads; ++h) {
+        std::copy_n(row_at(from, part, h, 0), run(part), row_at(to, part, h, 0));
+        if (scale_run(part) > 0) {
+          std::copy_n(scales_at(from, part, h, 0), scale_run(part), scales_at(to, part, h, 0));
+        }
+      }
+    }
+  }
+
+  // ---- layout (bytes; see the class comment) ----
+
+  /// Elements per scale: int4_group for kInt4 (0: the row), else the row.
+  Index group(Index width) const noexcept {
+    return o_.element == KVElement::kInt4 && o_.int4_group > 0 ? o_.int4_group : width;
+  }
+  /// A row's bytes (padded to 64 when that costs at most 1/16 of it); false on overflow.
+  bool row_bytes(Index width, Index& row) const noexcept {
+    const Index line = static_cast<Index>(detail::kAlignment);
+    Index raw = 0, padded = 0;
+    if (o_.element == KVElement::kScalar) {
+      if (!detail::checked_mul(width, static_cast<Index>(sizeof(Scalar)), raw)) return false;
+    } else if (width > std::numeric_limits<Index>::max() / 4) {
+      return false;
+    } else {
+      raw = detail::stored_row_bytes(o_.element, width);
+    }
+    if (!detail::checked_add(raw, line - 1, padded)) return false;
+    padded = padded / line * line;
+    row = 16 * (padded - raw) <= raw ? padded : raw;  // padded - raw < 64: no overflow
+    return true;
+  }
+  /// Bytes of one head's S rows in a block, and floats of their scales.
+  Index run(int part) const noexcept { return part == 0 ? k_run_ : v_run_; }
+  Index scale_run(int part) const noexcept { return part == 0 ? k_srun_ : v_srun_; }
+  unsigned char* row_at(Index block, int part, Index h, Index r) const noexcept {
+    return storage_.data() + (part == 0 ? 0 : v_at_) + (h * o_.num_blocks + block) * run(part) +
+           r * (part == 0 ? k_row_ : v_row_);
+  }
+  float* scale_base() const noexcept {
+    return reinterpret_cast<float*>(storage_.data() + scales_at_);
+  }
+  float* scales_at(Index block, int part, Index h, Index r) const noexcept {
+    const Index n = part == 0 ? k_scales_ : v_scales_;
+    if (n == 0) return nullptr;
+    return scale_base() + (part == 0 ? 0 : v_sat_) + (h * o_.num_blocks + block) * scale_run(part) +
+           r * n;
+  }
+
+  PagedKVCacheOptions o_{};
+  Index k_row_ = 0, v_row_ = 0, k_run_ = 0, v_run_ = 0;  // bytes: a row, a head's S rows
+  Index v_at_ = 0, scales_at_ = 0;                       // bytes: where values, scales start
+  Index k_scales_ = 0, v_scales_ = 0, k_srun_ = 0, v_srun_ = 0;  // floats: per row, per S rows
+  Index v_sat_ = 0;  // floats: where the values' scales start
+  detail::AlignedBuffer<unsigned char> storage_;
+  std::vector<Index> refs_;                     // per block: the sequences holding it
+  std::vector<Index> free_;                     // the free blocks (a stack; capacity N)
+  std::vector<Sequence> seqs_;                  // by id; freed ones not live
+  std::vector<Index> free_ids_;                 // ids of freed sequences (capacity: every id)
+  mutable std::vector<Index> table_, lengths_;  // batch()'s gathered tables and lengths
+  mutable std::vector<Index> shared_;           // needed()'s bookkeeping
+};
+
+ATTN_NAMESPACE_END

@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: MIT
+// tests/attention/paged_kv_cache_test.cpp: PagedKVCache: the block pool's bookkeeping
+// (tables, reference counts, copy on write, freeing and truncating), the strong guarantee
+// when the pool is exhausted, and attention through the block tables against a contiguous
+// KVCache holding the same tokens: the same bits (every element kind, every kernel set, 1
+// and 2 threads, decode and prefill, windows, GQA, float and double); the modules'
+// incremental forward on a ragged batch of sequences against the same forward over a
+// KVCache.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "attention/reference_attention.hpp"
+#include "attn/attention/paged_forward.hpp"
+#include "attn/attn.hpp"
+#include "support/test_support.hpp"
+
+namespace paged_kv_cache_test {
+
+namespace {
+
+using attn::Index;
+using attn::KVCache;
+using attn::KVCacheOptions;
+using attn::KVElement;
+using attn::PagedKVCache;
+using attn::PagedKVCacheOptions;
+using attn::Tensor;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+namespace ref = attn::test::ref;
+
+struct Kind {
+  KVElement element;
+  Index int4_group;
+  const char* name;
+};
+const std::vector<Kind> kKinds = {
+    {KVElement::kScalar, 32, "f32"},         {KVElement::kInt8, 32, "int8"},
+    {KVElement::kInt4, 32, "int4/32"},       {KVElement::kFloat8E4M3, 32, "fp8e4m3"},
+    {KVElement::kFloat8E5M2, 32, "fp8e5m2"}, {KVElement::kBFloat16, 32, "bf16"},
+    {KVElement::kFloat16, 32, "fp16"},
+};
+
+PagedKVCacheOptions paged_options(const Kind& kind, Index blocks, Index block_size, Index kv_heads,
+                                  Index hd) {
+  PagedKVCacheOptions o;
+  o.num_blocks = blocks, o.block_size = block_size, o.num_kv_heads = kv_heads, o.head_dim = hd;
+  o.element = kind.element, o.int4_group = kind.int4_group;
+  return o;
+}
+
+// Sequence s's rows as float: [keys..., values...].
+std::vector<float> rows_of(const PagedKVCache<float>& cache, Index s) {
+  const Index n = cache.length(s), heads = cache.num_kv_heads();
+  Tensor<float, 3> k({heads, n, cache.head_dim()}), v({heads, n, cache.value_head_dim()});
+  cache.dequantize(s, k.view(), v.view());
+  std::vector<float> out(k.data(), k.data() + k.size());
+  out.insert(out.end(), v.data(), v.data() + v.size());
+  return out;
+}
+
+// Appends the same `t` random tokens to each listed paged sequence and contiguous item.
+void append_to(PagedKVCache<float>& paged, const std::vector<Index>& seqs, KVCache<float>* flat,
+               const std::vector<Index>& items, Index t, std::uint64_t seed) {
+  const Index heads = paged.num_kv_heads(), hd = paged.head_dim();
+  const auto k = attn::test::random_tensor<float, 4>({1, heads, t, hd}, seed);
+  const auto v = attn::test::random_tensor<float, 4>({1, heads, t, hd}, seed + 1);
+  for (const Index s : seqs) {
+    paged.append(s, attn::select(k.view(), 0, 0), attn::select(v.view(), 0, 0));
+  }
+  for (const Index b : items) {
+    if (flat != nullptr) flat->append(k.view(), v.view(), b);
+  }
+}
+
+TEST(PagedKVCache, BlockTablesReferenceCountsAndCopyOnWrite) {
+  PagedKVCache<float> cache(paged_options(kKinds[1], 8, 4, 2, 8));
+  EXPECT_EQ(cache.free_blocks(), 8);
+  const Index a = cache.add_sequence();
+  append_to(cache, {a}, nullptr, {}, 6, 1);
+  EXPECT_EQ(cache.length(a), 6);
+  EXPECT_EQ(cache.block_table(a), (std::vector<Index>{0, 1}));
+  EXPECT_EQ(cache.free_blocks(), 6);
+  const std::vector<float> a_rows = rows_of(cache, a);
+
+  // A fork shares every block; writing into its partly filled last block copies it first.
+  const Index b = cache.fork(a);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(cache.free_blocks(), 6);
+  EXPECT_EQ(cache.ref_count(0), 2);
+  EXPECT_EQ(cache.ref_count(1), 2);
+  EXPECT_EQ(cache.blocks_needed(b, 1), 1);  // the copy
+  EXPECT_EQ(cache.blocks_needed(b, 3), 2);  // the copy and one new block
+  append_to(cache, {b}, nullptr, {}, 1, 3);
+  EXPECT_EQ(cache.free_blocks(), 5);
+  EXPECT_EQ(cache.block_table(a), (std::vector<Index>{0, 1}));
+  EXPECT_EQ(cache.block_table(b), (std::vector<Index>{0, 2}));
+  EXPECT_EQ(cache.ref_count(0), 2);
+  EXPECT_EQ(cache.ref_count(1), 1);
+  EXPECT_EQ(rows_of(cache, a), a_rows);  // the parent's rows untouched
+  const std::vector<float> b_rows = rows_of(cache, b);
+  for (Index part = 0; part < 2; ++part) {  // the child: the parent's 6 tokens, then its own
+    for (Index h = 0; h < 2; ++h) {
+      for (Index p = 0; p < 6; ++p) {
+        for (Index e = 0; e < 8; ++e) {
+          ASSERT_EQ(b_rows[static_cast<std::size_t>(((part * 2 + h) * 7 + p) * 8 + e)],
+                    a_rows[static_cast<std::size_t>(((part * 2 + h) * 6 + p) * 8 + e)]);
+        }
+      }
+    }
+  }
+  // Now the parent's last block is its own: written in place.
+  append_to(cache, {a}, nullptr, {}, 2, 5);
+  EXPECT_EQ(cache.block_table(a), (std::vector<Index>{0, 1}));
+  EXPECT_EQ(cache.free_blocks(), 5);
+  // Two sequences sharing a partly filled block, both appending: one copy (the last writer
+  // keeps the block).
+  const Index c = cache.fork(b), d = cache.fork(b);
+  const std::vector<Index> batch = {b, c, d};
+  EXPECT_EQ(cache.needed("test", batch.data(), 3, 1), 2);
+  EXPECT_EQ(cache.needed("test", batch.data(), 2, 1), 2);
+  EXPECT_THROW(cache.needed("test", std::vector<Index>{b, b}.data(), 2, 1), attn::ConfigError);
+
+  // Freeing gives back the blocks no one else holds; ids are reused; truncate frees blocks.
+  cache.free_sequence(c);
+  cache.free_sequence(d);
+  EXPECT_FALSE(cache.contains(c));
+  EXPECT_THROW(cache.length(c), attn::IndexError);
+  EXPECT_EQ(cache.free_blocks(), 5);
+  cache.free_sequence(a);
+  EXPECT_EQ(cache.free_blocks(), 6);  // block 1; block 0 is still b's
+  EXPECT_EQ(cache.ref_count(0), 1);
+  EXPECT_EQ(cache.num_sequences(), 1);
+  const Index e = cache.add_sequence();
+  EXPECT_TRUE(e == a || e == c || e == d);
+  EXPECT_EQ(cache.length(e), 0);
+  cache.truncate(b, 3);
+  EXPECT_EQ(cache.block_table(b), (std::vector<Index>{0}));
+  EXPECT_EQ(cache.free_blocks(), 7);
+  EXPECT_THROW(cache.truncate(b, 4), attn::ConfigError);
+  EXPECT_THROW(cache.fork(99), attn::IndexError);
+  EXPECT_THROW(cache.ref_count(8), attn::IndexError);
+}
+
+TEST(PagedKVCache, AnExhaustedPoolThrowsNamingTheBlocksAndChangesNothing) {
+  for (const Kind& kind : {kKinds[0], kKinds[2]}) {
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> cache(paged_options(kind, 4, 4, 1, 32));
+    const Index a = cache.add_sequence();
+    append_to(cache, {a}, nullptr, {}, 10, 7);
+    const Index b = cache.fork(a);
+    // b's 7 more tokens: 2 new blocks and a copy of the shared last block; 1 is free.
+    EXPECT_EQ(cache.blocks_needed(b, 7), 3);
+    const auto memory = [&] {
+      const auto m = cache.memory();
+      return std::vector<float>(m.data(), m.data() + m.extent(0));
+    };
+    const std::vector<float> before = memory();
+    const std::vector<Index> a_table = cache.block_table(a), b_table = cache.block_table(b);
+    const auto k = attn::test::random_tensor<float, 3>({1, 7, 32}, 9);
+    EXPECT_THAT([&] { cache.append(b, k.view(), k.view()); },
+                ThrowsMessage<attn::ConfigError>(
+                    AllOf(HasSubstr("exhausted"), HasSubstr("need 3 blocks"),
+                          HasSubstr("1 of N=4 are free"), HasSubstr("sequence 1"))));
+    EXPECT_EQ(cache.length(a), 10);
+    EXPECT_EQ(cache.length(b), 10);
+    EXPECT_EQ(cache.block_table(a), a_table);
+    EXPECT_EQ(cache.block_table(b), b_table);
+    EXPECT_EQ(cache.free_blocks(), 1);
+    for (Index n = 0; n < 3; ++n) EXPECT_EQ(cache.ref_count(n), 2);
+    EXPECT_EQ(memory(), before);
+    // What fits still goes in: 2 tokens (the copy; the block then holds 4).
+    cache.append(b, attn::test::random_tensor<float, 3>({1, 2, 32}, 11).view(),
+                 attn::test::random_tensor<float, 3>({1, 2, 32}, 12).view());
+    EXPECT_EQ(cache.free_blocks(), 0);
+    EXPECT_EQ(cache.blocks_needed(b, 1), 1);
+    const auto one = attn::test::random_tensor<float, 3>({1, 1, 32}, 13);
+    EXPECT_THROW(cache.append(b, one.view(), one.view()), attn::ConfigError);
+  }
+}
+
+TEST(PagedKVCache, AttentionThroughTheBlockTablesIsBitIdenticalToTheContiguousCache) {
+  // Three sequences of a pool of blocks of 16: s0 (37 tokens), s1 forked from it then
+  // 93 more (the shared partly filled block copied), s2 of 520 (two 512-key chunks of a
+  // decode step), then one more token each; a KVCache holds the same tokens per item. A
+  // decode step and a prefill-shaped call of 5 queries, with and without a window, GQA
+  // (H 4, H_kv 2), hd 40 (a partial int4 block, a vector tail): the same bits for every
+  // element kind, for 1 and 2 threads, on every kernel set (float and int8 rows).
+  const int saved = attn::num_threads();
+  for (const Kind& kind : kKinds) {
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> paged(paged_options(kind, 64, 16, 2, 40));
+    KVCacheOptions fo{3, 2, 40, 700};
+    fo.element = kind.element, fo.int4_group = kind.int4_group;
+    KVCache<float> flat(fo);
+    const Index s0 = paged.add_sequence(), s2 = paged.add_sequence();
+    append_to(paged, {s0}, &flat, {0, 1}, 37, 1);
+    const Index s1 = paged.fork(s0);
+    append_to(paged, {s1}, &flat, {1}, 93, 3);
+    append_to(paged, {s2}, &flat, {2}, 500, 5);
+    append_to(paged, {s2}, &flat, {2}, 20, 7);
+    append_to(paged, {s0}, &flat, {0}, 1, 9);
+    append_to(paged, {s1}, &flat, {1}, 1, 11);
+    append_to(paged, {s2}, &flat, {2}, 1, 13);
+    ASSERT_EQ(paged.length(s1), 131);
+    ASSERT_NE(paged.block_table(s0)[2], paged.block_table(s1)[2]);  // copied on write
+    ASSERT_EQ(paged.block_table(s0)[1], paged.block_table(s1)[1]);  // shared
+    const std::vector<Index> seqs = {s0, s1, s2};
+    for (const auto& [t, window] : std::vector<std::pair<Index, Index>>{{1, 0}, {1, 50}, {5, 50}}) {
+      const auto q = attn::test::random_tensor<float, 4>({3, 4, t, 40}, 17 + t);
+      {
+        attn::Workspace ws;
+        // Every kernel set for float and int8 rows; the widest for the other kinds.
+        std::vector<attn::Isa> sets = attn::test::runnable_sets();
+        if (kind.element != KVElement::kScalar && kind.element != KVElement::kInt8) {
+          sets = {sets.back()};
+        }
+        for (const attn::Isa isa : sets) {
+          attn::set_isa(isa);
+          attn::set_num_threads(saved);
+          Tensor<float, 4> want({3, 4, t, 40});
+          attn::cached_attention(q.view(), flat, want.view(), ws, {}, window);
+          for (const int threads : {1, 2}) {
+            attn::set_num_threads(threads);
+            Tensor<float, 4> got({3, 4, t, 40});
+            attn::paged_attention(q.view(), paged, seqs, got.view(), ws, {}, window);
+            EXPECT_TRUE(ref::same_bits(got.view(), want.view()))
+                << "T=" << t << " window=" << window << " isa=" << static_cast<int>(isa)
+                << " threads=" << threads;
+          }
+        }
+        attn::set_isa(attn::best_isa());
+        attn::set_num_threads(saved);
+      }
+    }
+    // A batch of other sequences and in another order reads their own rows.
+    const auto q = attn::test::random_tensor<float, 4>({2, 4, 1, 40}, 31);
+    Tensor<float, 4> got({2, 4, 1, 40}), want({3, 4, 1, 40});
+    auto q3 = attn::test::random_tensor<float, 4>({3, 4, 1, 40}, 31);
+    attn::Workspace ws;
+    attn::paged_attention(q.view(), paged, {s2, s0}, got.view(), ws);
+    for (Index h = 0; h < 4; ++h) {  // q3's items 2 and 0 hold q's rows 0 and 1
+      for (Index e = 0; e < 40; ++e) {
+        q3.data()[(2 * 4 + h) * 40 + e] = q(0, h, 0, e);
+        q3.data()[(0 * 4 + h) * 40 + e] = q(1, h, 0, e);
+      }
+    }
+    attn::cached_attention(q3.view(), flat, want.view(), ws);
+    EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 0), attn::select(want.view(), 0, 2)));
+    EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 1), attn::select(want.view(), 0, 0)));
+  }
+  {  // double rows: the same bits too (blocks of 8, 50 tokens, a decode step)
+    PagedKVCacheOptions po = paged_options(kKinds[0], 8, 8, 1, 16);
+    PagedKVCache<double> paged(po);
+    KVCache<double> flat(1, 1, 16, 64);
+    const Index s = paged.add_sequence();
+    const auto k = attn::test::random_tensor<double, 4>({1, 1, 50, 16}, 3);
+    const auto v = attn::test::random_tensor<double, 4>({1, 1, 50, 16}, 4);
+    paged.append(s, attn::select(k.view(), 0, 0), attn::select(v.view(), 0, 0));
+    flat.append(k.view(), v.view());
+    const auto q = attn::test::random_tensor<double, 4>({1, 2, 1, 16}, 5);
+    Tensor<double, 4> got({1, 2, 1, 16}), want({1, 2, 1, 16});
+    attn::Workspace ws;
+    attn::paged_attention(q.view(), paged, {s}, got.view(), ws);
+    attn::cached_attention(q.view(), flat, want.view(), ws);
+    EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << "double";
+  }
+  // Errors name what is wrong, before anything runs.
+  PagedKVCache<float> paged(paged_options(kKinds[0], 4, 16, 1, 8));
+  const Index s = paged.add_sequence();
+  const auto q = attn::test::random_tensor<float, 4>({1, 2, 2, 8}, 1);
+  Tensor<float, 4> out({1, 2, 2, 8});
+  attn::Workspace ws;
+  EXPECT_THAT([&] { attn::paged_attention(q.view(), paged, {s}, out.view(), ws); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("append the new ones first")));
+  EXPECT_THROW(attn::paged_attention(q.view(), paged, {s, s}, out.view(), ws), attn::ShapeError);
+  EXPECT_THROW(attn::paged_attention(q.view(), paged, {5}, out.view(), ws), attn::IndexError);
+}
+
+TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache) {
+  // A Llama-style module (GQA, RoPE, a window of 40) over a paged cache (blocks of 16):
+  // prompts of 30, 45 and 7 tokens prefilled one sequence at a time, s3 forked from s0
+  // (a shared prompt), then 3 decode steps of one token for all four in one call. Each
+  // sequence's rows against the same forward over its own KVCache of one item: the same
+  // bits, for float and int8 rows.
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 64, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.causal = true;
+  o.sliding_window = 40;
+  o.rope = attn::RotaryOptions{16, 16, 10000.0, attn::RopeStyle::kHalfSplit, 256};
+  attn::TorchGenerator gen(5);
+  attn::MultiHeadAttention<float> m(o, gen);
+  m.eval();
+  const std::vector<Index> prompt_lengths = {30, 45, 7, 30};
+  for (const Kind& kind : {kKinds[0], kKinds[1]}) {
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> paged(paged_options(kind, 32, 16, 2, 16));
+    std::vector<KVCache<float>> flat;
+    KVCacheOptions fo{1, 2, 16, 64};
+    fo.element = kind.element;
+    for (Index b = 0; b < 4; ++b) flat.emplace_back(fo);
+    attn::Workspace ws;
+    std::vector<Index> seqs;
+    for (Index b = 0; b < 4; ++b) {
+      const Index t = prompt_lengths[static_cast<std::size_t>(b)];
+      const auto x = attn::test::random_tensor<float, 3>({1, t, 64}, 41 + (b == 3 ? 0 : b));
+      Tensor<float, 3> got({1, t, 64}), want({1, t, 64});
+      m.forward(x.view(), want.view(), ws, flat[static_cast<std::size_t>(b)]);
+      if (b == 3) {
+        seqs.push_back(paged.fork(seqs[0]));
+        continue;
+      }
+      seqs.push_back(paged.add_sequence());
+      m.forward(x.view(), got.view(), ws, paged, {seqs.back()});
+      EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << "prefill of " << b;
+    }
+    for (Index step = 0; step < 3; ++step) {
+      const auto x = attn::test::random_tensor<float, 3>({4, 1, 64}, 60 + step);
+      Tensor<float, 3> got({4, 1, 64}), want({4, 1, 64});
+      m.forward(x.view(), got.view(), ws, paged, seqs);
+      for (Index b = 0; b < 4; ++b) {
+        m.forward(attn::slice(x.view(), 0, b, b + 1), attn::slice(want.view(), 0, b, b + 1), ws,
+                  flat[static_cast<std::size_t>(b)]);
+      }
+      EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << "step " << step;
+    }
+    EXPECT_EQ(paged.length(seqs[3]), 33);
+    EXPECT_NE(paged.block_table(seqs[0])[1], paged.block_table(seqs[3])[1]);  // copied
+    EXPECT_EQ(paged.block_table(seqs[0])[0], paged.block_table(seqs[3])[0]);  // shared
+  }
+  // Errors before anything is written: a short pool (naming the blocks), a repeated
+  // sequence, a non-causal module.
+  PagedKVCache<float> paged(paged_options(kKinds[0], 2, 16, 2, 16));
+  const Index s = paged.add_sequence();
+  const auto x = attn::test::random_tensor<float, 3>({1, 40, 64}, 1);
+  Tensor<float, 3> y({1, 40, 64});
+  attn::Workspace ws;
+  EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, paged, {s}); },
+              ThrowsMessage<attn::ConfigError>(
+                  AllOf(HasSubstr("need 3 blocks"), HasSubstr("2 of N=2 are free"))));
+  EXPECT_EQ(paged.length(s), 0);
+  EXPECT_EQ(paged.free_blocks(), 2);
+  const auto x2 = attn::test::random_tensor<float, 3>({2, 1, 64}, 1);
+  Tensor<float, 3> y2({2, 1, 64});
+  EXPECT_THAT(
+      [&] {
+        m.forward(x2.view(), y2.view(), ws, paged, {s, s});
+      },
+      ThrowsMessage<attn::ConfigError>(HasSubstr("appears twice")));
+  o.causal = false, o.sliding_window = 0;
+  const attn::MultiHeadAttention<float> open(o, gen);
+  EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);
+}
+
+}  // namespace
+}  // namespace paged_kv_cache_test
