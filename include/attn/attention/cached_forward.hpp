@@ -22,6 +22,7 @@
 #include "attn/error.hpp"
 #include "attn/kernels/gemm_args.hpp"
 #include "attn/nn/mask.hpp"
+#include "attn/parallel.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -231,13 +232,16 @@ void sink_attention(const AttentionCore<Scalar>& core, const Scalar* q, Index t,
   const Index batch = cache.batch(), heads = core.num_heads(), kv_heads = cache.num_kv_heads();
   const Index hd = core.head_dim(), a = heads * hd;
   const Index rows = cache.sink_tokens() + cache.window(), block = batch * kv_heads * rows * hd;
-  // Scratch (bytes, each part 64-byte aligned): K and V (B, H_kv, S + W, hd), the lengths
-  // n_b (B Index), a float row for dequantising.
+  // The reads run as B H_kv tasks, each writing its own rows (the same bits for any thread
+  // count). Scratch (bytes, each part 64-byte aligned): K and V (B, H_kv, S + W, hd), the
+  // lengths n_b (B Index), a float row per thread for dequantising.
+  const Index tasks = batch * kv_heads;
+  const int threads = task_threads(tasks);
   const auto aligned = [](Index bytes) { return (bytes + 63) / 64 * 64; };
   const Index kv_bytes = aligned(2 * block * static_cast<Index>(sizeof(Scalar)));
   const Index len_bytes = aligned(batch * static_cast<Index>(sizeof(Index)));
   unsigned char* scratch = workspace_get<unsigned char>(
-      ws, WorkspaceSlot::kCacheRows, kv_bytes + len_bytes + hd * static_cast<Index>(sizeof(float)));
+      ws, WorkspaceSlot::kCacheRows, kv_bytes + len_bytes + threads * hd * Index(sizeof(float)));
   Scalar* k = reinterpret_cast<Scalar*>(scratch);
   Scalar* v = k + block;
   Index* lengths = reinterpret_cast<Index*>(scratch + kv_bytes);
@@ -246,19 +250,16 @@ void sink_attention(const AttentionCore<Scalar>& core, const Scalar* q, Index t,
       kv_strides{kv_heads * rows * hd, rows * hd, hd, 1};
   const AttentionOptions options = core.kernel_options({});
   for (Index i = 0; i < t; ++i) {
-    for (Index b = 0; b < batch; ++b) {
-      const Index p = cache.length(b) - t + i, n = cache.visible_keys(p);
-      lengths[b] = n;
-      for (Index h = 0; h < kv_heads; ++h) {
-        for (Index r = 0; r < n; ++r) {
-          const Index position = cache.visible_position(p, r),
-                      at = ((b * kv_heads + h) * rows + r) * hd;
-          KVCacheAccess::load_row(cache, b, 0, h, position, k + at, wide);
-          KVCacheAccess::load_row(cache, b, 1, h, position, v + at, wide);
-          if (core.has_rope()) core.rope().apply(k + at, 1, hd, r);
-        }
+    for (Index b = 0; b < batch; ++b) lengths[b] = cache.visible_keys(cache.length(b) - t + i);
+    run_tasks(threads, tasks, [&](Index task, int thread) {
+      const Index b = task / kv_heads, h = task % kv_heads, p = cache.length(b) - t + i;
+      for (Index r = 0; r < lengths[b]; ++r) {
+        const Index position = cache.visible_position(p, r), at = (task * rows + r) * hd;
+        KVCacheAccess::load_row(cache, b, 0, h, position, k + at, wide + thread * hd);
+        KVCacheAccess::load_row(cache, b, 1, h, position, v + at, wide + thread * hd);
+        if (core.has_rope()) core.rope().apply(k + at, 1, hd, r);
       }
-    }
+    });
     run_attention(
         make_call<Scalar>(
             core.config().forward_name,
@@ -385,13 +386,14 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 
 /// The incremental forward: x (B, T, d_in) holds each item's next T tokens; their keys and
 /// values are appended to `cache` and every token attends to its item's cached keys, causally
-/// (and within the module's window), with rotary embeddings at the cached positions: out
-/// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens, to float
-/// rounding, however the sequence is split (prefill, chunks, single tokens). T beyond
-/// cache.max_chunk() (a sliding-window ring) runs in chunks of it. Allocation-free with a
-/// warm workspace. `x` must not share memory with `out` or the cache (the module stages it
-/// if it does); `out` must not share memory with the cache (refused). The cache records the
-/// module as the owner of its keys (see KVCache).
+/// (and within the module's window, or the sinks and window of a cache with sink_tokens), with
+/// rotary embeddings at the cached positions (with sinks: positions within the cache): out
+/// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens (with sinks:
+/// the attention KVCache defines), to float rounding, however the sequence is split (prefill,
+/// chunks, single tokens). T beyond cache.max_chunk() (a sliding-window ring) runs in chunks
+/// of it. Allocation-free with a warm workspace. `x` must not share memory with `out` or the cache
+/// (the module stages it if it does); `out` must not share memory with the cache (refused). The
+/// cache records the module as the owner of its keys (see KVCache).
 ///
 /// Contract: every token count, position and item index it computes from x and the cache is
 /// checked before anything is written (check_cached), so a call that throws leaves the cache

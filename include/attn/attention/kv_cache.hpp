@@ -771,17 +771,18 @@ class KVCache {
   void store_row(const Scalar* from, Index stride, Index b, int part, Index h,
                  Index position) noexcept {
     const Index n = width(part);
-    for (const Index slot_index : {position % ring(), ring() + position}) {
+    const auto write = [&](Index slot_index) {
       unsigned char* to = row_at(b, part, h, slot_index);
       if (o_.element == KVElement::kScalar) {
         Scalar* x = reinterpret_cast<Scalar*>(to);
         for (Index e = 0; e < n; ++e) x[e] = from[e * stride];
-      } else {
-        detail::quantize_row(o_.element, from, stride, n, group(n), to,
-                             scales_at(b, part, h, slot_index));
+        return;
       }
-      if (position >= o_.sink_tokens) return;
-    }
+      detail::quantize_row(o_.element, from, stride, n, group(n), to,
+                           scales_at(b, part, h, slot_index));
+    };
+    write(position % ring());
+    if (position < o_.sink_tokens) write(ring() + position);
   }
   // Item `to` becomes item `from` (its used rows and their scales), or the two are swapped.
   template <class F>
