@@ -506,6 +506,17 @@ TEST(CachedForwardSinks, ErrorsNameTheValues) {
   Tensor<float, 4> q({1, c.heads, 1, c.head_dim}), o({1, c.heads, 1, c.head_dim});
   EXPECT_THAT([&] { attn::cached_attention<float>(q.view(), cache, o.view(), ws); },
               ThrowsMessage<attn::ConfigError>(HasSubstr("sink_tokens=3")));
+  const MultiHeadAttention<float> m = make_module<float>(c, 8);
+  KVCache<float> two(sink_options(c, 2, 3, 5, 2));
+  const auto rows = attn::test::random_tensor<float, 2>({5, c.d}, 2);
+  Tensor<float, 2> packed_out({5, c.d});
+  EXPECT_THAT(
+      [&] {
+        m.forward(rows.view(), rows.view(), rows.view(), attn::SequenceOffsets{0, 2, 5},
+                  packed_out.view(), ws, two);
+      },
+      ThrowsMessage<attn::ConfigError>(HasSubstr("takes no packed batch")));
+  EXPECT_TRUE(two.empty());
 }
 
 }  // namespace
