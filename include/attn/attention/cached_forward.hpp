@@ -391,9 +391,9 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 /// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens (with sinks:
 /// the attention KVCache defines), to float rounding, however the sequence is split (prefill,
 /// chunks, single tokens). T beyond cache.max_chunk() (a sliding-window ring) runs in chunks
-/// of it. Allocation-free with a warm workspace. `x` must not share memory with `out` or the cache
-/// (the module stages it if it does); `out` must not share memory with the cache (refused). The
-/// cache records the module as the owner of its keys (see KVCache).
+/// of it. Allocation-free with a warm workspace. `x` must not share memory with `out` or the
+/// cache (the module stages it if it does); `out` must not share memory with the cache
+/// (refused). The cache records the module as the owner of its keys (see KVCache).
 ///
 /// Contract: every token count, position and item index it computes from x and the cache is
 /// checked before anything is written (check_cached), so a call that throws leaves the cache
