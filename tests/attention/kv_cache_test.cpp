@@ -402,7 +402,8 @@ TYPED_TEST(KVCacheTyped, SlidingWindowWithRoomBeforeWrappingViewsLikeALinearCach
 }
 
 // Sinks: the first S positions stay in rows of their own after the ring overwrote them
-// (dequantize() shows the ring's rows, then the sinks'), and move with their item.
+// (dequantize() shows the ring's rows, then the sinks'), move with their item and survive a
+// roll-back.
 TEST(KVCacheSinks, TheFirstTokensStayAndMoveWithTheirItem) {
   KVCacheOptions o;
   o.batch = 2, o.num_kv_heads = 2, o.head_dim = 4, o.window = 3, o.max_chunk = 2;
@@ -439,6 +440,19 @@ TEST(KVCacheSinks, TheFirstTokensStayAndMoveWithTheirItem) {
   for (Index i = 0; i < 5; ++i) seen.push_back(cache.visible_position(20, i));
   EXPECT_EQ(seen, (std::vector<Index>{0, 1, 18, 19, 20}));
   EXPECT_EQ(cache.visible_position(3, 2), 2);
+  // Rolling back within the window keeps the sinks; the next tokens take the ring's rows.
+  cache.truncate(0, 18);
+  history[0].k.resize(2 * 18);
+  history[0].v.resize(2 * 18);
+  append_random(cache, history, 2, 99);
+  Tensor<float, 3> k({2, 6, 4}), v({2, 6, 4});
+  cache.dequantize(0, k.view(), v.view());
+  for (const Index position : {0, 1, 18, 19}) {
+    const Index slot = position < 2 ? 4 + position : position % 4;
+    EXPECT_EQ(attn::test::to_vector(attn::select(attn::select(k.view(), 0, 1), 0, slot)),
+              history[0].k[static_cast<std::size_t>(position * 2 + 1)])
+        << position;
+  }
   EXPECT_THAT([&] { cache.k_slot(0, 0, 20); },
               ThrowsMessage<ConfigError>(AllOf(HasSubstr("sink_tokens=2"), HasSubstr("append()"))));
   EXPECT_THAT([&] { cache.next_rows(1); }, ThrowsMessage<ConfigError>(HasSubstr("append()")));
