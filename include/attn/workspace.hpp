@@ -31,6 +31,7 @@ enum class WorkspaceSlot : std::size_t {
   kGradContext,     // the backward's gradient of the context (B, T_q, H, hd)
   kGradProjection,  // the backward's dQ, dK, dV, head-major like the projections
   kWideOutput,      // float results (and bias) of a GEMM on bfloat16 operands, before rounding
+  kCacheRows,       // a step's keys and values read from a KV cache with sinks, rotated
   kCount            // number of slots (not a slot)
 };
 

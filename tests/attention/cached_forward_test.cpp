@@ -5,7 +5,11 @@
 // item truncated, as after rejected speculative tokens, then decoding on), grouped-query and
 // multi-query heads, sliding windows (the cache a ring), both RoPE conventions, partial
 // rotary, and biases on and off. Also: the same bits for 1 and 2 threads, the errors, and the
-// modules built on one core (CausalAttention) running it too.
+// modules built on one core (CausalAttention) running it too. And attention sinks
+// (KVCacheOptions::sink_tokens): streams four times longer than sinks + window, token by
+// token and in chunks, against a long double reference that keeps the token list, numbers
+// the keys each token sees by their place in the cache and rotates them there; float and
+// quantised rows; the plain cache's bits while every token is kept.
 //
 // Tolerance: 2 module_tolerance (module_test_support.hpp): the whole-sequence forward and the
 // incremental one are each within module_tolerance of the exact result (the same projections;
@@ -14,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -30,6 +35,8 @@ namespace {
 
 using attn::Index;
 using attn::KVCache;
+using attn::KVCacheOptions;
+using attn::KVElement;
 using attn::MultiHeadAttention;
 using attn::MultiHeadAttentionOptions;
 using attn::RopeStyle;
@@ -37,6 +44,9 @@ using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
 using attn::test::module_tolerance;
+using attn::test::WideWeights;
+using Real = attn::test::ref::Real;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
@@ -265,6 +275,248 @@ TYPED_TEST(CachedForward, ErrorsNameTheValuesAndLeaveTheCacheAlone) {
   const auto other = attn::test::random_tensor<S>(Shape<3>{1, 4, 32}, 3);
   EXPECT_THAT([&] { m.forward(x.view(), other.view(), other.view(), out.view(), ws, big); },
               ThrowsMessage<attn::ConfigError>(HasSubstr("self-attention")));
+}
+
+// ---- Attention sinks ----
+
+/// w (rows, d) x + bias (empty: none) over `d` inputs.
+template <class Scalar>
+std::vector<Real> project(const Tensor<Real, 2>& w, const Tensor<Real, 1>& bias, const Scalar* x) {
+  std::vector<Real> y(static_cast<std::size_t>(w.extent(0)));
+  for (Index r = 0; r < w.extent(0); ++r) {
+    Real sum = bias.size() > 0 ? bias(r) : Real(0);
+    for (Index e = 0; e < w.extent(1); ++e) sum += w(r, e) * static_cast<Real>(x[e]);
+    y[static_cast<std::size_t>(r)] = sum;
+  }
+  return y;
+}
+
+/// RoPE in long double: the first `rotary` features of one head row at position `pos`.
+void rotate(Real* x, Index rotary, RopeStyle style, Index pos) {
+  const Index half = rotary / 2;
+  for (Index i = 0; i < half; ++i) {
+    const Real angle = static_cast<Real>(pos) * std::pow(Real(10000), -Real(2 * i) / rotary);
+    const Index a = style == RopeStyle::kHalfSplit ? i : 2 * i;
+    const Index b = style == RopeStyle::kHalfSplit ? i + half : 2 * i + 1;
+    const Real xa = x[a], xb = x[b];
+    x[a] = xa * std::cos(angle) - xb * std::sin(angle);
+    x[b] = xb * std::cos(angle) + xa * std::sin(angle);
+  }
+}
+
+/// The output row of token p of one stream through a cache of S sinks and window W, by the
+/// definition: the token sees the keys of tokens 0 .. S-1 and (p - W, p] (all of 0 .. p while
+/// they are at most S + W), the i-th of that list at cache position i, rotated there, and its
+/// query at the last position. kv(j): token j's un-rotated key and value rows (2 H_kv hd).
+template <class Scalar, class KeyValues>
+std::vector<Real> sink_reference(const Config& c, const WideWeights& w, const Scalar* x_p, Index p,
+                                 Index sinks, Index window, KeyValues&& kv) {
+  const Index hd = c.head_dim, group = c.heads / c.kv_heads;
+  std::vector<Index> list;
+  for (Index j = 0; j <= p; ++j) {
+    if (p + 1 <= sinks + window || j < sinks || j > p - window) list.push_back(j);
+  }
+  const Index n = static_cast<Index>(list.size());
+  std::vector<Real> q = project(w.wq, w.bq, x_p), ctx(q.size(), Real(0));
+  std::vector<std::vector<Real>> rows;
+  for (Index i = 0; i < n; ++i) {
+    rows.push_back(kv(list[static_cast<std::size_t>(i)]));
+    for (Index h = 0; h < (c.rotary_dim > 0 ? c.kv_heads : 0); ++h) {
+      rotate(rows.back().data() + h * hd, c.rotary_dim, c.style, i);
+    }
+  }
+  for (Index h = 0; h < c.heads; ++h) {
+    Real* qh = q.data() + h * hd;
+    if (c.rotary_dim > 0) rotate(qh, c.rotary_dim, c.style, n - 1);
+    const Index g = h / group;
+    std::vector<Real> score(static_cast<std::size_t>(n));
+    Real top = -1e300L, sum = 0;
+    for (Index i = 0; i < n; ++i) {
+      Real dot = 0;
+      for (Index e = 0; e < hd; ++e) dot += qh[e] * rows[std::size_t(i)][std::size_t(g * hd + e)];
+      score[std::size_t(i)] = dot / std::sqrt(static_cast<Real>(hd));
+      top = std::max(top, score[std::size_t(i)]);
+    }
+    for (Real& s : score) sum += (s = std::exp(s - top));
+    for (Index i = 0; i < n; ++i) {
+      for (Index e = 0; e < hd; ++e) {
+        ctx[std::size_t(h * hd + e)] +=
+            score[std::size_t(i)] / sum *
+            rows[std::size_t(i)][std::size_t((c.kv_heads + g) * hd + e)];
+      }
+    }
+  }
+  return project(w.wo, w.bo, ctx.data());
+}
+
+/// Streams `total` random tokens per item through `m` and a cache of options `o` (seed 0:
+/// token by token; else random steps up to 2 max_chunk, which run in chunks) and checks every
+/// output row against sink_reference(), the keys and values from the tokens (float rows) or
+/// as the cache stores them (quantised rows: dequantize(), the ring's rows then the sinks').
+/// Read after the step, the stored rows are those its tokens saw unless a later chunk of the
+/// step overwrote them: quantised rows are checked after steps of at most max_chunk (the
+/// longer ones give the same bits as token by token, see below). The capacity and bytes
+/// never change. Returns the output (B, total, d).
+template <class Scalar>
+Tensor<Scalar, 3> check_sink_stream(const Config& c, const MultiHeadAttention<Scalar>& m,
+                                    const KVCacheOptions& o, Index total, std::uint64_t seed) {
+  SCOPED_TRACE(describe(c) + " S=" + std::to_string(o.sink_tokens) +
+               " W=" + std::to_string(o.window) + " C=" + std::to_string(o.max_chunk) + " " +
+               attn::kv_element_name(o.element) + " seed=" + std::to_string(seed));
+  KVCache<Scalar> cache(o);
+  const Index batch = o.batch, ring = cache.capacity() - o.sink_tokens;
+  EXPECT_EQ(cache.capacity(), o.sink_tokens + o.window + o.max_chunk - 1);
+  const std::size_t bytes = cache.bytes();
+  const WideWeights w = attn::test::wide(m);
+  const bool quantised = o.element != KVElement::kScalar;
+  std::mt19937_64 rng(seed);
+  const auto x = attn::test::random_tensor<Scalar>(Shape<3>{batch, total, c.d}, 77);
+  Tensor<Scalar, 3> out({batch, total, c.d});
+  attn::Workspace ws;
+  // The reference reads the same keys (up to the kernel's tiles), so the incremental forward
+  // is within its module_tolerance; a wrong position or key moves outputs by 1e-2 or more.
+  const double tol = 2 * module_tolerance<Scalar>(c.d, c.head_dim, o.sink_tokens + o.window, c.d);
+  for (Index len = 0; len < total;) {
+    const Index t = std::min<Index>(
+        total - len,
+        seed == 0 ? 1 : Index(1 + rng() % static_cast<std::uint64_t>(2 * o.max_chunk)));
+    m.forward(attn::slice(x.view(), 1, len, len + t), attn::slice(out.view(), 1, len, len + t), ws,
+              cache);
+    len += t;
+    EXPECT_EQ(cache.bytes(), bytes);
+    EXPECT_EQ(cache.capacity(), o.sink_tokens + o.window + o.max_chunk - 1);
+    for (Index b = 0; b < (quantised && t > o.max_chunk ? 0 : batch); ++b) {
+      const Scalar* rows = x.data() + b * total * c.d;
+      Tensor<Scalar, 3> k_rows({c.kv_heads, cache.capacity(), c.head_dim});
+      Tensor<Scalar, 3> v_rows({c.kv_heads, cache.capacity(), c.head_dim});
+      cache.dequantize(b, k_rows.view(), v_rows.view());
+      const auto kv = [&](Index j) {
+        if (!quantised) {
+          std::vector<Real> k = project(w.wk, w.bk, rows + j * c.d);
+          const std::vector<Real> v = project(w.wv, w.bv, rows + j * c.d);
+          k.insert(k.end(), v.begin(), v.end());
+          return k;
+        }
+        const Index slot = j < o.sink_tokens ? ring + j : j % ring;
+        std::vector<Real> r;
+        for (const auto* from : {&k_rows, &v_rows}) {
+          for (Index h = 0; h < c.kv_heads; ++h) {
+            for (Index e = 0; e < c.head_dim; ++e) r.push_back((*from)(h, slot, e));
+          }
+        }
+        return r;
+      };
+      for (Index i = 0; i < t; ++i) {
+        const Index p = len - t + i;
+        const std::vector<Real> expected =
+            sink_reference(c, w, rows + p * c.d, p, o.sink_tokens, o.window, kv);
+        const TensorView<const Real, 3> want(expected.data(), {1, 1, c.d});
+        EXPECT_TRUE(ref::all_near(
+            attn::slice(attn::slice(TensorView<const Scalar, 3>(out.view()), 0, b, b + 1), 1, p,
+                        p + 1),
+            want, tol))
+            << "item " << b << " position " << p << " (step of " << t << ")";
+      }
+    }
+  }
+  return out;
+}
+
+KVCacheOptions sink_options(const Config& c, Index batch, Index sinks, Index window, Index chunk,
+                            KVElement element = KVElement::kScalar) {
+  KVCacheOptions o;
+  o.batch = batch, o.num_kv_heads = c.kv_heads, o.head_dim = c.head_dim;
+  o.window = window, o.max_chunk = chunk, o.sink_tokens = sinks, o.element = element;
+  return o;
+}
+
+const std::vector<Config> kSinkConfigs = {
+    {32, 4, 2, 8, 8, 0, RopeStyle::kHalfSplit, true},     // grouped-query, biases
+    {32, 4, 1, 8, 4, 0, RopeStyle::kInterleaved, false},  // multi-query, partial rotary
+    {16, 2, 1, 8, 0, 0, RopeStyle::kHalfSplit, false},    // no rotary embedding
+};
+
+TYPED_TEST(CachedForward, SinkCacheMatchesTheReferenceTokenByTokenAndInChunks) {
+  for (const Config& c : kSinkConfigs) {
+    // Rotary tables of S + W positions: the cache positions never reach further.
+    const MultiHeadAttention<TypeParam> m = make_module<TypeParam>(c, 3 + 5);
+    check_sink_stream(c, m, sink_options(c, 2, 3, 5, 1), 32, 0);
+    check_sink_stream(c, m, sink_options(c, 2, 3, 5, 4), 32, 1);
+    check_sink_stream(c, m, sink_options(c, 1, 1, 6, 3), 28, 2);
+  }
+}
+
+// While every token is kept (the first S + W), the sink cache is the plain cache: the same
+// rotations at the same positions, the same kernel over the same keys.
+TYPED_TEST(CachedForward, SinkCacheGivesThePlainCachesBitsForTheFirstTokens) {
+  using S = TypeParam;
+  const Config& c = kSinkConfigs[0];
+  const MultiHeadAttention<S> m = make_module<S>(c, 8);
+  KVCache<S> sinks(sink_options(c, 2, 3, 5, 1)), plain(2, c.kv_heads, c.head_dim, 8);
+  attn::Workspace ws;
+  const auto x = attn::test::random_tensor<S>(Shape<3>{2, 8, c.d}, 4);
+  Tensor<S, 3> a({2, 8, c.d}), b({2, 8, c.d});
+  for (Index t = 0; t < 8; ++t) {
+    m.forward(attn::slice(x.view(), 1, t, t + 1), attn::slice(a.view(), 1, t, t + 1), ws, sinks);
+    m.forward(attn::slice(x.view(), 1, t, t + 1), attn::slice(b.view(), 1, t, t + 1), ws, plain);
+  }
+  EXPECT_TRUE(ref::same_bits(a.view(), b.view()));
+}
+
+// Quantised rows: stored once, un-rotated, and read back at every cache position they move
+// through (never requantised). Token by token, in chunks and with 1 or 2 threads: the same
+// bits (every token attends as if decoded alone).
+TEST(CachedForwardSinks, QuantisedRowsMatchTheReferenceOverTheStoredValues) {
+  const Config& c = kSinkConfigs[0];
+  const MultiHeadAttention<float> m = make_module<float>(c, 8);
+  for (const KVElement e : {KVElement::kInt8, KVElement::kInt4, KVElement::kFloat8E4M3,
+                            KVElement::kBFloat16, KVElement::kFloat16}) {
+    check_sink_stream(c, m, sink_options(c, 2, 3, 5, 4, e), 40, 3);
+  }
+  const int saved = attn::num_threads();
+  const KVCacheOptions o = sink_options(c, 2, 3, 5, 4, KVElement::kInt8);
+  attn::set_num_threads(1);
+  const Tensor<float, 3> one_by_one = check_sink_stream(c, m, o, 24, 0);
+  const Tensor<float, 3> chunks = check_sink_stream(c, m, o, 24, 5);
+  attn::set_num_threads(2);
+  const Tensor<float, 3> two_threads = check_sink_stream(c, m, o, 24, 6);
+  attn::set_num_threads(saved);
+  EXPECT_TRUE(ref::same_bits(chunks.view(), one_by_one.view()));
+  EXPECT_TRUE(ref::same_bits(two_threads.view(), one_by_one.view()));
+}
+
+TEST(CachedForwardSinks, ErrorsNameTheValues) {
+  const Config& c = kSinkConfigs[0];
+  attn::Workspace ws;
+  const auto x = attn::test::random_tensor<float>(Shape<3>{1, 2, c.d}, 1);
+  Tensor<float, 3> out({1, 2, c.d});
+  KVCache<float> cache(sink_options(c, 1, 3, 5, 2));
+  // The rotary tables must cover the cache positions, 0 .. S + W - 1, and no more.
+  const MultiHeadAttention<float> short_tables = make_module<float>(c, 7);
+  for (Index step = 0; step < 3; ++step) short_tables.forward(x.view(), out.view(), ws, cache);
+  EXPECT_THAT([&] { short_tables.forward(x.view(), out.view(), ws, cache); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("outside the rotary tables [0, 7)")));
+  EXPECT_EQ(cache.length(0), 6);
+  Config windowed = c;
+  windowed.window = 4;
+  KVCache<float> fresh(sink_options(c, 1, 3, 5, 2));
+  EXPECT_THAT([&] { make_module<float>(windowed, 8).forward(x.view(), out.view(), ws, fresh); },
+              ThrowsMessage<attn::ConfigError>(
+                  AllOf(HasSubstr("sink_tokens=3"), HasSubstr("sliding_window=4"))));
+  Tensor<float, 4> q({1, c.heads, 1, c.head_dim}), o({1, c.heads, 1, c.head_dim});
+  EXPECT_THAT([&] { attn::cached_attention<float>(q.view(), cache, o.view(), ws); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("sink_tokens=3")));
+  const MultiHeadAttention<float> m = make_module<float>(c, 8);
+  KVCache<float> two(sink_options(c, 2, 3, 5, 2));
+  const auto rows = attn::test::random_tensor<float, 2>({5, c.d}, 2);
+  Tensor<float, 2> packed_out({5, c.d});
+  EXPECT_THAT(
+      [&] {
+        m.forward(rows.view(), rows.view(), rows.view(), attn::SequenceOffsets{0, 2, 5},
+                  packed_out.view(), ws, two);
+      },
+      ThrowsMessage<attn::ConfigError>(HasSubstr("takes no packed batch")));
+  EXPECT_TRUE(two.empty());
 }
 
 }  // namespace

@@ -84,6 +84,25 @@ TEST(KVCacheContract, SizeArithmeticDoesNotOverflow) {
   EXPECT_THROW(KVCache<float>::sliding_window(1, 1, 4, kMax, 1), ConfigError);
 }
 
+TEST(KVCacheContract, SinkTokensNeedAWindowAndRoom) {
+  KVCacheOptions o;
+  o.head_dim = 4, o.capacity = 8, o.sink_tokens = 2;
+  EXPECT_THAT([&] { KVCache<float>{o}; },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("sink_tokens=2"), HasSubstr("window"))));
+  o.window = 4, o.max_chunk = 2, o.capacity = 6;
+  EXPECT_THAT([&] { KVCache<float>{o}; },
+              ThrowsMessage<ConfigError>(AllOf(
+                  HasSubstr("capacity=6"), HasSubstr("sink_tokens + window + max_chunk - 1 = 7"))));
+  o.sink_tokens = -1;
+  EXPECT_THAT([&] { KVCache<float>{o}; }, ThrowsMessage<ConfigError>(HasSubstr("sink_tokens=-1")));
+  o.sink_tokens = kMax, o.capacity = 0;
+  EXPECT_THAT(
+      [&] { KVCache<float>{o}; },
+      ThrowsMessage<ConfigError>(HasSubstr("sink_tokens + window + max_chunk - 1 overflows")));
+  o.sink_tokens = 2;
+  EXPECT_EQ(KVCache<float>(o).capacity(), 7);  // 0: the least
+}
+
 TEST(KVCacheContract, ItemAccessorsCheckTheirIndex) {
   KVCache<float> cache(2, 2, 4, 8);
   EXPECT_THROW((void)cache.length(2), attn::IndexError);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/scalar_types.hpp"
@@ -398,6 +399,63 @@ TYPED_TEST(KVCacheTyped, SlidingWindowWithRoomBeforeWrappingViewsLikeALinearCach
   append_random(cache, history, 5, 5);
   EXPECT_EQ(cache.first_position(0), 5);
   expect_contents(cache, history);
+}
+
+// Sinks: the first S positions stay in rows of their own after the ring overwrote them
+// (dequantize() shows the ring's rows, then the sinks'), move with their item and survive a
+// roll-back.
+TEST(KVCacheSinks, TheFirstTokensStayAndMoveWithTheirItem) {
+  KVCacheOptions o;
+  o.batch = 2, o.num_kv_heads = 2, o.head_dim = 4, o.window = 3, o.max_chunk = 2;
+  o.sink_tokens = 2;
+  KVCache<float> cache(o);
+  ASSERT_EQ(cache.capacity(), 6);  // S + W + C - 1; the ring has 4 rows
+  std::vector<History<float>> history(2);
+  for (std::uint64_t step = 0; step < 10; ++step) append_random(cache, history, 2, 10 * step + 1);
+  cache.reorder({1, 0});
+  std::swap(history[0], history[1]);
+  for (Index b = 0; b < 2; ++b) {
+    EXPECT_EQ(cache.length(b), 20);
+    EXPECT_EQ(cache.first_position(b), 16);
+    Tensor<float, 3> k({2, 6, 4}), v({2, 6, 4});
+    cache.dequantize(b, k.view(), v.view());
+    const History<float>& item = history[static_cast<std::size_t>(b)];
+    for (Index h = 0; h < 2; ++h) {
+      for (const Index position : {0, 1, 16, 17, 18, 19}) {
+        const Index slot = position < 2 ? 4 + position : position % 4;
+        const std::size_t at = static_cast<std::size_t>(position * 2 + h);
+        EXPECT_EQ(attn::test::to_vector(attn::select(attn::select(k.view(), 0, h), 0, slot)),
+                  item.k[at])
+            << b << " " << h << " " << position;
+        EXPECT_EQ(attn::test::to_vector(attn::select(attn::select(v.view(), 0, h), 0, slot)),
+                  item.v[at])
+            << b << " " << h << " " << position;
+      }
+    }
+  }
+  // The token at position 20 sees the sinks and (17, 20]: 5 keys, positions 0, 1, 18, 19, 20.
+  EXPECT_EQ(cache.visible_keys(20), 5);
+  EXPECT_EQ(cache.visible_keys(3), 4);
+  std::vector<Index> seen;
+  for (Index i = 0; i < 5; ++i) seen.push_back(cache.visible_position(20, i));
+  EXPECT_EQ(seen, (std::vector<Index>{0, 1, 18, 19, 20}));
+  EXPECT_EQ(cache.visible_position(3, 2), 2);
+  // Rolling back within the window keeps the sinks; the next tokens take the ring's rows.
+  cache.truncate(0, 18);
+  history[0].k.resize(2 * 18);
+  history[0].v.resize(2 * 18);
+  append_random(cache, history, 2, 99);
+  Tensor<float, 3> k({2, 6, 4}), v({2, 6, 4});
+  cache.dequantize(0, k.view(), v.view());
+  for (const Index position : {0, 1, 18, 19}) {
+    const Index slot = position < 2 ? 4 + position : position % 4;
+    EXPECT_EQ(attn::test::to_vector(attn::select(attn::select(k.view(), 0, 1), 0, slot)),
+              history[0].k[static_cast<std::size_t>(position * 2 + 1)])
+        << position;
+  }
+  EXPECT_THAT([&] { cache.k_slot(0, 0, 20); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("sink_tokens=2"), HasSubstr("append()"))));
+  EXPECT_THAT([&] { cache.next_rows(1); }, ThrowsMessage<ConfigError>(HasSubstr("append()")));
 }
 
 }  // namespace

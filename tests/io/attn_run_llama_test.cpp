@@ -197,6 +197,64 @@ TEST(AttnRunLlama, APagedCacheReportsItsErrorAgainstTheContiguousOne) {
   EXPECT_THAT(e.error, HasSubstr("--paged expects a positive block size"));
 }
 
+// --sink-tokens S with --sliding-window W: the first S + W rows are the full-attention ones
+// (every token is kept), the later ones differ from both full attention and the window alone
+// (the sinks and the window at cache positions), every split gives the same rows (to float
+// rounding, as above), and with S + W >= T nothing is evicted.
+TEST(AttnRunLlama, SinkTokensKeepTheFirstTokensBesideTheWindow) {
+  const ParsedArguments p = attn_run::parse_arguments(
+      {"--format", "llama", "--weights", "w", "--input", "x", "--output", "y", "--num-heads", "4",
+       "--sliding-window", "3", "--sink-tokens", "2"});
+  ASSERT_EQ(p.action, ParsedArguments::Action::kRun) << p.error;
+  EXPECT_EQ(p.arguments.llama_options.sink_tokens, 2);
+  attn_run::LlamaOptions o;
+  o.num_heads = 4;
+  const attn::Index tokens = 12, d = 16;
+  const auto rows = [&](const SafetensorsWriter& w) {
+    return SafetensorsFile::from_bytes(w.to_bytes()).values<double>("output");  // (2, T, d)
+  };
+  const SafetensorsFile weights = llama_weights(2), x = hidden_states(tokens);
+  const std::vector<double> full = rows(attn_run::run_llama<float>(weights, x, o));
+  o.sliding_window = 3;
+  const std::vector<double> window = rows(attn_run::run_llama<float>(weights, x, o));
+  o.sink_tokens = 2;
+  const SafetensorsWriter sinks = attn_run::run_llama<float>(weights, x, o);
+  const std::vector<double> got = rows(sinks);
+  ASSERT_EQ(got.size(), full.size());
+  for (attn::Index b = 0; b < 2; ++b) {
+    for (attn::Index t = 0; t < tokens; ++t) {
+      double to_full = 0, to_window = 0;
+      for (attn::Index e = 0; e < d; ++e) {
+        const std::size_t i = static_cast<std::size_t>((b * tokens + t) * d + e);
+        to_full = std::max(to_full, std::abs(got[i] - full[i]));
+        to_window = std::max(to_window, std::abs(got[i] - window[i]));
+      }
+      if (t < 5) {
+        EXPECT_LE(to_full, 1e-5) << "item " << b << " token " << t;
+      } else {
+        EXPECT_GT(std::min(to_full, to_window), 1e-3) << "item " << b << " token " << t;
+      }
+    }
+  }
+  for (const auto& [prefill, chunk] :
+       std::vector<std::pair<attn::Index, attn::Index>>{{1, 1}, {4, 3}}) {
+    o.prefill = prefill;
+    o.chunk = chunk;
+    EXPECT_LE(relative_error(attn_run::run_llama<float>(weights, x, o),
+                             SafetensorsFile::from_bytes(sinks.to_bytes())),
+              1e-5)
+        << "prefill " << prefill << " chunk " << chunk;
+  }
+  o.prefill = 0;
+  o.chunk = 1;
+  o.sliding_window = 10;  // S + W = T: nothing is evicted
+  EXPECT_EQ(rows(attn_run::run_llama<float>(weights, x, o)), full);
+  o.sliding_window = 0;
+  EXPECT_THAT([&] { attn_run::run_llama<float>(weights, x, o); },
+              ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("--sink-tokens 2 goes with a --sliding-window (got 0)")));
+}
+
 TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   const ParsedArguments p = attn_run::parse_arguments({"--format",
                                                        "llama",

@@ -24,7 +24,8 @@ inline constexpr const char* kUsage =
        attn_run --format llama --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [--num-kv-heads HKV] [--head-dim HD]
                 [--rope-theta THETA] [--rotary-dim R] [--rope-interleaved]
-                [--sliding-window W] [--prefill N] [--chunk C] [--prefix P] [--double]
+                [--sliding-window W [--sink-tokens S]] [--prefill N] [--chunk C]
+                [--prefix P] [--double]
        attn_run --format onnx --input IN.safetensors --output OUT.safetensors
                 [--q-num-heads N --kv-num-heads N] [--is-causal 0|1] [--scale S]
                 [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P] [--double]
@@ -93,6 +94,9 @@ llama options:
   --rotary-dim R        rotate the first R features of each head (default: head_dim)
   --rope-interleaved    pairs (x[2i], x[2i+1]) (Meta, GPT-J); default rotate_half (HF)
   --sliding-window W    query at position p sees keys in (p - W, p] (Mistral)
+  --sink-tokens S       with --sliding-window W: also the first S tokens, at positions
+                        within the cache (StreamingLLM's attention sinks; KVCacheOptions::
+                        sink_tokens): S + W positions at most, however long the input
   --prefill N           tokens of the first step (default: all); the rest in chunks
   --chunk C             tokens per step after the prefill (default 1)
   --kv-dtype T          what the KV cache stores: f32 (default; the computation's type),
@@ -202,11 +206,11 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
         flag == "--weights" || flag == "--input" || flag == "--output" || flag == "--num-heads" ||
         flag == "--prefix" || flag == "--format" || flag == "--num-kv-heads" ||
         flag == "--head-dim" || flag == "--rope-theta" || flag == "--rotary-dim" ||
-        flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk" ||
-        flag == "--q-num-heads" || flag == "--kv-num-heads" || flag == "--is-causal" ||
-        flag == "--scale" || flag == "--softcap" || flag == "--qk-matmul-output-mode" ||
-        flag == "--softmax-precision" || flag == "--kv-dtype" || flag == "--dtype" ||
-        flag == "--output-dtype" || flag == "--paged";
+        flag == "--sliding-window" || flag == "--sink-tokens" || flag == "--prefill" ||
+        flag == "--chunk" || flag == "--q-num-heads" || flag == "--kv-num-heads" ||
+        flag == "--is-causal" || flag == "--scale" || flag == "--softcap" ||
+        flag == "--qk-matmul-output-mode" || flag == "--softmax-precision" || flag == "--kv-dtype" ||
+        flag == "--dtype" || flag == "--output-dtype" || flag == "--paged";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
     if (flag == "--q-num-heads" || flag == "--kv-num-heads") {
@@ -248,11 +252,13 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       continue;
     }
     if (flag == "--num-kv-heads" || flag == "--head-dim" || flag == "--rotary-dim" ||
-        flag == "--sliding-window" || flag == "--prefill" || flag == "--chunk") {
+        flag == "--sliding-window" || flag == "--sink-tokens" || flag == "--prefill" ||
+        flag == "--chunk") {
       attn::Index* const target = flag == "--num-kv-heads"     ? &llama.num_kv_heads
                                   : flag == "--head-dim"       ? &llama.head_dim
                                   : flag == "--rotary-dim"     ? &llama.rotary_dim
                                   : flag == "--sliding-window" ? &llama.sliding_window
+                                  : flag == "--sink-tokens"    ? &llama.sink_tokens
                                   : flag == "--prefill"        ? &llama.prefill
                                                                : &llama.chunk;
       if (!positive(flag, value, *target)) {

@@ -36,9 +36,11 @@ struct LlamaOptions {
   attn::Index rotary_dim = 0;  ///< 0: head_dim
   bool rope_interleaved = false;
   attn::Index sliding_window = 0;  ///< 0: none
-  attn::Index prefill = 0;         ///< tokens of the first, whole step; 0: all of them
-  attn::Index chunk = 1;           ///< tokens per later step
-  std::string prefix;              ///< prefix of the weights' names
+  /// With sliding_window: attention sinks kept beside it (KVCacheOptions::sink_tokens).
+  attn::Index sink_tokens = 0;
+  attn::Index prefill = 0;  ///< tokens of the first, whole step; 0: all of them
+  attn::Index chunk = 1;    ///< tokens per later step
+  std::string prefix;       ///< prefix of the weights' names
   /// What the KV cache stores (--kv-dtype); not kScalar: the run is repeated with a Scalar
   /// cache and the output's relative error against it reported.
   attn::KVElement kv_element = attn::KVElement::kScalar;
@@ -53,7 +55,9 @@ struct LlamaOptions {
 /// o_proj.weight, optional biases; an old checkpoint's rotary_emb.inv_freq buffer is
 /// accepted and ignored): Q, K, V projections, RoPE at positions 0..T-1, causal softmax
 /// attention over grouped key/value heads (repeat_kv) within the optional sliding window,
-/// o_proj. Returns a writer holding `output` (B, T, D) (or (T, D)) as Scalar.
+/// o_proj. Returns a writer holding `output` (B, T, D) (or (T, D)) as Scalar. With
+/// sink_tokens S (and the window W): StreamingLLM's cache instead, each token seeing the
+/// first S tokens and its window at positions within the cache (KVCacheOptions::sink_tokens).
 ///
 /// It runs as generation does: the first `prefill` tokens (default T) as one step through a
 /// KVCache (a ring with a window), then the rest in steps of `chunk` tokens (default 1, token
@@ -83,6 +87,12 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   io_require<std::invalid_argument>(options.num_heads > 0, where, [&] {
     return "num_heads=" + std::to_string(options.num_heads) + " must be positive";
   });
+  io_require<std::invalid_argument>(
+      options.sink_tokens >= 0 && (options.sink_tokens == 0 || options.sliding_window > 0), where,
+      [&] {
+        return "--sink-tokens " + std::to_string(options.sink_tokens) +
+               " goes with a --sliding-window (got " + std::to_string(options.sliding_window) + ")";
+      });
   io_require<std::invalid_argument>(
       options.sliding_window >= 0 && options.prefill >= 0 && options.chunk > 0, where, [&] {
         return "--sliding-window " + std::to_string(options.sliding_window) +
@@ -130,7 +140,8 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
 
   // ---- the module: causal, RoPE tables for positions [0, T), the optional window ----
   config.causal = true;
-  config.sliding_window = options.sliding_window;
+  // With sinks the window is the cache's, not the module's.
+  config.sliding_window = options.sink_tokens > 0 ? 0 : options.sliding_window;
   const Index hd = config.head_dim > 0 ? config.head_dim : config.d_out / config.num_heads;
   config.rope = attn::RotaryOptions{
       hd, options.rotary_dim, options.rope_theta,
@@ -158,10 +169,13 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
 
   // ---- the steps: a prefill, then chunks, through one KV cache ----
   // A step never takes more than the T tokens there are, and a window no narrower than T
-  // never bites: the cache is then a plain one of T positions, else a ring of
-  // window + max_chunk - 1 < 2 T positions. Nothing is sized by a flag alone.
+  // (with sinks: S + W) never bites: the cache is then a plain one of T positions, else a
+  // ring of [S +] window + max_chunk - 1 < 2 T positions. Nothing is sized by a flag alone.
   const Index max_chunk = std::max(prefill, std::min(options.chunk, tokens));
-  const bool ring = options.sliding_window > 0 && options.sliding_window < tokens;
+  const Index sinks = options.sink_tokens;
+  const bool sink_ring = sinks > 0 && sinks < tokens && options.sliding_window < tokens - sinks;
+  const bool ring =
+      sink_ring || (sinks == 0 && options.sliding_window > 0 && options.sliding_window < tokens);
   attn::Workspace ws;
   const auto generate = [&](attn::KVElement element, Index paged_block) {
     attn::Tensor<Scalar, 3> y({batch, tokens, mha.d_out()});
@@ -188,6 +202,7 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
     c.capacity = ring ? 0 : tokens;
     c.window = ring ? options.sliding_window : 0;
     c.max_chunk = ring ? max_chunk : 1;
+    c.sink_tokens = sink_ring ? sinks : 0;
     c.element = element;
     attn::KVCache<Scalar> cache(c);
     steps([&](auto in, auto y_out) { mha.forward(in, y_out, ws, cache); });

@@ -3,7 +3,7 @@
 // built on one AttentionCore: new tokens through a KVCache, written once for all of them.
 // Glossary: B = batch, T = new tokens, H = heads, H_kv = key/value heads, hd = head dim,
 // hd_v = value head dim, A = H * hd_v, L_b = item b's cache length (the position of its next
-// token), W = window.
+// token), W = window, S = sink tokens.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "attn/error.hpp"
 #include "attn/kernels/gemm_args.hpp"
 #include "attn/nn/mask.hpp"
+#include "attn/parallel.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -42,6 +43,13 @@ struct KVCacheAccess {
   static void store_row(KVCache<Scalar>& cache, const Scalar* row, Index b, int part, Index h,
                         Index position) noexcept {
     cache.store_row(row, 1, b, part, h, position);
+  }
+  /// Item b's key (part 0) or value (part 1) row of head h at a stored `position`, as
+  /// Scalars (`wide`: a row of floats, the dequantising scratch).
+  template <class Scalar>
+  static void load_row(const KVCache<Scalar>& cache, Index b, int part, Index h, Index position,
+                       Scalar* to, float* wide) noexcept {
+    cache.load_row(b, part, h, position, to, wide);
   }
 };
 
@@ -135,6 +143,18 @@ void check_cache_use(const AttentionCore<Scalar>& core, const KVCache<Scalar>& c
                    ", value_head_dim=" + std::to_string(core.value_head_dim());
           });
   const Index window = core.sliding_window();
+  if (cache.sink_tokens() > 0) {
+    require_config(window == 0 && !packed, where, [&] {
+      return "the cache keeps sink_tokens=" + std::to_string(cache.sink_tokens()) +
+             " beside a window of " + std::to_string(cache.window()) +
+             " tokens, its own sliding window" +
+             (packed ? std::string(", and takes no packed batch: run the sequences as a padded "
+                                   "batch")
+                     : ", but the module has sliding_window=" + std::to_string(window) +
+                           ": build it without one");
+    });
+    return;
+  }
   require_config(cache.window() == 0 || (window > 0 && window <= cache.window()), where, [&] {
     return "the cache is a ring for a window of " + std::to_string(cache.window()) +
            " keys, but the module's sliding_window is " + std::to_string(window) +
@@ -143,7 +163,8 @@ void check_cache_use(const AttentionCore<Scalar>& core, const KVCache<Scalar>& c
 }
 
 /// Room in item b of `cache` for `tokens` more tokens of `core`: positions that do not
-/// overflow, within the capacity (without a ring), context_length and the rotary tables.
+/// overflow, within the capacity (without a ring), context_length and the rotary tables
+/// (with sinks: the cache positions, below S + W).
 /// @throws ConfigError naming the item and the values.
 template <class Scalar>
 void check_cache_room(const AttentionCore<Scalar>& core, const KVCache<Scalar>& cache, Index b,
@@ -160,6 +181,8 @@ void check_cache_room(const AttentionCore<Scalar>& core, const KVCache<Scalar>& 
            " cached tokens; " + std::to_string(tokens) +
            " more exceed the cache's capacity=" + std::to_string(cache.capacity());
   });
+  // The positions the module sees: the stream's, or with sinks those within the cache.
+  if (cache.sink_tokens() > 0) end = std::min(end, cache.sink_tokens() + cache.window());
   require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
     return "item " + std::to_string(b) + " would reach " + std::to_string(end) +
            " tokens, more than context_length=" + std::to_string(c.context_length);
@@ -220,6 +243,63 @@ void project_key_value(const QkvProjection<Scalar>& proj, const RowsRef<const Sc
   proj.project_rows(rows, P::kValue, 1, v, ws);
 }
 
+/// The attention of the t newest tokens of every item of a cache with sinks (3. of
+/// cached_step()), one token after another so that each sees its own keys (the result does
+/// not depend on the split into steps): the keys token i of item b sees, n_b =
+/// visible_keys(p) of them (p = L_b - t + i), rotated at their cache positions 0 .. n_b - 1,
+/// and their values, are read into the workspace, (B, H_kv, S + W, hd) and (B, H_kv, S + W,
+/// hd_v), and the kernel runs the token's query (rotated at n_b - 1 by the caller) over item
+/// b's first n_b rows. q: (B, H, t, hd) rows; ctx: (B, H, t, hd_v) with the given strides.
+template <class Scalar>
+void sink_attention(const AttentionCore<Scalar>& core, const Scalar* q, Index t, Scalar* ctx,
+                    const Shape<3>& ctx_strides, Workspace& ws, const KVCache<Scalar>& cache) {
+  const Index batch = cache.batch(), heads = core.num_heads(), kv_heads = cache.num_kv_heads();
+  const Index hd = core.head_dim(), hd_v = core.value_head_dim(), qa = heads * hd;
+  const Index rows = cache.sink_tokens() + cache.window(), block = batch * kv_heads * rows * hd;
+  const Index v_block = batch * kv_heads * rows * hd_v, widest = std::max(hd, hd_v);
+  // The reads run as B H_kv tasks, each writing its own rows (the same bits for any thread
+  // count). Scratch (bytes, each part 64-byte aligned): K (B, H_kv, S + W, hd) and V (B, H_kv,
+  // S + W, hd_v), the lengths n_b (B Index), a float row per thread for dequantising.
+  const Index tasks = batch * kv_heads;
+  const int threads = task_threads(tasks);
+  const auto aligned = [](Index bytes) { return (bytes + 63) / 64 * 64; };
+  const Index kv_bytes = aligned((block + v_block) * static_cast<Index>(sizeof(Scalar)));
+  const Index len_bytes = aligned(batch * static_cast<Index>(sizeof(Index)));
+  unsigned char* scratch = workspace_get<unsigned char>(
+      ws, WorkspaceSlot::kCacheRows, kv_bytes + len_bytes + threads * widest * Index(sizeof(float)));
+  Scalar* k = reinterpret_cast<Scalar*>(scratch);
+  Scalar* v = k + block;
+  Index* lengths = reinterpret_cast<Index*>(scratch + kv_bytes);
+  float* wide = reinterpret_cast<float*>(scratch + kv_bytes + len_bytes);
+  const Shape<4> k_shape{batch, kv_heads, rows, hd}, k_strides{kv_heads * rows * hd, rows * hd, hd, 1};
+  const Shape<4> v_shape{batch, kv_heads, rows, hd_v},
+      v_strides{kv_heads * rows * hd_v, rows * hd_v, hd_v, 1};
+  const AttentionOptions options = core.kernel_options({});
+  for (Index i = 0; i < t; ++i) {
+    for (Index b = 0; b < batch; ++b) lengths[b] = cache.visible_keys(cache.length(b) - t + i);
+    run_tasks(threads, tasks, [&](Index task, int thread) {
+      const Index b = task / kv_heads, h = task % kv_heads, p = cache.length(b) - t + i;
+      for (Index r = 0; r < lengths[b]; ++r) {
+        const Index position = cache.visible_position(p, r), row = task * rows + r;
+        KVCacheAccess::load_row(cache, b, 0, h, position, k + row * hd, wide + thread * widest);
+        KVCacheAccess::load_row(cache, b, 1, h, position, v + row * hd_v, wide + thread * widest);
+        if (core.has_rope()) core.rope().apply(k + row * hd, 1, hd, r);
+      }
+    });
+    run_attention(
+        make_call<Scalar>(
+            core.config().forward_name,
+            TensorView<const Scalar, 4>(q + i * hd, {batch, heads, 1, hd}, {t * qa, t * hd, hd, 1}),
+            TensorView<const Scalar, 4>(k, k_shape, k_strides),
+            TensorView<const Scalar, 4>(v, v_shape, v_strides),
+            TensorView<Scalar, 4>(ctx + i * ctx_strides[1], {batch, heads, 1, hd_v},
+                                  {ctx_strides[0], hd_v, ctx_strides[1], 1}),
+            {}, {}, {}, options, {true, CausalAlignment::kBottomRightPerItem, 0},
+            CacheKeys{TensorView<const Index, 1>(lengths, {batch}), nullptr, 0}),
+        ws);
+  }
+}
+
 /// One step of at most cache.max_chunk() tokens (see forward_cached()).
 template <class Scalar>
 void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
@@ -239,7 +319,10 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
                     GemmOutput<Scalar>::head_major(q, t, qa, hd), ws);
   const Index cap = cache.capacity();
-  const bool stored = cache.element() != KVElement::kScalar;
+  const bool sinks = cache.sink_tokens() > 0;
+  // Quantised rows, and a cache with sinks (whose rows keep un-rotated keys), are written
+  // from the workspace.
+  const bool stored = cache.element() != KVElement::kScalar || sinks;
   Scalar* kv = q + batch * t * qa;  // staged: see project_key_value()
   const auto k_at = [&](Index b, Index h) { return kv + b * item_kv + h * t * hd; };
   const auto v_at = [&](Index b, Index h) {
@@ -264,13 +347,21 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
       }
     }
   }
-  // 2. RoPE on Q and the new K rows at each item's positions L_b .. L_b + t - 1.
+  // 2. RoPE on Q and the new K rows at each item's positions L_b .. L_b + t - 1. With sinks:
+  // on Q alone, query i at its cache position visible_keys(L_b + i) - 1 (the keys are
+  // rotated when read, in sink_attention()).
   if (core.has_rope()) {
     const RotaryEmbedding<Scalar>& rope = core.rope();
     for (Index b = 0; b < batch; ++b) {
       const Index first = cache.length(b);
-      for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
-      for (Index h = 0; h < kv_heads; ++h) {
+      for (Index h = 0; h < heads; ++h) {
+        Scalar* q_rows = q + (b * heads + h) * t * hd;
+        if (!sinks) rope.apply(q_rows, t, hd, first);
+        for (Index i = 0; i < (sinks ? t : 0); ++i) {
+          rope.apply(q_rows + i * hd, 1, hd, cache.visible_keys(first + i) - 1);
+        }
+      }
+      for (Index h = 0; h < (sinks ? 0 : kv_heads); ++h) {
         for (Index i = 0; i < t; ++i) {
           Scalar* k_row = stored ? k_at(b, h) + i * hd : cache.k_slot(b, h, first + i);
           rope.apply(k_row, 1, hd, first + i);
@@ -278,7 +369,8 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
       }
     }
   }
-  // 2b. Quantised rows: the rotated keys and the values stored (quantised) at L_b + i.
+  // 2b. Staged rows (quantised, or with sinks): the keys (rotated without sinks) and the
+  // values stored at L_b + i.
   for (Index b = 0; b < (stored ? batch : 0); ++b) {
     for (Index part = 0; part < 2; ++part) {
       const Index width = part == 0 ? hd : hd_v;
@@ -294,19 +386,23 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   cache.advance(t);
   // 3. The kernel over the cache: query i of item b at position L_b - t + i sees the keys of
   // (L_b - t + i - W, L_b - t + i] (per-item bottom-right causal bound, the window), the
-  // keys of a ring read in place.
+  // keys of a ring read in place; with sinks, see sink_attention().
   const bool direct = !core.config().out_proj && out.stride(2) == 1;
   Scalar* ctx =
       direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
-  run_attention(
-      cache_call<Scalar>(
-          core.config().forward_name,
-          TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * qa, t * hd, hd, 1}), cache,
-          TensorView<Scalar, 4>(ctx, {batch, heads, t, hd_v},
-                                {ctx_strides[0], hd_v, ctx_strides[1], 1}),
-          core.kernel_options({}), core.sliding_window()),
-      ws);
+  if (sinks) {
+    sink_attention(core, q, t, ctx, ctx_strides, ws, cache);
+  } else {
+    run_attention(
+        cache_call<Scalar>(
+            core.config().forward_name,
+            TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * qa, t * hd, hd, 1}), cache,
+            TensorView<Scalar, 4>(ctx, {batch, heads, t, hd_v},
+                                  {ctx_strides[0], hd_v, ctx_strides[1], 1}),
+            core.kernel_options({}), core.sliding_window()),
+        ws);
+  }
   // 4. The output projection.
   if (direct) return;
   const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
@@ -319,13 +415,14 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 
 /// The incremental forward: x (B, T, d_in) holds each item's next T tokens; their keys and
 /// values are appended to `cache` and every token attends to its item's cached keys, causally
-/// (and within the module's window), with rotary embeddings at the cached positions: out
-/// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens, to float
-/// rounding, however the sequence is split (prefill, chunks, single tokens). T beyond
-/// cache.max_chunk() (a sliding-window ring) runs in chunks of it. Allocation-free with a
-/// warm workspace. `x` must not share memory with `out` or the cache (the module stages it
-/// if it does); `out` must not share memory with the cache (refused). The cache records the
-/// module as the owner of its keys (see KVCache).
+/// (and within the module's window, or the sinks and window of a cache with sink_tokens), with
+/// rotary embeddings at the cached positions (with sinks: positions within the cache): out
+/// (B, T, d_out) equals the rows of the whole-sequence forward for those tokens (with sinks:
+/// the attention KVCache defines), to float rounding, however the sequence is split (prefill,
+/// chunks, single tokens). T beyond cache.max_chunk() (a sliding-window ring) runs in chunks
+/// of it. Allocation-free with a warm workspace. `x` must not share memory with `out` or the
+/// cache (the module stages it if it does); `out` must not share memory with the cache
+/// (refused). The cache records the module as the owner of its keys (see KVCache).
 ///
 /// Contract: every token count, position and item index it computes from x and the cache is
 /// checked before anything is written (check_cached), so a call that throws leaves the cache
@@ -353,8 +450,8 @@ void forward_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 
 /// decompressed MLA heads; a custom model): append() its keys and values, then call this.
 /// Quantised rows are read as they are stored. Allocation-free with a warm workspace.
 /// @throws ShapeError on shapes that do not fit or an `out` sharing memory with q or the
-///         cache; ConfigError for T past an item's length, a window the ring cannot hold, or
-///         options scaled_dot_product_attention refuses.
+///         cache; ConfigError for T past an item's length, a window the ring cannot hold, a
+///         cache with sink_tokens, or options scaled_dot_product_attention refuses.
 /// (q's and out's types follow the cache's Scalar: mutable views of q convert.)
 template <class Scalar>
 void cached_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>> q,
@@ -362,6 +459,11 @@ void cached_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4
                       typename std::enable_if_t<true, TensorView<Scalar, 4>> out, Workspace& ws,
                       const AttentionOptions& options = {}, Index window = 0) {
   const char* where = "cached_attention";
+  detail::require_config(cache.sink_tokens() == 0, where, [&] {
+    return "the cache keeps sink_tokens=" + std::to_string(cache.sink_tokens()) +
+           " with un-rotated keys, which the modules' incremental forward rotates at their "
+           "cache positions; run the module's forward(x, out, ws, cache)";
+  });
   detail::require(q.extent(0) == cache.batch() && q.extent(3) == cache.head_dim(), where, [&] {
     return "q " + detail::to_string(q.shape()) +
            " against a cache of B=" + std::to_string(cache.batch()) +

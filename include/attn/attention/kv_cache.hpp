@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // attn/attention/kv_cache.hpp: KVCache, the keys and values of one attention layer kept
 // across generation steps: preallocated, ragged lengths, optionally a sliding-window ring,
-// optionally quantised (int8, int4, float8, bfloat16, float16 rows read by the kernel).
+// optionally keeping attention sinks, optionally quantised (int8, int4, float8, bfloat16,
+// float16 rows read by the kernel).
 // Glossary: B = batch, H_kv = key/value heads, hd = head dim, hd_v = value head dim,
-// W = window, C = largest chunk.
+// W = window, C = largest chunk, S = sink tokens.
 #pragma once
 
 #include <algorithm>
@@ -35,12 +36,17 @@ struct KVCacheOptions {
   Index num_kv_heads = 1;
   Index head_dim = 0;
   /// Positions stored per item. Without a window: the longest sequence. With one: 0 means
-  /// window + max_chunk - 1 (the least that works, see KVCache); a larger value is allowed.
+  /// sink_tokens + window + max_chunk - 1 (the least that works, see KVCache); a larger
+  /// value is allowed.
   Index capacity = 0;
   /// Sliding window W (0: none): the query at position p sees keys in (p - W, p].
   Index window = 0;
   /// With a window: the most tokens one append() takes (a chunk of a prefill, or 1 to decode).
   Index max_chunk = 1;
+  /// With a window: S, the first positions kept for good as attention sinks (StreamingLLM):
+  /// a query sees them and the W latest tokens, at positions within the cache (see KVCache,
+  /// "Attention sinks"). 0: none.
+  Index sink_tokens = 0;
   /// The value head dim hd_v (0: head_dim), e.g. 128 against keys of 192 (DeepSeek's MLA
   /// with its decompressed heads).
   Index value_head_dim = 0;
@@ -102,6 +108,22 @@ struct KVSegments {
 /// its own keys before the next chunk overwrites the oldest ones. first_position(b) is the
 /// first position still stored, segments(b) the (at most two) slot ranges in position order.
 ///
+/// Attention sinks. With sink_tokens S (and a window W) the query at position p sees the
+/// first S positions and the W positions (p - W, p], S + W keys once p >= S + W - 1, so
+/// generation runs indefinitely in bounded memory (StreamingLLM, Xiao et al. 2023; Hugging
+/// Face's SinkCache). Positions are those within the cache: the i-th key the query sees is at
+/// position i (visible_position() maps it back to the stream), the query at the last one,
+/// and the incremental forward applies the rotary embedding at those positions, so they stay
+/// below S + W however long the stream runs. The rows keep un-rotated keys: a key moves to
+/// a lower cache position with every new token, and rotating it when it is read is exact,
+/// where rewriting the stored row would round it (and requantise a quantised one) at every
+/// move. The ring (capacity - S rows, position p in row p % (capacity - S)) is followed by
+/// S rows that keep the sinks for good. A prefill splits into steps of max_chunk tokens as
+/// with a window, and the result does not depend on the split: every token attends as if
+/// decoded alone. Rows are written with append() (k_slot(), v_slot() and next_rows() are
+/// refused: they would miss the sink rows); k(b) and dequantize() show every row, the ring's
+/// in slot order, then the sinks'.
+///
 /// Indices and sizes. Every member that takes an item, a head, a position, a token count or
 /// an item range checks it (IndexError for an item, head or position outside the cache;
 /// ShapeError for an item range; ConfigError for a count the cache cannot take), before
@@ -127,10 +149,11 @@ class KVCache {
   KVCache() noexcept : o_{0, 0, 0, 0, 0, 0} {}
 
   /// @throws ConfigError naming the values if a size is not positive, capacity is below
-  ///         window + max_chunk - 1 with a window, or the storage does not fit memory sizes.
+  ///         sink_tokens + window + max_chunk - 1 with a window, sink_tokens is negative or
+  ///         set without a window, or the storage does not fit memory sizes.
   explicit KVCache(const KVCacheOptions& options) : o_(checked(options)) {
-    if (o_.window > 0 && o_.capacity == 0) {
-      detail::checked_sum(o_.capacity, o_.window, o_.max_chunk, Index(-1));  // checked()
+    if (o_.window > 0 && o_.capacity == 0) {  // checked(): no overflow
+      detail::checked_sum(o_.capacity, o_.sink_tokens, o_.window, o_.max_chunk, Index(-1));
     }
     if (o_.window == 0) o_.max_chunk = o_.capacity;
     if (o_.value_head_dim == 0) o_.value_head_dim = o_.head_dim;
@@ -180,6 +203,18 @@ class KVCache {
   Index capacity() const noexcept { return o_.capacity; }
   /// The sliding window (0: none).
   Index window() const noexcept { return o_.window; }
+  /// S, the attention sinks kept for good (0: none).
+  Index sink_tokens() const noexcept { return o_.sink_tokens; }
+  /// With sink_tokens: how many keys the query at position p sees (min(p + 1, S + W)); its
+  /// own cache position is one less.
+  Index visible_keys(Index p) const noexcept {
+    return std::min<Index>(p + 1, o_.sink_tokens + o_.window);
+  }
+  /// With sink_tokens: the stream position of the key at cache position i (< visible_keys(p))
+  /// for the query at position p: i for a sink, else i's place counted back from p.
+  Index visible_position(Index p, Index i) const noexcept {
+    return i < o_.sink_tokens ? i : p - visible_keys(p) + 1 + i;
+  }
   /// The most tokens one append() takes: max_chunk with a window, else capacity.
   Index max_chunk() const noexcept { return o_.max_chunk; }
   /// Scalars between consecutive key rows of the Scalar views (head_dim, or padded to 64
@@ -234,8 +269,8 @@ class KVCache {
     KVSegments s;
     s.first_position = first(b);
     const Index n = len(b) - first(b);
-    s.slot[0] = s.first_position % o_.capacity;
-    s.count[0] = std::min(n, o_.capacity - s.slot[0]);
+    s.slot[0] = s.first_position % ring();
+    s.count[0] = std::min(n, ring() - s.slot[0]);
     s.count[1] = n - s.count[0];
     return s;
   }
@@ -364,13 +399,16 @@ class KVCache {
   /// The row of absolute position `position` of item b, head h (slot position % capacity
   /// with a window): where a projection writes a new token before advance().
   /// @throws IndexError if b is not in [0, B), h not in [0, H_kv), or the position is
-  ///         negative or (without a window) not below capacity; ConfigError for quantised rows.
+  ///         negative or (without a window) not below capacity; ConfigError for quantised rows
+  ///         or a cache with sink_tokens.
   Scalar* k_slot(Index b, Index h, Index position) {
     require_scalar("KVCache::k_slot");
+    require_no_sinks("KVCache::k_slot");
     return slot(b, 0, checked_slot("KVCache::k_slot", b, h, position), position);
   }
   Scalar* v_slot(Index b, Index h, Index position) {
     require_scalar("KVCache::v_slot");
+    require_no_sinks("KVCache::v_slot");
     return slot(b, 1, checked_slot("KVCache::v_slot", b, h, position), position);
   }
 
@@ -378,11 +416,12 @@ class KVCache {
   /// to the last) will occupy, as (items, 2 H_kv, t_new, hd): heads 0 .. H_kv-1 are keys,
   /// H_kv .. 2 H_kv - 1 values, one stride between all of them (a head-major GEMM output).
   /// Write them, then advance(). Needs equal lengths over the items and no ring wrap inside,
-  /// Scalar rows and hd_v = hd.
+  /// Scalar rows, hd_v = hd and no sink_tokens.
   /// @throws ConfigError naming the values otherwise, or when the items would overflow.
   TensorView<Scalar, 4> next_rows(Index t_new, Index first_item = 0, Index items = -1) {
     const char* where = "KVCache::next_rows";
     require_scalar(where);
+    require_no_sinks(where);
     detail::require_config(o_.value_head_dim == o_.head_dim, where, [&] {
       return describe() +
              ": keys and values of different widths are not one strided block; "
@@ -416,7 +455,7 @@ class KVCache {
     for (Index b = first_item; b < first_item + items; ++b) {
       const auto i = static_cast<std::size_t>(b);
       end_[i] += t_new;  // check_room(): no overflow
-      first_[i] = std::max(first_[i], end_[i] - o_.capacity);
+      first_[i] = std::max(first_[i], end_[i] - ring());
     }
   }
 
@@ -469,13 +508,23 @@ class KVCache {
                                     "0 or positive), and with a window capacity (0: the "
                                     "least) must be at least window + max_chunk - 1";
                            });
+    detail::require_config(o.sink_tokens == 0 || (window && o.sink_tokens > 0), "KVCache", [&] {
+      return describe(o) +
+             ": sink_tokens must be 0 or positive, and goes with a window (the sinks are kept "
+             "beside a sliding window of the latest tokens)";
+    });
     if (!window) return o;
     Index least = 0;
-    detail::require_config(detail::checked_sum(least, o.window, o.max_chunk, Index(-1)), "KVCache",
-                           [&] { return describe(o) + ": window + max_chunk - 1 overflows"; });
+    const bool sinks = o.sink_tokens > 0;
+    detail::require_config(
+        detail::checked_sum(least, o.sink_tokens, o.window, o.max_chunk, Index(-1)), "KVCache",
+        [&] {
+          return describe(o) + (sinks ? ": sink_tokens + " : ": ") +
+                 "window + max_chunk - 1 overflows";
+        });
     detail::require_config(o.capacity == 0 || o.capacity >= least, "KVCache", [&] {
-      return describe(o) + ": with a window capacity (0: the least) must be at least window + " +
-             "max_chunk - 1 = " + std::to_string(least);
+      return describe(o) + ": with a window capacity (0: the least) must be at least " +
+             (sinks ? "sink_tokens + " : "") + "window + max_chunk - 1 = " + std::to_string(least);
     });
     return o;
   }
@@ -490,6 +539,7 @@ class KVCache {
     if (o.window != 0) {
       text += ", window=" + std::to_string(o.window) + ", max_chunk=" + std::to_string(o.max_chunk);
     }
+    if (o.sink_tokens != 0) text += ", sink_tokens=" + std::to_string(o.sink_tokens);
     return text;
   }
   std::string describe() const { return describe(o_); }
@@ -574,7 +624,12 @@ class KVCache {
 
   Index len(Index b) const noexcept { return end_[static_cast<std::size_t>(b)]; }
   Index first(Index b) const noexcept { return first_[static_cast<std::size_t>(b)]; }
-  Index used_slots(Index b) const noexcept { return std::min(len(b), o_.capacity); }
+  /// The ring's rows (capacity without sinks).
+  Index ring() const noexcept { return o_.capacity - o_.sink_tokens; }
+  /// Rows holding item b's tokens (with sinks: every row once one is written).
+  Index used_slots(Index b) const noexcept {
+    return o_.sink_tokens > 0 && len(b) > 0 ? o_.capacity : std::min(len(b), o_.capacity);
+  }
 
   // ---- layout (bytes; see the class comment) ----
 
@@ -647,7 +702,7 @@ class KVCache {
            (h * o_.capacity + slot_index) * n;
   }
   Scalar* slot(Index b, int part, Index h, Index position) noexcept {
-    return reinterpret_cast<Scalar*>(row_at(b, part, h, position % o_.capacity));
+    return reinterpret_cast<Scalar*>(row_at(b, part, h, position % ring()));
   }
   void require_scalar(const char* where) const {
     detail::require_config(o_.element == KVElement::kScalar, where, [&] {
@@ -655,6 +710,29 @@ class KVCache {
              ": the rows are quantised, with no Scalar view; write them with "
              "append() and read them with dequantize()";
     });
+  }
+  /// In-place writers (k_slot, v_slot, next_rows) write the ring alone: not with sinks.
+  void require_no_sinks(const char* where) const {
+    detail::require_config(o_.sink_tokens == 0, where, [&] {
+      return describe() +
+             ": a cache with sink_tokens keeps the sinks in rows of their own; write its "
+             "rows with append()";
+    });
+  }
+  /// Item b's row (part 0: key, 1: value) of head h at `position` as Scalars, a sink from
+  /// the sink rows (the caller checked that the cache still holds the position); `wide`:
+  /// room for a row of floats, for quantised rows (dequantised there, then converted).
+  void load_row(Index b, int part, Index h, Index position, Scalar* to,
+                float* wide) const noexcept {
+    const Index n = width(part);
+    const Index slot_index = position < o_.sink_tokens ? ring() + position : position % ring();
+    const unsigned char* from = row_at(b, part, h, slot_index);
+    if (o_.element == KVElement::kScalar) {
+      std::copy_n(reinterpret_cast<const Scalar*>(from), n, to);
+      return;
+    }
+    detail::dequantize_row(o_.element, from, scales_at(b, part, h, slot_index), group(n), n, wide);
+    for (Index e = 0; e < n; ++e) to[e] = static_cast<Scalar>(wide[e]);
   }
 
   TensorView<Scalar, 4> storage_view(const char* where, int part, Index rows) {
@@ -689,18 +767,22 @@ class KVCache {
   }
 
   /// Writes one row of `width(part)` elements (stride `stride`) at item b's `position`,
-  /// quantised to the cache's element type.
+  /// quantised to the cache's element type (a sink also into its own row).
   void store_row(const Scalar* from, Index stride, Index b, int part, Index h,
                  Index position) noexcept {
-    const Index slot_index = position % o_.capacity, n = width(part);
-    unsigned char* to = row_at(b, part, h, slot_index);
-    if (o_.element == KVElement::kScalar) {
-      Scalar* x = reinterpret_cast<Scalar*>(to);
-      for (Index e = 0; e < n; ++e) x[e] = from[e * stride];
-      return;
-    }
-    detail::quantize_row(o_.element, from, stride, n, group(n), to,
-                         scales_at(b, part, h, slot_index));
+    const Index n = width(part);
+    const auto write = [&](Index slot_index) {
+      unsigned char* to = row_at(b, part, h, slot_index);
+      if (o_.element == KVElement::kScalar) {
+        Scalar* x = reinterpret_cast<Scalar*>(to);
+        for (Index e = 0; e < n; ++e) x[e] = from[e * stride];
+        return;
+      }
+      detail::quantize_row(o_.element, from, stride, n, group(n), to,
+                           scales_at(b, part, h, slot_index));
+    };
+    write(position % ring());
+    if (position < o_.sink_tokens) write(ring() + position);
   }
   // Item `to` becomes item `from` (its used rows and their scales), or the two are swapped.
   template <class F>

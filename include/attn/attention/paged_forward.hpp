@@ -3,13 +3,15 @@
 // through their block tables (no copy of the cache), and the incremental forward of a module
 // on a batch of its sequences (ragged lengths: each sequence at its own position).
 // Glossary: B = sequences of the call, T = new tokens per sequence, H = heads, H_kv =
-// key/value heads, hd = head dim, A = H * hd, L_b = sequence b's length, W = window.
+// key/value heads, hd = head dim, hd_v = value head dim, A = H * hd_v, L_b = sequence b's
+// length, W = window.
 #pragma once
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "attn/attention/cached_forward.hpp"
 #include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/module_core.hpp"
@@ -75,7 +77,8 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
         "== d_in");
   });
   require(batch == static_cast<Index>(seqs.size()) && cache.num_kv_heads() == core.num_kv_heads() &&
-              cache.head_dim() == core.head_dim() && cache.value_head_dim() == core.head_dim(),
+              cache.head_dim() == core.head_dim() &&
+              cache.value_head_dim() == core.value_head_dim(),
           where, [&] {
             return "x of B=" + std::to_string(batch) + " for " + std::to_string(seqs.size()) +
                    " sequences of a paged cache of H_kv=" + std::to_string(cache.num_kv_heads()) +
@@ -83,7 +86,8 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
                    ", value_head_dim=" + std::to_string(cache.value_head_dim()) +
                    "; the module needs one sequence per item and H_kv=" +
                    std::to_string(core.num_kv_heads()) +
-                   ", head_dim=value_head_dim=" + std::to_string(core.head_dim());
+                   ", head_dim=" + std::to_string(core.head_dim()) +
+                   ", value_head_dim=" + std::to_string(core.value_head_dim());
           });
   check_output(where, out, {batch, tokens, core.d_out()});
   const Index need = cache.needed(where, seqs.data(), batch, tokens);  // ids, repeats
@@ -122,19 +126,23 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   check_paged(core, x, out, cache, seqs);
   const QkvProjection<Scalar>& proj = core.projection();
   const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
-  const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), a = heads * hd;
-  const auto head_major = [&](Scalar* data, Index width) {  // (B, width / hd, t, hd)
-    return GemmOutput<Scalar>::head_major(data, t, width, hd);
-  };
+  const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), hd_v = core.value_head_dim();
+  const Index qa = heads * hd, a = core.attention_width();  // A = H hd_v
   // 1. Blocks for the new tokens (copies of shared last blocks first); strong guarantee.
   cache.prepare(core.config().forward_name, seqs.data(), batch, t);
-  // 2. Projections into the workspace: Q (B, H, t, hd), K and V (B, 2 H_kv, t, hd).
+  // 2. Projections into the workspace: Q (B, H, t, hd), then per item its K (H_kv, t, hd) and
+  // V (H_kv, t, hd_v) (see project_key_value()).
   const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
-  Scalar* q =
-      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * t * (a + 2 * kv_heads * hd));
-  Scalar* kv = q + batch * t * a;
-  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1, head_major(q, a), ws);
-  proj.project_rows(rows, QkvProjection<Scalar>::kKey, 2, head_major(kv, 2 * kv_heads * hd), ws);
+  const Index item_kv = t * kv_heads * (hd + hd_v);
+  Scalar* q = workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, batch * (t * qa + item_kv));
+  Scalar* kv = q + batch * t * qa;
+  const auto k_at = [&](Index b, Index h) { return kv + b * item_kv + h * t * hd; };
+  const auto v_at = [&](Index b, Index h) {
+    return kv + b * item_kv + kv_heads * t * hd + h * t * hd_v;
+  };
+  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
+                    GemmOutput<Scalar>::head_major(q, t, qa, hd), ws);
+  project_key_value(proj, rows, t, kv, ws);
   // 3. RoPE on Q and the new K rows at each sequence's positions L_b .. L_b + t - 1; the
   // rotated keys and the values stored (quantised) there.
   for (Index b = 0; b < batch; ++b) {
@@ -142,14 +150,14 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     if (core.has_rope()) {
       const RotaryEmbedding<Scalar>& rope = core.rope();
       for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
-      for (Index h = 0; h < kv_heads; ++h)
-        rope.apply(kv + (b * 2 * kv_heads + h) * t * hd, t, hd, first);
+      for (Index h = 0; h < kv_heads; ++h) rope.apply(k_at(b, h), t, hd, first);
     }
     for (Index part = 0; part < 2; ++part) {
+      const Index width = part == 0 ? hd : hd_v;
       for (Index h = 0; h < kv_heads; ++h) {
-        const Scalar* from = kv + (b * 2 * kv_heads + part * kv_heads + h) * t * hd;
+        const Scalar* from = part == 0 ? k_at(b, h) : v_at(b, h);
         for (Index i = 0; i < t; ++i) {
-          cache.store_row(from + i * hd, 1, s, static_cast<int>(part), h, first + i);
+          cache.store_row(from + i * width, 1, s, static_cast<int>(part), h, first + i);
         }
       }
     }
@@ -162,10 +170,10 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
   run_attention(paged_call<Scalar>(
                     core.config().forward_name,
-                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * a, t * hd, hd, 1}),
+                    TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * qa, t * hd, hd, 1}),
                     cache, seqs.data(),
-                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd},
-                                          {ctx_strides[0], hd, ctx_strides[1], 1}),
+                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd_v},
+                                          {ctx_strides[0], hd_v, ctx_strides[1], 1}),
                     core.kernel_options({}), core.sliding_window()),
                 ws);
   // 5. The output projection.
