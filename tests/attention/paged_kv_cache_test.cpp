@@ -355,5 +355,40 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
   EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);
 }
 
+TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {
+  // value_head_dim 8 against keys of 16 (GQA, RoPE): a prefill of 21 tokens, then two decode
+  // steps, through a paged cache of blocks of 8 and a KVCache of the same sizes: the same bits.
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 32, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.value_head_dim = 8;
+  o.causal = true;
+  o.rope = attn::RotaryOptions{16, 16, 10000.0, attn::RopeStyle::kHalfSplit, 64};
+  attn::TorchGenerator gen(9);
+  attn::MultiHeadAttention<float> m(o, gen);
+  m.eval();
+  PagedKVCacheOptions po = paged_options(kKinds[0], 8, 8, 2, 16);
+  po.value_head_dim = 8;
+  PagedKVCache<float> paged(po);
+  KVCacheOptions fo{1, 2, 16, 32};
+  fo.value_head_dim = 8;
+  KVCache<float> flat(fo);
+  attn::Workspace ws;
+  const Index s = paged.add_sequence();
+  for (const Index t : {Index{21}, Index{1}, Index{1}}) {
+    const auto x = attn::test::random_tensor<float, 3>({1, t, 32}, 70 + t);
+    Tensor<float, 3> got({1, t, 32}), want({1, t, 32});
+    m.forward(x.view(), got.view(), ws, paged, {s});
+    m.forward(x.view(), want.view(), ws, flat);
+    EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << t << " tokens";
+  }
+  // A cache whose value rows are the key size is refused, naming both.
+  PagedKVCache<float> wrong(paged_options(kKinds[0], 8, 8, 2, 16));
+  const Index w = wrong.add_sequence();
+  const auto x = attn::test::random_tensor<float, 3>({1, 2, 32}, 1);
+  Tensor<float, 3> y({1, 2, 32});
+  EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, wrong, {w}); },
+              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("value_head_dim=16"),
+                                                    HasSubstr("value_head_dim=8"))));
+}
+
 }  // namespace
 }  // namespace paged_kv_cache_test
