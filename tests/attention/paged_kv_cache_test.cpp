@@ -386,8 +386,8 @@ TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {
   const auto x = attn::test::random_tensor<float, 3>({1, 2, 32}, 1);
   Tensor<float, 3> y({1, 2, 32});
   EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, wrong, {w}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("value_head_dim=16"),
-                                                    HasSubstr("value_head_dim=8"))));
+              ThrowsMessage<attn::ShapeError>(
+                  AllOf(HasSubstr("value_head_dim=16"), HasSubstr("value_head_dim=8"))));
 }
 
 }  // namespace

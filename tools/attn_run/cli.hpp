@@ -209,8 +209,8 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
         flag == "--sliding-window" || flag == "--sink-tokens" || flag == "--prefill" ||
         flag == "--chunk" || flag == "--q-num-heads" || flag == "--kv-num-heads" ||
         flag == "--is-causal" || flag == "--scale" || flag == "--softcap" ||
-        flag == "--qk-matmul-output-mode" || flag == "--softmax-precision" || flag == "--kv-dtype" ||
-        flag == "--dtype" || flag == "--output-dtype" || flag == "--paged";
+        flag == "--qk-matmul-output-mode" || flag == "--softmax-precision" ||
+        flag == "--kv-dtype" || flag == "--dtype" || flag == "--output-dtype" || flag == "--paged";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
     if (flag == "--q-num-heads" || flag == "--kv-num-heads") {

@@ -265,13 +265,15 @@ void sink_attention(const AttentionCore<Scalar>& core, const Scalar* q, Index t,
   const auto aligned = [](Index bytes) { return (bytes + 63) / 64 * 64; };
   const Index kv_bytes = aligned((block + v_block) * static_cast<Index>(sizeof(Scalar)));
   const Index len_bytes = aligned(batch * static_cast<Index>(sizeof(Index)));
-  unsigned char* scratch = workspace_get<unsigned char>(
-      ws, WorkspaceSlot::kCacheRows, kv_bytes + len_bytes + threads * widest * Index(sizeof(float)));
+  unsigned char* scratch =
+      workspace_get<unsigned char>(ws, WorkspaceSlot::kCacheRows,
+                                   kv_bytes + len_bytes + threads * widest * Index(sizeof(float)));
   Scalar* k = reinterpret_cast<Scalar*>(scratch);
   Scalar* v = k + block;
   Index* lengths = reinterpret_cast<Index*>(scratch + kv_bytes);
   float* wide = reinterpret_cast<float*>(scratch + kv_bytes + len_bytes);
-  const Shape<4> k_shape{batch, kv_heads, rows, hd}, k_strides{kv_heads * rows * hd, rows * hd, hd, 1};
+  const Shape<4> k_shape{batch, kv_heads, rows, hd},
+      k_strides{kv_heads * rows * hd, rows * hd, hd, 1};
   const Shape<4> v_shape{batch, kv_heads, rows, hd_v},
       v_strides{kv_heads * rows * hd_v, rows * hd_v, hd_v, 1};
   const AttentionOptions options = core.kernel_options({});
