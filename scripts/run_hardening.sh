@@ -113,13 +113,21 @@ run_valgrind() {
                   --errors-for-leak-kinds=definite -q)
   local fixtures="$ATTN_ROOT/tests/fixtures/io" out="$ATTN_ROOT/build/valgrind-out"
   mkdir -p "$out"
-  log "[valgrind] attn_run on tests/fixtures/io/case045 (cross, bool mask, weights), $build"
+  # attn_run and ATTN_JOBS shards of catalogue_tests, side by side (each is one thread).
+  log "[valgrind] attn_run on tests/fixtures/io/case045 (cross, bool mask, weights) and" \
+    "tests/catalogue_tests (every notebook class, $ATTN_JOBS shards), $build"
+  local pids=() failed=0 shard
   "${memcheck[@]}" "$build/tools/attn_run" --weights "$fixtures/case045.weights.safetensors" \
     --input "$fixtures/case045.input.safetensors" --output "$out/case045.output.safetensors" \
-    --num-heads 4 --need-weights
-  # Every notebook class on the notebooks' own values (what the examples run).
-  log "[valgrind] tests/catalogue_tests"
-  "${memcheck[@]}" "$build/tests/catalogue_tests" --gtest_brief=1 >/dev/null
+    --num-heads 4 --need-weights &
+  pids+=($!)
+  for ((shard = 0; shard < ATTN_JOBS; ++shard)); do
+    GTEST_TOTAL_SHARDS="$ATTN_JOBS" GTEST_SHARD_INDEX="$shard" \
+      "${memcheck[@]}" "$build/tests/catalogue_tests" --gtest_brief=1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  return "$failed"
 }
 
 steps=("$@")

@@ -285,9 +285,10 @@ void check_nn_against_loop() {
           }
           if (j % 5 != 0 && j % 16 > 1 && j % 16 < 15 && j < c.n - 2) continue;
           long double ref = accumulate ? static_cast<long double>(initial[o]) : 0.0L;
+          const Scalar* b_col = b.data() + j;  // B (k, n) row-major: B(p, j) = b_col[p n]
           for (Index p = 0; p < c.k; ++p) {
             const Scalar av = c.transposed ? a.at(p, i) : a.at(i, p);
-            ref += static_cast<long double>(av) * static_cast<long double>(b(p, j));
+            ref += static_cast<long double>(av) * static_cast<long double>(b_col[p * c.n]);
           }
           expected.emplace_back(o, static_cast<double>(ref));
         }
