@@ -302,6 +302,39 @@ void sink_attention(const AttentionCore<Scalar>& core, const Scalar* q, Index t,
   }
 }
 
+/// Where the attention of an incremental step writes its context rows (B, T, A): straight
+/// into out when the module has no output projection and out's rows are dense (`direct`),
+/// else into the workspace, for finish_step().
+template <class Scalar>
+struct StepContext {
+  bool direct = false;
+  Scalar* data = nullptr;
+  Shape<3> strides{};  ///< of the (B, T, A) rows
+};
+
+template <class Scalar>
+StepContext<Scalar> step_context(const AttentionCore<Scalar>& core, TensorView<Scalar, 3> out,
+                                 Index batch, Index t, Workspace& ws) {
+  const Index a = core.attention_width();
+  if (!core.config().out_proj && out.stride(2) == 1) return {true, out.data(), out.strides()};
+  return {false, workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a),
+          Shape<3>{t * a, a, 1}};
+}
+
+/// The last pass of an incremental step: the context rows through the output projection (or
+/// copied) into out, unless the attention wrote them there.
+template <class Scalar>
+void finish_step(const AttentionCore<Scalar>& core, const StepContext<Scalar>& ctx, Index batch,
+                 Index t, TensorView<Scalar, 3> out, Workspace& ws) {
+  if (ctx.direct) return;
+  const TensorView<const Scalar, 3> context(ctx.data, {batch, t, core.attention_width()});
+  if (core.config().out_proj) {
+    core.out_proj().forward(context, out, ws);
+  } else {
+    copy(context, out);
+  }
+}
+
 /// One step of at most cache.max_chunk() tokens (see forward_cached()).
 template <class Scalar>
 void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
@@ -309,7 +342,7 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   const QkvProjection<Scalar>& proj = core.projection();
   const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
   const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), hd_v = core.value_head_dim();
-  const Index qa = heads * hd, a = core.attention_width();
+  const Index qa = heads * hd;
   // 1. Projections: Q into the workspace; K and V straight into the cache's next rows when
   // they are one strided block (equal lengths, no ring wrap, Scalar rows, hd_v = hd), else
   // through the workspace (quantised rows: rotated there, then stored).
@@ -389,30 +422,21 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   // 3. The kernel over the cache: query i of item b at position L_b - t + i sees the keys of
   // (L_b - t + i - W, L_b - t + i] (per-item bottom-right causal bound, the window), the
   // keys of a ring read in place; with sinks, see sink_attention().
-  const bool direct = !core.config().out_proj && out.stride(2) == 1;
-  Scalar* ctx =
-      direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
-  const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
+  const StepContext<Scalar> ctx = step_context(core, out, batch, t, ws);
   if (sinks) {
-    sink_attention(core, q, t, ctx, ctx_strides, ws, cache);
+    sink_attention(core, q, t, ctx.data, ctx.strides, ws, cache);
   } else {
     run_attention(
         cache_call<Scalar>(
             core.config().forward_name,
             TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * qa, t * hd, hd, 1}), cache,
-            TensorView<Scalar, 4>(ctx, {batch, heads, t, hd_v},
-                                  {ctx_strides[0], hd_v, ctx_strides[1], 1}),
+            TensorView<Scalar, 4>(ctx.data, {batch, heads, t, hd_v},
+                                  {ctx.strides[0], hd_v, ctx.strides[1], 1}),
             core.kernel_options({}), core.sliding_window()),
         ws);
   }
   // 4. The output projection.
-  if (direct) return;
-  const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
-  if (core.config().out_proj) {
-    core.out_proj().forward(context, out, ws);
-  } else {
-    copy(context, out);
-  }
+  finish_step(core, ctx, batch, t, out, ws);
 }
 
 /// The incremental forward: x (B, T, d_in) holds each item's next T tokens; their keys and

@@ -127,7 +127,7 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const QkvProjection<Scalar>& proj = core.projection();
   const Index batch = x.extent(0), t = x.extent(1), heads = core.num_heads();
   const Index kv_heads = core.num_kv_heads(), hd = core.head_dim(), hd_v = core.value_head_dim();
-  const Index qa = heads * hd, a = core.attention_width();  // A = H hd_v
+  const Index qa = heads * hd;
   // 1. Blocks for the new tokens (copies of shared last blocks first); strong guarantee.
   cache.prepare(core.config().forward_name, seqs.data(), batch, t);
   // 2. Projections into the workspace: Q (B, H, t, hd), then per item its K (H_kv, t, hd) and
@@ -164,26 +164,17 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   }
   for (const Index s : seqs) cache.advance(s, t);
   // 4. The kernel over the cache through the block tables.
-  const bool direct = !core.config().out_proj && out.stride(2) == 1;
-  Scalar* ctx =
-      direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, batch * t * a);
-  const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{t * a, a, 1};
+  const StepContext<Scalar> ctx = step_context(core, out, batch, t, ws);
   run_attention(paged_call<Scalar>(
                     core.config().forward_name,
                     TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * qa, t * hd, hd, 1}),
                     cache, seqs.data(),
-                    TensorView<Scalar, 4>(ctx, {batch, heads, t, hd_v},
-                                          {ctx_strides[0], hd_v, ctx_strides[1], 1}),
+                    TensorView<Scalar, 4>(ctx.data, {batch, heads, t, hd_v},
+                                          {ctx.strides[0], hd_v, ctx.strides[1], 1}),
                     core.kernel_options({}), core.sliding_window()),
                 ws);
   // 5. The output projection.
-  if (direct) return;
-  const TensorView<const Scalar, 3> context(ctx, {batch, t, a});
-  if (core.config().out_proj) {
-    core.out_proj().forward(context, out, ws);
-  } else {
-    copy(context, out);
-  }
+  finish_step(core, ctx, batch, t, out, ws);
 }
 
 }  // namespace detail
