@@ -329,21 +329,17 @@ class KVCache {
              detail::to_string(v_out.shape()) + ": expected " + detail::to_string(k_shape) +
              " and " + detail::to_string(v_shape);
     });
-    std::vector<float> row(static_cast<std::size_t>(std::max(o_.head_dim, o_.value_head_dim)));
+    const Index widest = std::max(o_.head_dim, o_.value_head_dim);
+    std::vector<float> wide(static_cast<std::size_t>(widest));
+    std::vector<Scalar> row(static_cast<std::size_t>(widest));
     for (int part = 0; part < 2; ++part) {
       const TensorView<Scalar, 3>& to = part == 0 ? k_out : v_out;
       const Index width = part == 0 ? o_.head_dim : o_.value_head_dim;
       for (Index h = 0; h < o_.num_kv_heads; ++h) {
         for (Index j = 0; j < n; ++j) {
-          const unsigned char* from = row_at(b, part, h, j);
-          if (o_.element == KVElement::kScalar) {
-            const auto* x = reinterpret_cast<const Scalar*>(from);
-            for (Index e = 0; e < width; ++e) to(h, j, e) = x[e];
-            continue;
-          }
-          detail::dequantize_row(o_.element, from, scales_at(b, part, h, j), group(width), width,
-                                 row.data());
-          for (Index e = 0; e < width; ++e) to(h, j, e) = static_cast<Scalar>(row[e]);
+          detail::stored_row_to(o_.element, row_at(b, part, h, j), scales_at(b, part, h, j),
+                                group(width), width, row.data(), wide.data());
+          for (Index e = 0; e < width; ++e) to(h, j, e) = row[static_cast<std::size_t>(e)];
         }
       }
     }
@@ -726,13 +722,8 @@ class KVCache {
                 float* wide) const noexcept {
     const Index n = width(part);
     const Index slot_index = position < o_.sink_tokens ? ring() + position : position % ring();
-    const unsigned char* from = row_at(b, part, h, slot_index);
-    if (o_.element == KVElement::kScalar) {
-      std::copy_n(reinterpret_cast<const Scalar*>(from), n, to);
-      return;
-    }
-    detail::dequantize_row(o_.element, from, scales_at(b, part, h, slot_index), group(n), n, wide);
-    for (Index e = 0; e < n; ++e) to[e] = static_cast<Scalar>(wide[e]);
+    detail::stored_row_to(o_.element, row_at(b, part, h, slot_index),
+                          scales_at(b, part, h, slot_index), group(n), n, to, wide);
   }
 
   TensorView<Scalar, 4> storage_view(const char* where, int part, Index rows) {

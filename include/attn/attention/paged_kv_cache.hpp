@@ -274,7 +274,9 @@ class PagedKVCache {
              detail::to_string(v_out.shape()) + ": expected " + detail::to_string(k_shape) +
              " and " + detail::to_string(v_shape);
     });
-    std::vector<float> row(static_cast<std::size_t>(std::max(o_.head_dim, o_.value_head_dim)));
+    const Index widest = std::max(o_.head_dim, o_.value_head_dim);
+    std::vector<float> wide(static_cast<std::size_t>(widest));
+    std::vector<Scalar> row(static_cast<std::size_t>(widest));
     for (int part = 0; part < 2; ++part) {
       const TensorView<Scalar, 3>& to = part == 0 ? k_out : v_out;
       const Index width = part == 0 ? o_.head_dim : o_.value_head_dim;
@@ -282,15 +284,9 @@ class PagedKVCache {
         for (Index p = 0; p < n; ++p) {
           const Index block = seq(s).blocks[static_cast<std::size_t>(p / o_.block_size)];
           const Index r = p % o_.block_size;
-          const unsigned char* from = row_at(block, part, h, r);
-          if (o_.element == KVElement::kScalar) {
-            const auto* x = reinterpret_cast<const Scalar*>(from);
-            for (Index e = 0; e < width; ++e) to(h, p, e) = x[e];
-            continue;
-          }
-          detail::dequantize_row(o_.element, from, scales_at(block, part, h, r), group(width),
-                                 width, row.data());
-          for (Index e = 0; e < width; ++e) to(h, p, e) = static_cast<Scalar>(row[e]);
+          detail::stored_row_to(o_.element, row_at(block, part, h, r), scales_at(block, part, h, r),
+                                group(width), width, row.data(), wide.data());
+          for (Index e = 0; e < width; ++e) to(h, p, e) = row[static_cast<std::size_t>(e)];
         }
       }
     }

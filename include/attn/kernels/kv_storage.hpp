@@ -277,5 +277,18 @@ inline void dequantize_row(KVElement e, const unsigned char* row, const float* s
   }
 }
 
+/// A stored row of `width` elements as Scalars at `to`: copied when the rows are Scalars
+/// (KVElement::kScalar), else dequantised through `wide` (room for `width` floats).
+template <class Scalar>
+void stored_row_to(KVElement e, const unsigned char* row, const float* scales, Index group,
+                   Index width, Scalar* to, float* wide) noexcept {
+  if (e == KVElement::kScalar) {
+    std::copy_n(reinterpret_cast<const Scalar*>(row), width, to);
+    return;
+  }
+  dequantize_row(e, row, scales, group, width, wide);
+  for (Index i = 0; i < width; ++i) to[i] = static_cast<Scalar>(wide[i]);
+}
+
 }  // namespace detail
 ATTN_NAMESPACE_END
