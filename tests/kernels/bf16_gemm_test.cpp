@@ -5,7 +5,8 @@
 // same bfloat16 inputs, bit for bit against a scalar model of each path's rounding, on shapes
 // that are not multiples of the tiles (k odd, k = 1, head-split outputs), with B packed once
 // or per call, for any thread count, and with NaN and infinity propagated as the float GEMM
-// does.
+// does. The same GEMM on float16 operands: the float GEMM on the widened values, bit for bit,
+// on every set.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,6 +27,7 @@ namespace {
 
 using attn::Bf16Path;
 using attn::bfloat16;
+using attn::float16;
 using attn::Index;
 using attn::Isa;
 
@@ -48,32 +50,39 @@ const GemmCase kCases[] = {
     {2 * 20, 25 * 40, 50, 20, 40},  // 512-column tiles cut a 40-wide segment
 };
 
-struct Operands {
-  std::vector<bfloat16> a, b;  // (m, lda) and (n, ldb), the columns past k poisoned
+template <class Element>
+struct OperandsOf {
+  std::vector<Element> a, b;  // (m, lda) and (n, ldb), the columns past k poisoned
   std::vector<float> bias;
   Index lda, ldb;
-  explicit Operands(const GemmCase& c)
+  // The same values in another type (widened exactly to float).
+  template <class Other>
+  explicit OperandsOf(const OperandsOf<Other>& o)
+      : a(o.a.begin(), o.a.end()), b(o.b.begin(), o.b.end()), bias(o.bias), lda(o.lda), ldb(o.ldb) {}
+  explicit OperandsOf(const GemmCase& c)
       : lda(c.k + 3), ldb(c.k + 1) {  // odd and even leading dimensions
     const auto fa = attn::test::random_tensor<float, 1>({c.m * lda}, 11 + c.m);
     const auto fb = attn::test::random_tensor<float, 1>({c.n * ldb}, 23 + c.n);
     const auto fbias = attn::test::random_tensor<float, 1>({c.n}, 37 + c.k);
     for (Index i = 0; i < fa.size(); ++i) {
-      a.push_back(i % lda < c.k ? bfloat16(fa.data()[i])
-                                : bfloat16(std::numeric_limits<float>::quiet_NaN()));
+      a.push_back(i % lda < c.k ? Element(fa.data()[i])
+                                : Element(std::numeric_limits<float>::quiet_NaN()));
     }
     for (Index i = 0; i < fb.size(); ++i) {
-      b.push_back(i % ldb < c.k ? bfloat16(fb.data()[i])
-                                : bfloat16(std::numeric_limits<float>::infinity()));
+      b.push_back(i % ldb < c.k ? Element(fb.data()[i])
+                                : Element(std::numeric_limits<float>::infinity()));
     }
     bias.assign(fbias.data(), fbias.data() + fbias.size());
   }
   float at_a(Index i, Index p) const { return a[static_cast<std::size_t>(i * lda + p)]; }
   float at_b(Index j, Index p) const { return b[static_cast<std::size_t>(j * ldb + p)]; }
 };
+using Operands = OperandsOf<bfloat16>;
 
 // Runs gemm_nt into a buffer laid out as the case says; returns C as (m, n) row-major.
-std::vector<float> run(const GemmCase& c, const Operands& ops, bool with_bias,
-                       attn::detail::PackedB<bfloat16> prepacked = {}) {
+template <class Element>
+std::vector<float> run(const GemmCase& c, const OperandsOf<Element>& ops, bool with_bias,
+                       attn::detail::PackedB<Element> prepacked = {}) {
   attn::detail::GemmOutput<float> out;
   std::vector<float> buffer(static_cast<std::size_t>(c.m * c.n),
                             std::numeric_limits<float>::quiet_NaN());
@@ -426,6 +435,68 @@ TEST_F(Bf16Gemm, PropagatesNanAndInfinityAsTheFloatGemm) {
     EXPECT_GE(nan, c.n + 3);  // row 1, (2, 4), (2, 6), (7, 8)
     EXPECT_GE(infinite, c.n + c.m - 6);
   });
+}
+
+// ---- float16 operands ----
+
+// float16 operands are widened to float on every set (vcvtph2ps on the avx2 and avx512 sets,
+// integer steps on SSE2, the scalar rule on the scalar set) into the float GEMM's blocking and
+// micro-kernel. A product of two float16 values has at most 22 significant bits and lies in
+// [2^-48, 2^32], so it is exact in float: the sets with FMA and without give the same sums,
+// and C is the float GEMM's on the widened values bit for bit, on every set, with B packed
+// per call or once, for 1 or 2 threads, with the head-split layout, subnormal float16 inputs
+// (their products stay normal floats) and a NaN (quiet, payload kept) and infinities past k
+// that must not be read.
+TEST_F(Bf16Gemm, Float16IsTheFloatGemmOnTheWidenedValues) {
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    SCOPED_TRACE(attn::isa_name(isa));
+    for (const GemmCase& c : kCases) {
+      OperandsOf<float16> ops(c);
+      if (c.k > 2) ops.a[2] = float16::from_bits(0x0003);  // subnormals
+      if (c.n > 1) ops.b[static_cast<std::size_t>(ops.ldb)] = float16::from_bits(0x83FF);
+      const OperandsOf<float> wide(ops);
+      const Index segment = c.segment > 0 ? c.segment : c.n;
+      const auto pack =
+          attn::detail::pack_gemm_b(c.n, c.k, ops.b.data(), ops.ldb, c.segment > 0 ? segment : 0);
+      EXPECT_EQ(pack.path(), Bf16Path::kWiden);
+      for (const bool with_bias : {true, false}) {
+        attn::set_num_threads(1);
+        const auto want = run(c, wide, with_bias);
+        EXPECT_EQ(run(c, ops, with_bias), want) << describe(c) << " bias=" << with_bias;
+        attn::set_num_threads(2);
+        EXPECT_EQ(run(c, ops, with_bias, {&pack, 0}), want)
+            << describe(c) << " packed, 2 threads, bias=" << with_bias;
+      }
+    }
+  }
+}
+
+// The rounded form the float16 modules project with: C = round(A B^T + bias) to float16,
+// each float result rounded once, to nearest even (the float GEMM's result rounded by the
+// scalar rule), in any layout the GemmOutput gives.
+TEST_F(Bf16Gemm, Float16RoundedProductRoundsTheFloatResultOnce) {
+  const GemmCase c{37, 70, 45, 0, 0};
+  const OperandsOf<float16> ops(c);
+  const OperandsOf<float> wide(ops);
+  std::vector<float16> bias16(ops.bias.begin(), ops.bias.end());
+  for (float16& x : bias16) x = float16(static_cast<float>(x));
+  std::vector<float> bias_wide(bias16.begin(), bias16.end());
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    std::vector<float> want(static_cast<std::size_t>(c.m * c.n));
+    attn::detail::gemm_nt(c.m, c.n, c.k, wide.a.data(), ops.lda, wide.b.data(), ops.ldb,
+                          want.data(), c.n, bias_wide.data());
+    std::vector<float16> got(want.size());
+    attn::Workspace ws;
+    attn::detail::gemm_nt_rounded(
+        c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb, got.data(),
+        [&](float* w) { return attn::detail::GemmOutput<float>::row_major(w, c.n); },
+        bias16.data(), attn::detail::PackedB<float16>{}, ws);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].bits(), float16(want[i]).bits()) << attn::isa_name(isa) << " " << i;
+    }
+  }
 }
 
 }  // namespace

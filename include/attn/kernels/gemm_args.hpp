@@ -13,6 +13,7 @@
 #include "attn/isa.hpp"
 #include "attn/memory.hpp"
 #include "attn/types/bfloat16.hpp"
+#include "attn/types/float16.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace detail {
@@ -73,11 +74,17 @@ struct GemmOutput {
   Index column(Index j, Index seg) const noexcept { return (j / seg) * segment_stride + j % seg; }
 };
 
-/// What a packed B micro-panel holds for operands of type Operand: the operands themselves,
-/// except bfloat16, whose panels hold 32-bit words: floats (widened) or pairs of bfloat16 (see
-/// PackedGemmB).
+/// True for the 16-bit operand types the GEMM takes with float results (bfloat16 and
+/// float16): their products and sums are float.
 template <class Operand>
-using GemmPanel = std::conditional_t<std::is_same_v<Operand, bfloat16>, float, Operand>;
+inline constexpr bool is_gemm_storage_v =
+    std::is_same_v<Operand, bfloat16> || std::is_same_v<Operand, float16>;
+
+/// What a packed B micro-panel holds for operands of type Operand: the operands themselves,
+/// except bfloat16 and float16, whose panels hold 32-bit words: floats (widened), or for
+/// bfloat16 also pairs of bfloat16 (see PackedGemmB).
+template <class Operand>
+using GemmPanel = std::conditional_t<is_gemm_storage_v<Operand>, float, Operand>;
 
 /// Rows of a packed B micro-panel (32-bit words per column) for `depth` elements on `path`:
 /// depth widened (or for float operands), depth / 2 rounded up in k-pairs, rounded up to
@@ -102,7 +109,8 @@ constexpr Index gemm_words(Bf16Path path, Index depth) noexcept {
 /// segments of it serves a product on those rows of B (see PackedB), with the same result,
 /// bit for bit, as packing on the fly. A pack made for one kernel set is ignored (B is
 /// packed per call) when another set runs, e.g. after set_isa().
-/// bfloat16 weights are packed for one Bf16Path (`path`): widened to floats, or, for the
+/// float16 weights are widened to floats. bfloat16 weights are packed for one Bf16Path
+/// (`path`): widened to floats, or, for the
 /// AVX512-BF16 dot product and AMX, as k-pairs: word (q, c) of a micro-panel holds elements 2q
 /// (low half) and 2q + 1 (high half) of the block's depth for column c, an odd depth's last
 /// word padded with +0; for AMX the pairs of a depth block run on to a multiple of 16 (whole
@@ -211,9 +219,10 @@ struct PackedB {
 ///  - B: (b, ldb) row-major, stored (n, k) (op(B) = B^T: y = x W^T, the forward) unless
 ///    `b_kn`, stored (k, n) (op(B) = B: dX = dY W, dW = dY^T X).
 ///  - `accumulate`: C += the product (the backward passes add into gradients); else C =.
-///  - Operand: A's and B's element type, Scalar (C's, the bias's and the arithmetic's) or
-///    bfloat16 for Scalar float: a row-major A and B^T, on `path`: widened to float while
-///    packing, or multiplied in k-pairs by AVX512-BF16's dot product or AMX tiles.
+///  - Operand: A's and B's element type, Scalar (C's, the bias's and the arithmetic's), or
+///    bfloat16 or float16 for Scalar float: a row-major A and B^T, on `path`: widened to
+///    float while packing (float16 always), or for bfloat16 multiplied in k-pairs by
+///    AVX512-BF16's dot product or AMX tiles.
 template <class Scalar, class Operand = Scalar>
 struct GemmPlan {
   Index m = 0, n = 0, k = 0;

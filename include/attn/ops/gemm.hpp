@@ -2,9 +2,10 @@
 // attn/ops/gemm.hpp: the packed, threaded, allocation-free GEMM behind Linear and the
 // Q/K/V and output projections, forward and backward: its plan (GemmPlan) and its driver
 // here, the per-set work in attn/kernels/ (generic/gemm.inl). The forward product also
-// takes bfloat16 operands with float results (float accumulation), on the path bf16_path()
-// names: AMX tiles or AVX512-BF16's dot product where the avx512 set runs on a CPU that has
-// them, else widened to float while packing; docs/precision.md gives each path's rounding.
+// takes bfloat16 and float16 operands with float results (float accumulation): bfloat16 on
+// the path bf16_path() names (AMX tiles or AVX512-BF16's dot product where the avx512 set runs
+// on a CPU that has them, else widened to float while packing), float16 always widened while
+// packing; docs/precision.md gives each path's rounding.
 #pragma once
 
 #include <algorithm>
@@ -30,7 +31,7 @@ inline Index even_block(Index total, Index limit, Index multiple) noexcept {
 }
 
 /// The path products on `Operand`s take now: bf16_path() for bfloat16, else kWiden (the
-/// operands' own kernels).
+/// operands' own kernels, or float16 widened to float).
 template <class Operand>
 Bf16Path gemm_path() {
   if constexpr (std::is_same_v<Operand, bfloat16>) {
@@ -46,8 +47,8 @@ inline Index gemm_depth_multiple(Bf16Path path) noexcept { return path == Bf16Pa
 
 /// B (n, k), row-major with leading dimension ldb, packed once for the active kernel set,
 /// for products whose output segments are `segment` columns wide (0: one segment).
-/// Allocates n * k elements (floats for a bfloat16 B widened, k-pairs for the dot product and
-/// AMX).
+/// Allocates n * k elements (floats for a bfloat16 or float16 B widened, k-pairs for the dot
+/// product and AMX).
 template <class Operand>
 PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, Index segment) {
   using Panel = GemmPanel<Operand>;
@@ -70,10 +71,11 @@ PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, 
 /// Tasks own disjoint blocks of C and each runs the whole depth in a fixed order, so the
 /// result does not depend on the thread count. `ws` holds the per-thread packing buffers (a
 /// temporary workspace when null, which allocates); none is allocated once it has served a
-/// product as large. bfloat16 operands take the blocking of float ones (the same tiles and
-/// depth blocks, of whole 32-deep tiles for AMX), their B packed in k-pairs on the dot-product
-/// and AMX paths (half the words), A widened into the per-thread buffer when widening, copied
-/// into it as whole zero-padded tiles for AMX, read in place by the dot product.
+/// product as large. bfloat16 and float16 operands take the blocking of float ones (the same
+/// tiles and depth blocks, of whole 32-deep tiles for AMX), their B packed in k-pairs on the
+/// dot-product and AMX paths (half the words), A widened into the per-thread buffer when
+/// widening, copied into it as whole zero-padded tiles for AMX, read in place by the dot
+/// product.
 template <class Scalar, class Operand>
 void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspace* ws) {
   const Isa isa = kernel_isa();
@@ -133,15 +135,16 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
 /// W in torch.nn.Linear's layout. `prepacked` is B packed once (pack_gemm_b), used when it
 /// was packed for the kernel set that runs now; `ws` holds the per-thread packing buffers
 /// (see run_gemm()). Does not allocate once `ws` has served a product as large.
-/// Operand is Scalar, or bfloat16 for float C and bias: then the products and sums are
-/// float, on the path bf16_path() names (see docs/precision.md).
+/// Operand is Scalar, or bfloat16 or float16 for float C and bias: then the products and sums
+/// are float, for bfloat16 on the path bf16_path() names (see docs/precision.md).
 template <class Scalar, class Operand>
 void gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Operand* b, Index ldb,
              const GemmOutput<Scalar>& out, const Scalar* bias, PackedB<Operand> prepacked = {},
              Workspace* ws = nullptr) {
   static_assert(std::is_same_v<Operand, Scalar> ||
-                    (std::is_same_v<Operand, bfloat16> && std::is_same_v<Scalar, float>),
-                "gemm_nt: operands of the output's type, or bfloat16 for a float output");
+                    (is_gemm_storage_v<Operand> && std::is_same_v<Scalar, float>),
+                "gemm_nt: operands of the output's type, or bfloat16 or float16 for a float "
+                "output");
   if (m <= 0 || n <= 0) return;
   GemmPlan<Scalar, Operand> g;
   g.m = m, g.n = n, g.k = k, g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.out = out;
@@ -166,16 +169,18 @@ void gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Opera
   gemm_nt(m, n, k, a, lda, b, ldb, GemmOutput<Scalar>::row_major(c, ldc), bias, prepacked, ws);
 }
 
-/// gemm_nt() on bfloat16 operands with a bfloat16 C (a bfloat16 module's projections):
-/// the bias (n) widened to float, the products and sums in float as gemm_nt() computes them,
-/// each result rounded once, to nearest even, into C. The float results go through
-/// `layout(float*)`, a GemmOutput over m n contiguous floats (row-major with ldc n, or head-
-/// major), into the workspace's kWideOutput slot; C is that block's bfloat16 twin, rounded in
-/// order on the active kernel set (the same bits on every set).
-template <class Layout>
-void gemm_nt_rounded(Index m, Index n, Index k, const bfloat16* a, Index lda, const bfloat16* b,
-                     Index ldb, bfloat16* c, Layout layout, const bfloat16* bias,
-                     PackedB<bfloat16> prepacked, Workspace& ws) {
+/// gemm_nt() on bfloat16 or float16 operands with a C of the same type (a bfloat16 or
+/// float16 module's projections): the bias (n) widened to float, the products and sums in
+/// float as gemm_nt() computes them, each result rounded once, to nearest even, into C. The
+/// float results go through `layout(float*)`, a GemmOutput over m n contiguous floats
+/// (row-major with ldc n, or head-major), into the workspace's kWideOutput slot; C is that
+/// block's Operand twin, rounded in order on the active kernel set (the same bits on every
+/// set).
+template <class Operand, class Layout>
+void gemm_nt_rounded(Index m, Index n, Index k, const Operand* a, Index lda, const Operand* b,
+                     Index ldb, Operand* c, Layout layout, const Operand* bias,
+                     PackedB<Operand> prepacked, Workspace& ws) {
+  static_assert(is_gemm_storage_v<Operand>, "gemm_nt_rounded: bfloat16 or float16 operands");
   if (m <= 0 || n <= 0) return;
   // Scratch: the widened bias (n), then the float results (m n).
   float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideOutput, n + m * n);

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/generic/gemm.inl: the packed GEMM's per-set parts: packing B^T into
 // micro-panels, one task of a planned GEMM (attn/ops/gemm.hpp plans it and runs the tasks
-// on its threads), and filling a PackedGemmB. bfloat16 operands are widened to float while
-// packing and run the float micro-kernel, except on the avx512 set's other paths (plan.path):
+// on its threads), and filling a PackedGemmB. bfloat16 and float16 operands are widened to
+// float while packing (F16C / AVX-512's vcvtph2ps for float16 on the avx2 and avx512 sets,
+// integer steps on SSE2, the scalar rule on the scalar set: convert_row()) and run the float
+// micro-kernel, except for bfloat16 on the avx512 set's other paths (plan.path):
 // the dot product (avx512/bf16_dot.inl's bf16_dot_tile_rows()) and AMX (avx512/amx_bf16.inl's
 // amx_block()), both on pack_pairs()'s k-pairs: the calls to them below are dependent
 // (argument types from the template parameters) and compiled for that set only (if constexpr
@@ -55,11 +57,12 @@ inline void pack_transposed(const Scalar* b, Index ldb, Index j0, Index cols, In
   }
 }
 
-/// pack_transposed() for a bfloat16 B, widened to float (exactly) on the way: columns
-/// [j0, j0 + cols) with cols <= micro_cols<float>() (one micro-panel). Each run of kStage
-/// depth is converted row by row into a stack buffer (16 KiB on AVX-512, in L1) and
+/// pack_transposed() for a bfloat16 or float16 B, widened to float (exactly) on the way:
+/// columns [j0, j0 + cols) with cols <= micro_cols<float>() (one micro-panel). Each run of
+/// kStage depth is converted row by row into a stack buffer (16 KiB on AVX-512, in L1) and
 /// transposed from there as a float B is.
-inline void pack_widened(const bfloat16* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
+template <class Operand>
+inline void pack_widened(const Operand* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
                          float* out, Index ldo) noexcept {
   constexpr Index kStage = 64;
   float stage[micro_cols<float>() * kStage];
@@ -74,13 +77,13 @@ inline void pack_widened(const bfloat16* b, Index ldb, Index j0, Index cols, Ind
 
 /// One micro-panel of op(B) = B^T, B (n, k) row-major: columns [j0, j0 + cols), depth
 /// [p0, p0 + depth), row stride ldo, gemm_words(path, depth) rows. Float operands transposed;
-/// bfloat16 ones widened to float, or in k-pairs for the dot product and AMX (avx512 set only;
-/// see the file comment), AMX's padded with +0 words to whole tiles.
+/// bfloat16 and float16 ones widened to float, or bfloat16 in k-pairs for the dot product and
+/// AMX (avx512 set only; see the file comment), AMX's padded with +0 words to whole tiles.
 template <class Operand>
 inline void pack_panel(const Operand* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
                        GemmPanel<Operand>* out, Index ldo, Bf16Path path) noexcept {
-  if constexpr (std::is_same_v<Operand, bfloat16>) {
-    if constexpr (kSetIsa == Isa::kAvx512) {
+  if constexpr (is_gemm_storage_v<Operand>) {
+    if constexpr (std::is_same_v<Operand, bfloat16> && kSetIsa == Isa::kAvx512) {
       if (path != Bf16Path::kWiden) {
         pack_pairs(b, ldb, j0, cols, p0, depth, out, ldo);
         const Index words = (depth + 1) / 2;
@@ -149,16 +152,18 @@ inline std::pair<Index, Index> pack_a(const GemmPlan<Scalar>& g, Index i0, Index
 /// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
 /// `packed` is the calling thread's buffer: words(depth_block) * tile_cols elements for op(B)
 /// (none with a pre-packed B), then kGemmRows * depth_block for A when a_pack or when
-/// bfloat16 A is widened to float or copied into AMX tiles.
+/// a bfloat16 or float16 A is widened to float or (bfloat16) copied into AMX tiles.
 template <class Scalar, class Operand>
 void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) noexcept {
   static_assert(std::is_same_v<GemmPanel<Operand>, Scalar>, "float or double panels");
-  constexpr bool kWiden = !std::is_same_v<Operand, Scalar>;  // bfloat16 operands
-  const Bf16Path path = kWiden ? g.path : Bf16Path::kWiden;
+  constexpr bool kWiden = !std::is_same_v<Operand, Scalar>;  // bfloat16 or float16 operands
+  // The avx512 set's k-pair paths (dot product, AMX), for bfloat16 only.
+  constexpr bool kPairs = std::is_same_v<Operand, bfloat16> && kSetIsa == Isa::kAvx512;
+  const Bf16Path path = kPairs ? g.path : Bf16Path::kWiden;
   const bool dot = path == Bf16Path::kDot, amx = path == Bf16Path::kAmx;
   // Panel rows of `depth` elements: k-pairs on the dot-product and AMX paths.
   const auto words = [&](Index depth) { return gemm_words(path, depth); };
-  if constexpr (kWiden && kSetIsa == Isa::kAvx512) {
+  if constexpr (kPairs) {
     if (amx) amx_configure(g);
   }
   const Index jt = task % g.col_tiles, rt = task / g.col_tiles;
@@ -203,10 +208,10 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
     for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
       const Index rows = std::min(kGemmRows, r1 - i0);
       // op(A)'s block: broadcast in place (row-major A or A^T) or from its packed copy; a
-      // bfloat16 A widened into the buffer, or read in place by the dot product.
+      // bfloat16 or float16 A widened into the buffer, or read in place by the dot product.
       const Scalar* a_block = nullptr;
       Index ars = 0, acs = 0;
-      if constexpr (kWiden && kSetIsa == Isa::kAvx512) {
+      if constexpr (kPairs) {
         if (amx) {
           // Whole zero-padded tiles, then 32-row blocks past every group (64 columns) of the
           // column tile: each group's panel serves the row block's 3 blocks in turn. Measured
@@ -246,7 +251,7 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
         for (Index i = 0; i < rows; i += kMicroRows) {
           const Index group = std::min<Index>(kMicroRows, rows - i);
           for (Index r = 0; r < group; ++r) crow[r] = g.out.row(i0 + i + r) + offset;
-          if constexpr (kWiden && kSetIsa == Isa::kAvx512) {
+          if constexpr (kPairs) {
             if (dot) {
               bf16_dot_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, panel, panel_ld,
                                  crow, width, !first || g.accumulate, bias_j);
@@ -259,7 +264,7 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
       });
     }
   }
-  if constexpr (kWiden && kSetIsa == Isa::kAvx512) {
+  if constexpr (kPairs) {
     if (amx) amx_release(g);
   }
 }

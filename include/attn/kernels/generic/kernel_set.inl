@@ -118,11 +118,14 @@ ATTN_KERNELS_BACKWARD_INSTANCES_(double)
 ATTN_KERNELS_INSTANCES_(float)
 ATTN_KERNELS_INSTANCES_(double)
 #undef ATTN_KERNELS_INSTANCES_
-// The GEMM on bfloat16 operands (float results).
-ATTN_KERNELS_EXPLICIT_ template void gemm_task<float, bfloat16>(const GemmPlan<float, bfloat16>&,
-                                                                Index, float*) noexcept;
-ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<bfloat16>(const bfloat16*, Index,
-                                                           PackedGemmB<bfloat16>&) noexcept;
+// The GEMM on bfloat16 and float16 operands (float results).
+#define ATTN_KERNELS_STORAGE_GEMM_(O)                                                           \
+  ATTN_KERNELS_EXPLICIT_ template void gemm_task<float, O>(const GemmPlan<float, O>&, Index,    \
+                                                           float*) noexcept;                    \
+  ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<O>(const O*, Index, PackedGemmB<O>&) noexcept;
+ATTN_KERNELS_STORAGE_GEMM_(bfloat16)
+ATTN_KERNELS_STORAGE_GEMM_(float16)
+#undef ATTN_KERNELS_STORAGE_GEMM_
 // The streaming attention on bfloat16 and float16 operands (float accumulation).
 #define ATTN_KERNELS_STORAGE_ATTENTION_(O)                                          \
   ATTN_KERNELS_EXPLICIT_ template void streaming_tile<float, O>(                    \
