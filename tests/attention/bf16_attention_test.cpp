@@ -5,8 +5,9 @@
 // same rounded inputs, on shapes that are not multiples of the tiles (T not a multiple of 16
 // or 32, d = 64, 80, 128, grouped-query heads) under every kind of mask; bit-identical for one
 // and two threads; value rows that are not finite only where seen. MultiHeadAttention<bfloat16>
-// against the float module on the same rounded weights and inputs (self, cross, grouped-query
-// heads, masks, variants), on every set and path, and its conversion from and to float.
+// and MultiHeadAttention<float16> against the float module on the same rounded weights and
+// inputs (self, cross, grouped-query heads, masks, variants), on every set and path, and their
+// conversion from and to float.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -308,7 +309,7 @@ TEST_F(StorageAttention, TensorsAndTheMaterialisedPath) {
                attn::ConfigError);
 }
 
-// ---- MultiHeadAttention<bfloat16> ----
+// ---- MultiHeadAttention<bfloat16> and MultiHeadAttention<float16> ----
 
 // A float module with biases in [-0.5, 0.5) (nn.MultiheadAttention starts them at 0).
 attn::MultiHeadAttention<float> float_module(const attn::MultiHeadAttentionOptions& o) {
@@ -321,25 +322,27 @@ attn::MultiHeadAttention<float> float_module(const attn::MultiHeadAttentionOptio
   return m;
 }
 
-// A float module and its bfloat16 twin: the float one holds the bfloat16 weights widened, so
-// both compute from the same values and only the bfloat16 module's roundings differ.
+// A float module and its bfloat16 (float16) twin: the float one holds the rounded weights
+// widened, so both compute from the same values and only the narrow module's roundings differ.
+template <class Element>
 struct ModulePair {
   attn::MultiHeadAttention<float> wide;
-  attn::MultiHeadAttention<bfloat16> narrow;
+  attn::MultiHeadAttention<Element> narrow;
   explicit ModulePair(const attn::MultiHeadAttentionOptions& o)
-      : wide(attn::convert<float>(attn::convert<bfloat16>(float_module(o)))),
-        narrow(attn::convert<bfloat16>(wide)) {
+      : wide(attn::convert<float>(attn::convert<Element>(float_module(o)))),
+        narrow(attn::convert<Element>(wide)) {
     wide.eval();
     narrow.eval();
   }
 };
 
-// Uniform values in [-1, 1) rounded to bfloat16, and the same values as floats.
+// Uniform values in [-1, 1) rounded to Element, and the same values as floats.
+template <class Element = bfloat16>
 struct RoundedInput {
-  Tensor<bfloat16, 3> narrow;
+  Tensor<Element, 3> narrow;
   Tensor<float, 3> wide;
   RoundedInput(const Shape<3>& shape, std::uint64_t seed)
-      : narrow(attn::convert<bfloat16>(attn::test::random_tensor<float, 3>(shape, seed))),
+      : narrow(attn::convert<Element>(attn::test::random_tensor<float, 3>(shape, seed))),
         wide(attn::convert<float>(narrow)) {}
 };
 
@@ -353,9 +356,14 @@ struct RoundedInput {
 // atol = rtol = 1e-2 holds it. Measured here, |a - x| / (1 + |x|): at most 1.4e-3 on every
 // set and path, a factor of 7 under it. A wrong bias (|b| ~ 0.25), weight layout, mask or
 // head mapping moves outputs by 5e-2 or more.
-::testing::AssertionResult module_near(const Tensor<bfloat16, 3>& actual,
+// float16 (u = 2^-12, and its products widened to float on every set): the same estimate gives
+// 4u = 1e-3, which is PyTorch's default fp16 tolerance in its SDPA tests (atol = rtol = 1e-3).
+// Measured here: at most 2.5e-4 on every set (bfloat16's worst over 8, as the half ulps are),
+// a factor of 4 under it.
+template <class Element>
+::testing::AssertionResult module_near(const Tensor<Element, 3>& actual,
                                        const Tensor<float, 3>& expected) {
-  constexpr double kTol = 1e-2;
+  const double kTol = std::is_same_v<Element, bfloat16> ? 1e-2 : 1e-3;
   double worst = 0;
   for (Index i = 0; i < actual.size(); ++i) {
     const double a = static_cast<float>(actual.data()[i]), x = expected.data()[i];
@@ -376,7 +384,8 @@ attn::MultiHeadAttentionOptions module_options(Index kdim, Index kv_heads) {
 // Self-attention (causal, key padding), cross-attention with kdim != d_in and grouped-query
 // heads, softcap and ALiBi, value heads of another size (value_head_dim): every set and path,
 // and 1 and 2 threads bit for bit; with value_head_dim also frozen (packed weights) bit for bit.
-TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
+template <class Element>
+void check_module_against_float() {
   struct ModuleCase {
     Index kdim, kv_heads, tq, tk;
     bool causal, padding, variants;
@@ -398,9 +407,9 @@ TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
       o.softcap = 5.0;
       o.alibi_max_bias = 8.0;
     }
-    const ModulePair m(o);
-    const RoundedInput q({2, c.tq, 64}, 31 + c.tq);
-    const RoundedInput kv({2, c.tk, c.kdim > 0 ? c.kdim : 64}, 37 + c.tk);
+    const ModulePair<Element> m(o);
+    const RoundedInput<Element> q({2, c.tq, 64}, 31 + c.tq);
+    const RoundedInput<Element> kv({2, c.tk, c.kdim > 0 ? c.kdim : 64}, 37 + c.tk);
     Tensor<bool, 2> padding({2, c.tk}, false);
     AttentionMask<float> mask;
     if (c.padding) {
@@ -411,22 +420,21 @@ TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
     const Tensor<float, 3> expected =
         self ? m.wide.forward(q.wide, mask) : m.wide.forward(q.wide, kv.wide, kv.wide, mask);
     attn::set_num_threads(1);
-    for_each_path<bfloat16>([&] {
-      const Tensor<bfloat16, 3> out = self ? m.narrow.forward(q.narrow, mask)
-                                           : m.narrow.forward(q.narrow, kv.narrow, kv.narrow, mask);
+    for_each_path<Element>([&] {
+      const Tensor<Element, 3> out = self ? m.narrow.forward(q.narrow, mask)
+                                          : m.narrow.forward(q.narrow, kv.narrow, kv.narrow, mask);
       EXPECT_TRUE(module_near(out, expected));
       attn::set_num_threads(2);
-      const Tensor<bfloat16, 3> two = self ? m.narrow.forward(q.narrow, mask)
-                                           : m.narrow.forward(q.narrow, kv.narrow, kv.narrow, mask);
+      const Tensor<Element, 3> two = self ? m.narrow.forward(q.narrow, mask)
+                                          : m.narrow.forward(q.narrow, kv.narrow, kv.narrow, mask);
       attn::set_num_threads(1);
       for (Index i = 0; i < out.size(); ++i) {
         ASSERT_EQ(out.data()[i].bits(), two.data()[i].bits()) << "element " << i;
       }
       if (c.value_head_dim == 0) return;
-      attn::MultiHeadAttention<bfloat16> frozen = m.narrow;
+      attn::MultiHeadAttention<Element> frozen = m.narrow;
       frozen.freeze();
-      const Tensor<bfloat16, 3> packed = self
-                                             ? frozen.forward(q.narrow, mask)
+      const Tensor<Element, 3> packed = self ? frozen.forward(q.narrow, mask)
                                              : frozen.forward(q.narrow, kv.narrow, kv.narrow, mask);
       for (Index i = 0; i < out.size(); ++i) {
         ASSERT_EQ(out.data()[i].bits(), packed.data()[i].bits()) << "frozen, element " << i;
@@ -434,6 +442,11 @@ TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
     });
   }
 }
+
+TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
+  check_module_against_float<bfloat16>();
+}
+TEST_F(StorageAttention, Fp16ModuleMatchesTheFloatModule) { check_module_against_float<float16>(); }
 
 // The conversion rounds each weight once and widens back exactly; frozen and unfrozen give
 // the same bits; rotary embeddings are refused, naming the type.
@@ -461,7 +474,7 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
   EXPECT_EQ(back.in_proj_weight()(5, 7), static_cast<float>(narrow.in_proj_weight()(5, 7)));
   EXPECT_EQ(back.out_proj().bias()(3), static_cast<float>(narrow.out_proj().bias()(3)));
 
-  const RoundedInput x({1, 40, 64}, 41);
+  const RoundedInput<> x({1, 40, 64}, 41);
   auto frozen = narrow;
   frozen.eval();
   const Tensor<bfloat16, 3> a = frozen.forward(x.narrow);
@@ -493,38 +506,86 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
   }
 }
 
-// SelfAttention, CausalAttention and CrossAttention on bfloat16 run MultiHeadAttention<bfloat16>'s
-// core: each against its float twin holding the same rounded weights, on the same rounded
-// input, within module_near's bound (the same roundings: Q, K, V, P, the context, and the
-// output where out_proj follows; one head of 32 features for the single-head modules, whose
-// output is the rounded context itself). Conversion rounds each weight once.
-TEST_F(StorageAttention, Bf16SingleHeadAndCrossModules) {
+// MultiHeadAttention<float16>: the conversion rounds each weight once to float16 (a weight
+// past float16's range becomes infinite, as .to(torch.float16) makes it) and widens back
+// exactly; built from options it takes the float module's draws, rounded; frozen and unfrozen
+// give the same bits; rotary embeddings are refused, naming float16.
+TEST_F(StorageAttention, Fp16ModuleConversion) {
+  auto o = module_options(0, 0);
+  attn::MultiHeadAttention<float> wide(o);
+  wide.in_proj_weight()(0, 0) = 1e5f;
+  wide.in_proj_weight()(0, 1) = 1e-6f;  // a float16 subnormal
+  const attn::MultiHeadAttention<float16> narrow(wide);
+  EXPECT_EQ(narrow.in_proj_weight()(0, 0).bits(), 0x7C00);
+  EXPECT_EQ(narrow.in_proj_weight()(0, 1).bits(), float16(1e-6f).bits());
+  for (Index r = 0; r < 64; ++r) {
+    ASSERT_EQ(float16(wide.in_proj_weight()(3 * r, r)).bits(),
+              narrow.in_proj_weight()(3 * r, r).bits());
+    ASSERT_EQ(float16(wide.out_proj().weight()(r, 63 - r)).bits(),
+              narrow.out_proj().weight()(r, 63 - r).bits());
+  }
+  const attn::MultiHeadAttention<float> back = attn::convert<float>(narrow);
+  EXPECT_EQ(back.in_proj_weight()(5, 7), static_cast<float>(narrow.in_proj_weight()(5, 7)));
+  EXPECT_EQ(back.out_proj().bias()(3), static_cast<float>(narrow.out_proj().bias()(3)));
+
+  attn::TorchGenerator g1(5), g2(5);
+  const attn::MultiHeadAttention<float> drawn(o, g1);
+  auto drawn_narrow = attn::MultiHeadAttention<float16>(o, g2);
+  for (Index r = 0; r < 64; ++r) {
+    ASSERT_EQ(float16(drawn.in_proj_weight()(3 * r, r)).bits(),
+              drawn_narrow.in_proj_weight()(3 * r, r).bits());
+  }
+  const RoundedInput<float16> x({1, 40, 64}, 41);
+  drawn_narrow.eval();
+  const Tensor<float16, 3> a = drawn_narrow.forward(x.narrow);
+  drawn_narrow.freeze();
+  const Tensor<float16, 3> b = drawn_narrow.forward(x.narrow);
+  for (Index i = 0; i < a.size(); ++i) ASSERT_EQ(a.data()[i].bits(), b.data()[i].bits());
+
+  o.rope.head_dim = 16;
+  const attn::MultiHeadAttention<float> rotary(o);
+  try {
+    const attn::MultiHeadAttention<float16> refused(rotary);
+    FAIL() << "rotary embeddings were accepted";
+  } catch (const attn::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("float16"), std::string::npos) << e.what();
+  }
+}
+
+// SelfAttention, CausalAttention and CrossAttention on bfloat16 (float16) run
+// MultiHeadAttention<bfloat16>'s (<float16>'s) core: each against its float twin holding the
+// same rounded weights, on the same rounded input, within module_near's bound (the same roundings:
+// Q, K, V, P, the context, and the output where out_proj follows; one head of 32 features for the
+// single-head modules, whose output is the rounded context itself). Conversion rounds each weight
+// once.
+template <class Element>
+void check_single_head_and_cross() {
   attn::manual_seed(7);
   const attn::SelfAttention<float> self_wide(64, 32, true);
   const attn::CausalAttention<float> causal_wide(64, 32, 48, 0.0, true);
   const attn::CrossAttention<float> cross_wide(64, 40, 48, 4, true);
-  const RoundedInput x({2, 37, 64}, 51), kv({2, 23, 40}, 53);
+  const RoundedInput<Element> x({2, 37, 64}, 51), kv({2, 23, 40}, 53);
   const auto twins = [](const auto& source) {
-    auto narrow = attn::convert<bfloat16>(source);
+    auto narrow = attn::convert<Element>(source);
     auto wide = attn::convert<float>(narrow);
     narrow.eval();
     wide.eval();
     const auto from = source.named_parameters()[0].matrix();
     const auto to = narrow.named_parameters()[0].matrix();
-    EXPECT_EQ(bfloat16(from(1, 2)).bits(), to(1, 2).bits());
+    EXPECT_EQ(Element(from(1, 2)).bits(), to(1, 2).bits());
     return std::make_pair(std::move(narrow), std::move(wide));
   };
   const auto self = twins(self_wide);
   EXPECT_TRUE(module_near(self.first.forward(x.narrow), self.second.forward(x.wide)));
   const auto causal = twins(causal_wide);
-  const Tensor<bfloat16, 3> causal_out = causal.first.forward(x.narrow);
+  const Tensor<Element, 3> causal_out = causal.first.forward(x.narrow);
   EXPECT_TRUE(module_near(causal_out, causal.second.forward(x.wide)));
   // The causal bound holds: changing the later tokens leaves the first rows' bits alone.
-  Tensor<bfloat16, 3> later = x.narrow;
+  Tensor<Element, 3> later = x.narrow;
   for (Index t = 20; t < 37; ++t) {
-    for (Index e = 0; e < 64; ++e) later(1, t, e) = bfloat16(-static_cast<float>(later(1, t, e)));
+    for (Index e = 0; e < 64; ++e) later(1, t, e) = Element(-static_cast<float>(later(1, t, e)));
   }
-  const Tensor<bfloat16, 3> changed = causal.first.forward(later);
+  const Tensor<Element, 3> changed = causal.first.forward(later);
   for (Index t = 0; t < 20; ++t) {
     for (Index e = 0; e < 32; ++e) {
       ASSERT_EQ(changed(1, t, e).bits(), causal_out(1, t, e).bits()) << t << " " << e;
@@ -535,6 +596,9 @@ TEST_F(StorageAttention, Bf16SingleHeadAndCrossModules) {
   EXPECT_TRUE(
       module_near(cross.first.forward(x.narrow, kv.narrow), cross.second.forward(x.wide, kv.wide)));
 }
+
+TEST_F(StorageAttention, Bf16SingleHeadAndCrossModules) { check_single_head_and_cross<bfloat16>(); }
+TEST_F(StorageAttention, Fp16SingleHeadAndCrossModules) { check_single_head_and_cross<float16>(); }
 
 }  // namespace
 

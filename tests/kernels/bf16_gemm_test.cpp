@@ -58,7 +58,11 @@ struct OperandsOf {
   // The same values in another type (widened exactly to float).
   template <class Other>
   explicit OperandsOf(const OperandsOf<Other>& o)
-      : a(o.a.begin(), o.a.end()), b(o.b.begin(), o.b.end()), bias(o.bias), lda(o.lda), ldb(o.ldb) {}
+      : a(o.a.begin(), o.a.end()),
+        b(o.b.begin(), o.b.end()),
+        bias(o.bias),
+        lda(o.lda),
+        ldb(o.ldb) {}
   explicit OperandsOf(const GemmCase& c)
       : lda(c.k + 3), ldb(c.k + 1) {  // odd and even leading dimensions
     const auto fa = attn::test::random_tensor<float, 1>({c.m * lda}, 11 + c.m);
@@ -491,8 +495,8 @@ TEST_F(Bf16Gemm, Float16RoundedProductRoundsTheFloatResultOnce) {
     attn::Workspace ws;
     attn::detail::gemm_nt_rounded(
         c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb, got.data(),
-        [&](float* w) { return attn::detail::GemmOutput<float>::row_major(w, c.n); },
-        bias16.data(), attn::detail::PackedB<float16>{}, ws);
+        [&](float* w) { return attn::detail::GemmOutput<float>::row_major(w, c.n); }, bias16.data(),
+        attn::detail::PackedB<float16>{}, ws);
     for (std::size_t i = 0; i < want.size(); ++i) {
       ASSERT_EQ(got[i].bits(), float16(want[i]).bits()) << attn::isa_name(isa) << " " << i;
     }

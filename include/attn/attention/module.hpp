@@ -222,9 +222,9 @@ class ModuleForwards {
   using In = typename InputView<Tag, TensorView<const Scalar, Rank>>::type;
   template <class Tag, std::size_t Rank>
   using Grad = typename InputView<Tag, TensorView<Scalar, Rank>>::type;
-  // Masks are in the compute type: float for a bfloat16 module.
+  // Masks are in the compute type: float for a bfloat16 or float16 module.
   using Mask = AttentionMask<compute_type_t<Scalar>>;
-  // A bfloat16 module runs whole-sequence inference forwards only.
+  // A bfloat16 or float16 module runs whole-sequence inference forwards only.
   static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
 
  public:
@@ -263,9 +263,10 @@ class ModuleForwards {
                Workspace& ws, const Mask& mask = {}) const {
     static_assert(Rank == 2 || Rank == 3,
                   "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
-    static_assert(kTraining,
-                  "attn: a bfloat16 module runs inference forwards only; a training forward "
-                  "(SavedForward) needs a float or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module runs inference forwards only; a training forward "
+        "(SavedForward) needs a float or double module");
     if constexpr (Rank == 3) {
       train_forward(gather_inputs<Scalar>(in...), out, saved, ws, mask, nullptr);
     } else {
@@ -287,9 +288,10 @@ class ModuleForwards {
   ///         or holds another module's keys; ShapeError when out shares memory with the cache.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                KVCache<Scalar>& cache, const Mask& mask = {}) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module has no KV cache yet; the incremental forward needs a "
-                  "float or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module has no KV cache yet; the incremental forward needs a "
+        "float or double module");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache_memory(cache));
     derived().run_cached(x, out, ws, cache, mask);
@@ -302,9 +304,10 @@ class ModuleForwards {
   /// @throws as the forward through a KVCache; IndexError for an id that is not a sequence.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module has no KV cache yet; the incremental forward needs a "
-                  "float or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module has no KV cache yet; the incremental forward needs a "
+        "float or double module");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache.memory());
     derived().run_paged(x, out, ws, cache, seqs);
@@ -331,9 +334,10 @@ class ModuleForwards {
   ///         a mask with element-wise parts; ConfigError for a sequence past context_length.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, const Mask& mask = {}) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module takes no packed batch yet; the packed forwards "
-                  "(PackedSequences) need a float or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module takes no packed batch yet; the packed forwards "
+        "(PackedSequences) need a float or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws);
@@ -343,9 +347,10 @@ class ModuleForwards {
   /// (total, features) gradients) needs, the offsets included.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                SavedForward<Scalar>& saved, Workspace& ws, const Mask& mask = {}) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module runs inference forwards only; a training forward "
-                  "(SavedForward) needs a float or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module runs inference forwards only; a training forward "
+        "(SavedForward) needs a float or double module");
     train_forward(gather_inputs<Scalar>(unsqueeze(in, 0)...), unsqueeze(out, 0), saved, ws, mask,
                   &seqs);
   }
@@ -359,9 +364,10 @@ class ModuleForwards {
   ///         for a cache of fewer than N items.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, KVCache<Scalar>& cache) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module has no KV cache yet; the packed prefill needs a float "
-                  "or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module has no KV cache yet; the packed prefill needs a float "
+        "or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
         gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache_memory(cache));
@@ -370,9 +376,10 @@ class ModuleForwards {
 
   void backward(In<InputX, 3> grad_out, const SavedForward<Scalar>& saved,
                 Grad<Inputs, 3>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module runs inference forwards only; backward needs a float "
-                  "or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module runs inference forwards only; backward needs a float "
+        "or double module");
     derived().run_backward(grad_out, saved, gather_grads<Scalar>(grad_in...).views, grads, ws);
   }
   void backward(In<InputX, 2> grad_out, const SavedForward<Scalar>& saved,
@@ -400,7 +407,7 @@ class ModuleForwards {
                             TensorView<Scalar, WeightsRank> weights, Workspace& ws,
                             const Mask& mask = {}) const {
     static_assert(kTraining,
-                  "attn: a bfloat16 module takes the streaming kernel, which returns no "
+                  "attn: a bfloat16 or float16 module takes the streaming kernel, which returns no "
                   "attention weights; forward_with_weights needs a float or double module");
     TensorView<Scalar, 4> heads_weights;
     if constexpr (WeightsRank == 4) {

@@ -87,8 +87,10 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// cross, masks, causal, softcap, ALiBi, grouped-query heads) only: training forwards,
 /// backward, the KV cache and forward_with_weights do not compile for it, and rotary
 /// embeddings and sinks throw ConfigError. Load float weights and convert<bfloat16>(module).
+/// MultiHeadAttention<float16> is the same with float16 (IEEE binary16) weights, biases and
+/// tensors: its products are widened to float on every kernel set.
 ///
-/// @tparam Scalar float, double or bfloat16.
+/// @tparam Scalar float, double, bfloat16 or float16.
 /// @throws ConfigError from the constructors if d_out % num_heads != 0, a size is not
 ///         positive or dropout is outside [0, 1); from forward() if a sequence exceeds
 ///         context_length. ShapeError from forward() on wrong shapes (naming them).
@@ -98,8 +100,9 @@ class MultiHeadAttention
       public detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputX>,
       public detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputQuery,
                                     detail::InputKey, detail::InputValue> {
-  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
-                "attn::MultiHeadAttention: Scalar must be float, double or bfloat16 (inference)");
+  static_assert(std::is_floating_point_v<Scalar> || detail::is_gemm_storage_v<Scalar>,
+                "attn::MultiHeadAttention: Scalar must be float, double, bfloat16 or float16 "
+                "(inference)");
   using SelfForwards =
       detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputX>;
   using Forwards = detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputQuery,
@@ -123,9 +126,10 @@ class MultiHeadAttention
       : Base(config(options), &gen) {}
 
   /// `other` with its weights converted to Scalar: a float module's weights rounded once to
-  /// bfloat16 (to nearest even), or widened back. Modes, dropout seed and scaling are kept;
-  /// the result is not frozen. attn::convert<To>(module) says the same.
-  /// @throws ConfigError when Scalar is bfloat16 and `other` has rotary embeddings or sinks.
+  /// bfloat16 or float16 (to nearest even), or widened back. Modes, dropout seed and scaling
+  /// are kept; the result is not frozen. attn::convert<To>(module) says the same.
+  /// @throws ConfigError when Scalar is bfloat16 or float16 and `other` has rotary embeddings
+  ///         or sinks.
   template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
   explicit MultiHeadAttention(const MultiHeadAttention<Other>& other) : Base(other) {}
 

@@ -58,12 +58,13 @@ enum class QkvLayout {
 /// freeze() packs the weights into the GEMM's layout once; results are bit for bit those
 /// of the unfrozen projection. Every non-const weight accessor unfreezes.
 ///
-/// @tparam Scalar float or double; or bfloat16 for inference: project() then rounds each
+/// @tparam Scalar float or double; or bfloat16 or float16 for inference: project() then rounds each
 ///         float result once (init_* and project_rows() need float or double).
 template <class Scalar>
 class QkvProjection {
-  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
-                "attn::QkvProjection: Scalar must be float, double or bfloat16 (inference only)");
+  static_assert(std::is_floating_point_v<Scalar> || detail::is_gemm_storage_v<Scalar>,
+                "attn::QkvProjection: Scalar must be float, double, bfloat16 or float16 "
+                "(inference only)");
 
  public:
   /// Projection indices.
@@ -394,7 +395,7 @@ class QkvProjection {
   void gemm_into(const detail::RowsRef<const Scalar>& x, Index tokens, int part, int count,
                  Scalar* dst, Workspace& ws) const {
     const Index columns = offset(part + count) - offset(part), hd = head_dim(part);
-    if constexpr (std::is_same_v<Scalar, bfloat16>) {  // float sums, rounded once into dst
+    if constexpr (detail::is_gemm_storage_v<Scalar>) {  // float sums, rounded once into dst
       const Location at = locate(part);
       const Index in = in_[part];
       detail::gemm_nt_rounded(

@@ -71,7 +71,7 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
   // The GEMM writes y while it still reads x: in place (y sharing memory with x) it goes
   // through the copies below, which read all of x first.
   const auto product = [&](const Scalar* xd, Scalar* yd) {
-    if constexpr (std::is_same_v<Scalar, bfloat16>) {  // float sums, rounded once into y
+    if constexpr (is_gemm_storage_v<Scalar>) {  // float sums, rounded once into y
       Workspace local;
       gemm_nt_rounded(
           rows, out, in, xd, in, weight.data(), in, yd,
@@ -127,13 +127,15 @@ void linear_backward(Index rows, TensorView<const Scalar, 2> weight, const Scala
 /// weight accessor unfreezes it, so a weight edited through the layer is always used.
 ///
 /// Shapes: x (..., in_features) -> (..., out_features).
-/// @tparam Scalar float or double; or bfloat16 for inference (forward only): bfloat16 weight,
-///         bias, x and y, products and sums in float (the bfloat16 GEMM), y rounded once; its
-///         constructors draw a float layer's weights and round them.
+/// @tparam Scalar float or double; or bfloat16 or float16 for inference (forward only):
+///         weight, bias, x and y of that type, products and sums in float (the GEMM on
+///         16-bit operands), y rounded once; its constructors draw a float layer's weights
+///         and round them.
 template <class Scalar = float>
 class Linear {
-  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
-                "attn::Linear: Scalar must be float, double or bfloat16 (inference only)");
+  static_assert(std::is_floating_point_v<Scalar> || detail::is_gemm_storage_v<Scalar>,
+                "attn::Linear: Scalar must be float, double, bfloat16 or float16 (inference "
+                "only)");
 
  public:
   /// An empty 0 x 0 layer (assign a real one before use).
@@ -237,7 +239,8 @@ class Linear {
                       std::is_same_v<std::remove_const_t<GScalar>, Scalar>,
                   "attn::Linear::backward: x and grad_y must hold the layer's Scalar");
     static_assert(std::is_floating_point_v<Scalar>,
-                  "attn::Linear::backward: a bfloat16 layer runs forward only; train a float one");
+                  "attn::Linear::backward: a bfloat16 or float16 layer runs forward only; train "
+                  "a float one");
     const char* where = "Linear::backward";
     Shape<Rank> y_shape = x.shape();
     y_shape[Rank - 1] = out_features();
@@ -314,7 +317,7 @@ class Linear {
     });
     weight_ = Tensor<Scalar, 2>({out_features, in_features});
     if (bias) bias_ = Tensor<Scalar, 1>({out_features});
-    if constexpr (std::is_same_v<Scalar, bfloat16>) {  // a float layer's draws, rounded
+    if constexpr (detail::is_gemm_storage_v<Scalar>) {  // a float layer's draws, rounded
       const Linear<float> wide(in_features, out_features, bias, gen);
       convert(wide.weight(), weight_.view());
       if (bias) convert(wide.bias(), bias_.view());
