@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 // bench/bf16_module_bench.cpp: MultiHeadAttention<bfloat16>::forward (bfloat16 weights and
 // activations) on each path attn::Bf16Path names (0 widening, 1 vdpbf16ps, 2 AMX; skipped where
-// the CPU or the operating system lacks it) against MultiHeadAttention<float>::forward on the
-// same values, in one binary: causal self-attention, both modules frozen, in eval mode,
-// with a warm workspace. FLOPS counts the four projections (8 B T E^2) and the attention
-// (4 B T^2 E, halved for causal).
-// Glossary: B = batch, T = tokens, E = embed dim (H = E / 64 heads of 64).
+// the CPU or the operating system lacks it) and MultiHeadAttention<float16>::forward (always
+// widened: path 0) against MultiHeadAttention<float>::forward on the same values, in one binary:
+// causal self-attention, both modules frozen, in eval mode, with a warm workspace. FLOPS counts the
+// four projections (8 B T E^2) and the attention (4 B T^2 E, halved for causal). Glossary: B =
+// batch, T = tokens, E = embed dim (H = E / 64 heads of 64).
 //
 // Times are CPU time of one thread (the machine may be shared). Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/bf16_module_bench --benchmark_repetitions=3
@@ -71,7 +71,8 @@ void BM_Module(benchmark::State& state) {
 }
 
 // (B, T, E, path): B 1-8, T 512-2048, E 512-1024; sized so that one run of every row stays
-// within a minute on one core. The float module takes path 0 only (it has no other).
+// within a minute on one core. The float and float16 modules take path 0 only (they have no
+// other).
 void Shapes(benchmark::internal::Benchmark* b, bool paths) {
   b->ArgNames({"B", "T", "E", "path"});
   for (const int path : {0, 1, 2}) {
@@ -89,6 +90,9 @@ BENCHMARK_TEMPLATE(BM_Module, float)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(BM_Module, attn::bfloat16)
     ->Apply([](benchmark::internal::Benchmark* b) { Shapes(b, true); })
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_Module, attn::float16)
+    ->Apply([](benchmark::internal::Benchmark* b) { Shapes(b, false); })
     ->Unit(benchmark::kMillisecond);
 
 #include "gbench_main.hpp"  // main(): prints the kernel set in use

@@ -357,6 +357,65 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
                   HasSubstr("a bfloat16 run has no backward and no attention weights")));
 }
 
+// --dtype fp16: as --dtype bf16, with MultiHeadAttention<float16> and F16 tensors: an F16
+// state_dict and F32 inputs (rounded to nearest even as they load) give the module's bits on
+// the rounded query, written as F16 (or widened to F32); an --output-dtype of the other
+// 16-bit type and the modes the module lacks are usage errors naming fp16.
+TEST(AttnRunBf16, RunsTheFp16ModuleAsTheBf16One) {
+  using attn::float16;
+  attn::TorchGenerator gen(3);
+  const auto module = attn::convert<float16>(
+      attn::MultiHeadAttention<float>(attn::MultiHeadAttentionOptions::pytorch(kE, kH), gen));
+  SafetensorsWriter w;
+  attn::io::save_state_dict(module, w);
+  const auto fp16_weights = SafetensorsFile::from_bytes(w.to_bytes(), "w");
+  ASSERT_EQ(fp16_weights.dtype("in_proj_weight"), DType::kF16);
+  const auto query = attn::test::random_tensor<float, 3>({kB, kT, kE}, 7);
+  SafetensorsWriter inputs;
+  inputs.add("query", query);
+  inputs.add_raw("key_padding_mask", DType::kBool, {kB, kT}, integer_bytes(kPadding, DType::kBool));
+  const auto in = SafetensorsFile::from_bytes(inputs.to_bytes(), "x");
+  Tensor<bool, 2> padding({kB, kT});
+  for (Index i = 0; i < padding.size(); ++i) padding.data()[i] = kPadding[i] != 0;
+  attn::AttentionMask<float> mask;
+  mask.key_padding(padding);
+  const Tensor<float16, 3> expected = module.forward(attn::convert<float16>(query).view(), mask);
+
+  const ParsedArguments p = parse({"--dtype", "fp16", "--weights", "w", "--input", "x", "--output",
+                                   "y", "--num-heads", std::to_string(kH)});
+  ASSERT_EQ(p.action, ParsedArguments::Action::kRun) << p.error;
+  const auto y =
+      SafetensorsFile::from_bytes(attn_run::run(p.arguments, fp16_weights, in).to_bytes());
+  ASSERT_EQ(y.dtype("output"), DType::kF16);
+  const Tensor<float16, 3> output = y.get<float16, 3>("output");
+  ASSERT_EQ(output.shape(), expected.shape());
+  for (Index i = 0; i < output.size(); ++i) {
+    ASSERT_EQ(output.data()[i].bits(), expected.data()[i].bits()) << "element " << i;
+  }
+  const auto y_from_f32 =
+      SafetensorsFile::from_bytes(attn_run::run(p.arguments, weights(), in).to_bytes());
+  EXPECT_EQ(y_from_f32.values<float>("output"), y.values<float>("output"));
+  const ParsedArguments wide = parse({"--dtype", "fp16", "--output-dtype", "f32", "--weights", "w",
+                                      "--input", "x", "--output", "y", "--num-heads", "2"});
+  ASSERT_EQ(wide.action, ParsedArguments::Action::kRun) << wide.error;
+  const auto y32 =
+      SafetensorsFile::from_bytes(attn_run::run(wide.arguments, fp16_weights, in).to_bytes());
+  ASSERT_EQ(y32.dtype("output"), DType::kF32);
+  EXPECT_EQ(y32.values<float>("output"), y.values<float>("output"));  // widened exactly
+
+  const std::vector<std::string> run_args = {"--weights",   "w", "--input", "x",   "--output", "y",
+                                             "--num-heads", "2", "--dtype", "fp16"};
+  for (const std::string flag : {"--backward", "--need-weights"}) {
+    std::vector<std::string> argv = run_args;
+    argv.push_back(flag);
+    EXPECT_THAT(parse(argv).error,
+                HasSubstr(flag + " is not supported with --dtype fp16 (--dtype fp16 runs"));
+  }
+  std::vector<std::string> other = run_args;
+  other.insert(other.end(), {"--output-dtype", "bf16"});
+  EXPECT_THAT(parse(other).error, HasSubstr("--output-dtype bf16 needs --dtype bf16"));
+}
+
 TEST(AttnRunFiles, OutputOverInputFailingKeepsTheInput) {
   // `attn_run --output X --input X` used to truncate X first: a write failing partway (here
   // past a file size limit, SIGXFSZ ignored as attn_run does) destroyed the input.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -280,7 +281,8 @@ TEST(StateDict, HalfPrecisionWeightsLoadIntoFloat) {
 }
 
 // Every parameter's bits, in state_dict order (matrices row by row).
-std::vector<std::uint16_t> parameter_bits(const attn::MultiHeadAttention<attn::bfloat16>& m) {
+template <class Element>
+std::vector<std::uint16_t> parameter_bits(const attn::MultiHeadAttention<Element>& m) {
   std::vector<std::uint16_t> bits;
   for (const auto& p : m.named_parameters()) {
     const auto v = p.matrix();
@@ -424,6 +426,138 @@ TEST(StateDict, WiderDtypesLoadIntoABf16ModuleRoundedToNearestEven) {
   }
   for (int i = 0; i < 6; ++i) EXPECT_EQ(m.in_proj_bias()(i).bits(), f64_expected[i]) << "F64 " << i;
   EXPECT_EQ(m.out_proj().bias()(0).bits(), 0x4040);
+  EXPECT_EQ(m.out_proj().bias()(1).bits(), 0x8000);
+}
+
+// A float16 module saves F16 tensors holding its bits and loads them back bit for bit (a
+// signalling NaN, a subnormal, -0 and -inf included: a trip through float would quieten the
+// NaN, F16C's rule); the same file loads into a float module widened exactly.
+TEST(StateDict, Fp16ModuleRoundTripsBitExactly) {
+  using attn::float16;
+  auto source = attn::convert<float16>(make_mha<float>(8, 2, true, 0, 0, 1));
+  const std::uint16_t special[] = {0x7C01, 0x0001, 0x8000, 0xFC00, 0x3C01};
+  for (int i = 0; i < 5; ++i) source.in_proj_weight()(0, i) = float16::from_bits(special[i]);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  const SafetensorsFile file = reopen(w);
+  for (const std::string& name : file.names()) {
+    EXPECT_EQ(file.dtype(name), attn::io::DType::kF16) << name;
+  }
+  const unsigned char* raw = file.raw_data("in_proj_weight");
+  for (int i = 0; i < 5; ++i) {  // little-endian bits, unchanged
+    EXPECT_EQ(raw[2 * i] | raw[2 * i + 1] << 8, special[i]) << i;
+  }
+
+  auto target = attn::convert<float16>(make_mha<float>(8, 2, true, 0, 0, 2));
+  ASSERT_NE(parameter_bits(source), parameter_bits(target));
+  attn::io::load_state_dict(target, file);
+  EXPECT_EQ(parameter_bits(source), parameter_bits(target));
+
+  auto wide = make_mha<float>(8, 2, true, 0, 0, 3);
+  attn::io::load_state_dict(wide, file);
+  const auto narrow_params = source.named_parameters();
+  const auto wide_params = wide.named_parameters();
+  ASSERT_EQ(narrow_params.size(), wide_params.size());
+  for (std::size_t p = 0; p < wide_params.size(); ++p) {
+    const auto n = narrow_params[p].matrix();
+    const auto f = wide_params[p].matrix();
+    for (attn::Index r = 0; r < f.extent(0); ++r) {
+      for (attn::Index c = 0; c < f.extent(1); ++c) {
+        const float exact = static_cast<float>(n(r, c));
+        if (std::isnan(exact)) {  // a NaN of the same sign
+          ASSERT_TRUE(std::isnan(f(r, c)) && !std::signbit(f(r, c))) << r << " " << c;
+        } else {
+          ASSERT_EQ(float_bits(f(r, c)), float_bits(exact)) << wide_params[p].name() << " " << r;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(float_bits(wide.in_proj_weight()(0, 1)), 0x33800000u);  // 2^-24, exact
+}
+
+// CausalAttention<float16> saves its weights and the notebook's `mask` buffer as F16 and
+// loads them back bit for bit.
+TEST(StateDict, Fp16CausalAttentionRoundTripsWithItsMask) {
+  using attn::float16;
+  attn::manual_seed(4);
+  const auto source = attn::convert<float16>(attn::CausalAttention<float>(6, 4, 5, 0.0, true));
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_EQ(file.dtype("mask"), attn::io::DType::kF16);
+  EXPECT_EQ(file.dtype("W_value.bias"), attn::io::DType::kF16);
+  EXPECT_EQ((file.get<float, 2>("mask")(1, 2)), 1.0f);
+  attn::manual_seed(5);
+  auto target = attn::convert<float16>(attn::CausalAttention<float>(6, 4, 5, 0.0, true));
+  attn::io::load_state_dict(target, file);
+  const auto a = source.named_parameters();
+  const auto b = std::as_const(target).named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    const auto x = a[p].matrix();
+    const auto y = b[p].matrix();
+    for (attn::Index r = 0; r < x.extent(0); ++r) {
+      for (attn::Index c = 0; c < x.extent(1); ++c) {
+        ASSERT_EQ(x(r, c).bits(), y(r, c).bits()) << a[p].name();
+      }
+    }
+  }
+}
+
+// F32, BF16 and F64 tensors load into a float16 module rounded once, to nearest even, from
+// their exact values (expected bits written out by hand; numpy's astype(float16) agrees).
+TEST(StateDict, OtherDtypesLoadIntoAnFp16ModuleRoundedToNearestEven) {
+  attn::MultiHeadAttention<attn::float16> m(attn::MultiHeadAttentionOptions::pytorch(2, 1));
+  const auto bytes_of = [](const auto& values) {
+    std::vector<unsigned char> bytes(sizeof values);
+    std::memcpy(bytes.data(), values, sizeof values);  // little-endian host (x86)
+    return bytes;
+  };
+  // in_proj_weight (6, 2) in F32.
+  const std::uint32_t f32[12] = {
+      0x3F801000,  // 1 + 2^-11, a tie       -> 1 (0x3C00)
+      0x3F803000,  // 1 + 3 2^-11, a tie     -> 1 + 2^-9 (0x3C02)
+      0x3F801001,  // just past the tie      -> 0x3C01
+      0x477FF000,  // 65520, a tie           -> +inf (0x7C00)
+      0x477FEFFF,  // just short of it       -> 65504 (0x7BFF)
+      0x33000000,  // 2^-25, a tie           -> +0
+      0x33000001,  // just past it           -> 2^-24 (0x0001), subnormal
+      0xB3800000,  // -2^-24                 -> 0x8001, exact
+      0x7FC00001,  // a NaN                  -> a NaN
+      0x80000000,  // -0                     -> 0x8000
+      0x3EAAAAAB,  // 1/3                    -> 0x3555
+      0x7F800000,  // +inf                   -> 0x7C00
+  };
+  const std::uint16_t f32_expected[12] = {0x3C00, 0x3C02, 0x3C01, 0x7C00, 0x7BFF, 0x0000,
+                                          0x0001, 0x8001, 0x7E00, 0x8000, 0x3555, 0x7C00};
+  // out_proj.weight (2, 2) in BF16: 8 significant bits fit in 11, but not the range.
+  const std::uint16_t bf16[4] = {0x3F81, 0x4780, 0x3380, 0xC2F7};  // 1 + 2^-7, 65536, 2^-24,
+  const std::uint16_t bf16_expected[4] = {0x3C08, 0x7C00, 0x0001, 0xD7B8};  // -123.5
+  // in_proj_bias (6) and out_proj.bias (2) in F64: rounded once from the double, not through
+  // float (1 + 2^-11 + 2^-40 is past the tie; as a float it would be the tie, which rounds to 1).
+  const double f64[6] = {1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-11, -2.5, 0x1p-25,
+                         0x1p-25 + 0x1p-40,     65519.99};
+  const std::uint16_t f64_expected[6] = {0x3C01, 0x3C00, 0xC100, 0x0000, 0x0001, 0x7BFF};
+  const double out_bias[2] = {3.0, -0.0};
+  SafetensorsWriter w;
+  w.add_raw("in_proj_weight", attn::io::DType::kF32, {6, 2}, bytes_of(f32));
+  w.add_raw("out_proj.weight", attn::io::DType::kBF16, {2, 2}, bytes_of(bf16));
+  w.add_raw("in_proj_bias", attn::io::DType::kF64, {6}, bytes_of(f64));
+  w.add_raw("out_proj.bias", attn::io::DType::kF64, {2}, bytes_of(out_bias));
+  attn::io::load_state_dict(m, reopen(w));
+  for (int i = 0; i < 12; ++i) {
+    const std::uint16_t got = m.in_proj_weight()(i / 2, i % 2).bits();
+    if (i == 8) {
+      EXPECT_TRUE((got & 0x7C00) == 0x7C00 && (got & 0x3FF) != 0) << std::hex << got;
+    } else {
+      EXPECT_EQ(got, f32_expected[i]) << "F32 " << i;
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(m.out_proj().weight()(i / 2, i % 2).bits(), bf16_expected[i]) << "BF16 " << i;
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(m.in_proj_bias()(i).bits(), f64_expected[i]) << "F64 " << i;
+  EXPECT_EQ(m.out_proj().bias()(0).bits(), 0x4200);
   EXPECT_EQ(m.out_proj().bias()(1).bits(), 0x8000);
 }
 

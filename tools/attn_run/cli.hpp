@@ -29,9 +29,9 @@ inline constexpr const char* kUsage =
        attn_run --format onnx --input IN.safetensors --output OUT.safetensors
                 [--q-num-heads N --kv-num-heads N] [--is-causal 0|1] [--scale S]
                 [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P] [--double]
-       attn_run --dtype bf16 --weights W.safetensors --input X.safetensors
+       attn_run --dtype bf16|fp16 --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [--prefix P] [--causal]
-                [--output-dtype bf16|f32]
+                [--output-dtype bf16|fp16|f32]
 
 Runs torch.nn.MultiheadAttention(batch_first=True) in eval mode with the state_dict in
 W (in_proj_weight, in_proj_bias or q/k/v_proj_weight, out_proj.weight, out_proj.bias;
@@ -75,14 +75,15 @@ options:
   --need-weights        also write the attention weights averaged over heads
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
   --double              compute in double (F64 output); default float (F32); --dtype f64
-  --dtype f32|f64|bf16  what the module computes in (default f32). bf16 runs
+  --dtype f32|f64|bf16|fp16  what the module computes in (default f32). bf16 runs
                         MultiHeadAttention<bfloat16> (inference): weights and query, key,
                         value loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
                         nearest even), float masks kept float, output written as BF16.
+                        fp16 the same with MultiHeadAttention<float16> and F16.
                         mha format forward only: --backward, --need-weights,
                         --per-head-weights, --format llama and --format onnx are refused
-  --output-dtype bf16|f32  with --dtype bf16: write the output as BF16 (default) or
-                        widened exactly to F32
+  --output-dtype bf16|fp16|f32  with --dtype bf16 (fp16): write the output as BF16 (F16,
+                        the default) or widened exactly to F32
   --backward            also write grad_query (with key and value: grad_key, grad_value)
                         and grad.<name> per parameter (grad.in_proj_weight, ...): the
                         gradients of sum(grad_output * output), as PyTorch autograd gives
@@ -128,6 +129,7 @@ struct Arguments {
   OnnxOptions onnx_options;
   bool use_double = false;  ///< --double, --dtype f64
   bool use_bf16 = false;    ///< --dtype bf16
+  bool use_fp16 = false;    ///< --dtype fp16
 };
 
 /// The outcome of parsing: run with `arguments`, print the usage, or a usage error.
@@ -193,9 +195,9 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   OnnxOptions& onnx = args.onnx_options;
   // Flags of one format only: which, for the error when they meet another.
   std::vector<std::string> mha_flags, llama_flags, onnx_flags, weight_flags;
-  std::string dtype;          // --dtype as given ("" = not given)
-  bool double_flag = false;   // --double
-  bool output_dtype = false;  // --output-dtype given
+  std::string dtype;         // --dtype as given ("" = not given)
+  bool double_flag = false;  // --double
+  std::string output_dtype;  // --output-dtype as given ("" = not given)
   const auto positive = [&](const std::string& flag, const std::string& value, auto& out) {
     llama_flags.push_back(flag);
     return parse_positive(value, out);
@@ -331,15 +333,15 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     } else if (flag == "--double") {
       double_flag = true;
     } else if (flag == "--dtype") {
-      if (value != "f32" && value != "f64" && value != "bf16") {
-        return error("--dtype expects f32, f64 or bf16, got '" + value + "'");
+      if (value != "f32" && value != "f64" && value != "bf16" && value != "fp16") {
+        return error("--dtype expects f32, f64, bf16 or fp16, got '" + value + "'");
       }
       dtype = value;
     } else if (flag == "--output-dtype") {
-      if (value != "bf16" && value != "f32") {
-        return error("--output-dtype expects bf16 or f32, got '" + value + "'");
+      if (value != "bf16" && value != "fp16" && value != "f32") {
+        return error("--output-dtype expects bf16, fp16 or f32, got '" + value + "'");
       }
-      output_dtype = true;
+      output_dtype = value;
       args.run.widen_output = value == "f32";
     } else if (flag == "--backward") {
       mha_flags.push_back(flag);
@@ -353,20 +355,27 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   }
   args.use_double = double_flag || dtype == "f64";
   args.use_bf16 = dtype == "bf16";
-  if (output_dtype && !args.use_bf16) return error("--output-dtype needs --dtype bf16");
-  if (args.use_bf16) {
-    // What a bfloat16 module does not do yet: it is forward-only and has no rotary
-    // embeddings, KV cache or attention weights.
-    const char* unsupported =
-        " (--dtype bf16 runs the mha format's forward only: --backward, --need-weights, "
+  args.use_fp16 = dtype == "fp16";
+  const bool narrow = args.use_bf16 || args.use_fp16;
+  if (!output_dtype.empty() && (!narrow || (output_dtype != "f32" && output_dtype != dtype))) {
+    return error(output_dtype == "f32"
+                     ? std::string("--output-dtype needs --dtype bf16 or fp16")
+                     : "--output-dtype " + output_dtype + " needs --dtype " + output_dtype);
+  }
+  if (narrow) {
+    // What a bfloat16 or float16 module does not do yet: it is forward-only and has no
+    // rotary embeddings, KV cache or attention weights.
+    const std::string unsupported =
+        " (--dtype " + dtype +
+        " runs the mha format's forward only: --backward, --need-weights, "
         "--per-head-weights, --format llama and --format onnx need --dtype f32 or f64)";
     if (args.llama)
-      return error("--format llama is not supported with --dtype bf16" + std::string(unsupported));
+      return error("--format llama is not supported with --dtype " + dtype + unsupported);
     if (args.onnx)
-      return error("--format onnx is not supported with --dtype bf16" + std::string(unsupported));
+      return error("--format onnx is not supported with --dtype " + dtype + unsupported);
     for (const std::string& flag : mha_flags) {
       if (flag != "--causal") {
-        return error(flag + " is not supported with --dtype bf16" + unsupported);
+        return error(flag + " is not supported with --dtype " + dtype + unsupported);
       }
     }
   }
@@ -408,6 +417,7 @@ inline attn::io::SafetensorsWriter run(const Arguments& args,
                            : run_llama<float>(weights, input, args.llama_options, kv_error);
   }
   if (args.use_bf16) return run_multi_head_attention<attn::bfloat16>(weights, input, args.run);
+  if (args.use_fp16) return run_multi_head_attention<attn::float16>(weights, input, args.run);
   return args.use_double ? run_multi_head_attention<double>(weights, input, args.run)
                          : run_multi_head_attention<float>(weights, input, args.run);
 }

@@ -34,7 +34,7 @@ struct RunOptions {
   bool average_weights = true;  ///< average the weights over heads, like PyTorch's default
   bool backward = false;        ///< also the gradients (--backward)
   std::string prefix;           ///< prefix of the weights' names
-  /// A bfloat16 run's output written as F32 (exactly widened) instead of BF16.
+  /// A bfloat16 (float16) run's output written as F32 (exactly widened) instead of BF16 (F16).
   bool widen_output = false;
 };
 
@@ -114,7 +114,8 @@ inline void check_input_shape(const attn::io::SafetensorsFile& file, const std::
 /// Scalar bfloat16 runs MultiHeadAttention<bfloat16> (inference): the weights load as
 /// bfloat16 (BF16 bit for bit, F32 rounded once to nearest even), so do query, key and value,
 /// float masks stay float (the module's Compute type), and `output` is written as BF16 (F32,
-/// widened exactly, with widen_output). It has no backward and no attention weights.
+/// widened exactly, with widen_output). It has no backward and no attention weights. Scalar
+/// float16 runs MultiHeadAttention<float16> the same way, F16 in place of BF16.
 ///
 /// Every input is checked against the weights (its rank, its features, no empty axis, a
 /// floating dtype) from the file's header before anything is read or sized from it.

@@ -106,7 +106,8 @@ ParameterNames naming_in(const Module& module, const SafetensorsFile& file,
 /// need not be present. Values are converted to Scalar from F16, BF16, F32 or F64: widened
 /// exactly into a float or double module; into a bfloat16 module BF16 tensors are copied
 /// bit for bit (never through float) and F16, F32 and F64 ones rounded once, to nearest
-/// even (SafetensorsFile::get).
+/// even (SafetensorsFile::get); into a float16 module F16 ones are copied bit for bit and
+/// BF16, F32 and F64 ones rounded once.
 ///
 /// The module must already have the file's configuration (sizes, bias presence): build a
 /// MultiHeadAttention with MultiHeadAttentionOptions::pytorch(embed_dim, num_heads, bias,
@@ -204,7 +205,8 @@ LoadResult load_state_dict(Module& module, const std::string& path, const std::s
 
 /// Adds a module's parameters and buffers to `out` under the names of `names` (kDefault:
 /// the module's own; see ParameterNames), each prefixed with `prefix`, in the module's type:
-/// F32 for float, F64 for double, BF16 for bfloat16 (the weights' bits, which load back bit
+/// F32 for float, F64 for double, BF16 for bfloat16 and F16 for float16 (the weights' bits,
+/// which load back bit
 /// for bit). The notebooks' causal modules also write their `mask` buffer, so PyTorch's
 /// strict load_state_dict accepts the file.
 template <class Module>

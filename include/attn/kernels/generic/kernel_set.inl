@@ -119,9 +119,9 @@ ATTN_KERNELS_INSTANCES_(float)
 ATTN_KERNELS_INSTANCES_(double)
 #undef ATTN_KERNELS_INSTANCES_
 // The GEMM on bfloat16 and float16 operands (float results).
-#define ATTN_KERNELS_STORAGE_GEMM_(O)                                                           \
-  ATTN_KERNELS_EXPLICIT_ template void gemm_task<float, O>(const GemmPlan<float, O>&, Index,    \
-                                                           float*) noexcept;                    \
+#define ATTN_KERNELS_STORAGE_GEMM_(O)                                                        \
+  ATTN_KERNELS_EXPLICIT_ template void gemm_task<float, O>(const GemmPlan<float, O>&, Index, \
+                                                           float*) noexcept;                 \
   ATTN_KERNELS_EXPLICIT_ template void pack_gemm_b<O>(const O*, Index, PackedGemmB<O>&) noexcept;
 ATTN_KERNELS_STORAGE_GEMM_(bfloat16)
 ATTN_KERNELS_STORAGE_GEMM_(float16)
