@@ -57,7 +57,8 @@ namespace detail {
 /// Every notebook class is a thin header over one core (or, for the wrapper, several); a
 /// feature added here reaches every module.
 ///
-/// A bfloat16 core (inference) keeps its weights and biases in bfloat16, as a PyTorch module
+/// A bfloat16 (or float16: everything below with float16 in its place) core (inference) keeps
+/// its weights and biases in bfloat16, as a PyTorch module
 /// after .to(torch.bfloat16) does: the projections are GEMMs on bfloat16 operands with float
 /// sums, each result rounded once to bfloat16 (Q, K, V, the output), and the kernel is the
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
@@ -73,7 +74,7 @@ template <class Scalar>
 class AttentionCore {
  public:
   using Heads = typename QkvProjection<Scalar>::Heads;
-  /// What masks, ALiBi slopes and dropout are in: Scalar, or float for bfloat16.
+  /// What masks, ALiBi slopes and dropout are in: Scalar, or float for bfloat16 and float16.
   using Compute = compute_type_t<Scalar>;
   using Mask = AttentionMask<Compute>;
   static constexpr bool kStorage = !std::is_floating_point_v<Scalar>;
