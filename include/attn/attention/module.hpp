@@ -287,9 +287,6 @@ class ModuleForwards {
   ///         or holds another module's keys; ShapeError when out shares memory with the cache.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                KVCache<Scalar>& cache, const Mask& mask = {}) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module has no KV cache yet; the incremental forward needs a "
-                  "float or double module");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache_memory(cache));
     derived().run_cached(x, out, ws, cache, mask);
@@ -303,8 +300,9 @@ class ModuleForwards {
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs) const {
     static_assert(kTraining,
-                  "attn: a bfloat16 module has no KV cache yet; the incremental forward needs a "
-                  "float or double module");
+                  "attn: a bfloat16 module has no paged KV cache yet; the incremental forward "
+                  "through a PagedKVCache needs a float or double module (a KVCache<bfloat16> "
+                  "works)");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache.memory());
     derived().run_paged(x, out, ws, cache, seqs);
@@ -360,8 +358,8 @@ class ModuleForwards {
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, KVCache<Scalar>& cache) const {
     static_assert(kTraining,
-                  "attn: a bfloat16 module has no KV cache yet; the packed prefill needs a float "
-                  "or double module");
+                  "attn: a bfloat16 module takes no packed batch yet; the packed prefill needs a "
+                  "float or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
         gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache_memory(cache));
@@ -554,7 +552,7 @@ class CoreModule {
     core_.forward(x.query, x.key, x.value, out, ws, mask, weights, saved);
   }
   void run_cached(const ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
-                  KVCache<Scalar>& cache, const AttentionMask<Scalar>& mask) const {
+                  KVCache<Scalar>& cache, const AttentionMask<compute_type_t<Scalar>>& mask) const {
     require_config(same_view(x.query, x.key) && same_view(x.key, x.value),
                    core_.config().forward_name, [] {
                      return std::string(
