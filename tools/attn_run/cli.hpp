@@ -355,15 +355,20 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   args.use_bf16 = dtype == "bf16";
   if (output_dtype && !args.use_bf16) return error("--output-dtype needs --dtype bf16");
   if (args.use_bf16) {
-    // What a bfloat16 module does not do yet: it is forward-only and has no rotary
-    // embeddings, KV cache or attention weights.
+    // What a bfloat16 module does not do yet: it is forward-only, without attention weights,
+    // and its KV cache is a contiguous one of bfloat16 rows.
     const char* unsupported =
-        " (--dtype bf16 runs the mha format's forward only: --backward, --need-weights, "
-        "--per-head-weights, --format llama and --format onnx need --dtype f32 or f64)";
-    if (args.llama)
-      return error("--format llama is not supported with --dtype bf16" + std::string(unsupported));
-    if (args.onnx)
-      return error("--format onnx is not supported with --dtype bf16" + std::string(unsupported));
+        " (--dtype bf16 runs forwards only: --backward, --need-weights, --per-head-weights, "
+        "and with --format llama --paged and --kv-dtype other than f32 or bf16, need --dtype "
+        "f32 or f64)";
+    for (const std::string& flag : llama_flags) {
+      const bool quantised =
+          flag == "--kv-dtype" && llama.kv_element != attn::KVElement::kScalar &&
+          llama.kv_element != attn::KVElement::kBFloat16;
+      if (flag == "--paged" || quantised) {
+        return error(flag + " " + (flag == "--paged" ? std::string() : attn::kv_element_name(llama.kv_element) + std::string(" ")) + "is not supported with --dtype bf16" + unsupported);
+      }
+    }
     for (const std::string& flag : mha_flags) {
       if (flag != "--causal") {
         return error(flag + " is not supported with --dtype bf16" + unsupported);
@@ -371,6 +376,10 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     }
   }
   if (args.onnx) {
+    // --dtype names the operator's type T1 (unset: Q's, see run_onnx_attention()).
+    if (dtype == "bf16") onnx.input_type = attn::io::DType::kBF16;
+    if (dtype == "f32") onnx.input_type = attn::io::DType::kF32;
+    onnx.widen_output = args.run.widen_output;
     for (const auto* flags : {&weight_flags, &mha_flags, &llama_flags}) {
       if (!flags->empty()) {
         return error(flags->front() +
@@ -393,17 +402,20 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   }
   llama.num_heads = args.run.num_heads;
   llama.prefix = args.run.prefix;
+  llama.widen_output = args.run.widen_output;
   return parsed;
 }
 
 /// Runs parsed arguments on opened files (what main does after opening them).
-/// With --kv-dtype other than f32, `kv_error` (when not null) receives the output's error
-/// against a float cache's.
+/// With --kv-dtype other than f32 (or --paged), `kv_error` (when not null) receives the
+/// output's error against a float cache's; with --format llama --dtype bf16, against the
+/// float run's.
 inline attn::io::SafetensorsWriter run(const Arguments& args,
                                        const attn::io::SafetensorsFile& weights,
                                        const attn::io::SafetensorsFile& input,
                                        double* kv_error = nullptr) {
   if (args.llama) {
+    if (args.use_bf16) return run_llama<attn::bfloat16>(weights, input, args.llama_options, kv_error);
     return args.use_double ? run_llama<double>(weights, input, args.llama_options, kv_error)
                            : run_llama<float>(weights, input, args.llama_options, kv_error);
   }
@@ -451,7 +463,10 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
     const auto input = attn::io::SafetensorsFile::open(args.input);
     double kv_error = -1;
     run(args, weights, input, &kv_error).save(args.output);
-    if (kv_error >= 0) {
+    if (kv_error >= 0 && args.use_bf16) {
+      out << "attn_run: bf16: ||output - float output|| / ||float output|| = " << kv_error
+          << "\n";
+    } else if (kv_error >= 0) {
       out << "attn_run: KV cache " << attn::kv_element_name(args.llama_options.kv_element)
           << (args.llama_options.paged_block > 0
                   ? ", paged in blocks of " + std::to_string(args.llama_options.paged_block)
