@@ -25,10 +25,11 @@ inline constexpr const char* kUsage =
                 --output Y.safetensors --num-heads H [--num-kv-heads HKV] [--head-dim HD]
                 [--rope-theta THETA] [--rotary-dim R] [--rope-interleaved]
                 [--sliding-window W [--sink-tokens S]] [--prefill N] [--chunk C]
-                [--prefix P] [--double]
+                [--prefix P] [--double | --dtype bf16 [--output-dtype bf16|f32]]
        attn_run --format onnx --input IN.safetensors --output OUT.safetensors
                 [--q-num-heads N --kv-num-heads N] [--is-causal 0|1] [--scale S]
-                [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P] [--double]
+                [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P]
+                [--double | --dtype f32|bf16 [--output-dtype bf16|f32]]
        attn_run --dtype bf16 --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [--prefix P] [--causal]
                 [--output-dtype bf16|f32]
@@ -79,8 +80,10 @@ options:
                         MultiHeadAttention<bfloat16> (inference): weights and query, key,
                         value loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
                         nearest even), float masks kept float, output written as BF16.
-                        mha format forward only: --backward, --need-weights,
-                        --per-head-weights, --format llama and --format onnx are refused
+                        Forwards only: --backward, --need-weights and --per-head-weights are
+                        refused. --format llama: a bfloat16 KV cache (no --paged, --kv-dtype
+                        f32 or bf16 only), the error against the float run printed.
+                        --format onnx: the operator's type (see below)
   --output-dtype bf16|f32  with --dtype bf16: write the output as BF16 (default) or
                         widened exactly to F32
   --backward            also write grad_query (with key and value: grad_key, grad_value)
@@ -113,7 +116,9 @@ onnx options (the operator's attributes; unset: the attribute's default):
   --qk-matmul-output-mode M  also write qk_matmul_output: 0 scaled scores, 1 after softcap,
                         2 after the mask, 3 the softmax's probabilities
   --softmax-precision P the softmax's type (ONNX type code): 1 FLOAT, 10 FLOAT16,
-                        11 DOUBLE, 16 BFLOAT16
+                        11 DOUBLE, 16 BFLOAT16 (default: the inputs' type)
+  The operator's type is Q's when it is BF16 or F16 (else F32), or --dtype's: inputs are
+  read as values of it, outputs written in it (docs/onnx.md, "Element types").
   --help                print this help
   --version             print attn's version and the kernel set it runs (ATTN_ISA forces one)
 exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
@@ -362,11 +367,14 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
         "and with --format llama --paged and --kv-dtype other than f32 or bf16, need --dtype "
         "f32 or f64)";
     for (const std::string& flag : llama_flags) {
-      const bool quantised =
-          flag == "--kv-dtype" && llama.kv_element != attn::KVElement::kScalar &&
-          llama.kv_element != attn::KVElement::kBFloat16;
+      const bool quantised = flag == "--kv-dtype" && llama.kv_element != attn::KVElement::kScalar &&
+                             llama.kv_element != attn::KVElement::kBFloat16;
       if (flag == "--paged" || quantised) {
-        return error(flag + " " + (flag == "--paged" ? std::string() : attn::kv_element_name(llama.kv_element) + std::string(" ")) + "is not supported with --dtype bf16" + unsupported);
+        return error(flag + " " +
+                     (flag == "--paged"
+                          ? std::string()
+                          : attn::kv_element_name(llama.kv_element) + std::string(" ")) +
+                     "is not supported with --dtype bf16" + unsupported);
       }
     }
     for (const std::string& flag : mha_flags) {
@@ -415,7 +423,8 @@ inline attn::io::SafetensorsWriter run(const Arguments& args,
                                        const attn::io::SafetensorsFile& input,
                                        double* kv_error = nullptr) {
   if (args.llama) {
-    if (args.use_bf16) return run_llama<attn::bfloat16>(weights, input, args.llama_options, kv_error);
+    if (args.use_bf16)
+      return run_llama<attn::bfloat16>(weights, input, args.llama_options, kv_error);
     return args.use_double ? run_llama<double>(weights, input, args.llama_options, kv_error)
                            : run_llama<float>(weights, input, args.llama_options, kv_error);
   }
@@ -464,8 +473,7 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
     double kv_error = -1;
     run(args, weights, input, &kv_error).save(args.output);
     if (kv_error >= 0 && args.use_bf16) {
-      out << "attn_run: bf16: ||output - float output|| / ||float output|| = " << kv_error
-          << "\n";
+      out << "attn_run: bf16: ||output - float output|| / ||float output|| = " << kv_error << "\n";
     } else if (kv_error >= 0) {
       out << "attn_run: KV cache " << attn::kv_element_name(args.llama_options.kv_element)
           << (args.llama_options.paged_block > 0

@@ -200,9 +200,9 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
         throw std::logic_error("run_llama: a paged cache of a storage type (refused above)");
       } else {
         attn::PagedKVCacheOptions c;
-      c.block_size = paged_block;
-      c.num_blocks = batch * ((tokens + paged_block - 1) / paged_block);
-      c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
+        c.block_size = paged_block;
+        c.num_blocks = batch * ((tokens + paged_block - 1) / paged_block);
+        c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
         attn::PagedKVCache<Scalar> cache(c);
         std::vector<Index> seqs;
         for (Index b = 0; b < batch; ++b) seqs.push_back(cache.add_sequence());

@@ -171,10 +171,10 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
   require(t1 == attn::io::DType::kF32 || t1 == attn::io::DType::kF64 ||
               t1 == attn::io::DType::kBF16 || t1 == attn::io::DType::kF16,
           [&] { return std::string("no operator type ") + attn::io::dtype_name(t1); });
-  const long long t1_code = t1 == attn::io::DType::kBF16   ? onnx::kBFloat16
-                            : t1 == attn::io::DType::kF16  ? onnx::kFloat16
+  const long long t1_code = t1 == attn::io::DType::kBF16  ? onnx::kBFloat16
+                            : t1 == attn::io::DType::kF16 ? onnx::kFloat16
                             : t1 == attn::io::DType::kF64 ? onnx::kDouble
-                                                           : onnx::kFloat;
+                                                          : onnx::kFloat;
   const bool narrow = t1_code == onnx::kBFloat16 || t1_code == onnx::kFloat16;
   // Unset, the softmax runs in the precision of its input: T1.
   const long long precision = o.softmax_precision.value_or(t1_code);

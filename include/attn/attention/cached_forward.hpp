@@ -60,9 +60,9 @@ struct KVCacheAccess {
 /// A storage type's cache (KVCache<bfloat16>: rows of that type) gives a call on those
 /// operands, computed in float.
 template <class Scalar>
-AttentionCall<compute_type_t<Scalar>, Scalar> cache_call(const char* where, TensorView<const Scalar, 4> q,
-                                 const KVCache<Scalar>& cache, TensorView<Scalar, 4> out,
-                                 const AttentionOptions& options, Index window, Index item = -1) {
+AttentionCall<compute_type_t<Scalar>, Scalar> cache_call(
+    const char* where, TensorView<const Scalar, 4> q, const KVCache<Scalar>& cache,
+    TensorView<Scalar, 4> out, const AttentionOptions& options, Index window, Index item = -1) {
   const Index first = item < 0 ? 0 : item, batch = item < 0 ? cache.batch() : 1;
   const Index kv_heads = cache.num_kv_heads(), cap = cache.capacity();
   CacheKeys keys;

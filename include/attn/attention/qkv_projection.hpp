@@ -431,9 +431,8 @@ class QkvProjection {
       // The float sums of gemm_into() (row-major in the workspace, after the widened bias),
       // each rounded once, to nearest even, into out's layout: the same bits.
       if (x.rows <= 0 || columns <= 0) return;
-      float* wide =
-          detail::workspace_get<float>(ws, detail::WorkspaceSlot::kWideOutput,
-                                       columns + x.rows * columns);
+      float* wide = detail::workspace_get<float>(ws, detail::WorkspaceSlot::kWideOutput,
+                                                 columns + x.rows * columns);
       for (Index j = 0; j < (bias != nullptr ? columns : 0); ++j) wide[j] = bias[j];
       detail::gemm_nt(x.rows, columns, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in,
                       detail::GemmOutput<float>::row_major(wide + columns, columns),

@@ -164,8 +164,9 @@ class RotaryEmbedding {
   /// The same on rows of a storage type computed in Scalar (a bfloat16 module's heads, with
   /// RotaryEmbedding<float>): each pair widened exactly, rotated in Scalar with the same
   /// products, and rounded once to the storage type (nearest even).
-  template <class Storage, class = std::enable_if_t<is_storage_type_v<Storage> &&
-                                                    std::is_same_v<compute_type_t<Storage>, Scalar>>>
+  template <class Storage,
+            class = std::enable_if_t<is_storage_type_v<Storage> &&
+                                     std::is_same_v<compute_type_t<Storage>, Scalar>>>
   void apply(Storage* data, Index rows, Index row_stride, Index first_position) const {
     check_range(first_position, rows);
     for (Index r = 0; r < rows; ++r) rotate(data + r * row_stride, first_position + r);
@@ -189,8 +190,9 @@ class RotaryEmbedding {
         x, [&](Scalar* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
   }
   /// The same on a storage type computed in Scalar (see the row form above).
-  template <class Storage, class = std::enable_if_t<is_storage_type_v<Storage> &&
-                                                    std::is_same_v<compute_type_t<Storage>, Scalar>>>
+  template <class Storage,
+            class = std::enable_if_t<is_storage_type_v<Storage> &&
+                                     std::is_same_v<compute_type_t<Storage>, Scalar>>>
   void apply(TensorView<Storage, 4> x, Index first_position = 0) const {
     check_view(x, "RotaryEmbedding::apply");
     for_each_head(
