@@ -61,11 +61,11 @@ namespace detail {
 /// after .to(torch.bfloat16) does: the projections are GEMMs on bfloat16 operands with float
 /// sums, each result rounded once to bfloat16 (Q, K, V, the output), and the kernel is the
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
-/// state are float. Rotary embeddings rotate the rounded Q and K in float (float tables), rounding
-/// each feature back once; the incremental forward through a KVCache<bfloat16> keeps bfloat16
-/// rows. Training forwards, backwards, a paged cache, attention weights, packed batches and
-/// sinks need a float or double core. Built from a configuration, it
-/// takes a float core's draws rounded; the converting constructor rounds (or widens) any core.
+/// state are float. Rotary embeddings rotate the rounded Q and K in float (float tables),
+/// rounding each feature back once; the incremental forward through a KVCache<bfloat16> keeps
+/// bfloat16 rows. Training forwards, backwards, a paged cache, attention weights, packed
+/// batches and sinks need a float or double core. Built from a configuration, it takes a float
+/// core's draws rounded; the converting constructor rounds (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
