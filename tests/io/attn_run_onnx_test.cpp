@@ -233,6 +233,49 @@ TEST(AttnRunOnnx, Bf16AndF16InputsRunInTheirTypeCloseToTheFloatRun) {
       worst = std::max(worst, std::abs(y[i] - y_float[i]));
     }
     EXPECT_GT(worst, 0.0);  // the roundings are there
+    // The definition's roundings, computed here in double from the same values: the biased
+    // scores rounded to T1, the softmax, P rounded to T1, Y = P V rounded to T1. attn's scores
+    // are float sums (1e-7 from these), so a score or probability within that of a rounding
+    // midpoint may round the other way: nearly every element has the same bits, and all are
+    // within the bound above.
+    const auto round_t1 = [&](double x) {
+      return bf16 ? static_cast<double>(attn::bfloat16(x)) : static_cast<double>(attn::float16(x));
+    };
+    const std::vector<double> qv = in.values<double>("Q"), kv = want.values<double>("present_key"),
+                              vv = want.values<double>("present_value"),
+                              mv = in.values<double>("attn_mask");
+    std::size_t same = 0;
+    for (attn::Index bb = 0; bb < b; ++bb) {
+      for (attn::Index h = 0; h < hq; ++h) {
+        const attn::Index g = bb * hkv + h / (hq / hkv);
+        for (attn::Index i = 0; i < sq; ++i) {
+          std::vector<double> x(static_cast<std::size_t>(total));
+          double top = -std::numeric_limits<double>::infinity(), sum = 0;
+          for (attn::Index j = 0; j < total; ++j) {
+            double dot = 0;
+            for (attn::Index c = 0; c < d; ++c) {
+              dot += qv[static_cast<std::size_t>(((bb * hq + h) * sq + i) * d + c)] *
+                     kv[static_cast<std::size_t>((g * total + j) * d + c)];
+            }
+            x[j] = round_t1(dot / std::sqrt(static_cast<double>(d)) +
+                            mv[static_cast<std::size_t>(i * total + j)]);
+            top = std::max(top, x[j]);
+          }
+          for (double& e : x) sum += (e = std::exp(e - top));
+          for (attn::Index c = 0; c < d; ++c) {
+            double acc = 0;
+            for (attn::Index j = 0; j < total; ++j) {
+              acc += round_t1(x[j] / sum) * vv[static_cast<std::size_t>((g * total + j) * d + c)];
+            }
+            const std::size_t at = static_cast<std::size_t>(((bb * hq + h) * sq + i) * d + c);
+            same += y[at] == round_t1(acc);
+            EXPECT_LE(std::abs(y[at] - round_t1(acc)), u * (2 * x_max + 1) + u * std::abs(acc))
+                << "element " << at;
+          }
+        }
+      }
+    }
+    EXPECT_GE(same, y.size() * 95 / 100);
     // softmax_precision FLOAT: the same (the scores are T1's, the result cast back to T1).
     attn_run::OnnxOptions as_float = o;
     as_float.softmax_precision = attn_run::onnx::kFloat;

@@ -148,7 +148,7 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
     require(has(name), [&] { return "'" + inputs.source() + "' has no tensor '" + name + "'"; });
     require(attn::io::dtype_kind(inputs.dtype(name)) == attn::io::DTypeKind::kFloat, [&] {
       return std::string(name) + " has dtype " + attn::io::dtype_name(inputs.dtype(name)) +
-             ", expected a float type (F32)";
+             ", expected a float type (F32, BF16 or F16)";
     });
   }
   const std::size_t rank = inputs.rank("Q");
