@@ -9,7 +9,9 @@
 //   attn_run --format llama --weights W.safetensors --input X.safetensors --output Y.safetensors
 //            --num-heads H [--num-kv-heads HKV] [--head-dim HD] [--rope-theta THETA]
 //            [--rotary-dim R] [--rope-interleaved] [--sliding-window W] [--prefill N]
-//            [--chunk C] [--prefix P] [--double]
+//            [--chunk C] [--prefix P] [--double | --dtype bf16 [--output-dtype bf16|f32]]
+//   attn_run --format onnx --input IN.safetensors --output OUT.safetensors [attributes]
+//            [--double | --dtype f32|bf16 [--output-dtype bf16|f32]]
 #include <csignal>
 #include <iostream>
 #include <string>

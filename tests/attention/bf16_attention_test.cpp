@@ -449,7 +449,10 @@ TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
 TEST_F(StorageAttention, Fp16ModuleMatchesTheFloatModule) { check_module_against_float<float16>(); }
 
 // The conversion rounds each weight once and widens back exactly; frozen and unfrozen give
-// the same bits; rotary embeddings are refused, naming the type.
+// the same bits; sinks are refused. A rotary module converts too: the whole-sequence forward
+// and the incremental one through a KVCache<bfloat16> (a prefill, then token by token) are
+// within module_near's bound of the float module on the same values (one more rounding, of
+// the rotated Q and K, u = 2^-9 each).
 TEST_F(StorageAttention, Bf16ModuleConversion) {
   auto o = module_options(0, 0);
   const attn::MultiHeadAttention<float> wide(o);
@@ -497,12 +500,34 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
   with_sinks.sinks = true;
   EXPECT_THROW(attn::MultiHeadAttention<bfloat16>{with_sinks}, attn::ConfigError);
   o.rope.head_dim = 16;
-  const attn::MultiHeadAttention<float> rotary(o);
+  o.rope.max_positions = 40;
+  o.causal = true;
+  attn::MultiHeadAttention<bfloat16> rotary(attn::MultiHeadAttention<float>{o});
+  rotary.eval();
+  attn::MultiHeadAttention<float> rotary_wide = attn::convert<float>(rotary);
+  rotary_wide.eval();
+  const Tensor<float, 3> expected = rotary_wide.forward(x.wide);
+  EXPECT_TRUE(module_near(rotary.forward(x.narrow), expected));
+  attn::KVCache<bfloat16> cache(1, 4, 16, 40);
+  Tensor<bfloat16, 3> stepped({1, 40, 64});
+  attn::Workspace ws;
+  const attn::TensorView<const bfloat16, 3> in = x.narrow.view();
+  for (Index t0 = 0, t = 25; t0 < 40; t0 += t, t = 1) {
+    rotary.forward(attn::slice(in, 1, t0, t0 + t), attn::slice(stepped.view(), 1, t0, t0 + t), ws,
+                   cache);
+  }
+  EXPECT_EQ(cache.length(0), 40);
+  EXPECT_TRUE(module_near(stepped, expected));
+  // Its rows are bfloat16: quantised ones are refused, naming the type.
+  attn::KVCacheOptions quantised{1, 4, 16, 40};
+  quantised.element = attn::KVElement::kInt8;
   try {
-    const attn::MultiHeadAttention<bfloat16> refused(rotary);
-    FAIL() << "rotary embeddings were accepted";
+    const attn::KVCache<bfloat16> refused(quantised);
+    FAIL() << "an int8 bfloat16 cache was accepted";
   } catch (const attn::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("bfloat16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a bfloat16 cache stores bfloat16 rows"),
+              std::string::npos)
+        << e.what();
   }
 }
 

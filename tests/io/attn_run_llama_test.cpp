@@ -255,6 +255,143 @@ TEST(AttnRunLlama, SinkTokensKeepTheFirstTokensBesideTheWindow) {
                   HasSubstr("--sink-tokens 2 goes with a --sliding-window (got 0)")));
 }
 
+// --dtype bf16: the layer runs as a MultiHeadAttention<bfloat16> through a KVCache<bfloat16>.
+// The weights and hidden states are bfloat16 values (a BF16 state_dict of the rounded float
+// module, BF16 hidden states), so the float run reads the same values and the difference is
+// the bfloat16 run's own roundings: the Q, K and V projections, the rotation of Q and K, the
+// probabilities, the context and the output projection, each at most u = 2^-9 relative
+// (precision.md): the relative L2 error against the float run is below 8 u = 1.6e-2 (about
+// one u per rounding and one for the scores' sensitivity; 3e-3 to 4e-3 measured), the same
+// for every split, window and sinks. F32 files of the same values give the same bits, as
+// does --kv-dtype bf16 (the same cache), and --output-dtype f32 widens them exactly.
+TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
+  using attn::bfloat16;
+  constexpr double kBound = 8.0 / 512;
+  const auto as_bf16 = [](const SafetensorsFile& f, bool weights) {
+    SafetensorsWriter w;
+    if (weights) {
+      attn::MultiHeadAttentionOptions o;
+      o.d_in = 16;
+      o.num_heads = 4;
+      o.num_kv_heads = f.shape("k_proj.weight")[0] / 4;
+      attn::MultiHeadAttention<bfloat16> m(o);
+      attn::io::load_state_dict(m, f, "", attn::io::Strict::kNo);
+      attn::io::save_state_dict(m, w, "", attn::ParameterNames::kLlama);
+    } else {
+      w.add("query", attn::convert<bfloat16>(f.get<float, 3>("query")));
+    }
+    return SafetensorsFile::from_bytes(w.to_bytes(), weights ? "w.safetensors" : "x.safetensors");
+  };
+  const auto widened = [](const SafetensorsFile& f) {  // the same values as F32
+    SafetensorsWriter w;
+    for (const std::string& name : f.names()) {
+      if (f.rank(name) == 1) w.add(name, f.get<float, 1>(name));
+      if (f.rank(name) == 2) w.add(name, f.get<float, 2>(name));
+      if (f.rank(name) == 3) w.add(name, f.get<float, 3>(name));
+    }
+    return SafetensorsFile::from_bytes(w.to_bytes(), "f32.safetensors");
+  };
+  const auto values = [](const SafetensorsWriter& w) {
+    return SafetensorsFile::from_bytes(w.to_bytes()).values<double>("output");
+  };
+  const SafetensorsFile x = as_bf16(hidden_states(9), false);
+  ASSERT_EQ(x.dtype("query"), attn::io::DType::kBF16);
+  attn_run::LlamaOptions o;
+  o.num_heads = 4;
+  struct Setting {
+    attn::Index kv_heads, window, sinks, prefill, chunk;
+  };
+  for (const Setting& c : std::vector<Setting>{{4, 0, 0, 0, 1},
+                                               {2, 0, 0, 4, 1},
+                                               {1, 0, 0, 2, 3},
+                                               {2, 3, 0, 0, 1},
+                                               {2, 3, 0, 5, 2},
+                                               {2, 3, 2, 4, 1}}) {
+    SCOPED_TRACE("kv_heads " + std::to_string(c.kv_heads) + " window " + std::to_string(c.window) +
+                 " sinks " + std::to_string(c.sinks) + " prefill " + std::to_string(c.prefill) +
+                 " chunk " + std::to_string(c.chunk));
+    o.sliding_window = c.window, o.sink_tokens = c.sinks, o.prefill = c.prefill, o.chunk = c.chunk;
+    const SafetensorsFile w = as_bf16(llama_weights(c.kv_heads), true);
+    ASSERT_EQ(w.dtype("q_proj.weight"), attn::io::DType::kBF16);
+    double reported = -1;
+    const SafetensorsWriter y = attn_run::run_llama<bfloat16>(w, x, o, &reported);
+    const SafetensorsFile file = SafetensorsFile::from_bytes(y.to_bytes());
+    ASSERT_EQ(file.dtype("output"), attn::io::DType::kBF16);
+    EXPECT_EQ(file.metadata().at("dtype"), "bfloat16");
+    // The float run on the same values, and the error the run reports against it.
+    const std::vector<double> got = values(y), want = values(attn_run::run_llama<float>(w, x, o));
+    ASSERT_EQ(got.size(), want.size());
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      num += (got[i] - want[i]) * (got[i] - want[i]);
+      den += want[i] * want[i];
+    }
+    EXPECT_NEAR(reported, std::sqrt(num / den), 1e-12);
+    EXPECT_GT(reported, 0.0);
+    EXPECT_LT(reported, kBound);
+    // The same values in F32 files: the same bits; a bf16 cache asked for: the same cache.
+    EXPECT_EQ(values(attn_run::run_llama<bfloat16>(widened(w), widened(x), o)), got);
+    attn_run::LlamaOptions bf16_cache = o;
+    bf16_cache.kv_element = attn::KVElement::kBFloat16;
+    EXPECT_EQ(values(attn_run::run_llama<bfloat16>(w, x, bf16_cache)), got);
+  }
+  // One prefill step through the KVCache<bfloat16> gives the bfloat16 module's whole-sequence
+  // forward (the same roundings, the same kernel call), bit for bit.
+  {
+    const SafetensorsFile w = as_bf16(llama_weights(2), true);
+    attn::MultiHeadAttentionOptions mo = attn::io::options_from_state_dict(w, 4, "");
+    mo.causal = true;
+    mo.rope = attn::RotaryOptions{4, 0, 10000.0, attn::RopeStyle::kHalfSplit, 9};
+    attn::MultiHeadAttention<bfloat16> m(mo);
+    m.eval();
+    attn::io::load_state_dict(m, w, "", attn::io::Strict::kYes);
+    m.freeze();
+    const attn::Tensor<bfloat16, 3> whole = m.forward(x.get<bfloat16, 3>("query").view());
+    attn_run::LlamaOptions one;
+    one.num_heads = 4;
+    const attn::Tensor<bfloat16, 3> stepped =
+        SafetensorsFile::from_bytes(attn_run::run_llama<bfloat16>(w, x, one).to_bytes())
+            .get<bfloat16, 3>("output");
+    ASSERT_EQ(stepped.shape(), whole.shape());
+    for (attn::Index i = 0; i < whole.size(); ++i) {
+      ASSERT_EQ(stepped.data()[i].bits(), whole.data()[i].bits()) << "element " << i;
+    }
+  }
+  // Through the command line: --output-dtype f32 writes the same values widened, and the
+  // caches a bfloat16 run does not keep are refused.
+  const std::vector<std::string> base{"--format", "llama", "--dtype",  "bf16", "--weights",   "w",
+                                      "--input",  "x",     "--output", "y",    "--num-heads", "4"};
+  const SafetensorsFile w = as_bf16(llama_weights(2), true);
+  const ParsedArguments narrow = attn_run::parse_arguments(base);
+  ASSERT_EQ(narrow.action, ParsedArguments::Action::kRun) << narrow.error;
+  std::vector<std::string> wide_argv = base;
+  wide_argv.insert(wide_argv.end(), {"--output-dtype", "f32"});
+  const ParsedArguments wide = attn_run::parse_arguments(wide_argv);
+  ASSERT_EQ(wide.action, ParsedArguments::Action::kRun) << wide.error;
+  double error = -1;
+  const SafetensorsFile y16 =
+      SafetensorsFile::from_bytes(attn_run::run(narrow.arguments, w, x, &error).to_bytes());
+  const SafetensorsFile y32 =
+      SafetensorsFile::from_bytes(attn_run::run(wide.arguments, w, x).to_bytes());
+  EXPECT_GT(error, 0.0);
+  EXPECT_EQ(y32.dtype("output"), attn::io::DType::kF32);
+  EXPECT_EQ(y32.values<float>("output"), y16.values<float>("output"));
+  for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--paged", "4"}, "--paged is not supported with --dtype bf16"},
+           {{"--kv-dtype", "int8"}, "--kv-dtype int8 is not supported with --dtype bf16"}}) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const ParsedArguments e = attn_run::parse_arguments(argv);
+    EXPECT_EQ(e.action, ParsedArguments::Action::kError) << message;
+    EXPECT_THAT(e.error, HasSubstr(message));
+  }
+  o.sliding_window = o.sink_tokens = o.prefill = 0;
+  o.paged_block = 4;
+  EXPECT_THAT([&] { attn_run::run_llama<bfloat16>(w, x, o); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr(
+                  "a bfloat16 run keeps its KV cache in bfloat16 rows, contiguous: --paged")));
+}
+
 TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   const ParsedArguments p = attn_run::parse_arguments({"--format",
                                                        "llama",

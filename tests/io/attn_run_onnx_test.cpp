@@ -12,10 +12,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -151,6 +153,171 @@ TEST(AttnRunOnnx, EveryRefusedCaseFailsNamingWhatIsWrong) {
     ++refused;
   }
   EXPECT_GE(refused, 19u);
+}
+
+// BF16 and F16 inputs: the operator's type T1 is Q's, and the run against the float run on
+// the same values (F32 files of them) differs by the definition's roundings to T1 (half-ulp
+// u: 2^-9 bfloat16, 2^-11 float16): the scores x the softmax reads (|x| <= 8 / sqrt(8) + 0.5
+// here: d = 8, inputs in [-1, 1], the mask's values up to 0.5), which move each probability
+// by at most 2 u max|x| relative; the probabilities (u); Y (u |Y|). So |Y - Y_float| <=
+// u (2 max|x| + 1) max|V| + u |Y_float|, max|V| <= 1 (and 1e-6 for the float run's own sums).
+// present_key / present_value are the inputs' bits; --dtype bf16 rounds F32 inputs to the
+// same values; --output-dtype f32 widens Y exactly; softmax_precision FLOAT computes as the
+// default, the softmax's result cast back to T1 (mode 3: rows that sum to 1 within T u).
+TEST(AttnRunOnnx, Bf16AndF16InputsRunInTheirTypeCloseToTheFloatRun) {
+  const attn::Index b = 2, hq = 4, hkv = 2, sq = 3, skv = 5, p = 4, d = 8, total = p + skv;
+  const auto random = [](attn::Shape<4> shape, std::uint64_t seed) {
+    return attn::test::random_tensor<float, 4>(shape, seed);  // uniform in [-1, 1]
+  };
+  const attn::Tensor<float, 4> q = random({b, hq, sq, d}, 1), k = random({b, hkv, skv, d}, 2),
+                               v = random({b, hkv, skv, d}, 3), pk = random({b, hkv, p, d}, 4),
+                               pv = random({b, hkv, p, d}, 5);
+  attn::Tensor<float, 2> mask({sq, total});  // additive, one key hidden per row
+  for (attn::Index i = 0; i < mask.size(); ++i) {
+    mask.data()[i] = i % 4 == 1 ? -std::numeric_limits<float>::infinity() : 0.25f * (i % 3);
+  }
+  const auto file = [&](auto element) {
+    using E = decltype(element);
+    attn::io::SafetensorsWriter w;
+    const auto put = [&](const char* name, const auto& t) {
+      if constexpr (std::is_same_v<E, float>) {
+        w.add(name, t);
+      } else {
+        w.add(name, attn::convert<E>(t));
+      }
+    };
+    put("Q", q), put("K", k), put("V", v), put("past_key", pk), put("past_value", pv);
+    put("attn_mask", mask);
+    return SafetensorsFile::from_bytes(w.to_bytes(), "in.safetensors");
+  };
+  const auto widened = [](const SafetensorsFile& f) {
+    attn::io::SafetensorsWriter w;
+    for (const std::string& name : f.names()) {
+      if (f.rank(name) == 2) w.add(name, f.get<float, 2>(name));
+      if (f.rank(name) == 4) w.add(name, f.get<float, 4>(name));
+    }
+    return SafetensorsFile::from_bytes(w.to_bytes(), "f32.safetensors");
+  };
+  const auto run_on = [](const SafetensorsFile& in, const attn_run::OnnxOptions& o) {
+    return SafetensorsFile::from_bytes(attn_run::run_onnx_attention<float>(in, o).to_bytes());
+  };
+  const double x_max = d / std::sqrt(static_cast<double>(d)) + 0.5;
+  for (const bool bf16 : {true, false}) {
+    SCOPED_TRACE(bf16 ? "BF16" : "F16");
+    const double u = bf16 ? 1.0 / 512 : 1.0 / 2048;
+    const attn::io::DType type = bf16 ? attn::io::DType::kBF16 : attn::io::DType::kF16;
+    const SafetensorsFile in = bf16 ? file(attn::bfloat16()) : file(attn::float16());
+    attn_run::OnnxOptions o;
+    const SafetensorsFile got = run_on(in, o), want = run_on(widened(in), o);
+    for (const char* name : {"Y", "present_key", "present_value"}) {
+      EXPECT_EQ(got.dtype(name), type) << name;
+      EXPECT_EQ(want.dtype(name), attn::io::DType::kF32) << name;
+    }
+    // present: past then the new keys, their bits.
+    const std::vector<float> present = got.values<float>("present_key");
+    const std::vector<float> past = in.values<float>("past_key"), now = in.values<float>("K");
+    for (attn::Index i = 0; i < b * hkv; ++i) {
+      for (attn::Index j = 0; j < total * d; ++j) {
+        const float expected = j < p * d ? past[static_cast<std::size_t>(i * p * d + j)]
+                                         : now[static_cast<std::size_t>(i * skv * d + j - p * d)];
+        ASSERT_EQ(present[static_cast<std::size_t>(i * total * d + j)], expected) << i << " " << j;
+      }
+    }
+    EXPECT_EQ(got.values<float>("present_value"), want.values<float>("present_value"));
+    const std::vector<double> y = got.values<double>("Y"), y_float = want.values<double>("Y");
+    ASSERT_EQ(y.size(), y_float.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const double bound = u * (2 * x_max + 1) + u * std::abs(y_float[i]) + 1e-6;
+      EXPECT_LE(std::abs(y[i] - y_float[i]), bound) << "element " << i;
+      worst = std::max(worst, std::abs(y[i] - y_float[i]));
+    }
+    EXPECT_GT(worst, 0.0);  // the roundings are there
+    // The definition's roundings, computed here in double from the same values: the biased
+    // scores rounded to T1, the softmax, P rounded to T1, Y = P V rounded to T1. attn's scores
+    // are float sums (1e-7 from these), so a score or probability within that of a rounding
+    // midpoint may round the other way: nearly every element has the same bits, and all are
+    // within the bound above.
+    const auto round_t1 = [&](double x) {
+      return bf16 ? static_cast<double>(attn::bfloat16(x)) : static_cast<double>(attn::float16(x));
+    };
+    const std::vector<double> qv = in.values<double>("Q"), kv = want.values<double>("present_key"),
+                              vv = want.values<double>("present_value"),
+                              mv = in.values<double>("attn_mask");
+    std::size_t same = 0;
+    for (attn::Index bb = 0; bb < b; ++bb) {
+      for (attn::Index h = 0; h < hq; ++h) {
+        const attn::Index g = bb * hkv + h / (hq / hkv);
+        for (attn::Index i = 0; i < sq; ++i) {
+          std::vector<double> x(static_cast<std::size_t>(total));
+          double top = -std::numeric_limits<double>::infinity(), sum = 0;
+          for (attn::Index j = 0; j < total; ++j) {
+            double dot = 0;
+            for (attn::Index c = 0; c < d; ++c) {
+              dot += qv[static_cast<std::size_t>(((bb * hq + h) * sq + i) * d + c)] *
+                     kv[static_cast<std::size_t>((g * total + j) * d + c)];
+            }
+            x[j] = round_t1(dot / std::sqrt(static_cast<double>(d)) +
+                            mv[static_cast<std::size_t>(i * total + j)]);
+            top = std::max(top, x[j]);
+          }
+          for (double& e : x) sum += (e = std::exp(e - top));
+          for (attn::Index c = 0; c < d; ++c) {
+            double acc = 0;
+            for (attn::Index j = 0; j < total; ++j) {
+              acc += round_t1(x[j] / sum) * vv[static_cast<std::size_t>((g * total + j) * d + c)];
+            }
+            const std::size_t at = static_cast<std::size_t>(((bb * hq + h) * sq + i) * d + c);
+            same += y[at] == round_t1(acc);
+            EXPECT_LE(std::abs(y[at] - round_t1(acc)), u * (2 * x_max + 1) + u * std::abs(acc))
+                << "element " << at;
+          }
+        }
+      }
+    }
+    EXPECT_GE(same, y.size() * 95 / 100);
+    // softmax_precision FLOAT: the same (the scores are T1's, the result cast back to T1).
+    attn_run::OnnxOptions as_float = o;
+    as_float.softmax_precision = attn_run::onnx::kFloat;
+    EXPECT_EQ(run_on(in, as_float).values<float>("Y"), got.values<float>("Y"));
+    // Mode 3: T1 probabilities, each row summing to 1 within T u (a row hides one key or more).
+    attn_run::OnnxOptions probs = o;
+    probs.qk_matmul_output_mode = 3;
+    const SafetensorsFile with_probs = run_on(in, probs);
+    EXPECT_EQ(with_probs.dtype("qk_matmul_output"), type);
+    EXPECT_EQ(with_probs.values<float>("Y"), got.values<float>("Y"));
+    const std::vector<double> pr = with_probs.values<double>("qk_matmul_output");
+    for (std::size_t row = 0; row < pr.size() / total; ++row) {
+      double sum = 0;
+      for (attn::Index j = 0; j < total; ++j) sum += pr[row * total + j];
+      EXPECT_NEAR(sum, 1.0, total * u) << "row " << row;
+    }
+  }
+  // --dtype bf16 on F32 inputs: rounded to the BF16 file's values, the same outputs; written
+  // widened with --output-dtype f32.
+  const SafetensorsFile bf16_in = file(attn::bfloat16());
+  const SafetensorsFile reference = run_on(bf16_in, {});
+  const std::vector<std::string> argv{"--format", "onnx", "--input", "x",
+                                      "--output", "y",    "--dtype", "bf16"};
+  const ParsedArguments narrow = attn_run::parse_arguments(argv);
+  ASSERT_EQ(narrow.action, ParsedArguments::Action::kRun) << narrow.error;
+  ASSERT_EQ(narrow.arguments.onnx_options.input_type, attn::io::DType::kBF16);
+  const SafetensorsFile from_f32 = run_on(file(0.0f), narrow.arguments.onnx_options);
+  EXPECT_EQ(from_f32.dtype("Y"), attn::io::DType::kBF16);
+  EXPECT_EQ(from_f32.values<float>("Y"), reference.values<float>("Y"));
+  EXPECT_EQ(from_f32.values<float>("present_key"), reference.values<float>("present_key"));
+  std::vector<std::string> wide_argv = argv;
+  wide_argv.insert(wide_argv.end(), {"--output-dtype", "f32"});
+  const ParsedArguments wide = attn_run::parse_arguments(wide_argv);
+  ASSERT_EQ(wide.action, ParsedArguments::Action::kRun) << wide.error;
+  const SafetensorsFile widened_y = run_on(bf16_in, wide.arguments.onnx_options);
+  EXPECT_EQ(widened_y.dtype("Y"), attn::io::DType::kF32);
+  EXPECT_EQ(widened_y.values<float>("Y"), reference.values<float>("Y"));
+  // --dtype f32 on BF16 inputs: the float run, F32 outputs.
+  attn_run::OnnxOptions f32;
+  f32.input_type = attn::io::DType::kF32;
+  EXPECT_EQ(run_on(bf16_in, f32).values<float>("Y"),
+            run_on(widened(bf16_in), {}).values<float>("Y"));
 }
 
 TEST(AttnRunOnnx, ParsesTheOperatorsAttributesAndRefusesMisplacedFlags) {

@@ -327,8 +327,6 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
       {"--backward", "--backward is not supported with --dtype bf16"},
       {"--need-weights", "--need-weights is not supported with --dtype bf16"},
       {"--per-head-weights", "--per-head-weights is not supported with --dtype bf16"},
-      {"--format llama", "--format llama is not supported with --dtype bf16"},
-      {"--format onnx", "--format onnx is not supported with --dtype bf16"},
       {"--double", "--double and --dtype bf16 disagree"},
   };
   for (const auto& [flag, message] : refused) {
@@ -348,7 +346,7 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
   backward.push_back("--backward");
   EXPECT_EQ(attn_run::main(backward, out, err), 2);
   EXPECT_THAT(err.str(), HasSubstr("--backward is not supported with --dtype bf16 (--dtype bf16 "
-                                   "runs the mha format's forward only"));
+                                   "runs forwards only"));
   RunOptions o;
   o.num_heads = kH;
   o.need_weights = true;

@@ -25,10 +25,11 @@ inline constexpr const char* kUsage =
                 --output Y.safetensors --num-heads H [--num-kv-heads HKV] [--head-dim HD]
                 [--rope-theta THETA] [--rotary-dim R] [--rope-interleaved]
                 [--sliding-window W [--sink-tokens S]] [--prefill N] [--chunk C]
-                [--prefix P] [--double]
+                [--prefix P] [--double | --dtype bf16 [--output-dtype bf16|f32]]
        attn_run --format onnx --input IN.safetensors --output OUT.safetensors
                 [--q-num-heads N --kv-num-heads N] [--is-causal 0|1] [--scale S]
-                [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P] [--double]
+                [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P]
+                [--double | --dtype f32|bf16 [--output-dtype bf16|f32]]
        attn_run --dtype bf16|fp16 --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [--prefix P] [--causal]
                 [--output-dtype bf16|fp16|f32]
@@ -80,8 +81,10 @@ options:
                         value loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
                         nearest even), float masks kept float, output written as BF16.
                         fp16 the same with MultiHeadAttention<float16> and F16.
-                        mha format forward only: --backward, --need-weights,
-                        --per-head-weights, --format llama and --format onnx are refused
+                        Forwards only: --backward, --need-weights and --per-head-weights are
+                        refused. --format llama (bf16): a bfloat16 KV cache (no --paged,
+                        --kv-dtype f32 or bf16 only), the error against the float run printed.
+                        --format onnx (bf16): the operator's type (see below)
   --output-dtype bf16|fp16|f32  with --dtype bf16 (fp16): write the output as BF16 (F16,
                         the default) or widened exactly to F32
   --backward            also write grad_query (with key and value: grad_key, grad_value)
@@ -114,7 +117,9 @@ onnx options (the operator's attributes; unset: the attribute's default):
   --qk-matmul-output-mode M  also write qk_matmul_output: 0 scaled scores, 1 after softcap,
                         2 after the mask, 3 the softmax's probabilities
   --softmax-precision P the softmax's type (ONNX type code): 1 FLOAT, 10 FLOAT16,
-                        11 DOUBLE, 16 BFLOAT16
+                        11 DOUBLE, 16 BFLOAT16 (default: the inputs' type)
+  The operator's type is Q's when it is BF16 or F16 (else F32), or --dtype's: inputs are
+  read as values of it, outputs written in it (docs/onnx.md, "Element types").
   --help                print this help
   --version             print attn's version and the kernel set it runs (ATTN_ISA forces one)
 exit status: 0 on success, 1 on a bad file or failed run, 2 on bad arguments.
@@ -363,16 +368,30 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
                      : "--output-dtype " + output_dtype + " needs --dtype " + output_dtype);
   }
   if (narrow) {
-    // What a bfloat16 or float16 module does not do yet: it is forward-only and has no
-    // rotary embeddings, KV cache or attention weights.
+    // What a bfloat16 or float16 module does not do yet: it is forward-only, without attention
+    // weights; a bfloat16 one has a contiguous KV cache of bfloat16 rows, a float16 one none.
     const std::string unsupported =
         " (--dtype " + dtype +
-        " runs the mha format's forward only: --backward, --need-weights, "
-        "--per-head-weights, --format llama and --format onnx need --dtype f32 or f64)";
-    if (args.llama)
-      return error("--format llama is not supported with --dtype " + dtype + unsupported);
-    if (args.onnx)
-      return error("--format onnx is not supported with --dtype " + dtype + unsupported);
+        " runs forwards only: --backward, --need-weights, --per-head-weights, " +
+        (args.use_fp16 ? std::string("--format llama and --format onnx")
+                       : std::string("and with --format llama --paged and --kv-dtype other "
+                                     "than f32 or bf16")) +
+        ", need --dtype f32 or f64)";
+    if (args.use_fp16 && args.llama)
+      return error("--format llama is not supported with --dtype fp16" + unsupported);
+    if (args.use_fp16 && args.onnx)
+      return error("--format onnx is not supported with --dtype fp16" + unsupported);
+    for (const std::string& flag : llama_flags) {
+      const bool quantised = flag == "--kv-dtype" && llama.kv_element != attn::KVElement::kScalar &&
+                             llama.kv_element != attn::KVElement::kBFloat16;
+      if (flag == "--paged" || quantised) {
+        return error(flag + " " +
+                     (flag == "--paged"
+                          ? std::string()
+                          : attn::kv_element_name(llama.kv_element) + std::string(" ")) +
+                     "is not supported with --dtype bf16" + unsupported);
+      }
+    }
     for (const std::string& flag : mha_flags) {
       if (flag != "--causal") {
         return error(flag + " is not supported with --dtype " + dtype + unsupported);
@@ -380,6 +399,10 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     }
   }
   if (args.onnx) {
+    // --dtype names the operator's type T1 (unset: Q's, see run_onnx_attention()).
+    if (dtype == "bf16") onnx.input_type = attn::io::DType::kBF16;
+    if (dtype == "f32") onnx.input_type = attn::io::DType::kF32;
+    onnx.widen_output = args.run.widen_output;
     for (const auto* flags : {&weight_flags, &mha_flags, &llama_flags}) {
       if (!flags->empty()) {
         return error(flags->front() +
@@ -402,17 +425,21 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   }
   llama.num_heads = args.run.num_heads;
   llama.prefix = args.run.prefix;
+  llama.widen_output = args.run.widen_output;
   return parsed;
 }
 
 /// Runs parsed arguments on opened files (what main does after opening them).
-/// With --kv-dtype other than f32, `kv_error` (when not null) receives the output's error
-/// against a float cache's.
+/// With --kv-dtype other than f32 (or --paged), `kv_error` (when not null) receives the
+/// output's error against a float cache's; with --format llama --dtype bf16, against the
+/// float run's.
 inline attn::io::SafetensorsWriter run(const Arguments& args,
                                        const attn::io::SafetensorsFile& weights,
                                        const attn::io::SafetensorsFile& input,
                                        double* kv_error = nullptr) {
   if (args.llama) {
+    if (args.use_bf16)
+      return run_llama<attn::bfloat16>(weights, input, args.llama_options, kv_error);
     return args.use_double ? run_llama<double>(weights, input, args.llama_options, kv_error)
                            : run_llama<float>(weights, input, args.llama_options, kv_error);
   }
@@ -461,7 +488,9 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
     const auto input = attn::io::SafetensorsFile::open(args.input);
     double kv_error = -1;
     run(args, weights, input, &kv_error).save(args.output);
-    if (kv_error >= 0) {
+    if (kv_error >= 0 && args.use_bf16) {
+      out << "attn_run: bf16: ||output - float output|| / ||float output|| = " << kv_error << "\n";
+    } else if (kv_error >= 0) {
       out << "attn_run: KV cache " << attn::kv_element_name(args.llama_options.kv_element)
           << (args.llama_options.paged_block > 0
                   ? ", paged in blocks of " + std::to_string(args.llama_options.paged_block)

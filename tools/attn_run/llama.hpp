@@ -48,38 +48,33 @@ struct LlamaOptions {
   /// run is repeated with a contiguous Scalar cache and the output's relative error against
   /// it reported, as for kv_element.
   attn::Index paged_block = 0;
+  /// With Scalar bfloat16: write the output widened exactly to F32 (--output-dtype f32).
+  bool widen_output = false;
 };
 
-/// Hugging Face's LlamaAttention forward with a causal mask, on `inputs`' `query` (B, T, D)
-/// (or (T, D)) and the state_dict in `weights` (q_proj.weight, k_proj.weight, v_proj.weight,
-/// o_proj.weight, optional biases; an old checkpoint's rotary_emb.inv_freq buffer is
-/// accepted and ignored): Q, K, V projections, RoPE at positions 0..T-1, causal softmax
-/// attention over grouped key/value heads (repeat_kv) within the optional sliding window,
-/// o_proj. Returns a writer holding `output` (B, T, D) (or (T, D)) as Scalar. With
-/// sink_tokens S (and the window W): StreamingLLM's cache instead, each token seeing the
-/// first S tokens and its window at positions within the cache (KVCacheOptions::sink_tokens).
-///
-/// It runs as generation does: the first `prefill` tokens (default T) as one step through a
-/// KVCache (a ring with a window), then the rest in steps of `chunk` tokens (default 1, token
-/// by token), each through MultiHeadAttention's incremental forward. With a quantised
-/// cache (options.kv_element), the run is repeated with a Scalar cache: `kv_error`, when
-/// not null, receives ||output - output_scalar|| / ||output_scalar||, which the output's
-/// metadata records too (kv_dtype, kv_relative_error). With options.paged_block the steps
-/// run through a PagedKVCache (one sequence per batch item, blocks of that many tokens, the
-/// window a mask rather than a ring) and are compared the same way (kv_paged_block).
-///
-/// Every input and flag is checked against the weights (the query's rank, width and
-/// extents from the file's header, --prefill against T) before anything is sized from them:
-/// the rotary tables cover the T positions there are, a cache min(window, T) + chunk - 1.
-///
-/// @throws StateDictError / FormatError naming the file and tensor for a bad file;
-///         attn::ShapeError for a query that does not fit the weights (naming its shape);
-///         std::invalid_argument for options that do not fit it (naming both values);
-///         attn::ConfigError from the library (RoPE sizes and theta, shapes).
+namespace detail {
+
+/// ||y - exact|| / ||exact|| (||y - exact|| when exact is 0), in double.
+template <class Scalar, class Exact>
+double relative_error(const attn::Tensor<Scalar, 3>& y, const attn::Tensor<Exact, 3>& exact) {
+  double num = 0, den = 0;
+  for (attn::Index i = 0; i < y.size(); ++i) {
+    const double e = static_cast<double>(static_cast<Exact>(exact.data()[i]));
+    const double d = static_cast<double>(static_cast<Exact>(y.data()[i])) - e;
+    num += d * d;
+    den += e * e;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+/// run_llama()'s output (B, T, D) (a batch of one for a (T, D) query; `rank` receives the
+/// query's rank) and, into `exact` when the options ask for a quantised or paged cache, the
+/// same steps through a contiguous Scalar cache.
 template <class Scalar>
-attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
-                                      const attn::io::SafetensorsFile& inputs,
-                                      const LlamaOptions& options, double* kv_error = nullptr) {
+attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
+                                     const attn::io::SafetensorsFile& inputs,
+                                     const LlamaOptions& options, std::size_t& rank,
+                                     attn::Tensor<Scalar, 3>& exact) {
   using attn::Index;
   using attn::io::detail::io_require;
   const char* where = "run_llama";
@@ -103,6 +98,20 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   io_require<std::invalid_argument>(options.paged_block >= 0, where, [&] {
     return "--paged " + std::to_string(options.paged_block) + " must be positive";
   });
+  if constexpr (attn::is_storage_type_v<Scalar>) {
+    io_require<std::invalid_argument>(
+        options.paged_block == 0 && (options.kv_element == attn::KVElement::kScalar ||
+                                     options.kv_element == attn::KVElement::kBFloat16),
+        where, [&] {
+          const std::string flag =
+              options.paged_block > 0
+                  ? std::string("--paged")
+                  : std::string("--kv-dtype ") + attn::kv_element_name(options.kv_element);
+          return std::string("a ") + attn::element_name<Scalar>() + " run keeps its KV cache in " +
+                 attn::element_name<Scalar>() + " rows, contiguous: " + flag +
+                 " needs --dtype f32 or f64";
+        });
+  }
   io_require<attn::io::FormatError>(weights.contains(prefix + "q_proj.weight"), where, [&] {
     return "'" + weights.source() + "' has no '" + prefix +
            "q_proj.weight': --format llama reads Hugging Face's q_proj/k_proj/v_proj/o_proj "
@@ -124,7 +133,7 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
   io_require<attn::io::FormatError>(inputs.contains("query"), where, [&] {
     return "'" + inputs.source() + "' has no tensor 'query'";
   });
-  const std::size_t rank = inputs.rank("query");
+  rank = inputs.rank("query");
   io_require<attn::io::FormatError>(rank == 2 || rank == 3, where, [&] {
     return "'" + inputs.source() + "': query has shape " + detail::shape_of(inputs.shape("query")) +
            ", expected (B, T, D) or (T, D)";
@@ -187,15 +196,19 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
       }
     };
     if (paged_block > 0) {  // a pool of exactly the blocks the batch's T tokens take
-      attn::PagedKVCacheOptions c;
-      c.block_size = paged_block;
-      c.num_blocks = batch * ((tokens + paged_block - 1) / paged_block);
-      c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
-      attn::PagedKVCache<Scalar> cache(c);
-      std::vector<Index> seqs;
-      for (Index b = 0; b < batch; ++b) seqs.push_back(cache.add_sequence());
-      steps([&](auto in, auto y_out) { mha.forward(in, y_out, ws, cache, seqs); });
-      return y;
+      if constexpr (attn::is_storage_type_v<Scalar>) {
+        throw std::logic_error("run_llama: a paged cache of a storage type (refused above)");
+      } else {
+        attn::PagedKVCacheOptions c;
+        c.block_size = paged_block;
+        c.num_blocks = batch * ((tokens + paged_block - 1) / paged_block);
+        c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
+        attn::PagedKVCache<Scalar> cache(c);
+        std::vector<Index> seqs;
+        for (Index b = 0; b < batch; ++b) seqs.push_back(cache.add_sequence());
+        steps([&](auto in, auto y_out) { mha.forward(in, y_out, ws, cache, seqs); });
+        return y;
+      }
     }
     attn::KVCacheOptions c;
     c.batch = batch, c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd;
@@ -209,31 +222,92 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
     return y;
   };
   const attn::Tensor<Scalar, 3> y = generate(options.kv_element, options.paged_block);
+  // (A storage type's cache holds that type: a bfloat16 run is compared with a float run.)
+  const bool stored = options.kv_element != attn::KVElement::kScalar || options.paged_block > 0;
+  if (!attn::is_storage_type_v<Scalar> && stored) exact = generate(attn::KVElement::kScalar, 0);
+  return y;
+}
+
+}  // namespace detail
+
+/// Hugging Face's LlamaAttention forward with a causal mask, on `inputs`' `query` (B, T, D)
+/// (or (T, D)) and the state_dict in `weights` (q_proj.weight, k_proj.weight, v_proj.weight,
+/// o_proj.weight, optional biases; an old checkpoint's rotary_emb.inv_freq buffer is
+/// accepted and ignored): Q, K, V projections, RoPE at positions 0..T-1, causal softmax
+/// attention over grouped key/value heads (repeat_kv) within the optional sliding window,
+/// o_proj. Returns a writer holding `output` (B, T, D) (or (T, D)) as Scalar. With
+/// sink_tokens S (and the window W): StreamingLLM's cache instead, each token seeing the
+/// first S tokens and its window at positions within the cache (KVCacheOptions::sink_tokens).
+///
+/// It runs as generation does: the first `prefill` tokens (default T) as one step through a
+/// KVCache (a ring with a window), then the rest in steps of `chunk` tokens (default 1, token
+/// by token), each through MultiHeadAttention's incremental forward. With a quantised
+/// cache (options.kv_element), the run is repeated with a Scalar cache: `error`, when
+/// not null, receives ||output - output_scalar|| / ||output_scalar||, which the output's
+/// metadata records too (kv_dtype, kv_relative_error). With options.paged_block the steps
+/// run through a PagedKVCache (one sequence per batch item, blocks of that many tokens, the
+/// window a mask rather than a ring) and are compared the same way (kv_paged_block).
+///
+/// Scalar bfloat16 runs MultiHeadAttention<bfloat16>: the weights and the query load as
+/// bfloat16 (BF16 bit for bit, F32 rounded to nearest even), the rotary embedding rotates
+/// the rounded Q and K in float, and the KV cache holds bfloat16 rows (a KVCache<bfloat16>;
+/// kv_element kScalar or kBFloat16, no paged cache). The run is repeated in float on the
+/// same files: `error` receives ||output - output_float|| / ||output_float|| (metadata
+/// dtype, f32_relative_error). `output` is BF16, or F32 (widened exactly) with
+/// options.widen_output.
+///
+/// Every input and flag is checked against the weights (the query's rank, width and
+/// extents from the file's header, --prefill against T) before anything is sized from them:
+/// the rotary tables cover the T positions there are, a cache min(window, T) + chunk - 1.
+///
+/// @throws StateDictError / FormatError naming the file and tensor for a bad file;
+///         attn::ShapeError for a query that does not fit the weights (naming its shape);
+///         std::invalid_argument for options that do not fit it (naming both values);
+///         attn::ConfigError from the library (RoPE sizes and theta, shapes, a quantised
+///         cache for bfloat16).
+template <class Scalar>
+attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
+                                      const attn::io::SafetensorsFile& inputs,
+                                      const LlamaOptions& options, double* error = nullptr) {
+  std::size_t rank = 3;
+  attn::Tensor<Scalar, 3> exact;
+  const attn::Tensor<Scalar, 3> y =
+      detail::llama_output<Scalar>(weights, inputs, options, rank, exact);
   attn::io::SafetensorsWriter out;
   out.set_metadata("producer", "attn_run --format llama");
-  if (options.kv_element != attn::KVElement::kScalar || options.paged_block > 0) {
-    const attn::Tensor<Scalar, 3> exact = generate(attn::KVElement::kScalar, 0);
-    double num = 0, den = 0;
-    for (Index i = 0; i < y.size(); ++i) {
-      const double d = static_cast<double>(y.data()[i]) - static_cast<double>(exact.data()[i]);
-      num += d * d;
-      den += static_cast<double>(exact.data()[i]) * static_cast<double>(exact.data()[i]);
-    }
-    const double error = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    if (kv_error != nullptr) *kv_error = error;
+  const auto record = [&](double e, const char* key) {
+    if (error != nullptr) *error = e;
     char text[32];
-    std::snprintf(text, sizeof text, "%.3e", error);
+    std::snprintf(text, sizeof text, "%.3e", e);
+    out.set_metadata(key, text);
+  };
+  if constexpr (attn::is_storage_type_v<Scalar>) {
+    LlamaOptions wide = options;
+    wide.kv_element = attn::KVElement::kScalar;
+    std::size_t unused_rank = 0;
+    attn::Tensor<float, 3> unused;
+    const attn::Tensor<float, 3> y_float =
+        detail::llama_output<float>(weights, inputs, wide, unused_rank, unused);
+    out.set_metadata("dtype", attn::element_name<Scalar>());
+    record(detail::relative_error(y, y_float), "f32_relative_error");
+  } else if (!exact.empty()) {
+    record(detail::relative_error(y, exact), "kv_relative_error");
     out.set_metadata("kv_dtype", attn::kv_element_name(options.kv_element));
-    out.set_metadata("kv_relative_error", text);
     if (options.paged_block > 0) {
       out.set_metadata("kv_paged_block", std::to_string(options.paged_block));
     }
   }
-  if (rank == 3) {
-    out.add("output", y);
-  } else {
-    out.add("output", attn::select(y.view(), 0, 0));
+  const auto add = [&](const auto& t) {
+    if (rank == 3) {
+      out.add("output", t);
+    } else {
+      out.add("output", attn::select(t.view(), 0, 0));
+    }
+  };
+  if constexpr (attn::is_storage_type_v<Scalar>) {
+    if (options.widen_output) return add(attn::convert<float>(y)), out;
   }
+  add(y);
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include "attn/io/error.hpp"
 #include "attn/io/safetensors.hpp"
 #include "attn/nn/mask.hpp"
+#include "attn/ops/convert.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -36,6 +37,11 @@ struct OnnxOptions {
   double softcap = 0.0;
   std::optional<long long> qk_matmul_output_mode;  ///< 0..3: write qk_matmul_output
   std::optional<long long> softmax_precision;      ///< ONNX type code: 1, 10, 11 or 16
+  /// T1, the type the operator runs on (--dtype): BF16 or F16 round the inputs to it and
+  /// write the outputs in it; F32 widens them. Unset: Q's dtype when it is BF16 or F16, else
+  /// F32 (a double run: F64 always).
+  std::optional<attn::io::DType> input_type;
+  bool widen_output = false;  ///< BF16 / F16 outputs written widened exactly to F32
 };
 
 namespace onnx {
@@ -98,6 +104,13 @@ inline double as_float32(double value) { return static_cast<double>(static_cast<
 /// `present_key` and `present_value` with a past, and `qk_matmul_output` (B, Hq, S_q, T)
 /// with a qk_matmul_output_mode, as Scalar. softmax_precision FLOAT16 / BFLOAT16 rounds the
 /// scores the softmax reads and its probabilities to that type, as the definition does.
+///
+/// The operator's type T1 (o.input_type, else Q's dtype when it is BF16 or F16): BF16 or
+/// F16 inputs are read as values of that type (inputs of another float dtype rounded to it,
+/// to nearest even), computed in Scalar (float) with the roundings of the definition's
+/// tensors of type T1: the scores the softmax reads (softmax_precision, unset, is T1 itself),
+/// the probabilities P, and the outputs. Y, present_key, present_value and
+/// qk_matmul_output are written as T1 (F32, widened exactly, with o.widen_output).
 /// @throws std::invalid_argument for inputs or attributes the operator refuses, naming them;
 ///         attn::io::FormatError for a tensor of a dtype the file cannot give.
 template <class Scalar>
@@ -122,11 +135,11 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
                " is not 0 (scaled scores), 1 (after softcap), 2 (after the mask) or 3 "
                "(after softmax)";
       });
-  const long long precision = o.softmax_precision.value_or(onnx::kFloat);
-  require(precision == onnx::kFloat || precision == onnx::kFloat16 || precision == onnx::kDouble ||
-              precision == onnx::kBFloat16,
+  const long long given = o.softmax_precision.value_or(onnx::kFloat);
+  require(given == onnx::kFloat || given == onnx::kFloat16 || given == onnx::kDouble ||
+              given == onnx::kBFloat16,
           [&] {
-            return "softmax_precision " + std::to_string(precision) +
+            return "softmax_precision " + std::to_string(given) +
                    " is not a floating-point type: 1 (FLOAT), 10 (FLOAT16), 11 (DOUBLE) or 16 "
                    "(BFLOAT16)";
           });
@@ -135,7 +148,7 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
     require(has(name), [&] { return "'" + inputs.source() + "' has no tensor '" + name + "'"; });
     require(attn::io::dtype_kind(inputs.dtype(name)) == attn::io::DTypeKind::kFloat, [&] {
       return std::string(name) + " has dtype " + attn::io::dtype_name(inputs.dtype(name)) +
-             ", expected a float type (F32)";
+             ", expected a float type (F32, BF16 or F16)";
     });
   }
   const std::size_t rank = inputs.rank("Q");
@@ -146,6 +159,36 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
            std::to_string(inputs.rank("K")) + ", " + std::to_string(inputs.rank("V"));
   });
   const bool three_d = rank == 3;
+  // T1: the operator's element type, and its code as a softmax_precision.
+  const attn::io::DType t1 = [&] {
+    if (!std::is_same_v<Scalar, float>) return attn::io::DType::kF64;
+    const attn::io::DType q_type = inputs.dtype("Q");
+    if (o.input_type) return *o.input_type;
+    return q_type == attn::io::DType::kBF16 || q_type == attn::io::DType::kF16
+               ? q_type
+               : attn::io::DType::kF32;
+  }();
+  require(t1 == attn::io::DType::kF32 || t1 == attn::io::DType::kF64 ||
+              t1 == attn::io::DType::kBF16 || t1 == attn::io::DType::kF16,
+          [&] { return std::string("no operator type ") + attn::io::dtype_name(t1); });
+  const long long t1_code = t1 == attn::io::DType::kBF16  ? onnx::kBFloat16
+                            : t1 == attn::io::DType::kF16 ? onnx::kFloat16
+                            : t1 == attn::io::DType::kF64 ? onnx::kDouble
+                                                          : onnx::kFloat;
+  const bool narrow = t1_code == onnx::kBFloat16 || t1_code == onnx::kFloat16;
+  // Unset, the softmax runs in the precision of its input: T1.
+  const long long precision = o.softmax_precision.value_or(t1_code);
+  // A tensor read as T1's values (held as Scalars): rounded in place when T1 is narrow (a
+  // BF16 or F16 tensor of that type reads exactly, and is unchanged).
+  const auto as_t1 = [&](auto tensor) {
+    if (narrow) {
+      for (Index i = 0; i < tensor.size(); ++i) {
+        tensor.data()[i] =
+            static_cast<Scalar>(onnx::round_to(static_cast<double>(tensor.data()[i]), t1_code));
+      }
+    }
+    return tensor;
+  };
   if (three_d) {
     require(o.q_num_heads > 0 && o.kv_num_heads > 0, [] {
       return std::string("3-D inputs need q_num_heads and kv_num_heads (--q-num-heads, ") +
@@ -162,9 +205,9 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
   attn::Tensor<Scalar, 4> q4, k4, v4;
   attn::TensorView<const Scalar, 4> q, k, v;
   if (three_d) {
-    q3 = inputs.get<Scalar, 3>("Q");
-    k3 = inputs.get<Scalar, 3>("K");
-    v3 = inputs.get<Scalar, 3>("V");
+    q3 = as_t1(inputs.get<Scalar, 3>("Q"));
+    k3 = as_t1(inputs.get<Scalar, 3>("K"));
+    v3 = as_t1(inputs.get<Scalar, 3>("V"));
     require(k3.extent(0) == q3.extent(0) && v3.extent(0) == q3.extent(0), [&] {
       return "batch sizes differ: Q " + std::to_string(q3.extent(0)) + ", K " +
              std::to_string(k3.extent(0)) + ", V " + std::to_string(v3.extent(0));
@@ -187,9 +230,9 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
     k = split(k3, o.kv_num_heads, "K");
     v = split(v3, o.kv_num_heads, "V");
   } else {
-    q4 = inputs.get<Scalar, 4>("Q");
-    k4 = inputs.get<Scalar, 4>("K");
-    v4 = inputs.get<Scalar, 4>("V");
+    q4 = as_t1(inputs.get<Scalar, 4>("Q"));
+    k4 = as_t1(inputs.get<Scalar, 4>("K"));
+    v4 = as_t1(inputs.get<Scalar, 4>("V"));
     q = q4.view(), k = k4.view(), v = v4.view();
   }
   const Index batch = q.extent(0), hq = q.extent(1), sq = q.extent(2), d = q.extent(3);
@@ -239,7 +282,7 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
              ", expected (B, Hkv, P, dv) = " + dims(want_v);
     });
     const auto concat = [&](const char* name, attn::TensorView<const Scalar, 4> now) {
-      const attn::Tensor<Scalar, 4> before = inputs.get<Scalar, 4>(name);
+      const attn::Tensor<Scalar, 4> before = as_t1(inputs.get<Scalar, 4>(name));
       attn::Tensor<Scalar, 4> all({batch, hkv, p_len + skv, now.extent(3)});
       attn::copy(before.view(), attn::slice(all.view(), 2, 0, p_len));
       attn::copy(now, attn::slice(all.view(), 2, p_len, p_len + skv));
@@ -320,6 +363,7 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
       additive = attn::Tensor<Scalar, 4>(m4);
       const std::vector<Scalar> values_read = inputs.values<Scalar>("attn_mask");
       std::copy(values_read.begin(), values_read.end(), additive.data());
+      additive = as_t1(std::move(additive));
       mask.additive(additive.view());
     }
     if (m4[3] < total) mask.pad_keys();
@@ -365,13 +409,15 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
       attn::WeightsStage::kProbabilities};
   attn::Tensor<Scalar, 4> qk;
   if (o.qk_matmul_output_mode) qk = attn::Tensor<Scalar, 4>({batch, hq, sq, total});
-  const bool rounded = precision == onnx::kFloat16 || precision == onnx::kBFloat16;
+  const bool rounded = narrow || precision == onnx::kFloat16 || precision == onnx::kBFloat16;
   if (!rounded) {
     run(o.qk_matmul_output_mode ? kStages[*o.qk_matmul_output_mode] : attn::WeightsStage::kWeights,
         qk.view());
   } else {
     // The softmax in FLOAT16 / BFLOAT16: the scores it reads (mode 2's) rounded to that type,
     // the probabilities too; then Y = P V. Fully masked rows (every score -inf) give zeros.
+    // A narrow T1 rounds the scores to T1 first (the definition's scores are T1), the
+    // probabilities to T1 last (cast back to T1 before they multiply V), and Y.
     attn::Tensor<Scalar, 4> x({batch, hq, sq, total});
     run(attn::WeightsStage::kMasked, x.view());
     attn::Tensor<Scalar, 4> probs({batch, hq, sq, total});
@@ -382,7 +428,8 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
         for (Index i = 0; i < sq; ++i) {
           double top = -std::numeric_limits<double>::infinity();
           for (Index j = 0; j < total; ++j) {
-            e[j] = onnx::round_to(static_cast<double>(x(b, h, i, j)), precision);
+            e[j] = onnx::round_to(onnx::round_to(static_cast<double>(x(b, h, i, j)), t1_code),
+                                  precision);
             top = std::max(top, e[j]);
           }
           double sum = 0;
@@ -391,8 +438,8 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
             sum += e[j];
           }
           for (Index j = 0; j < total; ++j) {
-            probs(b, h, i, j) =
-                static_cast<Scalar>(sum > 0 ? onnx::round_to(e[j] / sum, precision) : 0.0);
+            probs(b, h, i, j) = static_cast<Scalar>(
+                sum > 0 ? onnx::round_to(onnx::round_to(e[j] / sum, precision), t1_code) : 0.0);
           }
           for (Index c = 0; c < dv; ++c) {
             double acc = 0;
@@ -400,7 +447,7 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
               acc += static_cast<double>(probs(b, h, i, j)) *
                      static_cast<double>(values(b, kvh, j, c));
             }
-            y(b, h, i, c) = static_cast<Scalar>(acc);
+            y(b, h, i, c) = static_cast<Scalar>(onnx::round_to(acc, t1_code));
           }
         }
       }
@@ -422,18 +469,29 @@ attn::io::SafetensorsWriter run_onnx_attention(const attn::io::SafetensorsFile& 
   }
 
   // ---- outputs ----
+  // As T1: rounded to it (Y and the probabilities already are), written in it (or widened).
   attn::io::SafetensorsWriter out;
   out.set_metadata("producer", "attn_run --format onnx");
+  const auto put = [&](const char* name, const auto& tensor) {
+    const auto values = as_t1(tensor);
+    if (narrow && !o.widen_output && t1 == attn::io::DType::kBF16) {
+      out.add(name, attn::convert<attn::bfloat16>(values));
+    } else if (narrow && !o.widen_output) {
+      out.add(name, attn::convert<attn::float16>(values));
+    } else {
+      out.add(name, values);
+    }
+  };
   if (three_d) {
-    out.add("Y", y3);
+    put("Y", y3);
   } else {
-    out.add("Y", y4);
+    put("Y", y4);
   }
   if (past) {
-    out.add("present_key", present_key);
-    out.add("present_value", present_value);
+    put("present_key", present_key);
+    put("present_value", present_value);
   }
-  if (o.qk_matmul_output_mode) out.add("qk_matmul_output", qk);
+  if (o.qk_matmul_output_mode) put("qk_matmul_output", qk);
   return out;
 }
 

@@ -57,10 +57,12 @@ struct KVCacheAccess {
 /// hd), query i of item b at position L_b - T + i (per-item bottom-right causal bound, the
 /// window), a ring's keys read in place, quantised rows read through their descriptor.
 /// `item` >= 0: over that item of the cache alone (q and out of batch 1; the packed prefill).
+/// A storage type's cache (KVCache<bfloat16>: rows of that type) gives a call on those
+/// operands, computed in float.
 template <class Scalar>
-AttentionCall<Scalar> cache_call(const char* where, TensorView<const Scalar, 4> q,
-                                 const KVCache<Scalar>& cache, TensorView<Scalar, 4> out,
-                                 const AttentionOptions& options, Index window, Index item = -1) {
+AttentionCall<compute_type_t<Scalar>, Scalar> cache_call(
+    const char* where, TensorView<const Scalar, 4> q, const KVCache<Scalar>& cache,
+    TensorView<Scalar, 4> out, const AttentionOptions& options, Index window, Index item = -1) {
   const Index first = item < 0 ? 0 : item, batch = item < 0 ? cache.batch() : 1;
   const Index kv_heads = cache.num_kv_heads(), cap = cache.capacity();
   CacheKeys keys;
@@ -80,9 +82,9 @@ AttentionCall<Scalar> cache_call(const char* where, TensorView<const Scalar, 4> 
       stored ? shape_only(cache.head_dim()) : items(cache.k_storage());
   const TensorView<const Scalar, 4> v =
       stored ? shape_only(cache.value_head_dim()) : items(cache.v_storage());
-  AttentionCall<Scalar> call =
-      make_call<Scalar>(where, q, k, v, out, {}, {}, {}, options,
-                        {true, CausalAlignment::kBottomRightPerItem, window}, keys);
+  AttentionCall<compute_type_t<Scalar>, Scalar> call = make_call<compute_type_t<Scalar>, Scalar>(
+      where, q, k, v, out, {}, {}, {}, options,
+      {true, CausalAlignment::kBottomRightPerItem, window}, keys);
   call.args.stored = cache.stored();
   if (stored) {
     for (StoredRows* rows : {&call.args.stored.k, &call.args.stored.v}) {
@@ -202,7 +204,7 @@ void check_cache_room(const AttentionCore<Scalar>& core, const KVCache<Scalar>& 
 template <class Scalar>
 void check_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                   TensorView<Scalar, 3> out, const KVCache<Scalar>& cache,
-                  const AttentionMask<Scalar>& mask) {
+                  const AttentionMask<compute_type_t<Scalar>>& mask) {
   const CoreConfig& c = core.config();
   const char* where = c.forward_name;
   const char* name = c.input_name != nullptr ? c.input_name : "query";
@@ -289,7 +291,7 @@ void sink_attention(const AttentionCore<Scalar>& core, const Scalar* q, Index t,
       }
     });
     run_attention(
-        make_call<Scalar>(
+        make_call<compute_type_t<Scalar>, Scalar>(
             core.config().forward_name,
             TensorView<const Scalar, 4>(q + i * hd, {batch, heads, 1, hd}, {t * qa, t * hd, hd, 1}),
             TensorView<const Scalar, 4>(k, k_shape, k_strides),
@@ -386,7 +388,7 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   // on Q alone, query i at its cache position visible_keys(L_b + i) - 1 (the keys are
   // rotated when read, in sink_attention()).
   if (core.has_rope()) {
-    const RotaryEmbedding<Scalar>& rope = core.rope();
+    const auto& rope = core.rope();  // in Scalar's compute type
     for (Index b = 0; b < batch; ++b) {
       const Index first = cache.length(b);
       for (Index h = 0; h < heads; ++h) {
@@ -456,7 +458,7 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 template <class Scalar>
 void forward_cached(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                     TensorView<Scalar, 3> out, Workspace& ws, KVCache<Scalar>& cache,
-                    const AttentionMask<Scalar>& mask) {
+                    const AttentionMask<compute_type_t<Scalar>>& mask) {
   check_cached(core, x, out, cache, mask);
   KVCacheAccess::set_owner(cache, core.id());
   const Index tokens = x.extent(1), chunk = cache.max_chunk();

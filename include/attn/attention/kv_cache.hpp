@@ -23,6 +23,7 @@
 #include "attn/kernels/kv_storage.hpp"
 #include "attn/memory.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -139,10 +140,14 @@ struct KVSegments {
 ///
 /// Not thread-safe: append, truncate, reorder and reset need exclusive access.
 ///
-/// @tparam Scalar float or double.
+/// A bfloat16 cache (KVCache<bfloat16>, the cache of a bfloat16 module) holds bfloat16 rows
+/// (kScalar, or kBFloat16, the same rows); the kernel reads them as bfloat16 operands.
+///
+/// @tparam Scalar float, double or bfloat16.
 template <class Scalar = float>
 class KVCache {
-  static_assert(std::is_floating_point_v<Scalar>, "attn::KVCache: Scalar must be float or double");
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
+                "attn::KVCache: Scalar must be float, double or bfloat16");
 
  public:
   /// An empty cache of no items (assign a real one before use; every item index is refused).
@@ -493,7 +498,20 @@ class KVCache {
   }
 
  private:
-  static KVCacheOptions checked(const KVCacheOptions& o) {
+  static KVCacheOptions checked(const KVCacheOptions& given) {
+    KVCacheOptions o = given;
+    if constexpr (is_storage_type_v<Scalar>) {
+      // Rows of the storage type itself: the kernel reads them as its operands (it
+      // dequantises other rows for float and double operands only).
+      detail::require_config(o.element == KVElement::kScalar || o.element == KVElement::kBFloat16,
+                             "KVCache", [&] {
+                               return describe(o) + ": a " + std::string(element_name<Scalar>()) +
+                                      " cache stores " + element_name<Scalar>() +
+                                      " rows (KVElement::kScalar); quantised rows need a float "
+                                      "cache";
+                             });
+      o.element = KVElement::kScalar;
+    }
     const bool window = o.window > 0;
     detail::require_config(o.batch > 0 && o.num_kv_heads > 0 && o.head_dim > 0 && o.window >= 0 &&
                                o.value_head_dim >= 0 && o.int4_group >= 0 &&

@@ -288,10 +288,9 @@ class ModuleForwards {
   ///         or holds another module's keys; ShapeError when out shares memory with the cache.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                KVCache<Scalar>& cache, const Mask& mask = {}) const {
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module has no KV cache yet; the incremental forward needs a "
-        "float or double module");
+    static_assert(!std::is_same_v<Scalar, float16>,
+                  "attn: a float16 module has no KV cache yet; the incremental forward needs a "
+                  "float, double or bfloat16 module");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache_memory(cache));
     derived().run_cached(x, out, ws, cache, mask);
@@ -304,10 +303,10 @@ class ModuleForwards {
   /// @throws as the forward through a KVCache; IndexError for an id that is not a sequence.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs) const {
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module has no KV cache yet; the incremental forward needs a "
-        "float or double module");
+    static_assert(kTraining,
+                  "attn: a bfloat16 or float16 module has no paged KV cache yet; the incremental "
+                  "forward through a PagedKVCache needs a float or double module (a bfloat16 "
+                  "module's KVCache<bfloat16> works)");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache.memory());
     derived().run_paged(x, out, ws, cache, seqs);
@@ -364,10 +363,9 @@ class ModuleForwards {
   ///         for a cache of fewer than N items.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, KVCache<Scalar>& cache) const {
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module has no KV cache yet; the packed prefill needs a float "
-        "or double module");
+    static_assert(kTraining,
+                  "attn: a bfloat16 or float16 module takes no packed batch yet; the packed "
+                  "prefill needs a float or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
         gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache_memory(cache));
@@ -561,7 +559,7 @@ class CoreModule {
     core_.forward(x.query, x.key, x.value, out, ws, mask, weights, saved);
   }
   void run_cached(const ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
-                  KVCache<Scalar>& cache, const AttentionMask<Scalar>& mask) const {
+                  KVCache<Scalar>& cache, const AttentionMask<compute_type_t<Scalar>>& mask) const {
     require_config(same_view(x.query, x.key) && same_view(x.key, x.value),
                    core_.config().forward_name, [] {
                      return std::string(

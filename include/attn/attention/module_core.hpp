@@ -62,9 +62,11 @@ namespace detail {
 /// after .to(torch.bfloat16) does: the projections are GEMMs on bfloat16 operands with float
 /// sums, each result rounded once to bfloat16 (Q, K, V, the output), and the kernel is the
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
-/// state are float. Training forwards, backwards, the KV cache, attention weights, packed
-/// batches, rotary embeddings and sinks need a float or double core. Built from a configuration, it
-/// takes a float core's draws rounded; the converting constructor rounds (or widens) any core.
+/// state are float. Rotary embeddings rotate the rounded Q and K in float (float tables),
+/// rounding each feature back once; the incremental forward through a KVCache<bfloat16> keeps
+/// bfloat16 rows. Training forwards, backwards, a paged cache, attention weights, packed
+/// batches and sinks need a float or double core. Built from a configuration, it takes a float
+/// core's draws rounded; the converting constructor rounds (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
@@ -97,9 +99,9 @@ class AttentionCore {
   /// @throws ConfigError naming c.name and the values.
   AttentionCore(const CoreConfig& c, TorchGenerator* gen) : config_(checked_core_config(c)) {
     if constexpr (kStorage) {
-      require_config(c.rope.head_dim == 0 && !c.sinks, c.name, [&] {
+      require_config(!c.sinks, c.name, [&] {
         return std::string("a ") + element_name<Scalar>() +
-               " module has no rotary embeddings or sinks yet; use a float module";
+               " module has no sinks yet; use a float module";
       });
     }
     const Index kdim = c.kdim > 0 ? c.kdim : c.d_in, vdim = c.vdim > 0 ? c.vdim : c.d_in;
@@ -159,11 +161,9 @@ class AttentionCore {
     check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
     const Heads heads = proj_.project(query, key, value, keep);
-    if constexpr (!kStorage) {
-      if (has_rope()) {  // positions 0..T-1 of each sequence, in the projection's own buffer
-        rotate(heads.query, packed != nullptr ? &packed->query : nullptr, false);
-        rotate(heads.key, packed != nullptr ? &packed->keys() : nullptr, false);
-      }
+    if (has_rope()) {  // positions 0..T-1 of each sequence, in the projection's own buffer
+      rotate(heads.query, packed != nullptr ? &packed->query : nullptr, false);
+      rotate(heads.key, packed != nullptr ? &packed->keys() : nullptr, false);
     }
     const Index batch = query.extent(0), tq = query.extent(1), d = attention_width(),
                 hd = value_head_dim();
@@ -330,7 +330,9 @@ class AttentionCore {
               bool transposed) const {
     const TensorView<Scalar, 4> rows(const_cast<Scalar*>(x.data()), x.shape(), x.strides());
     const auto apply = [&](TensorView<Scalar, 4> part) {
-      if (transposed) {
+      if constexpr (kStorage) {  // forward only
+        rope_.apply(part);
+      } else if (transposed) {
         rope_.apply_transposed(part);
       } else {
         rope_.apply(part);
@@ -566,7 +568,7 @@ class AttentionCore {
   QkvProjection<Scalar> proj_;
   Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
   Dropout<Compute> dropout_{0.0};
-  RotaryEmbedding<Compute> rope_;  // head_dim 0 unless config_.rope.head_dim (never bfloat16)
+  RotaryEmbedding<Compute> rope_;  // head_dim 0 unless config_.rope.head_dim
   Tensor<Scalar, 1> sinks_;        // (H) with config_.sinks, else empty (never bfloat16)
   Tensor<Compute, 1> alibi_;       // (H): the ALiBi slopes as Computes, empty without ALiBi
   bool scaled_ = true;             // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module

@@ -128,8 +128,7 @@ class MultiHeadAttention
   /// `other` with its weights converted to Scalar: a float module's weights rounded once to
   /// bfloat16 or float16 (to nearest even), or widened back. Modes, dropout seed and scaling
   /// are kept; the result is not frozen. attn::convert<To>(module) says the same.
-  /// @throws ConfigError when Scalar is bfloat16 or float16 and `other` has rotary embeddings
-  ///         or sinks.
+  /// @throws ConfigError when Scalar is bfloat16 or float16 and `other` has sinks.
   template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
   explicit MultiHeadAttention(const MultiHeadAttention<Other>& other) : Base(other) {}
 

@@ -13,6 +13,7 @@
 #include "attn/error.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -160,6 +161,16 @@ class RotaryEmbedding {
     check_range(first_position, rows);
     for (Index r = 0; r < rows; ++r) rotate(data + r * row_stride, first_position + r);
   }
+  /// The same on rows of a storage type computed in Scalar (a bfloat16 module's heads, with
+  /// RotaryEmbedding<float>): each pair widened exactly, rotated in Scalar with the same
+  /// products, and rounded once to the storage type (nearest even).
+  template <class Storage,
+            class = std::enable_if_t<is_storage_type_v<Storage> &&
+                                     std::is_same_v<compute_type_t<Storage>, Scalar>>>
+  void apply(Storage* data, Index rows, Index row_stride, Index first_position) const {
+    check_range(first_position, rows);
+    for (Index r = 0; r < rows; ++r) rotate(data + r * row_stride, first_position + r);
+  }
   /// The same with one position per row (positions[r] for row r).
   void apply(Scalar* data, Index rows, Index row_stride, const Index* positions) const {
     for (Index r = 0; r < rows; ++r) {
@@ -177,6 +188,15 @@ class RotaryEmbedding {
     check_view(x, "RotaryEmbedding::apply");
     for_each_head(
         x, [&](Scalar* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
+  }
+  /// The same on a storage type computed in Scalar (see the row form above).
+  template <class Storage,
+            class = std::enable_if_t<is_storage_type_v<Storage> &&
+                                     std::is_same_v<compute_type_t<Storage>, Scalar>>>
+  void apply(TensorView<Storage, 4> x, Index first_position = 0) const {
+    check_view(x, "RotaryEmbedding::apply");
+    for_each_head(
+        x, [&](Storage* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
   }
   /// The transposed rotation R(p)^T = R(-p) at positions first_position + t: the backward of
   /// apply(x, first_position), dL/dx = R^T dL/dy (a training step's dQ and dK).
@@ -291,7 +311,8 @@ class RotaryEmbedding {
         });
   }
 
-  void check_view(const TensorView<Scalar, 4>& x, const char* where) const {
+  template <class Element>
+  void check_view(const TensorView<Element, 4>& x, const char* where) const {
     detail::require(
         x.extent(3) == options_.head_dim && (x.stride(3) == 1 || x.empty()), where, [&] {
           return "x has shape " + detail::to_string(x.shape()) + " and strides " +
@@ -301,8 +322,8 @@ class RotaryEmbedding {
         });
   }
 
-  template <class Fn>
-  static void for_each_head(const TensorView<Scalar, 4>& x, Fn&& fn) {
+  template <class Element, class Fn>
+  static void for_each_head(const TensorView<Element, 4>& x, Fn&& fn) {
     if (x.empty()) return;
     for (Index b = 0; b < x.extent(0); ++b) {
       for (Index h = 0; h < x.extent(1); ++h) fn(x.data() + b * x.stride(0) + h * x.stride(1), b);
@@ -310,24 +331,26 @@ class RotaryEmbedding {
   }
 
   // One token's features at `position` (checked by the caller); Transposed: by R^T, the
-  // angle negated (sin's sign flips, the same products otherwise).
-  template <bool Transposed = false>
-  void rotate(Scalar* x, Index position) const noexcept {
+  // angle negated (sin's sign flips, the same products otherwise). Element: Scalar, or a
+  // storage type widened to Scalar and rounded back once per feature.
+  template <bool Transposed = false, class Element = Scalar>
+  void rotate(Element* x, Index position) const noexcept {
     const Scalar* c = cos_.data() + position * half_;
     const Scalar* s = sin_.data() + position * half_;
     const Index half = half_;
     // Element i of the pair (a, b) and its partner's step: contiguous halves or neighbours.
-    Scalar* first = x;
-    Scalar* second = options_.style == RopeStyle::kHalfSplit ? x + half : x + 1;
+    Element* first = x;
+    Element* second = options_.style == RopeStyle::kHalfSplit ? x + half : x + 1;
     const Index step = options_.style == RopeStyle::kHalfSplit ? 1 : 2;
     for (Index i = 0; i < half; ++i) {
-      const Scalar a = first[i * step], b = second[i * step];
+      const Scalar a = static_cast<Scalar>(first[i * step]);
+      const Scalar b = static_cast<Scalar>(second[i * step]);
       if constexpr (Transposed) {  // R^T: the angle negated
-        first[i * step] = a * c[i] + b * s[i];
-        second[i * step] = b * c[i] - a * s[i];
+        first[i * step] = Element(a * c[i] + b * s[i]);
+        second[i * step] = Element(b * c[i] - a * s[i]);
       } else {
-        first[i * step] = a * c[i] - b * s[i];
-        second[i * step] = b * c[i] + a * s[i];
+        first[i * step] = Element(a * c[i] - b * s[i]);
+        second[i * step] = Element(b * c[i] + a * s[i]);
       }
     }
   }
