@@ -69,11 +69,22 @@ std::string to_string(const std::array<Index, Rank>& shape) {
   return text + ")";
 }
 
+/// Throws Kind("attn::<where>: <message>"). One out-of-line copy per kind: the checks below
+/// call it instead of each holding its own string concatenation and throw.
+template <class Kind>
+#if defined(__GNUC__)
+__attribute__((noinline, cold))
+#endif
+[[noreturn]] void
+fail(const char* where, const std::string& message) {
+  throw Kind(std::string("attn::") + where + ": " + message);
+}
+
 /// Throws Kind("attn::<where>: <message>") when `ok` is false. The message is built only
 /// on failure, so a check costs one branch on the hot path.
 template <class Kind, class MakeMessage>
 void require_that(bool ok, const char* where, MakeMessage&& make_message) {
-  if (!ok) throw Kind(std::string("attn::") + where + ": " + make_message());
+  if (!ok) fail<Kind>(where, make_message());
 }
 
 /// Throws ShapeError when `ok` is false (see require_that).
