@@ -17,6 +17,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace argument_contract_test {
 
@@ -27,7 +28,6 @@ using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 constexpr Index kMax = std::numeric_limits<Index>::max();
 
@@ -53,32 +53,32 @@ TEST(ArgumentContract, ProjectionWidthsThatOverflowAreAConfigError) {
   o.d_out = 8;
   o.num_heads = Index(1) << 32;
   o.head_dim = Index(1) << 32;
-  EXPECT_THAT([&] { attn::MultiHeadAttention<float>{o}; },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("widths overflow")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { attn::MultiHeadAttention<float>{o}; }),
+              HasSubstr("widths overflow"));
   o.num_heads = 2;
   o.num_kv_heads = 0;
   o.head_dim = kMax / 3;  // H hd fits, (H + 2 H_kv) hd does not
-  EXPECT_THAT([&] { attn::MultiHeadAttention<float>{o}; },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("widths overflow")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { attn::MultiHeadAttention<float>{o}; }),
+              HasSubstr("widths overflow"));
 }
 
 TEST(ArgumentContract, IndicesOfHeadsProjectionsAndTableRowsAreChecked) {
   attn::manual_seed(1);
   attn::MultiHeadAttentionWrapper<float> wrapper(4, 2, 8, 0.0, 2);
   EXPECT_NO_THROW(wrapper.head(1));
-  EXPECT_THAT([&] { wrapper.head(2); }, ThrowsMessage<attn::IndexError>(HasSubstr("head 2")));
+  EXPECT_THAT(attn::test::thrown<attn::IndexError>([&] { wrapper.head(2); }), HasSubstr("head 2"));
   EXPECT_THROW(std::as_const(wrapper).head(-1), attn::IndexError);
   attn::QkvProjection<float> proj(4, 4, 4, 2, 2, true);
   EXPECT_EQ(proj.width(attn::QkvProjection<float>::kValue), 4);
-  EXPECT_THAT([&] { (void)proj.weight(3); },
-              ThrowsMessage<attn::IndexError>(HasSubstr("projection 3")));
+  EXPECT_THAT(attn::test::thrown<attn::IndexError>([&] { (void)proj.weight(3); }),
+              HasSubstr("projection 3"));
   EXPECT_THROW((void)proj.bias(-1), attn::IndexError);
   EXPECT_THROW((void)proj.width(5), attn::IndexError);
   EXPECT_THROW((void)std::as_const(proj).in_features(3), attn::IndexError);
   const attn::RotaryEmbedding<float> rope(8, 16);
   EXPECT_NO_THROW((void)rope.cos_row(15));
-  EXPECT_THAT([&] { (void)rope.cos_row(16); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("position 16")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { (void)rope.cos_row(16); }),
+              HasSubstr("position 16"));
   EXPECT_THROW((void)rope.sin_row(-1), attn::ConfigError);
 }
 
@@ -93,11 +93,12 @@ TEST(ArgumentContract, ATrainingForwardRefusesViewsOfItsOwnRecord) {
   // The context the record keeps, fed back as the next step's input (or written as its
   // output) with the same record: the forward would overwrite what it reads.
   const TensorView<const float, 3> context = saved.context;
-  EXPECT_THAT([&] { m.forward(context, out.view(), saved, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("buffers of `saved`")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { m.forward(context, out.view(), saved, ws); }),
+      HasSubstr("buffers of `saved`"));
   const TensorView<float, 3> inside(const_cast<float*>(context.data()), context.shape());
-  EXPECT_THAT([&] { m.forward(x.view(), inside, saved, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("out")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { m.forward(x.view(), inside, saved, ws); }),
+              HasSubstr("out"));
   // Copied first, it is an input like any other.
   const Tensor<float, 3> copy(context);
   attn::SavedForward<float> other;
@@ -117,8 +118,9 @@ TEST(ArgumentContract, ATrainingForwardThatThrowsLeavesTheRecordEmpty) {
   EXPECT_THROW(m.forward(longer.view(), out5.view(), saved, ws), attn::ConfigError);
   EXPECT_FALSE(saved.filled());
   attn::Gradients<float> grads(m.named_parameters());
-  EXPECT_THAT([&] { m.backward(out.view(), saved, gx.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("`saved` is empty")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(out.view(), saved, gx.view(), grads, ws); }),
+              HasSubstr("`saved` is empty"));
 }
 
 }  // namespace

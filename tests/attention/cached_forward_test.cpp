@@ -28,6 +28,7 @@
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace cached_forward_test {
 
@@ -48,7 +49,6 @@ using attn::test::WideWeights;
 using Real = attn::test::ref::Real;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 
 struct Config {
@@ -238,10 +238,12 @@ TYPED_TEST(CachedForward, ModulesWithoutOneCoreRefuseIt) {
   attn::Workspace ws;
   const auto x = attn::test::random_tensor<S>(Shape<3>{1, 3, 8}, 1);
   Tensor<S, 3> out({1, 3, 8});
-  EXPECT_THAT([&] { wrapper.forward(x.view(), out.view(), ws, cache); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("use MultiHeadAttention")));
-  EXPECT_THAT([&] { simple.forward(x.view(), out.view(), ws, cache); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("no projections")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { wrapper.forward(x.view(), out.view(), ws, cache); }),
+              HasSubstr("use MultiHeadAttention"));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { simple.forward(x.view(), out.view(), ws, cache); }),
+              HasSubstr("no projections"));
 }
 
 TYPED_TEST(CachedForward, ErrorsNameTheValuesAndLeaveTheCacheAlone) {
@@ -253,28 +255,34 @@ TYPED_TEST(CachedForward, ErrorsNameTheValuesAndLeaveTheCacheAlone) {
   const auto x = attn::test::random_tensor<S>(Shape<3>{1, 4, 32}, 1);
   Tensor<S, 3> out({1, 4, 32});
   m.forward(x.view(), out.view(), ws, cache);
-  EXPECT_THAT([&] { m.forward(x.view(), out.view(), ws, cache); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("exceed the cache's capacity=6")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ConfigError>([&] { m.forward(x.view(), out.view(), ws, cache); }),
+      HasSubstr("exceed the cache's capacity=6"));
   EXPECT_EQ(cache.length(0), 4);
   KVCache<S> wrong_heads(1, 4, 8, 6);
-  EXPECT_THAT([&] { m.forward(x.view(), out.view(), ws, wrong_heads); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("H_kv=4")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.forward(x.view(), out.view(), ws, wrong_heads); }),
+              HasSubstr("H_kv=4"));
   KVCache<S> ring = KVCache<S>::sliding_window(1, 2, 8, 4, 4);
-  EXPECT_THAT([&] { m.forward(x.view(), out.view(), ws, ring); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("sliding_window is 0")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ConfigError>([&] { m.forward(x.view(), out.view(), ws, ring); }),
+      HasSubstr("sliding_window is 0"));
   KVCache<S> big(1, 2, 8, 64);
   const auto longer = attn::test::random_tensor<S>(Shape<3>{1, 12, 32}, 2);
   Tensor<S, 3> longer_out({1, 12, 32});
-  EXPECT_THAT([&] { m.forward(longer.view(), longer_out.view(), ws, big); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("outside the rotary tables [0, 10)")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { m.forward(longer.view(), longer_out.view(), ws, big); }),
+              HasSubstr("outside the rotary tables [0, 10)"));
   EXPECT_EQ(big.length(0), 0);
   attn::AttentionMask<S> mask;
   mask.causal();
-  EXPECT_THAT([&] { m.forward(x.view(), out.view(), ws, big, mask); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("takes no mask")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { m.forward(x.view(), out.view(), ws, big, mask); }),
+              HasSubstr("takes no mask"));
   const auto other = attn::test::random_tensor<S>(Shape<3>{1, 4, 32}, 3);
-  EXPECT_THAT([&] { m.forward(x.view(), other.view(), other.view(), out.view(), ws, big); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("self-attention")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { m.forward(x.view(), other.view(), other.view(), out.view(), ws, big); }),
+              HasSubstr("self-attention"));
 }
 
 // ---- Attention sinks ----
@@ -494,28 +502,30 @@ TEST(CachedForwardSinks, ErrorsNameTheValues) {
   // The rotary tables must cover the cache positions, 0 .. S + W - 1, and no more.
   const MultiHeadAttention<float> short_tables = make_module<float>(c, 7);
   for (Index step = 0; step < 3; ++step) short_tables.forward(x.view(), out.view(), ws, cache);
-  EXPECT_THAT([&] { short_tables.forward(x.view(), out.view(), ws, cache); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("outside the rotary tables [0, 7)")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { short_tables.forward(x.view(), out.view(), ws, cache); }),
+              HasSubstr("outside the rotary tables [0, 7)"));
   EXPECT_EQ(cache.length(0), 6);
   Config windowed = c;
   windowed.window = 4;
   KVCache<float> fresh(sink_options(c, 1, 3, 5, 2));
-  EXPECT_THAT([&] { make_module<float>(windowed, 8).forward(x.view(), out.view(), ws, fresh); },
-              ThrowsMessage<attn::ConfigError>(
-                  AllOf(HasSubstr("sink_tokens=3"), HasSubstr("sliding_window=4"))));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] {
+                make_module<float>(windowed, 8).forward(x.view(), out.view(), ws, fresh);
+              }),
+              AllOf(HasSubstr("sink_tokens=3"), HasSubstr("sliding_window=4")));
   Tensor<float, 4> q({1, c.heads, 1, c.head_dim}), o({1, c.heads, 1, c.head_dim});
-  EXPECT_THAT([&] { attn::cached_attention<float>(q.view(), cache, o.view(), ws); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("sink_tokens=3")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { attn::cached_attention<float>(q.view(), cache, o.view(), ws); }),
+              HasSubstr("sink_tokens=3"));
   const MultiHeadAttention<float> m = make_module<float>(c, 8);
   KVCache<float> two(sink_options(c, 2, 3, 5, 2));
   const auto rows = attn::test::random_tensor<float, 2>({5, c.d}, 2);
   Tensor<float, 2> packed_out({5, c.d});
-  EXPECT_THAT(
-      [&] {
-        m.forward(rows.view(), rows.view(), rows.view(), attn::SequenceOffsets{0, 2, 5},
-                  packed_out.view(), ws, two);
-      },
-      ThrowsMessage<attn::ConfigError>(HasSubstr("takes no packed batch")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] {
+                m.forward(rows.view(), rows.view(), rows.view(), attn::SequenceOffsets{0, 2, 5},
+                          packed_out.view(), ws, two);
+              }),
+              HasSubstr("takes no packed batch"));
   EXPECT_TRUE(two.empty());
 }
 

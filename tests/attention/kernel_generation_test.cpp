@@ -22,6 +22,7 @@
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace kernel_generation_test {
 
@@ -238,14 +239,15 @@ TYPED_TEST(KernelGeneration, HeadCountsThatDoNotGroupAreShapeErrors) {
   using S = TypeParam;
   const Tensor<S, 4> q({1, 6, 3, 4}), k4({1, 4, 5, 4}), k3({1, 3, 5, 4}), v2({1, 2, 5, 4});
   Tensor<S, 4> out({1, 6, 3, 4});
-  EXPECT_THAT(
-      [&] { attn::scaled_dot_product_attention<S>(q.view(), k4.view(), k4.view(), out.view()); },
-      ::testing::ThrowsMessage<attn::ShapeError>(::testing::HasSubstr(
-          "number of heads in key and value must divide the number of heads in query")));
-  EXPECT_THAT(
-      [&] { attn::scaled_dot_product_attention<S>(q.view(), k3.view(), v2.view(), out.view()); },
-      ::testing::ThrowsMessage<attn::ShapeError>(
-          ::testing::HasSubstr("key and value must have the same number of heads")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::scaled_dot_product_attention<S>(q.view(), k4.view(), k4.view(), out.view());
+              }),
+              ::testing::HasSubstr(
+                  "number of heads in key and value must divide the number of heads in query"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::scaled_dot_product_attention<S>(q.view(), k3.view(), v2.view(), out.view());
+              }),
+              ::testing::HasSubstr("key and value must have the same number of heads"));
   AttentionMask<S> bad;
   EXPECT_THROW(bad.sliding_window(0), attn::ConfigError);
 }

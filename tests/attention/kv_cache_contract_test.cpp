@@ -20,6 +20,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace kv_cache_contract_test {
 
@@ -34,7 +35,6 @@ using attn::ShapeError;
 using attn::Tensor;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 constexpr Index kMax = std::numeric_limits<Index>::max();
 
@@ -42,12 +42,12 @@ TEST(KVCacheContract, AdvanceChecksItsItemRange) {
   KVCache<float> cache(2, 1, 4, 8);
   KVCache<float> ring = KVCache<float>::sliding_window(2, 1, 4, 3, 2);
   for (KVCache<float>* c : {&cache, &ring}) {
-    EXPECT_THAT([&] { c->advance(1, -1, 1); },
-                ThrowsMessage<ShapeError>(AllOf(HasSubstr("KVCache::advance"), HasSubstr("B=2"))));
-    EXPECT_THAT([&] { c->advance(1, 2, 1); }, ThrowsMessage<ShapeError>(HasSubstr("[2, 3)")));
-    EXPECT_THAT([&] { c->advance(1, 0, 3); }, ThrowsMessage<ShapeError>(HasSubstr("[0, 3)")));
-    EXPECT_THAT([&] { c->advance(1, 3); }, ThrowsMessage<ShapeError>(HasSubstr("B=2")));
-    EXPECT_THAT([&] { c->advance(1, 1, kMax); }, ThrowsMessage<ShapeError>(HasSubstr("B=2")));
+    EXPECT_THAT(attn::test::thrown<ShapeError>([&] { c->advance(1, -1, 1); }),
+                AllOf(HasSubstr("KVCache::advance"), HasSubstr("B=2")));
+    EXPECT_THAT(attn::test::thrown<ShapeError>([&] { c->advance(1, 2, 1); }), HasSubstr("[2, 3)"));
+    EXPECT_THAT(attn::test::thrown<ShapeError>([&] { c->advance(1, 0, 3); }), HasSubstr("[0, 3)"));
+    EXPECT_THAT(attn::test::thrown<ShapeError>([&] { c->advance(1, 3); }), HasSubstr("B=2"));
+    EXPECT_THAT(attn::test::thrown<ShapeError>([&] { c->advance(1, 1, kMax); }), HasSubstr("B=2"));
     EXPECT_EQ(c->length(0), 0);
     EXPECT_EQ(c->length(1), 0);
     c->advance(1, 1, 1);  // item 1 only
@@ -62,21 +62,20 @@ TEST(KVCacheContract, NegativeTokenCountsSaySo) {
   KVCache<float> cache(1, 1, 4, 8);
   KVCache<float> ring = KVCache<float>::sliding_window(1, 1, 4, 3, 2);
   for (KVCache<float>* c : {&cache, &ring}) {
-    EXPECT_THAT([&] { c->advance(-1); },
-                ThrowsMessage<ConfigError>(AllOf(HasSubstr("T_new=-1"), HasSubstr("negative"))));
-    EXPECT_THAT([&] { c->next_rows(-1); },
-                ThrowsMessage<ConfigError>(AllOf(HasSubstr("T_new=-1"), HasSubstr("negative"))));
+    EXPECT_THAT(attn::test::thrown<ConfigError>([&] { c->advance(-1); }),
+                AllOf(HasSubstr("T_new=-1"), HasSubstr("negative")));
+    EXPECT_THAT(attn::test::thrown<ConfigError>([&] { c->next_rows(-1); }),
+                AllOf(HasSubstr("T_new=-1"), HasSubstr("negative")));
   }
 }
 
 TEST(KVCacheContract, SizeArithmeticDoesNotOverflow) {
   const Index huge = kMax / 2 + 2;
-  EXPECT_THAT(
-      [&] {
-        KVCache<float>(KVCacheOptions{1, 1, 4, 0, huge, huge});
-      },
-      ThrowsMessage<ConfigError>(AllOf(HasSubstr("window=" + std::to_string(huge)),
-                                       HasSubstr("max_chunk=" + std::to_string(huge)))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] {
+                KVCache<float>(KVCacheOptions{1, 1, 4, 0, huge, huge});
+              }),
+              AllOf(HasSubstr("window=" + std::to_string(huge)),
+                    HasSubstr("max_chunk=" + std::to_string(huge))));
   EXPECT_THROW(KVCache<float>(KVCacheOptions{1, 1, 4, kMax, kMax, kMax}), ConfigError);
   EXPECT_THROW(KVCache<float>(KVCacheOptions{1, kMax, 4, 8, 0, 1}), ConfigError);
   EXPECT_THROW(KVCache<float>(KVCacheOptions{kMax, 1, kMax, 8, 0, 1}), ConfigError);
@@ -87,18 +86,18 @@ TEST(KVCacheContract, SizeArithmeticDoesNotOverflow) {
 TEST(KVCacheContract, SinkTokensNeedAWindowAndRoom) {
   KVCacheOptions o;
   o.head_dim = 4, o.capacity = 8, o.sink_tokens = 2;
-  EXPECT_THAT([&] { KVCache<float>{o}; },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("sink_tokens=2"), HasSubstr("window"))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { KVCache<float>{o}; }),
+              AllOf(HasSubstr("sink_tokens=2"), HasSubstr("window")));
   o.window = 4, o.max_chunk = 2, o.capacity = 6;
-  EXPECT_THAT([&] { KVCache<float>{o}; },
-              ThrowsMessage<ConfigError>(AllOf(
-                  HasSubstr("capacity=6"), HasSubstr("sink_tokens + window + max_chunk - 1 = 7"))));
-  o.sink_tokens = -1;
-  EXPECT_THAT([&] { KVCache<float>{o}; }, ThrowsMessage<ConfigError>(HasSubstr("sink_tokens=-1")));
-  o.sink_tokens = kMax, o.capacity = 0;
   EXPECT_THAT(
-      [&] { KVCache<float>{o}; },
-      ThrowsMessage<ConfigError>(HasSubstr("sink_tokens + window + max_chunk - 1 overflows")));
+      attn::test::thrown<ConfigError>([&] { KVCache<float>{o}; }),
+      AllOf(HasSubstr("capacity=6"), HasSubstr("sink_tokens + window + max_chunk - 1 = 7")));
+  o.sink_tokens = -1;
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { KVCache<float>{o}; }),
+              HasSubstr("sink_tokens=-1"));
+  o.sink_tokens = kMax, o.capacity = 0;
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { KVCache<float>{o}; }),
+              HasSubstr("sink_tokens + window + max_chunk - 1 overflows"));
   o.sink_tokens = 2;
   EXPECT_EQ(KVCache<float>(o).capacity(), 7);  // 0: the least
 }
@@ -139,9 +138,8 @@ TEST(KVCacheContract, AModuleThatIsNotCausalIsRefused) {
   attn::Workspace ws;
   const auto x = attn::test::random_tensor<double>(Shape<3>{1, 5, 8}, 2);
   Tensor<double, 3> out({1, 5, 8});
-  EXPECT_THAT([&] { m.forward(x.view(), out.view(), ws, cache); },
-              ThrowsMessage<ConfigError>(
-                  AllOf(HasSubstr("MultiHeadAttention::forward"), HasSubstr("causal=false"))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { m.forward(x.view(), out.view(), ws, cache); }),
+              AllOf(HasSubstr("MultiHeadAttention::forward"), HasSubstr("causal=false")));
   EXPECT_EQ(cache.length(0), 0);
 }
 
@@ -154,8 +152,8 @@ TEST(KVCacheContract, ACacheHoldsOneModulesKeysUntilReset) {
   const auto x = attn::test::random_tensor<double>(Shape<3>{1, 3, 8}, 3);
   Tensor<double, 3> out({1, 3, 8});
   a.forward(x.view(), out.view(), ws, cache);
-  EXPECT_THAT([&] { b.forward(x.view(), out.view(), ws, cache); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("another module"), HasSubstr("reset"))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { b.forward(x.view(), out.view(), ws, cache); }),
+              AllOf(HasSubstr("another module"), HasSubstr("reset")));
   EXPECT_EQ(cache.length(0), 3);
   a.forward(x.view(), out.view(), ws, cache);  // its own cache: fine
   EXPECT_EQ(cache.length(0), 6);

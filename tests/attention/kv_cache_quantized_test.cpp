@@ -24,6 +24,7 @@
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace kv_cache_quantized_test {
 
@@ -37,7 +38,6 @@ using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 
 // Every element kind, with its options.
@@ -172,8 +172,8 @@ TEST(KVCacheValueHeadDim, AppendDequantizeAndAttendWithKeysOf24AndValuesOf16) {
       EXPECT_EQ(cache.v_storage().shape(), (Shape<4>{2, 2, 40, 16}));
       EXPECT_EQ(cache.k(1).shape(), (Shape<3>{2, 17, 24}));
       EXPECT_EQ(cache.v(1).shape(), (Shape<3>{2, 17, 16}));
-      EXPECT_THAT([&] { cache.next_rows(1); },
-                  ThrowsMessage<attn::ConfigError>(HasSubstr("different widths")));
+      EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { cache.next_rows(1); }),
+                  HasSubstr("different widths"));
       EXPECT_EQ(cache.payload_bytes(), std::size_t(2 * 40 * 2 * (24 + 16) * 4));
     } else {
       EXPECT_EQ(cache.bytes_per_token(), std::size_t(2 * (24 + 16 + 2 * 4)));
@@ -195,8 +195,9 @@ TEST(KVCacheValueHeadDim, AppendDequantizeAndAttendWithKeysOf24AndValuesOf16) {
   const auto x = attn::test::random_tensor<float, 3>({1, 1, 16}, 2);
   Tensor<float, 3> y({1, 1, 16});
   attn::Workspace ws;
-  EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, cache); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("value_head_dim=4")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { m.forward(x.view(), y.view(), ws, cache); }),
+      HasSubstr("value_head_dim=4"));
 }
 
 TEST(KVCacheQuantized, StoredRowsAreReadExactlyByDecodeAndPrefillForAnyThreadCount) {
@@ -221,7 +222,8 @@ TEST(KVCacheQuantized, StoredRowsAreReadExactlyByDecodeAndPrefillForAnyThreadCou
       EXPECT_TRUE(ref::same_bits(outs[0].view(), outs[1].view())) << "T=" << t;
     }
     // Scalar views do not exist; the error says what to use.
-    EXPECT_THAT([&] { cache.k(0); }, ThrowsMessage<attn::ConfigError>(HasSubstr("dequantize")));
+    EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { cache.k(0); }),
+                HasSubstr("dequantize"));
     EXPECT_THROW(cache.k_slot(0, 0, 0), attn::ConfigError);
     EXPECT_THROW(cache.next_rows(1), attn::ConfigError);
   }

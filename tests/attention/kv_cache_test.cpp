@@ -16,6 +16,7 @@
 
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace kv_cache_test {
 
@@ -23,7 +24,6 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using attn::ConfigError;
 using attn::Index;
@@ -161,9 +161,10 @@ TYPED_TEST(KVCacheTyped, RaggedItemsAppendAtTheirOwnLengths) {
   EXPECT_FALSE(cache.uniform());
   expect_contents(cache, history);
   EXPECT_EQ(cache.k(1).extent(1), 8);
-  EXPECT_THAT([&] { cache.k(); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("KVCache::k"), HasSubstr("(4, 8, 5)"))));
-  EXPECT_THAT([&] { cache.next_rows(1); }, ThrowsMessage<ConfigError>(HasSubstr("lengths differ")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.k(); }),
+              AllOf(HasSubstr("KVCache::k"), HasSubstr("(4, 8, 5)")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.next_rows(1); }),
+              HasSubstr("lengths differ"));
 }
 
 TYPED_TEST(KVCacheTyped, NextRowsAndSlotsWriteInPlaceThenAdvance) {
@@ -207,8 +208,8 @@ TYPED_TEST(KVCacheTyped, NextRowsAndSlotsWriteInPlaceThenAdvance) {
   expect_contents(in_place, history);
   EXPECT_EQ(attn::test::to_vector(in_place.k()), attn::test::to_vector(by_append.k()));
   EXPECT_EQ(attn::test::to_vector(in_place.v()), attn::test::to_vector(by_append.v()));
-  EXPECT_THAT([&] { in_place.next_rows(4); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("capacity=9"), HasSubstr("T_new=4"))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { in_place.next_rows(4); }),
+              AllOf(HasSubstr("capacity=9"), HasSubstr("T_new=4")));
 }
 
 TYPED_TEST(KVCacheTyped, OverflowAndWrongShapesAreClearErrorsAndWriteNothing) {
@@ -218,30 +219,30 @@ TYPED_TEST(KVCacheTyped, OverflowAndWrongShapesAreClearErrorsAndWriteNothing) {
   append_random(cache, history, 6, 1);
   append_random(cache, history, 1, 3, 1, 1);
   const auto k3 = attn::test::random_tensor<S, 4>({2, 2, 2, 4}, 5);
-  EXPECT_THAT([&] { cache.append(k3.view(), k3.view()); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("KVCache::append"), HasSubstr("item 1"),
-                                               HasSubstr("length 7"), HasSubstr("T_new=2"),
-                                               HasSubstr("capacity=8"))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.append(k3.view(), k3.view()); }),
+              AllOf(HasSubstr("KVCache::append"), HasSubstr("item 1"), HasSubstr("length 7"),
+                    HasSubstr("T_new=2"), HasSubstr("capacity=8")));
   EXPECT_EQ(cache.length(0), 6);  // item 0 had room, but nothing was written
   expect_contents(cache, history);
   const auto wrong_heads = attn::test::random_tensor<S, 4>({2, 3, 1, 4}, 6);
-  EXPECT_THAT([&] { cache.append(wrong_heads.view(), wrong_heads.view()); },
-              ThrowsMessage<ShapeError>(AllOf(HasSubstr("(2, 3, 1, 4)"), HasSubstr("H_kv=2"))));
+  EXPECT_THAT(
+      attn::test::thrown<ShapeError>([&] { cache.append(wrong_heads.view(), wrong_heads.view()); }),
+      AllOf(HasSubstr("(2, 3, 1, 4)"), HasSubstr("H_kv=2")));
   const auto one = attn::test::random_tensor<S, 4>({1, 2, 1, 4}, 7);
   const auto other = attn::test::random_tensor<S, 4>({1, 2, 1, 3}, 7);
-  EXPECT_THAT([&] { cache.append(one.view(), other.view()); },
-              ThrowsMessage<ShapeError>(HasSubstr("(1, 2, 1, 3)")));
-  EXPECT_THAT([&] { cache.append(one.view(), one.view(), 2); },
-              ThrowsMessage<ShapeError>(HasSubstr("items from 2")));
-  EXPECT_THAT([&] { cache.advance(2, 1, 1); }, ThrowsMessage<ConfigError>(HasSubstr("capacity=8")));
-  EXPECT_THAT([] { KVCache<S>(0, 2, 4, 8); }, ThrowsMessage<ConfigError>(HasSubstr("B=0")));
-  EXPECT_THAT([] { KVCache<S>(1, 2, 4, 0); }, ThrowsMessage<ConfigError>(HasSubstr("capacity=0")));
-  EXPECT_THAT(
-      [] {
-        KVCache<S>(KVCacheOptions{1, 1, 4, 5, 4, 3});
-      },
-      ThrowsMessage<ConfigError>(
-          AllOf(HasSubstr("capacity=5"), HasSubstr("window=4"), HasSubstr("max_chunk=3"))));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] { cache.append(one.view(), other.view()); }),
+              HasSubstr("(1, 2, 1, 3)"));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] { cache.append(one.view(), one.view(), 2); }),
+              HasSubstr("items from 2"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.advance(2, 1, 1); }),
+              HasSubstr("capacity=8"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([] { KVCache<S>(0, 2, 4, 8); }), HasSubstr("B=0"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([] { KVCache<S>(1, 2, 4, 0); }),
+              HasSubstr("capacity=0"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([] {
+                KVCache<S>(KVCacheOptions{1, 1, 4, 5, 4, 3});
+              }),
+              AllOf(HasSubstr("capacity=5"), HasSubstr("window=4"), HasSubstr("max_chunk=3")));
 }
 
 TYPED_TEST(KVCacheTyped, ResetAndTruncateRollBack) {
@@ -257,10 +258,11 @@ TYPED_TEST(KVCacheTyped, ResetAndTruncateRollBack) {
   append_random(cache, history, 2, 3, 1, 1);
   EXPECT_EQ(cache.length(1), 6);
   expect_contents(cache, history);
-  EXPECT_THAT([&] { cache.truncate(0, 8); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("keep 8"), HasSubstr("length 7"))));
-  EXPECT_THAT([&] { cache.truncate(0, -1); }, ThrowsMessage<ConfigError>(HasSubstr("keep -1")));
-  EXPECT_THAT([&] { cache.truncate(2, 0); }, ThrowsMessage<ShapeError>(HasSubstr("item 2")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.truncate(0, 8); }),
+              AllOf(HasSubstr("keep 8"), HasSubstr("length 7")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.truncate(0, -1); }),
+              HasSubstr("keep -1"));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] { cache.truncate(2, 0); }), HasSubstr("item 2"));
   cache.reset();
   EXPECT_EQ(cache.length(0), 0);
   EXPECT_EQ(cache.length(1), 0);
@@ -324,21 +326,18 @@ TYPED_TEST(KVCacheTyped, ReorderRandomMapsWithCyclesAndRepeats) {
 
 TEST(KVCache, ReorderRejectsBadMaps) {
   KVCache<float> cache(3, 1, 2, 4);
-  EXPECT_THAT(
-      [&] {
-        cache.reorder(std::vector<Index>{0, 1});
-      },
-      ThrowsMessage<ShapeError>(AllOf(HasSubstr("src has 2 entries"), HasSubstr("B=3"))));
-  EXPECT_THAT(
-      [&] {
-        cache.reorder(std::vector<Index>{0, 3, 1});
-      },
-      ThrowsMessage<attn::IndexError>(HasSubstr("src[1]=3 is not a batch item (B=3)")));
-  EXPECT_THAT(
-      [&] {
-        cache.reorder(std::vector<Index>{0, -1, 1});
-      },
-      ThrowsMessage<attn::IndexError>(HasSubstr("src[1]=-1")));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] {
+                cache.reorder(std::vector<Index>{0, 1});
+              }),
+              AllOf(HasSubstr("src has 2 entries"), HasSubstr("B=3")));
+  EXPECT_THAT(attn::test::thrown<attn::IndexError>([&] {
+                cache.reorder(std::vector<Index>{0, 3, 1});
+              }),
+              HasSubstr("src[1]=3 is not a batch item (B=3)"));
+  EXPECT_THAT(attn::test::thrown<attn::IndexError>([&] {
+                cache.reorder(std::vector<Index>{0, -1, 1});
+              }),
+              HasSubstr("src[1]=-1"));
 }
 
 TYPED_TEST(KVCacheTyped, SlidingWindowRingWrapsAroundByPosition) {
@@ -368,19 +367,18 @@ TYPED_TEST(KVCacheTyped, SlidingWindowRingWrapsAroundByPosition) {
   EXPECT_EQ(s.count[0], 1);
   EXPECT_EQ(s.slot[1], 0);
   EXPECT_EQ(s.count[1], 5);
-  EXPECT_THAT([&] { cache.k(); }, ThrowsMessage<ConfigError>(HasSubstr("first position 17")));
-  EXPECT_THAT([&] { cache.next_rows(2); }, ThrowsMessage<ConfigError>(HasSubstr("ring wraps")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.k(); }), HasSubstr("first position 17"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.next_rows(2); }),
+              HasSubstr("ring wraps"));
   const auto four = attn::test::random_tensor<S, 4>({2, 2, 4, 3}, 3);
-  EXPECT_THAT([&] { cache.append(four.view(), four.view()); },
-              ThrowsMessage<ConfigError>(
-                  AllOf(HasSubstr("T_new=4"), HasSubstr("max_chunk=3"), HasSubstr("in chunks"))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.append(four.view(), four.view()); }),
+              AllOf(HasSubstr("T_new=4"), HasSubstr("max_chunk=3"), HasSubstr("in chunks")));
   // Truncate (positions 17..22 stored): keeping 20 tokens, the next query (position 20)
   // needs keys 17..19, still stored; keeping 19, it would need 16, already overwritten.
   cache.truncate(1, 20);
   EXPECT_THAT(
-      [&] { cache.truncate(0, 19); },
-      ThrowsMessage<ConfigError>(AllOf(HasSubstr("keep 19"), HasSubstr("first stored position 17"),
-                                       HasSubstr("window 4"))));
+      attn::test::thrown<ConfigError>([&] { cache.truncate(0, 19); }),
+      AllOf(HasSubstr("keep 19"), HasSubstr("first stored position 17"), HasSubstr("window 4")));
   History<S>& h1 = history[1];
   h1.k.resize(2 * 20);
   h1.v.resize(2 * 20);
@@ -453,9 +451,9 @@ TEST(KVCacheSinks, TheFirstTokensStayAndMoveWithTheirItem) {
               history[0].k[static_cast<std::size_t>(position * 2 + 1)])
         << position;
   }
-  EXPECT_THAT([&] { cache.k_slot(0, 0, 20); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("sink_tokens=2"), HasSubstr("append()"))));
-  EXPECT_THAT([&] { cache.next_rows(1); }, ThrowsMessage<ConfigError>(HasSubstr("append()")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.k_slot(0, 0, 20); }),
+              AllOf(HasSubstr("sink_tokens=2"), HasSubstr("append()")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.next_rows(1); }), HasSubstr("append()"));
 }
 
 }  // namespace

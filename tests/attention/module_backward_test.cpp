@@ -18,6 +18,7 @@
 #include "attn/attn.hpp"
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace module_backward_test {
 
@@ -306,7 +307,6 @@ TEST(ModuleBackward, AddsIntoTheGradients) {
 
 TEST(ModuleBackward, RejectsMismatchedArgumentsNamingThem) {
   using ::testing::HasSubstr;
-  using ::testing::ThrowsMessage;
   attn::manual_seed(9);
   attn::MultiHeadAttention<float> m(kD, kD, 7, 0.0, 2, true), other(kD, kD, 7, 0.0, 2, true);
   const auto x = attn::test::random_tensor<float>(Shape<3>{kB, kT, kD}, 16);
@@ -315,18 +315,24 @@ TEST(ModuleBackward, RejectsMismatchedArgumentsNamingThem) {
   attn::SavedForward<float> saved, empty;
   attn::Gradients<float> grads(m.named_parameters()), other_grads(other.named_parameters());
   m.forward(x.view(), out.view(), saved, ws);
-  EXPECT_THAT([&] { m.backward(out.view(), empty, gx.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("training forward")));
-  EXPECT_THAT([&] { other.backward(out.view(), saved, gx.view(), other_grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("training forward")));
-  EXPECT_THAT([&] { m.backward(wrong.view(), saved, gx.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("grad_out has shape (2, 6, 6)")));
-  EXPECT_THAT([&] { m.backward(out.view(), saved, wrong.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("grad_query has shape (2, 6, 6)")));
-  EXPECT_THAT([&] { m.backward(out.view(), saved, gx.view(), other_grads, ws); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("Gradients::of")));
-  EXPECT_THAT([&] { m.backward(gx.view(), saved, gx.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(out.view(), empty, gx.view(), grads, ws); }),
+              HasSubstr("training forward"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { other.backward(out.view(), saved, gx.view(), other_grads, ws); }),
+              HasSubstr("training forward"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(wrong.view(), saved, gx.view(), grads, ws); }),
+              HasSubstr("grad_out has shape (2, 6, 6)"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(out.view(), saved, wrong.view(), grads, ws); }),
+              HasSubstr("grad_query has shape (2, 6, 6)"));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { m.backward(out.view(), saved, gx.view(), other_grads, ws); }),
+              HasSubstr("Gradients::of"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(gx.view(), saved, gx.view(), grads, ws); }),
+              HasSubstr("overlaps"));
 }
 
 }  // namespace

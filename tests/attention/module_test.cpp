@@ -17,6 +17,7 @@
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace module_test {
 
@@ -31,7 +32,6 @@ using attn::TensorView;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 
 using S = double;
@@ -378,30 +378,29 @@ TYPED_TEST(ModuleApi, OutputsSharingMemoryWithEachOtherOrTheMaskAreShapeErrors) 
   const TensorView<S, 3> out(shared.data(), out_shape);
   const auto weights =
       attn::reshape(attn::slice(shared.view(), 0, 0, r.weights.size()), weights_shape);
-  EXPECT_THAT(
-      [&] {
-        this->with_inputs(
-            [&](auto... x) { this->module.forward_with_weights(x..., out, weights, ws); });
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps out")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                this->with_inputs(
+                    [&](auto... x) { this->module.forward_with_weights(x..., out, weights, ws); });
+              }),
+              HasSubstr("overlaps out"));
   // out broadcast over the batch (a zero stride): both items would write one place
   Tensor<S, 2> rows({out_shape[1], out_shape[2]});
   const TensorView<S, 3> broadcast(rows.data(), out_shape, {0, out_shape[2], 1});
-  EXPECT_THAT(
-      [&] { this->with_inputs([&](auto... x) { this->module.forward(x..., broadcast, ws); }); },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("share memory")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                this->with_inputs([&](auto... x) { this->module.forward(x..., broadcast, ws); });
+              }),
+              HasSubstr("share memory"));
   // an additive mask read from out's memory
   const Index tq = out_shape[1], tk = weights_shape[weights_shape.size() - 1];
   Tensor<S, 1> big({std::max(r.output.size(), tq * tk)});
   const TensorView<S, 3> out_big(big.data(), out_shape);
   const TensorView<const S, 2> additive(big.data(), {tq, tk});
-  EXPECT_THAT(
-      [&] {
-        this->with_inputs([&](auto... x) {
-          this->module.forward(x..., out_big, ws, AttentionMask<S>().additive(additive));
-        });
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps the additive mask")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                this->with_inputs([&](auto... x) {
+                  this->module.forward(x..., out_big, ws, AttentionMask<S>().additive(additive));
+                });
+              }),
+              HasSubstr("overlaps the additive mask"));
 }
 
 // ---- what is particular to one module ----

@@ -32,6 +32,7 @@
 #include "attn/io/state_dict.hpp"
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace module_variants_test {
 namespace {
@@ -48,7 +49,6 @@ using attn::TensorView;
 using attn::test::module_tolerance;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 
 /// A causal self-attention module's options with the variants of one case.
@@ -483,12 +483,10 @@ TEST(ModuleValueHeadDim, CachedAndPackedPrefillEqualTheWholeForward) {
   KVCache<float> wrong(2, 2, 6, 8);  // value rows of 6
   Tensor<float, 3> out({2, 1, 12});
   attn::Workspace ws;
-  EXPECT_THAT(
-      [&] {
-        m.forward(Tensor<float, 3>({2, 1, 12}).view(), out.view(), ws, wrong);
-      },
-      ThrowsMessage<attn::ShapeError>(
-          AllOf(HasSubstr("value_head_dim=6"), HasSubstr("value_head_dim=4"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                m.forward(Tensor<float, 3>({2, 1, 12}).view(), out.view(), ws, wrong);
+              }),
+              AllOf(HasSubstr("value_head_dim=6"), HasSubstr("value_head_dim=4")));
 }
 
 // The packed forward equals each sequence alone, bit for bit, and the training forward and
@@ -569,24 +567,23 @@ TEST(ModuleValueHeadDim, ParametersStateDictAndErrors) {
             attn::test::to_vector(m.forward(x.view())));
   // The per-head [q; k; v] layout has no room for value heads of another size.
   const Tensor<float, 2> fused(Shape<2>{36, 12});
-  EXPECT_THAT(
-      [&] { m.set_in_proj(fused.view(), {}, attn::QkvLayout::kPerHead); },
-      ThrowsMessage<ConfigError>(HasSubstr("value_head_dim == head_dim (got 2 and 4, 3 and 5)")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(
+                  [&] { m.set_in_proj(fused.view(), {}, attn::QkvLayout::kPerHead); }),
+              HasSubstr("value_head_dim == head_dim (got 2 and 4, 3 and 5)"));
   m.set_in_proj(fused.view());  // the stacked layout loads
   // Bad sizes, named.
   MultiHeadAttentionOptions bad = o;
   bad.value_head_dim = -1;
-  EXPECT_THAT([&] { MultiHeadAttention<float> x(bad); },
-              ThrowsMessage<ConfigError>(HasSubstr("value_head_dim=-1")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { MultiHeadAttention<float> x(bad); }),
+              HasSubstr("value_head_dim=-1"));
   // Without an output projection the context (H hd_v) is the output (d_out).
-  EXPECT_THAT(
-      [&] {
-        attn::detail::CoreConfig c(o);
-        c.name = "Test";
-        c.out_proj = false;
-        (void)attn::detail::checked_core_config(c);
-      },
-      ThrowsMessage<ConfigError>(HasSubstr("num_heads=4 x value_head_dim=3 != d_out=10")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] {
+                attn::detail::CoreConfig c(o);
+                c.name = "Test";
+                c.out_proj = false;
+                (void)attn::detail::checked_core_config(c);
+              }),
+              HasSubstr("num_heads=4 x value_head_dim=3 != d_out=10"));
   // A record of a module with other value heads is refused, naming both.
   attn::TorchGenerator gen2(17);
   MultiHeadAttentionOptions other = o;
@@ -597,8 +594,9 @@ TEST(ModuleValueHeadDim, ParametersStateDictAndErrors) {
   Tensor<float, 3> y(Shape<3>{1, 5, 10}), gx(Shape<3>{1, 5, 12});
   n.forward(x.view(), y.view(), saved, ws);
   attn::Gradients<float> grads(m.named_parameters());
-  EXPECT_THAT([&] { m.backward(y.view(), saved, gx.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("value_head_dim=3")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(y.view(), saved, gx.view(), grads, ws); }),
+              HasSubstr("value_head_dim=3"));
 }
 
 TEST(ModuleVariantsParameters, SinksAreAParameterLikeAnyOther) {
@@ -674,12 +672,11 @@ TEST(ModuleVariantsParameters, BackwardRefusesARecordOfOtherVariants) {
   Tensor<float, 3> out({1, 4, 8});
   a.forward(x.view(), out.view(), saved, ws);
   attn::Gradients<float> grads(b.named_parameters());
-  EXPECT_THAT(
-      [&] {
-        b.backward(TensorView<const float, 3>(out.view()), saved, TensorView<float, 3>(), grads,
-                   ws);
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("softcap=2"), HasSubstr("softcap=3"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                b.backward(TensorView<const float, 3>(out.view()), saved, TensorView<float, 3>(),
+                           grads, ws);
+              }),
+              AllOf(HasSubstr("softcap=2"), HasSubstr("softcap=3")));
 }
 
 TEST(ModuleVariantsOptions, BadOptionsThrowNamingTheValues) {
@@ -714,8 +711,8 @@ TEST(ModuleVariantsOptions, BadOptionsThrowNamingTheValues) {
   };
   for (const auto& [edit, message] : cases) {
     SCOPED_TRACE(message);
-    EXPECT_THAT(build(edit), ThrowsMessage<ConfigError>(
-                                 AllOf(HasSubstr("MultiHeadAttention"), HasSubstr(message))));
+    EXPECT_THAT(attn::test::thrown<ConfigError>(build(edit)),
+                AllOf(HasSubstr("MultiHeadAttention"), HasSubstr(message)));
   }
 }
 
@@ -1041,18 +1038,21 @@ TEST(OtherModuleVariantsBackward, WrapperMatchesFiniteDifferences) {
 TEST(OtherModuleVariantsOptions, BadVariantsThrowNamingTheModule) {
   attn::AttentionVariants bad;
   bad.softcap = -2.0;
-  EXPECT_THAT([&] { attn::SelfAttention<float> m(4, 4, false, bad); },
-              ThrowsMessage<ConfigError>(
-                  AllOf(HasSubstr("SelfAttention"), HasSubstr("softcap=-2 must be 0 (off)"))));
-  EXPECT_THAT([&] { attn::CrossAttention<float> m(4, 4, 4, 2, false, 0.0, bad); },
-              ThrowsMessage<ConfigError>(HasSubstr("softcap=-2")));
+  EXPECT_THAT(
+      attn::test::thrown<ConfigError>([&] { attn::SelfAttention<float> m(4, 4, false, bad); }),
+      AllOf(HasSubstr("SelfAttention"), HasSubstr("softcap=-2 must be 0 (off)")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(
+                  [&] { attn::CrossAttention<float> m(4, 4, 4, 2, false, 0.0, bad); }),
+              HasSubstr("softcap=-2"));
   attn::AttentionVariants slopes;
   slopes.alibi_slopes = {0.5, 0.25};
-  EXPECT_THAT([&] { attn::MultiHeadAttentionWrapper<float> m(4, 2, 8, 0.0, 3, false, slopes); },
-              ThrowsMessage<ConfigError>(
-                  HasSubstr("alibi_slopes has 2 values, expected one per head: num_heads=3")));
-  EXPECT_THAT([&] { attn::CausalAttention<float> m(4, 4, 8, 0.0, false, slopes); },
-              ThrowsMessage<ConfigError>(HasSubstr("CausalAttention")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] {
+                attn::MultiHeadAttentionWrapper<float> m(4, 2, 8, 0.0, 3, false, slopes);
+              }),
+              HasSubstr("alibi_slopes has 2 values, expected one per head: num_heads=3"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(
+                  [&] { attn::CausalAttention<float> m(4, 4, 8, 0.0, false, slopes); }),
+              HasSubstr("CausalAttention"));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace multi_head_attention_test {
 
@@ -38,7 +39,6 @@ using attn::test::wide;
 using attn::test::WideWeights;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 using ref::Real;
 
@@ -478,25 +478,24 @@ TYPED_TEST(MultiHeadAttentionModule, GroupedQueryEqualsMultiHeadWithRepeatedKeyV
 TEST(MultiHeadAttentionConfig, GroupedQueryAndHeadDimErrorsNameTheValues) {
   auto options = MultiHeadAttentionOptions::pytorch(12, 4);
   options.num_kv_heads = 3;
-  EXPECT_THAT([&] { MultiHeadAttention<float> m(options); },
-              ThrowsMessage<attn::ConfigError>(
-                  AllOf(HasSubstr("num_heads=4 is not divisible by num_kv_heads=3"),
-                        HasSubstr("the number of heads in key and value must divide the number of "
-                                  "heads in query"))));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { MultiHeadAttention<float> m(options); }),
+              AllOf(HasSubstr("num_heads=4 is not divisible by num_kv_heads=3"),
+                    HasSubstr("the number of heads in key and value must divide the number of "
+                              "heads in query")));
   options.num_kv_heads = -1;
-  EXPECT_THAT([&] { MultiHeadAttention<float> m(options); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("num_kv_heads=-1")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { MultiHeadAttention<float> m(options); }),
+              HasSubstr("num_kv_heads=-1"));
   options = MultiHeadAttentionOptions::pytorch(10, 4);
   EXPECT_THAT(
-      [&] { MultiHeadAttention<float> m(options); },
-      ThrowsMessage<attn::ConfigError>(AllOf(HasSubstr("d_out=10 is not divisible by num_heads=4"),
-                                             HasSubstr("or set head_dim"))));
+      attn::test::thrown<attn::ConfigError>([&] { MultiHeadAttention<float> m(options); }),
+      AllOf(HasSubstr("d_out=10 is not divisible by num_heads=4"), HasSubstr("or set head_dim")));
   options.head_dim = 3;  // now fine: W_q (12, 10), out_proj (10, 12)
   const MultiHeadAttention<float> m(options);
   EXPECT_EQ(m.q_proj_weight().shape(), (Shape<2>{12, 10}));
   options.head_dim = -2;
-  EXPECT_THAT([&] { MultiHeadAttention<float> bad(options); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("head_dim=-2")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ConfigError>([&] { MultiHeadAttention<float> bad(options); }),
+      HasSubstr("head_dim=-2"));
 }
 
 }  // namespace

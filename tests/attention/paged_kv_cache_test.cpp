@@ -17,6 +17,7 @@
 #include "attn/attention/paged_forward.hpp"
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace paged_kv_cache_test {
 
@@ -30,7 +31,6 @@ using attn::PagedKVCache;
 using attn::PagedKVCacheOptions;
 using attn::Tensor;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 
 struct Kind {
@@ -162,10 +162,9 @@ TEST(PagedKVCache, AnExhaustedPoolThrowsNamingTheBlocksAndChangesNothing) {
     const std::vector<float> before = memory();
     const std::vector<Index> a_table = cache.block_table(a), b_table = cache.block_table(b);
     const auto k = attn::test::random_tensor<float, 3>({1, 7, 32}, 9);
-    EXPECT_THAT([&] { cache.append(b, k.view(), k.view()); },
-                ThrowsMessage<attn::ConfigError>(
-                    AllOf(HasSubstr("exhausted"), HasSubstr("need 3 blocks"),
-                          HasSubstr("1 of N=4 are free"), HasSubstr("sequence 1"))));
+    EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { cache.append(b, k.view(), k.view()); }),
+                AllOf(HasSubstr("exhausted"), HasSubstr("need 3 blocks"),
+                      HasSubstr("1 of N=4 are free"), HasSubstr("sequence 1")));
     EXPECT_EQ(cache.length(a), 10);
     EXPECT_EQ(cache.length(b), 10);
     EXPECT_EQ(cache.block_table(a), a_table);
@@ -275,8 +274,9 @@ TEST(PagedKVCache, AttentionThroughTheBlockTablesIsBitIdenticalToTheContiguousCa
   const auto q = attn::test::random_tensor<float, 4>({1, 2, 2, 8}, 1);
   Tensor<float, 4> out({1, 2, 2, 8});
   attn::Workspace ws;
-  EXPECT_THAT([&] { attn::paged_attention(q.view(), paged, {s}, out.view(), ws); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("append the new ones first")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { attn::paged_attention(q.view(), paged, {s}, out.view(), ws); }),
+              HasSubstr("append the new ones first"));
   EXPECT_THROW(attn::paged_attention(q.view(), paged, {s, s}, out.view(), ws), attn::ShapeError);
   EXPECT_THROW(attn::paged_attention(q.view(), paged, {5}, out.view(), ws), attn::IndexError);
 }
@@ -338,18 +338,17 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
   const auto x = attn::test::random_tensor<float, 3>({1, 40, 64}, 1);
   Tensor<float, 3> y({1, 40, 64});
   attn::Workspace ws;
-  EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, paged, {s}); },
-              ThrowsMessage<attn::ConfigError>(
-                  AllOf(HasSubstr("need 3 blocks"), HasSubstr("2 of N=2 are free"))));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ConfigError>([&] { m.forward(x.view(), y.view(), ws, paged, {s}); }),
+      AllOf(HasSubstr("need 3 blocks"), HasSubstr("2 of N=2 are free")));
   EXPECT_EQ(paged.length(s), 0);
   EXPECT_EQ(paged.free_blocks(), 2);
   const auto x2 = attn::test::random_tensor<float, 3>({2, 1, 64}, 1);
   Tensor<float, 3> y2({2, 1, 64});
-  EXPECT_THAT(
-      [&] {
-        m.forward(x2.view(), y2.view(), ws, paged, {s, s});
-      },
-      ThrowsMessage<attn::ConfigError>(HasSubstr("appears twice")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] {
+                m.forward(x2.view(), y2.view(), ws, paged, {s, s});
+              }),
+              HasSubstr("appears twice"));
   o.causal = false, o.sliding_window = 0;
   const attn::MultiHeadAttention<float> open(o, gen);
   EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);
@@ -385,9 +384,9 @@ TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {
   const Index w = wrong.add_sequence();
   const auto x = attn::test::random_tensor<float, 3>({1, 2, 32}, 1);
   Tensor<float, 3> y({1, 2, 32});
-  EXPECT_THAT([&] { m.forward(x.view(), y.view(), ws, wrong, {w}); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("value_head_dim=16"), HasSubstr("value_head_dim=8"))));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { m.forward(x.view(), y.view(), ws, wrong, {w}); }),
+      AllOf(HasSubstr("value_head_dim=16"), HasSubstr("value_head_dim=8")));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "attention/reference_attention.hpp"
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace qkv_projection_test {
 namespace {
@@ -24,7 +25,6 @@ using attn::Tensor;
 using attn::TensorView;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace ref = attn::test::ref;
 
 template <class Scalar>
@@ -125,11 +125,12 @@ TYPED_TEST(QkvProjectionTest, GroupedQueryFusedWeightIsStackedQThenKThenV) {
   EXPECT_TRUE(ref::same_bits(c.weight(2), attn::slice(w.view(), 0, 18, 24)));
   EXPECT_TRUE(ref::same_bits(c.bias(1), attn::slice(bias.view(), 0, 12, 18)));
   const auto wrong = attn::test::random_tensor<Scalar>(Shape<2>{3 * heads * hd, d}, 3);
-  EXPECT_THAT([&] { proj.set_fused(wrong.view(), {}, attn::QkvLayout::kStacked, "test"); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("expected (24, 8)")));
-  EXPECT_THAT([&] { proj.set_fused(w.view(), {}, attn::QkvLayout::kPerHead, "test"); },
-              ThrowsMessage<attn::ConfigError>(
-                  AllOf(HasSubstr("per-head"), HasSubstr("num_kv_heads == num_heads"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { proj.set_fused(wrong.view(), {}, attn::QkvLayout::kStacked, "test"); }),
+              HasSubstr("expected (24, 8)"));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { proj.set_fused(w.view(), {}, attn::QkvLayout::kPerHead, "test"); }),
+              AllOf(HasSubstr("per-head"), HasSubstr("num_kv_heads == num_heads")));
 }
 
 TYPED_TEST(QkvProjectionTest, InitialisersDrawWhatPyTorchDraws) {
@@ -162,10 +163,10 @@ TYPED_TEST(QkvProjectionTest, FusedWeightExistsOnlyWhenTheDimsAgree) {
   using Scalar = TypeParam;
   QkvProjection<Scalar> proj(6, 4, 4, 2, 3, false);
   EXPECT_FALSE(proj.fused());
-  EXPECT_THAT(
-      [&] { proj.fused_weight("MultiHeadAttention::in_proj_weight"); },
-      ThrowsMessage<attn::ConfigError>(AllOf(HasSubstr("attn::MultiHeadAttention::in_proj_weight"),
-                                             HasSubstr("kdim=4 and vdim=4 differ from d_in=6"))));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { proj.fused_weight("MultiHeadAttention::in_proj_weight"); }),
+              AllOf(HasSubstr("attn::MultiHeadAttention::in_proj_weight"),
+                    HasSubstr("kdim=4 and vdim=4 differ from d_in=6")));
   EXPECT_EQ(proj.weight(1).shape(), (Shape<2>{6, 4}));
   EXPECT_FALSE(proj.has_bias());
   EXPECT_EQ(proj.bias(0).data(), nullptr);

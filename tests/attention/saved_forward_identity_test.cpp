@@ -14,6 +14,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace saved_forward_identity_test {
 
@@ -28,7 +29,6 @@ using attn::Shape;
 using attn::Tensor;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 constexpr Index kB = 2, kT = 4;
 
@@ -66,9 +66,8 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneOfOtherSizesIsRefused) {
   SavedForward<float> saved;
   const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(8, 2, false));  // same address, d_in 6 -> 8
-  EXPECT_THAT([&] { backward(m, 8, 8, saved); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("training forward"), HasSubstr("d_in=6"), HasSubstr("d_in=8"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 8, 8, saved); }),
+              AllOf(HasSubstr("training forward"), HasSubstr("d_in=6"), HasSubstr("d_in=8")));
 }
 
 // Only the input width differs: the heads the kernel reads have the recorded shapes, so
@@ -83,8 +82,8 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneOfOtherInputWidthIsRefused) {
   o.d_in = 8;
   o.d_out = 6;
   m = MultiHeadAttention<float>(o);
-  EXPECT_THAT([&] { backward(m, 8, 6, saved); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 8, 6, saved); }),
+              AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8")));
 }
 
 TEST(SavedForwardIdentity, AModuleReplacedByOneOfOtherHeadsIsRefused) {
@@ -93,9 +92,8 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneOfOtherHeadsIsRefused) {
   SavedForward<float> saved;
   const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(6, 3, false));  // same sizes, head_dim 3 -> 2
-  EXPECT_THAT(
-      [&] { backward(m, 6, 6, saved); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("num_heads=2"), HasSubstr("num_heads=3"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 6, 6, saved); }),
+              AllOf(HasSubstr("num_heads=2"), HasSubstr("num_heads=3")));
 }
 
 // The same shapes everywhere; only the causal bound differs, so no size check can see it:
@@ -106,8 +104,8 @@ TEST(SavedForwardIdentity, AModuleReplacedByOneWithAnotherMaskIsRefused) {
   SavedForward<float> saved;
   const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(6, 2, true));
-  EXPECT_THAT([&] { backward(m, 6, 6, saved); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("causal")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 6, 6, saved); }),
+              HasSubstr("causal"));
 }
 
 // Even an identical configuration is another module (other weights): refused.
@@ -117,8 +115,8 @@ TEST(SavedForwardIdentity, AModuleReplacedByAnIdenticalOneIsRefused) {
   SavedForward<float> saved;
   const auto input = train_forward(m, 6, 6, saved);
   m = MultiHeadAttention<float>(options(6, 2, false));
-  EXPECT_THAT([&] { backward(m, 6, 6, saved); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("training forward")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 6, 6, saved); }),
+              HasSubstr("training forward"));
   // A new forward records the new module: the backward runs.
   const auto again = train_forward(m, 6, 6, saved);
   EXPECT_NO_THROW(backward(m, 6, 6, saved));
@@ -131,16 +129,16 @@ TEST(SavedForwardIdentity, EverySingleCoreModuleReplacedInPlaceIsRefused) {
     SavedForward<float> saved;
     const auto input = train_forward(m, 6, 4, saved);
     m = attn::SelfAttention<float>(8, 4);
-    EXPECT_THAT([&] { backward(m, 8, 4, saved); },
-                ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8"))));
+    EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 8, 4, saved); }),
+                AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8")));
   }
   {
     attn::CausalAttention<float> m(6, 4, 8, 0.0);
     SavedForward<float> saved;
     const auto input = train_forward(m, 6, 4, saved);
     m = attn::CausalAttention<float>(6, 6, 8, 0.0);
-    EXPECT_THAT([&] { backward(m, 6, 6, saved); },
-                ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("d_out=4"), HasSubstr("d_out=6"))));
+    EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 6, 6, saved); }),
+                AllOf(HasSubstr("d_out=4"), HasSubstr("d_out=6")));
   }
   {
     attn::CrossAttention<float> m(6, 4, 6, 2);
@@ -153,8 +151,9 @@ TEST(SavedForwardIdentity, EverySingleCoreModuleReplacedInPlaceIsRefused) {
     m = attn::CrossAttention<float>(6, 5, 6, 2);  // kdim 4 -> 5
     Gradients<float> grads(m.named_parameters());
     Tensor<float, 3> gq({kB, kT, 6}), gkv({kB, kT + 1, 5});
-    EXPECT_THAT([&] { m.backward(out.view(), saved, gq.view(), gkv.view(), grads, ws); },
-                ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("kdim=4"), HasSubstr("kdim=5"))));
+    EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                    [&] { m.backward(out.view(), saved, gq.view(), gkv.view(), grads, ws); }),
+                AllOf(HasSubstr("kdim=4"), HasSubstr("kdim=5")));
   }
 }
 
@@ -164,11 +163,11 @@ TEST(SavedForwardIdentity, AWrapperReplacedInPlaceIsRefused) {
   SavedForward<float> saved;
   const auto input = train_forward(m, 6, 6, saved);
   m = attn::MultiHeadAttentionWrapper<float>(8, 3, 8, 0.0, 2);  // d_in 6 -> 8, same heads
-  EXPECT_THAT([&] { backward(m, 8, 6, saved); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 8, 6, saved); }),
+              AllOf(HasSubstr("d_in=6"), HasSubstr("d_in=8")));
   m = attn::MultiHeadAttentionWrapper<float>(6, 2, 8, 0.0, 3);  // 3 heads of 2
-  EXPECT_THAT([&] { backward(m, 6, 6, saved); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("training forward")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { backward(m, 6, 6, saved); }),
+              HasSubstr("training forward"));
 }
 
 // A copy is another module, with weights of its own: refused; the original still runs.

@@ -20,6 +20,7 @@
 #include "attn/attn.hpp"
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace scaled_dot_product_backward_test {
 namespace {
@@ -513,7 +514,6 @@ TEST_F(SdpaBackward, LogsumexpMatchesTheScoresAndLeavesTheOutputUnchanged) {
 
 TEST_F(SdpaBackward, RejectsBadArgumentsNamingThem) {
   using ::testing::HasSubstr;
-  using ::testing::ThrowsMessage;
   const Problem p{1, 2, 5, 6, 3, 4};
   const Inputs<float> in(p);
   Tensor<float, 4> out({1, 2, 5, 4}), gq({1, 2, 5, 3}), gk({1, 2, 6, 3}), gv({1, 2, 6, 4});
@@ -525,21 +525,22 @@ TEST_F(SdpaBackward, RejectsBadArgumentsNamingThem) {
                                                        out.view(), in.grad_out.view(), l, q_grad,
                                                        gk.view(), gv.view(), ws);
   };
-  EXPECT_THAT([&] { run(bad.view(), lse.view()); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("grad_q has shape (1, 2, 6, 4)")));
-  EXPECT_THAT([&] { run(gq.view(), {}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("logsumexp")));
-  EXPECT_THAT([&] { run(gk.view(), lse.view()); },  // grad_q shape is k's, not q's
-              ThrowsMessage<attn::ShapeError>(HasSubstr("grad_q")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { run(bad.view(), lse.view()); }),
+              HasSubstr("grad_q has shape (1, 2, 6, 4)"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { run(gq.view(), {}); }),
+              HasSubstr("logsumexp"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { run(gk.view(), lse.view()); }),  // grad_q shape is k's, not q's
+              HasSubstr("grad_q"));
   Tensor<float, 1> buffer({100});
   const attn::TensorView<float, 4> k_part(buffer.data(), {1, 2, 6, 3});
   const attn::TensorView<float, 4> v_part(buffer.data() + 10, {1, 2, 6, 4});
-  EXPECT_THAT(
-      [&] {
-        attn::scaled_dot_product_attention_backward<float>(
-            in.q.view(), in.k.view(), in.v.view(), out.view(), in.grad_out.view(), lse.view(),
-            gq.view(), k_part, v_part, ws);
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("grad_v")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::scaled_dot_product_attention_backward<float>(
+                    in.q.view(), in.k.view(), in.v.view(), out.view(), in.grad_out.view(),
+                    lse.view(), gq.view(), k_part, v_part, ws);
+              }),
+              HasSubstr("grad_v"));
 }
 
 }  // namespace

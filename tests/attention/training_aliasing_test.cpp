@@ -24,6 +24,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace training_aliasing_test {
 
@@ -37,7 +38,6 @@ using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using View = TensorView<double, 3>;
 using ConstView = TensorView<const double, 3>;
@@ -120,8 +120,9 @@ void expect_backward_refuses_grad_out_as_grad_x(Module& m, Index d, const std::s
   Tensor<double, 3> out({kB, kT, d});
   m.forward(x.view(), out.view(), saved, ws);
   Tensor<double, 3> g = attn::test::random_tensor<double>(Shape<3>{kB, kT, d}, 2);
-  EXPECT_THAT([&] { m.backward(ConstView(g.view()), saved, g.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(ConstView(g.view()), saved, g.view(), grads, ws); }),
+              HasSubstr("overlaps"));
 }
 
 TEST(TrainingAliasing, SimpleSelfAttentionInPlaceIsExact) {
@@ -242,8 +243,9 @@ TEST(TrainingAliasing, CrossAttentionInPlaceIsExact) {
   Tensor<double, 3> out({kB, kT, 6}), gkv(xkv.shape());
   m.forward(xq.view(), xkv.view(), out.view(), saved, ws);
   Tensor<double, 3> g = w;
-  EXPECT_THAT([&] { m.backward(ConstView(g.view()), saved, g.view(), gkv.view(), grads, ws); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { m.backward(ConstView(g.view()), saved, g.view(), gkv.view(), grads, ws); }),
+              HasSubstr("overlaps"));
 }
 
 // ---- the incremental forward ----
@@ -297,8 +299,8 @@ void expect_cached_aliasing_handled(const Module& m, Index hd, const std::string
   KVCache<double> cache(1, 1, hd, 64);
   attn::Workspace ws;
   const View out(cache.v_storage().data(), {1, 4, 8});
-  EXPECT_THAT([&] { m.forward(x.view(), out, ws, cache); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("cache")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { m.forward(x.view(), out, ws, cache); }),
+              HasSubstr("cache"));
   EXPECT_EQ(cache.length(0), 0);
 }
 
@@ -324,11 +326,13 @@ TEST(TrainingAliasing, ModulesWithoutACausalCoreRefuseTheIncrementalForward) {
   EXPECT_THROW(wrapper.forward(x.view(), out.view(), ws, cache), attn::ConfigError);
   // Not causal: their whole-sequence forward lets a token see later tokens; a cache cannot.
   const attn::SelfAttention<double> self(8, 8);
-  EXPECT_THAT([&] { self.forward(x.view(), out.view(), ws, cache); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("causal")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ConfigError>([&] { self.forward(x.view(), out.view(), ws, cache); }),
+      HasSubstr("causal"));
   const attn::CrossAttention<double> cross(8, 8, 8, 1);
-  EXPECT_THAT([&] { cross.forward(x.view(), x.view(), out.view(), ws, cache); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("causal")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { cross.forward(x.view(), x.view(), out.view(), ws, cache); }),
+              HasSubstr("causal"));
   EXPECT_EQ(cache.length(0), 0);
 }
 

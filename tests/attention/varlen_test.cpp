@@ -21,6 +21,7 @@
 #include "attn/attn.hpp"
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace varlen_test {
 
@@ -37,7 +38,6 @@ using attn::TensorView;
 using attn::Workspace;
 using attn::test::random_tensor;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace fd = attn::test::fd;
 
 /// Rows [r0, r1) of a packed (total, H, d) tensor as a contiguous (1, H, r1 - r0, d) tensor.
@@ -376,39 +376,35 @@ TEST(Varlen, Errors) {
   };
   const SequenceOffsets good_q{0, 4, 10}, good_k{0, 5, 12};
   EXPECT_NO_THROW(run(good_q, good_k));
-  EXPECT_THAT(
-      [&] {
-        run({0, 6, 4, 10}, {0, 5, 6, 12});
-      },
-      ThrowsMessage<attn::ShapeError>(
-          AllOf(HasSubstr("cu_seqlens_q = [0, 6, 4, 10]"), HasSubstr("decreases at entry 2"))));
-  EXPECT_THAT(
-      [&] {
-        run({0, 4, 9}, good_k);
-      },
-      ThrowsMessage<attn::ShapeError>(
-          AllOf(HasSubstr("ends at 9"), HasSubstr("q (10, 2, 8) has 10 rows"))));
-  EXPECT_THAT(
-      [&] {
-        run({1, 4, 10}, good_k);
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("starts at 1, not 0")));
-  EXPECT_THAT(
-      [&] {
-        run(good_q, {0, 12});
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("holds 2 sequences")));
-  EXPECT_THAT([&] { run({0}, {0}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("N + 1 >= 2")));
-  EXPECT_THAT([&] { run(good_q, good_k, AttentionMask<float>().causal()); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("sequence 0 has T_q=4, T_k=5")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                run({0, 6, 4, 10}, {0, 5, 6, 12});
+              }),
+              AllOf(HasSubstr("cu_seqlens_q = [0, 6, 4, 10]"), HasSubstr("decreases at entry 2")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                run({0, 4, 9}, good_k);
+              }),
+              AllOf(HasSubstr("ends at 9"), HasSubstr("q (10, 2, 8) has 10 rows")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                run({1, 4, 10}, good_k);
+              }),
+              HasSubstr("starts at 1, not 0"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                run(good_q, {0, 12});
+              }),
+              HasSubstr("holds 2 sequences"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { run({0}, {0}); }),
+              HasSubstr("N + 1 >= 2"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { run(good_q, good_k, AttentionMask<float>().causal()); }),
+              HasSubstr("sequence 0 has T_q=4, T_k=5"));
   const Tensor<bool, 2> allowed(Shape<2>{10, 12});
-  EXPECT_THAT([&] { run(good_q, good_k, AttentionMask<float>().allowed(allowed)); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
-  EXPECT_THAT(
-      [&] {
-        run(good_q, good_k, AttentionMask<float>().key_lengths({3, 4}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { run(good_q, good_k, AttentionMask<float>().allowed(allowed)); }),
+              HasSubstr("only the causal bound"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                run(good_q, good_k, AttentionMask<float>().key_lengths({3, 4}));
+              }),
+              HasSubstr("only the causal bound"));
 }
 
 attn::MultiHeadAttention<float> make_module(Index kv_heads, bool causal, Index window, Index kdim,
@@ -578,34 +574,29 @@ TEST(VarlenModule, Errors) {
   const Tensor<float, 2> x = random_tensor<float, 2>({10, 24}, 1);
   Tensor<float, 2> out(Shape<2>{10, 24});
   Workspace ws;
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 4, 9}, out.view(), ws);
+              }),
+              AllOf(HasSubstr("MultiHeadAttention::forward"), HasSubstr("ends at 9"),
+                    HasSubstr("query (10, 24) has 10 rows")));
   EXPECT_THAT(
-      [&] {
-        m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 4, 9}, out.view(), ws);
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("MultiHeadAttention::forward"),
-                                            HasSubstr("ends at 9"),
-                                            HasSubstr("query (10, 24) has 10 rows"))));
-  EXPECT_THAT(
-      [&] {
+      attn::test::thrown<attn::ShapeError>([&] {
         m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 5, 4, 10}, out.view(), ws);
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("decreases at entry 2")));
+      }),
+      HasSubstr("decreases at entry 2"));
   attn::KVCache<float> cache(2, 2, 6, 64);
-  EXPECT_THAT(
-      [&] {
-        m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 5, 10}, out.view(), ws,
-                  cache);
-      },
-      ThrowsMessage<attn::ConfigError>(
-          HasSubstr("a packed batch of 3 sequences fills one cache item each, but the cache "
-                    "holds B=2 items")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] {
+                m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 5, 10}, out.view(),
+                          ws, cache);
+              }),
+              HasSubstr("a packed batch of 3 sequences fills one cache item each, but the cache "
+                        "holds B=2 items"));
   EXPECT_EQ(cache.length(0), 0);
-  EXPECT_THAT(
-      [&] {
-        m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 10}, out.view(), ws,
-                  AttentionMask<float>().key_lengths({2, 8}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("only the causal bound")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                m.forward(x.view(), x.view(), x.view(), SequenceOffsets{0, 2, 10}, out.view(), ws,
+                          AttentionMask<float>().key_lengths({2, 8}));
+              }),
+              HasSubstr("only the causal bound"));
   attn::SimpleSelfAttention<float> simple;
   EXPECT_THROW(simple.forward(x.view(), SequenceOffsets{0, 10}, out.view(), ws), attn::ConfigError);
 }

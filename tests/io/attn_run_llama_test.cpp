@@ -19,6 +19,7 @@
 #include "attn/io/io.hpp"
 #include "attn_run/cli.hpp"
 #include "io/fixture_support.hpp"
+#include "support/thrown.hpp"
 
 namespace attn_run_llama_test {
 namespace {
@@ -28,7 +29,6 @@ using attn::io::SafetensorsWriter;
 using attn_run::ParsedArguments;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 const std::string kDir = std::string(ATTN_IO_FIXTURES_DIR) + "/llama";
 
@@ -114,24 +114,28 @@ TEST(AttnRunLlama, ErrorsNameTheFileAndTheValues) {
   EXPECT_NO_THROW(attn_run::run_llama<float>(llama_weights(4), hidden_states(), o));
   o.num_kv_heads = 2;
   EXPECT_THAT(
-      [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
-      ThrowsMessage<std::invalid_argument>(
-          AllOf(HasSubstr("--num-kv-heads 2 does not fit 'w.safetensors'"), HasSubstr("gives 4"))));
+      attn::test::thrown<std::invalid_argument>(
+          [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); }),
+      AllOf(HasSubstr("--num-kv-heads 2 does not fit 'w.safetensors'"), HasSubstr("gives 4")));
   o.num_kv_heads = 0;
   o.head_dim = 8;
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("--head-dim 8 does not fit")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
+                  [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); }),
+              HasSubstr("--head-dim 8 does not fit"));
   o.head_dim = 0;
   o.prefix = "model.";
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
-              ThrowsMessage<attn::io::FormatError>(HasSubstr("has no 'model.q_proj.weight'")));
+  EXPECT_THAT(attn::test::thrown<attn::io::FormatError>(
+                  [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); }),
+              HasSubstr("has no 'model.q_proj.weight'"));
   o.prefix = "";
-  EXPECT_THAT(
-      [&] { attn_run::run_llama<float>(llama_weights(4, "lm_head.bias"), hidden_states(), o); },
-      ThrowsMessage<attn::io::StateDictError>(HasSubstr("unexpected tensor 'lm_head.bias'")));
+  EXPECT_THAT(attn::test::thrown<attn::io::StateDictError>([&] {
+                attn_run::run_llama<float>(llama_weights(4, "lm_head.bias"), hidden_states(), o);
+              }),
+              HasSubstr("unexpected tensor 'lm_head.bias'"));
   o.rotary_dim = 3;
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("rotary_dim=3")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(), o); }),
+              HasSubstr("rotary_dim=3"));
 }
 
 // Every split of the sequence (one prefill, token by token, chunks; with grouped-query heads
@@ -161,8 +165,9 @@ TEST(AttnRunLlama, PrefillAndChunkSplitsAgree) {
   }
   o.sliding_window = 0;
   o.prefill = 10;
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(9), o); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("do not fit T=9")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
+                  [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(9), o); }),
+              HasSubstr("do not fit T=9"));
 }
 
 TEST(AttnRunLlama, APagedCacheReportsItsErrorAgainstTheContiguousOne) {
@@ -250,9 +255,9 @@ TEST(AttnRunLlama, SinkTokensKeepTheFirstTokensBesideTheWindow) {
   o.sliding_window = 10;  // S + W = T: nothing is evicted
   EXPECT_EQ(rows(attn_run::run_llama<float>(weights, x, o)), full);
   o.sliding_window = 0;
-  EXPECT_THAT([&] { attn_run::run_llama<float>(weights, x, o); },
-              ThrowsMessage<std::invalid_argument>(
-                  HasSubstr("--sink-tokens 2 goes with a --sliding-window (got 0)")));
+  EXPECT_THAT(
+      attn::test::thrown<std::invalid_argument>([&] { attn_run::run_llama<float>(weights, x, o); }),
+      HasSubstr("--sink-tokens 2 goes with a --sliding-window (got 0)"));
 }
 
 // --dtype bf16: the layer runs as a MultiHeadAttention<bfloat16> through a KVCache<bfloat16>.
@@ -387,9 +392,9 @@ TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
   }
   o.sliding_window = o.sink_tokens = o.prefill = 0;
   o.paged_block = 4;
-  EXPECT_THAT([&] { attn_run::run_llama<bfloat16>(w, x, o); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr(
-                  "a bfloat16 run keeps its KV cache in bfloat16 rows, contiguous: --paged")));
+  EXPECT_THAT(
+      attn::test::thrown<std::invalid_argument>([&] { attn_run::run_llama<bfloat16>(w, x, o); }),
+      HasSubstr("a bfloat16 run keeps its KV cache in bfloat16 rows, contiguous: --paged"));
 }
 
 TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {

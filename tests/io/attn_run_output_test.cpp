@@ -28,6 +28,7 @@
 #include "attn_run/cli.hpp"
 #include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace attn_run_output_test {
 
@@ -172,9 +173,8 @@ TEST(AttnRunOutput, TheWriterRefusesSpecialFilesToo) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   SafetensorsWriter w;
   w.add("x", attn::Tensor<float, 1>({3}));
-  EXPECT_THAT([&] { w.save(fifo); },
-              ::testing::ThrowsMessage<attn::io::IoError>(
-                  AllOf(HasSubstr(fifo), HasSubstr("a FIFO"), HasSubstr("not a regular file"))));
+  EXPECT_THAT(attn::test::thrown<attn::io::IoError>([&] { w.save(fifo); }),
+              AllOf(HasSubstr(fifo), HasSubstr("a FIFO"), HasSubstr("not a regular file")));
   EXPECT_TRUE(S_ISFIFO(lstat_of(fifo).st_mode));
   EXPECT_THAT(dir.others("out.fifo"), ::testing::IsEmpty());
 }

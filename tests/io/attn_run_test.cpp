@@ -18,6 +18,7 @@
 #include "attn_run/cli.hpp"
 #include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace attn_run_test {
 
@@ -33,7 +34,6 @@ using attn_run::ParsedArguments;
 using attn_run::RunOptions;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using ::testing::ThrowsMessage;
 
 constexpr Index kB = 2, kT = 4, kE = 8, kH = 2;
 
@@ -97,10 +97,9 @@ TEST(AttnRunMasks, OtherIntegerMasksAreErrors) {
       } else {
         w.add_raw(name, d, {kB, kT}, integer_bytes(kPadding, d));
       }
-      EXPECT_THAT(
-          [&] { output_of(w); },
-          ThrowsMessage<FormatError>(HasSubstr(std::string(name) + " has dtype " +
-                                               attn::io::dtype_name(d) + "; expected BOOL or U8")));
+      EXPECT_THAT(attn::test::thrown<FormatError>([&] { output_of(w); }),
+                  HasSubstr(std::string(name) + " has dtype " + attn::io::dtype_name(d) +
+                            "; expected BOOL or U8"));
     }
   }
 }
@@ -156,18 +155,16 @@ TEST(AttnRunMasks, FloatKeyPaddingMaskNextToAnAttnMaskIsAnError) {
       w.add("attn_mask", Tensor<float, 2>({kT, kT}));
     }
     EXPECT_THAT(
-        [&] { output_of(w); },
-        ThrowsMessage<FormatError>(HasSubstr(
-            "key_padding_mask is F32 (added to the scores) and an attn_mask is given too")));
+        attn::test::thrown<FormatError>([&] { output_of(w); }),
+        HasSubstr("key_padding_mask is F32 (added to the scores) and an attn_mask is given too"));
   }
 }
 
 TEST(AttnRunMasks, KeyPaddingMaskShapeIsChecked) {
   SafetensorsWriter w = query_writer();
   w.add("key_padding_mask", Tensor<float, 2>({kB, kT + 1}));
-  EXPECT_THAT([&] { output_of(w); },
-              ThrowsMessage<FormatError>(
-                  HasSubstr("key_padding_mask has shape [2, 5], expected (B, T_k) = [2, 4]")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { output_of(w); }),
+              HasSubstr("key_padding_mask has shape [2, 5], expected (B, T_k) = [2, 4]"));
 }
 
 TEST(AttnRunMasks, HugeBatchTimesHeadsIsAMismatchNotAnOverflow) {
@@ -176,15 +173,14 @@ TEST(AttnRunMasks, HugeBatchTimesHeadsIsAMismatchNotAnOverflow) {
   SafetensorsWriter w;
   w.add_raw("query", DType::kF32, {Index(1) << 62, 0, 1}, {});
   w.add_raw("attn_mask", DType::kBool, {4, 0, 0}, {});
-  EXPECT_THAT([&] { output_of(w); }, ThrowsMessage<attn::ShapeError>(
-                                         HasSubstr("query has shape (4611686018427387904, 0, 1)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { output_of(w); }),
+              HasSubstr("query has shape (4611686018427387904, 0, 1)"));
   // ...and the masks, given such extents, report a mismatch, not an overflow.
   attn_run::Masks<float> masks(Index(1) << 62, kH, 0, 0, /*batched=*/true);
   attn::AttentionMask<float> mask;
   const auto in = SafetensorsFile::from_bytes(w.to_bytes(), "x");
-  EXPECT_THAT([&] { masks.read(in, mask); },
-              ThrowsMessage<FormatError>(HasSubstr(
-                  "expected (T_q, T_k) = [0, 0] or (B * num_heads, T_q, T_k) = (too large)")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { masks.read(in, mask); }),
+              HasSubstr("expected (T_q, T_k) = [0, 0] or (B * num_heads, T_q, T_k) = (too large)"));
 }
 
 // ---- the command line ----
@@ -214,9 +210,10 @@ TEST(AttnRunBackward, ChecksGradOutputAndWritesEveryGradient) {
   SafetensorsWriter inputs = query_writer();
   inputs.add("grad_output", attn::test::random_tensor<float, 3>({kB, kT, kE + 1}, 8));
   const auto bad = SafetensorsFile::from_bytes(inputs.to_bytes(), "x");
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(weights(), bad, o); },
-              ThrowsMessage<FormatError>(HasSubstr(
-                  "'x': grad_output has shape [2, 4, 9], expected the output's shape [2, 4, 8]")));
+  EXPECT_THAT(
+      attn::test::thrown<FormatError>(
+          [&] { attn_run::run_multi_head_attention<float>(weights(), bad, o); }),
+      HasSubstr("'x': grad_output has shape [2, 4, 9], expected the output's shape [2, 4, 8]"));
   const auto ones = SafetensorsFile::from_bytes(query_writer().to_bytes(), "x");
   const auto y1 = SafetensorsFile::from_bytes(
       attn_run::run_multi_head_attention<float>(weights(), ones, o).to_bytes(), "y1");
@@ -350,9 +347,9 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
   RunOptions o;
   o.num_heads = kH;
   o.need_weights = true;
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<bfloat16>(bf16_weights, in, o); },
-              ThrowsMessage<std::invalid_argument>(
-                  HasSubstr("a bfloat16 run has no backward and no attention weights")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
+                  [&] { attn_run::run_multi_head_attention<bfloat16>(bf16_weights, in, o); }),
+              HasSubstr("a bfloat16 run has no backward and no attention weights"));
 }
 
 // --dtype fp16: as --dtype bf16, with MultiHeadAttention<float16> and F16 tensors: an F16

@@ -26,6 +26,7 @@
 #include "attn/io/io.hpp"
 #include "attn_run/cli.hpp"
 #include "io/file_test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace attn_run_validation_test {
 
@@ -38,7 +39,6 @@ using attn::io::SafetensorsWriter;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using ::testing::ThrowsMessage;
 
 constexpr Index kHuge = Index(1) << 34;
 
@@ -110,17 +110,18 @@ TEST(AttnRunValidation, AHugeDeclaredQueryIsRefusedBeforeAnyTableIsSized) {
        {std::vector<Index>{1, kHuge, 0}, std::vector<Index>{kHuge, 0}, std::vector<Index>{0, 5, 16},
         std::vector<Index>{3, 0, 16}}) {
     SCOPED_TRACE(attn::io::detail::shape_text(shape));
-    EXPECT_THAT(
-        [&] { attn_run::run_llama<float>(llama_weights(), declared(shape), llama_options()); },
-        ThrowsMessage<attn::ShapeError>(
-            AllOf(HasSubstr("run_llama"), HasSubstr("query has shape"))));
+    EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                  attn_run::run_llama<float>(llama_weights(), declared(shape), llama_options());
+                }),
+                AllOf(HasSubstr("run_llama"), HasSubstr("query has shape")));
   }
 }
 
 TEST(AttnRunValidation, AnEmptyQuerySaysSo) {
-  EXPECT_THAT([&] { attn_run::run_llama<float>(llama_weights(), tokens(2, 0), llama_options()); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("query has shape (2, 0, 16)"), Not(HasSubstr("KVCache")))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn_run::run_llama<float>(llama_weights(), tokens(2, 0), llama_options());
+              }),
+              AllOf(HasSubstr("query has shape (2, 0, 16)"), Not(HasSubstr("KVCache"))));
 }
 
 TEST(AttnRunValidation, TheRingIsSizedByTheTokensThereAre) {
@@ -142,8 +143,8 @@ TEST(AttnRunValidation, TheRingIsSizedByTheTokensThereAre) {
 TEST(AttnRunValidation, AThetaThatIsZeroAsAFloatIsRefused) {
   attn_run::LlamaOptions o = llama_options();
   o.rope_theta = 1e-50;
-  EXPECT_THAT([&] { output(tokens(1, 4), o); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("theta=1e-50")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { output(tokens(1, 4), o); }),
+              HasSubstr("theta=1e-50"));
   EXPECT_NO_THROW(attn_run::run_llama<double>(llama_weights(), tokens(1, 4), o));
   // Through the program: exit status 1, no output written.
   const attn::test::TempDir dir;
@@ -171,21 +172,20 @@ TEST(AttnRunValidation, BackwardWithTheLlamaFormatIsAnError) {
 
 TEST(AttnRunValidation, AMissingProjectionIsNamed) {
   for (const std::string name : {"k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
-    EXPECT_THAT(
-        [&] { attn_run::run_llama<float>(llama_weights(name), tokens(1, 4), llama_options()); },
-        ThrowsMessage<attn::io::StateDictError>(
-            AllOf(HasSubstr("has no tensor '" + name + "'"), Not(HasSubstr("shape")))));
+    EXPECT_THAT(attn::test::thrown<attn::io::StateDictError>([&] {
+                  attn_run::run_llama<float>(llama_weights(name), tokens(1, 4), llama_options());
+                }),
+                AllOf(HasSubstr("has no tensor '" + name + "'"), Not(HasSubstr("shape"))));
   }
 }
 
 TEST(AttnRunValidation, LlamaErrorsNameTheLlamaRunner) {
   EXPECT_THAT(
-      [&] {
+      attn::test::thrown<attn::io::FormatError>([&] {
         attn_run::run_llama<float>(llama_weights(), declared({1, 4, 16}, DType::kI32),
                                    llama_options());
-      },
-      ThrowsMessage<attn::io::FormatError>(AllOf(HasSubstr("run_llama"), HasSubstr("I32"),
-                                                 Not(HasSubstr("run_multi_head_attention")))));
+      }),
+      AllOf(HasSubstr("run_llama"), HasSubstr("I32"), Not(HasSubstr("run_multi_head_attention"))));
 }
 
 // MHA mode: the query's width is checked against the weights before a float key padding
@@ -204,8 +204,9 @@ TEST(AttnRunValidation, MhaInputsAreCheckedBeforeTheMasksAreBuilt) {
   const SafetensorsFile x = SafetensorsFile::from_bytes(w.to_bytes(), "x");
   attn_run::RunOptions o;
   o.num_heads = 2;
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(weights, x, o); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("query has shape (1, 17179869184, 0)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { attn_run::run_multi_head_attention<float>(weights, x, o); }),
+              HasSubstr("query has shape (1, 17179869184, 0)"));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "attn/attn.hpp"
 #include "attn/io/safetensors.hpp"
 #include "io/file_test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace file_test {
 
@@ -39,7 +40,6 @@ using attn::test::run_in_child;
 using attn::test::TempDir;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using ::testing::ThrowsMessage;
 
 SafetensorsWriter writer_of(attn::Index n, float value) {
   SafetensorsWriter w;
@@ -79,11 +79,10 @@ TEST(ATTN_FILE_TEST, FifoIsRejectedAtOnce) {
 
 TEST(ATTN_FILE_TEST, DirectoriesAndDevicesAreNotRegularFiles) {
   const TempDir dir;
-  EXPECT_THAT([&] { SafetensorsFile::open(dir.path()); },
-              ThrowsMessage<IoError>(HasSubstr("is not a regular file (a directory)")));
-  EXPECT_THAT(
-      [] { SafetensorsFile::open("/dev/null"); },
-      ThrowsMessage<IoError>(HasSubstr("'/dev/null' is not a regular file (a character device)")));
+  EXPECT_THAT(attn::test::thrown<IoError>([&] { SafetensorsFile::open(dir.path()); }),
+              HasSubstr("is not a regular file (a directory)"));
+  EXPECT_THAT(attn::test::thrown<IoError>([] { SafetensorsFile::open("/dev/null"); }),
+              HasSubstr("'/dev/null' is not a regular file (a character device)"));
 }
 
 TEST(ATTN_FILE_TEST, ReadsFilesLargerThanOneChunk) {
@@ -194,18 +193,19 @@ TEST(ATTN_FILE_TEST, SaveIntoADirectoryThatCannotBeWrittenKeepsTheOldFile) {
 }
 
 TEST(ATTN_FILE_TEST, SaveIntoAMissingDirectoryNamesThePath) {
-  EXPECT_THAT([] { writer_of(1, 0.0f).save("/nonexistent/dir/out.safetensors"); },
-              ThrowsMessage<IoError>(
-                  HasSubstr("cannot open '/nonexistent/dir/out.safetensors' for writing")));
+  EXPECT_THAT(attn::test::thrown<IoError>(
+                  [] { writer_of(1, 0.0f).save("/nonexistent/dir/out.safetensors"); }),
+              HasSubstr("cannot open '/nonexistent/dir/out.safetensors' for writing"));
 }
 
 TEST(ATTN_FILE_TEST, MissingOrEmptyFile) {
-  EXPECT_THAT([] { SafetensorsFile::open("/nonexistent/dir/w.safetensors"); },
-              ThrowsMessage<IoError>(HasSubstr("cannot open '/nonexistent/dir/w.safetensors'")));
+  EXPECT_THAT(
+      attn::test::thrown<IoError>([] { SafetensorsFile::open("/nonexistent/dir/w.safetensors"); }),
+      HasSubstr("cannot open '/nonexistent/dir/w.safetensors'"));
   const TempDir dir;
   std::ofstream(dir.file("empty")).close();
-  EXPECT_THAT([&] { SafetensorsFile::open(dir.file("empty")); },
-              ThrowsMessage<FormatError>(HasSubstr("file is 0 bytes")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { SafetensorsFile::open(dir.file("empty")); }),
+              HasSubstr("file is 0 bytes"));
 }
 
 TEST(ATTN_FILE_TEST, FromStreamReadsEverything) {

@@ -16,6 +16,7 @@
 #include "attn/io/io.hpp"
 #include "attn_run/run.hpp"
 #include "io/fixture_support.hpp"
+#include "support/thrown.hpp"
 
 namespace pytorch_fixtures_test {
 namespace {
@@ -25,7 +26,6 @@ using attn::io::SafetensorsFile;
 using attn::io::SafetensorsWriter;
 using attn_run::RunOptions;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 const std::string kDir = ATTN_IO_FIXTURES_DIR;
 
@@ -190,14 +190,17 @@ TEST(Runner, RejectsMissingQueryAndUnpairedKey) {
   o.num_heads = 2;
   SafetensorsWriter none;
   none.add("x", attn::Tensor<float, 3>({1, 2, 4}));
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(none), o); },
-              ThrowsMessage<FormatError>(HasSubstr("'x.safetensors' has no tensor 'query'")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] {
+                attn_run::run_multi_head_attention<float>(small_weights(), inputs(none), o);
+              }),
+              HasSubstr("'x.safetensors' has no tensor 'query'"));
   SafetensorsWriter key_only;
   key_only.add("query", attn::Tensor<float, 3>({1, 2, 4}))
       .add("key", attn::Tensor<float, 3>({1, 3, 4}));
-  EXPECT_THAT(
-      [&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(key_only), o); },
-      ThrowsMessage<FormatError>(HasSubstr("has 'key' but no 'value'")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] {
+                attn_run::run_multi_head_attention<float>(small_weights(), inputs(key_only), o);
+              }),
+              HasSubstr("has 'key' but no 'value'"));
 }
 
 TEST(Runner, RejectsMisshapedMasksNamingTheExpectedShapes) {
@@ -206,16 +209,18 @@ TEST(Runner, RejectsMisshapedMasksNamingTheExpectedShapes) {
   SafetensorsWriter w;
   w.add("query", attn::Tensor<float, 3>({3, 2, 4}));
   w.add("attn_mask", attn::Tensor<bool, 3>({3, 2, 2}));  // B=3, needs B*H = 6
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(w), o); },
-              ThrowsMessage<FormatError>(
-                  HasSubstr("attn_mask has shape [3, 2, 2], expected (T_q, T_k) = [2, 2] or "
-                            "(B * num_heads, T_q, T_k) = [6, 2, 2]")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] {
+                attn_run::run_multi_head_attention<float>(small_weights(), inputs(w), o);
+              }),
+              HasSubstr("attn_mask has shape [3, 2, 2], expected (T_q, T_k) = [2, 2] or "
+                        "(B * num_heads, T_q, T_k) = [6, 2, 2]"));
   SafetensorsWriter p;
   p.add("query", attn::Tensor<float, 3>({3, 2, 4}));
   p.add("key_padding_mask", attn::Tensor<bool, 2>({3, 3}));
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(p), o); },
-              ThrowsMessage<FormatError>(
-                  HasSubstr("key_padding_mask has shape [3, 3], expected (B, T_k) = [3, 2]")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] {
+                attn_run::run_multi_head_attention<float>(small_weights(), inputs(p), o);
+              }),
+              HasSubstr("key_padding_mask has shape [3, 3], expected (B, T_k) = [3, 2]"));
 }
 
 TEST(Runner, WrongEmbeddingSizeIsAShapeError) {
@@ -223,8 +228,10 @@ TEST(Runner, WrongEmbeddingSizeIsAShapeError) {
   o.num_heads = 2;
   SafetensorsWriter w;
   w.add("query", attn::Tensor<float, 3>({1, 2, 5}));
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<float>(small_weights(), inputs(w), o); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(1, 2, 5)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn_run::run_multi_head_attention<float>(small_weights(), inputs(w), o);
+              }),
+              HasSubstr("(1, 2, 5)"));
 }
 
 }  // namespace

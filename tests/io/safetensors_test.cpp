@@ -16,6 +16,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace safetensors_test {
 
@@ -28,7 +29,6 @@ using attn::io::SafetensorsFile;
 using attn::io::SafetensorsWriter;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 // A file from a header text and `data_bytes` bytes of data (value i at byte i).
 std::vector<unsigned char> make_file(const std::string& header, std::size_t data_bytes,
@@ -154,131 +154,138 @@ TEST(Safetensors, AcceptsEmptyAndZeroSizedTensorsAndScalars) {
 // ---- malformed files: each is a FormatError naming the file and the values ----
 
 TEST(SafetensorsMalformed, FileShorterThanLengthField) {
-  EXPECT_THAT(
-      [] {
-        SafetensorsFile::from_bytes(std::vector<unsigned char>{1, 2, 3}, "short");
-      },
-      ThrowsMessage<FormatError>(HasSubstr("'short': file is 3 bytes")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] {
+                SafetensorsFile::from_bytes(std::vector<unsigned char>{1, 2, 3}, "short");
+              }),
+              HasSubstr("'short': file is 3 bytes"));
 }
 
 TEST(SafetensorsMalformed, HugeHeaderLength) {
   const auto bytes = make_file("{}", 0, 1ull << 40);
-  EXPECT_THAT(
-      [&] { SafetensorsFile::from_bytes(bytes); },
-      ThrowsMessage<FormatError>(HasSubstr("header length 1099511627776 exceeds the limit")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { SafetensorsFile::from_bytes(bytes); }),
+              HasSubstr("header length 1099511627776 exceeds the limit"));
 }
 
 TEST(SafetensorsMalformed, HeaderLengthPastEndOfFile) {
   const auto bytes = make_file("{}", 0, 50);
-  EXPECT_THAT([&] { SafetensorsFile::from_bytes(bytes); },
-              ThrowsMessage<FormatError>(HasSubstr("header length 50 exceeds the 2 bytes")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { SafetensorsFile::from_bytes(bytes); }),
+              HasSubstr("header length 50 exceeds the 2 bytes"));
 }
 
 TEST(SafetensorsMalformed, HeaderNotJson) {
-  EXPECT_THAT([] { parse("{\"a\": [1, 2", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("header is not valid JSON")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] { parse("{\"a\": [1, 2", 0); }),
+              HasSubstr("header is not valid JSON"));
 }
 
 TEST(SafetensorsMalformed, HeaderNotAnObject) {
-  EXPECT_THAT([] { parse("[1,2,3]", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("header is a JSON array, expected an object")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] { parse("[1,2,3]", 0); }),
+              HasSubstr("header is a JSON array, expected an object"));
 }
 
 TEST(SafetensorsMalformed, MetadataNotStrings) {
-  EXPECT_THAT([] { parse(R"({"__metadata__":{"epoch":3}})", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("__metadata__ entry 'epoch' is 3")));
-  EXPECT_THAT([] { parse(R"({"__metadata__":[1]})", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("__metadata__ is a JSON array")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] { parse(R"({"__metadata__":{"epoch":3}})", 0); }),
+              HasSubstr("__metadata__ entry 'epoch' is 3"));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] { parse(R"({"__metadata__":[1]})", 0); }),
+              HasSubstr("__metadata__ is a JSON array"));
 }
 
 TEST(SafetensorsMalformed, EntryNotAnObject) {
-  EXPECT_THAT([] { parse(R"({"w":5})", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("tensor 'w' is 5")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] { parse(R"({"w":5})", 0); }),
+              HasSubstr("tensor 'w' is 5"));
 }
 
 TEST(SafetensorsMalformed, UnknownDtype) {
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("tensor 'w' has unknown dtype \"F33\"")));
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("tensor 'w' has no string \"dtype\"")));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", 4); }),
+              HasSubstr("tensor 'w' has unknown dtype \"F33\""));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", 4); }),
+              HasSubstr("tensor 'w' has no string \"dtype\""));
 }
 
 TEST(SafetensorsMalformed, NegativeOrNonIntegerShape) {
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[-1,4],"data_offsets":[0,4]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("shape [-1,4] with a negative extent")));
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,4]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("extents must be non-negative integers")));
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,4]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("tensor 'w' has no array \"shape\"")));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F32","shape":[-1,4],"data_offsets":[0,4]}})", 4); }),
+              HasSubstr("shape [-1,4] with a negative extent"));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,4]}})", 4); }),
+              HasSubstr("extents must be non-negative integers"));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,4]}})", 4); }),
+              HasSubstr("tensor 'w' has no array \"shape\""));
 }
 
 TEST(SafetensorsMalformed, OverflowingShape) {
   EXPECT_THAT(
-      [] {
+      attn::test::thrown<FormatError>([] {
         parse(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4);
-      },
-      ThrowsMessage<FormatError>(HasSubstr("whose element count overflows")));
+      }),
+      HasSubstr("whose element count overflows"));
   // zero elements, but the other extents would still overflow strides
   EXPECT_THAT(
-      [] {
+      attn::test::thrown<FormatError>([] {
         parse(R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})", 0);
-      },
-      ThrowsMessage<FormatError>(HasSubstr("overflows")));
+      }),
+      HasSubstr("overflows"));
   // element count fits, bytes (x8) overflow 2^64
-  EXPECT_THAT(
-      [] {
-        parse(R"({"w":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", 8);
-      },
-      ThrowsMessage<FormatError>(HasSubstr("needs more than 2^64 bytes")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] {
+                parse(R"({"w":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})",
+                      8);
+              }),
+              HasSubstr("needs more than 2^64 bytes"));
 }
 
 TEST(SafetensorsMalformed, BadDataOffsets) {
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[1]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("tensor 'w' has no data_offsets")));
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("has data_offsets [0]")));
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("has data_offsets [-4,0]")));
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4); },
-              ThrowsMessage<FormatError>(HasSubstr("data_offsets [4, 0], outside the data")));
+  EXPECT_THAT(
+      attn::test::thrown<FormatError>([] { parse(R"({"w":{"dtype":"F32","shape":[1]}})", 4); }),
+      HasSubstr("tensor 'w' has no data_offsets"));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4); }),
+              HasSubstr("has data_offsets [0]"));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", 4); }),
+              HasSubstr("has data_offsets [-4,0]"));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4); }),
+              HasSubstr("data_offsets [4, 0], outside the data"));
 }
 
 TEST(SafetensorsMalformed, OffsetsPastTheDataAreTruncation) {
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 10); },
-              ThrowsMessage<FormatError>(
-                  HasSubstr("data_offsets [0, 16], outside the data section of 10 bytes")));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 10); }),
+              HasSubstr("data_offsets [0, 16], outside the data section of 10 bytes"));
 }
 
 TEST(SafetensorsMalformed, ShapeAndByteCountDisagree) {
-  EXPECT_THAT([] { parse(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 20); },
-              ThrowsMessage<FormatError>(
-                  HasSubstr("tensor 'w' (F32, shape [2, 3]) needs 24 bytes, but data_offsets "
-                            "[0, 20] span 20")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] {
+                parse(R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 20);
+              }),
+              HasSubstr("tensor 'w' (F32, shape [2, 3]) needs 24 bytes, but data_offsets "
+                        "[0, 20] span 20"));
 }
 
 TEST(SafetensorsMalformed, OverlappingTensors) {
-  EXPECT_THAT(
-      [] {
-        parse(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-              R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-              12);
-      },
-      ThrowsMessage<FormatError>(HasSubstr("tensor 'b' (bytes [4, 12)) overlaps tensor 'a'")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] {
+                parse(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                      12);
+              }),
+              HasSubstr("tensor 'b' (bytes [4, 12)) overlaps tensor 'a'"));
 }
 
 TEST(SafetensorsMalformed, GapAndTrailingBytes) {
-  EXPECT_THAT([] { parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8); },
-              ThrowsMessage<FormatError>(
-                  HasSubstr("bytes [0, 4) of the data section belong to no tensor")));
-  EXPECT_THAT([] { parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 9); },
-              ThrowsMessage<FormatError>(HasSubstr("cover 4 bytes but the data section has 9")));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8); }),
+              HasSubstr("bytes [0, 4) of the data section belong to no tensor"));
+  EXPECT_THAT(attn::test::thrown<FormatError>(
+                  [] { parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 9); }),
+              HasSubstr("cover 4 bytes but the data section has 9"));
 }
 
 TEST(SafetensorsMalformed, RankMismatchOnGet) {
   const auto file = parse(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", 16);
-  EXPECT_THAT([&] { (file.get<float, 3>("w")); },
-              ThrowsMessage<FormatError>(
-                  HasSubstr("tensor 'w' has rank 2 (shape [2, 2]), requested rank 3")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { (file.get<float, 3>("w")); }),
+              HasSubstr("tensor 'w' has rank 2 (shape [2, 2]), requested rank 3"));
 }
 
 TEST(SafetensorsMalformed, UnconvertibleDtypes) {
@@ -286,20 +293,18 @@ TEST(SafetensorsMalformed, UnconvertibleDtypes) {
                           R"("w":{"dtype":"F32","shape":[1],"data_offsets":[2,6]},)"
                           R"("e":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[6,7]}})",
                           7);
-  EXPECT_THAT(
-      [&] { (file.get<float, 1>("m")); },
-      ThrowsMessage<FormatError>(HasSubstr("'m' has dtype BOOL, which cannot be read as float")));
-  EXPECT_THAT(
-      [&] { (file.get<bool, 1>("w")); },
-      ThrowsMessage<FormatError>(HasSubstr("'w' has dtype F32, which cannot be read as bool")));
-  EXPECT_THAT([&] { (file.get<double, 1>("e")); },
-              ThrowsMessage<FormatError>(HasSubstr("8-bit float formats are not supported")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { (file.get<float, 1>("m")); }),
+              HasSubstr("'m' has dtype BOOL, which cannot be read as float"));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { (file.get<bool, 1>("w")); }),
+              HasSubstr("'w' has dtype F32, which cannot be read as bool"));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { (file.get<double, 1>("e")); }),
+              HasSubstr("8-bit float formats are not supported"));
 }
 
 TEST(SafetensorsMalformed, MissingTensorListsTheNames) {
   const auto file = parse(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
-  EXPECT_THAT([&] { (file.get<float, 1>("bias")); },
-              ThrowsMessage<FormatError>(HasSubstr("has no tensor 'bias'; it has 1 tensor(s): w")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([&] { (file.get<float, 1>("bias")); }),
+              HasSubstr("has no tensor 'bias'; it has 1 tensor(s): w"));
 }
 
 // ---- nesting: rejected before anything recurses (a 100000-deep header used to overflow the
@@ -321,17 +326,17 @@ TEST(SafetensorsNesting, DeepHeadersAreFormatErrorsWherever) {
   };
   for (const std::string& header : headers) {
     SCOPED_TRACE(header.substr(0, 40));
-    EXPECT_THAT([&] { parse(header, 4); },
-                ThrowsMessage<FormatError>(HasSubstr("nests arrays and objects deeper than 8")));
+    EXPECT_THAT(attn::test::thrown<FormatError>([&] { parse(header, 4); }),
+                HasSubstr("nests arrays and objects deeper than 8"));
   }
 }
 
 TEST(SafetensorsNesting, DepthIsCountedOutsideStringsOnly) {
   // 8 levels is the limit: the value below is then an ordinary error, with a short excerpt.
-  EXPECT_THAT([] { parse("{\"x\":" + nested(7, "1") + "}", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("tensor 'x' is [[[[[[[1]]]]]]], expected")));
-  EXPECT_THAT([] { parse("{\"x\":" + nested(8, "1") + "}", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("deeper than 8 levels (at byte 12 ")));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] { parse("{\"x\":" + nested(7, "1") + "}", 0); }),
+              HasSubstr("tensor 'x' is [[[[[[[1]]]]]]], expected"));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] { parse("{\"x\":" + nested(8, "1") + "}", 0); }),
+              HasSubstr("deeper than 8 levels (at byte 12 "));
   // brackets and escaped quotes inside strings do not nest
   const auto file = parse(R"({"__metadata__":{"k":"[[[[[[[[[[{{{{{{{{{{\"[[[[[[[[[["}})", 0);
   EXPECT_EQ(file.metadata().at("k"), "[[[[[[[[[[{{{{{{{{{{\"[[[[[[[[[[");
@@ -353,18 +358,19 @@ TEST(SafetensorsNesting, ErrorExcerptsStayShort) {
 // ---- duplicate keys: nlohmann keeps the last one silently ----
 
 TEST(SafetensorsMalformed, DuplicateTensorNamesAndKeys) {
+  EXPECT_THAT(attn::test::thrown<FormatError>([] {
+                parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                      8);
+              }),
+              HasSubstr("the header names tensor 'a' more than once"));
+  EXPECT_THAT(attn::test::thrown<FormatError>([] {
+                parse(R"({"a":{"dtype":"F64","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+              }),
+              HasSubstr("tensor 'a' has key 'dtype' more than once"));
   EXPECT_THAT(
-      [] {
-        parse(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-              R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-              8);
-      },
-      ThrowsMessage<FormatError>(HasSubstr("the header names tensor 'a' more than once")));
-  EXPECT_THAT(
-      [] { parse(R"({"a":{"dtype":"F64","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4); },
-      ThrowsMessage<FormatError>(HasSubstr("tensor 'a' has key 'dtype' more than once")));
-  EXPECT_THAT([] { parse(R"({"__metadata__":{"k":"1","k":"2"}})", 0); },
-              ThrowsMessage<FormatError>(HasSubstr("__metadata__ has key 'k' more than once")));
+      attn::test::thrown<FormatError>([] { parse(R"({"__metadata__":{"k":"1","k":"2"}})", 0); }),
+      HasSubstr("__metadata__ has key 'k' more than once"));
   // the same name in different objects is fine
   EXPECT_EQ(parse(R"({"dtype":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4).size(), 1u);
 }
@@ -374,49 +380,48 @@ TEST(SafetensorsMalformed, DuplicateTensorNamesAndKeys) {
 TEST(SafetensorsWriter, ByteCountsThatOverflowAreRejected) {
   SafetensorsWriter writer;
   // 2^62 x 4 x 4 bytes: the byte count wraps to 0 in 64 bits, which an empty buffer matched
-  EXPECT_THAT(
-      [&] {
-        writer.add_raw("w", DType::kF32, {attn::Index(1) << 62, 4}, {});
-      },
-      ThrowsMessage<std::invalid_argument>(
-          HasSubstr("tensor 'w' (F32, shape [4611686018427387904, 4]) has a byte count "
-                    "that overflows")));
-  EXPECT_THAT(
-      [&] {
-        writer.add_raw("w", DType::kU8, {attn::Index(1) << 32, attn::Index(1) << 32}, {});
-      },
-      ThrowsMessage<std::invalid_argument>(HasSubstr("overflows")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([&] {
+                writer.add_raw("w", DType::kF32, {attn::Index(1) << 62, 4}, {});
+              }),
+              HasSubstr("tensor 'w' (F32, shape [4611686018427387904, 4]) has a byte count "
+                        "that overflows"));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([&] {
+                writer.add_raw("w", DType::kU8, {attn::Index(1) << 32, attn::Index(1) << 32}, {});
+              }),
+              HasSubstr("overflows"));
   // a broadcast view of 2^62 floats: sizes fit an index, bytes (2^64) do not
   const float one = 1.0f;
   const attn::TensorView<const float, 1> broadcast(&one, {attn::Index(1) << 62}, {0});
-  EXPECT_THAT([&] { writer.add("b", broadcast); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("has a byte count that overflows")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([&] { writer.add("b", broadcast); }),
+              HasSubstr("has a byte count that overflows"));
   EXPECT_EQ(writer.size(), 0u);
 }
 
 TEST(SafetensorsWriter, NamesAndMetadataMustBeUtf8) {
   SafetensorsWriter writer;
-  EXPECT_THAT([&] { writer.add("\xff", attn::Tensor<float, 1>({1})); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("valid UTF-8")));
-  EXPECT_THAT([&] { writer.set_metadata("k", "\xc3"); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("valid UTF-8")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
+                  [&] { writer.add("\xff", attn::Tensor<float, 1>({1})); }),
+              HasSubstr("valid UTF-8"));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([&] { writer.set_metadata("k", "\xc3"); }),
+              HasSubstr("valid UTF-8"));
   EXPECT_NO_THROW(writer.to_bytes());
 }
 
 TEST(SafetensorsWriter, RejectsDuplicateReservedAndMissizedTensors) {
   SafetensorsWriter writer;
   writer.add("a", attn::Tensor<float, 1>({2}));
-  EXPECT_THAT([&] { writer.add("a", attn::Tensor<float, 1>({2})); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("tensor 'a' was already added")));
-  EXPECT_THAT([&] { writer.add("__metadata__", attn::Tensor<float, 1>({2})); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("reserved")));
-  EXPECT_THAT(
-      [&] {
-        writer.add_raw("b", DType::kF32, {3}, {0, 0, 0, 0});
-      },
-      ThrowsMessage<std::invalid_argument>(HasSubstr("needs 12 bytes, got 4")));
-  EXPECT_THAT([&] { writer.save("/nonexistent/dir/out.safetensors"); },
-              ThrowsMessage<IoError>(HasSubstr("cannot open '/nonexistent/dir/out.safetensors'")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
+                  [&] { writer.add("a", attn::Tensor<float, 1>({2})); }),
+              HasSubstr("tensor 'a' was already added"));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
+                  [&] { writer.add("__metadata__", attn::Tensor<float, 1>({2})); }),
+              HasSubstr("reserved"));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([&] {
+                writer.add_raw("b", DType::kF32, {3}, {0, 0, 0, 0});
+              }),
+              HasSubstr("needs 12 bytes, got 4"));
+  EXPECT_THAT(attn::test::thrown<IoError>([&] { writer.save("/nonexistent/dir/out.safetensors"); }),
+              HasSubstr("cannot open '/nonexistent/dir/out.safetensors'"));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace state_dict_test {
 
@@ -28,7 +29,6 @@ using attn::io::Strict;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 template <class Scalar>
 attn::MultiHeadAttention<Scalar> make_mha(attn::Index e, attn::Index h, bool bias, attn::Index kdim,
@@ -113,8 +113,9 @@ TEST(StateDict, MissingTensorIsNamed) {
   partial.add("in_proj_weight", (file.get<float, 2>("in_proj_weight")));
   partial.add("out_proj.weight", (file.get<float, 2>("out_proj.weight")));
   partial.add("out_proj.bias", (file.get<float, 1>("out_proj.bias")));
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(partial)); },
-              ThrowsMessage<StateDictError>(HasSubstr("has no tensor 'in_proj_bias'")));
+  EXPECT_THAT(
+      attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(m, reopen(partial)); }),
+      HasSubstr("has no tensor 'in_proj_bias'"));
 }
 
 TEST(StateDict, MisshapedTensorIsNamedAndModuleUnchanged) {
@@ -123,9 +124,8 @@ TEST(StateDict, MisshapedTensorIsNamedAndModuleUnchanged) {
   SafetensorsWriter w;
   w.add("in_proj_weight", attn::Tensor<float, 2>({24, 8}, 0.5f));
   w.add("out_proj.weight", attn::Tensor<float, 2>({8, 9}));
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
-              ThrowsMessage<StateDictError>(
-                  HasSubstr("tensor 'out_proj.weight' has shape [8, 9], expected [8, 8]")));
+  EXPECT_THAT(attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(m, reopen(w)); }),
+              HasSubstr("tensor 'out_proj.weight' has shape [8, 9], expected [8, 8]"));
   EXPECT_EQ(m.in_proj_weight().data()[0], before);
 }
 
@@ -139,9 +139,9 @@ TEST(StateDict, UnexpectedTensorsOnlyFailInStrictMode) {
   const attn::io::LoadResult result = attn::io::load_state_dict(m, file, "attn.", Strict::kNo);
   EXPECT_THAT(result.unexpected, ElementsAre("attn.extra"));
   EXPECT_TRUE(result.missing.empty());
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, file, "attn.", Strict::kYes); },
-              ThrowsMessage<StateDictError>(
-                  HasSubstr("unexpected tensor(s) 'attn.extra' under prefix 'attn.'")));
+  EXPECT_THAT(attn::test::thrown<StateDictError>(
+                  [&] { attn::io::load_state_dict(m, file, "attn.", Strict::kYes); }),
+              HasSubstr("unexpected tensor(s) 'attn.extra' under prefix 'attn.'"));
 }
 
 TEST(StateDict, BiasTheModuleLacksAndBiasKvAreErrors) {
@@ -149,21 +149,22 @@ TEST(StateDict, BiasTheModuleLacksAndBiasKvAreErrors) {
   SafetensorsWriter w;
   attn::io::save_state_dict(with_bias, w);
   auto without = make_mha<float>(8, 2, false, 0, 0, 1);
-  EXPECT_THAT([&] { attn::io::load_state_dict(without, reopen(w)); },
-              ThrowsMessage<StateDictError>(
-                  HasSubstr("has 'in_proj_bias' but this module was built without that bias")));
+  EXPECT_THAT(
+      attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(without, reopen(w)); }),
+      HasSubstr("has 'in_proj_bias' but this module was built without that bias"));
   w.add("bias_k", attn::Tensor<float, 3>({1, 1, 8}));
   EXPECT_THAT(
-      [&] { attn::io::load_state_dict(with_bias, reopen(w)); },
-      ThrowsMessage<StateDictError>(HasSubstr("'bias_k': add_bias_kv=True is not supported")));
+      attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(with_bias, reopen(w)); }),
+      HasSubstr("'bias_k': add_bias_kv=True is not supported"));
 }
 
 TEST(StateDict, WrongPrefixSaysWhatIsThere) {
   auto m = make_mha<float>(8, 2, false, 0, 0, 1);
   SafetensorsWriter w;
   attn::io::save_state_dict(m, w, "encoder.");
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w), "decoder."); },
-              ThrowsMessage<StateDictError>(HasSubstr("no tensor starts with prefix 'decoder.'")));
+  EXPECT_THAT(attn::test::thrown<StateDictError>(
+                  [&] { attn::io::load_state_dict(m, reopen(w), "decoder."); }),
+              HasSubstr("no tensor starts with prefix 'decoder.'"));
 }
 
 TEST(StateDict, OptionsFromStateDictReadShapes) {
@@ -177,9 +178,9 @@ TEST(StateDict, OptionsFromStateDictReadShapes) {
   EXPECT_EQ(o.vdim, 20);
   EXPECT_TRUE(o.qkv_bias);
   EXPECT_TRUE(o.out_bias);
-  EXPECT_THAT([&] { attn::io::options_from_state_dict(reopen(w), 4, "x."); },
-              ThrowsMessage<StateDictError>(AllOf(HasSubstr("has none of 'x.in_proj_weight'"),
-                                                  HasSubstr("'x.q_proj.weight'"))));
+  EXPECT_THAT(attn::test::thrown<StateDictError>(
+                  [&] { attn::io::options_from_state_dict(reopen(w), 4, "x."); }),
+              AllOf(HasSubstr("has none of 'x.in_proj_weight'"), HasSubstr("'x.q_proj.weight'")));
 }
 
 // A Hugging Face Llama-family attention layer: num_kv_heads key/value heads, biases as given.
@@ -249,18 +250,18 @@ TEST(StateDict, LlamaNamesLoadAMultiHeadLayerThatRuns) {
   const auto with_bias = make_llama<double>(12, 3, 3, false, true, 4);
   SafetensorsWriter wb;
   attn::io::save_state_dict(with_bias, wb, "", StateDictNames::kLlama);
-  EXPECT_THAT([&] { attn::io::load_state_dict(target, reopen(wb)); },
-              ThrowsMessage<StateDictError>(
-                  AllOf(HasSubstr("'o_proj.bias'"), HasSubstr("built without that bias"))));
+  EXPECT_THAT(
+      attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(target, reopen(wb)); }),
+      AllOf(HasSubstr("'o_proj.bias'"), HasSubstr("built without that bias")));
 }
 
 TEST(StateDict, LlamaHeadsMustSplitEvenly) {
   const auto m = make_llama<float>(12, 4, 2, false, false, 1);
   SafetensorsWriter w;
   attn::io::save_state_dict(m, w, "", StateDictNames::kLlama);
-  EXPECT_THAT([&] { attn::io::options_from_state_dict(reopen(w), 5); },
-              ThrowsMessage<StateDictError>(
-                  AllOf(HasSubstr("q_proj.weight [12, 12]"), HasSubstr("num_heads=5"))));
+  EXPECT_THAT(
+      attn::test::thrown<StateDictError>([&] { attn::io::options_from_state_dict(reopen(w), 5); }),
+      AllOf(HasSubstr("q_proj.weight [12, 12]"), HasSubstr("num_heads=5")));
   EXPECT_EQ(attn::io::options_from_state_dict(reopen(w), 2).num_kv_heads,
             1);  // hd 6: k is one head
 }
@@ -601,18 +602,16 @@ TEST(StateDict, StrictByDefaultListsEveryUnexpectedName) {
   SafetensorsWriter w;
   attn::io::save_state_dict(m, w);
   w.add("extra", attn::Tensor<float, 1>({2})).add("more.weight", attn::Tensor<float, 2>({2, 2}));
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
-              ThrowsMessage<StateDictError>(
-                  HasSubstr("has unexpected tensor(s) 'extra', 'more.weight' (strict mode)")));
+  EXPECT_THAT(attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(m, reopen(w)); }),
+              HasSubstr("has unexpected tensor(s) 'extra', 'more.weight' (strict mode)"));
 }
 
 TEST(StateDict, EveryMissingNameIsListed) {
   auto m = make_mha<float>(8, 2, true, 0, 0, 1);
   SafetensorsWriter w;
   w.add("out_proj.weight", attn::Tensor<float, 2>({8, 8}));
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
-              ThrowsMessage<StateDictError>(
-                  HasSubstr("has no tensors 'in_proj_weight', 'in_proj_bias', 'out_proj.bias'")));
+  EXPECT_THAT(attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(m, reopen(w)); }),
+              HasSubstr("has no tensors 'in_proj_weight', 'in_proj_bias', 'out_proj.bias'"));
 }
 
 // A state dict missing in_proj_bias (or out_proj.bias) used to run without it: the options
@@ -638,8 +637,8 @@ TEST(StateDict, MissingBiasNoLongerLoadsSilently) {
     EXPECT_TRUE(options.qkv_bias);
     EXPECT_TRUE(options.out_bias);
     attn::MultiHeadAttention<float> m(options);
-    EXPECT_THAT([&] { attn::io::load_state_dict(m, partial); },
-                ThrowsMessage<StateDictError>(HasSubstr("has no tensor '" + dropped + "'")));
+    EXPECT_THAT(attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(m, partial); }),
+                HasSubstr("has no tensor '" + dropped + "'"));
   }
 }
 
@@ -672,9 +671,8 @@ TEST(StateDict, IntegerParametersAreRejected) {
   w.add_raw("in_proj_weight", attn::io::DType::kI64, {6, 2}, ones);
   w.add("out_proj.weight", attn::Tensor<float, 2>({2, 2}));
   const auto before = m.in_proj_weight()(0, 0);
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, reopen(w)); },
-              ThrowsMessage<StateDictError>(
-                  AllOf(HasSubstr("'in_proj_weight' has dtype I64"), HasSubstr("floating point"))));
+  EXPECT_THAT(attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(m, reopen(w)); }),
+              AllOf(HasSubstr("'in_proj_weight' has dtype I64"), HasSubstr("floating point")));
   EXPECT_EQ(m.in_proj_weight()(0, 0), before);
 }
 
@@ -685,8 +683,8 @@ TEST(StateDict, MaskBufferMustFitTheContextLength) {
   attn::io::save_state_dict(source, w);
   attn::CausalAttention<float> longer(3, 2, 8, 0.0);
   EXPECT_THAT(
-      [&] { attn::io::load_state_dict(longer, reopen(w)); },
-      ThrowsMessage<StateDictError>(HasSubstr("tensor 'mask' has shape [6, 6], expected [8, 8]")));
+      attn::test::thrown<StateDictError>([&] { attn::io::load_state_dict(longer, reopen(w)); }),
+      HasSubstr("tensor 'mask' has shape [6, 6], expected [8, 8]"));
 }
 
 // Saving and loading walk named_parameters(): every module round-trips under its own

@@ -21,6 +21,7 @@
 #include "attn/io/io.hpp"
 #include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace variants_fixtures_test {
 namespace {
@@ -307,16 +308,16 @@ TEST(VariantsFixtures, SinksRoundTripThroughAStateDict) {
   attn::MultiHeadAttention<float> without(plain, gen);
   const std::string path = dir.file("no_sinks.safetensors");
   attn::io::save_state_dict(without, path);
-  EXPECT_THAT([&] { attn::io::load_state_dict(m, path); },
-              ::testing::ThrowsMessage<attn::io::StateDictError>(::testing::HasSubstr("'sinks'")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::io::StateDictError>([&] { attn::io::load_state_dict(m, path); }),
+      ::testing::HasSubstr("'sinks'"));
   // And options_from_state_dict checks the sinks' length against num_heads.
   attn::io::save_state_dict(m, dir.file("sinks.safetensors"));
-  EXPECT_THAT(
-      [&] {
-        attn::io::options_from_state_dict(SafetensorsFile::open(dir.file("sinks.safetensors")), 2);
-      },
-      ::testing::ThrowsMessage<attn::io::StateDictError>(
-          ::testing::HasSubstr("tensor 'sinks' has shape [4], expected [2] (one per head")));
+  EXPECT_THAT(attn::test::thrown<attn::io::StateDictError>([&] {
+                attn::io::options_from_state_dict(
+                    SafetensorsFile::open(dir.file("sinks.safetensors")), 2);
+              }),
+              ::testing::HasSubstr("tensor 'sinks' has shape [4], expected [2] (one per head"));
 }
 
 }  // namespace

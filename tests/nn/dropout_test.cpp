@@ -15,6 +15,7 @@
 #include "support/finite_difference.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace dropout_test {
 
@@ -22,7 +23,6 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using attn::Dropout;
 using attn::Index;
@@ -203,12 +203,15 @@ TYPED_TEST(DropoutTest, ForwardLeavesItsInputAlone) {
 
 TYPED_TEST(DropoutTest, ProbabilityOutsideZeroOneThrowsNamingTheValue) {
   using D = Dropout<TypeParam>;
-  EXPECT_THAT([] { D d(1.0); }, ThrowsMessage<std::invalid_argument>(
-                                    AllOf(HasSubstr("dropout=1 "), HasSubstr("[0, 1)"))));
-  EXPECT_THAT([] { D d(-0.1); }, ThrowsMessage<std::invalid_argument>(HasSubstr("dropout=-0.1 ")));
-  EXPECT_THAT([] { D d(1.5); }, ThrowsMessage<std::invalid_argument>(HasSubstr("dropout=1.5 ")));
-  EXPECT_THAT([] { D d(std::numeric_limits<double>::quiet_NaN()); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("dropout=nan")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([] { D d(1.0); }),
+              AllOf(HasSubstr("dropout=1 "), HasSubstr("[0, 1)")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([] { D d(-0.1); }),
+              HasSubstr("dropout=-0.1 "));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([] { D d(1.5); }),
+              HasSubstr("dropout=1.5 "));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
+                  [] { D d(std::numeric_limits<double>::quiet_NaN()); }),
+              HasSubstr("dropout=nan"));
   EXPECT_NO_THROW(D(0.0));
   EXPECT_NO_THROW(D(0.999));
 }
@@ -279,13 +282,14 @@ TYPED_TEST(DropoutTest, BackwardOfAnInactiveForwardAddsGradYAndChecksShapes) {
   d.backward(record, dy.view(), dx.view());
   for (Index i = 0; i < 6; ++i) EXPECT_EQ(dx.data()[i], Scalar(0.25) + dy.data()[i]);
   Tensor<Scalar, 2> wrong({3, 2});
-  EXPECT_THAT([&] { d.backward(record, dy.view(), wrong.view()); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr(
-                  "attn::Dropout::backward: grad_y (2, 3) and grad_x (3, 2) must have the "
-                  "forward's shape (6 elements, rows of 3)")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { d.backward(record, dy.view(), wrong.view()); }),
+      HasSubstr("attn::Dropout::backward: grad_y (2, 3) and grad_x (3, 2) must have the "
+                "forward's shape (6 elements, rows of 3)"));
   const Tensor<Scalar, 2> other({3, 2});
-  EXPECT_THAT([&] { d.backward(record, other.view(), wrong.view()); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("rows of 3")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { d.backward(record, other.view(), wrong.view()); }),
+      HasSubstr("rows of 3"));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
+#include "support/thrown.hpp"
 
 namespace gradients_test {
 
@@ -26,7 +27,6 @@ using attn::Tensor;
 using attn::TensorView;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 template <class Scalar>
 class GradientsTest : public ::testing::Test {};
@@ -157,26 +157,26 @@ TYPED_TEST(GradientsTest, CopiesOwnTheirValuesAndMovesKeepThem) {
 TEST(Gradients, ErrorsNameTheParameters) {
   attn::Linear<float> layer(3, 2, true);
   Gradients<float> grads(layer.named_parameters());
-  EXPECT_THAT([&] { (void)grads.at("weights"); },
-              ThrowsMessage<attn::IndexError>(HasSubstr("no parameter 'weights' (the parameters "
-                                                        "are weight, bias)")));
+  EXPECT_THAT(attn::test::thrown<attn::IndexError>([&] { (void)grads.at("weights"); }),
+              HasSubstr("no parameter 'weights' (the parameters "
+                        "are weight, bias)"));
   const attn::Linear<float> other = layer;  // a copy has its own memory
-  EXPECT_THAT([&] { grads.of(other.weight()); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("Gradients::of: a view of shape (2, 3) "
-                                                         "is not in the memory")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { grads.of(other.weight()); }),
+              HasSubstr("Gradients::of: a view of shape (2, 3) "
+                        "is not in the memory"));
   Tensor<float, 2> w({2, 3});
   ParameterList<float> twice;
   twice.add("w", w.view()).add("w", attn::slice(w.view(), 0, 1, 2));
-  EXPECT_THAT([&] { Gradients<float>{twice}; },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("parameter name 'w' appears twice")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { Gradients<float>{twice}; }),
+              HasSubstr("parameter name 'w' appears twice"));
   ParameterList<float> overlap;
   overlap.add("a", w.view()).add("b", attn::slice(w.view(), 0, 1, 2));
-  EXPECT_THAT([&] { Gradients<float>{overlap}; },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("'a' and 'b' share memory")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { Gradients<float>{overlap}; }),
+              HasSubstr("'a' and 'b' share memory"));
   const Gradients<float> none(attn::SimpleSelfAttention<float>().named_parameters());
   EXPECT_TRUE(none.empty());
-  EXPECT_THAT([&] { (void)none.at("x"); },
-              ThrowsMessage<attn::IndexError>(HasSubstr("(the parameters are none)")));
+  EXPECT_THAT(attn::test::thrown<attn::IndexError>([&] { (void)none.at("x"); }),
+              HasSubstr("(the parameters are none)"));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "support/finite_difference.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace linear_test {
 
@@ -27,7 +28,6 @@ using ::testing::ElementsAreArray;
 using ::testing::FloatNear;
 using ::testing::HasSubstr;
 using ::testing::Pointwise;
-using ::testing::ThrowsMessage;
 
 using attn::Index;
 using attn::Linear;
@@ -218,10 +218,10 @@ TYPED_TEST(LinearTest, InitStaysWithinKaimingBounds) {
 
 TYPED_TEST(LinearTest, NegativeFeatureCountsThrowInvalidArgument) {
   using Layer = Linear<TypeParam>;
-  EXPECT_THAT([] { Layer(-1, 2); }, ThrowsMessage<std::invalid_argument>(AllOf(
-                                        HasSubstr("in_features=-1"), HasSubstr("out_features=2"))));
-  EXPECT_THAT([] { Layer(3, -4); },
-              ThrowsMessage<std::invalid_argument>(HasSubstr("out_features=-4")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([] { Layer(-1, 2); }),
+              AllOf(HasSubstr("in_features=-1"), HasSubstr("out_features=2")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([] { Layer(3, -4); }),
+              HasSubstr("out_features=-4"));
 }
 
 // ---- Linear: forward ----
@@ -343,36 +343,31 @@ TYPED_TEST(LinearTest, OutputWhoseElementsShareMemoryIsRejected) {
   Tensor<TypeParam, 1> row({2});
   const TensorView<TypeParam, 2> broadcast(row.data(), {4, 2}, {0, 1});
   EXPECT_THAT(
-      [&] { layer.forward(cview(x), broadcast); },
-      ThrowsMessage<attn::ShapeError>(
-          AllOf(HasSubstr("Linear::forward"), HasSubstr("y has shape (4, 2) and strides (0, 1)"))));
+      attn::test::thrown<attn::ShapeError>([&] { layer.forward(cview(x), broadcast); }),
+      AllOf(HasSubstr("Linear::forward"), HasSubstr("y has shape (4, 2) and strides (0, 1)")));
 }
 
 TYPED_TEST(LinearTest, ForwardRejectsWrongShapesNamingThem) {
   attn::TorchGenerator gen(1);
   const Linear<TypeParam> layer(3, 2, true, gen);
   const Tensor<TypeParam, 3> x({2, 6, 4});
-  EXPECT_THAT([&] { layer.forward(x); },
-              ThrowsMessage<attn::ShapeError>(AllOf(
-                  HasSubstr("Linear::forward"), HasSubstr("(2, 6, 4)"), HasSubstr("(..., 3)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { layer.forward(x); }),
+              AllOf(HasSubstr("Linear::forward"), HasSubstr("(2, 6, 4)"), HasSubstr("(..., 3)")));
   const Tensor<TypeParam, 3> good({2, 6, 3});
   Tensor<TypeParam, 3> y({2, 5, 2});
-  EXPECT_THAT(
-      [&] { layer.forward(cview(good), y.view()); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 3)"), HasSubstr("(2, 5, 2)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { layer.forward(cview(good), y.view()); }),
+              AllOf(HasSubstr("(2, 6, 3)"), HasSubstr("(2, 5, 2)")));
 }
 
 TYPED_TEST(LinearTest, SetWeightAndBiasCheckShapes) {
   attn::TorchGenerator gen(1);
   Linear<TypeParam> layer(3, 2, true, gen);
   const Tensor<TypeParam, 2> wrong({3, 2});
-  EXPECT_THAT([&] { layer.set_weight(wrong); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("set_weight"), HasSubstr("(3, 2)"),
-                                                    HasSubstr("expected (2, 3)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { layer.set_weight(wrong); }),
+              AllOf(HasSubstr("set_weight"), HasSubstr("(3, 2)"), HasSubstr("expected (2, 3)")));
   const Tensor<TypeParam, 1> wrong_bias({3});
-  EXPECT_THAT([&] { layer.set_bias(wrong_bias); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("set_bias"), HasSubstr("(3)"), HasSubstr("expected (2)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { layer.set_bias(wrong_bias); }),
+              AllOf(HasSubstr("set_bias"), HasSubstr("(3)"), HasSubstr("expected (2)")));
   // A transposed (strided) weight is copied element by element.
   const Tensor<TypeParam, 2> wt({3, 2}, {1, 4, 2, 5, 3, 6});
   layer.set_weight(attn::transpose(cview(wt)));
@@ -383,8 +378,8 @@ TYPED_TEST(LinearTest, SetWeightAndBiasCheckShapes) {
 
   Linear<TypeParam> no_bias(3, 2, false, gen);
   const Tensor<TypeParam, 1> bias({2});
-  EXPECT_THAT([&] { no_bias.set_bias(bias); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("bias=false")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { no_bias.set_bias(bias); }),
+              HasSubstr("bias=false"));
 }
 
 // /usr/bin/python3 -c "import torch; l = torch.nn.Linear(0, 2);
@@ -502,11 +497,13 @@ TEST(LinearBackward, AddsIntoTheGradientsAndSkipsAnEmptyInputGradient) {
   EXPECT_EQ(attn::test::to_vector(gx), once);
   const auto w_twice = attn::test::to_vector(grads.at("weight").matrix());
   for (std::size_t i = 0; i < w_once.size(); ++i) EXPECT_FLOAT_EQ(w_twice[i], 2 * w_once[i]);
-  EXPECT_THAT([&] { layer.backward(x.view(), x.view(), gx, grads, ws); },
-              ::testing::ThrowsMessage<attn::ShapeError>(::testing::HasSubstr("grad_y (9, 7)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { layer.backward(x.view(), x.view(), gx, grads, ws); }),
+              ::testing::HasSubstr("grad_y (9, 7)"));
   Linear<float> other(7, 3);
-  EXPECT_THAT([&] { other.backward(x.view(), w.view(), gx, grads, ws); },
-              ::testing::ThrowsMessage<attn::ConfigError>(::testing::HasSubstr("Gradients::of")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>(
+                  [&] { other.backward(x.view(), w.view(), gx, grads, ws); }),
+              ::testing::HasSubstr("Gradients::of"));
 }
 
 }  // namespace

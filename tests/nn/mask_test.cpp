@@ -12,6 +12,7 @@
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace mask_test {
 
@@ -20,7 +21,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using attn::AttentionMask;
 using attn::CausalAlignment;
@@ -103,11 +103,10 @@ TEST(AttentionMask, KeyLengthsAndPadding) {
   mask.key_lengths({3, 5});
   EXPECT_TRUE(mask.has_key_lengths());
   EXPECT_THAT(mask.lengths(), ElementsAre(3, 5));
-  EXPECT_THAT(
-      [] {
-        AttentionMask<float>().key_lengths({2, -1});
-      },
-      ThrowsMessage<std::invalid_argument>(HasSubstr("length -1 of batch item 1")));
+  EXPECT_THAT(attn::test::thrown<std::invalid_argument>([] {
+                AttentionMask<float>().key_lengths({2, -1});
+              }),
+              HasSubstr("length -1 of batch item 1"));
 
   const Tensor<bool, 2> padding({2, 5});
   mask.key_padding(padding);
@@ -124,15 +123,13 @@ TEST(AttentionMask, CheckNamesThePartAndBothShapes) {
   AttentionMask<float> mask;
   mask.blocked(m);
   EXPECT_NO_THROW(mask.check(kWhere, 2, 3, 4, 5));
-  EXPECT_THAT([&] { mask.check(kWhere, 2, 3, 4, 4); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::MultiHeadAttention::forward"),
-                                                    HasSubstr("blocked"), HasSubstr("(1, 1, 4, 5)"),
-                                                    HasSubstr("(2, 3, 4, 4)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { mask.check(kWhere, 2, 3, 4, 4); }),
+              AllOf(HasSubstr("attn::MultiHeadAttention::forward"), HasSubstr("blocked"),
+                    HasSubstr("(1, 1, 4, 5)"), HasSubstr("(2, 3, 4, 4)")));
   AttentionMask<float> allowed;
   allowed.allowed(m);
-  EXPECT_THAT([&] { allowed.check(kWhere, 1, 1, 5, 5); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("allowed"), HasSubstr("(1, 1, 4, 5)"),
-                                                    HasSubstr("(1, 1, 5, 5)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { allowed.check(kWhere, 1, 1, 5, 5); }),
+              AllOf(HasSubstr("allowed"), HasSubstr("(1, 1, 4, 5)"), HasSubstr("(1, 1, 5, 5)")));
 }
 
 TEST(AttentionMask, CheckRejectsABatchThatDoesNotBroadcast) {
@@ -140,33 +137,30 @@ TEST(AttentionMask, CheckRejectsABatchThatDoesNotBroadcast) {
   AttentionMask<float> mask;
   mask.additive(m);
   EXPECT_NO_THROW(mask.check(kWhere, 3, 8, 4, 4));
-  EXPECT_THAT([&] { mask.check(kWhere, 2, 8, 4, 4); },
-              ThrowsMessage<attn::ShapeError>(AllOf(
-                  HasSubstr("additive"), HasSubstr("(3, 1, 4, 4)"), HasSubstr("(2, 8, 4, 4)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { mask.check(kWhere, 2, 8, 4, 4); }),
+              AllOf(HasSubstr("additive"), HasSubstr("(3, 1, 4, 4)"), HasSubstr("(2, 8, 4, 4)")));
   const Tensor<float, 4> heads({1, 2, 4, 4});
   AttentionMask<float> per_head;
   per_head.additive(heads);
-  EXPECT_THAT(
-      [&] { per_head.check(kWhere, 1, 3, 4, 4); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(1, 2, 4, 4)"), HasSubstr("(1, 3, 4, 4)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { per_head.check(kWhere, 1, 3, 4, 4); }),
+              AllOf(HasSubstr("(1, 2, 4, 4)"), HasSubstr("(1, 3, 4, 4)")));
 }
 
 TEST(AttentionMask, CheckKeyPaddingAndLengths) {
   const Tensor<bool, 2> padding({2, 5});
   AttentionMask<float> mask;
   mask.key_padding(padding);
-  EXPECT_THAT([&] { mask.check(kWhere, 2, 1, 4, 4); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("key_padding"), HasSubstr("(2, 5)"), HasSubstr("(2, 4)"))));
-  EXPECT_THAT([&] { mask.check(kWhere, 3, 1, 4, 5); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 5)"), HasSubstr("(3, 5)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { mask.check(kWhere, 2, 1, 4, 4); }),
+              AllOf(HasSubstr("key_padding"), HasSubstr("(2, 5)"), HasSubstr("(2, 4)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { mask.check(kWhere, 3, 1, 4, 5); }),
+              AllOf(HasSubstr("(2, 5)"), HasSubstr("(3, 5)")));
 
   AttentionMask<float> lengths;
   lengths.key_lengths({3, 6});
-  EXPECT_THAT([&] { lengths.check(kWhere, 3, 1, 4, 6); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("2 entries"), HasSubstr("B=3"))));
-  EXPECT_THAT([&] { lengths.check(kWhere, 2, 1, 4, 4); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("key_lengths[1]=6 exceeds T_k=4")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { lengths.check(kWhere, 3, 1, 4, 6); }),
+              AllOf(HasSubstr("2 entries"), HasSubstr("B=3")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { lengths.check(kWhere, 2, 1, 4, 4); }),
+              HasSubstr("key_lengths[1]=6 exceeds T_k=4"));
   EXPECT_NO_THROW(lengths.check(kWhere, 2, 1, 4, 6));
 }
 
@@ -174,10 +168,9 @@ TEST(AttentionMask, SquareCausalNeedsEqualLengths) {
   AttentionMask<float> mask;
   mask.causal();
   EXPECT_NO_THROW(mask.check(kWhere, 1, 1, 6, 6));
-  EXPECT_THAT(
-      [&] { mask.check(kWhere, 1, 1, 2, 6); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("T_q=2"), HasSubstr("T_k=6"),
-                                            HasSubstr("kTopLeft"), HasSubstr("kBottomRight"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { mask.check(kWhere, 1, 1, 2, 6); }),
+              AllOf(HasSubstr("T_q=2"), HasSubstr("T_k=6"), HasSubstr("kTopLeft"),
+                    HasSubstr("kBottomRight")));
   mask.causal(CausalAlignment::kTopLeft);
   EXPECT_NO_THROW(mask.check(kWhere, 1, 1, 2, 6));
   mask.causal(CausalAlignment::kBottomRight);
@@ -189,22 +182,24 @@ TEST(AttentionMask, SquareCausalNeedsEqualLengths) {
 // attention's (B, H, T_q, T_k), so each is a ShapeError when it is added.
 TEST(AttentionMask, EmptyMasksAreShapeErrors) {
   const Tensor<bool, 2> none({0, 0});
-  EXPECT_THAT([&] { AttentionMask<float>().allowed(none.view()); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("attn::AttentionMask::allowed: mask has shape (0, 0)"),
-                        HasSubstr("needs every extent positive"))));
-  EXPECT_THAT([&] { AttentionMask<float>().blocked(none); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("AttentionMask::blocked")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { AttentionMask<float>().allowed(none.view()); }),
+      AllOf(HasSubstr("attn::AttentionMask::allowed: mask has shape (0, 0)"),
+            HasSubstr("needs every extent positive")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { AttentionMask<float>().blocked(none); }),
+              HasSubstr("AttentionMask::blocked"));
   const Tensor<float, 3> additive({0, 5, 5});
-  EXPECT_THAT([&] { AttentionMask<float>().additive(additive); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("mask has shape (0, 5, 5)")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { AttentionMask<float>().additive(additive); }),
+      HasSubstr("mask has shape (0, 5, 5)"));
   const Tensor<bool, 4> no_head({2, 0, 5, 5});
-  EXPECT_THAT([&] { AttentionMask<float>().allowed(no_head); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 0, 5, 5)")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { AttentionMask<float>().allowed(no_head); }),
+      HasSubstr("(2, 0, 5, 5)"));
   const Tensor<bool, 2> padding({2, 0});
-  EXPECT_THAT([&] { AttentionMask<float>().key_padding(padding); },
-              ThrowsMessage<attn::ShapeError>(
-                  HasSubstr("attn::AttentionMask::key_padding: mask has shape (2, 0)")));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { AttentionMask<float>().key_padding(padding); }),
+      HasSubstr("attn::AttentionMask::key_padding: mask has shape (2, 0)"));
   const Tensor<bool, 2> one({1, 1}, true);  // one element: a mask (check() judges its fit)
   EXPECT_NO_THROW(AttentionMask<float>().allowed(one));
 }
@@ -263,9 +258,9 @@ TYPED_TEST(MaskHelpersTest, MaskedFillWithStridedInputs) {
 TYPED_TEST(MaskHelpersTest, MaskedFillRejectsShapeMismatchNamingBoth) {
   const Tensor<TypeParam, 2> x({2, 6});
   const Tensor<bool, 2> m({6, 2});
-  EXPECT_THAT([&] { attn::masked_fill(x.view(), m.view(), TypeParam(0)); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("masked_fill"), HasSubstr("(2, 6)"), HasSubstr("(6, 2)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { attn::masked_fill(x.view(), m.view(), TypeParam(0)); }),
+              AllOf(HasSubstr("masked_fill"), HasSubstr("(2, 6)"), HasSubstr("(6, 2)")));
 }
 
 TYPED_TEST(MaskHelpersTest, NotebookCausalWeightsFromMaskedFillAndSoftmax) {

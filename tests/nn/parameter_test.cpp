@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attn/attn.hpp"
+#include "support/thrown.hpp"
 
 namespace parameter_test {
 
@@ -18,7 +19,6 @@ using attn::Tensor;
 using attn::TensorView;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 TEST(NamedParameter, MatrixAndVectorViewTheirData) {
   Tensor<float, 2> w({2, 3}, {1, 2, 3, 4, 5, 6});
@@ -33,8 +33,8 @@ TEST(NamedParameter, MatrixAndVectorViewTheirData) {
   EXPECT_EQ(bias.matrix().shape(), (attn::Shape<2>{1, 3}));  // a vector as one row
   bias.vector()(2) = 10;                                     // writes go into the tensor
   EXPECT_EQ(b(2), 10.0f);
-  EXPECT_THAT([&] { weight.vector(); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("'weight' has shape (2, 3)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { weight.vector(); }),
+              HasSubstr("'weight' has shape (2, 3)"));
   // A transposed view is a parameter too (SelfAttention_v1's raw W, (d_in, d_out)).
   const NamedParameter<float> raw("W", attn::transpose(w.view()));
   EXPECT_THAT(raw.shape(), ElementsAre(3, 2));

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "attn/attn.hpp"
+#include "support/thrown.hpp"
 
 namespace rope_range_test {
 
@@ -26,7 +27,6 @@ using attn::RotaryEmbedding;
 using attn::RotaryOptions;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 template <class Scalar>
 void make(double theta, Index max_positions = 16) {
@@ -34,15 +34,15 @@ void make(double theta, Index max_positions = 16) {
 }
 
 TEST(RopeRange, ThetaThatUnderflowsInFloatIsRefused) {
-  EXPECT_THAT([] { make<float>(1e-50); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("theta=1e-50"), HasSubstr("float"))));
-  EXPECT_THAT([] { make<float>(1e39); },  // infinite as a float
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("theta=1e+39"), HasSubstr("float"))));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([] { make<float>(1e-50); }),
+              AllOf(HasSubstr("theta=1e-50"), HasSubstr("float")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([] { make<float>(1e39); }),  // infinite as a float
+              AllOf(HasSubstr("theta=1e+39"), HasSubstr("float")));
   // Representable (a subnormal float), but the angles past position 77935 overflow float.
   EXPECT_NO_THROW(make<float>(1e-45, 16));
-  EXPECT_THAT([] { make<float>(1e-45, 1 << 17); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("theta=1e-45"), HasSubstr("float"),
-                                               HasSubstr("max_positions=131072"))));
+  EXPECT_THAT(
+      attn::test::thrown<ConfigError>([] { make<float>(1e-45, 1 << 17); }),
+      AllOf(HasSubstr("theta=1e-45"), HasSubstr("float"), HasSubstr("max_positions=131072")));
 }
 
 TEST(RopeRange, EveryTableEntryIsFiniteForThetasThatPass) {
@@ -61,8 +61,8 @@ TEST(RopeRange, EveryTableEntryIsFiniteForThetasThatPass) {
 
 TEST(RopeRange, GrowingTheTablesChecksTheNewAngles) {
   RotaryEmbedding<float> r(RotaryOptions{8, 0, 1e-45, RopeStyle::kHalfSplit, 1});
-  EXPECT_THAT([&] { r.reserve_positions(1 << 17); },
-              ThrowsMessage<ConfigError>(HasSubstr("max_positions=131072")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { r.reserve_positions(1 << 17); }),
+              HasSubstr("max_positions=131072"));
   EXPECT_EQ(r.max_positions(), 1);  // unchanged
 }
 

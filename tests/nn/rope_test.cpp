@@ -17,6 +17,7 @@
 #include "fixtures/pytorch/rope_cases.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace rope_test {
 
@@ -24,7 +25,6 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using attn::Index;
 using attn::RopeStyle;
@@ -270,32 +270,32 @@ TEST(Rope, BadConfigurationsNameTheValues) {
       RotaryEmbedding<float>(RotaryOptions{hd, rd, theta, RopeStyle::kHalfSplit, max_positions});
     };
   };
-  EXPECT_THAT(make(8, 5, 1e4, 16),
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("attn::RotaryEmbedding"),
-                                               HasSubstr("rotary_dim=5"), HasSubstr("even"))));
-  EXPECT_THAT(make(8, 10, 1e4, 16), ThrowsMessage<ConfigError>(AllOf(HasSubstr("head_dim=8"),
-                                                                     HasSubstr("rotary_dim=10"))));
-  EXPECT_THAT(make(8, -2, 1e4, 16), ThrowsMessage<ConfigError>(HasSubstr("rotary_dim=-2")));
-  EXPECT_THAT(make(7, 0, 1e4, 16),
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("head_dim=7"), HasSubstr("even"))));
-  EXPECT_THAT(make(0, 0, 1e4, 16), ThrowsMessage<ConfigError>(HasSubstr("head_dim=0")));
-  EXPECT_THAT(make(8, 0, 0.0, 16), ThrowsMessage<ConfigError>(HasSubstr("theta=0")));
-  EXPECT_THAT(make(8, 0, std::nan(""), 16), ThrowsMessage<ConfigError>(HasSubstr("theta=nan")));
-  EXPECT_THAT(make(8, 0, 1e4, -1), ThrowsMessage<ConfigError>(HasSubstr("max_positions=-1")));
+  EXPECT_THAT(
+      attn::test::thrown<ConfigError>(make(8, 5, 1e4, 16)),
+      AllOf(HasSubstr("attn::RotaryEmbedding"), HasSubstr("rotary_dim=5"), HasSubstr("even")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(make(8, 10, 1e4, 16)),
+              AllOf(HasSubstr("head_dim=8"), HasSubstr("rotary_dim=10")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(make(8, -2, 1e4, 16)), HasSubstr("rotary_dim=-2"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(make(7, 0, 1e4, 16)),
+              AllOf(HasSubstr("head_dim=7"), HasSubstr("even")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(make(0, 0, 1e4, 16)), HasSubstr("head_dim=0"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(make(8, 0, 0.0, 16)), HasSubstr("theta=0"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(make(8, 0, std::nan(""), 16)),
+              HasSubstr("theta=nan"));
+  EXPECT_THAT(attn::test::thrown<ConfigError>(make(8, 0, 1e4, -1)), HasSubstr("max_positions=-1"));
 }
 
 TEST(Rope, PositionsOutsideTheTablesAreErrorsNamingThem) {
   using attn::ConfigError;
   const RotaryEmbedding<float> rope(8, 100);
   Tensor<float, 4> x({1, 1, 4, 8});
-  EXPECT_THAT(
-      [&] { rope.apply(x.view(), 97); },
-      ThrowsMessage<ConfigError>(AllOf(HasSubstr("positions [97, 101)"), HasSubstr("[0, 100)"))));
-  EXPECT_THAT([&] { rope.apply(x.view(), -1); },
-              ThrowsMessage<ConfigError>(HasSubstr("positions [-1, 3)")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { rope.apply(x.view(), 97); }),
+              AllOf(HasSubstr("positions [97, 101)"), HasSubstr("[0, 100)")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { rope.apply(x.view(), -1); }),
+              HasSubstr("positions [-1, 3)"));
   const Tensor<Index, 2> positions({1, 4}, {0, 5, 100, 2});
-  EXPECT_THAT([&] { rope.apply(x.view(), positions.view()); },
-              ThrowsMessage<ConfigError>(HasSubstr("position 100 is outside the table [0, 100)")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { rope.apply(x.view(), positions.view()); }),
+              HasSubstr("position 100 is outside the table [0, 100)"));
   rope.apply(x.view(), 96);  // the last valid start
 }
 
@@ -303,19 +303,19 @@ TEST(Rope, WrongShapesAreShapeErrors) {
   using attn::ShapeError;
   const RotaryEmbedding<float> rope(8, 100);
   Tensor<float, 4> x({2, 1, 4, 6});
-  EXPECT_THAT([&] { rope.apply(x.view(), 0); },
-              ThrowsMessage<ShapeError>(AllOf(HasSubstr("(2, 1, 4, 6)"), HasSubstr("head_dim=8"))));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] { rope.apply(x.view(), 0); }),
+              AllOf(HasSubstr("(2, 1, 4, 6)"), HasSubstr("head_dim=8")));
   Tensor<float, 4> y({2, 1, 4, 8});
   const Tensor<Index, 2> positions({2, 3});
-  EXPECT_THAT([&] { rope.apply(y.view(), positions.view()); },
-              ThrowsMessage<ShapeError>(AllOf(HasSubstr("(2, 3)"), HasSubstr("(B, T) = (2, 4)"))));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] { rope.apply(y.view(), positions.view()); }),
+              AllOf(HasSubstr("(2, 3)"), HasSubstr("(B, T) = (2, 4)")));
   const Tensor<Index, 1> firsts({3});
-  EXPECT_THAT([&] { rope.apply(y.view(), firsts.view()); },
-              ThrowsMessage<ShapeError>(HasSubstr("first_positions has shape (3)")));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] { rope.apply(y.view(), firsts.view()); }),
+              HasSubstr("first_positions has shape (3)"));
   Tensor<float, 4> wide({1, 1, 2, 16});
   const TensorView<float, 4> strided(wide.data(), {1, 1, 2, 8}, {32, 32, 16, 2});
-  EXPECT_THAT([&] { rope.apply(strided, 0); },
-              ThrowsMessage<ShapeError>(HasSubstr("unit last stride")));
+  EXPECT_THAT(attn::test::thrown<ShapeError>([&] { rope.apply(strided, 0); }),
+              HasSubstr("unit last stride"));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "support/finite_difference.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace softmax_backward_test {
 
@@ -25,7 +26,6 @@ using attn::Shape;
 using attn::Tensor;
 using attn::TensorView;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 namespace fd = attn::test::fd;
 
 template <class Scalar>
@@ -113,11 +113,12 @@ TYPED_TEST(SoftmaxBackwardTest, AddsIntoGradXAndAnyAxisIsTheLastOneMoved) {
 TEST(SoftmaxBackward, WrongShapesThrowNamingThem) {
   const Tensor<float, 2> y({2, 3}), dy({2, 4});
   Tensor<float, 2> dx({2, 3});
-  EXPECT_THAT([&] { attn::softmax_backward(y.view(), dy.view(), dx.view()); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr(
-                  "attn::softmax_backward: y (2, 3), grad_y (2, 4), grad_x (2, 3), axis 1")));
-  EXPECT_THAT([&] { attn::softmax_backward(y.view(), y.view(), dx.view(), 2); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("axis 2: expected one shape")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { attn::softmax_backward(y.view(), dy.view(), dx.view()); }),
+              HasSubstr("attn::softmax_backward: y (2, 3), grad_y (2, 4), grad_x (2, 3), axis 1"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { attn::softmax_backward(y.view(), y.view(), dx.view(), 2); }),
+              HasSubstr("axis 2: expected one shape"));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace softmax_test {
 
@@ -21,7 +22,6 @@ using ::testing::DoubleNear;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pointwise;
-using ::testing::ThrowsMessage;
 
 using attn::Index;
 using attn::Shape;
@@ -173,10 +173,10 @@ TYPED_TEST(SoftmaxTest, OutOfPlaceLeavesTheInputAlone) {
 
 TYPED_TEST(SoftmaxTest, BadAxisThrowsNamingTheShape) {
   Tensor<TypeParam, 2> x({3, 4});
-  EXPECT_THAT([&] { attn::softmax_(x.view(), 2); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("axis 2"), HasSubstr("(3, 4)"))));
-  EXPECT_THAT([&] { attn::softmax(x, 5); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("axis 5"), HasSubstr("(3, 4)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::softmax_(x.view(), 2); }),
+              AllOf(HasSubstr("axis 2"), HasSubstr("(3, 4)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::softmax(x, 5); }),
+              AllOf(HasSubstr("axis 5"), HasSubstr("(3, 4)")));
 }
 
 TYPED_TEST(SoftmaxTest, EmptyInputIsANoOp) {

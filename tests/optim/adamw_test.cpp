@@ -14,6 +14,7 @@
 #include "optim/optim_test_support.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace adamw_test {
 
@@ -26,7 +27,6 @@ using attn::optim::AdamWOptions;
 using attn::test::pytorch::OptimCase;
 using attn::test::pytorch::Optimizer;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 template <class Scalar>
 class AdamWTest : public ::testing::Test {};
@@ -116,8 +116,8 @@ TEST(AdamW, RejectsWhatPyTorchRejects) {
   attn::Linear<float> layer(3, 2, true);
   const auto params = layer.named_parameters();
   const auto rejects = [&](AdamWOptions o, const char* text) {
-    EXPECT_THAT([&] { AdamW<float>(params, o); },
-                ThrowsMessage<attn::ConfigError>(HasSubstr(text)));
+    EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { AdamW<float>(params, o); }),
+                HasSubstr(text));
   };
   AdamWOptions o;
   o.lr = -0.1;
@@ -135,13 +135,13 @@ TEST(AdamW, RejectsWhatPyTorchRejects) {
   o.weight_decay = -1;
   rejects(o, "weight_decay=-1 is invalid");
   AdamW<float> adamw(params);
-  EXPECT_THAT([&] { adamw.set_lr(-1); }, ThrowsMessage<attn::ConfigError>(HasSubstr("lr=-1")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { adamw.set_lr(-1); }), HasSubstr("lr=-1"));
   // Gradients of another module's parameters: nothing is updated.
   const attn::Linear<float> other(3, 2, true);
   const attn::Tensor<float, 2> before(layer.weight());
   const Gradients<float> foreign(other.named_parameters());
-  EXPECT_THAT([&] { adamw.step(foreign); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("is not in the memory")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { adamw.step(foreign); }),
+              HasSubstr("is not in the memory"));
   EXPECT_EQ(adamw.steps(), 0);
   EXPECT_EQ(attn::test::to_vector(before.view()), attn::test::to_vector(layer.weight()));
 }

@@ -14,6 +14,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace optimizer_lifetime_test {
 
@@ -24,7 +25,6 @@ using attn::Gradients;
 using attn::MultiHeadAttention;
 using attn::MultiHeadAttentionOptions;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 MultiHeadAttentionOptions options() { return MultiHeadAttentionOptions::pytorch(8, 2, true); }
 
@@ -44,7 +44,8 @@ void expect_refused_after_replacement(const Options& o) {
   grads.at("in_proj_weight").matrix()(0, 0) = 1.0f;
   opt.step(grads);
   m = MultiHeadAttention<float>(options());  // the parameters opt holds are freed
-  EXPECT_THAT([&] { opt.step(grads); }, ThrowsMessage<ConfigError>(HasSubstr("no longer exist")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { opt.step(grads); }),
+              HasSubstr("no longer exist"));
   EXPECT_EQ(opt.steps(), 1);
 }
 
@@ -55,7 +56,8 @@ void expect_refused_after_destruction(const Options& o) {
   Gradients<float> grads(m->named_parameters());
   Optimizer opt(m->named_parameters(), o);
   m.reset();
-  EXPECT_THAT([&] { opt.step(grads); }, ThrowsMessage<ConfigError>(HasSubstr("no longer exist")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { opt.step(grads); }),
+              HasSubstr("no longer exist"));
 }
 
 TEST(OptimizerLifetime, SgdRefusesParametersOfAReplacedOrDestroyedModule) {
@@ -99,13 +101,15 @@ TEST(OptimizerLifetime, GradientsOfParametersThatNoLongerExistAreRefused) {
   attn::Workspace ws;
   attn::SavedForward<float> saved;
   m.forward(x.view(), out.view(), saved, ws);
-  EXPECT_THAT([&] { m.backward(out.view(), saved, gx.view(), grads, ws); },
-              ThrowsMessage<ConfigError>(HasSubstr("no longer exist")));
+  EXPECT_THAT(
+      attn::test::thrown<ConfigError>([&] { m.backward(out.view(), saved, gx.view(), grads, ws); }),
+      HasSubstr("no longer exist"));
   // A fresh Gradients of the new module works, and an optimizer refuses the old one.
   Gradients<float> fresh(m.named_parameters());
   EXPECT_NO_THROW(m.backward(out.view(), saved, gx.view(), fresh, ws));
   attn::optim::SGD<float> sgd(m.named_parameters(), sgd_options());
-  EXPECT_THAT([&] { sgd.step(grads); }, ThrowsMessage<ConfigError>(HasSubstr("no longer exist")));
+  EXPECT_THAT(attn::test::thrown<ConfigError>([&] { sgd.step(grads); }),
+              HasSubstr("no longer exist"));
   EXPECT_NO_THROW(sgd.step(fresh));
 }
 

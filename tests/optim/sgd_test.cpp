@@ -14,6 +14,7 @@
 #include "attn/attn.hpp"
 #include "optim/optim_test_support.hpp"
 #include "support/scalar_types.hpp"
+#include "support/thrown.hpp"
 
 namespace sgd_test {
 namespace {
@@ -24,7 +25,6 @@ using attn::optim::SGDOptions;
 using attn::test::pytorch::OptimCase;
 using attn::test::pytorch::Optimizer;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 template <class Scalar>
 class SGDTest : public ::testing::Test {};
@@ -64,7 +64,8 @@ TEST(SGD, RejectsWhatPyTorchRejects) {
   attn::Linear<double> layer(3, 2, true);
   const auto params = layer.named_parameters();
   const auto rejects = [&](SGDOptions o, const char* text) {
-    EXPECT_THAT([&] { SGD<double>(params, o); }, ThrowsMessage<attn::ConfigError>(HasSubstr(text)));
+    EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { SGD<double>(params, o); }),
+                HasSubstr(text));
   };
   rejects(SGDOptions{}, "attn::optim::SGD: lr=nan is invalid: must be set and >= 0");
   SGDOptions o;
@@ -83,13 +84,13 @@ TEST(SGD, RejectsWhatPyTorchRejects) {
   rejects(o, "weight_decay=-0.1 is invalid");
   o.weight_decay = 0.0;
   SGD<double> sgd(params, o);
-  EXPECT_THAT([&] { sgd.set_lr(-2); }, ThrowsMessage<attn::ConfigError>(HasSubstr("lr=-2")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { sgd.set_lr(-2); }), HasSubstr("lr=-2"));
   // Repeated names are refused even without a momentum buffer.
   attn::Tensor<double, 1> t({3});
   attn::ParameterList<double> twice;
   twice.add("t", t.view()).add("t", attn::slice(t.view(), 0, 0, 1));
-  EXPECT_THAT([&] { SGD<double>(twice, o); },
-              ThrowsMessage<attn::ConfigError>(HasSubstr("'t' appears twice")));
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { SGD<double>(twice, o); }),
+              HasSubstr("'t' appears twice"));
 }
 
 TEST(SGD, OneStepIsGradientDescent) {

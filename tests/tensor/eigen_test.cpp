@@ -14,6 +14,7 @@
 #include "attn/detail/eigen_core.hpp"  // Eigen after attn/config.hpp (GCC 12 AVX-512 warnings)
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace eigen_test {
 
@@ -22,7 +23,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using attn::Index;
 using attn::Shape;
@@ -81,21 +81,20 @@ TYPED_TEST(EigenBridgeTest, BatchAndHeadSlicesMap) {
 TYPED_TEST(EigenBridgeTest, RefusesNonUnitInnerStride) {
   auto t = arange<TypeParam>(Shape<2>{2, 3});
   const auto transposed = attn::transpose(t.view());  // (3, 2), strides (1, 3)
-  EXPECT_THAT([&] { attn::as_matrix(transposed); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("as_matrix"), HasSubstr("(3, 2)"), HasSubstr("inner stride 3"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::as_matrix(transposed); }),
+              AllOf(HasSubstr("as_matrix"), HasSubstr("(3, 2)"), HasSubstr("inner stride 3")));
   auto wide = arange<TypeParam>(Shape<2>{2, 8});
   const TensorView<TypeParam, 2> every_other(wide.data(), {2, 4}, {8, 2});
-  EXPECT_THAT(
-      [&] { attn::as_matrix(every_other); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 4)"), HasSubstr("inner stride 2"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::as_matrix(every_other); }),
+              AllOf(HasSubstr("(2, 4)"), HasSubstr("inner stride 2")));
 }
 
 TYPED_TEST(EigenBridgeTest, SingleColumnNeedsNoUnitInnerStride) {
   auto t = arange<TypeParam>(Shape<2>{3, 4});
   const auto col = attn::slice(attn::transpose(t.view()), 0, 1, 2);  // (1, 3), strides (1, 4)
   EXPECT_THAT(col.strides(), ElementsAre(1, 4));
-  EXPECT_THAT([&] { attn::as_matrix(col); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(1, 3)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::as_matrix(col); }),
+              HasSubstr("(1, 3)"));
   const auto column = attn::slice(t.view(), 1, 3, 4);  // t[:, 3:4]: (3, 1), strides (4, 1)
   const auto m = attn::as_matrix(column);
   EXPECT_EQ(m(0, 0), TypeParam(3));
@@ -166,9 +165,8 @@ TYPED_TEST(EigenBridgeTest, VectorMapsAndWrites) {
 TYPED_TEST(EigenBridgeTest, VectorRefusesNonUnitStride) {
   auto t = arange<TypeParam>(Shape<2>{3, 4});
   const auto column = attn::select(t.view(), 1, 2);  // t[:, 2]: stride 4
-  EXPECT_THAT([&] { attn::as_vector(column); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("as_vector"), HasSubstr("(3)"), HasSubstr("stride 4"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::as_vector(column); }),
+              AllOf(HasSubstr("as_vector"), HasSubstr("(3)"), HasSubstr("stride 4")));
   // A single element has no stride to speak of.
   EXPECT_EQ(attn::as_vector(attn::slice(column, 0, 2, 3))(0), TypeParam(10));
 }
@@ -185,8 +183,8 @@ TYPED_TEST(EigenBridgeTest, EmptyViewsMapToEmptyMatrices) {
 TYPED_TEST(EigenBridgeTest, NullMapWithElementsIsRejected) {
   const Eigen::Map<const Eigen::Matrix<TypeParam, Eigen::Dynamic, Eigen::Dynamic>> null_map(nullptr,
                                                                                             3, 4);
-  EXPECT_THAT([&] { (void)attn::as_view(null_map); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("null data with shape (3, 4)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { (void)attn::as_view(null_map); }),
+              HasSubstr("null data with shape (3, 4)"));
 }
 
 template <class Scalar>

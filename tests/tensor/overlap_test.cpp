@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "attn/attn.hpp"
+#include "support/thrown.hpp"
 
 namespace overlap_test {
 
@@ -22,7 +23,6 @@ using attn::detail::has_internal_overlap;
 using attn::detail::overlaps;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 TEST(Overlap, ByteRangeCoversFirstToLastElement) {
   float x[24] = {};
@@ -89,20 +89,18 @@ TEST(Overlap, InternalOverlapMeansTwoIndicesShareAnElement) {
 
 TEST(Overlap, RequireDisjointNamesBothViews) {
   Tensor<float, 2> t({4, 6});
-  EXPECT_THAT(
-      [&] {
-        attn::detail::require_disjoint("f", "out", attn::slice(t.view(), 0, 0, 2), "k",
-                                       attn::slice(t.view(), 0, 1, 4));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("attn::f: out (2, 6) overlaps k (3, 6)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::detail::require_disjoint("f", "out", attn::slice(t.view(), 0, 0, 2), "k",
+                                               attn::slice(t.view(), 0, 1, 4));
+              }),
+              HasSubstr("attn::f: out (2, 6) overlaps k (3, 6)"));
   float x[4] = {};
   EXPECT_THAT(
-      [&] {
+      attn::test::thrown<attn::ShapeError>([&] {
         attn::detail::require_distinct_elements("f", "out",
                                                 TensorView<float, 2>(x, {3, 4}, {0, 1}));
-      },
-      ThrowsMessage<attn::ShapeError>(
-          AllOf(HasSubstr("out has shape (3, 4) and strides (0, 1)"), HasSubstr("share memory"))));
+      }),
+      AllOf(HasSubstr("out has shape (3, 4) and strides (0, 1)"), HasSubstr("share memory")));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace tensor_test {
 
@@ -23,7 +24,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using attn::Index;
 using attn::Shape;
@@ -105,29 +105,28 @@ TYPED_TEST(TensorViewTest, ZeroStrideBroadcastsOneRow) {
 TYPED_TEST(TensorViewTest, NegativeExtentOrStrideThrowsShapeError) {
   using View = TensorView<TypeParam, 2>;
   TypeParam x = 0;
-  EXPECT_THAT([&] { View(&x, {2, -1}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(2, -1)")));
-  EXPECT_THAT(
-      [&] {
-        View(&x, {2, 3}, {3, -1});
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("(3, -1)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                View(&x, {2, -1});
+              }),
+              HasSubstr("(2, -1)"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                View(&x, {2, 3}, {3, -1});
+              }),
+              HasSubstr("(3, -1)"));
 }
 
 // A view with null data and elements used to reach the kernels and segfault there (SDPA,
 // MultiHeadAttention): no such view can be built, so no entry point ever receives one.
 TYPED_TEST(TensorViewTest, NullDataWithElementsThrowsShapeError) {
-  EXPECT_THAT(
-      [] {
-        (TensorView<const TypeParam, 4>(nullptr, {1, 1, 4, 8}));
-      },
-      ThrowsMessage<attn::ShapeError>(
-          AllOf(HasSubstr("attn::TensorView: null data with shape (1, 1, 4, 8) (32 elements)"),
-                HasSubstr("only an empty view may have null data"))));
-  EXPECT_THAT(
-      [] {
-        (TensorView<TypeParam, 2>(nullptr, {3, 1}, {0, 0}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("null data with shape (3, 1)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] {
+                (TensorView<const TypeParam, 4>(nullptr, {1, 1, 4, 8}));
+              }),
+              AllOf(HasSubstr("attn::TensorView: null data with shape (1, 1, 4, 8) (32 elements)"),
+                    HasSubstr("only an empty view may have null data")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] {
+                (TensorView<TypeParam, 2>(nullptr, {3, 1}, {0, 0}));
+              }),
+              HasSubstr("null data with shape (3, 1)"));
   // Empty views may have null data: the default view, a zero extent.
   EXPECT_NO_THROW((TensorView<TypeParam, 3>(nullptr, {2, 0, 5})));
   EXPECT_EQ((TensorView<TypeParam, 3>(nullptr, {2, 0, 5})).size(), 0);
@@ -164,14 +163,14 @@ TYPED_TEST(TensorViewTest, AtReadsAndWritesInBounds) {
 TYPED_TEST(TensorViewTest, AtThrowsOutOfRangeNamingIndexAxisAndSize) {
   auto data = iota<TypeParam>(12);
   const TensorView<TypeParam, 2> v(data.data(), {2, 6});
-  EXPECT_THAT([&] { v.at(1, 7); }, ThrowsMessage<std::out_of_range>(HasSubstr(
-                                       "index 7 is out of bounds for axis 1 with size 6")));
-  EXPECT_THAT([&] { v.at(1, 6); }, ThrowsMessage<std::out_of_range>(HasSubstr(
-                                       "index 6 is out of bounds for axis 1 with size 6")));
-  EXPECT_THAT([&] { v.at(2, 0); }, ThrowsMessage<std::out_of_range>(HasSubstr(
-                                       "index 2 is out of bounds for axis 0 with size 2")));
-  EXPECT_THAT([&] { v.at(-1, 0); }, ThrowsMessage<std::out_of_range>(HasSubstr(
-                                        "index -1 is out of bounds for axis 0 with size 2")));
+  EXPECT_THAT(attn::test::thrown<std::out_of_range>([&] { v.at(1, 7); }),
+              HasSubstr("index 7 is out of bounds for axis 1 with size 6"));
+  EXPECT_THAT(attn::test::thrown<std::out_of_range>([&] { v.at(1, 6); }),
+              HasSubstr("index 6 is out of bounds for axis 1 with size 6"));
+  EXPECT_THAT(attn::test::thrown<std::out_of_range>([&] { v.at(2, 0); }),
+              HasSubstr("index 2 is out of bounds for axis 0 with size 2"));
+  EXPECT_THAT(attn::test::thrown<std::out_of_range>([&] { v.at(-1, 0); }),
+              HasSubstr("index -1 is out of bounds for axis 0 with size 2"));
 }
 
 TYPED_TEST(TensorViewTest, IsContiguousOnlyForRowMajorStrides) {
@@ -193,8 +192,8 @@ TYPED_TEST(TensorViewTest, EmptyExtentMeansEmptyView) {
   EXPECT_TRUE(v.empty());
   EXPECT_EQ(v.size(), 0);
   EXPECT_TRUE(attn::test::to_vector(v).empty());
-  EXPECT_THAT([&] { v.at(0, 0); },
-              ThrowsMessage<std::out_of_range>(HasSubstr("axis 0 with size 0")));
+  EXPECT_THAT(attn::test::thrown<std::out_of_range>([&] { v.at(0, 0); }),
+              HasSubstr("axis 0 with size 0"));
 }
 
 // ---- Tensor ----
@@ -231,11 +230,10 @@ TYPED_TEST(TensorTest, ValuesConstructorFillsRowMajor) {
   EXPECT_EQ(t(0, 2), TypeParam(3));
   EXPECT_EQ(t(1, 0), TypeParam(4));
   using Matrix = Tensor<TypeParam, 2>;
-  EXPECT_THAT(
-      [] {
-        Matrix({2, 3}, {1, 2, 3, 4, 5});
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 3)"), HasSubstr("5 values"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] {
+                Matrix({2, 3}, {1, 2, 3, 4, 5});
+              }),
+              AllOf(HasSubstr("(2, 3)"), HasSubstr("5 values")));
 }
 
 TYPED_TEST(TensorTest, FromRowsBuildsTheNotebookInputs) {
@@ -254,11 +252,10 @@ TYPED_TEST(TensorTest, FromRowsBuildsTheNotebookInputs) {
 
 TYPED_TEST(TensorTest, FromRowsRejectsRaggedRows) {
   using Matrix = Tensor<TypeParam, 2>;
-  EXPECT_THAT(
-      [] {
-        Matrix::from_rows({{1, 2, 3}, {4, 5}});
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("row 1 has 2 values, row 0 has 3")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] {
+                Matrix::from_rows({{1, 2, 3}, {4, 5}});
+              }),
+              HasSubstr("row 1 has 2 values, row 0 has 3"));
 }
 
 TYPED_TEST(TensorTest, FromViewIsAContiguousDeepCopy) {
@@ -368,8 +365,11 @@ TYPED_TEST(TensorTest, ResizeReusesCapacity) {
 TYPED_TEST(TensorTest, ResizeRejectsNegativeExtents) {
   using Matrix = Tensor<TypeParam, 2>;
   Matrix t({2, 2});
-  EXPECT_THAT([&] { t.resize({2, -3}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(2, -3)")));
-  EXPECT_THAT([] { Matrix({-1, 2}); }, ThrowsMessage<attn::ShapeError>(HasSubstr("(-1, 2)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                t.resize({2, -3});
+              }),
+              HasSubstr("(2, -3)"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] { Matrix({-1, 2}); }), HasSubstr("(-1, 2)"));
 }
 
 // ---- sizes that overflow: a ShapeError naming the shape, never a short allocation ----
@@ -380,41 +380,35 @@ constexpr Index kTwo32 = Index(1) << 32;
 TYPED_TEST(TensorTest, ByteCountOverflowThrowsInsteadOfAllocatingTooLittle) {
   // 2^62 elements fit an index, but 2^62 x 4 bytes wrapped to 0: the allocation was empty
   // and at(1000) wrote out of bounds.
-  EXPECT_THAT([] { (Tensor<TypeParam, 1>({kTwo62})); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr(
-                  "attn::Tensor: shape (4611686018427387904) needs 4611686018427387904 x ")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] { (Tensor<TypeParam, 1>({kTwo62})); }),
+              HasSubstr("attn::Tensor: shape (4611686018427387904) needs 4611686018427387904 x "));
   Tensor<TypeParam, 2> t({2, 2});
-  EXPECT_THAT(
-      [&] {
-        t.resize({kTwo62, 2});
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("(4611686018427387904, 2)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                t.resize({kTwo62, 2});
+              }),
+              HasSubstr("(4611686018427387904, 2)"));
   EXPECT_THAT(t.shape(), ElementsAre(2, 2));  // unchanged
 }
 
 TYPED_TEST(TensorTest, ElementCountOverflowThrows) {
   EXPECT_THAT(
-      [] {
+      attn::test::thrown<attn::ShapeError>([] {
         (Tensor<TypeParam, 3>({kTwo32, kTwo32, 2}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr(
-          "shape (4294967296, 4294967296, 2) has more elements than an index can count")));
+      }),
+      HasSubstr("shape (4294967296, 4294967296, 2) has more elements than an index can count"));
   // no element, but the strides of the other axes would still overflow
-  EXPECT_THAT(
-      [] {
-        (Tensor<TypeParam, 3>({0, kTwo32, kTwo32}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("(0, 4294967296, 4294967296)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] {
+                (Tensor<TypeParam, 3>({0, kTwo32, kTwo32}));
+              }),
+              HasSubstr("(0, 4294967296, 4294967296)"));
 }
 
 TEST(ShapeSize, OverflowThrowsNamingTheShape) {
   // was signed overflow (UBSan), giving 0: MultiHeadAttention then reported an "empty input"
-  EXPECT_THAT(
-      [] {
-        attn::shape_size(Shape<3>{kTwo32, kTwo32, 2});
-      },
-      ThrowsMessage<attn::ShapeError>(
-          HasSubstr("attn::shape_size: shape (4294967296, 4294967296, 2) has more elements")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([] {
+                attn::shape_size(Shape<3>{kTwo32, kTwo32, 2});
+              }),
+              HasSubstr("attn::shape_size: shape (4294967296, 4294967296, 2) has more elements"));
   EXPECT_EQ(attn::shape_size(Shape<3>{kTwo32, kTwo32 / 4 - 1, 2}),
             kTwo32 * (kTwo32 / 4 - 1) * 2);  // products just under 2^63 still work
   EXPECT_EQ(attn::shape_size(Shape<2>{0, kTwo62}), 0);
@@ -424,17 +418,14 @@ TEST(ShapeSize, OverflowThrowsNamingTheShape) {
 
 TEST(ShapeSize, ViewsOfShapesThatOverflowAreRejected) {
   float x = 0;
-  EXPECT_THAT(
-      [&] {
-        (TensorView<float, 3>(&x, {kTwo32, kTwo32, 2}, {0, 0, 0}));
-      },
-      ThrowsMessage<attn::ShapeError>(
-          HasSubstr("attn::TensorView: shape (4294967296, 4294967296, 2) has more elements")));
-  EXPECT_THAT(
-      [&] {
-        (TensorView<float, 2>(&x, {kTwo32, kTwo32}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("(4294967296, 4294967296)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                (TensorView<float, 3>(&x, {kTwo32, kTwo32, 2}, {0, 0, 0}));
+              }),
+              HasSubstr("attn::TensorView: shape (4294967296, 4294967296, 2) has more elements"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                (TensorView<float, 2>(&x, {kTwo32, kTwo32}));
+              }),
+              HasSubstr("(4294967296, 4294967296)"));
   const TensorView<float, 1> broadcast(&x, {kTwo62}, {0});  // fits: 2^62 elements
   EXPECT_EQ(broadcast.size(), kTwo62);
 }
@@ -442,16 +433,14 @@ TEST(ShapeSize, ViewsOfShapesThatOverflowAreRejected) {
 TEST(ShapeSize, ReshapeToAShapeThatOverflowsThrows) {
   float x[4] = {};
   const TensorView<float, 1> v(x, {4});
-  EXPECT_THAT(
-      [&] {
-        (attn::reshape(v, Shape<3>{kTwo32, kTwo32, -1}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("the element count overflows")));
-  EXPECT_THAT(
-      [&] {
-        (attn::reshape(v, Shape<3>{kTwo32, kTwo32, 4}));
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("overflows")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                (attn::reshape(v, Shape<3>{kTwo32, kTwo32, -1}));
+              }),
+              HasSubstr("the element count overflows"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                (attn::reshape(v, Shape<3>{kTwo32, kTwo32, 4}));
+              }),
+              HasSubstr("overflows"));
 }
 
 TYPED_TEST(TensorTest, StorageIs64ByteAligned) {
@@ -483,11 +472,11 @@ TYPED_TEST(TensorTest, ElementAccessMatchesView) {
   EXPECT_EQ(t.at(1, 0, 2), TypeParam(14));
   t.at(0, 1, 1) = TypeParam(-5);
   EXPECT_EQ(t.view()(0, 1, 1), TypeParam(-5));
-  EXPECT_THAT([&] { t.at(0, 3, 0); }, ThrowsMessage<std::out_of_range>(HasSubstr(
-                                          "index 3 is out of bounds for axis 1 with size 3")));
+  EXPECT_THAT(attn::test::thrown<std::out_of_range>([&] { t.at(0, 3, 0); }),
+              HasSubstr("index 3 is out of bounds for axis 1 with size 3"));
   const Tensor<TypeParam, 3>& ct = t;
-  EXPECT_THAT([&] { ct.at(0, 0, 4); }, ThrowsMessage<std::out_of_range>(HasSubstr(
-                                           "index 4 is out of bounds for axis 2 with size 4")));
+  EXPECT_THAT(attn::test::thrown<std::out_of_range>([&] { ct.at(0, 0, 4); }),
+              HasSubstr("index 4 is out of bounds for axis 2 with size 4"));
 }
 
 TEST(TensorBool, HoldsMasks) {

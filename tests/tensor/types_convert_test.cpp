@@ -22,6 +22,7 @@
 
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace types_convert_test {
 
@@ -38,7 +39,6 @@ using attn::Tensor;
 using attn::TensorView;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 /// The bits of any element (float as uint32, double as uint64, storage types as theirs).
 template <class T>
@@ -106,31 +106,31 @@ To reference(From x) {  // the rule, spelled out with the types' own conversions
 TEST(TypesConvert, RejectsDifferentShapesNamingBothWithTheirTypes) {
   Tensor<float, 2> src({2, 3});
   Tensor<bfloat16, 2> dst({3, 2});
-  EXPECT_THAT([&] { attn::convert(src.view(), dst.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::convert"), HasSubstr("(2, 3)"),
-                                                    HasSubstr("(3, 2)"), HasSubstr("float"),
-                                                    HasSubstr("bfloat16"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::convert(src.view(), dst.view()); }),
+              AllOf(HasSubstr("attn::convert"), HasSubstr("(2, 3)"), HasSubstr("(3, 2)"),
+                    HasSubstr("float"), HasSubstr("bfloat16")));
   Tensor<float8_e4m3, 2> fp8({2, 2});
-  EXPECT_THAT([&] { attn::convert_saturate(src.view(), fp8.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("attn::convert_saturate"),
-                                                    HasSubstr("(2, 3)"), HasSubstr("(2, 2)"))));
+  EXPECT_THAT(
+      attn::test::thrown<attn::ShapeError>([&] { attn::convert_saturate(src.view(), fp8.view()); }),
+      AllOf(HasSubstr("attn::convert_saturate"), HasSubstr("(2, 3)"), HasSubstr("(2, 2)")));
 }
 
 TEST(TypesConvert, RejectsOverlappingAndSelfOverlappingDestinations) {
   std::vector<float> buffer(16);
   const TensorView<float, 1> all(buffer.data(), {16});
   // float -> float in place, and an output over its own input's bytes
-  EXPECT_THAT([&] { attn::convert(all, all); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("dst"), HasSubstr("overlaps src"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::convert(all, all); }),
+              AllOf(HasSubstr("dst"), HasSubstr("overlaps src")));
   const TensorView<bfloat16, 1> halves(reinterpret_cast<bfloat16*>(buffer.data()), {8});
-  EXPECT_THAT([&] { attn::convert(attn::slice(all, 0, 0, 8), halves); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("overlaps")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>(
+                  [&] { attn::convert(attn::slice(all, 0, 0, 8), halves); }),
+              HasSubstr("overlaps"));
   // a broadcast output: several elements in one place
   std::vector<bfloat16> out(1);
   const TensorView<bfloat16, 2> broadcast(out.data(), {2, 2}, {0, 0});
   const Tensor<float, 2> src({2, 2});
-  EXPECT_THAT([&] { attn::convert(src.view(), broadcast); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("share memory")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::convert(src.view(), broadcast); }),
+              HasSubstr("share memory"));
 }
 
 TEST(TypesConvert, EmptyViewsConvertNothing) {
@@ -441,8 +441,8 @@ TEST(TypesEigen, BitsCopyToAndFromEigensTypes) {
   EXPECT_EQ(back(3, 2).bits(), t(2, 3).bits());
   Tensor<float16, 2> wrong({2, 2});
   const Eigen::Matrix<Eigen::half, 3, 2> hm = Eigen::Matrix<Eigen::half, 3, 2>::Zero();
-  EXPECT_THAT([&] { attn::from_eigen(hm, wrong.view()); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(3, 2)"), HasSubstr("(2, 2)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::from_eigen(hm, wrong.view()); }),
+              AllOf(HasSubstr("(3, 2)"), HasSubstr("(2, 2)")));
 }
 
 TEST(TypesEigen, FloatMatricesConvertThroughAsView) {

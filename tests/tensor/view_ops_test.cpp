@@ -11,6 +11,7 @@
 #include "attn/attn.hpp"
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
+#include "support/thrown.hpp"
 
 namespace view_ops_test {
 namespace {
@@ -19,7 +20,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-using ::testing::ThrowsMessage;
 
 using attn::Index;
 using attn::Shape;
@@ -67,15 +67,14 @@ TYPED_TEST(ViewOpsTest, SliceAllowsEmptyAndFullRanges) {
 TYPED_TEST(ViewOpsTest, SliceOutOfBoundsThrowsNamingTheShape) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT([&] { attn::slice(v, 1, 4, 7); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("slice"), HasSubstr("(2, 6, 4)"), HasSubstr("[4, 7)"))));
-  EXPECT_THAT([&] { attn::slice(v, 1, 3, 2); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
-  EXPECT_THAT([&] { attn::slice(v, 0, -1, 1); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
-  EXPECT_THAT([&] { attn::slice(v, 3, 0, 1); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("axis 3"), HasSubstr("(2, 6, 4)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::slice(v, 1, 4, 7); }),
+              AllOf(HasSubstr("slice"), HasSubstr("(2, 6, 4)"), HasSubstr("[4, 7)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::slice(v, 1, 3, 2); }),
+              HasSubstr("(2, 6, 4)"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::slice(v, 0, -1, 1); }),
+              HasSubstr("(2, 6, 4)"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::slice(v, 3, 0, 1); }),
+              AllOf(HasSubstr("axis 3"), HasSubstr("(2, 6, 4)")));
 }
 
 // ---- select ----
@@ -100,13 +99,12 @@ TYPED_TEST(ViewOpsTest, SelectDropsAnAxis) {
 TYPED_TEST(ViewOpsTest, SelectOutOfBoundsThrowsNamingTheShape) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT([&] { attn::select(v, 1, 6); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("select"), HasSubstr("index 6"), HasSubstr("(2, 6, 4)"))));
-  EXPECT_THAT([&] { attn::select(v, 0, -1); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
-  EXPECT_THAT([&] { attn::select(v, 3, 0); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::select(v, 1, 6); }),
+              AllOf(HasSubstr("select"), HasSubstr("index 6"), HasSubstr("(2, 6, 4)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::select(v, 0, -1); }),
+              HasSubstr("(2, 6, 4)"));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::select(v, 3, 0); }),
+              HasSubstr("(2, 6, 4)"));
 }
 
 // ---- permute / transpose ----
@@ -127,16 +125,14 @@ TYPED_TEST(ViewOpsTest, PermuteReordersExtentsAndStrides) {
 TYPED_TEST(ViewOpsTest, PermuteRejectsANonPermutation) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT(
-      [&] {
-        attn::permute(v, {0, 0, 1});
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(0, 0, 1)"), HasSubstr("(2, 6, 4)"))));
-  EXPECT_THAT(
-      [&] {
-        attn::permute(v, {0, 1, 3});
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(0, 1, 3)"), HasSubstr("(2, 6, 4)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::permute(v, {0, 0, 1});
+              }),
+              AllOf(HasSubstr("(0, 0, 1)"), HasSubstr("(2, 6, 4)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::permute(v, {0, 1, 3});
+              }),
+              AllOf(HasSubstr("(0, 1, 3)"), HasSubstr("(2, 6, 4)")));
 }
 
 TYPED_TEST(ViewOpsTest, TransposeSwapsTwoAxes) {
@@ -157,9 +153,8 @@ TYPED_TEST(ViewOpsTest, TransposeSwapsTwoAxes) {
 TYPED_TEST(ViewOpsTest, TransposeRejectsMissingAxes) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT(
-      [&] { attn::transpose(v, 1, 3); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("transpose"), HasSubstr("(2, 6, 4)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::transpose(v, 1, 3); }),
+              AllOf(HasSubstr("transpose"), HasSubstr("(2, 6, 4)")));
 }
 
 // ---- unsqueeze ----
@@ -178,8 +173,8 @@ TYPED_TEST(ViewOpsTest, UnsqueezeMatchesPyTorchStrides) {
   EXPECT_THAT(u2.strides(), ElementsAre(3, 1, 1));
   EXPECT_TRUE(u0.is_contiguous() && u1.is_contiguous() && u2.is_contiguous());
   EXPECT_EQ(u1(1, 0, 2), TypeParam(5));
-  EXPECT_THAT([&] { attn::unsqueeze(x.view(), 3); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("axis 3"), HasSubstr("(2, 3)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::unsqueeze(x.view(), 3); }),
+              AllOf(HasSubstr("axis 3"), HasSubstr("(2, 3)")));
 }
 
 // ---- reshape: PyTorch's view() rules ----
@@ -206,26 +201,22 @@ TYPED_TEST(ViewOpsTest, ReshapeInfersOneMinusOneExtent) {
 TYPED_TEST(ViewOpsTest, ReshapeRejectsBadShapesNamingBoth) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT(
-      [&] {
-        attn::reshape(v, Shape<2>{5, 5});
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, 5)"))));
-  EXPECT_THAT(
-      [&] {
-        attn::reshape(v, Shape<2>{-1, -1});
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("-1"))));
-  EXPECT_THAT(
-      [&] {
-        attn::reshape(v, Shape<2>{5, -1});
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, -1)"))));
-  EXPECT_THAT(
-      [&] {
-        attn::reshape(v, Shape<3>{-2, 6, -4});
-      },
-      ThrowsMessage<attn::ShapeError>(HasSubstr("(2, 6, 4)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::reshape(v, Shape<2>{5, 5});
+              }),
+              AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, 5)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::reshape(v, Shape<2>{-1, -1});
+              }),
+              AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("-1")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::reshape(v, Shape<2>{5, -1});
+              }),
+              AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(5, -1)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::reshape(v, Shape<3>{-2, 6, -4});
+              }),
+              HasSubstr("(2, 6, 4)"));
 }
 
 TYPED_TEST(ViewOpsTest, ReshapeOfStridedViewsFollowsPyTorch) {
@@ -237,9 +228,8 @@ TYPED_TEST(ViewOpsTest, ReshapeOfStridedViewsFollowsPyTorch) {
   EXPECT_EQ(merged.data(), x.data());
   EXPECT_EQ(merged(7, 1), x(1, 1, 1));
   // ... but .view(24) needs a copy.
-  EXPECT_THAT([&] { attn::reshape(cols, Shape<1>{24}); },
-              ThrowsMessage<attn::ShapeError>(
-                  AllOf(HasSubstr("(2, 6, 2)"), HasSubstr("(24)"), HasSubstr("contiguous"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::reshape(cols, Shape<1>{24}); }),
+              AllOf(HasSubstr("(2, 6, 2)"), HasSubstr("(24)"), HasSubstr("contiguous")));
 
   // torch.arange(24.).view(4, 6).t(): stride (1, 6); .view(6, 2, 2).stride() == (1, 12, 6)
   auto m = arange<TypeParam>(Shape<2>{4, 6});
@@ -247,13 +237,12 @@ TYPED_TEST(ViewOpsTest, ReshapeOfStridedViewsFollowsPyTorch) {
   const auto split = attn::reshape(t, Shape<3>{6, 2, 2});
   EXPECT_THAT(split.strides(), ElementsAre(1, 12, 6));
   EXPECT_EQ(split(5, 1, 0), m(2, 5));
-  EXPECT_THAT([&] { attn::reshape(t, Shape<1>{24}); },
-              ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(6, 4)"), HasSubstr("(24)"))));
-  EXPECT_THAT(
-      [&] {
-        attn::reshape(t, Shape<2>{4, 6});
-      },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(6, 4)"), HasSubstr("(4, 6)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::reshape(t, Shape<1>{24}); }),
+              AllOf(HasSubstr("(6, 4)"), HasSubstr("(24)")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] {
+                attn::reshape(t, Shape<2>{4, 6});
+              }),
+              AllOf(HasSubstr("(6, 4)"), HasSubstr("(4, 6)")));
 
   // A batch slice x[1:2] is still viewable: (1, 6, 4) -> (6, 4) with strides (4, 1).
   const auto batch = attn::slice(x.view(), 0, 1, 2);
@@ -317,12 +306,10 @@ TYPED_TEST(ViewOpsTest, SplitHeadsWorksOnStridedInput) {
 TYPED_TEST(ViewOpsTest, SplitHeadsRejectsIndivisibleWidth) {
   auto x = arange<TypeParam>(Shape<3>{2, 6, 4});
   const auto v = x.view();
-  EXPECT_THAT(
-      [&] { attn::split_heads(v, 3); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=3"))));
-  EXPECT_THAT(
-      [&] { attn::split_heads(v, 0); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=0"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::split_heads(v, 3); }),
+              AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=3")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::split_heads(v, 0); }),
+              AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("num_heads=0")));
 }
 
 TYPED_TEST(ViewOpsTest, MergeHeadsInvertsSplitHeads) {
@@ -345,8 +332,8 @@ TYPED_TEST(ViewOpsTest, MergeHeadsOfContiguousHeadsNeedsACopy) {
   // A contiguous (B, H, T, hd) tensor is not a (B, T, D) layout: merging needs a copy.
   auto heads = arange<TypeParam>(Shape<4>{2, 2, 6, 2});
   const auto v = heads.view();
-  EXPECT_THAT([&] { attn::merge_heads(v); },
-              ThrowsMessage<attn::ShapeError>(HasSubstr("contiguous")));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::merge_heads(v); }),
+              HasSubstr("contiguous"));
 }
 
 // The message should name merge_heads and the shape the caller passed, not the internal
@@ -354,9 +341,8 @@ TYPED_TEST(ViewOpsTest, MergeHeadsOfContiguousHeadsNeedsACopy) {
 TYPED_TEST(ViewOpsTest, MergeHeadsErrorNamesTheCallersShape) {
   auto heads = arange<TypeParam>(Shape<4>{2, 2, 6, 2});
   const auto v = heads.view();
-  EXPECT_THAT(
-      [&] { attn::merge_heads(v); },
-      ThrowsMessage<attn::ShapeError>(AllOf(HasSubstr("merge_heads"), HasSubstr("(2, 2, 6, 2)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::merge_heads(v); }),
+              AllOf(HasSubstr("merge_heads"), HasSubstr("(2, 2, 6, 2)")));
 }
 
 TYPED_TEST(ViewOpsTest, MergeHeadsAfterCopyToTokenMajorLayout) {
@@ -389,8 +375,8 @@ TYPED_TEST(ViewOpsTest, CopyRejectsShapeMismatchNamingBoth) {
   Tensor<TypeParam, 3> dst({2, 4, 6});
   const auto s = src.view();
   const auto d = dst.view();
-  EXPECT_THAT([&] { attn::copy(s, d); }, ThrowsMessage<attn::ShapeError>(AllOf(
-                                             HasSubstr("(2, 6, 4)"), HasSubstr("(2, 4, 6)"))));
+  EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { attn::copy(s, d); }),
+              AllOf(HasSubstr("(2, 6, 4)"), HasSubstr("(2, 4, 6)")));
 }
 
 TYPED_TEST(ViewOpsTest, ContiguousAlwaysCopies) {
