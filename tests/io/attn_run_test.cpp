@@ -324,7 +324,6 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
   const std::vector<std::string> run_args = {"--weights",   "w", "--input", "x",   "--output", "y",
                                              "--num-heads", "2", "--dtype", "bf16"};
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"--backward", "--backward is not supported with --dtype bf16"},
       {"--need-weights", "--need-weights is not supported with --dtype bf16"},
       {"--per-head-weights", "--per-head-weights is not supported with --dtype bf16"},
       {"--format llama", "--format llama is not supported with --dtype bf16"},
@@ -344,17 +343,17 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
                   .error,
               HasSubstr("--output-dtype needs --dtype bf16"));
   std::ostringstream out, err;
-  std::vector<std::string> backward = run_args;
-  backward.push_back("--backward");
-  EXPECT_EQ(attn_run::main(backward, out, err), 2);
-  EXPECT_THAT(err.str(), HasSubstr("--backward is not supported with --dtype bf16 (--dtype bf16 "
-                                   "runs the mha format's forward only"));
+  std::vector<std::string> weights_flag = run_args;
+  weights_flag.push_back("--need-weights");
+  EXPECT_EQ(attn_run::main(weights_flag, out, err), 2);
+  EXPECT_THAT(err.str(), HasSubstr("--need-weights is not supported with --dtype bf16 (--dtype "
+                                   "bf16 runs the mha format's forward and --backward only"));
   RunOptions o;
   o.num_heads = kH;
   o.need_weights = true;
   EXPECT_THAT([&] { attn_run::run_multi_head_attention<bfloat16>(bf16_weights, in, o); },
               ThrowsMessage<std::invalid_argument>(
-                  HasSubstr("a bfloat16 run has no backward and no attention weights")));
+                  HasSubstr("a bfloat16 run has no attention weights")));
 }
 
 TEST(AttnRunFiles, OutputOverInputFailingKeepsTheInput) {

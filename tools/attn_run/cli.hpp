@@ -76,11 +76,12 @@ options:
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
   --double              compute in double (F64 output); default float (F32); --dtype f64
   --dtype f32|f64|bf16  what the module computes in (default f32). bf16 runs
-                        MultiHeadAttention<bfloat16> (inference): weights and query, key,
-                        value loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
-                        nearest even), float masks kept float, output written as BF16.
-                        mha format forward only: --backward, --need-weights,
-                        --per-head-weights, --format llama and --format onnx are refused
+                        MultiHeadAttention<bfloat16>: weights and query, key, value (and
+                        grad_output) loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
+                        nearest even), float masks kept float, output (and with
+                        --backward the gradients) written as BF16. mha format only:
+                        --need-weights, --per-head-weights, --format llama and
+                        --format onnx are refused
   --output-dtype bf16|f32  with --dtype bf16: write the output as BF16 (default) or
                         widened exactly to F32
   --backward            also write grad_query (with key and value: grad_key, grad_value)
@@ -355,17 +356,17 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   args.use_bf16 = dtype == "bf16";
   if (output_dtype && !args.use_bf16) return error("--output-dtype needs --dtype bf16");
   if (args.use_bf16) {
-    // What a bfloat16 module does not do yet: it is forward-only and has no rotary
-    // embeddings, KV cache or attention weights.
+    // What a bfloat16 module does not do yet: it has no rotary embeddings, KV cache or
+    // attention weights.
     const char* unsupported =
-        " (--dtype bf16 runs the mha format's forward only: --backward, --need-weights, "
+        " (--dtype bf16 runs the mha format's forward and --backward only: --need-weights, "
         "--per-head-weights, --format llama and --format onnx need --dtype f32 or f64)";
     if (args.llama)
       return error("--format llama is not supported with --dtype bf16" + std::string(unsupported));
     if (args.onnx)
       return error("--format onnx is not supported with --dtype bf16" + std::string(unsupported));
     for (const std::string& flag : mha_flags) {
-      if (flag != "--causal") {
+      if (flag != "--causal" && flag != "--backward") {
         return error(flag + " is not supported with --dtype bf16" + unsupported);
       }
     }
