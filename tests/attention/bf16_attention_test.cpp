@@ -625,9 +625,9 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
     double dropout;
   };
   const TrainCase cases[] = {
-      {0, 0, 37, 37, true, false, 0, 0.1},    // self, fused Q/K/V, causal, dropout
-      {48, 2, 19, 45, false, true, 0, 0.0},   // cross, GQA, padding
-      {0, 2, 21, 21, false, false, 8, 0.0},   // self, values of 8 against keys of 16
+      {0, 0, 37, 37, true, false, 0, 0.1},   // self, fused Q/K/V, causal, dropout
+      {48, 2, 19, 45, false, true, 0, 0.0},  // cross, GQA, padding
+      {0, 2, 21, 21, false, false, 8, 0.0},  // self, values of 8 against keys of 16
   };
   for (const TrainCase& c : cases) {
     SCOPED_TRACE("case kdim " + std::to_string(c.kdim) + " tq " + std::to_string(c.tq));
@@ -651,9 +651,9 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
       mask.key_padding(padding);
       wide_mask.key_padding(padding);
     }
-    const StepGradients<double> expected =
-        training_step<double>(wide, attn::convert<double>(x.narrow), attn::convert<double>(kv.narrow),
-                              self, attn::convert<double>(gy.narrow), wide_mask);
+    const StepGradients<double> expected = training_step<double>(
+        wide, attn::convert<double>(x.narrow), attn::convert<double>(kv.narrow), self,
+        attn::convert<double>(gy.narrow), wide_mask);
     attn::set_num_threads(1);
     for_each_path<bfloat16>([&] {
       narrow.seed(3);
@@ -708,8 +708,8 @@ TEST_F(StorageAttention, Bf16SingleHeadAndCrossModulesBackward) {
       if (Cross::value) all.push_back(values(attn::TensorView<const S, 3>(gkv.view())));
       return all;
     };
-    const auto g = attn::convert<bfloat16>(
-        attn::Tensor<float, 3>(attn::slice(gy.wide.view(), 2, 0, d_out)));
+    const auto g =
+        attn::convert<bfloat16>(attn::Tensor<float, 3>(attn::slice(gy.wide.view(), 2, 0, d_out)));
     const auto got = step(narrow, x.narrow, kv.narrow, g);
     const auto want = step(wide, attn::convert<double>(x.narrow), attn::convert<double>(kv.narrow),
                            attn::convert<double>(g));

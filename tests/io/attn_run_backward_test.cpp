@@ -68,7 +68,7 @@ TEST(AttnRunBackwardFixtures, EveryGradientMatchesPyTorchAutograd) {
 // attn <= 5.2e-3, attn against PyTorch <= 6.8e-3 (the two errors partly add). The bounds:
 // attn - reference <= 1.2e-2 (6u, u = 2^-9: 2.3 times the measured worst), attn - torch <=
 // 2e-2 (1.7 times the two measured errors summed). A lost bias gradient is off by the whole
-// tensor (1), a gradient of the wrong input or a transposed weight gradient by as much.
+// tensor (1).
 TEST(AttnRunBackwardFixtures, Bf16GradientsMatchPyTorchsBf16Module) {
   const std::string dir = std::string(ATTN_IO_FIXTURES_DIR) + "/bf16_backward";
   const std::vector<std::string> cases = attn::test::fixture_cases(dir);

@@ -351,9 +351,9 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
   RunOptions o;
   o.num_heads = kH;
   o.need_weights = true;
-  EXPECT_THAT([&] { attn_run::run_multi_head_attention<bfloat16>(bf16_weights, in, o); },
-              ThrowsMessage<std::invalid_argument>(
-                  HasSubstr("a bfloat16 run has no attention weights")));
+  EXPECT_THAT(
+      [&] { attn_run::run_multi_head_attention<bfloat16>(bf16_weights, in, o); },
+      ThrowsMessage<std::invalid_argument>(HasSubstr("a bfloat16 run has no attention weights")));
 }
 
 TEST(AttnRunFiles, OutputOverInputFailingKeepsTheInput) {

@@ -241,36 +241,35 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
     add("output", y);
   };
   if (options.backward) {
-      // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
-      // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
-      // grad_query is the whole gradient of the one input.
-      attn::Workspace ws;
-      attn::SavedForward<Scalar> saved;
-      attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
-      attn::Gradients<Scalar> grads(
-          mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
-      attn::Tensor<Scalar, 3> grad_query(query.shape());
-      if (has_key) {
-        attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
-        mha.forward(q, k, v, output.view(), saved, ws, mask);
-        mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(),
-                     grad_value.view(), grads, ws);
-        add("grad_key", grad_key);
-        add("grad_value", grad_value);
+    // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
+    // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
+    // grad_query is the whole gradient of the one input.
+    attn::Workspace ws;
+    attn::SavedForward<Scalar> saved;
+    attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
+    attn::Gradients<Scalar> grads(mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
+    attn::Tensor<Scalar, 3> grad_query(query.shape());
+    if (has_key) {
+      attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
+      mha.forward(q, k, v, output.view(), saved, ws, mask);
+      mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(), grad_value.view(),
+                   grads, ws);
+      add("grad_key", grad_key);
+      add("grad_value", grad_value);
+    } else {
+      mha.forward(q, output.view(), saved, ws, mask);
+      mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
+    }
+    add_output(output);
+    add("grad_query", grad_query);
+    for (const auto& g : grads) {
+      const std::string name = "grad." + g.name();
+      if (g.rank() == 1) {
+        out.add(name, attn::Tensor<Scalar, 1>(g.vector()));
       } else {
-        mha.forward(q, output.view(), saved, ws, mask);
-        mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
+        out.add(name, attn::Tensor<Scalar, 2>(g.matrix()));
       }
-      add_output(output);
-      add("grad_query", grad_query);
-      for (const auto& g : grads) {
-        const std::string name = "grad." + g.name();
-        if (g.rank() == 1) {
-          out.add(name, attn::Tensor<Scalar, 1>(g.vector()));
-        } else {
-          out.add(name, attn::Tensor<Scalar, 2>(g.matrix()));
-        }
-      }
+    }
   }
   if (!options.need_weights) {
     if (!options.backward) add_output(mha.forward(q, k, v, mask));

@@ -297,10 +297,10 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   for (int g = 0; g < groups.count; ++g) {
     const ProjectionBlock<Scalar> b = projection_block(proj, grads, groups.start[g], groups.end[g]);
     const RowsRef<const Scalar>& x = saved.inputs[groups.start[g]];
-    linear_backward<Scalar>(x.rows, b.weight, x.data, x.ld, group_rows[g],
-                            gradient_rows<Scalar>(where, names[groups.start[g]],
-                                                  grad_in[groups.start[g]]),
-                            b.grad_weight, b.grad_bias, &ws);
+    linear_backward<Scalar>(
+        x.rows, b.weight, x.data, x.ld, group_rows[g],
+        gradient_rows<Scalar>(where, names[groups.start[g]], grad_in[groups.start[g]]),
+        b.grad_weight, b.grad_bias, &ws);
   }
 }
 

@@ -63,8 +63,9 @@ namespace detail {
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
 /// state are float. Its training forward records the bfloat16 heads and context, and its
 /// backward is core_backward_bf16() (module_backward.hpp). The KV cache, attention weights,
-/// packed batches, rotary embeddings and sinks need a float or double core. Built from a configuration, it
-/// takes a float core's draws rounded; the converting constructor rounds (or widens) any core.
+/// packed batches, rotary embeddings and sinks need a float or double core. Built from a
+/// configuration, it takes a float core's draws rounded; the converting constructor rounds (or
+/// widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,

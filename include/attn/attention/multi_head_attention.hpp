@@ -81,12 +81,14 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// forward() is const and may be called from several threads at once (dropout's call
 /// counter is atomic; give each thread its own Workspace).
 ///
-/// bfloat16 (inference): MultiHeadAttention<bfloat16> holds bfloat16 weights and biases and
-/// takes and returns bfloat16 tensors, masks in float; projections with float sums rounded
-/// once, the bfloat16 attention kernel (docs/precision.md). Whole-sequence forwards (self and
-/// cross, masks, causal, softcap, ALiBi, grouped-query heads) only: training forwards,
-/// backward, the KV cache and forward_with_weights do not compile for it, and rotary
-/// embeddings and sinks throw ConfigError. Load float weights and convert<bfloat16>(module).
+/// bfloat16: MultiHeadAttention<bfloat16> holds bfloat16 weights and biases and takes and
+/// returns bfloat16 tensors, masks in float; projections with float sums rounded once, the
+/// bfloat16 attention kernel (docs/precision.md). Whole-sequence forwards (self and cross,
+/// masks, causal, softcap, ALiBi, grouped-query heads, dropout), inference and training:
+/// backward() adds into Gradients<bfloat16> (bfloat16 products, float sums; train it with
+/// optim::MixedPrecision). The KV cache, packed batches and forward_with_weights do not
+/// compile for it, and rotary embeddings and sinks throw ConfigError. Load float weights and
+/// convert<bfloat16>(module).
 ///
 /// @tparam Scalar float, double or bfloat16.
 /// @throws ConfigError from the constructors if d_out % num_heads != 0, a size is not
@@ -99,7 +101,7 @@ class MultiHeadAttention
       public detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputQuery,
                                     detail::InputKey, detail::InputValue> {
   static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
-                "attn::MultiHeadAttention: Scalar must be float, double or bfloat16 (inference)");
+                "attn::MultiHeadAttention: Scalar must be float, double or bfloat16");
   using SelfForwards =
       detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputX>;
   using Forwards = detail::ModuleForwards<MultiHeadAttention<Scalar>, Scalar, 4, detail::InputQuery,
@@ -219,7 +221,7 @@ class MultiHeadAttention
 };
 
 /// `module` with its weights converted to `To` (MultiHeadAttention's converting constructor):
-/// convert<bfloat16>(float_module) for bfloat16 inference.
+/// convert<bfloat16>(float_module) for a bfloat16 module.
 template <class To, class From>
 MultiHeadAttention<To> convert(const MultiHeadAttention<From>& module) {
   return MultiHeadAttention<To>(module);

@@ -42,18 +42,18 @@ inline constexpr RandInit kRandInit{};
 /// Shapes: x (B, T, d_in) -> (B, T, d_out); unbatched x (T, d_in) -> (T, d_out); weights
 /// (B, T, T).
 ///
-/// bfloat16 (inference): SelfAttention<bfloat16> runs MultiHeadAttention<bfloat16>'s core
-/// (bfloat16 weights and biases, float sums and softmax, docs/precision.md) with the same
-/// limits: whole-sequence forwards only, masks in float; convert<bfloat16>(module) rounds a
-/// float module's weights once.
-/// @tparam Scalar float, double or bfloat16 (inference).
+/// bfloat16: SelfAttention<bfloat16> runs MultiHeadAttention<bfloat16>'s core (bfloat16
+/// weights and biases, float sums and softmax, docs/precision.md) with the same limits:
+/// whole-sequence forwards (inference and training) and backward, masks in float;
+/// convert<bfloat16>(module) rounds a float module's weights once.
+/// @tparam Scalar float, double or bfloat16.
 /// @throws ConfigError from the constructors on non-positive sizes.
 template <class Scalar = float>
 class SelfAttention
     : public detail::CoreModule<Scalar>,
       public detail::ModuleForwards<SelfAttention<Scalar>, Scalar, 3, detail::InputX> {
   static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
-                "attn::SelfAttention: Scalar must be float, double or bfloat16 (inference)");
+                "attn::SelfAttention: Scalar must be float, double or bfloat16");
 
  public:
   /// SelfAttention_v2: three nn.Linear(d_in, d_out, bias=qkv_bias), drawn in the order

@@ -128,9 +128,9 @@ void linear_backward(Index rows, TensorView<const Scalar, 2> weight, const Scala
 /// the float products wait in kWideOutput before they are added.
 template <class DyElement>
 void linear_backward_bf16(Index m, TensorView<const bfloat16, 2> weight, const bfloat16* x,
-                          Index ldx, const GemmOutput<const DyElement>& grad_y,
-                          float* grad_x_wide, const GemmOutput<bfloat16>& grad_x,
-                          bfloat16* grad_w, bfloat16* grad_b, Workspace& ws) {
+                          Index ldx, const GemmOutput<const DyElement>& grad_y, float* grad_x_wide,
+                          const GemmOutput<bfloat16>& grad_x, bfloat16* grad_w, bfloat16* grad_b,
+                          Workspace& ws) {
   const Index n = weight.extent(0), in = weight.extent(1);
   ATTN_ASSERT(weight.is_contiguous());
   if (m <= 0 || n <= 0) return;
@@ -142,8 +142,8 @@ void linear_backward_bf16(Index m, TensorView<const bfloat16, 2> weight, const b
   bfloat16* wt = dyt + lines(m * n);
   bfloat16* xt = wt + lines(in * n);
   // Float scratch: the column sums (n), then one product, (m, in) or (n, in).
-  float* sums = workspace_get<float>(ws, WorkspaceSlot::kWideOutput,
-                                     lines(n) + std::max(m, n) * in);
+  float* sums =
+      workspace_get<float>(ws, WorkspaceSlot::kWideOutput, lines(n) + std::max(m, n) * in);
   float* product = sums + lines(n);
   std::fill(sums, sums + n, 0.0f);
   const Index segment = grad_y.segment > 0 ? grad_y.segment : n;

@@ -29,8 +29,8 @@ namespace optim {
 ///     optimizer.step()                      Optimizer's own float update of the masters
 ///     param.copy_(master)                   each master rounded once, to nearest even
 ///
-/// so that updates smaller than a bfloat16 ulp of a weight still accumulate in its master
-/// (lr 1e-3 times a unit-size step moves a weight of 1 by a quarter of its bfloat16 ulp:
+/// so that updates smaller than half a bfloat16 ulp of a weight still accumulate in its master
+/// (an AdamW step of lr = 1e-3 moves a weight of 1 by an eighth of its bfloat16 ulp, 2^-7:
 /// stepping the bfloat16 weights themselves would round it away).
 ///
 /// ```cpp
