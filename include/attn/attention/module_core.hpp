@@ -159,7 +159,7 @@ class AttentionCore {
     }
     check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
-    const Heads heads = proj_.project(query, key, value, keep);
+    const Heads heads = proj_.project(query, key, value, keep, &ws);
     if constexpr (!kStorage) {
       if (has_rope()) {  // positions 0..T-1 of each sequence, in the projection's own buffer
         rotate(heads.query, packed != nullptr ? &packed->query : nullptr, false);
