@@ -342,6 +342,26 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
                      "--num-heads", "2"})
                   .error,
               HasSubstr("--output-dtype needs --dtype bf16"));
+  // --backward: the training forward's output has the inference forward's bits, and the
+  // gradients (of sum(output), grad_output absent) come out as BF16 under PyTorch's names.
+  std::vector<std::string> train_args = run_args;
+  train_args.push_back("--backward");
+  const ParsedArguments train = parse(train_args);
+  ASSERT_EQ(train.action, ParsedArguments::Action::kRun) << train.error;
+  const auto g =
+      SafetensorsFile::from_bytes(attn_run::run(train.arguments, bf16_weights, in).to_bytes());
+  EXPECT_EQ(g.values<float>("output"), y.values<float>("output"));
+  for (const char* name : {"grad_query", "grad.in_proj_weight", "grad.in_proj_bias",
+                           "grad.out_proj.weight", "grad.out_proj.bias"}) {
+    ASSERT_TRUE(g.contains(name)) << name;
+    EXPECT_EQ(g.dtype(name), DType::kBF16) << name;
+  }
+  // out_proj's bias gradient is the column sums of grad_output (ones): B T in each element,
+  // exact in bfloat16.
+  for (const float b : g.values<float>("grad.out_proj.bias")) {
+    EXPECT_EQ(b, static_cast<float>(kB * kT));
+  }
+
   std::ostringstream out, err;
   std::vector<std::string> weights_flag = run_args;
   weights_flag.push_back("--need-weights");
