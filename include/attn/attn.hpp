@@ -33,6 +33,7 @@
 #include "attn/nn/softmax_backward.hpp"
 #include "attn/ops/convert.hpp"
 #include "attn/optim/adamw.hpp"
+#include "attn/optim/mixed_precision.hpp"
 #include "attn/optim/optimizer.hpp"
 #include "attn/optim/sgd.hpp"
 #include "attn/parallel.hpp"

@@ -32,6 +32,8 @@ enum class WorkspaceSlot : std::size_t {
   kGradProjection,  // the backward's dQ, dK, dV, head-major like the projections
   kWideOutput,      // float results (and bias) of a GEMM on bfloat16 operands, before rounding
   kCacheRows,       // a step's keys and values read from a KV cache with sinks, rotated
+  kWideBackward,    // a bfloat16 backward's float copies of Q, K, V, the context and logsumexp
+  kNarrowBackward,  // a bfloat16 backward's bfloat16 GEMM operands (rounded or transposed)
   kCount            // number of slots (not a slot)
 };
 

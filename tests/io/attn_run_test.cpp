@@ -321,7 +321,6 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
   const std::vector<std::string> run_args = {"--weights",   "w", "--input", "x",   "--output", "y",
                                              "--num-heads", "2", "--dtype", "bf16"};
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"--backward", "--backward is not supported with --dtype bf16"},
       {"--need-weights", "--need-weights is not supported with --dtype bf16"},
       {"--per-head-weights", "--per-head-weights is not supported with --dtype bf16"},
       {"--double", "--double and --dtype bf16 disagree"},
@@ -338,18 +337,38 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
                      "--num-heads", "2"})
                   .error,
               HasSubstr("--output-dtype needs --dtype bf16"));
+  // --backward: the training forward's output has the inference forward's bits, and the
+  // gradients (of sum(output), grad_output absent) come out as BF16 under PyTorch's names.
+  std::vector<std::string> train_args = run_args;
+  train_args.push_back("--backward");
+  const ParsedArguments train = parse(train_args);
+  ASSERT_EQ(train.action, ParsedArguments::Action::kRun) << train.error;
+  const auto g =
+      SafetensorsFile::from_bytes(attn_run::run(train.arguments, bf16_weights, in).to_bytes());
+  EXPECT_EQ(g.values<float>("output"), y.values<float>("output"));
+  for (const char* name : {"grad_query", "grad.in_proj_weight", "grad.in_proj_bias",
+                           "grad.out_proj.weight", "grad.out_proj.bias"}) {
+    ASSERT_TRUE(g.contains(name)) << name;
+    EXPECT_EQ(g.dtype(name), DType::kBF16) << name;
+  }
+  // out_proj's bias gradient is the column sums of grad_output (ones): B T in each element,
+  // exact in bfloat16.
+  for (const float b : g.values<float>("grad.out_proj.bias")) {
+    EXPECT_EQ(b, static_cast<float>(kB * kT));
+  }
+
   std::ostringstream out, err;
-  std::vector<std::string> backward = run_args;
-  backward.push_back("--backward");
-  EXPECT_EQ(attn_run::main(backward, out, err), 2);
-  EXPECT_THAT(err.str(), HasSubstr("--backward is not supported with --dtype bf16 (--dtype bf16 "
-                                   "runs forwards only"));
+  std::vector<std::string> weights_flag = run_args;
+  weights_flag.push_back("--need-weights");
+  EXPECT_EQ(attn_run::main(weights_flag, out, err), 2);
+  EXPECT_THAT(err.str(), HasSubstr("--need-weights is not supported with --dtype bf16 (--dtype "
+                                   "bf16 runs the mha format's forward and --backward"));
   RunOptions o;
   o.num_heads = kH;
   o.need_weights = true;
   EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
                   [&] { attn_run::run_multi_head_attention<bfloat16>(bf16_weights, in, o); }),
-              HasSubstr("a bfloat16 run has no backward and no attention weights"));
+              HasSubstr("a bfloat16 run has no attention weights"));
 }
 
 // --dtype fp16: as --dtype bf16, with MultiHeadAttention<float16> and F16 tensors: an F16

@@ -591,4 +591,39 @@ TEST(ZeroAllocation, BFloat16GemmWithWorkspace) {
   attn::set_bf16_path(std::nullopt);
 }
 
+// A bfloat16 training step (training forward, backward into bfloat16 gradients, AdamW over
+// float masters) allocates nothing once warm, on every bfloat16 path this CPU has.
+TEST(ZeroAllocation, BFloat16TrainingStepWithMasterWeights) {
+  attn::manual_seed(23);
+  // Smaller than the float steps' shape (three paths, each its own warm-up): still several
+  // query tiles and key blocks, and depth blocks of whole AMX tiles.
+  const Index batch = 2, tokens = 64, dim = 64;
+  auto mha = attn::convert<attn::bfloat16>(
+      MultiHeadAttention<float>(dim, dim, tokens, /*dropout=*/0.1, kHeads, true));
+  const auto x = attn::convert<attn::bfloat16>(
+      attn::test::random_tensor<float>(Shape<3>{batch, tokens, dim}, 24));
+  const auto grad_out = attn::convert<attn::bfloat16>(
+      attn::test::random_tensor<float>(Shape<3>{batch, tokens, dim}, 25));
+  AttentionMask<float> mask;
+  mask.key_lengths({tokens, tokens - 3});
+  Tensor<attn::bfloat16, 3> out({batch, tokens, dim}), gx({batch, tokens, dim});
+  attn::SavedForward<attn::bfloat16> saved;
+  attn::Gradients<attn::bfloat16> grads(mha.named_parameters());
+  attn::optim::MixedPrecision<attn::optim::AdamW<float>> adamw(mha.named_parameters());
+  for (const attn::Bf16Path path :
+       {attn::Bf16Path::kAmx, attn::Bf16Path::kDot, attn::Bf16Path::kWiden}) {
+    if (attn::set_bf16_path(path) != path) continue;  // not on this CPU and set
+    SCOPED_TRACE(attn::bf16_path_name(path));
+    attn::Workspace ws;
+    expect_steady_state_without_allocation([&] {
+      mha.forward(x.view(), out.view(), saved, ws, mask);
+      grads.zero();
+      gx.fill(attn::bfloat16(0.0f));
+      mha.backward(grad_out.view(), saved, gx.view(), grads, ws);
+      adamw.step(grads);
+    });
+  }
+  attn::set_bf16_path(std::nullopt);
+}
+
 }  // namespace

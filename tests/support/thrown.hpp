@@ -40,8 +40,8 @@ std::string thrown(const std::function<void()>& call) {
   } catch (const E& error) {
     return error.what();
   } catch (const std::exception& other) {
-    ADD_FAILURE() << "expected " << type_name(typeid(E)) << ", caught "
-                  << type_name(typeid(other)) << ": " << other.what();
+    ADD_FAILURE() << "expected " << type_name(typeid(E)) << ", caught " << type_name(typeid(other))
+                  << ": " << other.what();
     return "(caught " + type_name(typeid(other)) + ": " + other.what() + ")";
   } catch (...) {
     ADD_FAILURE() << "expected " << type_name(typeid(E)) << ", caught a non-std exception";

@@ -77,14 +77,15 @@ options:
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
   --double              compute in double (F64 output); default float (F32); --dtype f64
   --dtype f32|f64|bf16|fp16  what the module computes in (default f32). bf16 runs
-                        MultiHeadAttention<bfloat16> (inference): weights and query, key,
-                        value loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
-                        nearest even), float masks kept float, output written as BF16.
-                        fp16 the same with MultiHeadAttention<float16> and F16.
-                        Forwards only: --backward, --need-weights and --per-head-weights are
+                        MultiHeadAttention<bfloat16>: weights and query, key, value (and
+                        grad_output) loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
+                        nearest even), float masks kept float, output (and with --backward the
+                        gradients) written as BF16; --need-weights and --per-head-weights are
                         refused. --format llama (bf16): a bfloat16 KV cache (no --paged,
                         --kv-dtype f32 or bf16 only), the error against the float run printed.
-                        --format onnx (bf16): the operator's type (see below)
+                        --format onnx (bf16): the operator's type (see below). fp16 runs
+                        MultiHeadAttention<float16> the same way with F16: the mha format's
+                        forward only
   --output-dtype bf16|fp16|f32  with --dtype bf16 (fp16): write the output as BF16 (F16,
                         the default) or widened exactly to F32
   --backward            also write grad_query (with key and value: grad_key, grad_value)
@@ -368,15 +369,18 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
                      : "--output-dtype " + output_dtype + " needs --dtype " + output_dtype);
   }
   if (narrow) {
-    // What a bfloat16 or float16 module does not do yet: it is forward-only, without attention
-    // weights; a bfloat16 one has a contiguous KV cache of bfloat16 rows, a float16 one none.
+    // What a bfloat16 or float16 module does not do yet: attention weights; a bfloat16 one keeps
+    // a contiguous KV cache of bfloat16 rows only, a float16 one has no KV cache and no backward.
     const std::string unsupported =
-        " (--dtype " + dtype +
-        " runs forwards only: --backward, --need-weights, --per-head-weights, " +
-        (args.use_fp16 ? std::string("--format llama and --format onnx")
-                       : std::string("and with --format llama --paged and --kv-dtype other "
-                                     "than f32 or bf16")) +
-        ", need --dtype f32 or f64)";
+        args.use_fp16 ? std::string(
+                            " (--dtype fp16 runs the mha format's forward only: --backward, "
+                            "--format llama and --format onnx need --dtype f32, f64 or bf16, "
+                            "--need-weights and --per-head-weights --dtype f32 or f64)")
+                      : std::string(
+                            " (--dtype bf16 runs the mha format's forward and --backward, and "
+                            "--format llama and onnx: --need-weights, --per-head-weights, and "
+                            "with --format llama --paged and --kv-dtype other than f32 or bf16, "
+                            "need --dtype f32 or f64)");
     if (args.use_fp16 && args.llama)
       return error("--format llama is not supported with --dtype fp16" + unsupported);
     if (args.use_fp16 && args.onnx)
@@ -393,7 +397,7 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       }
     }
     for (const std::string& flag : mha_flags) {
-      if (flag != "--causal") {
+      if (flag != "--causal" && !(args.use_bf16 && flag == "--backward")) {
         return error(flag + " is not supported with --dtype " + dtype + unsupported);
       }
     }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn/attention/multi_head_attention.hpp"
@@ -111,18 +112,19 @@ inline void check_input_shape(const attn::io::SafetensorsFile& file, const std::
 /// gradients of sum(grad_output * output) (`grad_output` from the inputs, else ones).
 /// Rows with no visible key give zeros (PyTorch gives NaN there).
 ///
-/// Scalar bfloat16 runs MultiHeadAttention<bfloat16> (inference): the weights load as
-/// bfloat16 (BF16 bit for bit, F32 rounded once to nearest even), so do query, key and value,
-/// float masks stay float (the module's Compute type), and `output` is written as BF16 (F32,
-/// widened exactly, with widen_output). It has no backward and no attention weights. Scalar
-/// float16 runs MultiHeadAttention<float16> the same way, F16 in place of BF16.
+/// Scalar bfloat16 runs MultiHeadAttention<bfloat16>: the weights load as bfloat16 (BF16 bit
+/// for bit, F32 rounded once to nearest even), so do query, key, value and grad_output, float
+/// masks stay float (the module's Compute type), and `output` is written as BF16 (F32,
+/// widened exactly, with widen_output); the gradients as BF16 (as PyTorch's .grad of a
+/// bfloat16 module). It has no attention weights. Scalar float16 runs MultiHeadAttention<float16>
+/// the same way, F16 in place of BF16, inference only (no backward).
 ///
 /// Every input is checked against the weights (its rank, its features, no empty axis, a
 /// floating dtype) from the file's header before anything is read or sized from it.
 ///
 /// @throws StateDictError / FormatError naming the file and tensor for a bad file or inputs
-///         whose shapes do not fit; std::invalid_argument for bad options (backward or
-///         need_weights with bfloat16).
+///         whose shapes do not fit; std::invalid_argument for bad options (need_weights
+///         with bfloat16).
 template <class Scalar>
 attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::SafetensorsFile& weights,
                                                      const attn::io::SafetensorsFile& inputs,
@@ -137,12 +139,15 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
   io_require<std::invalid_argument>(options.num_heads > 0, where, [&] {
     return "num_heads=" + std::to_string(options.num_heads) + " must be positive";
   });
-  io_require<std::invalid_argument>(!kStorage || (!options.backward && !options.need_weights),
-                                    where, [&] {
-                                      return std::string("a ") + attn::element_name<Scalar>() +
-                                             " run has no backward and no attention weights "
-                                             "yet; run it in float or double";
-                                    });
+  io_require<std::invalid_argument>(!kStorage || !options.need_weights, where, [&] {
+    return std::string("a ") + attn::element_name<Scalar>() +
+           " run has no attention weights yet; run it in float or double";
+  });
+  constexpr bool kTrainable = !std::is_same_v<Scalar, attn::float16>;
+  io_require<std::invalid_argument>(kTrainable || !options.backward, where, [&] {
+    return std::string("a ") + attn::element_name<Scalar>() +
+           " run has no backward yet; run it in float, double or bfloat16";
+  });
   const attn::MultiHeadAttentionOptions config =
       attn::io::options_from_state_dict(weights, options.num_heads, options.prefix);
   attn::MultiHeadAttention<Scalar> mha(config);
@@ -206,22 +211,20 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
 
   // ---- backward: grad_output (optional: the gradient of sum(output), ones) ----
   attn::Tensor<Scalar, 3> grad_output;
-  if constexpr (!kStorage) {  // a bfloat16 run has no backward (refused above)
-    if (options.backward) {
-      const attn::Index e = mha.embed_dim();
-      if (inputs.contains("grad_output")) {
-        grad_output = read3("grad_output");
-        io_require<FormatError>(grad_output.shape() == attn::Shape<3>{batch, tq, e}, where, [&] {
-          const std::vector<attn::Index> want =
-              batched ? std::vector<attn::Index>{batch, tq, e} : std::vector<attn::Index>{tq, e};
-          return "'" + inputs.source() + "': grad_output has shape " +
-                 shape_text(inputs.shape("grad_output")) + ", expected the output's shape " +
-                 shape_text(want);
-        });
-      } else {
-        grad_output = attn::Tensor<Scalar, 3>({batch, tq, e});
-        grad_output.fill(Scalar(1));
-      }
+  if (options.backward) {
+    const attn::Index e = mha.embed_dim();
+    if (inputs.contains("grad_output")) {
+      grad_output = read3("grad_output");
+      io_require<FormatError>(grad_output.shape() == attn::Shape<3>{batch, tq, e}, where, [&] {
+        const std::vector<attn::Index> want =
+            batched ? std::vector<attn::Index>{batch, tq, e} : std::vector<attn::Index>{tq, e};
+        return "'" + inputs.source() + "': grad_output has shape " +
+               shape_text(inputs.shape("grad_output")) + ", expected the output's shape " +
+               shape_text(want);
+      });
+    } else {
+      grad_output = attn::Tensor<Scalar, 3>({batch, tq, e});
+      grad_output.fill(Scalar(1));
     }
   }
 
@@ -238,15 +241,13 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
       out.add(name, attn::select(y.view(), 0, 0));
     }
   };
-  if constexpr (kStorage) {  // inference: the output only
-    const attn::Tensor<Scalar, 3> y = mha.forward(q, k, v, mask);
-    if (options.widen_output) {
-      add("output", attn::convert<float>(y));
-    } else {
-      add("output", y);
+  const auto add_output = [&](const attn::Tensor<Scalar, 3>& y) {
+    if constexpr (kStorage) {
+      if (options.widen_output) return add("output", attn::convert<float>(y));
     }
-    return out;
-  } else {
+    add("output", y);
+  };
+  if constexpr (kTrainable) {
     if (options.backward) {
       // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
       // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
@@ -268,7 +269,7 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
         mha.forward(q, output.view(), saved, ws, mask);
         mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
       }
-      add("output", output);
+      add_output(output);
       add("grad_query", grad_query);
       for (const auto& g : grads) {
         const std::string name = "grad." + g.name();
@@ -279,10 +280,12 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
         }
       }
     }
-    if (!options.need_weights) {
-      if (!options.backward) add("output", mha.forward(q, k, v, mask));
-      return out;
-    }
+  }
+  if (!options.need_weights) {
+    if (!options.backward) add_output(mha.forward(q, k, v, mask));
+    return out;
+  }
+  if constexpr (!kStorage) {  // a bfloat16 run has no attention weights (refused above)
     const attn::MultiHeadAttentionOutput<Scalar> r = mha.forward_with_weights(q, k, v, mask);
     if (!options.backward) add("output", r.output);
     if (options.average_weights) {
@@ -290,8 +293,8 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
     } else {
       add("weights", r.weights);
     }
-    return out;
   }
+  return out;
 }
 
 }  // namespace attn_run

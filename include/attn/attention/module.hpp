@@ -224,8 +224,10 @@ class ModuleForwards {
   using Grad = typename InputView<Tag, TensorView<Scalar, Rank>>::type;
   // Masks are in the compute type: float for a bfloat16 or float16 module.
   using Mask = AttentionMask<compute_type_t<Scalar>>;
-  // A bfloat16 or float16 module runs whole-sequence inference forwards only.
+  // A bfloat16 module runs whole-sequence forwards, inference and training (with backward), a
+  // float16 module whole-sequence inference forwards; the rest needs float or double.
   static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
+  static constexpr bool kWholeTraining = kTraining || std::is_same_v<Scalar, bfloat16>;
 
  public:
   Tensor<Scalar, 3> forward(In<Inputs, 3>... in, const Mask& mask = {}) const {
@@ -263,10 +265,9 @@ class ModuleForwards {
                Workspace& ws, const Mask& mask = {}) const {
     static_assert(Rank == 2 || Rank == 3,
                   "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module runs inference forwards only; a training forward "
-        "(SavedForward) needs a float or double module");
+    static_assert(kWholeTraining,
+                  "attn: a training forward (SavedForward) needs a float, double or bfloat16 "
+                  "module (a float16 module runs inference forwards only)");
     if constexpr (Rank == 3) {
       train_forward(gather_inputs<Scalar>(in...), out, saved, ws, mask, nullptr);
     } else {
@@ -346,10 +347,9 @@ class ModuleForwards {
   /// (total, features) gradients) needs, the offsets included.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                SavedForward<Scalar>& saved, Workspace& ws, const Mask& mask = {}) const {
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module runs inference forwards only; a training forward "
-        "(SavedForward) needs a float or double module");
+    static_assert(kTraining,
+                  "attn: a bfloat16 or float16 module takes no packed batch yet; the packed "
+                  "training forward needs a float or double module");
     train_forward(gather_inputs<Scalar>(unsqueeze(in, 0)...), unsqueeze(out, 0), saved, ws, mask,
                   &seqs);
   }
@@ -374,10 +374,9 @@ class ModuleForwards {
 
   void backward(In<InputX, 3> grad_out, const SavedForward<Scalar>& saved,
                 Grad<Inputs, 3>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module runs inference forwards only; backward needs a float "
-        "or double module");
+    static_assert(kWholeTraining,
+                  "attn: backward needs a float, double or bfloat16 module (a float16 module runs "
+                  "inference forwards only)");
     derived().run_backward(grad_out, saved, gather_grads<Scalar>(grad_in...).views, grads, ws);
   }
   void backward(In<InputX, 2> grad_out, const SavedForward<Scalar>& saved,
@@ -600,7 +599,11 @@ class CoreModule {
   void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,
                     const TensorView<Scalar, 3> (&grad_in)[3], Gradients<Scalar>& grads,
                     Workspace& ws) const {
-    core_backward(core_, grad_out, saved, grad_in, grads, ws);
+    if constexpr (std::is_same_v<Scalar, bfloat16>) {
+      core_backward_bf16(core_, grad_out, saved, grad_in, grads, ws);
+    } else {
+      core_backward(core_, grad_out, saved, grad_in, grads, ws);
+    }
   }
   Index output_features(const ModuleInputs<Scalar>&) const noexcept { return core_.d_out(); }
   Index weight_heads() const noexcept { return core_.num_heads(); }

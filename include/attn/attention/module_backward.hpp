@@ -20,9 +20,11 @@
 #include "attn/error.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/linear.hpp"
+#include "attn/ops/convert.hpp"
 #include "attn/ops/gemm.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/bfloat16.hpp"
 #include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -111,6 +113,103 @@ void check_module_backward(const char* where, const AttentionCore<Scalar>& core,
   }
 }
 
+/// The projection groups of a backward: runs of parts (query, key, value) that read the
+/// same input rows, have adjacent weights, the same input gradient and heads of one size
+/// (self-attention's fused [W_q; W_k; W_v], key = value's [W_k; W_v]); group g is the parts
+/// [start[g], end[g]).
+struct ProjectionGroups {
+  int count = 0;
+  int start[3] = {0, 0, 0}, end[3] = {1, 2, 3};
+};
+
+template <class Scalar>
+ProjectionGroups projection_groups(const QkvProjection<Scalar>& proj,
+                                   const SavedForward<Scalar>& saved,
+                                   const TensorView<Scalar, 3> (&grad_in)[3]) {
+  ProjectionGroups groups;
+  for (int p = 0; p < 3;) {
+    int end = p + 1;
+    while (end < 3) {
+      const RowsRef<const Scalar>& a = saved.inputs[end - 1];
+      const RowsRef<const Scalar>& b = saved.inputs[end];
+      const auto wa = proj.weight(end - 1), wb = proj.weight(end);
+      const bool same_rows = a.data == b.data && a.ld == b.ld && a.rows == b.rows;
+      const bool adjacent = wa.data() + wa.size() == wb.data() && wa.extent(1) == wb.extent(1);
+      const bool same_grad = same_view(grad_in[end - 1], grad_in[end]);
+      const bool same_size = proj.head_dim(end - 1) == proj.head_dim(end);
+      if (!(same_rows && adjacent && same_grad && same_size)) break;
+      ++end;
+    }
+    groups.start[groups.count] = p;
+    groups.end[groups.count++] = end;
+    p = end;
+  }
+  return groups;
+}
+
+/// Elements of dQ, dK and dV together: B (T_q H hd + T_k (H_kv hd + H_kv hd_v)).
+template <class Scalar>
+Index projection_grad_size(const QkvProjection<Scalar>& proj, Index batch, Index tq, Index tk) {
+  Index total = 0;
+  for (int p = 0; p < 3; ++p) total += batch * (p == 0 ? tq : tk) * proj.width(p);
+  return total;
+}
+
+/// dQ, dK, dV head-major in `buffer` (projection_grad_size() elements of G), laid out as the
+/// projections wrote Q, K, V: group g's part is (B, P_g*H, T, hd) (hd_v for dV; one group's
+/// heads are of one size). part_grad[p] is part p's (B, heads, T, hd) view, group_rows[g]
+/// group g's rows as a GEMM operand.
+template <class G, class Scalar>
+void projection_grad_layout(const QkvProjection<Scalar>& proj, const ProjectionGroups& groups,
+                            Index batch, Index tq, Index tk, G* buffer,
+                            TensorView<G, 4> (&part_grad)[3],
+                            GemmOutput<const G> (&group_rows)[3]) {
+  G* cursor = buffer;
+  for (int g = 0; g < groups.count; ++g) {
+    const Index tokens = groups.start[g] == 0 ? tq : tk;
+    Index columns = 0;
+    for (int p = groups.start[g]; p < groups.end[g]; ++p) columns += proj.width(p);
+    const Index hd = proj.head_dim(groups.start[g]);  // the group's heads' size
+    Index offset = 0;                                 // first head of part p in the group
+    for (int p = groups.start[g]; p < groups.end[g]; ++p) {
+      const Index part_heads = proj.width(p) / hd;
+      part_grad[p] =
+          TensorView<G, 4>(cursor + offset * tokens * hd, {batch, part_heads, tokens, hd},
+                           {tokens * columns, tokens * hd, hd, 1});
+      offset += part_heads;
+    }
+    group_rows[g] = GemmOutput<const G>::head_major(cursor, tokens, columns, hd);
+    cursor += batch * tokens * columns;
+  }
+}
+
+/// A projection group's weights (first .. last - 1) as one (rows, in) block, and its weight
+/// and bias gradients (the bias gradient null without bias).
+template <class Scalar>
+struct ProjectionBlock {
+  TensorView<const Scalar, 2> weight;
+  Scalar* grad_weight = nullptr;
+  Scalar* grad_bias = nullptr;
+};
+
+template <class Scalar>
+ProjectionBlock<Scalar> projection_block(const QkvProjection<Scalar>& proj,
+                                         Gradients<Scalar>& grads, int first, int end) {
+  const int last = end - 1;
+  const TensorView<const Scalar, 2> w0 = proj.weight(first), wl = proj.weight(last);
+  const Index rows_out = (wl.data() - w0.data()) / w0.extent(1) + wl.extent(0);
+  ProjectionBlock<Scalar> b;
+  b.weight = TensorView<const Scalar, 2>(w0.data(), {rows_out, w0.extent(1)});
+  b.grad_weight = grads.of(b.weight).data();
+  if (proj.has_bias()) {
+    const TensorView<const Scalar, 1> b0 = proj.bias(first), bl = proj.bias(last);
+    b.grad_bias =
+        grads.of(TensorView<const Scalar, 1>(b0.data(), {bl.data() - b0.data() + bl.extent(0)}))
+            .data();
+  }
+  return b;
+}
+
 /// The backward of core.forward(query, key, value, out, ws, mask, {}, &saved): given
 /// grad_out dY (B, T_q, d_out), ADDS dL/d query, key, value into grad_in[0..3) (empty views
 /// are skipped; views may be the same view, which then receives the sum) and the parameter
@@ -155,53 +254,15 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     grad_context = TensorView<const Scalar, 3>(dc, {batch, tq, width});
   }
 
-  // Projection groups: runs of parts reading the same rows, with adjacent weights, the same
-  // input gradient and heads of one size.
-  int group_end[3] = {1, 2, 3};
-  int groups = 0, starts[3] = {0, 0, 0};
-  for (int p = 0; p < 3;) {
-    int end = p + 1;
-    while (end < 3) {
-      const RowsRef<const Scalar>& a = saved.inputs[end - 1];
-      const RowsRef<const Scalar>& b = saved.inputs[end];
-      const auto wa = proj.weight(end - 1), wb = proj.weight(end);
-      const bool same_rows = a.data == b.data && a.ld == b.ld && a.rows == b.rows;
-      const bool adjacent = wa.data() + wa.size() == wb.data() && wa.extent(1) == wb.extent(1);
-      const bool same_grad = same_view(grad_in[end - 1], grad_in[end]);
-      const bool same_size = proj.head_dim(end - 1) == proj.head_dim(end);
-      if (!(same_rows && adjacent && same_grad && same_size)) break;
-      ++end;
-    }
-    starts[groups] = p;
-    group_end[groups++] = end;
-    p = end;
-  }
-
-  // 2. The kernel's backward into head-major dQ, dK, dV: group g's buffer is (B, P_g*H, T, hd)
-  //    (hd_v for dV) like its projection's output, zeroed (the backward adds).
-  Index total = 0;
-  for (int p = 0; p < 3; ++p) total += batch * (p == 0 ? tq : tk) * proj.width(p);
+  // 2. The kernel's backward into head-major dQ, dK, dV (projection_grad_layout), zeroed
+  //    (the backward adds).
+  const ProjectionGroups groups = projection_groups(proj, saved, grad_in);
+  const Index total = projection_grad_size(proj, batch, tq, tk);
   Scalar* dqkv = workspace_get<Scalar>(ws, WorkspaceSlot::kGradProjection, total);
   std::fill(dqkv, dqkv + total, Scalar(0));
   TensorView<Scalar, 4> part_grad[3];
   GemmOutput<const Scalar> group_rows[3];
-  Scalar* cursor = dqkv;
-  for (int g = 0; g < groups; ++g) {
-    const Index tokens = starts[g] == 0 ? tq : tk;
-    Index columns = 0;
-    for (int p = starts[g]; p < group_end[g]; ++p) columns += proj.width(p);
-    const Index hd = proj.head_dim(starts[g]);  // the group's heads' size
-    Index offset = 0;                           // first head of part p in the group
-    for (int p = starts[g]; p < group_end[g]; ++p) {
-      const Index part_heads = proj.width(p) / hd;
-      part_grad[p] =
-          TensorView<Scalar, 4>(cursor + offset * tokens * hd, {batch, part_heads, tokens, hd},
-                                {tokens * columns, tokens * hd, hd, 1});
-      offset += part_heads;
-    }
-    group_rows[g] = GemmOutput<const Scalar>::head_major(cursor, tokens, columns, hd);
-    cursor += batch * tokens * columns;
-  }
+  projection_grad_layout(proj, groups, batch, tq, tk, dqkv, part_grad, group_rows);
   const TensorView<const Scalar, 4> context(saved.context.data(), {batch, heads, tq, hd_v},
                                             {tq * width, hd_v, width, 1});
   const TensorView<const Scalar, 4> grad_context4(
@@ -233,22 +294,95 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   }
 
   // 3. The projections' backward, one GEMM per group for dW and one for dX.
-  const Scalar* bias0 = proj.has_bias() ? proj.bias(0).data() : nullptr;
-  for (int g = 0; g < groups; ++g) {
-    const int first = starts[g], last = group_end[g] - 1;
-    const TensorView<const Scalar, 2> w0 = proj.weight(first), wl = proj.weight(last);
-    const Index rows_out = (wl.data() - w0.data()) / w0.extent(1) + wl.extent(0);
-    const TensorView<const Scalar, 2> block(w0.data(), {rows_out, w0.extent(1)});
-    Scalar* gb = nullptr;
-    if (bias0 != nullptr) {
-      const TensorView<const Scalar, 1> b0 = proj.bias(first), bl = proj.bias(last);
-      gb = grads.of(TensorView<const Scalar, 1>(b0.data(), {bl.data() - b0.data() + bl.extent(0)}))
-               .data();
-    }
-    const RowsRef<const Scalar>& x = saved.inputs[first];
-    linear_backward<Scalar>(x.rows, block, x.data, x.ld, group_rows[g],
-                            gradient_rows<Scalar>(where, names[first], grad_in[first]),
-                            grads.of(block).data(), gb, &ws);
+  for (int g = 0; g < groups.count; ++g) {
+    const ProjectionBlock<Scalar> b = projection_block(proj, grads, groups.start[g], groups.end[g]);
+    const RowsRef<const Scalar>& x = saved.inputs[groups.start[g]];
+    linear_backward<Scalar>(
+        x.rows, b.weight, x.data, x.ld, group_rows[g],
+        gradient_rows<Scalar>(where, names[groups.start[g]], grad_in[groups.start[g]]),
+        b.grad_weight, b.grad_bias, &ws);
+  }
+}
+
+/// core_backward() of a bfloat16 core: the same three steps, with bfloat16 products and float
+/// sums, each gradient rounded once where it is stored (docs/precision.md, "Training on
+/// bfloat16"):
+///   1. out_proj: dC = dY W_o, dW_o += dY^T C (bfloat16 GEMMs), db_o += column sums of dY in
+///      float; dC stays float (without out_proj: dY widened);
+///   2. kernel, in float: Q, K, V widened exactly, the forward recomputed in float for its
+///      output and logsumexp (the bfloat16 forward keeps neither in float), then the float
+///      streaming backward into float dQ, dK, dV;
+///   3. projections: each group's dQKV rounded once to bfloat16, then dW += dQKV^T X and
+///      dX += dQKV W (bfloat16 GEMMs), db += column sums of the float dQKV.
+/// Every addition into a bfloat16 gradient (grads, grad_in) widens it, adds the float result
+/// and rounds once.
+inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
+                               TensorView<const bfloat16, 3> grad_out,
+                               const SavedForward<bfloat16>& saved,
+                               const TensorView<bfloat16, 3> (&grad_in)[3],
+                               Gradients<bfloat16>& grads, Workspace& ws) {
+  const CoreConfig& c = core.config();
+  const char* where = c.name;
+  const QkvProjection<bfloat16>& proj = core.projection();
+  const Index in_features[3] = {c.d_in, c.kdim, c.vdim};
+  const char* const names[3] = {"grad_query", "grad_key", "grad_value"};
+  check_module_backward(where, core, saved, grad_out, core.d_out(), grad_in, in_features, names);
+  const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
+  const Index heads = core.num_heads(), hd_v = core.value_head_dim(),
+              width = core.attention_width();
+  const Index q_rows = batch * tq;
+
+  // 1. dC (B, T_q, A) in float: through out_proj, or dY widened.
+  float* dc = workspace_get<float>(ws, WorkspaceSlot::kGradContext, q_rows * width);
+  const GemmOutput<const bfloat16> dy_rows =
+      gradient_rows<const bfloat16>(where, "grad_out", grad_out);
+  if (c.out_proj) {
+    const Linear<bfloat16>& o = core.out_proj();
+    linear_backward_bf16(q_rows, o.weight(), saved.context.data(), width, dy_rows, dc,
+                         GemmOutput<bfloat16>(), grads.of(o.weight()).data(),
+                         o.has_bias() ? grads.of(o.bias()).data() : nullptr, ws);
+  } else {
+    convert(grad_out, TensorView<float, 3>(dc, {batch, tq, width}));
+  }
+
+  // 2. The kernel in float. Scratch (kWideBackward): Q, K, V widened, contiguous; the
+  //    recomputed output O (B, T_q, A) and logsumexp (B, H, T_q).
+  const auto padded = [](Index n) { return (n + 15) / 16 * 16; };  // whole 64-byte lines
+  const Index nq = padded(saved.query.size()), nk = padded(saved.key.size()),
+              nv = padded(saved.value.size()), no = padded(q_rows * width);
+  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideBackward,
+                                     nq + nk + nv + no + batch * heads * tq);
+  const TensorView<float, 4> q(wide, saved.query.shape()), k(wide + nq, saved.key.shape()),
+      v(wide + nq + nk, saved.value.shape());
+  convert(saved.query, q);
+  convert(saved.key, k);
+  convert(saved.value, v);
+  const Shape<4> context_strides{tq * width, hd_v, width, 1};  // (B, T_q, H, hd_v) as (B, H, ...)
+  const TensorView<float, 4> out(wide + nq + nk + nv, {batch, heads, tq, hd_v}, context_strides);
+  const TensorView<float, 3> lse(wide + nq + nk + nv + no, {batch, heads, tq});
+  attend<float>(where, q, k, v, out, saved.mask, saved.options, {}, ws, c.causal_bound(), lse);
+  const ProjectionGroups groups = projection_groups(proj, saved, grad_in);
+  const Index total = projection_grad_size(proj, batch, tq, tk);
+  float* dqkv = workspace_get<float>(ws, WorkspaceSlot::kGradProjection, total);
+  std::fill(dqkv, dqkv + total, 0.0f);
+  TensorView<float, 4> part_grad[3];
+  GemmOutput<const float> group_rows[3];
+  projection_grad_layout(proj, groups, batch, tq, tk, dqkv, part_grad, group_rows);
+  const AttentionGradients<float> kernel_grads{
+      TensorView<const float, 4>(dc, {batch, heads, tq, hd_v}, context_strides), part_grad[0],
+      part_grad[1], part_grad[2]};
+  attend_backward<float>(where, q, k, v, out, lse, kernel_grads, saved.mask, saved.options, ws,
+                         c.causal_bound(), /*own_gradients=*/true);
+
+  // 3. The projections' backward, bfloat16 GEMMs per group.
+  for (int g = 0; g < groups.count; ++g) {
+    const ProjectionBlock<bfloat16> b =
+        projection_block(proj, grads, groups.start[g], groups.end[g]);
+    const RowsRef<const bfloat16>& x = saved.inputs[groups.start[g]];
+    linear_backward_bf16(
+        x.rows, b.weight, x.data, x.ld, group_rows[g], nullptr,
+        gradient_rows<bfloat16>(where, names[groups.start[g]], grad_in[groups.start[g]]),
+        b.grad_weight, b.grad_bias, ws);
   }
 }
 

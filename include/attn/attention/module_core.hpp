@@ -64,9 +64,11 @@ namespace detail {
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
 /// state are float. Rotary embeddings rotate the rounded Q and K in float (float tables),
 /// rounding each feature back once; the incremental forward through a KVCache<bfloat16> keeps
-/// bfloat16 rows. Training forwards, backwards, a paged cache, attention weights, packed
-/// batches and sinks need a float or double core. Built from a configuration, it takes a float
-/// core's draws rounded; the converting constructor rounds (or widens) any core.
+/// bfloat16 rows. Its training forward records the bfloat16 heads and context, and its backward
+/// is core_backward_bf16() (module_backward.hpp), without rotary embeddings yet. A paged cache,
+/// attention weights, packed batches and sinks need a float or double core; a float16 core runs
+/// inference forwards only. Built from a configuration, it takes a float core's draws rounded;
+/// the converting constructor rounds (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
@@ -155,12 +157,17 @@ class AttentionCore {
                const Mask& mask, TensorView<Scalar, 4> weights,
                SavedForward<Scalar>* saved = nullptr,
                const PackedSequences* packed = nullptr) const {
-    if constexpr (kStorage) {  // the module front ends refuse these at compile time
-      ATTN_ASSERT(saved == nullptr && weights.data() == nullptr);
+    if constexpr (kStorage) {  // the module front ends refuse weights at compile time
+      ATTN_ASSERT(weights.data() == nullptr);
+      // The bfloat16 backward does not rotate its gradients back yet.
+      require_config(saved == nullptr || !has_rope(), config_.name, [&] {
+        return std::string("a ") + element_name<Scalar>() +
+               " module's training forward has no rotary embeddings yet; train a float module";
+      });
     }
     check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
-    const Heads heads = proj_.project(query, key, value, keep);
+    const Heads heads = proj_.project(query, key, value, keep, &ws);
     if (has_rope()) {  // positions 0..T-1 of each sequence, in the projection's own buffer
       rotate(heads.query, packed != nullptr ? &packed->query : nullptr, false);
       rotate(heads.key, packed != nullptr ? &packed->keys() : nullptr, false);
@@ -174,12 +181,13 @@ class AttentionCore {
         direct ? out.data() : workspace_get<Scalar>(keep, WorkspaceSlot::kContext, batch * tq * d);
     const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{tq * d, d, 1};
     const AttentionOptions options = kernel_options(weights);
-    // A training forward keeps each query's logsumexp for the streaming backward.
-    const TensorView<Scalar, 3> lse =
+    // A training forward keeps each query's logsumexp for the streaming backward (a bfloat16
+    // one none: its backward recomputes it in float).
+    const TensorView<Compute, 3> lse =
         kStorage || saved == nullptr
-            ? TensorView<Scalar, 3>()
-            : TensorView<Scalar, 3>(
-                  workspace_get<Scalar>(keep, WorkspaceSlot::kLogsumexp, batch * num_heads() * tq),
+            ? TensorView<Compute, 3>()
+            : TensorView<Compute, 3>(
+                  workspace_get<Compute>(keep, WorkspaceSlot::kLogsumexp, batch * num_heads() * tq),
                   {batch, num_heads(), tq});
     attend(heads,
            TensorView<Scalar, 4>(ctx, {batch, num_heads(), tq, hd},
@@ -187,21 +195,19 @@ class AttentionCore {
            mask, options, weights, ws, lse, packed);
     if (direct) return;
     const TensorView<const Scalar, 3> context(ctx, {batch, tq, d});
-    if constexpr (!kStorage) {
-      if (saved != nullptr) {
-        record_forward(*saved, this, id(), config_, heads.rows,
-                       same_view(query, key) && same_view(key, value), same_view(key, value),
-                       heads.query, heads.key, heads.value, context, mask, options,
-                       TensorView<const Scalar, 3>(lse));
-        const auto keep_offsets = [](std::vector<Index>& to, const SequenceOffsets* from) {
-          to.clear();
-          if (from == nullptr) return;
-          const TensorView<const Index, 1> v = from->view();
-          for (Index i = 0; i < v.extent(0); ++i) to.push_back(v(i));
-        };
-        keep_offsets(saved->query_offsets, packed != nullptr ? &packed->query : nullptr);
-        keep_offsets(saved->key_offsets, packed != nullptr ? &packed->keys() : nullptr);
-      }
+    if (saved != nullptr) {
+      record_forward(*saved, this, id(), config_, heads.rows,
+                     same_view(query, key) && same_view(key, value), same_view(key, value),
+                     heads.query, heads.key, heads.value, context, mask, options,
+                     TensorView<const Compute, 3>(lse));
+      const auto keep_offsets = [](std::vector<Index>& to, const SequenceOffsets* from) {
+        to.clear();
+        if (from == nullptr) return;
+        const TensorView<const Index, 1> v = from->view();
+        for (Index i = 0; i < v.extent(0); ++i) to.push_back(v(i));
+      };
+      keep_offsets(saved->query_offsets, packed != nullptr ? &packed->query : nullptr);
+      keep_offsets(saved->key_offsets, packed != nullptr ? &packed->keys() : nullptr);
     }
     if (config_.out_proj) {
       out_proj_.forward(context, out, ws);
@@ -307,7 +313,7 @@ class AttentionCore {
   /// (float and double cores: check() refuses a packed batch on a bfloat16 one).
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const Mask& mask,
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
-              TensorView<Scalar, 3> lse = {}, const PackedSequences* packed = nullptr) const {
+              TensorView<Compute, 3> lse = {}, const PackedSequences* packed = nullptr) const {
     if constexpr (kStorage) {
       ATTN_ASSERT(packed == nullptr);
       detail::attend_storage<Scalar>(config_.forward_name, heads.query, heads.key, heads.value, ctx,

@@ -81,14 +81,16 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// forward() is const and may be called from several threads at once (dropout's call
 /// counter is atomic; give each thread its own Workspace).
 ///
-/// bfloat16 (inference): MultiHeadAttention<bfloat16> holds bfloat16 weights and biases and
-/// takes and returns bfloat16 tensors, masks in float; projections with float sums rounded
-/// once, the bfloat16 attention kernel (docs/precision.md). Whole-sequence forwards (self and
-/// cross, masks, causal, softcap, ALiBi, grouped-query heads) only: training forwards,
-/// backward, the KV cache and forward_with_weights do not compile for it, and rotary
-/// embeddings and sinks throw ConfigError. Load float weights and convert<bfloat16>(module).
+/// bfloat16: MultiHeadAttention<bfloat16> holds bfloat16 weights and biases and takes and
+/// returns bfloat16 tensors, masks in float; projections with float sums rounded once, the
+/// bfloat16 attention kernel (docs/precision.md). Whole-sequence forwards (self and cross,
+/// masks, causal, softcap, ALiBi, grouped-query heads, dropout, rotary embeddings), inference
+/// and training: backward() adds into Gradients<bfloat16> (bfloat16 products, float sums; train
+/// it with optim::MixedPrecision; rotary embeddings not yet), and the incremental forward
+/// through a KVCache<bfloat16>. A paged cache, packed batches and forward_with_weights do not
+/// compile for it, and sinks throw ConfigError. Load float weights and convert<bfloat16>(module).
 /// MultiHeadAttention<float16> is the same with float16 (IEEE binary16) weights, biases and
-/// tensors: its products are widened to float on every kernel set.
+/// tensors, inference forwards only: its products are widened to float on every kernel set.
 ///
 /// @tparam Scalar float, double, bfloat16 or float16.
 /// @throws ConfigError from the constructors if d_out % num_heads != 0, a size is not
@@ -222,7 +224,7 @@ class MultiHeadAttention
 };
 
 /// `module` with its weights converted to `To` (MultiHeadAttention's converting constructor):
-/// convert<bfloat16>(float_module) for bfloat16 inference.
+/// convert<bfloat16>(float_module) for a bfloat16 module.
 template <class To, class From>
 MultiHeadAttention<To> convert(const MultiHeadAttention<From>& module) {
   return MultiHeadAttention<To>(module);

@@ -272,8 +272,12 @@ class QkvProjection {
   /// same view); else one for Q and one for K and V together when key and value are the
   /// same view and their weights are stacked, else one each. Inputs whose rows cannot be
   /// read in place (strided) are staged contiguously first. Shapes are the caller's to check.
+  /// Q, K, V and the staged inputs go into `ws`; the GEMMs' scratch (packing, a bfloat16
+  /// projection's float results) into `scratch` when given (a training forward keeps `ws`).
   Heads project(TensorView<const Scalar, 3> query, TensorView<const Scalar, 3> key,
-                TensorView<const Scalar, 3> value, Workspace& ws) const {
+                TensorView<const Scalar, 3> value, Workspace& ws,
+                Workspace* scratch = nullptr) const {
+    Workspace& temp = scratch != nullptr ? *scratch : ws;
     using detail::WorkspaceSlot;
     const Index batch = query.extent(0), tq = query.extent(1), tk = key.extent(1);
     const Index qw = width(kQuery), kw = width(kKey), vw = width(kValue);
@@ -292,15 +296,15 @@ class QkvProjection {
       const Index qk = qw + kw, all = qk + vw;
       Scalar* qkv = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, xq.rows * all);
       if (one_size) {
-        gemm_into(xq, tq, kQuery, 3, qkv, ws);
+        gemm_into(xq, tq, kQuery, 3, qkv, temp);
         return {view(qkv, heads_, tq, all, hd),
                 view(qkv + tq * qw, kv_heads_, tq, all, hd),
                 view(qkv + tq * qk, kv_heads_, tq, all, hd),
                 {xq, xq, xq}};
       }
       Scalar* vbuf = qkv + xq.rows * qk;
-      gemm_into(xq, tq, kQuery, 2, qkv, ws);
-      gemm_into(xq, tq, kValue, 1, vbuf, ws);
+      gemm_into(xq, tq, kQuery, 2, qkv, temp);
+      gemm_into(xq, tq, kValue, 1, vbuf, temp);
       return {view(qkv, heads_, tq, qk, hd),
               view(qkv + tq * qw, kv_heads_, tq, qk, hd),
               view(vbuf, kv_heads_, tq, vw, hd_v),
@@ -310,20 +314,20 @@ class QkvProjection {
     Scalar* qbuf = detail::workspace_get<Scalar>(ws, WorkspaceSlot::kProjection,
                                                  xq.rows * qw + kv_rows * (kw + vw));
     Scalar* kbuf = qbuf + xq.rows * qw;
-    gemm_into(xq, tq, kQuery, 1, qbuf, ws);  // (B, H, T_q, hd)
+    gemm_into(xq, tq, kQuery, 1, qbuf, temp);  // (B, H, T_q, hd)
     const auto xk = detail::as_rows(key, ws, WorkspaceSlot::kKeyStaging);
     if (kv_same && storage_ != Storage::kSeparate && one_size) {
       // key (B*T_k, kdim) [W_k; W_v]^T + b -> (B, 2 H_kv, T_k, hd)
-      gemm_into(xk, tk, kKey, 2, kbuf, ws);
+      gemm_into(xk, tk, kKey, 2, kbuf, temp);
       return {view(qbuf, heads_, tq, qw, hd),
               view(kbuf, kv_heads_, tk, kw + vw, hd),
               view(kbuf + tk * kw, kv_heads_, tk, kw + vw, hd),
               {xq, xk, xk}};
     }
     Scalar* vbuf = kbuf + kv_rows * kw;
-    gemm_into(xk, tk, kKey, 1, kbuf, ws);
+    gemm_into(xk, tk, kKey, 1, kbuf, temp);
     const auto xv = kv_same ? xk : detail::as_rows(value, ws, WorkspaceSlot::kValueStaging);
-    gemm_into(xv, tk, kValue, 1, vbuf, ws);
+    gemm_into(xv, tk, kValue, 1, vbuf, temp);
     return {view(qbuf, heads_, tq, qw, hd),
             view(kbuf, kv_heads_, tk, kw, hd),
             view(vbuf, kv_heads_, tk, vw, hd_v),

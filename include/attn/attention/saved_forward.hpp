@@ -32,6 +32,7 @@
 #include "attn/config.hpp"
 #include "attn/nn/mask.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 #include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -66,9 +67,12 @@ ATTN_NAMESPACE_BEGIN
 /// (ShapeError: the forward overwrites them). A SavedForward is movable (the views stay
 /// valid) but not copyable.
 ///
-/// @tparam Scalar float or double.
+/// @tparam Scalar float or double; or bfloat16 (a bfloat16 module's record: its mask is float,
+///         and it keeps no logsumexp: the backward recomputes it in float).
 template <class Scalar>
 struct SavedForward {
+  /// What the mask and the logsumexp are in: Scalar, or float for bfloat16.
+  using Compute = compute_type_t<Scalar>;
   /// The module part that filled it (an AttentionCore, a SimpleSelfAttention, a
   /// MultiHeadAttentionWrapper); null when empty.
   const void* owner = nullptr;
@@ -88,10 +92,10 @@ struct SavedForward {
   TensorView<const Scalar, 4> query, key, value;
   /// The kernel's output, (B, T_q, D) = (B, T_q, H, hd) merged.
   TensorView<const Scalar, 3> context;
-  /// The kernel's logsumexp per query, (B, H, T_q).
-  TensorView<const Scalar, 3> logsumexp;
+  /// The kernel's logsumexp per query, (B, H, T_q) (empty for bfloat16).
+  TensorView<const Compute, 3> logsumexp;
   /// The caller's mask (the module's own causal bound is not in it; the module adds it).
-  AttentionMask<Scalar> mask;
+  AttentionMask<Compute> mask;
   /// A packed forward's offsets (batch 1; see PackedSequences): the queries' and the keys'.
   /// Empty when the forward was not packed.
   std::vector<Index> query_offsets, key_offsets;
@@ -123,8 +127,10 @@ void record_forward(SavedForward<Scalar>& saved, const void* owner, std::uint64_
                     const CoreConfig& owner_config, const RowsRef<const Scalar> (&rows)[3],
                     bool self_attention, bool key_is_value, TensorView<const Scalar, 4> query,
                     TensorView<const Scalar, 4> key, TensorView<const Scalar, 4> value,
-                    TensorView<const Scalar, 3> context, const AttentionMask<Scalar>& mask,
-                    const AttentionOptions& options, TensorView<const Scalar, 3> logsumexp) {
+                    TensorView<const Scalar, 3> context,
+                    const AttentionMask<compute_type_t<Scalar>>& mask,
+                    const AttentionOptions& options,
+                    TensorView<const compute_type_t<Scalar>, 3> logsumexp) {
   saved.owner = owner;
   saved.owner_id = owner_id;
   saved.owner_config = owner_config;

@@ -42,10 +42,11 @@ inline constexpr RandInit kRandInit{};
 /// Shapes: x (B, T, d_in) -> (B, T, d_out); unbatched x (T, d_in) -> (T, d_out); weights
 /// (B, T, T).
 ///
-/// bfloat16 and float16 (inference): SelfAttention<bfloat16> runs MultiHeadAttention<bfloat16>'s
-/// core (bfloat16 weights and biases, float sums and softmax, docs/precision.md) with the same
-/// limits: whole-sequence forwards only, masks in float; convert<bfloat16>(module) rounds a
-/// float module's weights once. float16 the same.
+/// bfloat16 and float16: SelfAttention<bfloat16> runs MultiHeadAttention<bfloat16>'s core
+/// (bfloat16 weights and biases, float sums and softmax, docs/precision.md) with the same
+/// limits: whole-sequence forwards (inference and training) and backward, masks in float;
+/// convert<bfloat16>(module) rounds a float module's weights once. float16 the same, inference
+/// only.
 /// @tparam Scalar float, double, bfloat16 or float16 (inference).
 /// @throws ConfigError from the constructors on non-positive sizes.
 template <class Scalar = float>

@@ -21,6 +21,8 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
+#include "attn/types/bfloat16.hpp"
+#include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -109,6 +111,74 @@ void linear_backward(Index rows, TensorView<const Scalar, 2> weight, const Scala
             ws);
   }
   if (grad_b != nullptr) column_sums(rows, out, grad_y, grad_b);
+}
+
+/// The backward of a bfloat16 layer y = x W^T + b over m rows with bfloat16 products and float
+/// sums (the bfloat16 GEMM, gemm_nt, on the path bf16_path() names), ADDING into the bfloat16
+/// gradients given, each element rounded once. grad_y (m, n) in any GemmOutput layout, of
+/// bfloat16 or of float (then rounded once to bfloat16 here: the GEMMs' operand); W (n, in)
+/// contiguous; x row-major with leading dimension ldx.
+///   - grad_x_wide, when not null: dY W (m, in), row-major, written in float (not added);
+///     else grad_x, when not empty: += dY W;
+///   - grad_w (n, in) row-major, when not null: += dY^T X;
+///   - grad_b (n), when not null: += the column sums of grad_y as given (float, rows in
+///     order: the float values, not their rounding, when grad_y is float).
+/// The GEMM takes row-major A and B^T only, so dY, dY^T, W^T and X^T are staged as bfloat16
+/// (WorkspaceSlot::kNarrowBackward: O(m n + in (m + n)) copies beside the O(m n in) products);
+/// the float products wait in kWideOutput before they are added.
+template <class DyElement>
+void linear_backward_bf16(Index m, TensorView<const bfloat16, 2> weight, const bfloat16* x,
+                          Index ldx, const GemmOutput<const DyElement>& grad_y, float* grad_x_wide,
+                          const GemmOutput<bfloat16>& grad_x, bfloat16* grad_w, bfloat16* grad_b,
+                          Workspace& ws) {
+  const Index n = weight.extent(0), in = weight.extent(1);
+  ATTN_ASSERT(weight.is_contiguous());
+  if (m <= 0 || n <= 0) return;
+  const auto lines = [](Index count) { return (count + 31) / 32 * 32; };  // whole 64-byte lines
+  // Scratch: dY (m, n), dY^T (n, m), W^T (in, n), X^T (in, m).
+  bfloat16* dy = workspace_get<bfloat16>(ws, WorkspaceSlot::kNarrowBackward,
+                                         2 * lines(m * n) + lines(in * n) + in * m);
+  bfloat16* dyt = dy + lines(m * n);
+  bfloat16* wt = dyt + lines(m * n);
+  bfloat16* xt = wt + lines(in * n);
+  // Float scratch: the column sums (n), then one product, (m, in) or (n, in).
+  float* sums =
+      workspace_get<float>(ws, WorkspaceSlot::kWideOutput, lines(n) + std::max(m, n) * in);
+  float* product = sums + lines(n);
+  std::fill(sums, sums + n, 0.0f);
+  const Index segment = grad_y.segment > 0 ? grad_y.segment : n;
+  for (Index i = 0; i < m; ++i) {
+    const DyElement* row = grad_y.row(i);
+    for (Index j = 0; j < n; ++j) {
+      const auto value = static_cast<float>(row[grad_y.column(j, segment)]);
+      sums[j] += value;
+      dy[i * n + j] = dyt[j * m + i] = bfloat16(value);
+    }
+  }
+  const float* no_bias = nullptr;
+  if (grad_x_wide != nullptr || grad_x.data != nullptr) {
+    for (Index r = 0; r < n; ++r) {
+      for (Index c = 0; c < in; ++c) wt[c * n + r] = weight.data()[r * in + c];
+    }
+    float* dx = grad_x_wide != nullptr ? grad_x_wide : product;
+    gemm_nt<float, bfloat16>(m, in, n, dy, n, wt, n, dx, in, no_bias, {}, &ws);
+    if (grad_x_wide == nullptr) {
+      for (Index i = 0; i < m; ++i) {
+        bfloat16* row = grad_x.row(i);
+        for (Index c = 0; c < in; ++c) row[c] = bfloat16(row[c] + dx[i * in + c]);
+      }
+    }
+  }
+  if (grad_w != nullptr) {
+    for (Index i = 0; i < m; ++i) {
+      for (Index c = 0; c < in; ++c) xt[c * m + i] = x[i * ldx + c];
+    }
+    gemm_nt<float, bfloat16>(n, in, m, dyt, m, xt, m, product, in, no_bias, {}, &ws);
+    for (Index e = 0; e < n * in; ++e) grad_w[e] = bfloat16(grad_w[e] + product[e]);
+  }
+  if (grad_b != nullptr) {
+    for (Index j = 0; j < n; ++j) grad_b[j] = bfloat16(grad_b[j] + sums[j]);
+  }
 }
 
 }  // namespace detail

@@ -3,6 +3,8 @@
 // tests/cmake/CMakeLists.txt builds each case and checks the compiler's message; case 0 is the
 // control and must compile. (Not in tests/compile/*.cpp, which must all compile.)
 // Only the headers the cases need, so each case compiles in a second or two.
+#include <vector>
+
 #include "attn/nn/linear.hpp"
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -47,14 +49,16 @@ namespace {
   attn::TensorView<float, 2> writable = attn::as_view(matrix);  // a const object is read-only
   writable(0, 0) = 1.0f;
 #elif ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
-  // A bfloat16 module runs inference forwards only.
+  // A bfloat16 module runs whole-sequence forwards only (inference and training).
   (void)const_view;
   const attn::MultiHeadAttention<attn::bfloat16> m(attn::MultiHeadAttentionOptions::pytorch(8, 2));
   attn::Tensor<attn::bfloat16, 3> x({1, 2, 8}), y({1, 2, 8});
   attn::Workspace ws;
 #if ATTN_MISUSE_CASE == 9
   attn::SavedForward<attn::bfloat16> saved;
-  m.forward(x.view(), y.view(), saved, ws);  // a training forward
+  const attn::PackedSequences seqs(std::vector<attn::Index>{0, 2});
+  const attn::TensorView<const attn::bfloat16, 2> rows = attn::select(x.view(), 0, 0);
+  m.forward(rows, rows, rows, seqs, attn::select(y.view(), 0, 0), saved, ws);  // packed training
 #else
   (void)m.forward_with_weights(x.view());  // the streaming kernel returns no weights
 #endif
