@@ -72,11 +72,12 @@ options:
   --output PATH         safetensors file to write
   --num-heads H         number of heads (not stored in a state_dict)
   --prefix P            prefix of the weight names (e.g. "encoder.self_attn.")
-  --num-kv-heads HKV    key/value heads (default: what the shapes give, checked against them;
-                        a fused in_proj_weight that several layouts fit needs it or --head-dim)
+  --num-kv-heads HKV    key/value heads (default: what the shapes give; checked against
+                        them). A fused in_proj_weight that several grouped-query layouts
+                        fit needs it or --head-dim
   --head-dim HD         features per query and key head (default: the query rows / H)
-  --value-head-dim HDV  features per value head (default: out_proj.weight's or o_proj.weight's
-                        input features / H, the value rows / HKV)
+  --value-head-dim HDV  features per value head (default: the value rows / HKV, or
+                        out_proj.weight's input features / H)
   --causal              add a causal mask, triu(ones(T_q, T_k), diagonal=1)
   --need-weights        also write the attention weights averaged over heads
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
