@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -353,6 +354,98 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
   o.causal = false, o.sliding_window = 0;
   const attn::MultiHeadAttention<float> open(o, gen);
   EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);
+}
+
+// Blocks sequence s still holds (its table's entries that are not -1).
+Index held(const PagedKVCache<float>& cache, Index s) {
+  const std::vector<Index>& t = cache.block_table(s);
+  return static_cast<Index>(t.size()) - static_cast<Index>(std::count(t.begin(), t.end(), -1));
+}
+
+TEST(PagedKVCache, AWindowedStreamReleasesTheBlocksBehindItsWindow) {
+  // A window of 13 over blocks of 4: a stream of 130 tokens (10 windows; a prefill of 6, then
+  // one token a step) holds at most ceil(13 / 4) + 1 = 5 blocks, and each step's output is
+  // the same bits as a ring KVCache's. The ring holds 128 positions (more than the
+  // W + C - 1 = 18 it needs): the kernel's key tiles end at multiples of 128 and where a
+  // ring wraps, so a ring of 128 splits them where the paged cache does (a ring of 18 sums
+  // in another order: ~1e-7 apart). s1, forked from s0 at 40 tokens, keeps the blocks they
+  // share after s0 released them, until it releases them too.
+  const Index window = 13, block = 4, bound = (window + block - 1) / block + 1;
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 16, o.num_heads = 2, o.num_kv_heads = 1, o.head_dim = 8, o.causal = true;
+  o.sliding_window = window;
+  o.rope = attn::RotaryOptions{8, 8, 10000.0, attn::RopeStyle::kHalfSplit, 256};
+  attn::TorchGenerator gen(7);
+  attn::MultiHeadAttention<float> m(o, gen);
+  m.eval();
+  PagedKVCache<float> paged(paged_options(kKinds[0], 12, block, 1, 8));
+  KVCacheOptions ro{1, 1, 8, 128, window, 6};
+  std::vector<KVCache<float>> ring;
+  ring.emplace_back(ro);
+  std::vector<Tensor<float, 3>> history;  // s0's inputs before the fork
+  attn::Workspace ws;
+  std::vector<Index> seqs{paged.add_sequence()};
+  std::uint64_t seed = 100;
+  // One step of t tokens for every sequence, checked against the rings.
+  const auto step = [&](Index t) {
+    const Index batch = static_cast<Index>(seqs.size());
+    const auto x = attn::test::random_tensor<float, 3>({batch, t, 16}, ++seed);
+    Tensor<float, 3> got({batch, t, 16}), want({batch, t, 16});
+    m.forward(x.view(), got.view(), ws, paged, seqs);
+    if (ring.size() == 1) history.push_back(x);
+    for (Index b = 0; b < batch; ++b) {
+      m.forward(attn::slice(x.view(), 0, b, b + 1), attn::slice(want.view(), 0, b, b + 1), ws,
+                ring[static_cast<std::size_t>(b)]);
+      const Index s = seqs[static_cast<std::size_t>(b)];
+      ASSERT_LE(held(paged, s), bound) << "sequence " << s << " at " << paged.length(s);
+      EXPECT_EQ(paged.first_position(s),
+                std::max<Index>(paged.length(s) - window + 1, 0) / block * block);
+    }
+    ASSERT_TRUE(ref::same_bits(got.view(), want.view())) << "at " << paged.length(seqs[0]);
+  };
+  step(6);
+  while (paged.length(seqs[0]) < 40) step(1);
+  EXPECT_EQ(paged.num_blocks() - paged.free_blocks(), held(paged, seqs[0]));
+  // Fork: s1 shares s0's blocks, among them block table entry 7 (positions 28..31).
+  seqs.push_back(paged.fork(seqs[0]));
+  ring.emplace_back(ro);  // the same tokens: s0's inputs again
+  for (const Tensor<float, 3>& x : history) {
+    Tensor<float, 3> y(x.shape());
+    m.forward(x.view(), y.view(), ws, ring[1]);
+  }
+  const Index shared = paged.block_table(seqs[0])[7];
+  ASSERT_GE(shared, 0);
+  EXPECT_EQ(paged.ref_count(shared), 2);
+  {
+    const std::vector<Index> both = seqs;
+    seqs = {both[0]};  // s0 alone, past position 44: its window leaves block 7 behind
+    while (paged.length(seqs[0]) < 50) step(1);
+    seqs = both;
+  }
+  EXPECT_EQ(paged.block_table(seqs[0])[7], -1);
+  EXPECT_EQ(paged.block_table(seqs[1])[7], shared);
+  EXPECT_EQ(paged.ref_count(shared), 1);  // s1's still
+  // Together (s1 one token a step from 40) to 130: s1 releases the shared blocks in turn.
+  while (paged.length(seqs[0]) < 130) step(1);
+  EXPECT_EQ(paged.length(seqs[1]), 120);
+  EXPECT_EQ(paged.block_table(seqs[1])[7], -1);  // (block `shared` went back to the pool)
+  EXPECT_EQ(paged.num_blocks() - paged.free_blocks(), held(paged, seqs[0]) + held(paged, seqs[1]));
+  // Released positions are gone: attention reaching them (no window, or a wider one) and a
+  // truncation back into them are refused, naming the positions.
+  const auto q = attn::test::random_tensor<float, 4>({1, 2, 1, 8}, 3);
+  Tensor<float, 4> out({1, 2, 1, 8});
+  EXPECT_THAT(
+      [&] { attn::paged_attention(q.view(), paged, {seqs[0]}, out.view(), ws, {}, 0); },
+      ThrowsMessage<attn::ConfigError>(AllOf(HasSubstr("holds positions from 116"),
+                                             HasSubstr("sees keys from 0 without a window"))));
+  EXPECT_NO_THROW(attn::paged_attention(q.view(), paged, {seqs[0]}, out.view(), ws, {}, window));
+  EXPECT_THROW(attn::paged_attention(q.view(), paged, {seqs[0]}, out.view(), ws, {}, window + 8),
+               attn::ConfigError);
+  EXPECT_THAT([&] { paged.truncate(seqs[0], 100); },
+              ThrowsMessage<attn::ConfigError>(HasSubstr("first position held 116")));
+  paged.free_sequence(seqs[0]);
+  paged.free_sequence(seqs[1]);
+  EXPECT_EQ(paged.free_blocks(), paged.num_blocks());
 }
 
 TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {

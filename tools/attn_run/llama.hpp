@@ -191,10 +191,18 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
                 attn::slice(y.view(), 1, t0, t1));
       }
     };
-    if (paged_block > 0) {  // a pool of exactly the blocks the batch's T tokens take
+    if (paged_block > 0) {
+      // A pool of exactly the blocks the batch's T tokens take, or with a window W what a
+      // step of at most max_chunk tokens holds (the blocks behind the window are released).
+      const Index window = config.sliding_window;
+      Index per_sequence = (tokens + paged_block - 1) / paged_block;
+      if (window > 0) {
+        per_sequence =
+            std::min(per_sequence, (window + max_chunk - 1 + paged_block - 1) / paged_block + 1);
+      }
       attn::PagedKVCacheOptions c;
       c.block_size = paged_block;
-      c.num_blocks = batch * ((tokens + paged_block - 1) / paged_block);
+      c.num_blocks = batch * per_sequence;
       c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
       c.value_head_dim = mha.value_head_dim();
       attn::PagedKVCache<Scalar> cache(c);

@@ -56,6 +56,22 @@ AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> 
   return call;
 }
 
+/// Sequence s of `cache` still holds every key its first query, at position `first_query`,
+/// sees with `window` (0: from position 0).
+/// @throws ConfigError naming the positions when released blocks hold some.
+template <class Scalar>
+void check_window_held(const char* where, const PagedKVCache<Scalar>& cache, Index s,
+                       Index first_query, Index window) {
+  const Index first_key = window > 0 ? std::max<Index>(first_query - window + 1, 0) : 0;
+  require_config(cache.first_position(s) <= first_key, where, [&] {
+    return "sequence " + std::to_string(s) + " holds positions from " +
+           std::to_string(cache.first_position(s)) + " (the blocks before were released), but " +
+           "its query at position " + std::to_string(first_query) + " sees keys from " +
+           std::to_string(first_key) +
+           (window > 0 ? " with window=" + std::to_string(window) : " without a window");
+  });
+}
+
 /// The checks of forward_paged(), all before anything is written (the cache included): a
 /// causal self-attention module of the cache's heads and head size, x (B, T, d_in) for B
 /// distinct sequences of the cache, out (B, T, d_out) outside the cache, positions within
@@ -93,6 +109,8 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
   const Index need = cache.needed(where, seqs.data(), batch, tokens);  // ids, repeats
   for (Index b = 0; b < batch; ++b) {
     const Index end = cache.length(seqs[static_cast<std::size_t>(b)]) + tokens;  // no overflow
+    check_window_held(where, cache, seqs[static_cast<std::size_t>(b)], end - tokens,
+                      core.sliding_window());
     require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
       return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) + " would reach " +
              std::to_string(end) +
@@ -118,7 +136,9 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 /// tokens of sequences seqs[0 .. B-1], each at its own length (a ragged batch). As
 /// forward_cached(): their keys and values are appended (rotated, quantised), and each token
 /// attends causally (within the module's window) to its sequence's cached keys; the rows
-/// equal forward_cached()'s over a KVCache holding the same tokens, bit for bit.
+/// equal forward_cached()'s over a KVCache holding the same tokens, bit for bit. With a
+/// window W, each sequence's blocks wholly before position length - W + 1 (which no later
+/// query sees) are released after the step (PagedKVCache::release_before()).
 template <class Scalar>
 void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                    TensorView<Scalar, 3> out, Workspace& ws, PagedKVCache<Scalar>& cache,
@@ -175,6 +195,10 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
                 ws);
   // 5. The output projection.
   finish_step(core, ctx, batch, t, out, ws);
+  // 6. With a window, the blocks no later query sees back to the pool.
+  if (core.sliding_window() > 0) {
+    for (const Index s : seqs) cache.release_before(s, cache.length(s) - core.sliding_window() + 1);
+  }
 }
 
 }  // namespace detail
@@ -189,8 +213,9 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 /// other call may use the same cache at the same time.
 /// @throws IndexError for an entry of seqs that is not a sequence; ShapeError on shapes that
 ///         do not fit (seqs must have B entries) or an `out` sharing memory with q or the
-///         cache; ConfigError for T past a sequence's length, a negative window, or options
-///         scaled_dot_product_attention refuses.
+///         cache; ConfigError for T past a sequence's length, a negative window, keys the
+///         window sees in blocks released before (PagedKVCache::release_before()), or
+///         options scaled_dot_product_attention refuses.
 template <class Scalar>
 void paged_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>> q,
                      const PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs,
@@ -214,6 +239,9 @@ void paged_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>
   }
   detail::require_config(window >= 0, where,
                          [&] { return "window=" + std::to_string(window) + " is negative"; });
+  for (const Index s : seqs) {
+    detail::check_window_held(where, cache, s, cache.length(s) - q.extent(2), window);
+  }
   detail::require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
   detail::run_attention(detail::paged_call(where, q, cache, seqs.data(), out, options, window), ws);
 }

@@ -72,6 +72,13 @@ struct PagedBatch {
 /// partly filled last block is shared first copies that block to a fresh one (copy on
 /// write); full shared blocks stay shared for good.
 ///
+/// Sliding windows. release_before(s, p) gives back the blocks wholly before position p,
+/// which no query at p or later sees through a window; their block_table() entries become
+/// -1 and first_position(s) moves past them. The incremental forward of a module with a
+/// sliding window W calls it after every step (keeping the W - 1 positions the next query
+/// sees), so a stream of any length holds at most ceil((W + T - 1) / S) + 1 blocks during a
+/// step of T tokens: ceil(W / S) + 1 when decoding.
+///
 /// Element types. As KVCache (KVElement): append() quantises, the kernel reads the rows as
 /// stored and dequantises them tile by tile; the same rows and scales give the same bits as a
 /// contiguous KVCache holding the same tokens.
@@ -188,9 +195,15 @@ class PagedKVCache {
   /// Tokens sequence s holds: the position of its next token.
   /// @throws IndexError (as every member taking a sequence) if s is not a sequence.
   Index length(Index s) const { return seq(checked("PagedKVCache::length", s)).length; }
-  /// Sequence s's blocks in position order (ceil(length / S) of them).
+  /// Sequence s's blocks in position order (ceil(length / S) of them; -1 for the blocks
+  /// released before first_position(s)).
   const std::vector<Index>& block_table(Index s) const {
     return seq(checked("PagedKVCache::block_table", s)).blocks;
+  }
+  /// The first position sequence s still holds: 0, or past the blocks release_before() gave
+  /// back (a multiple of S).
+  Index first_position(Index s) const {
+    return seq(checked("PagedKVCache::first_position", s)).released * o_.block_size;
   }
   /// Blocks the pool must have free for sequence s to take t_new more tokens: the new blocks,
   /// and one more when its partly filled last block is shared (copied before it is written).
@@ -203,7 +216,9 @@ class PagedKVCache {
   /// id. Takes no block from the pool.
   Index fork(Index s) {
     const Index id = insert(seq(checked("PagedKVCache::fork", s)));
-    for (Index n : seq(id).blocks) ++refs_[static_cast<std::size_t>(n)];
+    for (Index n : seq(id).blocks) {
+      if (n >= 0) ++refs_[static_cast<std::size_t>(n)];
+    }
     return id;
   }
   /// Frees sequence s: its blocks that no other sequence holds go back to the pool, and its
@@ -212,20 +227,40 @@ class PagedKVCache {
     Sequence& x = seq(checked("PagedKVCache::free_sequence", s));
     release(x.blocks, 0);
     x.length = 0;
+    x.released = 0;
     x.live = false;
     free_ids_.push_back(s);  // capacity reserved by insert()
   }
   /// Keeps sequence s's first n tokens (rolls back rejected speculative tokens); blocks past
   /// them go back to the pool (when no other sequence holds them).
-  /// @throws ConfigError naming the values if n is negative or past length(s).
+  /// @throws ConfigError naming the values if n is before first_position(s) or past
+  ///         length(s).
   void truncate(Index s, Index n) {
     Sequence& x = seq(checked("PagedKVCache::truncate", s));
-    detail::require_config(n >= 0 && n <= x.length, "PagedKVCache::truncate", [&] {
-      return "cannot keep " + std::to_string(n) + " tokens of sequence " + std::to_string(s) +
-             " (length " + std::to_string(x.length) + ")";
-    });
+    detail::require_config(
+        n >= x.released * o_.block_size && n <= x.length, "PagedKVCache::truncate", [&] {
+          return "cannot keep " + std::to_string(n) + " tokens of sequence " + std::to_string(s) +
+                 " (length " + std::to_string(x.length) + ", first position held " +
+                 std::to_string(x.released * o_.block_size) + ")";
+        });
     release(x.blocks, (n + o_.block_size - 1) / o_.block_size);
     x.length = n;
+  }
+  /// Gives back sequence s's blocks wholly before `position` (clamped to [0, length(s)]):
+  /// tokens that a sliding window of queries at `position` and later no longer sees. Each
+  /// goes back to the pool when no other sequence holds it: a fork keeps the blocks it shares
+  /// until it releases them too. Their block_table(s) entries become -1 and first_position(s)
+  /// moves to the first block still held; the released positions can no longer be attended
+  /// to (the attention calls check the window), read (dequantize() gives zeros) or truncated
+  /// back to.
+  void release_before(Index s, Index position) {
+    Sequence& x = seq(checked("PagedKVCache::release_before", s));
+    const Index end = std::clamp<Index>(position, 0, x.length) / o_.block_size;
+    for (; x.released < end; ++x.released) {
+      Index& block = x.blocks[static_cast<std::size_t>(x.released)];
+      if (--refs_[static_cast<std::size_t>(block)] == 0) free_.push_back(block);
+      block = -1;
+    }
   }
 
   // ---- writing ----
@@ -284,6 +319,10 @@ class PagedKVCache {
         for (Index p = 0; p < n; ++p) {
           const Index block = seq(s).blocks[static_cast<std::size_t>(p / o_.block_size)];
           const Index r = p % o_.block_size;
+          if (block < 0) {  // released behind a window
+            for (Index e = 0; e < width; ++e) to(h, p, e) = Scalar(0);
+            continue;
+          }
           detail::stored_row_to(o_.element, row_at(block, part, h, r), scales_at(block, part, h, r),
                                 group(width), width, row.data(), wide.data());
           for (Index e = 0; e < width; ++e) to(h, p, e) = row[static_cast<std::size_t>(e)];
@@ -306,7 +345,9 @@ class PagedKVCache {
     lengths_.assign(static_cast<std::size_t>(count), 0);
     for (Index b = 0; b < count; ++b) {
       const Sequence& x = seq(seqs[b]);
-      std::copy(x.blocks.begin(), x.blocks.end(), table_.begin() + b * widest);
+      // (Released blocks as block 0: the kernel never reads a key behind the window.)
+      std::transform(x.blocks.begin(), x.blocks.end(), table_.begin() + b * widest,
+                     [](Index n) { return std::max<Index>(n, 0); });
       lengths_[static_cast<std::size_t>(b)] = x.length;
     }
     PagedBatch out;
@@ -438,6 +479,7 @@ class PagedKVCache {
   struct Sequence {
     std::vector<Index> blocks;
     Index length = 0;
+    Index released = 0;  ///< leading blocks given back by release_before() (-1 in blocks)
     bool live = true;
   };
 
@@ -488,7 +530,9 @@ class PagedKVCache {
   /// sequence holds it).
   void release(std::vector<Index>& blocks, Index keep) noexcept {
     for (std::size_t i = static_cast<std::size_t>(keep); i < blocks.size(); ++i) {
-      if (--refs_[static_cast<std::size_t>(blocks[i])] == 0) free_.push_back(blocks[i]);
+      if (blocks[i] >= 0 && --refs_[static_cast<std::size_t>(blocks[i])] == 0) {
+        free_.push_back(blocks[i]);
+      }
     }
     blocks.resize(std::min(blocks.size(), static_cast<std::size_t>(keep)));
   }
