@@ -335,25 +335,31 @@ class PagedKVCache {
   /// (see PagedBatch; the gathered tables live in the cache until the next batch()).
   /// @throws IndexError if an entry is not a sequence.
   PagedBatch batch(const Index* seqs, Index count) const {
+    return batch_into(seqs, count, table_, lengths_);
+  }
+  /// As batch(), the tables and lengths gathered into `table` and `lengths` (which must
+  /// outlive the call's use of the result): several calls over one cache at once.
+  PagedBatch batch_into(const Index* seqs, Index count, std::vector<Index>& table,
+                        std::vector<Index>& lengths) const {
     const char* where = "PagedKVCache::batch";
     Index widest = 0;
     for (Index b = 0; b < count; ++b) {
       widest = std::max(widest, static_cast<Index>(seq(checked(where, seqs[b])).blocks.size()));
     }
     widest = std::max<Index>(widest, 1);
-    table_.assign(static_cast<std::size_t>(count * widest), 0);
-    lengths_.assign(static_cast<std::size_t>(count), 0);
+    table.assign(static_cast<std::size_t>(count * widest), 0);
+    lengths.assign(static_cast<std::size_t>(count), 0);
     for (Index b = 0; b < count; ++b) {
       const Sequence& x = seq(seqs[b]);
       // (Released blocks as block 0: the kernel never reads a key behind the window.)
-      std::transform(x.blocks.begin(), x.blocks.end(), table_.begin() + b * widest,
+      std::transform(x.blocks.begin(), x.blocks.end(), table.begin() + b * widest,
                      [](Index n) { return std::max<Index>(n, 0); });
-      lengths_[static_cast<std::size_t>(b)] = x.length;
+      lengths[static_cast<std::size_t>(b)] = x.length;
     }
     PagedBatch out;
     out.batch = count;
     out.slots = widest * o_.block_size;
-    out.lengths = lengths_.data();
+    out.lengths = lengths.data();
     const auto rows = [&](int part, Index width, Index scales) {
       detail::StoredRows r;
       r.element = o_.element;
@@ -367,7 +373,7 @@ class PagedKVCache {
         r.scale_row_stride = scales;
         r.group = group(width);
       }
-      r.table = table_.data(), r.table_stride = widest, r.block_rows = o_.block_size;
+      r.table = table.data(), r.table_stride = widest, r.block_rows = o_.block_size;
       return r;
     };
     out.stored.k = rows(0, o_.head_dim, k_scales_);
@@ -378,18 +384,21 @@ class PagedKVCache {
   // ---- for the incremental forward (its caller checked everything first) ----
 
   /// Blocks the pool must have free for every sequence of seqs[0 .. count - 1] (distinct) to
-  /// take t_new more tokens. A block shared by k of them and held by r sequences in all is
-  /// copied by each of them but the last writer when k = r, so k - (k == r) copies.
+  /// take t_new more tokens (sequence seqs[i]: t_new[i * t_stride]; stride 0: the same for
+  /// all). A block shared by k of them and held by r sequences in all is copied by each of
+  /// them but the last writer when k = r, so k - (k == r) copies.
   /// @throws IndexError for an entry that is not a sequence; ConfigError for a repeated one,
   ///         a negative t_new or a length that would overflow.
-  Index needed(const char* where, const Index* seqs, Index count, Index t_new) const {
-    detail::require_config(t_new >= 0, where, [&] {
-      return "T_new=" + std::to_string(t_new) + " is negative: a token count must not be";
-    });
+  Index needed(const char* where, const Index* seqs, Index count, const Index* tokens,
+               Index t_stride) const {
     Index total = 0;
     std::vector<Index>& shared = shared_;  // the shared, partly filled last blocks written into
     shared.clear();
     for (Index i = 0; i < count; ++i) {
+      const Index t_new = tokens[i * t_stride];
+      detail::require_config(t_new >= 0, where, [&] {
+        return "T_new=" + std::to_string(t_new) + " is negative: a token count must not be";
+      });
       const Sequence& x = seq(checked(where, seqs[i]));
       for (Index j = 0; j < i; ++j) {
         detail::require_config(seqs[j] != seqs[i], where, [&] {
@@ -421,6 +430,9 @@ class PagedKVCache {
     }
     return total;
   }
+  Index needed(const char* where, const Index* seqs, Index count, Index t_new) const {
+    return needed(where, seqs, count, &t_new, 0);
+  }
 
   /// Makes room for t_new more tokens in each of seqs[0 .. count - 1] (distinct): copies
   /// shared partly filled last blocks, takes new blocks; lengths are not changed (write the
@@ -428,13 +440,20 @@ class PagedKVCache {
   /// @throws as needed(); ConfigError naming the blocks needed and free when the pool is
   ///         short.
   void prepare(const char* where, const Index* seqs, Index count, Index t_new) {
-    const Index need = needed(where, seqs, count, t_new);
+    prepare(where, seqs, count, &t_new, 0);
+  }
+  /// As above, sequence seqs[i] taking t_new[i * t_stride] tokens.
+  void prepare(const char* where, const Index* seqs, Index count, const Index* tokens,
+               Index t_stride) {
+    const Index need = needed(where, seqs, count, tokens, t_stride);
     detail::require_config(need <= free_blocks(), where, [&] {
       std::string names;
       for (Index i = 0; i < std::min<Index>(count, 8); ++i) {
         names += (i ? ", " : "") + std::to_string(seqs[i]);
       }
       if (count > 8) names += ", ...";
+      Index t_new = 0;
+      for (Index i = 0; i < count; ++i) t_new += tokens[i * t_stride];
       return "the block pool is exhausted: " + std::to_string(t_new) + " more tokens for " +
              (count == 1 ? "sequence " : "sequences ") + names + " need " + std::to_string(need) +
              " blocks of " + std::to_string(o_.block_size) + " tokens, " +
@@ -443,10 +462,12 @@ class PagedKVCache {
     });
     for (Index i = 0; i < count; ++i) {  // may throw std::bad_alloc: nothing changed yet
       Sequence& x = seq(seqs[i]);
-      x.blocks.reserve(static_cast<std::size_t>(blocks_for(x.length + t_new)));
+      x.blocks.reserve(static_cast<std::size_t>(blocks_for(x.length + tokens[i * t_stride])));
     }
-    for (Index i = 0; i < count && t_new > 0; ++i) {  // no throw from here
+    for (Index i = 0; i < count; ++i) {  // no throw from here
       Sequence& x = seq(seqs[i]);
+      const Index t_new = tokens[i * t_stride];
+      if (t_new == 0) continue;
       if (x.length % o_.block_size != 0 && refs_[static_cast<std::size_t>(x.blocks.back())] > 1) {
         const Index old = x.blocks.back(), copy = take();
         copy_block(old, copy);
