@@ -238,7 +238,9 @@ namespace detail {
 /// -1 for an absent key or value weight) or one fused weight (`fused_rows`, -1 if separate),
 /// and the output projection's input features `out_features` (-1 without one). `known`
 /// holds num_heads and the sizes the caller gives (0: read from the shapes); `shapes` names
-/// the tensors and their shapes for the messages; `d_out` is the module's output width.
+/// the tensors and their shapes for the messages; o.d_out is already set. num_kv_heads and
+/// head_dim are written when `explicit_sizes` or when they are not the defaults (num_heads,
+/// d_out / num_heads); value_head_dim when it is not head_dim.
 /// @throws StateDictError naming `shapes` when no layout fits, a given size does not, or a
 ///         fused weight fits several.
 inline void read_head_layout(MultiHeadAttentionOptions& o, const MultiHeadAttentionOptions& known,
@@ -303,6 +305,7 @@ inline void read_head_layout(MultiHeadAttentionOptions& o, const MultiHeadAttent
     std::vector<std::pair<Index, Index>> fits;   // (H_kv, hd)
     const auto try_kv = [&](Index g) {
       if (known.num_kv_heads > 0 && g != known.num_kv_heads) return;
+      if (hd_v > 0 && hd_v > fused_rows / g) return;  // (a given hd_v: no overflow below)
       const Index rest = fused_rows - (hd_v > 0 ? g * hd_v : 0);
       const Index per_hd = h + g + (hd_v > 0 ? 0 : g);
       if (rest <= 0 || rest % per_hd != 0) return;
