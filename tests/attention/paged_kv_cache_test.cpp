@@ -5,7 +5,8 @@
 // KVCache holding the same tokens: the same bits (every element kind, every kernel set, 1
 // and 2 threads, decode and prefill, windows, GQA, float and double); the modules'
 // incremental forward on a ragged batch of sequences against the same forward over a
-// KVCache.
+// KVCache; a windowed stream's blocks released behind the window (bounded, forks keeping
+// theirs); the packed prefill against prefilling each sequence alone.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

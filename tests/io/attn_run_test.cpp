@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // tests/io/attn_run_test.cpp: attn_run (tools/attn_run/): its mask dtype rules (PyTorch
-// 1.13's: BOOL and U8 block, floats add, other integers are errors), its arguments, and that
-// --output naming the --input file never destroys it.
+// 1.13's: BOOL and U8 block, floats add, other integers are errors), its arguments, the head
+// sizes it reads from a file (DeepSeek-shaped value heads under Llama's and fused names), and
+// that --output naming the --input file never destroys it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
