@@ -5,11 +5,14 @@
 // KVCache holding the same tokens: the same bits (every element kind, every kernel set, 1
 // and 2 threads, decode and prefill, windows, GQA, float and double); the modules'
 // incremental forward on a ragged batch of sequences against the same forward over a
-// KVCache.
+// KVCache; a windowed stream's blocks released behind the window (bounded, forks keeping
+// theirs); the packed prefill against prefilling each sequence alone.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -352,6 +355,182 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
   o.causal = false, o.sliding_window = 0;
   const attn::MultiHeadAttention<float> open(o, gen);
   EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);
+}
+
+// Blocks sequence s still holds (its table's entries that are not -1).
+Index held(const PagedKVCache<float>& cache, Index s) {
+  const std::vector<Index>& t = cache.block_table(s);
+  return static_cast<Index>(t.size()) - static_cast<Index>(std::count(t.begin(), t.end(), -1));
+}
+
+TEST(PagedKVCache, AWindowedStreamReleasesTheBlocksBehindItsWindow) {
+  // A window of 13 over blocks of 4: a stream of 130 tokens (10 windows; a prefill of 6, then
+  // one token a step) holds at most ceil(13 / 4) + 1 = 5 blocks, and each step's output is
+  // the same bits as a ring KVCache's. The ring holds 128 positions (more than the
+  // W + C - 1 = 18 it needs): the kernel's key tiles end at multiples of 128 and where a
+  // ring wraps, so a ring of 128 splits them where the paged cache does (a ring of 18 sums
+  // in another order: ~1e-7 apart). s1, forked from s0 at 40 tokens, keeps the blocks they
+  // share after s0 released them, until it releases them too.
+  const Index window = 13, block = 4, bound = (window + block - 1) / block + 1;
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 16, o.num_heads = 2, o.num_kv_heads = 1, o.head_dim = 8, o.causal = true;
+  o.sliding_window = window;
+  o.rope = attn::RotaryOptions{8, 8, 10000.0, attn::RopeStyle::kHalfSplit, 256};
+  attn::TorchGenerator gen(7);
+  attn::MultiHeadAttention<float> m(o, gen);
+  m.eval();
+  PagedKVCache<float> paged(paged_options(kKinds[0], 12, block, 1, 8));
+  KVCacheOptions ro{1, 1, 8, 128, window, 6};
+  std::vector<KVCache<float>> ring;
+  ring.emplace_back(ro);
+  std::vector<Tensor<float, 3>> history;  // s0's inputs before the fork
+  attn::Workspace ws;
+  std::vector<Index> seqs{paged.add_sequence()};
+  std::uint64_t seed = 100;
+  // One step of t tokens for every sequence, checked against the rings.
+  const auto step = [&](Index t) {
+    const Index batch = static_cast<Index>(seqs.size());
+    const auto x = attn::test::random_tensor<float, 3>({batch, t, 16}, ++seed);
+    Tensor<float, 3> got({batch, t, 16}), want({batch, t, 16});
+    m.forward(x.view(), got.view(), ws, paged, seqs);
+    if (ring.size() == 1) history.push_back(x);
+    for (Index b = 0; b < batch; ++b) {
+      m.forward(attn::slice(x.view(), 0, b, b + 1), attn::slice(want.view(), 0, b, b + 1), ws,
+                ring[static_cast<std::size_t>(b)]);
+      const Index s = seqs[static_cast<std::size_t>(b)];
+      ASSERT_LE(held(paged, s), bound) << "sequence " << s << " at " << paged.length(s);
+      EXPECT_EQ(paged.first_position(s),
+                std::max<Index>(paged.length(s) - window + 1, 0) / block * block);
+    }
+    ASSERT_TRUE(ref::same_bits(got.view(), want.view())) << "at " << paged.length(seqs[0]);
+  };
+  step(6);
+  while (paged.length(seqs[0]) < 40) step(1);
+  EXPECT_EQ(paged.num_blocks() - paged.free_blocks(), held(paged, seqs[0]));
+  // Fork: s1 shares s0's blocks, among them block table entry 7 (positions 28..31).
+  seqs.push_back(paged.fork(seqs[0]));
+  ring.emplace_back(ro);  // the same tokens: s0's inputs again
+  for (const Tensor<float, 3>& x : history) {
+    Tensor<float, 3> y(x.shape());
+    m.forward(x.view(), y.view(), ws, ring[1]);
+  }
+  const Index shared = paged.block_table(seqs[0])[7];
+  ASSERT_GE(shared, 0);
+  EXPECT_EQ(paged.ref_count(shared), 2);
+  {
+    const std::vector<Index> both = seqs;
+    seqs = {both[0]};  // s0 alone, past position 44: its window leaves block 7 behind
+    while (paged.length(seqs[0]) < 50) step(1);
+    seqs = both;
+  }
+  EXPECT_EQ(paged.block_table(seqs[0])[7], -1);
+  EXPECT_EQ(paged.block_table(seqs[1])[7], shared);
+  EXPECT_EQ(paged.ref_count(shared), 1);  // s1's still
+  // Together (s1 one token a step from 40) to 130: s1 releases the shared blocks in turn.
+  while (paged.length(seqs[0]) < 130) step(1);
+  EXPECT_EQ(paged.length(seqs[1]), 120);
+  EXPECT_EQ(paged.block_table(seqs[1])[7], -1);  // (block `shared` went back to the pool)
+  EXPECT_EQ(paged.num_blocks() - paged.free_blocks(), held(paged, seqs[0]) + held(paged, seqs[1]));
+  // Released positions are gone: attention reaching them (no window, or a wider one) and a
+  // truncation back into them are refused, naming the positions.
+  const auto q = attn::test::random_tensor<float, 4>({1, 2, 1, 8}, 3);
+  Tensor<float, 4> out({1, 2, 1, 8});
+  EXPECT_THAT(
+      attn::test::thrown<attn::ConfigError>(
+          [&] { attn::paged_attention(q.view(), paged, {seqs[0]}, out.view(), ws, {}, 0); }),
+      AllOf(HasSubstr("holds positions from 116"), HasSubstr("sees keys from 0 without a window")));
+  EXPECT_NO_THROW(attn::paged_attention(q.view(), paged, {seqs[0]}, out.view(), ws, {}, window));
+  EXPECT_THROW(attn::paged_attention(q.view(), paged, {seqs[0]}, out.view(), ws, {}, window + 8),
+               attn::ConfigError);
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { paged.truncate(seqs[0], 100); }),
+              HasSubstr("first position held 116"));
+  paged.free_sequence(seqs[0]);
+  paged.free_sequence(seqs[1]);
+  EXPECT_EQ(paged.free_blocks(), paged.num_blocks());
+}
+
+TEST(PagedKVCache, APackedPrefillIsBitIdenticalToPrefillingEachSequenceAlone) {
+  // Prompts of 30, 21 and 7 tokens packed into one call (GQA, RoPE, value heads of 8, a
+  // window of 12 for the second pass, which releases the first blocks): s1 continues a fork
+  // of a 10-token prefix (its partly filled shared block copied first), the others start
+  // empty. Against the same prompts prefilled one at a time into a cache in the same state:
+  // the same output bits and the same rows, for float and int8 rows; then one decode step
+  // of all three agrees too.
+  for (const Index window : {Index{0}, Index{12}}) {
+    attn::MultiHeadAttentionOptions o;
+    o.d_in = 32, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.value_head_dim = 8;
+    o.causal = true, o.sliding_window = window;
+    o.rope = attn::RotaryOptions{16, 16, 10000.0, attn::RopeStyle::kHalfSplit, 64};
+    attn::TorchGenerator gen(13);
+    attn::MultiHeadAttention<float> m(o, gen);
+    m.eval();
+    for (const Kind& kind : {kKinds[0], kKinds[1]}) {
+      SCOPED_TRACE(std::string(kind.name) + " window " + std::to_string(window));
+      PagedKVCacheOptions po = paged_options(kind, 24, 16, 2, 16);
+      po.value_head_dim = 8;
+      PagedKVCache<float> packed(po), alone(po);
+      attn::Workspace ws;
+      const std::vector<Index> lengths = {30, 21, 7};
+      std::vector<Index> a, b;  // the sequences of each cache
+      const auto prefix = attn::test::random_tensor<float, 3>({1, 10, 32}, 5);
+      Tensor<float, 3> y10({1, 10, 32});
+      for (PagedKVCache<float>* cache : {&packed, &alone}) {
+        std::vector<Index>& ids = cache == &packed ? a : b;
+        ids.push_back(cache->add_sequence());
+        const Index p = cache->add_sequence();
+        m.forward(prefix.view(), y10.view(), ws, *cache, {p});
+        ids.push_back(cache->fork(p));
+        ids.push_back(cache->add_sequence());
+      }
+      const attn::PackedSequences offsets(attn::SequenceOffsets::from_lengths(lengths));
+      const auto x = attn::test::random_tensor<float, 2>({58, 32}, 6);
+      Tensor<float, 2> got({58, 32});
+      m.forward(x.view(), offsets, got.view(), ws, packed, a);
+      for (Index s = 0, r0 = 0; s < 3; r0 += lengths[static_cast<std::size_t>(s)], ++s) {
+        const Index t = lengths[static_cast<std::size_t>(s)];
+        Tensor<float, 3> want({1, t, 32});
+        m.forward(attn::unsqueeze(attn::slice(x.view(), 0, r0, r0 + t), 0), want.view(), ws, alone,
+                  {b[static_cast<std::size_t>(s)]});
+        EXPECT_TRUE(
+            ref::same_bits(attn::slice(got.view(), 0, r0, r0 + t), attn::select(want.view(), 0, 0)))
+            << "sequence " << s;
+        EXPECT_EQ(packed.first_position(a[static_cast<std::size_t>(s)]),
+                  alone.first_position(b[static_cast<std::size_t>(s)]));
+        if (window == 0) {
+          EXPECT_EQ(rows_of(packed, a[static_cast<std::size_t>(s)]),
+                    rows_of(alone, b[static_cast<std::size_t>(s)]));
+        }
+      }
+      EXPECT_EQ(packed.free_blocks(), alone.free_blocks());
+      EXPECT_EQ(packed.first_position(a[0]), window == 0 ? 0 : 16);
+      const auto step = attn::test::random_tensor<float, 3>({3, 1, 32}, 7);
+      Tensor<float, 3> y_packed({3, 1, 32}), y_alone({3, 1, 32});
+      m.forward(step.view(), y_packed.view(), ws, packed, a);
+      m.forward(step.view(), y_alone.view(), ws, alone, b);
+      EXPECT_TRUE(ref::same_bits(y_packed.view(), y_alone.view()));
+    }
+  }
+  // A pool short of blocks for all of them changes nothing, naming the blocks; so does a
+  // count of ids other than the sequences'.
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 32, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.causal = true;
+  attn::TorchGenerator gen(3);
+  const attn::MultiHeadAttention<float> m(o, gen);
+  PagedKVCache<float> small(paged_options(kKinds[0], 3, 16, 2, 16));
+  const std::vector<Index> ids = {small.add_sequence(), small.add_sequence()};
+  const auto x = attn::test::random_tensor<float, 2>({40, 32}, 8);
+  Tensor<float, 2> y({40, 32});
+  attn::Workspace ws;
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] {
+                m.forward(x.view(), attn::PackedSequences(std::vector<Index>{0, 20, 40}), y.view(),
+                          ws, small, ids);
+              }),
+              AllOf(HasSubstr("need 4 blocks"), HasSubstr("3 of N=3 are free")));
+  EXPECT_EQ(small.length(ids[0]) + small.length(ids[1]), 0);
+  EXPECT_EQ(small.free_blocks(), 3);
+  EXPECT_THROW(m.forward(x.view(), attn::PackedSequences(std::vector<Index>{0, 40}), y.view(), ws,
+                         small, ids),
+               attn::ShapeError);
 }
 
 TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {

@@ -87,11 +87,14 @@ TEST(AttnRunLlama, TheWrongRopeConventionIsFarOff) {
 }
 
 // A small Llama layer's state_dict: 4 query heads of 4 over D = 16, kv_heads key/value heads.
-SafetensorsFile llama_weights(attn::Index kv_heads, const std::string& extra = "") {
+// value_head_dim: value heads of their own size (0: 4).
+SafetensorsFile llama_weights(attn::Index kv_heads, const std::string& extra = "",
+                              attn::Index value_head_dim = 0) {
   attn::MultiHeadAttentionOptions o;
   o.d_in = 16;
   o.num_heads = 4;
   o.num_kv_heads = kv_heads;
+  o.value_head_dim = value_head_dim;
   attn::TorchGenerator gen(5);
   const attn::MultiHeadAttention<float> m(o, gen);
   SafetensorsWriter w;
@@ -168,6 +171,34 @@ TEST(AttnRunLlama, PrefillAndChunkSplitsAgree) {
   EXPECT_THAT(attn::test::thrown<std::invalid_argument>(
                   [&] { attn_run::run_llama<float>(llama_weights(4), hidden_states(9), o); }),
               HasSubstr("do not fit T=9"));
+}
+
+// Value heads of 2 beside query and key heads of 4 (DeepSeek's shape, read from v_proj's
+// rows): every cache takes them, so every split, a window's ring and a paged cache give the
+// one-prefill result (to float rounding, as above; the paged cache without a window the same
+// bits); a --value-head-dim the shapes contradict is refused.
+TEST(AttnRunLlama, ValueHeadsOfTheirOwnSizeRunThroughEveryCache) {
+  attn_run::LlamaOptions o;
+  o.num_heads = 4;
+  const SafetensorsFile weights = llama_weights(2, "", 2), x = hidden_states(9);
+  EXPECT_EQ(weights.shape("v_proj.weight"), (std::vector<attn::Index>{4, 16}));
+  for (const attn::Index window : {attn::Index(0), attn::Index(3)}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    o.sliding_window = window;
+    o.prefill = 0, o.chunk = 1, o.paged_block = 0;
+    const SafetensorsFile whole =
+        SafetensorsFile::from_bytes(attn_run::run_llama<float>(weights, x, o).to_bytes());
+    o.prefill = 2, o.chunk = 3;
+    EXPECT_LE(relative_error(attn_run::run_llama<float>(weights, x, o), whole), 1e-5);
+    o.paged_block = 4;
+    double error = -1;
+    attn_run::run_llama<float>(weights, x, o, &error);
+    EXPECT_LE(error, window == 0 ? 0.0 : 1e-6);
+  }
+  o.value_head_dim = 4;
+  EXPECT_THAT(
+      attn::test::thrown<std::invalid_argument>([&] { attn_run::run_llama<float>(weights, x, o); }),
+      AllOf(HasSubstr("--value-head-dim 4 does not fit"), HasSubstr("gives 2")));
 }
 
 TEST(AttnRunLlama, APagedCacheReportsItsErrorAgainstTheContiguousOne) {
@@ -412,6 +443,8 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
                                                        "2",
                                                        "--head-dim",
                                                        "64",
+                                                       "--value-head-dim",
+                                                       "48",
                                                        "--rope-theta",
                                                        "5e5",
                                                        "--rotary-dim",
@@ -432,6 +465,7 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
   EXPECT_EQ(l.num_heads, 8);
   EXPECT_EQ(l.num_kv_heads, 2);
   EXPECT_EQ(l.head_dim, 64);
+  EXPECT_EQ(l.value_head_dim, 48);
   EXPECT_EQ(l.rope_theta, 5e5);
   EXPECT_EQ(l.rotary_dim, 32);
   EXPECT_EQ(l.sliding_window, 4096);
@@ -446,7 +480,7 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
       {{"--rope-theta", "-1"}, "got '-1'"},
       {{"--chunk", "0"}, "--chunk expects a positive integer, got '0'"},
       {{"--rope-interleaved"}, "--rope-interleaved needs --format llama"},
-      {{"--num-kv-heads", "1"}, "--num-kv-heads needs --format llama"},
+      {{"--value-head-dim", "0"}, "--value-head-dim expects a positive integer, got '0'"},
       {{"--format", "llama", "--causal"}, "--causal is not used with --format llama"},
       {{"--format", "llama", "--need-weights"}, "--need-weights is not used with --format llama"},
   };

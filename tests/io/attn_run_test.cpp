@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: MIT
 // tests/io/attn_run_test.cpp: attn_run (tools/attn_run/): its mask dtype rules (PyTorch
-// 1.13's: BOOL and U8 block, floats add, other integers are errors), its arguments, and that
-// --output naming the --input file never destroys it.
+// 1.13's: BOOL and U8 block, floats add, other integers are errors), its arguments, the head
+// sizes it reads from a file (DeepSeek-shaped value heads under Llama's and fused names), and
+// that --output naming the --input file never destroys it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -266,6 +270,77 @@ TEST(AttnRunArguments, UsageErrorsSayWhat) {
   EXPECT_THAT(err.str(), HasSubstr("attn_run: unknown argument '--bogus'"));
   EXPECT_EQ(attn_run::main({"--help"}, out, err), 0);
   EXPECT_THAT(out.str(), HasSubstr("usage: attn_run"));
+}
+
+// DeepSeek-V3's value heads scaled down (4 query heads and 2 key/value heads of 6, values of
+// 4; tests/fixtures/variants/, by scripts/variants_reference.py): attn_run reads the head
+// sizes from the Llama names, and from nn.MultiheadAttention's fused names (in_proj_weight =
+// q, k, v stacked: 44 rows, which 1 key/value head of 8 fits too) with --num-kv-heads or
+// --head-dim, and gives PyTorch's causal output. Tolerance: double, rounding alone (the same
+// module's fixture is measured within 1.4e-15 in tests/io/variants_fixtures_test.cpp);
+// head sizes read wrongly move it by 1e-2 or more.
+TEST(AttnRunValueHeads, RunsADeepSeekShapedFileUnderEitherNaming) {
+  const SafetensorsFile fixture = SafetensorsFile::open(
+      std::string(ATTN_IO_FIXTURES_DIR) + "/../variants/deepseek_value_heads_module.safetensors");
+  attn::test::TempDir dir;
+  SafetensorsWriter in;
+  in.add("query", fixture.get<double, 3>("x"));
+  in.save(dir.file("x.safetensors"));
+  const std::vector<double> expected = fixture.values<double>("out");
+  SafetensorsWriter fused;
+  std::vector<double> weight, bias;
+  for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
+    const std::vector<double> w = fixture.values<double>(std::string("module.") + part + ".weight");
+    const std::vector<double> b = fixture.values<double>(std::string("module.") + part + ".bias");
+    weight.insert(weight.end(), w.begin(), w.end());
+    bias.insert(bias.end(), b.begin(), b.end());
+  }
+  Tensor<double, 2> in_proj({44, 10});
+  Tensor<double, 1> in_bias(attn::Shape<1>{44});
+  ASSERT_EQ(weight.size(), static_cast<std::size_t>(in_proj.size()));
+  std::copy(weight.begin(), weight.end(), in_proj.data());
+  std::copy(bias.begin(), bias.end(), in_bias.data());
+  fused.add("in_proj_weight", in_proj);
+  fused.add("in_proj_bias", in_bias);
+  fused.add("out_proj.weight", fixture.get<double, 2>("module.o_proj.weight"));
+  fused.add("out_proj.bias", fixture.get<double, 1>("module.o_proj.bias"));
+  fused.save(dir.file("fused.safetensors"));
+  const auto run = [&](const std::string& weights, std::vector<std::string> flags) {
+    std::vector<std::string> argv{"--weights",   weights,
+                                  "--input",     dir.file("x.safetensors"),
+                                  "--output",    dir.file("y.safetensors"),
+                                  "--num-heads", "4",
+                                  "--causal",    "--double"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::ostringstream out, err;
+    const int status = attn_run::main(argv, out, err);
+    return std::pair{status, err.str()};
+  };
+  const std::string llama =
+      std::string(ATTN_IO_FIXTURES_DIR) + "/../variants/deepseek_value_heads_module.safetensors";
+  for (const auto& [weights, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {llama, {"--prefix", "module."}},
+           {llama, {"--prefix", "module.", "--value-head-dim", "4", "--num-kv-heads", "2"}},
+           {dir.file("fused.safetensors"), {"--num-kv-heads", "2"}},
+           {dir.file("fused.safetensors"), {"--head-dim", "6", "--value-head-dim", "4"}}}) {
+    SCOPED_TRACE(weights + " " + flags.back());
+    const auto [status, err] = run(weights, flags);
+    ASSERT_EQ(status, 0) << err;
+    const std::vector<double> y =
+        SafetensorsFile::open(dir.file("y.safetensors")).values<double>("output");
+    ASSERT_EQ(y.size(), expected.size());
+    for (std::size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], expected[i], 1e-14) << i;
+  }
+  // Without a head count the fused file is refused, listing the layouts; a value head size
+  // the shapes contradict is refused naming both.
+  auto [status, err] = run(dir.file("fused.safetensors"), {});
+  EXPECT_EQ(status, 1);
+  EXPECT_THAT(err, HasSubstr("in_proj_weight [44, 10] out_proj.weight [10, 16]: the fused rows "
+                             "fit several layouts of num_heads=4: num_kv_heads=1 with "
+                             "head_dim=8, num_kv_heads=2 with head_dim=6"));
+  std::tie(status, err) = run(llama, {"--prefix", "module.", "--value-head-dim", "6"});
+  EXPECT_EQ(status, 1);
+  EXPECT_THAT(err, HasSubstr("value_head_dim=6 was given, the shapes give 4"));
 }
 
 // --dtype bf16: a BF16 state_dict and F32 inputs (rounded to nearest even as they load) run

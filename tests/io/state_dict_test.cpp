@@ -183,6 +183,149 @@ TEST(StateDict, OptionsFromStateDictReadShapes) {
               AllOf(HasSubstr("has none of 'x.in_proj_weight'"), HasSubstr("'x.q_proj.weight'")));
 }
 
+// DeepSeek-shaped heads (queries and keys of 6, values of 4), grouped or not: the options a
+// module saves under each naming come back from its file, and the module loaded from them
+// computes what the source does, bit for bit.
+attn::MultiHeadAttention<double> value_heads_module(attn::Index kv_heads, attn::Index kdim) {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 10;
+  o.num_heads = 4;
+  o.num_kv_heads = kv_heads;
+  o.head_dim = 6;
+  o.value_head_dim = 4;
+  o.kdim = o.vdim = kdim;
+  o.qkv_bias = true;
+  attn::TorchGenerator gen(9);
+  attn::MultiHeadAttention<double> m(o, gen);
+  m.eval();
+  return m;
+}
+
+TEST(StateDict, OptionsFromStateDictReadValueHeadsOfEveryLayout) {
+  struct Layout {
+    attn::Index kv_heads, kdim;
+    StateDictNames names;
+    const char* first;  // the file's first projection weight
+  };
+  for (const Layout& l : {Layout{4, 0, StateDictNames::kDefault, "in_proj_weight"},
+                          Layout{2, 7, StateDictNames::kDefault, "q_proj_weight"},
+                          Layout{4, 7, StateDictNames::kDefault, "q_proj_weight"},
+                          Layout{2, 0, StateDictNames::kNotebook, "W_query.weight"},
+                          Layout{2, 0, StateDictNames::kLlama, "q_proj.weight"},
+                          Layout{1, 0, StateDictNames::kLlama, "q_proj.weight"}}) {
+    SCOPED_TRACE(std::string(l.first) + ", num_kv_heads=" + std::to_string(l.kv_heads));
+    const auto source = value_heads_module(l.kv_heads, l.kdim);
+    SafetensorsWriter w;
+    attn::io::save_state_dict(source, w, "p.", l.names);
+    const SafetensorsFile file = reopen(w);
+    ASSERT_TRUE(file.contains(std::string("p.") + l.first));
+    const auto o = attn::io::options_from_state_dict(file, 4, "p.");
+    attn::MultiHeadAttention<double> target(o);
+    EXPECT_EQ(target.head_dim(), 6);
+    EXPECT_EQ(target.value_head_dim(), 4);
+    EXPECT_EQ(target.num_kv_heads(), l.kv_heads);
+    EXPECT_EQ(target.d_out(), 10);
+    attn::io::load_state_dict(target, file, "p.");  // strict
+    expect_same_forward(source, target);
+  }
+}
+
+TEST(StateDict, AFusedInProjWeightOfGroupedHeadsNeedsTheirCount) {
+  // in_proj_weight (44, 10) and out_proj.weight (10, 16) with 4 heads: values of 16 / 4 = 4,
+  // and 44 rows = (4 + H_kv) hd + 4 H_kv fit H_kv = 1 with hd 8 and H_kv = 2 with hd 6.
+  const auto source = value_heads_module(2, 0);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w);
+  const SafetensorsFile file = reopen(w);
+  EXPECT_THAT(file.shape("in_proj_weight"), ElementsAre(44, 10));
+  EXPECT_THAT(
+      attn::test::thrown<StateDictError>([&] { attn::io::options_from_state_dict(file, 4); }),
+      AllOf(HasSubstr("in_proj_weight [44, 10] out_proj.weight [10, 16]"),
+            HasSubstr("fit several layouts of num_heads=4: num_kv_heads=1 with head_dim=8, "
+                      "num_kv_heads=2 with head_dim=6; give num_kv_heads or head_dim")));
+  for (const bool by_count : {true, false}) {
+    attn::MultiHeadAttentionOptions known;
+    known.num_heads = 4;
+    (by_count ? known.num_kv_heads : known.head_dim) = by_count ? 2 : 6;
+    attn::MultiHeadAttention<double> target(attn::io::options_from_state_dict(file, known));
+    EXPECT_EQ(target.num_kv_heads(), 2);
+    EXPECT_EQ(target.head_dim(), 6);
+    EXPECT_EQ(target.value_head_dim(), 4);
+    attn::io::load_state_dict(target, file);
+    expect_same_forward(source, target);
+  }
+  // What a state_dict does not hold is kept from the given options.
+  attn::MultiHeadAttentionOptions known;
+  known.num_heads = 4;
+  known.num_kv_heads = 2;
+  known.causal = true;
+  known.sliding_window = 3;
+  const auto kept = attn::io::options_from_state_dict(file, known);
+  EXPECT_TRUE(kept.causal);
+  EXPECT_EQ(kept.sliding_window, 3);
+  // Given sizes the shapes contradict, and rows no layout fits, are refused naming the shapes.
+  attn::MultiHeadAttentionOptions wrong;
+  wrong.num_heads = 4;
+  wrong.num_kv_heads = 4;
+  EXPECT_THAT(
+      attn::test::thrown<StateDictError>([&] { attn::io::options_from_state_dict(file, wrong); }),
+      AllOf(HasSubstr("in_proj_weight [44, 10]"),
+            HasSubstr("fit no layout of num_heads=4, num_kv_heads=4")));
+  wrong.num_kv_heads = 0;
+  wrong.value_head_dim = 6;
+  EXPECT_THAT(
+      attn::test::thrown<StateDictError>([&] { attn::io::options_from_state_dict(file, wrong); }),
+      HasSubstr("value_head_dim=6 was given, the shapes give 4"));
+  // Equal heads fit a fused weight of any H_kv that also fits: nn.MultiheadAttention's own
+  // (E 48, 4 heads of 12: 144 rows are also 2 key/value heads of 20) is read as it is.
+  const auto mha = make_mha<float>(48, 4, false, 0, 0, 1);
+  SafetensorsWriter plain;
+  attn::io::save_state_dict(mha, plain);
+  const auto o = attn::io::options_from_state_dict(reopen(plain), 4);
+  EXPECT_EQ(o.num_kv_heads, 0);
+  EXPECT_EQ(o.head_dim, 0);
+  EXPECT_EQ(o.value_head_dim, 0);
+}
+
+TEST(StateDict, InconsistentValueHeadsAreRefusedNamingTheShapes) {
+  const auto source = value_heads_module(2, 0);
+  SafetensorsWriter w;
+  attn::io::save_state_dict(source, w, "", StateDictNames::kLlama);
+  const SafetensorsFile file = reopen(w);
+  const auto rewritten = [&](const std::string& name, attn::Index rows, attn::Index cols) {
+    SafetensorsWriter out;
+    for (const std::string& n : file.names()) {
+      if (n == name) {
+        out.add(n, attn::Tensor<double, 2>({rows, cols}));
+      } else if (file.rank(n) == 1) {
+        out.add(n, file.get<double, 1>(n));
+      } else {
+        out.add(n, file.get<double, 2>(n));
+      }
+    }
+    return reopen(out);
+  };
+  // o_proj takes 4 heads of 5, v_proj gives 2 heads of 4.
+  EXPECT_THAT(attn::test::thrown<StateDictError>([&] {
+                attn::io::options_from_state_dict(rewritten("o_proj.weight", 10, 20), 4);
+              }),
+              AllOf(HasSubstr("v_proj.weight [8, 10] o_proj.weight [10, 20]"),
+                    HasSubstr("the value heads are 4 wide (the value rows / num_kv_heads=2) but "
+                              "the output projection takes num_heads=4 x 5 features")));
+  EXPECT_THAT(attn::test::thrown<StateDictError>([&] {
+                attn::io::options_from_state_dict(rewritten("o_proj.weight", 10, 18), 4);
+              }),
+              HasSubstr("the output projection's 18 input features do not split into "
+                        "num_heads=4 value heads"));
+  EXPECT_THAT(attn::test::thrown<StateDictError>(
+                  [&] { attn::io::options_from_state_dict(rewritten("v_proj.weight", 9, 10), 4); }),
+              HasSubstr("the value projection's 9 rows do not split into num_kv_heads=2"));
+  EXPECT_THAT(attn::test::thrown<StateDictError>([&] {
+                attn::io::options_from_state_dict(rewritten("k_proj.weight", 18, 10), 4);
+              }),
+              HasSubstr("k_proj.weight [18, 10]"));  // 3 heads of 6 do not divide 4
+}
+
 // A Hugging Face Llama-family attention layer: num_kv_heads key/value heads, biases as given.
 template <class Scalar>
 attn::MultiHeadAttention<Scalar> make_llama(attn::Index d, attn::Index heads, attn::Index kv_heads,

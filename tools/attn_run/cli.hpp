@@ -23,9 +23,10 @@ inline constexpr const char* kUsage =
                 --output Y.safetensors --num-heads H [options]
        attn_run --format llama --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [--num-kv-heads HKV] [--head-dim HD]
-                [--rope-theta THETA] [--rotary-dim R] [--rope-interleaved]
-                [--sliding-window W [--sink-tokens S]] [--prefill N] [--chunk C]
-                [--prefix P] [--double | --dtype bf16 [--output-dtype bf16|f32]]
+                [--value-head-dim HDV] [--rope-theta THETA] [--rotary-dim R]
+                [--rope-interleaved] [--sliding-window W [--sink-tokens S]]
+                [--prefill N] [--chunk C] [--prefix P]
+                [--double | --dtype bf16 [--output-dtype bf16|f32]]
        attn_run --format onnx --input IN.safetensors --output OUT.safetensors
                 [--q-num-heads N --kv-num-heads N] [--is-causal 0|1] [--scale S]
                 [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P]
@@ -36,7 +37,8 @@ inline constexpr const char* kUsage =
 
 Runs torch.nn.MultiheadAttention(batch_first=True) in eval mode with the state_dict in
 W (in_proj_weight, in_proj_bias or q/k/v_proj_weight, out_proj.weight, out_proj.bias;
-embed_dim, kdim, vdim and bias come from their shapes) on the tensors in X:
+embed_dim, kdim, vdim, the head sizes and bias come from their shapes, as an attn module
+with grouped-query heads or value heads of their own size saves them) on the tensors in X:
   query             (B, T_q, E) or (T_q, E)                     required
   key, value        (B, T_k, kdim), (B, T_k, vdim)              optional, both or neither
   attn_mask         BOOL or U8: true = blocked; float: added to scores
@@ -72,6 +74,12 @@ options:
   --output PATH         safetensors file to write
   --num-heads H         number of heads (not stored in a state_dict)
   --prefix P            prefix of the weight names (e.g. "encoder.self_attn.")
+  --num-kv-heads HKV    key/value heads (default: what the shapes give; checked against
+                        them). A fused in_proj_weight that several grouped-query layouts
+                        fit needs it or --head-dim
+  --head-dim HD         features per query and key head (default: the query rows / H)
+  --value-head-dim HDV  features per value head (default: the value rows / HKV, or
+                        out_proj.weight's input features / H)
   --causal              add a causal mask, triu(ones(T_q, T_k), diagonal=1)
   --need-weights        also write the attention weights averaged over heads
   --per-head-weights    write per-head weights (B, H, T_q, T_k) instead (implies --need-weights)
@@ -93,8 +101,6 @@ options:
                         gradients of sum(grad_output * output), as PyTorch autograd gives
                         (mha format only)
 llama options:
-  --num-kv-heads HKV    key/value heads (default: what k_proj.weight holds)
-  --head-dim HD         features per head (default: D / num_heads)
   --rope-theta THETA    RoPE base (default 10000)
   --rotary-dim R        rotate the first R features of each head (default: head_dim)
   --rope-interleaved    pairs (x[2i], x[2i+1]) (Meta, GPT-J); default rotate_half (HF)
@@ -213,11 +219,11 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     const bool takes_value =
         flag == "--weights" || flag == "--input" || flag == "--output" || flag == "--num-heads" ||
         flag == "--prefix" || flag == "--format" || flag == "--num-kv-heads" ||
-        flag == "--head-dim" || flag == "--rope-theta" || flag == "--rotary-dim" ||
-        flag == "--sliding-window" || flag == "--sink-tokens" || flag == "--prefill" ||
-        flag == "--chunk" || flag == "--q-num-heads" || flag == "--kv-num-heads" ||
-        flag == "--is-causal" || flag == "--scale" || flag == "--softcap" ||
-        flag == "--qk-matmul-output-mode" || flag == "--softmax-precision" ||
+        flag == "--head-dim" || flag == "--value-head-dim" || flag == "--rope-theta" ||
+        flag == "--rotary-dim" || flag == "--sliding-window" || flag == "--sink-tokens" ||
+        flag == "--prefill" || flag == "--chunk" || flag == "--q-num-heads" ||
+        flag == "--kv-num-heads" || flag == "--is-causal" || flag == "--scale" ||
+        flag == "--softcap" || flag == "--qk-matmul-output-mode" || flag == "--softmax-precision" ||
         flag == "--kv-dtype" || flag == "--dtype" || flag == "--output-dtype" || flag == "--paged";
     if (takes_value && i + 1 >= argv.size()) return error(flag + " needs a value");
     const std::string value = takes_value ? argv[++i] : std::string();
@@ -259,12 +265,19 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       }
       continue;
     }
-    if (flag == "--num-kv-heads" || flag == "--head-dim" || flag == "--rotary-dim" ||
-        flag == "--sliding-window" || flag == "--sink-tokens" || flag == "--prefill" ||
-        flag == "--chunk") {
-      attn::Index* const target = flag == "--num-kv-heads"     ? &llama.num_kv_heads
-                                  : flag == "--head-dim"       ? &llama.head_dim
-                                  : flag == "--rotary-dim"     ? &llama.rotary_dim
+    if (flag == "--num-kv-heads" || flag == "--head-dim" || flag == "--value-head-dim") {
+      weight_flags.push_back(flag);
+      attn::Index* const target = flag == "--num-kv-heads" ? &args.run.num_kv_heads
+                                  : flag == "--head-dim"   ? &args.run.head_dim
+                                                           : &args.run.value_head_dim;
+      if (!parse_positive(value, *target)) {
+        return error(flag + " expects a positive integer, got '" + value + "'");
+      }
+      continue;
+    }
+    if (flag == "--rotary-dim" || flag == "--sliding-window" || flag == "--sink-tokens" ||
+        flag == "--prefill" || flag == "--chunk") {
+      attn::Index* const target = flag == "--rotary-dim"       ? &llama.rotary_dim
                                   : flag == "--sliding-window" ? &llama.sliding_window
                                   : flag == "--sink-tokens"    ? &llama.sink_tokens
                                   : flag == "--prefill"        ? &llama.prefill
@@ -428,6 +441,9 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
                  (args.llama ? " is not used with --format llama" : " needs --format llama"));
   }
   llama.num_heads = args.run.num_heads;
+  llama.num_kv_heads = args.run.num_kv_heads;
+  llama.head_dim = args.run.head_dim;
+  llama.value_head_dim = args.run.value_head_dim;
   llama.prefix = args.run.prefix;
   llama.widen_output = args.run.widen_output;
   return parsed;

@@ -32,6 +32,8 @@ struct LlamaOptions {
   attn::Index num_heads = 0;     ///< required
   attn::Index num_kv_heads = 0;  ///< 0: what k_proj.weight holds (checked when given)
   attn::Index head_dim = 0;      ///< 0: q_proj.weight's rows / num_heads (checked when given)
+  /// 0: v_proj.weight's rows / num_kv_heads (checked when given)
+  attn::Index value_head_dim = 0;
   double rope_theta = 10000.0;
   attn::Index rotary_dim = 0;  ///< 0: head_dim
   bool rope_interleaved = false;
@@ -127,6 +129,9 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
   };
   agree("--head-dim", options.head_dim, config.head_dim, "q_proj.weight / num_heads");
   agree("--num-kv-heads", options.num_kv_heads, config.num_kv_heads, "k_proj.weight / head_dim");
+  agree("--value-head-dim", options.value_head_dim,
+        config.value_head_dim > 0 ? config.value_head_dim : config.head_dim,
+        "v_proj.weight / num_kv_heads");
 
   // ---- the input, checked against the weights from the file's header before anything is
   //      sized from it: the rotary tables by T, the cache by min(window, T) ----
@@ -195,14 +200,23 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
                 attn::slice(y.view(), 1, t0, t1));
       }
     };
-    if (paged_block > 0) {  // a pool of exactly the blocks the batch's T tokens take
+    if (paged_block > 0) {
       if constexpr (attn::is_storage_type_v<Scalar>) {
         throw std::logic_error("run_llama: a paged cache of a storage type (refused above)");
       } else {
+        // A pool of exactly the blocks the batch's T tokens take, or with a window W what a
+        // step of at most max_chunk tokens holds (the blocks behind the window are released).
+        const Index window = config.sliding_window;
+        Index per_sequence = (tokens + paged_block - 1) / paged_block;
+        if (window > 0) {
+          per_sequence =
+              std::min(per_sequence, (window + max_chunk - 1 + paged_block - 1) / paged_block + 1);
+        }
         attn::PagedKVCacheOptions c;
         c.block_size = paged_block;
-        c.num_blocks = batch * ((tokens + paged_block - 1) / paged_block);
+        c.num_blocks = batch * per_sequence;
         c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
+        c.value_head_dim = mha.value_head_dim();
         attn::PagedKVCache<Scalar> cache(c);
         std::vector<Index> seqs;
         for (Index b = 0; b < batch; ++b) seqs.push_back(cache.add_sequence());
@@ -212,6 +226,7 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
     }
     attn::KVCacheOptions c;
     c.batch = batch, c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd;
+    c.value_head_dim = mha.value_head_dim();
     c.capacity = ring ? 0 : tokens;
     c.window = ring ? options.sliding_window : 0;
     c.max_chunk = ring ? max_chunk : 1;

@@ -29,7 +29,10 @@ namespace attn_run {
 
 /// Options of run_multi_head_attention() (the flags of attn_run).
 struct RunOptions {
-  attn::Index num_heads = 0;    ///< required: a state_dict does not record it
+  attn::Index num_heads = 0;  ///< required: a state_dict does not record it
+  /// The head sizes when the weights' shapes leave them open (a fused in_proj_weight that
+  /// several grouped-query layouts fit); 0: read from the shapes. Checked against them.
+  attn::Index num_kv_heads = 0, head_dim = 0, value_head_dim = 0;
   bool causal = false;          ///< add a causal bound, top-left aligned: triu(ones(T_q, T_k), 1)
   bool need_weights = false;    ///< also write "weights"
   bool average_weights = true;  ///< average the weights over heads, like PyTorch's default
@@ -148,8 +151,13 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
     return std::string("a ") + attn::element_name<Scalar>() +
            " run has no backward yet; run it in float, double or bfloat16";
   });
+  attn::MultiHeadAttentionOptions known;
+  known.num_heads = options.num_heads;
+  known.num_kv_heads = options.num_kv_heads;
+  known.head_dim = options.head_dim;
+  known.value_head_dim = options.value_head_dim;
   const attn::MultiHeadAttentionOptions config =
-      attn::io::options_from_state_dict(weights, options.num_heads, options.prefix);
+      attn::io::options_from_state_dict(weights, known, options.prefix);
   attn::MultiHeadAttention<Scalar> mha(config);
   mha.eval();
   attn::io::load_state_dict(mha, weights, options.prefix, attn::io::Strict::kYes);

@@ -74,6 +74,7 @@ class CrossAttention : private MultiHeadAttention<Scalar>,
   using Module::run_backward;
   using Module::run_cached;
   using Module::run_packed;
+  using Module::run_paged_prefill;
   using Module::run_prefill;
   using Module::weight_heads;
 

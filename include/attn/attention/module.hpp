@@ -371,6 +371,24 @@ class ModuleForwards {
         gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache_memory(cache));
     derived().run_prefill(x, seqs, out3, ws, cache);
   }
+  /// Packed prefill into a paged cache: x (total, features) holds the next tokens of
+  /// sequences ids[0 .. N-1] of `cache` (distinct; offsets `seqs`, a prompt of its own length
+  /// each), each appended to its sequence and attending to its cached keys as the paged
+  /// incremental forward does. Each sequence's rows, and its keys and values, are
+  /// bit-identical to that forward on the sequence alone (forward(x, out, ws, cache, {id})).
+  /// @throws as the paged incremental forward (the pool short of blocks for all of them
+  ///         included: nothing is changed then); ShapeError for offsets that do not fit or
+  ///         ids of another count than the sequences.
+  void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
+               Workspace& ws, PagedKVCache<Scalar>& cache, const std::vector<Index>& ids) const {
+    static_assert(kTraining,
+                  "attn: a bfloat16 module has no KV cache yet; the packed prefill needs a float "
+                  "or double module");
+    const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
+    const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
+        gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache.memory());
+    derived().run_paged_prefill(x, seqs, out3, ws, cache, ids);
+  }
 
   void backward(In<InputX, 3> grad_out, const SavedForward<Scalar>& saved,
                 Grad<Inputs, 3>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
@@ -594,6 +612,17 @@ class CoreModule {
                          "and value");
                    });
     forward_packed_prefill(core_, x.query, seqs, out, ws, cache);
+  }
+  void run_paged_prefill(const ModuleInputs<Scalar>& x, const PackedSequences& seqs,
+                         TensorView<Scalar, 3> out, Workspace& ws, PagedKVCache<Scalar>& cache,
+                         const std::vector<Index>& ids) const {
+    require_config(same_view(x.query, x.key) && same_view(x.key, x.value),
+                   core_.config().forward_name, [] {
+                     return std::string(
+                         "the packed prefill is self-attention: pass one tensor as query, key "
+                         "and value");
+                   });
+    forward_paged_prefill(core_, x.query, seqs, out, ws, cache, ids);
   }
 
   void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,

@@ -181,6 +181,11 @@ class MultiHeadAttentionWrapper
                    TensorView<Scalar, 3>, Workspace&, KVCache<Scalar>&) const {
     detail::refuse_packed("MultiHeadAttentionWrapper::forward");
   }
+  void run_paged_prefill(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
+                         TensorView<Scalar, 3>, Workspace&, PagedKVCache<Scalar>&,
+                         const std::vector<Index>&) const {
+    detail::refuse_packed("MultiHeadAttentionWrapper::forward");
+  }
   void run_paged(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
                  PagedKVCache<Scalar>&, const std::vector<Index>&) const {
     detail::refuse_cached("MultiHeadAttentionWrapper::forward",

@@ -18,10 +18,12 @@
 #include "attn/attention/paged_kv_cache.hpp"
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
+#include "attn/attention/varlen.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
 #include "attn/kernels/gemm_args.hpp"
 #include "attn/nn/mask.hpp"
+#include "attn/ops/attention.hpp"
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
@@ -34,12 +36,16 @@ namespace detail {
 /// tokens appended): query i of item b at position L_b - T + i (per-item bottom-right causal
 /// bound, the window), the rows read through the block tables. As cache_call() for a
 /// KVCache: the same tiles over the same positions, so the same bits for the same rows.
+/// With `tables` (a table and the lengths), the batch is gathered there instead of into the
+/// cache: several calls over one cache in one parallel region.
 template <class Scalar>
 AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> q,
                                  const PagedKVCache<Scalar>& cache, const Index* seqs,
                                  TensorView<Scalar, 4> out, const AttentionOptions& options,
-                                 Index window) {
-  const PagedBatch batch = cache.batch(seqs, q.extent(0));
+                                 Index window, std::vector<Index>* tables = nullptr) {
+  const PagedBatch batch = tables != nullptr
+                               ? cache.batch_into(seqs, q.extent(0), tables[0], tables[1])
+                               : cache.batch(seqs, q.extent(0));
   CacheKeys keys;
   keys.lengths = TensorView<const Index, 1>(batch.lengths, {batch.batch});
   // k and v give the shapes only (the kernel reads call.args.stored), as broadcasts of q's
@@ -56,20 +62,33 @@ AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> 
   return call;
 }
 
-/// The checks of forward_paged(), all before anything is written (the cache included): a
-/// causal self-attention module of the cache's heads and head size, x (B, T, d_in) for B
-/// distinct sequences of the cache, out (B, T, d_out) outside the cache, positions within
-/// context_length and the rotary tables, and blocks enough in the pool.
-/// @throws as forward_paged().
+/// Sequence s of `cache` still holds every key its first query, at position `first_query`,
+/// sees with `window` (0: from position 0).
+/// @throws ConfigError naming the positions when released blocks hold some.
 template <class Scalar>
-void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
-                 TensorView<Scalar, 3> out, const PagedKVCache<Scalar>& cache,
-                 const std::vector<Index>& seqs) {
+void check_window_held(const char* where, const PagedKVCache<Scalar>& cache, Index s,
+                       Index first_query, Index window) {
+  const Index first_key = window > 0 ? std::max<Index>(first_query - window + 1, 0) : 0;
+  require_config(cache.first_position(s) <= first_key, where, [&] {
+    return "sequence " + std::to_string(s) + " holds positions from " +
+           std::to_string(cache.first_position(s)) + " (the blocks before were released), but " +
+           "its query at position " + std::to_string(first_query) + " sees keys from " +
+           std::to_string(first_key) +
+           (window > 0 ? " with window=" + std::to_string(window) : " without a window");
+  });
+}
+
+/// The checks of the paged forwards that do not depend on the input's layout: a causal
+/// self-attention module of the cache's heads and head sizes, sequences seqs[0 .. B-1]
+/// distinct sequences of the cache that take tokens[b * t_stride] more tokens each within
+/// context_length and the rotary tables, still holding the keys their window sees, and blocks
+/// enough in the pool.
+template <class Scalar>
+void check_paged_sequences(const AttentionCore<Scalar>& core, const PagedKVCache<Scalar>& cache,
+                           const std::vector<Index>& seqs, Index batch, const Index* tokens,
+                           Index t_stride) {
   const CoreConfig& c = core.config();
   const char* where = c.forward_name;
-  const char* name = c.input_name != nullptr ? c.input_name : "query";
-  check_input(where, name, x, core.d_in(), "d_in");
-  const Index batch = x.extent(0), tokens = x.extent(1);
   require_config(c.causal && core.projection().fused(), where, [] {
     return std::string(
         "the incremental forward is causal self-attention (each token attends to the cached "
@@ -89,10 +108,12 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
                    ", head_dim=" + std::to_string(core.head_dim()) +
                    ", value_head_dim=" + std::to_string(core.value_head_dim());
           });
-  check_output(where, out, {batch, tokens, core.d_out()});
-  const Index need = cache.needed(where, seqs.data(), batch, tokens);  // ids, repeats
+  const Index need = cache.needed(where, seqs.data(), batch, tokens, t_stride);  // ids, repeats
   for (Index b = 0; b < batch; ++b) {
-    const Index end = cache.length(seqs[static_cast<std::size_t>(b)]) + tokens;  // no overflow
+    const Index t = tokens[b * t_stride];
+    const Index end = cache.length(seqs[static_cast<std::size_t>(b)]) + t;  // no overflow
+    check_window_held(where, cache, seqs[static_cast<std::size_t>(b)], end - t,
+                      core.sliding_window());
     require_config(c.context_length <= 0 || end <= c.context_length, where, [&] {
       return "sequence " + std::to_string(seqs[static_cast<std::size_t>(b)]) + " would reach " +
              std::to_string(end) +
@@ -106,11 +127,31 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
     });
   }
   require_config(need <= cache.free_blocks(), where, [&] {
-    return "the block pool is exhausted: " + std::to_string(tokens) + " more tokens for " +
+    Index total = 0;
+    for (Index b = 0; b < batch; ++b) total += tokens[b * t_stride];
+    return "the block pool is exhausted: " + std::to_string(total) + " more tokens for " +
            std::to_string(batch) + " sequences need " + std::to_string(need) + " blocks, " +
            std::to_string(cache.free_blocks()) + " of N=" + std::to_string(cache.num_blocks()) +
            " are free (free or preempt sequences, or build a larger pool)";
   });
+}
+
+/// The checks of forward_paged(), all before anything is written (the cache included): a
+/// causal self-attention module of the cache's heads and head size, x (B, T, d_in) for B
+/// distinct sequences of the cache, out (B, T, d_out) outside the cache, positions within
+/// context_length and the rotary tables, and blocks enough in the pool.
+/// @throws as forward_paged().
+template <class Scalar>
+void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                 TensorView<Scalar, 3> out, const PagedKVCache<Scalar>& cache,
+                 const std::vector<Index>& seqs) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index batch = x.extent(0), tokens = x.extent(1);
+  check_paged_sequences(core, cache, seqs, batch, &tokens, 0);
+  check_output(where, out, {batch, tokens, core.d_out()});
   require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
 }
 
@@ -118,7 +159,9 @@ void check_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
 /// tokens of sequences seqs[0 .. B-1], each at its own length (a ragged batch). As
 /// forward_cached(): their keys and values are appended (rotated, quantised), and each token
 /// attends causally (within the module's window) to its sequence's cached keys; the rows
-/// equal forward_cached()'s over a KVCache holding the same tokens, bit for bit.
+/// equal forward_cached()'s over a KVCache holding the same tokens, bit for bit. With a
+/// window W, each sequence's blocks wholly before position length - W + 1 (which no later
+/// query sees) are released after the step (PagedKVCache::release_before()).
 template <class Scalar>
 void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                    TensorView<Scalar, 3> out, Workspace& ws, PagedKVCache<Scalar>& cache,
@@ -175,6 +218,111 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
                 ws);
   // 5. The output projection.
   finish_step(core, ctx, batch, t, out, ws);
+  // 6. With a window, the blocks no later query sees back to the pool.
+  if (core.sliding_window() > 0) {
+    for (const Index s : seqs) cache.release_before(s, cache.length(s) - core.sliding_window() + 1);
+  }
+}
+
+/// The packed prefill into a paged cache: x (1, total, d_in) holds the next tokens of
+/// sequences ids[0 .. N-1] of `cache` (distinct) back to back, sequence ids[s] rows
+/// offsets.query.begin(s) .. end(s) (a prompt of its own length each); out (1, total,
+/// d_out). As forward_packed_prefill() for a KVCache:
+///   1. checks, all before anything is written (check_paged_sequences() with each
+///      sequence's own length, the offsets, out); blocks for every sequence's tokens;
+///   2. Q, K, V of all rows: one projection GEMM each, head-major in the workspace;
+///   3. each sequence's keys (rotated at its positions L_s ..) and values stored through its
+///      block table, its length advanced; then every sequence's attention call in one
+///      parallel region (each reading its own gathered table);
+///   4. the output projection over all rows; with a window, the blocks no later query sees
+///      released.
+/// Each sequence's rows, and its keys and values in the cache, are bit-identical to
+/// forward_paged() on that sequence alone (a batch of one).
+template <class Scalar>
+void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
+                           const PackedSequences& packed, TensorView<Scalar, 3> out, Workspace& ws,
+                           PagedKVCache<Scalar>& cache, const std::vector<Index>& ids) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  // 1. Checks.
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index total = x.extent(1);
+  require(packed.key.empty(), where, [] {
+    return std::string(
+        "the packed prefill is self-attention: give one set of offsets (the keys are the "
+        "sequences' own tokens)");
+  });
+  const SequenceOffsets& o = packed.query;
+  check_offsets(where, "cu_seqlens", o, total,
+                std::string(name) + " " + to_string(Shape<2>{total, x.extent(2)}));
+  const Index n = o.sequences();
+  std::vector<Index> lengths(static_cast<std::size_t>(n));
+  for (Index s = 0; s < n; ++s) lengths[static_cast<std::size_t>(s)] = o.length(s);
+  check_paged_sequences(core, cache, ids, n, lengths.data(), 1);
+  check_output(where, out, {1, total, core.d_out()});
+  check_output_memory(where, out, {}, AttentionMask<Scalar>());
+  require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
+  cache.prepare(where, ids.data(), n, lengths.data(), 1);  // strong guarantee
+  // 2. Projections: Q (1, H, total, hd), then K (1, H_kv, total, hd) and V (1, H_kv, total,
+  //    hd_v).
+  const QkvProjection<Scalar>& proj = core.projection();
+  const Index heads = core.num_heads(), kv_heads = core.num_kv_heads(), hd = core.head_dim();
+  const Index hd_v = core.value_head_dim(), qa = heads * hd, a = core.attention_width();
+  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
+  Scalar* q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (qa + kv_heads * (hd + hd_v)));
+  Scalar* kv = q + total * qa;
+  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
+                    GemmOutput<Scalar>::head_major(q, total, qa, hd), ws);
+  project_key_value(proj, rows, total, kv, ws);
+  Scalar* v = kv + total * kv_heads * hd;
+  const bool direct = !c.out_proj && out.stride(2) == 1;
+  Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, total * a);
+  const Index ctx_row = direct ? out.stride(1) : a;
+  const AttentionOptions options = core.kernel_options({});
+  // 3. Each sequence's rows into its blocks, then the attention of all of them.
+  std::vector<std::vector<Index>> tables(static_cast<std::size_t>(2 * n));
+  std::vector<AttentionCall<Scalar>> calls;
+  for (Index s = 0; s < n; ++s) {
+    const Index id = ids[static_cast<std::size_t>(s)], t = o.length(s), r0 = o.begin(s);
+    const Index first = cache.length(id);
+    if (core.has_rope()) {
+      const RotaryEmbedding<Scalar>& rope = core.rope();
+      for (Index h = 0; h < heads; ++h) rope.apply(q + h * total * hd + r0 * hd, t, hd, first);
+      for (Index h = 0; h < kv_heads; ++h) rope.apply(kv + h * total * hd + r0 * hd, t, hd, first);
+    }
+    for (Index part = 0; part < 2; ++part) {
+      const Index width = part == 0 ? hd : hd_v;
+      for (Index h = 0; h < kv_heads; ++h) {
+        const Scalar* from = (part == 0 ? kv : v) + (h * total + r0) * width;
+        for (Index i = 0; i < t; ++i) {
+          cache.store_row(from + i * width, 1, id, static_cast<int>(part), h, first + i);
+        }
+      }
+    }
+    cache.advance(id, t);
+    if (t == 0) continue;
+    calls.push_back(paged_call<Scalar>(
+        where, TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {qa, total * hd, hd, 1}),
+        cache, &ids[static_cast<std::size_t>(s)],
+        TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd_v}, {a, hd_v, ctx_row, 1}),
+        options, core.sliding_window(), &tables[static_cast<std::size_t>(2 * s)]));
+  }
+  run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
+  // 4. The output projection; the blocks behind the window back to the pool.
+  if (!direct) {
+    const TensorView<const Scalar, 3> context(ctx, {1, total, a});
+    if (c.out_proj) {
+      core.out_proj().forward(context, out, ws);
+    } else {
+      copy(context, out);
+    }
+  }
+  if (core.sliding_window() > 0) {
+    for (const Index id : ids)
+      cache.release_before(id, cache.length(id) - core.sliding_window() + 1);
+  }
 }
 
 }  // namespace detail
@@ -189,8 +337,9 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 /// other call may use the same cache at the same time.
 /// @throws IndexError for an entry of seqs that is not a sequence; ShapeError on shapes that
 ///         do not fit (seqs must have B entries) or an `out` sharing memory with q or the
-///         cache; ConfigError for T past a sequence's length, a negative window, or options
-///         scaled_dot_product_attention refuses.
+///         cache; ConfigError for T past a sequence's length, a negative window, keys the
+///         window sees in blocks released before (PagedKVCache::release_before()), or
+///         options scaled_dot_product_attention refuses.
 template <class Scalar>
 void paged_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>> q,
                      const PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs,
@@ -214,6 +363,9 @@ void paged_attention(typename std::enable_if_t<true, TensorView<const Scalar, 4>
   }
   detail::require_config(window >= 0, where,
                          [&] { return "window=" + std::to_string(window) + " is negative"; });
+  for (const Index s : seqs) {
+    detail::check_window_held(where, cache, s, cache.length(s) - q.extent(2), window);
+  }
   detail::require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
   detail::run_attention(detail::paged_call(where, q, cache, seqs.data(), out, options, window), ws);
 }

@@ -72,6 +72,13 @@ struct PagedBatch {
 /// partly filled last block is shared first copies that block to a fresh one (copy on
 /// write); full shared blocks stay shared for good.
 ///
+/// Sliding windows. release_before(s, p) gives back the blocks wholly before position p,
+/// which no query at p or later sees through a window; their block_table() entries become
+/// -1 and first_position(s) moves past them. The incremental forward of a module with a
+/// sliding window W calls it after every step (keeping the W - 1 positions the next query
+/// sees), so a stream of any length holds at most ceil((W + T - 1) / S) + 1 blocks during a
+/// step of T tokens: ceil(W / S) + 1 when decoding.
+///
 /// Element types. As KVCache (KVElement): append() quantises, the kernel reads the rows as
 /// stored and dequantises them tile by tile; the same rows and scales give the same bits as a
 /// contiguous KVCache holding the same tokens.
@@ -188,9 +195,15 @@ class PagedKVCache {
   /// Tokens sequence s holds: the position of its next token.
   /// @throws IndexError (as every member taking a sequence) if s is not a sequence.
   Index length(Index s) const { return seq(checked("PagedKVCache::length", s)).length; }
-  /// Sequence s's blocks in position order (ceil(length / S) of them).
+  /// Sequence s's blocks in position order (ceil(length / S) of them; -1 for the blocks
+  /// released before first_position(s)).
   const std::vector<Index>& block_table(Index s) const {
     return seq(checked("PagedKVCache::block_table", s)).blocks;
+  }
+  /// The first position sequence s still holds: 0, or past the blocks release_before() gave
+  /// back (a multiple of S).
+  Index first_position(Index s) const {
+    return seq(checked("PagedKVCache::first_position", s)).released * o_.block_size;
   }
   /// Blocks the pool must have free for sequence s to take t_new more tokens: the new blocks,
   /// and one more when its partly filled last block is shared (copied before it is written).
@@ -203,7 +216,9 @@ class PagedKVCache {
   /// id. Takes no block from the pool.
   Index fork(Index s) {
     const Index id = insert(seq(checked("PagedKVCache::fork", s)));
-    for (Index n : seq(id).blocks) ++refs_[static_cast<std::size_t>(n)];
+    for (Index n : seq(id).blocks) {
+      if (n >= 0) ++refs_[static_cast<std::size_t>(n)];
+    }
     return id;
   }
   /// Frees sequence s: its blocks that no other sequence holds go back to the pool, and its
@@ -212,20 +227,40 @@ class PagedKVCache {
     Sequence& x = seq(checked("PagedKVCache::free_sequence", s));
     release(x.blocks, 0);
     x.length = 0;
+    x.released = 0;
     x.live = false;
     free_ids_.push_back(s);  // capacity reserved by insert()
   }
   /// Keeps sequence s's first n tokens (rolls back rejected speculative tokens); blocks past
   /// them go back to the pool (when no other sequence holds them).
-  /// @throws ConfigError naming the values if n is negative or past length(s).
+  /// @throws ConfigError naming the values if n is before first_position(s) or past
+  ///         length(s).
   void truncate(Index s, Index n) {
     Sequence& x = seq(checked("PagedKVCache::truncate", s));
-    detail::require_config(n >= 0 && n <= x.length, "PagedKVCache::truncate", [&] {
-      return "cannot keep " + std::to_string(n) + " tokens of sequence " + std::to_string(s) +
-             " (length " + std::to_string(x.length) + ")";
-    });
+    detail::require_config(
+        n >= x.released * o_.block_size && n <= x.length, "PagedKVCache::truncate", [&] {
+          return "cannot keep " + std::to_string(n) + " tokens of sequence " + std::to_string(s) +
+                 " (length " + std::to_string(x.length) + ", first position held " +
+                 std::to_string(x.released * o_.block_size) + ")";
+        });
     release(x.blocks, (n + o_.block_size - 1) / o_.block_size);
     x.length = n;
+  }
+  /// Gives back sequence s's blocks wholly before `position` (clamped to [0, length(s)]):
+  /// tokens that a sliding window of queries at `position` and later no longer sees. Each
+  /// goes back to the pool when no other sequence holds it: a fork keeps the blocks it shares
+  /// until it releases them too. Their block_table(s) entries become -1 and first_position(s)
+  /// moves to the first block still held; the released positions can no longer be attended
+  /// to (the attention calls check the window), read (dequantize() gives zeros) or truncated
+  /// back to.
+  void release_before(Index s, Index position) {
+    Sequence& x = seq(checked("PagedKVCache::release_before", s));
+    const Index end = std::clamp<Index>(position, 0, x.length) / o_.block_size;
+    for (; x.released < end; ++x.released) {
+      Index& block = x.blocks[static_cast<std::size_t>(x.released)];
+      if (--refs_[static_cast<std::size_t>(block)] == 0) free_.push_back(block);
+      block = -1;
+    }
   }
 
   // ---- writing ----
@@ -284,6 +319,10 @@ class PagedKVCache {
         for (Index p = 0; p < n; ++p) {
           const Index block = seq(s).blocks[static_cast<std::size_t>(p / o_.block_size)];
           const Index r = p % o_.block_size;
+          if (block < 0) {  // released behind a window
+            for (Index e = 0; e < width; ++e) to(h, p, e) = Scalar(0);
+            continue;
+          }
           detail::stored_row_to(o_.element, row_at(block, part, h, r), scales_at(block, part, h, r),
                                 group(width), width, row.data(), wide.data());
           for (Index e = 0; e < width; ++e) to(h, p, e) = row[static_cast<std::size_t>(e)];
@@ -296,23 +335,31 @@ class PagedKVCache {
   /// (see PagedBatch; the gathered tables live in the cache until the next batch()).
   /// @throws IndexError if an entry is not a sequence.
   PagedBatch batch(const Index* seqs, Index count) const {
+    return batch_into(seqs, count, table_, lengths_);
+  }
+  /// As batch(), the tables and lengths gathered into `table` and `lengths` (which must
+  /// outlive the call's use of the result): several calls over one cache at once.
+  PagedBatch batch_into(const Index* seqs, Index count, std::vector<Index>& table,
+                        std::vector<Index>& lengths) const {
     const char* where = "PagedKVCache::batch";
     Index widest = 0;
     for (Index b = 0; b < count; ++b) {
       widest = std::max(widest, static_cast<Index>(seq(checked(where, seqs[b])).blocks.size()));
     }
     widest = std::max<Index>(widest, 1);
-    table_.assign(static_cast<std::size_t>(count * widest), 0);
-    lengths_.assign(static_cast<std::size_t>(count), 0);
+    table.assign(static_cast<std::size_t>(count * widest), 0);
+    lengths.assign(static_cast<std::size_t>(count), 0);
     for (Index b = 0; b < count; ++b) {
       const Sequence& x = seq(seqs[b]);
-      std::copy(x.blocks.begin(), x.blocks.end(), table_.begin() + b * widest);
-      lengths_[static_cast<std::size_t>(b)] = x.length;
+      // (Released blocks as block 0: the kernel never reads a key behind the window.)
+      std::transform(x.blocks.begin(), x.blocks.end(), table.begin() + b * widest,
+                     [](Index n) { return std::max<Index>(n, 0); });
+      lengths[static_cast<std::size_t>(b)] = x.length;
     }
     PagedBatch out;
     out.batch = count;
     out.slots = widest * o_.block_size;
-    out.lengths = lengths_.data();
+    out.lengths = lengths.data();
     const auto rows = [&](int part, Index width, Index scales) {
       detail::StoredRows r;
       r.element = o_.element;
@@ -326,7 +373,7 @@ class PagedKVCache {
         r.scale_row_stride = scales;
         r.group = group(width);
       }
-      r.table = table_.data(), r.table_stride = widest, r.block_rows = o_.block_size;
+      r.table = table.data(), r.table_stride = widest, r.block_rows = o_.block_size;
       return r;
     };
     out.stored.k = rows(0, o_.head_dim, k_scales_);
@@ -337,18 +384,21 @@ class PagedKVCache {
   // ---- for the incremental forward (its caller checked everything first) ----
 
   /// Blocks the pool must have free for every sequence of seqs[0 .. count - 1] (distinct) to
-  /// take t_new more tokens. A block shared by k of them and held by r sequences in all is
-  /// copied by each of them but the last writer when k = r, so k - (k == r) copies.
+  /// take t_new more tokens (sequence seqs[i]: t_new[i * t_stride]; stride 0: the same for
+  /// all). A block shared by k of them and held by r sequences in all is copied by each of
+  /// them but the last writer when k = r, so k - (k == r) copies.
   /// @throws IndexError for an entry that is not a sequence; ConfigError for a repeated one,
   ///         a negative t_new or a length that would overflow.
-  Index needed(const char* where, const Index* seqs, Index count, Index t_new) const {
-    detail::require_config(t_new >= 0, where, [&] {
-      return "T_new=" + std::to_string(t_new) + " is negative: a token count must not be";
-    });
+  Index needed(const char* where, const Index* seqs, Index count, const Index* tokens,
+               Index t_stride) const {
     Index total = 0;
     std::vector<Index>& shared = shared_;  // the shared, partly filled last blocks written into
     shared.clear();
     for (Index i = 0; i < count; ++i) {
+      const Index t_new = tokens[i * t_stride];
+      detail::require_config(t_new >= 0, where, [&] {
+        return "T_new=" + std::to_string(t_new) + " is negative: a token count must not be";
+      });
       const Sequence& x = seq(checked(where, seqs[i]));
       for (Index j = 0; j < i; ++j) {
         detail::require_config(seqs[j] != seqs[i], where, [&] {
@@ -380,6 +430,9 @@ class PagedKVCache {
     }
     return total;
   }
+  Index needed(const char* where, const Index* seqs, Index count, Index t_new) const {
+    return needed(where, seqs, count, &t_new, 0);
+  }
 
   /// Makes room for t_new more tokens in each of seqs[0 .. count - 1] (distinct): copies
   /// shared partly filled last blocks, takes new blocks; lengths are not changed (write the
@@ -387,13 +440,20 @@ class PagedKVCache {
   /// @throws as needed(); ConfigError naming the blocks needed and free when the pool is
   ///         short.
   void prepare(const char* where, const Index* seqs, Index count, Index t_new) {
-    const Index need = needed(where, seqs, count, t_new);
+    prepare(where, seqs, count, &t_new, 0);
+  }
+  /// As above, sequence seqs[i] taking t_new[i * t_stride] tokens.
+  void prepare(const char* where, const Index* seqs, Index count, const Index* tokens,
+               Index t_stride) {
+    const Index need = needed(where, seqs, count, tokens, t_stride);
     detail::require_config(need <= free_blocks(), where, [&] {
       std::string names;
       for (Index i = 0; i < std::min<Index>(count, 8); ++i) {
         names += (i ? ", " : "") + std::to_string(seqs[i]);
       }
       if (count > 8) names += ", ...";
+      Index t_new = 0;
+      for (Index i = 0; i < count; ++i) t_new += tokens[i * t_stride];
       return "the block pool is exhausted: " + std::to_string(t_new) + " more tokens for " +
              (count == 1 ? "sequence " : "sequences ") + names + " need " + std::to_string(need) +
              " blocks of " + std::to_string(o_.block_size) + " tokens, " +
@@ -402,10 +462,12 @@ class PagedKVCache {
     });
     for (Index i = 0; i < count; ++i) {  // may throw std::bad_alloc: nothing changed yet
       Sequence& x = seq(seqs[i]);
-      x.blocks.reserve(static_cast<std::size_t>(blocks_for(x.length + t_new)));
+      x.blocks.reserve(static_cast<std::size_t>(blocks_for(x.length + tokens[i * t_stride])));
     }
-    for (Index i = 0; i < count && t_new > 0; ++i) {  // no throw from here
+    for (Index i = 0; i < count; ++i) {  // no throw from here
       Sequence& x = seq(seqs[i]);
+      const Index t_new = tokens[i * t_stride];
+      if (t_new == 0) continue;
       if (x.length % o_.block_size != 0 && refs_[static_cast<std::size_t>(x.blocks.back())] > 1) {
         const Index old = x.blocks.back(), copy = take();
         copy_block(old, copy);
@@ -438,6 +500,7 @@ class PagedKVCache {
   struct Sequence {
     std::vector<Index> blocks;
     Index length = 0;
+    Index released = 0;  ///< leading blocks given back by release_before() (-1 in blocks)
     bool live = true;
   };
 
@@ -488,7 +551,9 @@ class PagedKVCache {
   /// sequence holds it).
   void release(std::vector<Index>& blocks, Index keep) noexcept {
     for (std::size_t i = static_cast<std::size_t>(keep); i < blocks.size(); ++i) {
-      if (--refs_[static_cast<std::size_t>(blocks[i])] == 0) free_.push_back(blocks[i]);
+      if (blocks[i] >= 0 && --refs_[static_cast<std::size_t>(blocks[i])] == 0) {
+        free_.push_back(blocks[i]);
+      }
     }
     blocks.resize(std::min(blocks.size(), static_cast<std::size_t>(keep)));
   }

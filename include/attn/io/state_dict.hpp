@@ -3,6 +3,7 @@
 // the module's named_parameters() and named_buffers().
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <set>
 #include <string>
@@ -232,19 +233,161 @@ void save_state_dict(const Module& module, const std::string& path,
   out.save(path);
 }
 
+namespace detail {
+
+/// The head layout a state_dict's projection weights give, written into `o` (num_kv_heads,
+/// head_dim, value_head_dim): from separate query, key and value weights (`rows` of each;
+/// -1 for an absent key or value weight) or one fused weight (`fused_rows`, -1 if separate),
+/// and the output projection's input features `out_features` (-1 without one). `known`
+/// holds num_heads and the sizes the caller gives (0: read from the shapes); `shapes` names
+/// the tensors and their shapes for the messages; o.d_out is already set. num_kv_heads and
+/// head_dim are written when `explicit_sizes` or when they are not the defaults (num_heads,
+/// d_out / num_heads); value_head_dim when it is not head_dim.
+/// @throws StateDictError naming `shapes` when no layout fits, a given size does not, or a
+///         fused weight fits several.
+inline void read_head_layout(MultiHeadAttentionOptions& o, const MultiHeadAttentionOptions& known,
+                             const std::vector<Index>& rows, Index fused_rows, Index out_features,
+                             const std::string& shapes, bool explicit_sizes) {
+  const char* where = "options_from_state_dict";
+  const Index h = known.num_heads;
+  const auto fail_unless = [&](bool ok, const auto& problem) {
+    io_require<StateDictError>(ok, where, [&] { return shapes + ": " + problem(); });
+  };
+  const auto text = [](Index v) { return std::to_string(v); };
+  const auto agree = [&](const char* what, Index given, Index found) {
+    fail_unless(given == 0 || given == found, [&] {
+      return std::string(what) + "=" + text(given) + " was given, the shapes give " + text(found);
+    });
+  };
+  // The value heads' size from the output projection's input (H hd_v), when there is one.
+  Index hd_v = 0;
+  if (out_features >= 0) {
+    fail_unless(out_features > 0 && out_features % h == 0, [&] {
+      return "the output projection's " + text(out_features) +
+             " input features do not split into num_heads=" + text(h) + " value heads";
+    });
+    hd_v = out_features / h;
+    agree("value_head_dim", known.value_head_dim, hd_v);
+  }
+  Index kv = 0, hd = 0;
+  if (fused_rows < 0) {  // separate weights: each size follows from one shape
+    const Index q = rows[0], k = rows[1], v = rows[2];
+    fail_unless(q > 0 && q % h == 0, [&] {
+      return "the query projection's " + text(q) + " rows do not split into num_heads=" + text(h) +
+             " heads";
+    });
+    hd = q / h;
+    kv = known.num_kv_heads > 0 ? known.num_kv_heads : h;
+    if (k >= 0) {
+      fail_unless(k > 0 && k % hd == 0 && h % (k / hd) == 0, [&] {
+        return "the key projection's " + text(k) +
+               " rows are not whole heads of head_dim=" + text(hd) +
+               " (the query rows / num_heads) whose number divides num_heads=" + text(h);
+      });
+      kv = k / hd;
+    }
+    if (v >= 0) {
+      fail_unless(v > 0 && v % kv == 0, [&] {
+        return "the value projection's " + text(v) +
+               " rows do not split into num_kv_heads=" + text(kv) + " value heads";
+      });
+      fail_unless(hd_v == 0 || v / kv == hd_v, [&] {
+        return "the value heads are " + text(v / kv) +
+               " wide (the value rows / num_kv_heads=" + text(kv) +
+               ") but the output projection takes num_heads=" + text(h) + " x " + text(hd_v) +
+               " features";
+      });
+      hd_v = v / kv;
+    }
+  } else {
+    // One fused weight of (H + H_kv) hd + H_kv hd_v rows: every H_kv dividing H with a whole
+    // hd fits. H_kv = H (nn.MultiheadAttention's heads, no grouped-query ones) is taken when
+    // it fits; else the one layout that fits, or the given sizes must settle it.
+    if (hd_v == 0) hd_v = known.value_head_dim;  // still 0: as wide as the query heads
+    std::vector<std::pair<Index, Index>> fits;   // (H_kv, hd)
+    const auto try_kv = [&](Index g) {
+      if (known.num_kv_heads > 0 && g != known.num_kv_heads) return;
+      if (hd_v > 0 && hd_v > fused_rows / g) return;  // (a given hd_v: no overflow below)
+      const Index rest = fused_rows - (hd_v > 0 ? g * hd_v : 0);
+      const Index per_hd = h + g + (hd_v > 0 ? 0 : g);
+      if (rest <= 0 || rest % per_hd != 0) return;
+      if (known.head_dim > 0 && rest / per_hd != known.head_dim) return;
+      fits.emplace_back(g, rest / per_hd);
+    };
+    for (Index g = 1; g <= h / g; ++g) {  // the divisors of H, in pairs (g, H / g)
+      if (h % g != 0) continue;
+      try_kv(g);
+      if (h / g != g) try_kv(h / g);
+    }
+    std::sort(fits.begin(), fits.end());
+    const auto all_heads =
+        std::find_if(fits.begin(), fits.end(), [&](const auto& f) { return f.first == h; });
+    const std::string given =
+        (known.num_kv_heads > 0 ? ", num_kv_heads=" + text(known.num_kv_heads) : "") +
+        (known.head_dim > 0 ? ", head_dim=" + text(known.head_dim) : "");
+    fail_unless(!fits.empty(), [&] {
+      return "the fused rows (num_heads + num_kv_heads) x head_dim + num_kv_heads x " +
+             (hd_v > 0 ? "value_head_dim=" + text(hd_v) : std::string("head_dim")) +
+             " fit no layout of num_heads=" + text(h) + given;
+    });
+    fail_unless(all_heads != fits.end() || fits.size() == 1, [&] {
+      std::string list;
+      for (const auto& [g, d] : fits) {
+        list += (list.empty() ? "" : ", ") + std::string("num_kv_heads=") + text(g) +
+                " with head_dim=" + text(d);
+      }
+      return "the fused rows fit several layouts of num_heads=" + text(h) + given + ": " + list +
+             "; give num_kv_heads or head_dim";
+    });
+    const auto& chosen = all_heads != fits.end() ? *all_heads : fits.front();
+    kv = chosen.first;
+    hd = chosen.second;
+  }
+  if (hd_v == 0) hd_v = hd;
+  agree("num_kv_heads", known.num_kv_heads, kv);
+  agree("head_dim", known.head_dim, hd);
+  agree("value_head_dim", known.value_head_dim, hd_v);
+  if (explicit_sizes || kv != h) o.num_kv_heads = kv;
+  if (explicit_sizes || o.d_out % h != 0 || o.d_out / h != hd) o.head_dim = hd;
+  o.value_head_dim = hd_v != hd ? hd_v : 0;
+}
+
+}  // namespace detail
+
 /// The MultiHeadAttentionOptions of the torch.nn.MultiheadAttention (or notebook
-/// MultiHeadAttention, or Hugging Face Llama / Mistral / Qwen2 attention) whose state_dict
-/// `file` holds under `prefix`: embed_dim (d_in, d_out), kdim, vdim and bias presence come
-/// from the tensors' shapes; num_heads is not stored in a state_dict and must be given. With
-/// Llama's names (q_proj.weight, ...) head_dim is q_proj's rows / num_heads, num_kv_heads
-/// k_proj's rows / head_dim and value_head_dim v_proj's rows / num_kv_heads. A `sinks` tensor
-/// (gpt-oss) sets sinks (its length must be num_heads).
-/// @throws StateDictError if no known layout is found or the shapes are inconsistent.
+/// MultiHeadAttention, or Hugging Face Llama / Mistral / Qwen2 attention, or attn module)
+/// whose state_dict `file` holds under `prefix`: d_in, d_out, kdim, vdim, the head sizes and
+/// bias presence come from the tensors' shapes; num_heads is not stored in a state_dict and
+/// must be given in `known`. The head sizes:
+/// - separate projections (Llama's q_proj.weight, ...; q_proj_weight, ...; the notebooks'
+///   W_query.weight, ...): head_dim is the query rows / num_heads, num_kv_heads the key rows
+///   / head_dim and value_head_dim the value rows / num_kv_heads; the output projection's
+///   input features must be num_heads x value_head_dim;
+/// - a fused in_proj_weight ((num_heads + num_kv_heads) head_dim + num_kv_heads
+///   value_head_dim rows): value_head_dim is out_proj.weight's input features / num_heads,
+///   and num_kv_heads and head_dim a layout whose rows fit: num_kv_heads = num_heads
+///   (nn.MultiheadAttention's heads) whenever it fits, else the one grouped-query layout that
+///   does; when several do, the file is refused, listing them, unless `known` settles it
+///   (a grouped-query module's file that num_kv_heads = num_heads fits too needs
+///   known.num_kv_heads).
+/// known.num_kv_heads, known.head_dim and known.value_head_dim, when not 0, are the model's
+/// sizes: they are checked against the shapes and pick among a fused weight's layouts. The
+/// fields a state_dict does not hold (causal, rope, sliding_window, the variants but sinks,
+/// dropout, context_length) are kept from `known`. A `sinks` tensor (gpt-oss) sets sinks (its
+/// length must be num_heads).
+/// @throws StateDictError naming the tensors and their shapes if no known layout is found, the
+///         shapes are inconsistent, a given size does not fit them, or they fit several
+///         layouts.
 inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& file,
-                                                         Index num_heads,
+                                                         const MultiHeadAttentionOptions& known,
                                                          const std::string& prefix = "") {
   using Names = attn::detail::AttentionCore<float>;
   const char* where = "options_from_state_dict";
+  const Index num_heads = known.num_heads;
+  detail::io_require<StateDictError>(num_heads > 0, where, [&] {
+    return "num_heads=" + std::to_string(num_heads) +
+           " must be positive (a state_dict does not record it)";
+  });
   const auto has = [&](const std::string& name) { return file.contains(prefix + name); };
   const auto matrix_shape = [&](const std::string& name) {
     const std::vector<Index>& s = file.shape(prefix + name);
@@ -254,12 +397,29 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
     });
     return s;
   };
+  // "'file': q_proj.weight [8, 4], ..." for the tensors a layout is read from.
+  const auto shapes_of = [&](const std::vector<std::string>& names) {
+    std::string text = "'" + file.source() + "':";
+    for (const std::string& name : names) {
+      if (has(name))
+        text += " " + prefix + name + " " + detail::shape_text(file.shape(prefix + name));
+    }
+    return text;
+  };
+  const auto rows_of = [&](const std::string& name) {
+    return has(name) ? matrix_shape(name)[0] : Index{-1};
+  };
   const auto notebook = [](int part, const char* what) {
     return std::string(Names::notebook_name(part)) + what;
   };
-  const std::string out_bias = std::string(Names::kOutProj) + "bias";
-  MultiHeadAttentionOptions o;
-  o.num_heads = num_heads;
+  const auto llama = [](int part, const char* what) {
+    return std::string(Names::llama_name(part)) + what;
+  };
+  const std::string out_weight = std::string(Names::kOutProj) + "weight",
+                    out_bias = std::string(Names::kOutProj) + "bias",
+                    o_proj = std::string(Names::kLlamaOutProj) + "weight";
+  MultiHeadAttentionOptions o = known;
+  o.num_kv_heads = o.head_dim = o.value_head_dim = 0;
   // gpt-oss's learned sinks, one per query head.
   if (has(Names::kSinks)) {
     const std::vector<Index>& s = file.shape(prefix + Names::kSinks);
@@ -270,11 +430,16 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
     });
     o.sinks = true;
   }
-  const auto llama = [](int part, const char* what) {
-    return std::string(Names::llama_name(part)) + what;
+  // Separate projections: `names` are the query, key, value and output weights.
+  const auto separate = [&](const std::vector<std::string>& names, bool explicit_sizes) {
+    const auto q = matrix_shape(names[0]);
+    o.d_in = q[1];
+    o.d_out = has(names[3]) ? matrix_shape(names[3])[0] : q[0];
+    detail::read_head_layout(o, known, {q[0], rows_of(names[1]), rows_of(names[2])}, -1,
+                             has(names[3]) ? matrix_shape(names[3])[1] : Index{-1},
+                             shapes_of(names), explicit_sizes);
   };
   if (has(llama(0, ".weight"))) {
-    const auto q = matrix_shape(llama(0, ".weight"));
     // The key/value heads and kdim are read from k_proj.weight: without it nothing below
     // would fit, and the error would name another tensor.
     detail::io_require<StateDictError>(has(llama(1, ".weight")), where, [&] {
@@ -282,63 +447,37 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
              "' (next to '" + prefix + llama(0, ".weight") +
              "': the key/value heads are read from it)";
     });
-    const auto k = matrix_shape(llama(1, ".weight"));
-    const std::string o_proj = std::string(Names::kLlamaOutProj) + "weight";
-    const auto out = has(o_proj) ? matrix_shape(o_proj) : std::vector<Index>{q[1], q[0]};
-    const Index head_dim = num_heads > 0 ? q[0] / num_heads : 0;
-    detail::io_require<StateDictError>(
-        num_heads > 0 && q[0] > 0 && q[0] % num_heads == 0 && k[0] > 0 && k[0] % head_dim == 0,
-        where, [&] {
-          return "'" + file.source() + "': " + prefix + llama(0, ".weight") + " " +
-                 detail::shape_text(q) + " and " + prefix + llama(1, ".weight") + " " +
-                 detail::shape_text(k) +
-                 " do not split into num_heads=" + std::to_string(num_heads) +
-                 " query heads and whole key/value heads";
-        });
-    o.d_in = q[1];
-    o.d_out = out[0];
-    o.head_dim = head_dim;
-    o.num_kv_heads = k[0] / head_dim;
-    o.kdim = k[1];
-    o.vdim = k[1];
-    if (has(llama(2, ".weight"))) {  // value heads of their own size (DeepSeek)
-      const auto v = matrix_shape(llama(2, ".weight"));
-      detail::io_require<StateDictError>(v[0] > 0 && v[0] % o.num_kv_heads == 0, where, [&] {
-        return "'" + file.source() + "': " + prefix + llama(2, ".weight") + " " +
-               detail::shape_text(v) +
-               " does not split into num_kv_heads=" + std::to_string(o.num_kv_heads) +
-               " value heads";
-      });
-      o.vdim = v[1];
-      if (v[0] / o.num_kv_heads != head_dim) o.value_head_dim = v[0] / o.num_kv_heads;
-    }
+    separate({llama(0, ".weight"), llama(1, ".weight"), llama(2, ".weight"), o_proj}, true);
+    if (!has(o_proj)) o.d_out = o.d_in;  // (o_proj maps the context back to the hidden size)
+    o.kdim = matrix_shape(llama(1, ".weight"))[1];
+    o.vdim = has(llama(2, ".weight")) ? matrix_shape(llama(2, ".weight"))[1] : o.kdim;
     o.qkv_bias = has(llama(0, ".bias"));
     o.out_bias = has(std::string(Names::kLlamaOutProj) + "bias");
     o.init = InitScheme::kNone;
     return o;
   }
   if (has(notebook(0, ".weight"))) {
-    const auto q = matrix_shape(notebook(0, ".weight"));
-    o.d_out = q[0];
-    o.d_in = q[1];
-    o.kdim = has(notebook(1, ".weight")) ? matrix_shape(notebook(1, ".weight"))[1] : q[1];
-    o.vdim = has(notebook(2, ".weight")) ? matrix_shape(notebook(2, ".weight"))[1] : q[1];
+    separate({notebook(0, ".weight"), notebook(1, ".weight"), notebook(2, ".weight"), out_weight},
+             false);
+    o.kdim = has(notebook(1, ".weight")) ? matrix_shape(notebook(1, ".weight"))[1] : o.d_in;
+    o.vdim = has(notebook(2, ".weight")) ? matrix_shape(notebook(2, ".weight"))[1] : o.d_in;
     o.qkv_bias = has(notebook(0, ".bias"));
     o.out_bias = has(out_bias);
     o.init = InitScheme::kLinear;
     return o;
   }
+  o.kdim = o.vdim = 0;
   if (has(Names::kInProjWeight)) {
     const auto w = matrix_shape(Names::kInProjWeight);
-    detail::io_require<StateDictError>(w[0] % 3 == 0 && w[0] / 3 == w[1], where, [&] {
-      return "'" + file.source() + "': " + Names::kInProjWeight + " has shape " +
-             detail::shape_text(w) + ", expected (3 E, E)";
-    });
-    o.d_in = o.d_out = w[1];
+    o.d_in = w[1];
+    o.d_out = has(out_weight) ? matrix_shape(out_weight)[0] : w[1];
+    detail::read_head_layout(o, known, {}, w[0],
+                             has(out_weight) ? matrix_shape(out_weight)[1] : Index{-1},
+                             shapes_of({Names::kInProjWeight, out_weight}), false);
   } else if (has(Names::separate_name(0))) {
-    const auto q = matrix_shape(Names::separate_name(0));
-    o.d_in = q[1];
-    o.d_out = q[0];
+    separate(
+        {Names::separate_name(0), Names::separate_name(1), Names::separate_name(2), out_weight},
+        false);
     o.kdim = has(Names::separate_name(1)) ? matrix_shape(Names::separate_name(1))[1] : 0;
     o.vdim = has(Names::separate_name(2)) ? matrix_shape(Names::separate_name(2))[1] : 0;
   } else {
@@ -354,6 +493,15 @@ inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& 
   o.qkv_bias = o.out_bias = has(Names::kInProjBias) || has(out_bias);
   o.init = InitScheme::kMultiheadAttention;
   return o;
+}
+
+/// options_from_state_dict() with nothing known but num_heads.
+inline MultiHeadAttentionOptions options_from_state_dict(const SafetensorsFile& file,
+                                                         Index num_heads,
+                                                         const std::string& prefix = "") {
+  MultiHeadAttentionOptions known;
+  known.num_heads = num_heads;
+  return options_from_state_dict(file, known, prefix);
 }
 
 }  // namespace io
