@@ -334,6 +334,19 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (amx) amx_configure(task);
     }
   }
+  // int8 keys (float operands): the query rows quantised once per task, then each tile's
+  // scores on integer dot products over the stored keys (stored_int8_scores()), which are not
+  // dequantised. A query holding a NaN or an infinity takes the float path.
+  QuantizedQuery qq;
+  bool int8_keys = false;
+  if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
+    if (stored && p.stored.k.element == KVElement::kInt8) {
+      auto* bytes = reinterpret_cast<std::int8_t*>(v_load + kKeyBlock * dv);
+      auto* sums = reinterpret_cast<std::int32_t*>(bytes + kQueryBlock * quantized_query_ld(d));
+      auto* scales = reinterpret_cast<float*>(sums + kQueryBlock);
+      int8_keys = quantize_query(qrow, rows, d, p.scale, bytes, sums, scales, qq);
+    }
+  }
   // ALiBi: each row's key position and its head's slope.
   const bool alibi = p.has_alibi();
   alignas(64) Scalar pos[kQueryBlock], slope[kQueryBlock];
@@ -352,7 +365,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     const Index slot = p.ring > 0 ? j0 % p.ring : j0;
     const Operand* k_tile = stored ? k : k + slot * k_rs;
     const Operand* v_tile = stored ? v : v + slot * v_rs;
-    if (stored) load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
+    if (stored && !int8_keys) {
+      load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
+    }
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw.
     const Scalar* kt = nullptr;
     Index kt_rs = k_rs;
@@ -370,7 +385,10 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // of keys only against the column groups holding rows that see one of its keys. With few
     // rows (decoding) one dot product per (key, row) instead: the micro-kernel's tile would
     // be mostly idle lanes.
-    if (dot_rows) {
+    if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
+      if (int8_keys) stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
+    }
+    if (dot_rows && !int8_keys) {
       for (Index j = 0; j < width; ++j) {
         for (Index r = 0; r < rows; ++r) {
           st[j * ld + r] = dot(kt + j * kt_rs, qrow[r], d) * p.scale;
@@ -414,7 +432,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       }
       for (Index j = 0; j < (pairs ? keys : 0); ++j) scale_row(st + j * ld, rows, p.scale);
     }
-    for (Index gk = 0; gk < (dot_rows || pairs ? 0 : width); gk += kMicroRows) {
+    for (Index gk = 0; gk < (dot_rows || pairs || int8_keys ? 0 : width); gk += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, width - gk);
       const Index first = j0 + gk, last = first + group - 1;
       for (Index c = 0; c < rows;) {
