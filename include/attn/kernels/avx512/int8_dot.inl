@@ -46,7 +46,9 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
   const __mmask64 last = tail >= 64 ? ~__mmask64(0) : (__mmask64(1) << tail) - 1;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512i qv[Chunks > 0 ? Chunks : 1][4];
+#pragma GCC unroll 4
   for (Index c = 0; c < (Chunks > 0 ? Chunks : 0); ++c) {
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) qv[c][i] = _mm512_loadu_si512(q.q + (r0 + i) * q.ld + 64 * c);
   }
   const __m512i bias = _mm512_broadcast_i32x4(_mm_slli_epi32(
@@ -56,21 +58,23 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
   for (Index j0 = 0; j0 < n; j0 += 4) {
     __m512i y[4];
     float scale[4];
+#pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
       const unsigned char* key = k + j * k_rs;
       scale[t] = ks[j * ks_rs];
       __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                       _mm512_setzero_si512()};
+#pragma GCC unroll 4
       for (Index c = 0; c < chunks; ++c) {
         // The last chunk's bytes past the row: 0, flipped to 128, times the query's 0 padding.
         const __m512i x = c + 1 < chunks ? _mm512_loadu_si512(key + 64 * c)
                                          : _mm512_maskz_loadu_epi8(last, key + 64 * c);
         const __m512i u = _mm512_xor_si512(x, flip);
+#pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
-          const __m512i qc =
-              Chunks > 0 ? qv[Chunks > 0 ? c : 0][i]
-                         : _mm512_loadu_si512(q.q + (r0 + i) * q.ld + 64 * c);
+          const __m512i qc = Chunks > 0 ? qv[Chunks > 0 ? c : 0][i]
+                                        : _mm512_loadu_si512(q.q + (r0 + i) * q.ld + 64 * c);
           a[i] = _mm512_dpbusd_epi32(a[i], u, qc);
         }
       }

@@ -386,7 +386,12 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // rows (decoding) one dot product per (key, row) instead: the micro-kernel's tile would
     // be mostly idle lanes.
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
-      if (int8_keys) stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
+      if (int8_keys) {
+        // The tile's value rows start arriving while its scores are computed.
+        prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
+                             stored_row_bytes(p.stored.v.element, dv));
+        stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
+      }
     }
     if (dot_rows && !int8_keys) {
       for (Index j = 0; j < width; ++j) {
@@ -545,6 +550,16 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       return std::clamp<Index>(need, 0, width);
     };
     const Index tile_need = need_of(0, rows);
+    // int8 values (float operands): widened in registers where the set can
+    // (stored_int8_values(); the weights of keys a row does not see are 0, and int8 rows are
+    // finite), else dequantised into v_load.
+    if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
+      if (stored && p.stored.v.element == KVElement::kInt8 &&
+          stored_int8_values(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, st, ld, rows,
+                             acc)) {
+        continue;
+      }
+    }
     if (stored) load_stored_rows(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, v_load);
     const Scalar* vt = nullptr;
     Index vt_rs = v_rs;

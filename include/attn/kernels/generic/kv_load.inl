@@ -83,13 +83,31 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
       scale_row(o + e0, std::min(s.group, width - e0), static_cast<Scalar>(scales[g]));
     }
   };
-  stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float* scales, Index j0,
-                                    Index run) {
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                for (Index r = 0; r < run; ++r) {
+                  load(row + r * s.row_stride,
+                       scales != nullptr ? scales + r * s.scale_row_stride : nullptr,
+                       out + (j0 + r) * width);
+                }
+              });
+}
+
+/// Asks for rows slot .. slot + n - 1 of item b, key/value head h of `s` (their first `bytes`
+/// each) to be brought into the cache ahead of their use: a decode step reads each stored row
+/// once, and the next tile's rows arrive while this tile computes.
+inline void prefetch_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
+                                 Index bytes) noexcept {
+#if defined(__GNUC__)
+  stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float*, Index, Index run) {
     for (Index r = 0; r < run; ++r) {
-      load(row + r * s.row_stride, scales != nullptr ? scales + r * s.scale_row_stride : nullptr,
-           out + (j0 + r) * width);
+      for (Index o = 0; o < bytes; o += 64) __builtin_prefetch(row + r * s.row_stride + o, 0, 3);
     }
   });
+#else
+  static_cast<void>(s), static_cast<void>(b), static_cast<void>(h), static_cast<void>(slot);
+  static_cast<void>(n), static_cast<void>(bytes);
+#endif
 }
 
 // ---- int8 keys against a quantised query: Q K^T on integer dot products ----
@@ -162,14 +180,38 @@ inline bool quantize_query(const float* const* rows_of, Index rows, Index d, flo
 /// st (row stride ld).
 inline void stored_int8_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
                                const QuantizedQuery& q, float* st, Index ld) noexcept {
-  stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float* scales, Index j0,
-                                    Index run) {
-    int8_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, run, st + j0 * ld, ld);
-  });
+  stored_runs(
+      s, b, h, slot, n, [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+        int8_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, run, st + j0 * ld, ld);
+      });
 }
 
 /// Whether stored rows of this kind may hold a NaN or an infinity (the float formats may;
 /// int8 and int4 levels times finite scales never do).
 inline bool stored_may_be_nonfinite(KVElement e) noexcept {
   return e != KVElement::kInt8 && e != KVElement::kInt4;
+}
+
+// ---- P V over int8 values in registers ----
+
+/// No vector form in this set: false, nothing done (the caller dequantises the V tile).
+template <class Byte>
+inline bool int8_values_part(const Byte*, Index, const float*, Index, Index, Index, const float*,
+                             Index, Index, float*) noexcept {
+  return false;
+}
+
+/// acc (rows, dv) += P V over the stored int8 values slot .. slot + n - 1 of item b, head h,
+/// P read transposed out of p^T (row stride ld), where the set has a vector form
+/// (int8_values_part(): each row's scale folded into its weights, the bytes widened in
+/// registers); false, nothing done, where it has none.
+inline bool stored_int8_values(const StoredRows& s, Index b, Index h, Index slot, Index n, Index dv,
+                               const float* pt, Index ld, Index rows, float* acc) noexcept {
+  bool done = true;
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                done = done && int8_values_part(row, s.row_stride, scales, s.scale_row_stride, run,
+                                                dv, pt + j0 * ld, ld, rows, acc);
+              });
+  return done;
 }
