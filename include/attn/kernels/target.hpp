@@ -50,9 +50,6 @@
 /// AVX512-VNNI, run only where the CPU has it (detail::cpu_has_avx512_vnni()).
 #define ATTN_TARGET_AVX512VNNI_BEGIN \
   ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
-/// The avx2 set's int8 dot products (attn/kernels/avx2/int8_dot.inl): AVX2 plus AVX-VNNI, run
-/// only where the CPU has it (detail::cpu_has_avx_vnni()).
-#define ATTN_TARGET_AVX2VNNI_BEGIN ATTN_TARGET_BEGIN_("avx2,fma,f16c,avxvnni")
 /// The avx512 set's bfloat16 AMX kernel (attn/kernels/avx512/amx_bf16.inl): AVX-512 plus AMX-TILE
 /// and AMX-BF16, run only where the operating system granted the tile state
 /// (detail::amx_support()).

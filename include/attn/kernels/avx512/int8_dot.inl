@@ -93,7 +93,8 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
   }
 }
 
-/// int8_key_scores() on AVX512-VNNI (see the file comment); false on a CPU without it.
+/// int8_key_scores() on AVX512-VNNI (see the file comment); false on a CPU without it (the
+/// scalar loop then gives the same bits).
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index n, float* st,
                                  Index ld) noexcept {

@@ -235,7 +235,10 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// Stored keys and values (a quantised or a paged cache, p.stored; float operands only,
 /// Operand == Scalar; scratch also stored_tile_scratch_size()) are dequantised (or copied)
 /// tile by tile into the task's scratch (load_stored_rows()), then read as the tile would be
-/// in place.
+/// in place; except int8 keys of a float call, scored on integer dot products against the
+/// query quantised once per task (stored_int8_scores()), int8 values, widened in registers
+/// where the set can (stored_int8_values()), and paged Scalar keys under one dot product per
+/// (key, row), read in their blocks.
 template <class Scalar, class Operand>
 void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
@@ -365,7 +368,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     const Index slot = p.ring > 0 ? j0 % p.ring : j0;
     const Operand* k_tile = stored ? k : k + slot * k_rs;
     const Operand* v_tile = stored ? v : v + slot * v_rs;
-    if (stored && !int8_keys) {
+    // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
+    const bool keys_in_place = stored && dot_rows && p.stored.k.element == KVElement::kScalar;
+    if (stored && !int8_keys && !keys_in_place) {
       load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
     }
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw.
@@ -393,7 +398,18 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
       }
     }
-    if (dot_rows && !int8_keys) {
+    if (keys_in_place) {
+      stored_runs(p.stored.k, task.b, task.kv_head, slot, width,
+                  [&](const unsigned char* row, const float*, Index j0, Index run) {
+                    for (Index j = 0; j < run; ++j) {
+                      const auto* key =
+                          reinterpret_cast<const Scalar*>(row + j * p.stored.k.row_stride);
+                      for (Index r = 0; r < rows; ++r) {
+                        st[(j0 + j) * ld + r] = dot(key, qrow[r], d) * p.scale;
+                      }
+                    }
+                  });
+    } else if (dot_rows && !int8_keys) {
       for (Index j = 0; j < width; ++j) {
         for (Index r = 0; r < rows; ++r) {
           st[j * ld + r] = dot(kt + j * kt_rs, qrow[r], d) * p.scale;
