@@ -34,6 +34,10 @@ struct Int8Kernels {
                    attn::detail::QuantizedQuery&);
   bool (*values)(const attn::detail::StoredRows&, Index, Index, Index, Index, Index, const float*,
                  Index, Index, float*);
+  // The avx512 set's form on a CPU without AVX512-VNNI (vpmaddwd), tested on any CPU with
+  // AVX-512; null elsewhere.
+  bool (*madd)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
+               Index, Index, float*, Index) = nullptr;
 };
 
 std::vector<Int8Kernels> int8_kernels() {
@@ -52,7 +56,11 @@ std::vector<Int8Kernels> int8_kernels() {
       case Isa::kAvx2:
         ATTN_INT8_KERNELS_(avx2)
       case Isa::kAvx512:
-        ATTN_INT8_KERNELS_(avx512)
+        all.push_back({isa, &attn::kernels::avx512::int8_key_scores,
+                       &attn::kernels::avx512::quantize_query,
+                       &attn::kernels::avx512::stored_int8_values,
+                       &attn::kernels::avx512::int8_key_scores_madd});
+        break;
 #endif
 #undef ATTN_INT8_KERNELS_
       default:
@@ -111,6 +119,17 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
       }
       if (first.empty()) first = got;
       EXPECT_EQ(got, first) << "scores differ from the first set's";
+      if (set.madd != nullptr) {
+        std::vector<float> madd(st.size(), -1.0f);
+        if (set.madd(qq, k.data(), d, ks.data(), 1, n, madd.data(), ld)) {
+          for (Index j = 0; j < n; ++j) {
+            for (Index r = 0; r < rows; ++r) {
+              const auto at = static_cast<std::size_t>(j * ld + r);
+              EXPECT_EQ(madd[at], st[at]) << "vpmaddwd form, key " << j << ", row " << r;
+            }
+          }
+        }
+      }
       // Values: P (the scores as weights) times the keys' rows read as values.
       attn::detail::StoredRows v;
       v.element = KVElement::kInt8, v.data = k.data(), v.row_stride = d;

@@ -236,6 +236,9 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
   return true;
 }
 
+// int8_key_scores_madd(): the int8 scores on a CPU without AVX512-VNNI (avx512/int8_dot.inl).
+#include "attn/kernels/avx2/int8_madd.inl"
+
 /// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v + j * v_rs, its
 /// scale at vs[j * vs_rs]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
 /// folded into its weights (p * scale, one rounding), the bytes widened in registers, products

@@ -93,12 +93,12 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
   }
 }
 
-/// int8_key_scores() on AVX512-VNNI (see the file comment); false on a CPU without it (the
-/// scalar loop then gives the same bits).
+/// int8_key_scores() on AVX512-VNNI (see the file comment); on a CPU without it, with
+/// vpmaddwd (int8_key_scores_madd(), the same bits).
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index n, float* st,
                                  Index ld) noexcept {
-  if (!detail::cpu_has_avx512_vnni()) return false;
+  if (!detail::cpu_has_avx512_vnni()) return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
     switch (q.ld / 64) {
       case 1:
