@@ -124,6 +124,20 @@ inline bool cpu_has_avx512_bf16() noexcept {
 #endif
 }
 
+/// Whether the CPU has AVX512-VNNI (vpdpbusd on zmm): CPUID leaf 7 subleaf 0, ECX bit 11. Read
+/// once and cached; consulted only when the avx512 set runs.
+inline bool cpu_has_avx512_vnni() noexcept {
+#if ATTN_KERNELS_X86
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 11)) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 /// Whether AMX-BF16 can run in this process, and if not, why. Read once and cached (a static
 /// local: thread-safe); the permission it asks for is process-wide.
 struct AmxSupport {

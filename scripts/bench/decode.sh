@@ -21,12 +21,16 @@
 #   5. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
 #      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
 #        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
-#                 paged_vs_contiguous_min=X.XX
+#                 paged_vs_contiguous_min=X.XX kv_int8_decode_vs_fp32_min=X.XX
+#                 kv_int8_bw_fraction_min=0.XX
 #      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows;
 #      decode_speedup_min / prefill_chunk_speedup_min: the smallest PyTorch / attn time ratio
 #      over the decode / prefill rows; paged_vs_contiguous_min: the smallest contiguous /
-#      paged time ratio over step 4's rows (1: paged as fast; below 1: slower). --kv-only
-#      prints it too, on kv_cache.txt's last line.
+#      paged time ratio over step 4's rows (1: paged as fast; below 1: slower);
+#      kv_int8_decode_vs_fp32_min: the smallest f32 / int8 time ratio of step 4's contiguous
+#      rows at L >= 4096, and kv_int8_bw_fraction_min the smallest fraction of the bandwidth
+#      (at the row's thread count) those int8 rows read their cache bytes at. --kv-only
+#      prints these three too, on kv_cache.txt's last lines.
 # Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
@@ -59,7 +63,7 @@ while [ $# -gt 0 ]; do
     --kv-lengths) kv_lengths="$2"; shift ;;
     --kv-only) kv_only=1 ;;
     --paged-block) paged_block="$2"; shift ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "decode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -164,9 +168,20 @@ with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
                   f"{float(p['median_ms']) if p else float('nan'):10.2f}{r:9.2f}")
 print(f"paged: paged_vs_contiguous_min={min(ratios) if ratios else float('nan'):.2f} "
       f"(contiguous time / paged time, the smallest over the rows)")
+# int8 against f32 at L >= 4096 (contiguous rows): speedup and bandwidth fraction, smallest.
+int8 = [(k, rows[k]) for k in rows if k[0] == "int8" and k[2] >= 4096 and k[4] == 0]
+speeds = [float(rows[("f32",) + k[1:]]["median_ms"]) / float(f["median_ms"])
+          for k, f in int8 if ("f32",) + k[1:] in rows]
+fracs = [float(f["gbps"]) / bw[k[3]] for k, f in int8 if k[3] in bw]
+fmin = lambda v: min(v) if v else float("nan")
+print(f"int8: kv_int8_decode_vs_fp32_min={fmin(speeds):.2f} kv_int8_bw_fraction_min={fmin(fracs):.2f} "
+      f"(f32 time / int8 time and int8 bytes read / bandwidth, L >= 4096, the smallest)")
 PY
 rm -f "$kv_raw"
 paged_min=$(grep -o 'paged_vs_contiguous_min=[^ ]*' "$out/kv_cache.txt" || echo paged_vs_contiguous_min=nan)
+int8_min="$(grep -o 'kv_int8_decode_vs_fp32_min=[^ ]*' "$out/kv_cache.txt" ||
+  echo kv_int8_decode_vs_fp32_min=nan) $(grep -o 'kv_int8_bw_fraction_min=[^ ]*' "$out/kv_cache.txt" ||
+  echo kv_int8_bw_fraction_min=nan)"
 if [ "$kv_only" = 1 ]; then
   rm -f "$raw"
   exit 0
@@ -196,9 +211,9 @@ for op in decode prefill; do
 done
 
 log "report"
-"$BENCH_PYTHON" - "$raw" "$out" "$paged_min" <<'PY' | tee "$out/decode.txt"
+"$BENCH_PYTHON" - "$raw" "$out" "$paged_min" "$int8_min" <<'PY' | tee "$out/decode.txt"
 import csv, os, sys
-raw, out, paged_min = sys.argv[1], sys.argv[2], sys.argv[3]
+raw, out, paged_min, int8_min = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 bw, rows = {}, {}
 for line in open(raw):
     f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
@@ -240,7 +255,7 @@ with open(os.path.join(out, "decode.csv"), "w", newline="") as fcsv:
 fmin = lambda v: min(v) if v else float("nan")
 print(f"summary: decode_bw_fraction_min={fmin(fractions):.2f} "
       f"decode_speedup_min={fmin(decode_speedups):.2f} "
-      f"prefill_chunk_speedup_min={fmin(prefill_speedups):.2f} {paged_min}")
+      f"prefill_chunk_speedup_min={fmin(prefill_speedups):.2f} {paged_min} {int8_min}")
 PY
 
 if command -v gnuplot >/dev/null; then

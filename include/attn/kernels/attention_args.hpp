@@ -73,9 +73,10 @@ constexpr Index reduced_stream_scratch_size(Index head_dim, Index value_dim) noe
 }
 
 /// Scratch elements a streaming task over stored keys and values needs on top: one
-/// dequantised K tile (kKeyBlock, d) and V tile (kKeyBlock, d_v).
+/// dequantised K tile (kKeyBlock, d) and V tile (kKeyBlock, d_v); the query rows quantised for
+/// int8 keys (kQueryBlock rows of d rounded up to 64 bytes, and a sum and a scale per row).
 constexpr Index stored_tile_scratch_size(Index head_dim, Index value_dim) noexcept {
-  return kKeyBlock * (head_dim + value_dim);
+  return kKeyBlock * (head_dim + value_dim) + kQueryBlock * ((head_dim + 63) / 64 * 16 + 2) + 16;
 }
 
 /// Scratch elements one streaming backward task needs: Q^T (d, kQueryBlock), dO^T (d_v,

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512.hpp: the avx512 kernel set, attn::kernels::avx512: the set's primitives
-// (avx512/vec.inl, avx512/convert.inl), its bfloat16 dot-product and AMX kernels
-// (avx512/bf16_dot.inl, avx512/amx_bf16.inl) and the generic kernels (generic/*.inl), in that
-// order, each compiled in its target region.
+// (avx512/vec.inl, avx512/convert.inl), its bfloat16 dot-product, int8 dot-product and AMX
+// kernels (avx512/bf16_dot.inl, avx512/int8_dot.inl, avx512/amx_bf16.inl) and the generic kernels
+// (generic/*.inl), in that order, each compiled in its target region.
 #pragma once
 
 #include "attn/kernels/prelude.hpp"
@@ -31,6 +31,18 @@ ATTN_NAMESPACE_BEGIN
 namespace kernels {
 namespace avx512 {
 #include "attn/kernels/avx512/bf16_dot.inl"
+}  // namespace avx512
+}  // namespace kernels
+ATTN_NAMESPACE_END
+ATTN_TARGET_END
+
+// The int8 dot products of a decode step over int8 keys, in a region that adds AVX512-VNNI:
+// called only on CPUs that have it.
+ATTN_TARGET_AVX512VNNI_BEGIN
+ATTN_NAMESPACE_BEGIN
+namespace kernels {
+namespace avx512 {
+#include "attn/kernels/avx512/int8_dot.inl"
 }  // namespace avx512
 }  // namespace kernels
 ATTN_NAMESPACE_END

@@ -123,6 +123,22 @@ struct StoredKeyValues {
   bool active() const noexcept { return k.element != KVElement::kScalar || k.table != nullptr; }
 };
 
+/// Query rows quantised for integer dot products with int8 keys (the streaming kernel's
+/// decode path over an int8 cache): row r's `width` levels at q + r * ld (int8 in [-127, 127]
+/// by quantize_row()'s int8 rule, zero from width to ld, ld a multiple of 64), their sum
+/// sums[r], and scales[r] = the row's quantisation scale times the softmax scale. Rows past
+/// `rows`, to a multiple of 4, repeat the last row (kernels may compute them and ignore them).
+struct QuantizedQuery {
+  const std::int8_t* q = nullptr;
+  Index ld = 0;
+  const std::int32_t* sums = nullptr;
+  const float* scales = nullptr;
+  Index rows = 0, width = 0;
+};
+
+/// Bytes of a quantised query row of `width` elements (QuantizedQuery::ld).
+inline constexpr Index quantized_query_ld(Index width) noexcept { return (width + 63) / 64 * 64; }
+
 /// Scales per stored row of `width` elements of kind e: one for int8 and scaled float8, one
 /// per `int4_group` elements (0: the row) for int4, none otherwise.
 inline Index stored_row_scales(KVElement e, Index width, bool float8_scale,

@@ -46,6 +46,10 @@
 /// AVX512-BF16, run only where the CPU has it (detail::cpu_has_avx512_bf16()).
 #define ATTN_TARGET_AVX512BF16_BEGIN \
   ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
+/// The avx512 set's int8 dot products (attn/kernels/avx512/int8_dot.inl): AVX-512 plus
+/// AVX512-VNNI, run only where the CPU has it (detail::cpu_has_avx512_vnni()).
+#define ATTN_TARGET_AVX512VNNI_BEGIN \
+  ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
 /// The avx512 set's bfloat16 AMX kernel (attn/kernels/avx512/amx_bf16.inl): AVX-512 plus AMX-TILE
 /// and AMX-BF16, run only where the operating system granted the tile state
 /// (detail::amx_support()).

@@ -207,3 +207,63 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
   }
   return true;
 }
+
+// ---- a decode step over int8 rows (generic/kv_load.inl) ----
+
+#include "attn/kernels/avx2/int8_madd.inl"
+
+/// int8_key_scores() with vpmaddwd (int8_key_scores_madd()).
+inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                                 const float* ks, Index ks_rs, Index n, float* st,
+                                 Index ld) noexcept {
+  return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
+}
+
+/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v + j * v_rs, its
+/// scale at vs[j * vs_rs]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
+/// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
+/// accumulated in float. 4 query rows x 16 elements per pass (8 accumulators); value widths
+/// that are not a multiple of 16: false, nothing done.
+inline bool int8_values_part(const unsigned char* v, Index v_rs, const float* vs, Index vs_rs,
+                             Index n, Index dv, const float* pt, Index ld, Index rows,
+                             float* acc) noexcept {
+  if (dv % 16 != 0) return false;
+  alignas(32) float w[kKeyBlock * 4];
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    const Index nr = std::min<Index>(4, rows - r0);
+    for (Index j = 0; j < n; ++j) {
+      const float scale = vs[j * vs_rs];
+      for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
+    }
+    for (Index e0 = 0; e0 < dv; e0 += 16) {
+      __m256 a[4][2];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
+        a[i][0] = _mm256_loadu_ps(acc + r * dv + e0);
+        a[i][1] = _mm256_loadu_ps(acc + r * dv + e0 + 8);
+      }
+      for (Index j = 0; j < n; ++j) {
+        const auto* row = v + j * v_rs + e0;
+        const __m256 x0 = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row))));
+        const __m256 x1 = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8))));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m256 wi = _mm256_broadcast_ss(w + j * 4 + i);
+          a[i][0] = _mm256_fmadd_ps(wi, x0, a[i][0]);
+          a[i][1] = _mm256_fmadd_ps(wi, x1, a[i][1]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
+        if (i < nr) {
+          _mm256_storeu_ps(acc + (r0 + i) * dv + e0, a[i][0]);
+          _mm256_storeu_ps(acc + (r0 + i) * dv + e0 + 8, a[i][1]);
+        }
+      }
+    }
+  }
+  return true;
+}

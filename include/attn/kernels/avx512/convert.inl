@@ -235,3 +235,66 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
   _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), s));
   return true;
 }
+
+// int8_key_scores_madd(): the int8 scores on a CPU without AVX512-VNNI (avx512/int8_dot.inl).
+#include "attn/kernels/avx2/int8_madd.inl"
+
+/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v + j * v_rs, its
+/// scale at vs[j * vs_rs]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
+/// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
+/// accumulated in float (no float copy of the rows). 4 query rows x 64 elements per pass: 16
+/// accumulators in registers, each key's 4 weights broadcast from memory (rows past `rows`
+/// weigh 0 and are not stored).
+inline bool int8_values_part(const unsigned char* v, Index v_rs, const float* vs, Index vs_rs,
+                             Index n, Index dv, const float* pt, Index ld, Index rows,
+                             float* acc) noexcept {
+  alignas(64) float w[kKeyBlock * 4];
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    const Index nr = std::min<Index>(4, rows - r0);
+    for (Index j = 0; j < n; ++j) {
+      const float scale = vs[j * vs_rs];
+      for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
+    }
+    for (Index e0 = 0; e0 < dv; e0 += 64) {
+      const Index cols = std::min<Index>(64, dv - e0);
+      __mmask16 mask[4];
+      __m512 a[4][4];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        mask[c] = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          a[i][c] = _mm512_maskz_loadu_ps(mask[c], acc + r * dv + e0 + 16 * c);
+        }
+      }
+      for (Index j = 0; j < n; ++j) {
+        const auto* row = reinterpret_cast<const std::int8_t*>(v + j * v_rs) + e0;
+        if (j + 16 < n) _mm_prefetch(reinterpret_cast<const char*>(row + 16 * v_rs), _MM_HINT_T0);
+        __m512 x[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          x[c] =
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask[c], row + 16 * c)));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m512 wi = _mm512_set1_ps(w[j * 4 + i]);
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) a[i][c] = _mm512_fmadd_ps(wi, x[c], a[i][c]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          if (i < nr) _mm512_mask_storeu_ps(acc + (r0 + i) * dv + e0 + 16 * c, mask[c], a[i][c]);
+        }
+      }
+    }
+  }
+  return true;
+}

@@ -235,7 +235,10 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// Stored keys and values (a quantised or a paged cache, p.stored; float operands only,
 /// Operand == Scalar; scratch also stored_tile_scratch_size()) are dequantised (or copied)
 /// tile by tile into the task's scratch (load_stored_rows()), then read as the tile would be
-/// in place.
+/// in place; except int8 keys of a float call, scored on integer dot products against the
+/// query quantised once per task (stored_int8_scores()), int8 values, widened in registers
+/// where the set can (stored_int8_values()), and paged Scalar keys under one dot product per
+/// (key, row), read in their blocks.
 template <class Scalar, class Operand>
 void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
@@ -334,6 +337,19 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (amx) amx_configure(task);
     }
   }
+  // int8 keys (float operands): the query rows quantised once per task, then each tile's
+  // scores on integer dot products over the stored keys (stored_int8_scores()), which are not
+  // dequantised. A query holding a NaN or an infinity takes the float path.
+  QuantizedQuery qq;
+  bool int8_keys = false;
+  if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
+    if (stored && p.stored.k.element == KVElement::kInt8) {
+      auto* bytes = reinterpret_cast<std::int8_t*>(v_load + kKeyBlock * dv);
+      auto* sums = reinterpret_cast<std::int32_t*>(bytes + kQueryBlock * quantized_query_ld(d));
+      auto* scales = reinterpret_cast<float*>(sums + kQueryBlock);
+      int8_keys = quantize_query(qrow, rows, d, p.scale, bytes, sums, scales, qq);
+    }
+  }
   // ALiBi: each row's key position and its head's slope.
   const bool alibi = p.has_alibi();
   alignas(64) Scalar pos[kQueryBlock], slope[kQueryBlock];
@@ -352,7 +368,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     const Index slot = p.ring > 0 ? j0 % p.ring : j0;
     const Operand* k_tile = stored ? k : k + slot * k_rs;
     const Operand* v_tile = stored ? v : v + slot * v_rs;
-    if (stored) load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
+    // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
+    const bool keys_in_place = stored && dot_rows && p.stored.k.element == KVElement::kScalar;
+    if (stored && !int8_keys && !keys_in_place) {
+      load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
+    }
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw.
     const Scalar* kt = nullptr;
     Index kt_rs = k_rs;
@@ -370,7 +390,26 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // of keys only against the column groups holding rows that see one of its keys. With few
     // rows (decoding) one dot product per (key, row) instead: the micro-kernel's tile would
     // be mostly idle lanes.
-    if (dot_rows) {
+    if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
+      if (int8_keys) {
+        // The tile's value rows start arriving while its scores are computed.
+        prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
+                             stored_row_bytes(p.stored.v.element, dv));
+        stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
+      }
+    }
+    if (keys_in_place) {
+      stored_runs(p.stored.k, task.b, task.kv_head, slot, width,
+                  [&](const unsigned char* row, const float*, Index j0, Index run) {
+                    for (Index j = 0; j < run; ++j) {
+                      const auto* key =
+                          reinterpret_cast<const Scalar*>(row + j * p.stored.k.row_stride);
+                      for (Index r = 0; r < rows; ++r) {
+                        st[(j0 + j) * ld + r] = dot(key, qrow[r], d) * p.scale;
+                      }
+                    }
+                  });
+    } else if (dot_rows && !int8_keys) {
       for (Index j = 0; j < width; ++j) {
         for (Index r = 0; r < rows; ++r) {
           st[j * ld + r] = dot(kt + j * kt_rs, qrow[r], d) * p.scale;
@@ -414,7 +453,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       }
       for (Index j = 0; j < (pairs ? keys : 0); ++j) scale_row(st + j * ld, rows, p.scale);
     }
-    for (Index gk = 0; gk < (dot_rows || pairs ? 0 : width); gk += kMicroRows) {
+    for (Index gk = 0; gk < (dot_rows || pairs || int8_keys ? 0 : width); gk += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, width - gk);
       const Index first = j0 + gk, last = first + group - 1;
       for (Index c = 0; c < rows;) {
@@ -527,6 +566,16 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       return std::clamp<Index>(need, 0, width);
     };
     const Index tile_need = need_of(0, rows);
+    // int8 values (float operands): widened in registers where the set can
+    // (stored_int8_values(); the weights of keys a row does not see are 0, and int8 rows are
+    // finite), else dequantised into v_load.
+    if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
+      if (stored && p.stored.v.element == KVElement::kInt8 &&
+          stored_int8_values(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, st, ld, rows,
+                             acc)) {
+        continue;
+      }
+    }
     if (stored) load_stored_rows(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, v_load);
     const Scalar* vt = nullptr;
     Index vt_rs = v_rs;

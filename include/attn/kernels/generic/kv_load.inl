@@ -15,6 +15,19 @@ inline bool widen_int4_block(const unsigned char*, Scalar*, float) noexcept {
   return false;
 }
 
+/// Calls fn(row, scales, j, run) for each run of rows slot + j .. slot + j + run - 1 of item b,
+/// key/value head h of `s` that follow each other at row_stride (to the end of the n rows, or
+/// of a block when paged): one address lookup per run.
+template <class Fn>
+void stored_runs(const StoredRows& s, Index b, Index h, Index slot, Index n, Fn&& fn) {
+  for (Index j = 0; j < n;) {
+    const Index run =
+        s.table == nullptr ? n - j : std::min(n - j, s.block_rows - (slot + j) % s.block_rows);
+    fn(s.row(b, h, slot + j), s.scales_of(b, h, slot + j), j, run);
+    j += run;
+  }
+}
+
 /// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside; paged
 /// rows may cross blocks), each `width` elements, dequantised into out (n, width) (row
 /// stride width): q times its scale, one rounding (the int8 and int4 levels are exact in
@@ -70,22 +83,135 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
       scale_row(o + e0, std::min(s.group, width - e0), static_cast<Scalar>(scales[g]));
     }
   };
-  // Rows follow each other at row_stride to the end of the call, or of a block when paged:
-  // one address lookup per run.
-  for (Index j = 0; j < n;) {
-    const Index run =
-        s.table == nullptr ? n - j : std::min(n - j, s.block_rows - (slot + j) % s.block_rows);
-    const unsigned char* row = s.row(b, h, slot + j);
-    const float* scales = s.scales_of(b, h, slot + j);
-    for (Index r = 0; r < run; ++r, ++j) {
-      load(row + r * s.row_stride, scales != nullptr ? scales + r * s.scale_row_stride : nullptr,
-           out + j * width);
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                for (Index r = 0; r < run; ++r) {
+                  load(row + r * s.row_stride,
+                       scales != nullptr ? scales + r * s.scale_row_stride : nullptr,
+                       out + (j0 + r) * width);
+                }
+              });
+}
+
+/// Asks for rows slot .. slot + n - 1 of item b, key/value head h of `s` (their first `bytes`
+/// each) to be brought into the cache ahead of their use: a decode step reads each stored row
+/// once, and the next tile's rows arrive while this tile computes.
+inline void prefetch_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
+                                 Index bytes) noexcept {
+#if defined(__GNUC__)
+  stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float*, Index, Index run) {
+    for (Index r = 0; r < run; ++r) {
+      for (Index o = 0; o < bytes; o += 64) __builtin_prefetch(row + r * s.row_stride + o, 0, 3);
+    }
+  });
+#else
+  static_cast<void>(s), static_cast<void>(b), static_cast<void>(h), static_cast<void>(slot);
+  static_cast<void>(n), static_cast<void>(bytes);
+#endif
+}
+
+// ---- int8 keys against a quantised query: Q K^T on integer dot products ----
+//
+// A decode step over int8 keys quantises its query rows once per task (QuantizedQuery:
+// quantize_row()'s int8 rule, one scale per row) and takes each score as an exact integer dot
+// product, s = float(sum_e q_e k_e) * k_scale * (q_scale * softmax_scale), with no float copy
+// of the keys. Every set and CPU computes the same integer and the same two roundings, so the
+// scores have the same bits everywhere; a set gives the vector form (int8_key_scores_part():
+// AVX512-VNNI's and AVX-VNNI's vpdpbusd where the CPU has them), the scalar loop here the rest.
+
+/// No vector form in this set (or not on this CPU): false.
+template <class Query>
+inline bool int8_key_scores_part(const Query&, const unsigned char*, Index, const float*, Index,
+                                 Index, float*, Index) noexcept {
+  return false;
+}
+
+/// s^T rows of n int8 keys (key j at k + j * k_rs, its scale at ks[j * ks_rs]) against the
+/// query rows of q: st[j * ld + r] = float(q_r . k_j) * ks_j * q.scales[r], r < q.rows.
+inline void int8_key_scores(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                            const float* ks, Index ks_rs, Index n, float* st, Index ld) noexcept {
+  if (int8_key_scores_part(q, k, k_rs, ks, ks_rs, n, st, ld)) return;
+  for (Index j = 0; j < n; ++j) {
+    const auto* key = reinterpret_cast<const std::int8_t*>(k + j * k_rs);
+    for (Index r = 0; r < q.rows; ++r) {
+      const std::int8_t* x = q.q + r * q.ld;
+      std::int32_t dot = 0;
+      for (Index e = 0; e < q.width; ++e) dot += std::int32_t(x[e]) * std::int32_t(key[e]);
+      st[j * ld + r] = static_cast<float>(dot) * ks[j * ks_rs] * q.scales[r];
     }
   }
+}
+
+/// Quantises `rows` query rows of width d (row r at rows_of[r]) into `bytes` (kQueryBlock
+/// rows of quantized_query_ld(d)) with their sums and scales (times `scale`; kQueryBlock each
+/// in `sums` and `scales`) for int8_key_scores(). False, with nothing usable, when a row holds
+/// a NaN or an infinity (the float path then computes those scores, IEEE).
+inline bool quantize_query(const float* const* rows_of, Index rows, Index d, float scale,
+                           std::int8_t* bytes, std::int32_t* sums, float* scales,
+                           QuantizedQuery& q) noexcept {
+  const Index ld = quantized_query_ld(d);
+  for (Index r = 0; r < rows; ++r) {
+    for (Index e = 0; e < d; ++e) {
+      if (!std::isfinite(rows_of[r][e])) return false;
+    }
+  }
+  const Index padded = (rows + 3) / 4 * 4;
+  for (Index r = 0; r < padded; ++r) {
+    std::int8_t* x = bytes + r * ld;
+    if (r >= rows) {
+      std::copy(bytes + (rows - 1) * ld, bytes + rows * ld, x);
+      sums[r] = sums[rows - 1], scales[r] = scales[rows - 1];
+      continue;
+    }
+    float row_scale = 0.0f;
+    quantize_row(KVElement::kInt8, rows_of[r], 1, d, 1, reinterpret_cast<unsigned char*>(x),
+                 &row_scale);
+    std::fill(x + d, x + ld, std::int8_t(0));
+    std::int32_t sum = 0;
+    for (Index e = 0; e < d; ++e) sum += x[e];
+    sums[r] = sum;
+    scales[r] = row_scale * scale;
+  }
+  q.q = bytes, q.ld = ld, q.sums = sums, q.scales = scales, q.rows = rows, q.width = d;
+  return true;
+}
+
+/// int8_key_scores() over the stored int8 keys slot .. slot + n - 1 of item b, head h, into
+/// st (row stride ld).
+inline void stored_int8_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
+                               const QuantizedQuery& q, float* st, Index ld) noexcept {
+  stored_runs(
+      s, b, h, slot, n, [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+        int8_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, run, st + j0 * ld, ld);
+      });
 }
 
 /// Whether stored rows of this kind may hold a NaN or an infinity (the float formats may;
 /// int8 and int4 levels times finite scales never do).
 inline bool stored_may_be_nonfinite(KVElement e) noexcept {
   return e != KVElement::kInt8 && e != KVElement::kInt4;
+}
+
+// ---- P V over int8 values in registers ----
+
+/// No vector form in this set: false, nothing done (the caller dequantises the V tile).
+template <class Byte>
+inline bool int8_values_part(const Byte*, Index, const float*, Index, Index, Index, const float*,
+                             Index, Index, float*) noexcept {
+  return false;
+}
+
+/// acc (rows, dv) += P V over the stored int8 values slot .. slot + n - 1 of item b, head h,
+/// P read transposed out of p^T (row stride ld), where the set has a vector form
+/// (int8_values_part(): each row's scale folded into its weights, the bytes widened in
+/// registers); false, nothing done, where it has none.
+inline bool stored_int8_values(const StoredRows& s, Index b, Index h, Index slot, Index n, Index dv,
+                               const float* pt, Index ld, Index rows, float* acc) noexcept {
+  bool done = true;
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                done = done && int8_values_part(row, s.row_stride, scales, s.scale_row_stride, run,
+                                                dv, pt + j0 * ld, ld, rows, acc);
+              });
+  return done;
 }

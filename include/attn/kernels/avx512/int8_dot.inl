@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/avx512/int8_dot.inl: the avx512 set's scores of int8 keys against a quantised
+// query (generic/kv_load.inl's int8_key_scores()) on AVX512-VNNI: vpdpbusd multiplies 64
+// unsigned bytes by 64 signed bytes and adds each four products to a 32-bit lane, so one
+// instruction does 64 multiply-adds of a key row. Included by attn/kernels/avx512.hpp inside
+// namespace attn::kernels::avx512, in a target region that adds AVX512-VNNI; called only where
+// the CPU has it (detail::cpu_has_avx512_vnni()).
+//
+// Signs: vpdpbusd takes one unsigned operand. The key bytes are flipped to k + 128 (one xor per
+// 64 bytes, shared by every query row) and the query stays signed, so each lane sums
+// (k + 128) q, and 128 sum(q) (per row, once per task) is subtracted after. The integers are
+// exact (|sum| < 2^31 for rows under 66000 elements), so the result is the scalar loop's, bit
+// for bit, whatever the order of the additions.
+//
+// Layout: 4 keys x 4 query rows per step. A key's 4 row accumulators reduce to one vector
+// whose 128-bit lane L holds the 4 rows' partial sums over lane L (int8_reduce_rows()); 4 such
+// vectors reduce across lanes to one whose lane t holds key t's 4 rows (int8_reduce_keys()),
+// which is s^T's layout (keys x rows): one 4-float store per key.
+
+/// 4 accumulators (16 lanes each) -> lane L (128 bits) of the result: [sum over lane L of a0,
+/// of a1, of a2, of a3].
+inline __m512i int8_reduce_rows(__m512i a0, __m512i a1, __m512i a2, __m512i a3) noexcept {
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+
+/// 4 results of int8_reduce_rows() -> lane t (128 bits): the sums over all lanes of y_t.
+inline __m512i int8_reduce_keys(__m512i y0, __m512i y1, __m512i y2, __m512i y3) noexcept {
+  const __m512i u0 =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(y0, y1, 0x88), _mm512_shuffle_i32x4(y0, y1, 0xDD));
+  const __m512i u1 =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(y2, y3, 0x88), _mm512_shuffle_i32x4(y2, y3, 0xDD));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(u0, u1, 0x88), _mm512_shuffle_i32x4(u0, u1, 0xDD));
+}
+
+/// The scores of n keys against query rows r0 .. r0 + 3 (rows past q.rows repeat the last
+/// row: computed, stored in s^T's spare columns, never read). Chunks: the key's 64-byte chunks,
+/// known at compile time (the query's chunks then stay in registers), or 0: any width.
+template <int Chunks>
+inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsigned char* k,
+                                  Index k_rs, const float* ks, Index ks_rs, Index n, float* st,
+                                  Index ld) noexcept {
+  const Index chunks = Chunks > 0 ? Chunks : q.ld / 64;
+  const Index tail = q.width - (chunks - 1) * 64;  // bytes of the last chunk
+  const __mmask64 last = tail >= 64 ? ~__mmask64(0) : (__mmask64(1) << tail) - 1;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i qv[Chunks > 0 ? Chunks : 1][4];
+#pragma GCC unroll 4
+  for (Index c = 0; c < (Chunks > 0 ? Chunks : 0); ++c) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) qv[c][i] = _mm512_loadu_si512(q.q + (r0 + i) * q.ld + 64 * c);
+  }
+  const __m512i bias = _mm512_broadcast_i32x4(_mm_slli_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(q.sums + r0)), 7));  // 128 sum(q)
+  const __m512 qs = _mm512_broadcast_f32x4(_mm_loadu_ps(q.scales + r0));
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  for (Index j0 = 0; j0 < n; j0 += 4) {
+    __m512i y[4];
+    float scale[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
+      const unsigned char* key = k + j * k_rs;
+      scale[t] = ks[j * ks_rs];
+      __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+#pragma GCC unroll 4
+      for (Index c = 0; c < chunks; ++c) {
+        // The last chunk's bytes past the row: 0, flipped to 128, times the query's 0 padding.
+        const __m512i x = c + 1 < chunks ? _mm512_loadu_si512(key + 64 * c)
+                                         : _mm512_maskz_loadu_epi8(last, key + 64 * c);
+        const __m512i u = _mm512_xor_si512(x, flip);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m512i qc = Chunks > 0 ? qv[Chunks > 0 ? c : 0][i]
+                                        : _mm512_loadu_si512(q.q + (r0 + i) * q.ld + 64 * c);
+          a[i] = _mm512_dpbusd_epi32(a[i], u, qc);
+        }
+      }
+      y[t] = int8_reduce_rows(a[0], a[1], a[2], a[3]);
+    }
+    const __m512i dots = _mm512_sub_epi32(int8_reduce_keys(y[0], y[1], y[2], y[3]), bias);
+    const __m512 kscale =
+        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(scale)));
+    const __m512 s = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale), qs);
+    const Index keys = std::min<Index>(4, n - j0);
+    float* to = st + j0 * ld + r0;
+    _mm_storeu_ps(to, _mm512_castps512_ps128(s));
+    if (keys > 1) _mm_storeu_ps(to + ld, _mm512_extractf32x4_ps(s, 1));
+    if (keys > 2) _mm_storeu_ps(to + 2 * ld, _mm512_extractf32x4_ps(s, 2));
+    if (keys > 3) _mm_storeu_ps(to + 3 * ld, _mm512_extractf32x4_ps(s, 3));
+  }
+}
+
+/// int8_key_scores() on AVX512-VNNI (see the file comment); on a CPU without it, with
+/// vpmaddwd (int8_key_scores_madd(), the same bits).
+inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                                 const float* ks, Index ks_rs, Index n, float* st,
+                                 Index ld) noexcept {
+  if (!detail::cpu_has_avx512_vnni()) return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
+  for (Index r0 = 0; r0 < q.rows; r0 += 4) {
+    switch (q.ld / 64) {
+      case 1:
+        int8_scores_vnni_rows<1>(q, r0, k, k_rs, ks, ks_rs, n, st, ld);
+        break;
+      case 2:
+        int8_scores_vnni_rows<2>(q, r0, k, k_rs, ks, ks_rs, n, st, ld);
+        break;
+      default:
+        int8_scores_vnni_rows<0>(q, r0, k, k_rs, ks, ks_rs, n, st, ld);
+        break;
+    }
+  }
+  return true;
+}

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: MIT
+// tests/kernels/kv_int8_test.cpp: the int8 kernels of a decode step over an int8 KVCache, per
+// kernel set: the scores of int8 keys against a quantised query (exact integer dot products,
+// AVX512-VNNI where the CPU has it) have the same bits on every set, and the P V product over
+// int8 value rows (widened in registers) matches a double product. The attention through
+// them is tested in tests/attention/kv_cache_quantized_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/attn.hpp"
+#include "support/test_support.hpp"
+
+namespace kv_int8_test {
+
+namespace {
+
+using attn::Index;
+using attn::Isa;
+using attn::KVElement;
+
+// One set's int8 kernels of a decode step: the scores of int8 keys against a quantised query
+// (AVX512-VNNI on the avx512 set where the CPU has it, the scalar loop elsewhere) and the P V
+// product over int8 values (false where the set has no vector form).
+struct Int8Kernels {
+  Isa isa;
+  void (*scores)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
+                 Index, Index, float*, Index);
+  bool (*quantize)(const float* const*, Index, Index, float, std::int8_t*, std::int32_t*, float*,
+                   attn::detail::QuantizedQuery&);
+  bool (*values)(const attn::detail::StoredRows&, Index, Index, Index, Index, Index, const float*,
+                 Index, Index, float*);
+  // The avx512 set's form on a CPU without AVX512-VNNI (vpmaddwd), tested on any CPU with
+  // AVX-512; null elsewhere.
+  bool (*madd)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
+               Index, Index, float*, Index) = nullptr;
+};
+
+std::vector<Int8Kernels> int8_kernels() {
+  std::vector<Int8Kernels> all;
+  for (const Isa isa : attn::test::runnable_sets()) {
+    switch (isa) {
+#define ATTN_INT8_KERNELS_(set)                                                                  \
+  all.push_back({isa, &attn::kernels::set::int8_key_scores, &attn::kernels::set::quantize_query, \
+                 &attn::kernels::set::stored_int8_values});                                      \
+  break;
+      case Isa::kScalar:
+        ATTN_INT8_KERNELS_(scalar)
+#if ATTN_KERNELS_X86
+      case Isa::kSse2:
+        ATTN_INT8_KERNELS_(sse2)
+      case Isa::kAvx2:
+        ATTN_INT8_KERNELS_(avx2)
+      case Isa::kAvx512:
+        all.push_back({isa, &attn::kernels::avx512::int8_key_scores,
+                       &attn::kernels::avx512::quantize_query,
+                       &attn::kernels::avx512::stored_int8_values,
+                       &attn::kernels::avx512::int8_key_scores_madd});
+        break;
+#endif
+#undef ATTN_INT8_KERNELS_
+      default:
+        break;
+    }
+  }
+  return all;
+}
+
+TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct) {
+  // Widths 40 (a partial 64-byte chunk), 64 and 128 (query chunks in registers) and 200 (any
+  // width); 5 query rows (a group of 4 and a padded one) and 13 keys (a partial group of 4).
+  // Scores: exact integer dot products and the same two roundings on every set, so the bits
+  // of the scalar loop, checked against a double product of the levels (an integer below
+  // 2^24: exact) times the two scales to 1e-6. Values: acc += P V over int8 rows against a
+  // double product to 1e-5 relative (float accumulation over 13 keys).
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> level(-127, 127);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f), positive(0.01f, 0.02f);
+  const Index rows = 5, n = 13, ld = attn::detail::kQueryBlock;
+  for (const Index d : {Index(40), Index(64), Index(128), Index(200)}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    std::vector<unsigned char> k(static_cast<std::size_t>(n * d));
+    std::vector<float> ks(static_cast<std::size_t>(n)), q(static_cast<std::size_t>(rows * d));
+    for (auto& x : k) x = static_cast<unsigned char>(static_cast<std::int8_t>(level(gen)));
+    for (auto& x : ks) x = positive(gen);
+    for (auto& x : q) x = uniform(gen);
+    const float* q_rows[rows];
+    for (Index r = 0; r < rows; ++r) q_rows[r] = q.data() + r * d;
+    std::vector<float> first;
+    for (const Int8Kernels& set : int8_kernels()) {
+      SCOPED_TRACE(attn::isa_name(set.isa));
+      std::vector<std::int8_t> bytes(
+          static_cast<std::size_t>(ld * attn::detail::quantized_query_ld(d)));
+      std::vector<std::int32_t> sums(static_cast<std::size_t>(ld));
+      std::vector<float> scales(static_cast<std::size_t>(ld));
+      attn::detail::QuantizedQuery qq;
+      ASSERT_TRUE(
+          set.quantize(q_rows, rows, d, 0.5f, bytes.data(), sums.data(), scales.data(), qq));
+      std::vector<float> st(static_cast<std::size_t>(n * ld), -1.0f);
+      set.scores(qq, k.data(), d, ks.data(), 1, n, st.data(), ld);
+      for (Index j = 0; j < n; ++j) {
+        for (Index r = 0; r < rows; ++r) {
+          double dot = 0;
+          for (Index e = 0; e < d; ++e) {
+            dot += static_cast<double>(qq.q[r * qq.ld + e]) *
+                   static_cast<std::int8_t>(k[static_cast<std::size_t>(j * d + e)]);
+          }
+          const double want = dot * ks[static_cast<std::size_t>(j)] * qq.scales[r];
+          EXPECT_NEAR(st[static_cast<std::size_t>(j * ld + r)], want, 1e-6 * (1 + std::fabs(want)));
+        }
+      }
+      std::vector<float> got;
+      for (Index j = 0; j < n; ++j) {
+        for (Index r = 0; r < rows; ++r) got.push_back(st[static_cast<std::size_t>(j * ld + r)]);
+      }
+      if (first.empty()) first = got;
+      EXPECT_EQ(got, first) << "scores differ from the first set's";
+      if (set.madd != nullptr) {
+        std::vector<float> madd(st.size(), -1.0f);
+        if (set.madd(qq, k.data(), d, ks.data(), 1, n, madd.data(), ld)) {
+          for (Index j = 0; j < n; ++j) {
+            for (Index r = 0; r < rows; ++r) {
+              const auto at = static_cast<std::size_t>(j * ld + r);
+              EXPECT_EQ(madd[at], st[at]) << "vpmaddwd form, key " << j << ", row " << r;
+            }
+          }
+        }
+      }
+      // Values: P (the scores as weights) times the keys' rows read as values.
+      attn::detail::StoredRows v;
+      v.element = KVElement::kInt8, v.data = k.data(), v.row_stride = d;
+      v.scales = ks.data(), v.scale_row_stride = 1;
+      std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
+      if (!set.values(v, 0, 0, 0, n, d, st.data(), ld, rows, acc.data())) continue;
+      double num = 0, den = 0;
+      for (Index r = 0; r < rows; ++r) {
+        for (Index e = 0; e < d; ++e) {
+          double want = 0.25;
+          for (Index j = 0; j < n; ++j) {
+            want += static_cast<double>(st[static_cast<std::size_t>(j * ld + r)]) *
+                    ks[static_cast<std::size_t>(j)] *
+                    static_cast<std::int8_t>(k[static_cast<std::size_t>(j * d + e)]);
+          }
+          const double diff = acc[static_cast<std::size_t>(r * d + e)] - want;
+          num += diff * diff, den += want * want;
+        }
+      }
+      EXPECT_LT(std::sqrt(num / den), 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kv_int8_test
