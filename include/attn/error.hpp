@@ -72,11 +72,7 @@ std::string to_string(const std::array<Index, Rank>& shape) {
 /// Throws Kind("attn::<where>: <message>"). One out-of-line copy per kind: the checks below
 /// call it instead of each holding its own string concatenation and throw.
 template <class Kind>
-#if defined(__GNUC__)
-__attribute__((noinline, cold))
-#endif
-[[noreturn]] void
-fail(const char* where, const std::string& message) {
+[[noreturn, gnu::noinline, gnu::cold]] void fail(const char* where, const std::string& message) {
   throw Kind(std::string("attn::") + where + ": " + message);
 }
 

@@ -3,6 +3,7 @@
 // matcher: EXPECT_THAT(attn::test::thrown<attn::ShapeError>([&] { ... }), HasSubstr("(2, 3)")).
 #pragma once
 
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
