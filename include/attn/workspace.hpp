@@ -34,6 +34,7 @@ enum class WorkspaceSlot : std::size_t {
   kCacheRows,       // a step's keys and values read from a KV cache with sinks, rotated
   kWideBackward,    // a bfloat16 backward's float copies of Q, K, V, the context and logsumexp
   kNarrowBackward,  // a bfloat16 backward's bfloat16 GEMM operands (rounded or transposed)
+  kWideSinks,       // a bfloat16 (float16) module's learned sinks widened to float for a call
   kCount            // number of slots (not a slot)
 };
 

@@ -453,10 +453,11 @@ TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
 TEST_F(StorageAttention, Fp16ModuleMatchesTheFloatModule) { check_module_against_float<float16>(); }
 
 // The conversion rounds each weight once and widens back exactly; frozen and unfrozen give
-// the same bits; sinks are refused. A rotary module converts too: the whole-sequence forward
-// and the incremental one through a KVCache<bfloat16> (a prefill, then token by token) are
-// within module_near's bound of the float module on the same values (one more rounding, of
-// the rotated Q and K, u = 2^-9 each).
+// the same bits. A rotary module with learned sinks converts too (its sinks rounded once to a
+// bfloat16 parameter, as .to(torch.bfloat16) makes them): the whole-sequence forward and the
+// incremental one through a KVCache<bfloat16> (a prefill, then token by token) are within
+// module_near's bound of the float module on the same values (one more rounding, of the
+// rotated Q and K, u = 2^-9 each; the sinks are widened exactly, so they add none).
 TEST_F(StorageAttention, Bf16ModuleConversion) {
   auto o = module_options(0, 0);
   const attn::MultiHeadAttention<float> wide(o);
@@ -500,18 +501,27 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
               drawn_narrow.out_proj().weight()(r, 63 - r).bits());
   }
 
-  auto with_sinks = o;
-  with_sinks.sinks = true;
-  EXPECT_THROW(attn::MultiHeadAttention<bfloat16>{with_sinks}, attn::ConfigError);
   o.rope.head_dim = 16;
   o.rope.max_positions = 40;
   o.causal = true;
-  attn::MultiHeadAttention<bfloat16> rotary(attn::MultiHeadAttention<float>{o});
+  o.sinks = true;
+  attn::MultiHeadAttention<float> rotary_source(o);
+  // Sinks that take a good share of every row's weight (1.3 to 3.4 against 40 keys of scores
+  // near 0), three of them not exact in bfloat16.
+  for (Index h = 0; h < 4; ++h) rotary_source.sinks()(h) = 1.3f + 0.7f * static_cast<float>(h);
+  attn::MultiHeadAttention<bfloat16> rotary(rotary_source);
+  for (Index h = 0; h < 4; ++h) {
+    ASSERT_EQ(bfloat16(rotary_source.sinks()(h)).bits(), rotary.sinks()(h).bits()) << h;
+  }
   rotary.eval();
   attn::MultiHeadAttention<float> rotary_wide = attn::convert<float>(rotary);
   rotary_wide.eval();
   const Tensor<float, 3> expected = rotary_wide.forward(x.wide);
   EXPECT_TRUE(module_near(rotary.forward(x.narrow), expected));
+  // The sinks' values count: the float twin with sinks of 0 is well outside that bound.
+  attn::MultiHeadAttention<float> zero_sinks = rotary_wide;
+  for (Index h = 0; h < 4; ++h) zero_sinks.sinks()(h) = 0.0f;
+  EXPECT_FALSE(module_near(rotary.forward(x.narrow), zero_sinks.forward(x.wide)));
   attn::KVCache<bfloat16> cache(1, 4, 16, 40);
   Tensor<bfloat16, 3> stepped({1, 40, 64});
   attn::Workspace ws;
@@ -546,7 +556,7 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
 // MultiHeadAttention<float16>: the conversion rounds each weight once to float16 (a weight
 // past float16's range becomes infinite, as .to(torch.float16) makes it) and widens back
 // exactly; built from options it takes the float module's draws, rounded; frozen and unfrozen
-// give the same bits; a rotary module runs as its float twin does.
+// give the same bits; a rotary module with learned sinks runs as its float twin does.
 TEST_F(StorageAttention, Fp16ModuleConversion) {
   auto o = module_options(0, 0);
   attn::MultiHeadAttention<float> wide(o);
@@ -581,7 +591,11 @@ TEST_F(StorageAttention, Fp16ModuleConversion) {
 
   o.rope.head_dim = 16;
   o.rope.max_positions = 40;
-  attn::MultiHeadAttention<float16> rotary(attn::MultiHeadAttention<float>{o});
+  o.sinks = true;  // a float16 parameter, widened exactly for the kernel
+  attn::MultiHeadAttention<float> rotary_source(o);
+  for (Index h = 0; h < 4; ++h) rotary_source.sinks()(h) = 1.3f + 0.7f * static_cast<float>(h);
+  attn::MultiHeadAttention<float16> rotary(rotary_source);
+  EXPECT_EQ(rotary.sinks()(2).bits(), float16(rotary_source.sinks()(2)).bits());
   rotary.eval();
   attn::MultiHeadAttention<float> rotary_wide = attn::convert<float>(rotary);
   rotary_wide.eval();
@@ -720,12 +734,12 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
     bool causal, padding;
     Index value_head_dim;
     double dropout;
-    bool variants;
+    bool variants, sinks;
   };
   const TrainCase cases[] = {
-      {0, 0, 37, 37, true, false, 0, 0.1, false},   // self, fused Q/K/V, causal, dropout
-      {48, 2, 19, 45, false, true, 0, 0.0, true},   // cross, GQA, padding, softcap + ALiBi
-      {0, 2, 21, 21, false, false, 8, 0.0, false},  // self, values of 8 against keys of 16
+      {0, 0, 37, 37, true, false, 0, 0.1, false, false},  // self, fused Q/K/V, causal, dropout
+      {48, 2, 19, 45, false, true, 0, 0.0, true, false},  // cross, GQA, padding, softcap + ALiBi
+      {0, 2, 21, 21, false, false, 8, 0.0, false, true},  // self, values of 8, learned sinks
   };
   for (const TrainCase& c : cases) {
     SCOPED_TRACE("case kdim " + std::to_string(c.kdim) + " tq " + std::to_string(c.tq));
@@ -737,7 +751,13 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
       o.softcap = 5.0;
       o.alibi_max_bias = 8.0;
     }
+    o.sinks = c.sinks;
     attn::MultiHeadAttention<bfloat16> narrow(float_module(o));
+    // Sinks (rounded to bfloat16) that take a good share of each row's weight (1.3 to 3.4
+    // against 21 keys): dL/dsinks is the last parameter gradient.
+    for (Index h = 0; h < (c.sinks ? 4 : 0); ++h) {
+      narrow.sinks()(h) = bfloat16(1.3f + 0.7f * static_cast<float>(h));
+    }
     narrow.seed(3);
     attn::MultiHeadAttention<double> wide = attn::convert<double>(narrow);
     wide.seed(3);

@@ -32,11 +32,18 @@ using ::testing::HasSubstr;
 
 template <class Scalar>
 attn::MultiHeadAttention<Scalar> make_mha(attn::Index e, attn::Index h, bool bias, attn::Index kdim,
-                                          attn::Index vdim, std::uint64_t seed) {
+                                          attn::Index vdim, std::uint64_t seed,
+                                          bool sinks = false) {
   attn::TorchGenerator gen(seed);
-  attn::MultiHeadAttention<Scalar> m(
-      attn::MultiHeadAttentionOptions::pytorch(e, h, bias, kdim, vdim), gen);
+  auto o = attn::MultiHeadAttentionOptions::pytorch(e, h, bias, kdim, vdim);
+  o.sinks = sinks;
+  attn::MultiHeadAttention<Scalar> m(o, gen);
   m.eval();
+  // Sinks start at 0: give each head its own value (none exact in bfloat16).
+  for (attn::Index i = 0; i < (sinks ? h : 0); ++i) {
+    m.sinks()(i) =
+        Scalar(0.3) * Scalar(static_cast<double>(seed) + static_cast<double>(i)) - Scalar(0.55);
+  }
   // pytorch() zeroes the biases: give them values so a lost bias shows.
   if (bias) {
     auto b = m.in_proj_bias();
@@ -443,19 +450,21 @@ std::uint32_t float_bits(float f) {
   return u;
 }
 
-// A bfloat16 module saves BF16 tensors holding its bits and loads them back bit for bit (a
-// signalling NaN, a subnormal, -0 and -inf included: a trip through float would quieten the
-// NaN); the same file loads into a float module widened exactly (bits << 16).
+// A bfloat16 module (with learned sinks, a bfloat16 parameter too) saves BF16 tensors holding
+// its bits and loads them back bit for bit (a signalling NaN, a subnormal, -0 and -inf
+// included: a trip through float would quieten the NaN); the same file loads into a float
+// module widened exactly (bits << 16).
 TEST(StateDict, Bf16ModuleRoundTripsBitExactly) {
   using attn::bfloat16;
-  auto source = attn::convert<bfloat16>(make_mha<float>(8, 2, true, 0, 0, 1));
+  auto source = attn::convert<bfloat16>(make_mha<float>(8, 2, true, 0, 0, 1, true));
   const std::uint16_t special[] = {0x7F81, 0x0001, 0x8000, 0xFF80, 0x3F81};
   for (int i = 0; i < 5; ++i) source.in_proj_weight()(0, i) = bfloat16::from_bits(special[i]);
+  source.sinks()(1) = bfloat16::from_bits(0xBF81);
   SafetensorsWriter w;
   attn::io::save_state_dict(source, w);
   const SafetensorsFile file = reopen(w);
-  EXPECT_THAT(file.names(),
-              ElementsAre("in_proj_bias", "in_proj_weight", "out_proj.bias", "out_proj.weight"));
+  EXPECT_THAT(file.names(), ElementsAre("in_proj_bias", "in_proj_weight", "out_proj.bias",
+                                        "out_proj.weight", "sinks"));
   for (const std::string& name : file.names()) {
     EXPECT_EQ(file.dtype(name), attn::io::DType::kBF16) << name;
   }
@@ -464,12 +473,15 @@ TEST(StateDict, Bf16ModuleRoundTripsBitExactly) {
     EXPECT_EQ(raw[2 * i] | raw[2 * i + 1] << 8, special[i]) << i;
   }
 
-  auto target = attn::convert<bfloat16>(make_mha<float>(8, 2, true, 0, 0, 2));
+  const unsigned char* sinks = file.raw_data("sinks");
+  EXPECT_EQ(sinks[2] | sinks[3] << 8, 0xBF81);
+
+  auto target = attn::convert<bfloat16>(make_mha<float>(8, 2, true, 0, 0, 2, true));
   ASSERT_NE(parameter_bits(source), parameter_bits(target));
   attn::io::load_state_dict(target, file);
   EXPECT_EQ(parameter_bits(source), parameter_bits(target));
 
-  auto wide = make_mha<float>(8, 2, true, 0, 0, 3);
+  auto wide = make_mha<float>(8, 2, true, 0, 0, 3, true);
   attn::io::load_state_dict(wide, file);
   const auto narrow_params = source.named_parameters();
   const auto wide_params = wide.named_parameters();

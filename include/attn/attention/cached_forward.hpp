@@ -278,7 +278,7 @@ void sink_attention(const AttentionCore<Scalar>& core, const Scalar* q, Index t,
       k_strides{kv_heads * rows * hd, rows * hd, hd, 1};
   const Shape<4> v_shape{batch, kv_heads, rows, hd_v},
       v_strides{kv_heads * rows * hd_v, rows * hd_v, hd_v, 1};
-  const AttentionOptions options = core.kernel_options({});
+  const AttentionOptions options = core.kernel_options({}, ws);
   for (Index i = 0; i < t; ++i) {
     for (Index b = 0; b < batch; ++b) lengths[b] = cache.visible_keys(cache.length(b) - t + i);
     run_tasks(threads, tasks, [&](Index task, int thread) {
@@ -434,7 +434,7 @@ void cached_step(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> 
             TensorView<const Scalar, 4>(q, {batch, heads, t, hd}, {t * qa, t * hd, hd, 1}), cache,
             TensorView<Scalar, 4>(ctx.data, {batch, heads, t, hd_v},
                                   {ctx.strides[0], hd_v, ctx.strides[1], 1}),
-            core.kernel_options({}), core.sliding_window()),
+            core.kernel_options({}, ws), core.sliding_window()),
         ws);
   }
   // 4. The output projection.

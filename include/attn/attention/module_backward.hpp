@@ -311,7 +311,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 ///      float; dC stays float (without out_proj: dY widened);
 ///   2. kernel, in float: Q, K, V widened exactly, the forward recomputed in float for its
 ///      output and logsumexp (the bfloat16 forward keeps neither in float), then the float
-///      streaming backward into float dQ, dK, dV;
+///      streaming backward into float dQ, dK, dV (and, with learned sinks, a float dL/dsinks
+///      added into their bfloat16 gradient);
 ///   3. projections: each group's dQKV rounded once to bfloat16, then dW += dQKV^T X and
 ///      dX += dQKV W (bfloat16 GEMMs), db += column sums of the float dQKV.
 /// Every addition into a bfloat16 gradient (grads, grad_in) widens it, adds the float result
@@ -346,12 +347,13 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   }
 
   // 2. The kernel in float. Scratch (kWideBackward): Q, K, V widened, contiguous; the
-  //    recomputed output O (B, T_q, A) and logsumexp (B, H, T_q).
+  //    recomputed output O (B, T_q, A) and logsumexp (B, H, T_q); with sinks, dL/dsinks (H).
+  //    The forward's options hold its sinks widened (into the record's storage).
   const auto padded = [](Index n) { return (n + 15) / 16 * 16; };  // whole 64-byte lines
   const Index nq = padded(saved.query.size()), nk = padded(saved.key.size()),
-              nv = padded(saved.value.size()), no = padded(q_rows * width);
-  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideBackward,
-                                     nq + nk + nv + no + batch * heads * tq);
+              nv = padded(saved.value.size()), no = padded(q_rows * width),
+              nl = padded(batch * heads * tq), ns = c.sinks ? heads : 0;
+  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideBackward, nq + nk + nv + no + nl + ns);
   const TensorView<float, 4> q(wide, saved.query.shape()), k(wide + nq, saved.key.shape()),
       v(wide + nq + nk, saved.value.shape());
   convert(saved.query, q);
@@ -368,11 +370,21 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   TensorView<float, 4> part_grad[3];
   GemmOutput<const float> group_rows[3];
   projection_grad_layout(proj, groups, batch, tq, tk, dqkv, part_grad, group_rows);
+  const TensorView<float, 1> grad_sinks =
+      c.sinks ? TensorView<float, 1>(wide + nq + nk + nv + no + nl, {heads})
+              : TensorView<float, 1>();
+  if (c.sinks) std::fill_n(grad_sinks.data(), heads, 0.0f);
   const AttentionGradients<float> kernel_grads{
       TensorView<const float, 4>(dc, {batch, heads, tq, hd_v}, context_strides), part_grad[0],
-      part_grad[1], part_grad[2]};
+      part_grad[1], part_grad[2], grad_sinks};
   attend_backward<float>(where, q, k, v, out, lse, kernel_grads, saved.mask, saved.options, ws,
                          c.causal_bound(), /*own_gradients=*/true);
+  if (c.sinks) {  // widened, added, rounded once
+    const TensorView<bfloat16, 1> into = grads.of(core.sinks());
+    for (Index h = 0; h < heads; ++h) {
+      into(h) = bfloat16(static_cast<float>(into(h)) + grad_sinks(h));
+    }
+  }
 
   // 3. The projections' backward, bfloat16 GEMMs per group.
   for (int g = 0; g < groups.count; ++g) {

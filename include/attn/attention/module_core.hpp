@@ -64,11 +64,13 @@ namespace detail {
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
 /// state are float. Rotary embeddings rotate the rounded Q and K in float (float tables),
 /// rounding each feature back once; the incremental forward through a KVCache<bfloat16> keeps
-/// bfloat16 rows. Its training forward records the bfloat16 heads and context, and its backward
-/// is core_backward_bf16() (module_backward.hpp), without rotary embeddings yet. A paged cache,
-/// attention weights, packed batches and sinks need a float or double core; a float16 core runs
-/// inference forwards only. Built from a configuration, it takes a float core's draws rounded;
-/// the converting constructor rounds (or widens) any core.
+/// bfloat16 rows. Learned sinks are a bfloat16 parameter too (as .to(torch.bfloat16) makes
+/// them), widened exactly to float for the kernel on every call. Its training forward records
+/// the bfloat16 heads and context, and its backward is core_backward_bf16() (module_backward.hpp),
+/// without rotary embeddings yet. A paged cache, attention weights and packed batches need a
+/// float or double core; a float16 core runs inference forwards only. Built from a
+/// configuration, it takes a float core's draws rounded; the converting constructor rounds (or
+/// widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
@@ -100,12 +102,6 @@ class AttentionCore {
   /// Validates `c` and draws the weights from `gen`, or from the global generator when null.
   /// @throws ConfigError naming c.name and the values.
   AttentionCore(const CoreConfig& c, TorchGenerator* gen) : config_(checked_core_config(c)) {
-    if constexpr (kStorage) {
-      require_config(!c.sinks, c.name, [&] {
-        return std::string("a ") + element_name<Scalar>() +
-               " module has no sinks yet; use a float module";
-      });
-    }
     const Index kdim = c.kdim > 0 ? c.kdim : c.d_in, vdim = c.vdim > 0 ? c.vdim : c.d_in;
     config_.kdim = kdim;
     config_.vdim = vdim;
@@ -180,7 +176,7 @@ class AttentionCore {
     Scalar* ctx =
         direct ? out.data() : workspace_get<Scalar>(keep, WorkspaceSlot::kContext, batch * tq * d);
     const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{tq * d, d, 1};
-    const AttentionOptions options = kernel_options(weights);
+    const AttentionOptions options = kernel_options(weights, keep);
     // A training forward keeps each query's logsumexp for the streaming backward (a bfloat16
     // one none: its backward recomputes it in float).
     const TensorView<Compute, 3> lse =
@@ -293,11 +289,22 @@ class AttentionCore {
   /// The kernel's options for one call: the module's scale (unset: 1/sqrt(head_dim)) and
   /// variants, in training mode with dropout its seed and a freshly claimed call number; the
   /// path the call takes. Every forward (whole-sequence, training, incremental) builds its
-  /// call from these.
-  AttentionOptions kernel_options(TensorView<Scalar, 4> weights) const {
+  /// call from these. A bfloat16 or float16 core's sinks are widened (exactly) into `ws`
+  /// (WorkspaceSlot::kWideSinks): the options read them there, so `ws` must outlive the call
+  /// (a training forward passes its record's storage, which its backward reads).
+  AttentionOptions kernel_options(TensorView<Scalar, 4> weights, Workspace& ws) const {
     AttentionOptions options;
     if (!scaled_) options.scale = 1.0;  // else the call's default, 1/sqrt(head_dim)
     set_variants(options);
+    if constexpr (kStorage) {
+      if (config_.sinks) {
+        const Index h = num_heads();
+        const TensorView<Compute, 1> wide(workspace_get<Compute>(ws, WorkspaceSlot::kWideSinks, h),
+                                          {h});
+        convert(TensorView<const Scalar, 1>(sinks_.view()), wide);
+        options.sinks = wide;
+      }
+    }
     if (dropout_.active()) {
       options.dropout = dropout_.p();
       options.dropout_seed = dropout_.seed_value();
@@ -354,12 +361,13 @@ class AttentionCore {
   /// The variants of the configuration into `options`, as the call reads them: the softcap,
   /// and the per-head values this core holds, each empty when its variant is off: the ALiBi
   /// slopes in Computes (given, or the standard series of alibi_max_bias, drawn once by the
-  /// constructor) and the sinks parameter in Scalars (none on a bfloat16 core). Views of this
-  /// core's tensors: a record or a backward reading them needs the module alive.
+  /// constructor) and the sinks parameter in Scalars (a bfloat16 or float16 core's: widened by
+  /// kernel_options()). Views of this core's tensors: a record or a backward reading them needs
+  /// the module alive.
   void set_variants(AttentionOptions& options) const noexcept {
     options.softcap = config_.softcap;
     options.alibi_slopes = alibi_;
-    if constexpr (!kStorage) options.sinks = sinks_;  // a bfloat16 core has none
+    if constexpr (!kStorage) options.sinks = sinks_;
   }
 
   // ---- modes ----
@@ -575,7 +583,7 @@ class AttentionCore {
   Linear<Scalar> out_proj_;  // 0 x 0 unless config_.out_proj
   Dropout<Compute> dropout_{0.0};
   RotaryEmbedding<Compute> rope_;  // head_dim 0 unless config_.rope.head_dim
-  Tensor<Scalar, 1> sinks_;        // (H) with config_.sinks, else empty (never bfloat16)
+  Tensor<Scalar, 1> sinks_;        // (H) with config_.sinks, else empty
   Tensor<Compute, 1> alibi_;       // (H): the ALiBi slopes as Computes, empty without ALiBi
   bool scaled_ = true;             // multiply Q K^T by 1/sqrt(hd); off for notebook 001's module
   ObjectIdentity identity_;        // what SavedForward, KVCache and optimizers record

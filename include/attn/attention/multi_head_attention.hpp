@@ -84,11 +84,12 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// bfloat16: MultiHeadAttention<bfloat16> holds bfloat16 weights and biases and takes and
 /// returns bfloat16 tensors, masks in float; projections with float sums rounded once, the
 /// bfloat16 attention kernel (docs/precision.md). Whole-sequence forwards (self and cross,
-/// masks, causal, softcap, ALiBi, grouped-query heads, dropout, rotary embeddings), inference
-/// and training: backward() adds into Gradients<bfloat16> (bfloat16 products, float sums; train
-/// it with optim::MixedPrecision; rotary embeddings not yet), and the incremental forward
-/// through a KVCache<bfloat16>. A paged cache, packed batches and forward_with_weights do not
-/// compile for it, and sinks throw ConfigError. Load float weights and convert<bfloat16>(module).
+/// masks, causal, softcap, ALiBi, learned sinks (a bfloat16 parameter), grouped-query heads,
+/// dropout, rotary embeddings), inference and training: backward() adds into
+/// Gradients<bfloat16> (bfloat16 products, float sums; train it with optim::MixedPrecision;
+/// rotary embeddings not yet), and the incremental forward through a KVCache<bfloat16>. A paged
+/// cache, packed batches and forward_with_weights do not compile for it. Load float weights and
+/// convert<bfloat16>(module).
 /// MultiHeadAttention<float16> is the same with float16 (IEEE binary16) weights, biases and
 /// tensors, inference forwards only: its products are widened to float on every kernel set.
 ///
@@ -130,7 +131,6 @@ class MultiHeadAttention
   /// `other` with its weights converted to Scalar: a float module's weights rounded once to
   /// bfloat16 or float16 (to nearest even), or widened back. Modes, dropout seed and scaling
   /// are kept; the result is not frozen. attn::convert<To>(module) says the same.
-  /// @throws ConfigError when Scalar is bfloat16 or float16 and `other` has sinks.
   template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
   explicit MultiHeadAttention(const MultiHeadAttention<Other>& other) : Base(other) {}
 

@@ -88,7 +88,7 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   const bool direct = !c.out_proj && out.stride(2) == 1;
   Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, total * a);
   const Index ctx_row = direct ? out.stride(1) : a;
-  const AttentionOptions options = core.kernel_options({});  // one dropout call for the batch
+  const AttentionOptions options = core.kernel_options({}, ws);  // one dropout call for the batch
   // 3. Rounds of at most C tokens of each sequence.
   std::vector<AttentionCall<Scalar>> calls;
   const Index chunk = cache.max_chunk(), longest = o.max_length();

@@ -214,7 +214,7 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
                     cache, seqs.data(),
                     TensorView<Scalar, 4>(ctx.data, {batch, heads, t, hd_v},
                                           {ctx.strides[0], hd_v, ctx.strides[1], 1}),
-                    core.kernel_options({}), core.sliding_window()),
+                    core.kernel_options({}, ws), core.sliding_window()),
                 ws);
   // 5. The output projection.
   finish_step(core, ctx, batch, t, out, ws);
@@ -280,7 +280,7 @@ void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const S
   const bool direct = !c.out_proj && out.stride(2) == 1;
   Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, total * a);
   const Index ctx_row = direct ? out.stride(1) : a;
-  const AttentionOptions options = core.kernel_options({});
+  const AttentionOptions options = core.kernel_options({}, ws);
   // 3. Each sequence's rows into its blocks, then the attention of all of them.
   std::vector<std::vector<Index>> tables(static_cast<std::size_t>(2 * n));
   std::vector<AttentionCall<Scalar>> calls;
