@@ -210,6 +210,21 @@ ProjectionBlock<Scalar> projection_block(const QkvProjection<Scalar>& proj,
   return b;
 }
 
+/// The names of a core's three input gradients, as its messages quote them.
+inline constexpr const char* kGradInputNames[3] = {"grad_query", "grad_key", "grad_value"};
+
+/// The checks every core's backward starts with: grad_out against the core's output and the
+/// saved forward, each input gradient against its input (d_in, kdim, vdim features).
+template <class Scalar>
+void check_core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> grad_out,
+                         const SavedForward<Scalar>& saved,
+                         const TensorView<Scalar, 3> (&grad_in)[3]) {
+  const CoreConfig& c = core.config();
+  const Index in_features[3] = {c.d_in, c.kdim, c.vdim};
+  check_module_backward(c.name, core, saved, grad_out, core.d_out(), grad_in, in_features,
+                        kGradInputNames);
+}
+
 /// The backward of core.forward(query, key, value, out, ws, mask, {}, &saved): given
 /// grad_out dY (B, T_q, d_out), ADDS dL/d query, key, value into grad_in[0..3) (empty views
 /// are skipped; views may be the same view, which then receives the sum) and the parameter
@@ -233,9 +248,7 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   const CoreConfig& c = core.config();
   const char* where = c.name;
   const QkvProjection<Scalar>& proj = core.projection();
-  const Index in_features[3] = {c.d_in, c.kdim, c.vdim};
-  const char* const names[3] = {"grad_query", "grad_key", "grad_value"};
-  check_module_backward(where, core, saved, grad_out, core.d_out(), grad_in, in_features, names);
+  check_core_backward(core, grad_out, saved, grad_in);
   const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
   const Index heads = core.num_heads(), hd_v = core.value_head_dim(),
               width = core.attention_width();
@@ -299,7 +312,7 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
     const RowsRef<const Scalar>& x = saved.inputs[groups.start[g]];
     linear_backward<Scalar>(
         x.rows, b.weight, x.data, x.ld, group_rows[g],
-        gradient_rows<Scalar>(where, names[groups.start[g]], grad_in[groups.start[g]]),
+        gradient_rows<Scalar>(where, kGradInputNames[groups.start[g]], grad_in[groups.start[g]]),
         b.grad_weight, b.grad_bias, &ws);
   }
 }
@@ -325,9 +338,7 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   const CoreConfig& c = core.config();
   const char* where = c.name;
   const QkvProjection<bfloat16>& proj = core.projection();
-  const Index in_features[3] = {c.d_in, c.kdim, c.vdim};
-  const char* const names[3] = {"grad_query", "grad_key", "grad_value"};
-  check_module_backward(where, core, saved, grad_out, core.d_out(), grad_in, in_features, names);
+  check_core_backward(core, grad_out, saved, grad_in);
   const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
   const Index heads = core.num_heads(), hd_v = core.value_head_dim(),
               width = core.attention_width();
@@ -393,7 +404,7 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
     const RowsRef<const bfloat16>& x = saved.inputs[groups.start[g]];
     linear_backward_bf16(
         x.rows, b.weight, x.data, x.ld, group_rows[g], nullptr,
-        gradient_rows<bfloat16>(where, names[groups.start[g]], grad_in[groups.start[g]]),
+        gradient_rows<bfloat16>(where, kGradInputNames[groups.start[g]], grad_in[groups.start[g]]),
         b.grad_weight, b.grad_bias, ws);
   }
 }

@@ -31,6 +31,94 @@
 ATTN_NAMESPACE_BEGIN
 namespace detail {
 
+/// Pass 1's checks of a packed prefill that do not depend on the cache: x (1, total, d_in),
+/// one set of offsets (self-attention) over its rows. Returns the offsets.
+template <class Scalar>
+const SequenceOffsets& packed_prefill_offsets(const AttentionCore<Scalar>& core,
+                                              TensorView<const Scalar, 3> x,
+                                              const PackedSequences& seqs) {
+  const CoreConfig& c = core.config();
+  const char* where = c.forward_name;
+  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  check_input(where, name, x, core.d_in(), "d_in");
+  const Index total = x.extent(1);
+  require(seqs.key.empty(), where, [] {
+    return std::string(
+        "the packed prefill is self-attention: give one set of offsets (the keys are the "
+        "sequences' own tokens)");
+  });
+  check_offsets(where, "cu_seqlens", seqs.query, total,
+                std::string(name) + " " + to_string(Shape<2>{total, x.extent(2)}));
+  return seqs.query;
+}
+
+/// The rows of a packed prefill, the sequences' back to back in the workspace: Q (1, H, total,
+/// hd), K (1, H_kv, total, hd), V (1, H_kv, total, hd_v), head-major, and where the attention
+/// writes the context (1, total, A).
+template <class Scalar>
+struct PackedPrefillRows {
+  const AttentionCore<Scalar>* core = nullptr;
+  Index total = 0;
+  Scalar* q = nullptr;
+  Scalar* k = nullptr;
+  Scalar* v = nullptr;
+  StepContext<Scalar> ctx;
+
+  /// Rows r0 .. r0 + t of Q as (1, H, t, hd).
+  TensorView<const Scalar, 4> query(Index r0, Index t) const {
+    const Index heads = core->num_heads(), hd = core->head_dim();
+    return TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd},
+                                       {heads * hd, total * hd, hd, 1});
+  }
+  /// Rows r0 .. r0 + t of the context as (1, H, t, hd_v).
+  TensorView<Scalar, 4> context(Index r0, Index t) const {
+    const Index heads = core->num_heads(), hd_v = core->value_head_dim();
+    return TensorView<Scalar, 4>(ctx.data + r0 * ctx.strides[1], {1, heads, t, hd_v},
+                                 {ctx.strides[0], hd_v, ctx.strides[1], 1});
+  }
+  /// Rows r0 .. r0 + t of Q and K rotated at positions first .. (with rotary embeddings), then
+  /// store(part, h, i, row) for each of those K (part 0, hd wide) and V (part 1, hd_v) rows.
+  template <class Store>
+  void rotate_and_store(Index r0, Index t, Index first, Store&& store) const {
+    const Index heads = core->num_heads(), kv_heads = core->num_kv_heads(), hd = core->head_dim();
+    if (core->has_rope()) {
+      const RotaryEmbedding<Scalar>& rope = core->rope();
+      for (Index h = 0; h < heads; ++h) rope.apply(q + h * total * hd + r0 * hd, t, hd, first);
+      for (Index h = 0; h < kv_heads; ++h) rope.apply(k + h * total * hd + r0 * hd, t, hd, first);
+    }
+    for (int part = 0; part < 2; ++part) {
+      const Index width = part == 0 ? hd : core->value_head_dim();
+      for (Index h = 0; h < kv_heads; ++h) {
+        const Scalar* from = (part == 0 ? k : v) + (h * total + r0) * width;
+        for (Index i = 0; i < t; ++i) store(part, h, i, from + i * width);
+      }
+    }
+  }
+};
+
+/// Pass 2 of a packed prefill: Q, K and V of all `total` rows of x, one projection GEMM each.
+template <class Scalar>
+PackedPrefillRows<Scalar> project_packed_prefill(const AttentionCore<Scalar>& core,
+                                                 TensorView<const Scalar, 3> x,
+                                                 TensorView<Scalar, 3> out, Workspace& ws) {
+  const QkvProjection<Scalar>& proj = core.projection();
+  const Index total = x.extent(1), heads = core.num_heads(), kv_heads = core.num_kv_heads();
+  const Index hd = core.head_dim(), hd_v = core.value_head_dim(), qa = heads * hd;
+  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
+  PackedPrefillRows<Scalar> p;
+  p.core = &core;
+  p.total = total;
+  p.q =
+      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (qa + kv_heads * (hd + hd_v)));
+  p.k = p.q + total * qa;
+  p.v = p.k + total * kv_heads * hd;
+  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
+                    GemmOutput<Scalar>::head_major(p.q, total, qa, hd), ws);
+  project_key_value(proj, rows, total, p.k, ws);
+  p.ctx = step_context(core, out, 1, total, ws);
+  return p;
+}
+
 /// The packed prefill: x (1, total, d_in) holds N sequences' next tokens (offsets
 /// seqs.query); sequence s's keys and values are appended to item s of `cache` and its tokens
 /// attend to that item's cached keys as forward_cached() does (the per-item bottom-right
@@ -51,21 +139,10 @@ template <class Scalar>
 void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                             const PackedSequences& seqs, TensorView<Scalar, 3> out, Workspace& ws,
                             KVCache<Scalar>& cache) {
-  const CoreConfig& c = core.config();
-  const char* where = c.forward_name;
-  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  const char* where = core.config().forward_name;
   // 1. Checks.
-  check_input(where, name, x, core.d_in(), "d_in");
-  const Index total = x.extent(1);
-  require(seqs.key.empty(), where, [] {
-    return std::string(
-        "the packed prefill is self-attention: give one set of offsets (the keys are the "
-        "sequences' own tokens)");
-  });
-  const SequenceOffsets& o = seqs.query;
-  check_offsets(where, "cu_seqlens", o, total,
-                std::string(name) + " " + to_string(Shape<2>{total, x.extent(2)}));
-  const Index n = o.sequences();
+  const SequenceOffsets& o = packed_prefill_offsets(core, x, seqs);
+  const Index total = x.extent(1), n = o.sequences();
   check_cache_use(core, cache, n, true);
   check_output(where, out, {1, total, core.d_out()});
   for (Index s = 0; s < n; ++s) check_cache_room(core, cache, s, o.length(s));
@@ -74,20 +151,7 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   KVCacheAccess::set_owner(cache, core.id());
   // 2. Projections: Q (1, H, total, hd), then K (1, H_kv, total, hd) and V (1, H_kv, total,
   //    hd_v).
-  const QkvProjection<Scalar>& proj = core.projection();
-  const Index heads = core.num_heads(), kv_heads = core.num_kv_heads(), hd = core.head_dim();
-  const Index hd_v = core.value_head_dim(), qa = heads * hd, a = core.attention_width();
-  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
-  Scalar* q =
-      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (qa + kv_heads * (hd + hd_v)));
-  Scalar* kv = q + total * qa;
-  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
-                    GemmOutput<Scalar>::head_major(q, total, qa, hd), ws);
-  project_key_value(proj, rows, total, kv, ws);
-  Scalar* v = kv + total * kv_heads * hd;
-  const bool direct = !c.out_proj && out.stride(2) == 1;
-  Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, total * a);
-  const Index ctx_row = direct ? out.stride(1) : a;
+  const PackedPrefillRows<Scalar> rows = project_packed_prefill(core, x, out, ws);
   const AttentionOptions options = core.kernel_options({}, ws);  // one dropout call for the batch
   // 3. Rounds of at most C tokens of each sequence.
   std::vector<AttentionCall<Scalar>> calls;
@@ -100,42 +164,18 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
       const Index first = cache.length(s);
       // Keys rotated in the workspace at positions L_s .., then stored (quantised, for a
       // quantised cache) with the values: the same values forward_cached() stores.
-      if (core.has_rope()) {
-        const RotaryEmbedding<Scalar>& rope = core.rope();
-        for (Index h = 0; h < heads; ++h) rope.apply(q + h * total * hd + r0 * hd, t, hd, first);
-        for (Index h = 0; h < kv_heads; ++h) {
-          rope.apply(kv + h * total * hd + r0 * hd, t, hd, first);
-        }
-      }
-      for (Index part = 0; part < 2; ++part) {
-        const Index width = part == 0 ? hd : hd_v;
-        for (Index h = 0; h < kv_heads; ++h) {
-          const Scalar* from = (part == 0 ? kv : v) + (h * total + r0) * width;
-          for (Index i = 0; i < t; ++i) {
-            KVCacheAccess::store_row(cache, from + i * width, s, static_cast<int>(part), h,
-                                     first + i);
-          }
-        }
-      }
+      rows.rotate_and_store(r0, t, first, [&](int part, Index h, Index i, const Scalar* row) {
+        KVCacheAccess::store_row(cache, row, s, part, h, first + i);
+      });
       cache.advance(t, s, 1);
-      calls.push_back(cache_call<Scalar>(
-          where,
-          TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {qa, total * hd, hd, 1}),
-          cache,
-          TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd_v}, {a, hd_v, ctx_row, 1}),
-          options, core.sliding_window(), s));
+      calls.push_back(cache_call<Scalar>(where, rows.query(r0, t), cache, rows.context(r0, t),
+                                         options, core.sliding_window(), s));
       calls.back().dropout_item = s;
     }
     run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
   }
   // 4. The output projection.
-  if (direct) return;
-  const TensorView<const Scalar, 3> context(ctx, {1, total, a});
-  if (c.out_proj) {
-    core.out_proj().forward(context, out, ws);
-  } else {
-    copy(context, out);
-  }
+  finish_step(core, rows.ctx, 1, total, out, ws);
 }
 
 }  // namespace detail

@@ -15,6 +15,7 @@
 #include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/module_core.hpp"
+#include "attn/attention/packed_prefill.hpp"
 #include "attn/attention/paged_kv_cache.hpp"
 #include "attn/attention/qkv_projection.hpp"
 #include "attn/attention/scaled_dot_product.hpp"
@@ -242,21 +243,10 @@ template <class Scalar>
 void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3> x,
                            const PackedSequences& packed, TensorView<Scalar, 3> out, Workspace& ws,
                            PagedKVCache<Scalar>& cache, const std::vector<Index>& ids) {
-  const CoreConfig& c = core.config();
-  const char* where = c.forward_name;
-  const char* name = c.input_name != nullptr ? c.input_name : "query";
+  const char* where = core.config().forward_name;
   // 1. Checks.
-  check_input(where, name, x, core.d_in(), "d_in");
-  const Index total = x.extent(1);
-  require(packed.key.empty(), where, [] {
-    return std::string(
-        "the packed prefill is self-attention: give one set of offsets (the keys are the "
-        "sequences' own tokens)");
-  });
-  const SequenceOffsets& o = packed.query;
-  check_offsets(where, "cu_seqlens", o, total,
-                std::string(name) + " " + to_string(Shape<2>{total, x.extent(2)}));
-  const Index n = o.sequences();
+  const SequenceOffsets& o = packed_prefill_offsets(core, x, packed);
+  const Index total = x.extent(1), n = o.sequences();
   std::vector<Index> lengths(static_cast<std::size_t>(n));
   for (Index s = 0; s < n; ++s) lengths[static_cast<std::size_t>(s)] = o.length(s);
   check_paged_sequences(core, cache, ids, n, lengths.data(), 1);
@@ -266,20 +256,7 @@ void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const S
   cache.prepare(where, ids.data(), n, lengths.data(), 1);  // strong guarantee
   // 2. Projections: Q (1, H, total, hd), then K (1, H_kv, total, hd) and V (1, H_kv, total,
   //    hd_v).
-  const QkvProjection<Scalar>& proj = core.projection();
-  const Index heads = core.num_heads(), kv_heads = core.num_kv_heads(), hd = core.head_dim();
-  const Index hd_v = core.value_head_dim(), qa = heads * hd, a = core.attention_width();
-  const RowsRef<const Scalar> rows = as_rows(x, ws, WorkspaceSlot::kKeyStaging);
-  Scalar* q =
-      workspace_get<Scalar>(ws, WorkspaceSlot::kProjection, total * (qa + kv_heads * (hd + hd_v)));
-  Scalar* kv = q + total * qa;
-  proj.project_rows(rows, QkvProjection<Scalar>::kQuery, 1,
-                    GemmOutput<Scalar>::head_major(q, total, qa, hd), ws);
-  project_key_value(proj, rows, total, kv, ws);
-  Scalar* v = kv + total * kv_heads * hd;
-  const bool direct = !c.out_proj && out.stride(2) == 1;
-  Scalar* ctx = direct ? out.data() : workspace_get<Scalar>(ws, WorkspaceSlot::kContext, total * a);
-  const Index ctx_row = direct ? out.stride(1) : a;
+  const PackedPrefillRows<Scalar> rows = project_packed_prefill(core, x, out, ws);
   const AttentionOptions options = core.kernel_options({}, ws);
   // 3. Each sequence's rows into its blocks, then the attention of all of them.
   std::vector<std::vector<Index>> tables(static_cast<std::size_t>(2 * n));
@@ -287,38 +264,18 @@ void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const S
   for (Index s = 0; s < n; ++s) {
     const Index id = ids[static_cast<std::size_t>(s)], t = o.length(s), r0 = o.begin(s);
     const Index first = cache.length(id);
-    if (core.has_rope()) {
-      const RotaryEmbedding<Scalar>& rope = core.rope();
-      for (Index h = 0; h < heads; ++h) rope.apply(q + h * total * hd + r0 * hd, t, hd, first);
-      for (Index h = 0; h < kv_heads; ++h) rope.apply(kv + h * total * hd + r0 * hd, t, hd, first);
-    }
-    for (Index part = 0; part < 2; ++part) {
-      const Index width = part == 0 ? hd : hd_v;
-      for (Index h = 0; h < kv_heads; ++h) {
-        const Scalar* from = (part == 0 ? kv : v) + (h * total + r0) * width;
-        for (Index i = 0; i < t; ++i) {
-          cache.store_row(from + i * width, 1, id, static_cast<int>(part), h, first + i);
-        }
-      }
-    }
+    rows.rotate_and_store(r0, t, first, [&](int part, Index h, Index i, const Scalar* row) {
+      cache.store_row(row, 1, id, part, h, first + i);
+    });
     cache.advance(id, t);
     if (t == 0) continue;
     calls.push_back(paged_call<Scalar>(
-        where, TensorView<const Scalar, 4>(q + r0 * hd, {1, heads, t, hd}, {qa, total * hd, hd, 1}),
-        cache, &ids[static_cast<std::size_t>(s)],
-        TensorView<Scalar, 4>(ctx + r0 * ctx_row, {1, heads, t, hd_v}, {a, hd_v, ctx_row, 1}),
+        where, rows.query(r0, t), cache, &ids[static_cast<std::size_t>(s)], rows.context(r0, t),
         options, core.sliding_window(), &tables[static_cast<std::size_t>(2 * s)]));
   }
   run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
   // 4. The output projection; the blocks behind the window back to the pool.
-  if (!direct) {
-    const TensorView<const Scalar, 3> context(ctx, {1, total, a});
-    if (c.out_proj) {
-      core.out_proj().forward(context, out, ws);
-    } else {
-      copy(context, out);
-    }
-  }
+  finish_step(core, rows.ctx, 1, total, out, ws);
   if (core.sliding_window() > 0) {
     for (const Index id : ids)
       cache.release_before(id, cache.length(id) - core.sliding_window() + 1);
