@@ -7,7 +7,8 @@
 // and two threads; value rows that are not finite only where seen. MultiHeadAttention<bfloat16>
 // and MultiHeadAttention<float16> against the float module on the same rounded weights and
 // inputs (self, cross, grouped-query heads, masks, variants), on every set and path, and their
-// conversion from and to float.
+// conversion from and to float; their incremental forward through a KVCache<bfloat16> and
+// <float16> (rings, sinks, ragged items); the single-head modules and MultiHeadAttentionWrapper.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -452,6 +453,45 @@ TEST_F(StorageAttention, Bf16ModuleMatchesTheFloatModule) {
 }
 TEST_F(StorageAttention, Fp16ModuleMatchesTheFloatModule) { check_module_against_float<float16>(); }
 
+// The incremental forward of a causal rotary module through a KVCache<Element> (a prefill of
+// 25 tokens, then token by token): within module_near's bound of `expected`, the float
+// module's whole-sequence forward on the same values; the prefill's rows are the narrow
+// module's whole-sequence bits (the same GEMMs, rotations and kernel on the same rows). An
+// int8 cache of Element is refused, naming the type.
+template <class Element>
+void check_incremental(const attn::MultiHeadAttention<Element>& module, const Tensor<Element, 3>& x,
+                       const Tensor<float, 3>& expected) {
+  const Index tokens = x.extent(1);
+  attn::KVCache<Element> cache(1, module.num_kv_heads(), module.head_dim(), tokens);
+  EXPECT_EQ(cache.bytes_per_token(), 2 * module.num_kv_heads() * module.head_dim() * 2);
+  Tensor<Element, 3> stepped({1, tokens, module.d_out()});
+  attn::Workspace ws;
+  const attn::TensorView<const Element, 3> in = x.view();
+  for (Index t0 = 0, t = 25; t0 < tokens; t0 += t, t = 1) {
+    module.forward(attn::slice(in, 1, t0, t0 + t), attn::slice(stepped.view(), 1, t0, t0 + t), ws,
+                   cache);
+  }
+  EXPECT_EQ(cache.length(0), tokens);
+  const ::testing::AssertionResult near_float = module_near(stepped, expected);
+  EXPECT_TRUE(near_float);
+  std::cout << "[ " << attn::element_name<Element>() << " cache ] " << near_float.message() << "\n";
+  const Tensor<Element, 3> whole = module.forward(x);
+  for (Index t = 0; t < 25; ++t) {
+    for (Index e = 0; e < module.d_out(); ++e) {
+      ASSERT_EQ(stepped(0, t, e).bits(), whole(0, t, e).bits()) << t << " " << e;
+    }
+  }
+  attn::KVCacheOptions quantised{1, module.num_kv_heads(), module.head_dim(), tokens};
+  quantised.element = attn::KVElement::kInt8;
+  const std::string name = attn::element_name<Element>();
+  const std::string message = attn::test::thrown<attn::ConfigError>(
+      [&] { const attn::KVCache<Element> refused(quantised); });
+  EXPECT_NE(message.find("a " + name + " cache stores " + name + " rows"), std::string::npos)
+      << message;
+  quantised.element = attn::kv_element_of<Element>();  // the same rows: accepted
+  EXPECT_EQ(attn::KVCache<Element>(quantised).element(), attn::KVElement::kScalar);
+}
+
 // The conversion rounds each weight once and widens back exactly; frozen and unfrozen give
 // the same bits. A rotary module with learned sinks converts too (its sinks rounded once to a
 // bfloat16 parameter, as .to(torch.bfloat16) makes them): the whole-sequence forward and the
@@ -522,16 +562,9 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
   attn::MultiHeadAttention<float> zero_sinks = rotary_wide;
   for (Index h = 0; h < 4; ++h) zero_sinks.sinks()(h) = 0.0f;
   EXPECT_FALSE(module_near(rotary.forward(x.narrow), zero_sinks.forward(x.wide)));
-  attn::KVCache<bfloat16> cache(1, 4, 16, 40);
-  Tensor<bfloat16, 3> stepped({1, 40, 64});
+  check_incremental(rotary, x.narrow, expected);
   attn::Workspace ws;
   const attn::TensorView<const bfloat16, 3> in = x.narrow.view();
-  for (Index t0 = 0, t = 25; t0 < 40; t0 += t, t = 1) {
-    rotary.forward(attn::slice(in, 1, t0, t0 + t), attn::slice(stepped.view(), 1, t0, t0 + t), ws,
-                   cache);
-  }
-  EXPECT_EQ(cache.length(0), 40);
-  EXPECT_TRUE(module_near(stepped, expected));
   // Its training forward is refused before anything is computed: the bfloat16 backward does not
   // rotate the gradients of Q and K back yet.
   attn::SavedForward<bfloat16> saved;
@@ -540,17 +573,6 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
       attn::test::thrown<attn::ConfigError>([&] { rotary.forward(in, trained.view(), saved, ws); });
   EXPECT_NE(message.find("training forward has no rotary embeddings yet"), std::string::npos)
       << message;
-  // Its rows are bfloat16: quantised ones are refused, naming the type.
-  attn::KVCacheOptions quantised{1, 4, 16, 40};
-  quantised.element = attn::KVElement::kInt8;
-  try {
-    const attn::KVCache<bfloat16> refused(quantised);
-    FAIL() << "an int8 bfloat16 cache was accepted";
-  } catch (const attn::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("a bfloat16 cache stores bfloat16 rows"),
-              std::string::npos)
-        << e.what();
-  }
 }
 
 // MultiHeadAttention<float16>: the conversion rounds each weight once to float16 (a weight
@@ -591,6 +613,7 @@ TEST_F(StorageAttention, Fp16ModuleConversion) {
 
   o.rope.head_dim = 16;
   o.rope.max_positions = 40;
+  o.causal = true;
   o.sinks = true;  // a float16 parameter, widened exactly for the kernel
   attn::MultiHeadAttention<float> rotary_source(o);
   for (Index h = 0; h < 4; ++h) rotary_source.sinks()(h) = 1.3f + 0.7f * static_cast<float>(h);
@@ -599,11 +622,66 @@ TEST_F(StorageAttention, Fp16ModuleConversion) {
   rotary.eval();
   attn::MultiHeadAttention<float> rotary_wide = attn::convert<float>(rotary);
   rotary_wide.eval();
-  EXPECT_TRUE(module_near(rotary.forward(x.narrow), rotary_wide.forward(x.wide)));
+  const Tensor<float, 3> expected = rotary_wide.forward(x.wide);
+  EXPECT_TRUE(module_near(rotary.forward(x.narrow), expected));
+  check_incremental(rotary, x.narrow, expected);
 }
 
+// Rings, sinks and ragged items through a KVCache<Element>, as through a float cache: a causal
+// rotary module with grouped-query heads (2 of 4), 9 tokens (the cache's max_chunk of 3 at a
+// time), item 1 truncated back to 6 tokens (ragged lengths from there), then token by token,
+// through (a) a ring for its sliding window of 8, (b) a cache keeping 2 sinks beside a window
+// of 8 (20 tokens: both rings wrap, the sinks bite) (positions within the cache, un-rotated rows
+// rotated as read). Against the float twin (the same rounded weights and inputs) through a float
+// cache of the same options in the same steps, on every set and path: within module_near's bound,
+// as the whole-sequence forward (the same roundings per token; a wrong ring slot, sink row or
+// rotary position moves outputs by 5e-2 or more).
+template <class Element>
+void check_rings_and_sinks() {
+  auto o = module_options(0, 2);
+  o.causal = true;
+  o.rope.head_dim = 16;
+  o.rope.max_positions = 32;
+  const RoundedInput<Element> x({2, 20, 64}, 91);
+  for (const bool sinks : {false, true}) {
+    SCOPED_TRACE(sinks ? "sinks" : "ring");
+    o.sliding_window = sinks ? 0 : 8;
+    const ModulePair<Element> m(o);
+    attn::KVCacheOptions c{2, 2, 16, 0, 8, 3};
+    c.sink_tokens = sinks ? 2 : 0;
+    const auto generate = [&](const auto& module, const auto& in) {
+      using S = typename std::decay_t<decltype(in)>::value_type;
+      attn::KVCache<S> cache(c);
+      attn::Workspace ws;
+      Tensor<S, 3> out({2, 20, 64});
+      const attn::TensorView<const S, 3> all = in.view();
+      module.forward(attn::slice(all, 1, 0, 9), attn::slice(out.view(), 1, 0, 9), ws, cache);
+      cache.truncate(1, 6);
+      for (Index t = 9; t < 20; ++t) {
+        module.forward(attn::slice(all, 1, t, t + 1), attn::slice(out.view(), 1, t, t + 1), ws,
+                       cache);
+      }
+      EXPECT_EQ(cache.length(0), 20);
+      EXPECT_EQ(cache.length(1), 17);
+      return out;
+    };
+    const Tensor<float, 3> expected = generate(m.wide, x.wide);
+    for_each_path<Element>([&] {
+      const ::testing::AssertionResult near_float =
+          module_near(generate(m.narrow, x.narrow), expected);
+      EXPECT_TRUE(near_float);
+      std::cout << "[ " << attn::element_name<Element>() << " ring/sinks ] " << near_float.message()
+                << "\n";
+    });
+  }
+}
+
+TEST_F(StorageAttention, Bf16CacheRingsSinksAndRaggedItems) { check_rings_and_sinks<bfloat16>(); }
+TEST_F(StorageAttention, Fp16CacheRingsSinksAndRaggedItems) { check_rings_and_sinks<float16>(); }
+
 // SelfAttention, CausalAttention and CrossAttention on bfloat16 (float16) run
-// MultiHeadAttention<bfloat16>'s (<float16>'s) core: each against its float twin holding the
+// MultiHeadAttention<bfloat16>'s (<float16>'s) core, MultiHeadAttentionWrapper several
+// CausalAttention heads: each against its float twin holding the
 // same rounded weights, on the same rounded input, within module_near's bound (the same roundings:
 // Q, K, V, P, the context, and the output where out_proj follows; one head of 32 features for the
 // single-head modules, whose output is the rounded context itself). Conversion rounds each weight
@@ -645,6 +723,20 @@ void check_single_head_and_cross() {
   const auto cross = twins(cross_wide);
   EXPECT_TRUE(
       module_near(cross.first.forward(x.narrow, kv.narrow), cross.second.forward(x.wide, kv.wide)));
+  // MultiHeadAttentionWrapper: three causal heads of 16, each its own CausalAttention<Element>;
+  // the output is their concatenation, bit for bit.
+  const attn::MultiHeadAttentionWrapper<float> wrapper_wide(64, 16, 37, 0.0, 3, true);
+  const auto wrapper = twins(wrapper_wide);
+  const Tensor<Element, 3> concatenated = wrapper.first.forward(x.narrow);
+  EXPECT_TRUE(module_near(concatenated, wrapper.second.forward(x.wide)));
+  for (Index h = 0; h < 3; ++h) {
+    const Tensor<Element, 3> alone = wrapper.first.head(h).forward(x.narrow);
+    for (Index t = 0; t < 37; ++t) {
+      for (Index e = 0; e < 16; ++e) {
+        ASSERT_EQ(concatenated(1, t, h * 16 + e).bits(), alone(1, t, e).bits()) << h << " " << t;
+      }
+    }
+  }
 }
 
 TEST_F(StorageAttention, Bf16SingleHeadAndCrossModules) { check_single_head_and_cross<bfloat16>(); }
@@ -800,9 +892,10 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
   }
 }
 
-// SelfAttention, CausalAttention (dropout on) and CrossAttention on bfloat16 train through the
-// same core: each one step against its double twin on the same rounded weights, inputs and
-// grad_out, every parameter's and input's gradient within the bound of the test above.
+// SelfAttention, CausalAttention (dropout on), CrossAttention and MultiHeadAttentionWrapper
+// (three CausalAttention heads, dropout on) on bfloat16 train through the same core: each one step
+// against its double twin on the same rounded weights, inputs and grad_out, every parameter's and
+// input's gradient within the bound of the test above.
 TEST_F(StorageAttention, Bf16SingleHeadAndCrossModulesBackward) {
   attn::manual_seed(11);
   const RoundedInput x({2, 29, 64}, 81), kv({2, 23, 40}, 83), gy({2, 29, 48}, 85);
@@ -854,6 +947,8 @@ TEST_F(StorageAttention, Bf16SingleHeadAndCrossModulesBackward) {
         std::false_type());
   check(attn::convert<bfloat16>(attn::CrossAttention<float>(64, 40, 48, 4, true)), 48,
         std::true_type());
+  check(attn::convert<bfloat16>(attn::MultiHeadAttentionWrapper<float>(64, 16, 29, 0.1, 3, true)),
+        48, std::false_type());
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // tests/attention/kv_cache_test.cpp: KVCache: layout and memory, append (whole batch and
 // item ranges, ragged lengths), in-place writes (next_rows, k_slot) then advance, views,
 // overflow and shape errors, reset, truncate, reorder (every map for B = 3, random ones with
-// repeats and cycles) and the sliding-window ring (wrap-around, segments, chunk limits).
+// repeats and cycles) and the sliding-window ring (wrap-around, segments, chunk limits);
+// bfloat16 and float16 rows (the caches of modules of those types).
 #include "attn/attention/kv_cache.hpp"
 
 #include <gmock/gmock.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -455,6 +457,71 @@ TEST(KVCacheSinks, TheFirstTokensStayAndMoveWithTheirItem) {
               AllOf(HasSubstr("sink_tokens=2"), HasSubstr("append()")));
   EXPECT_THAT(attn::test::thrown<ConfigError>([&] { cache.next_rows(1); }), HasSubstr("append()"));
 }
+
+// A cache of a 16-bit storage type (a bfloat16 or float16 module's) keeps rows of that type:
+// 2 bytes per element, rows of 128 bytes (hd = 64) with no padding and 64-byte aligned;
+// append() stores the values bit for bit and k(), dequantize(), reorder() and a ring give
+// them back as with float rows. kv_element_of<S>() names the same rows; another element kind
+// is refused, naming the type.
+template <class S>
+void check_sixteen_bit_rows() {
+  KVCache<S> cache(3, 2, 64, 10);
+  EXPECT_EQ(cache.row_stride(), 64);
+  EXPECT_EQ(cache.bytes_per_token(), 2u * 2 * 64 * 2);
+  EXPECT_EQ(cache.payload_bytes(), 3u * 10 * 2 * 2 * 64 * 2);
+  EXPECT_EQ(cache.bytes(), cache.payload_bytes());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(cache.v_slot(2, 1, 7)) % 64, 0u);
+  const auto wide = attn::test::random_tensor<float, 4>({3, 2, 4, 64}, 21);
+  Tensor<S, 4> k(wide.shape()), v(wide.shape());
+  for (Index i = 0; i < wide.size(); ++i) {
+    k.data()[i] = S(wide.data()[i]);
+    v.data()[i] = S(-0.5f * wide.data()[i]);
+  }
+  cache.append(k.view(), v.view());
+  cache.reorder({2, 0, 0});
+  const Index from[3] = {2, 0, 0};
+  for (Index b = 0; b < 3; ++b) {
+    Tensor<S, 3> k_out({2, 4, 64}), v_out({2, 4, 64});
+    cache.dequantize(b, k_out.view(), v_out.view());
+    for (Index h = 0; h < 2; ++h) {
+      for (Index t = 0; t < 4; ++t) {
+        for (Index e = 0; e < 64; ++e) {
+          ASSERT_EQ(cache.k(b)(h, t, e).bits(), k(from[b], h, t, e).bits()) << b << " " << t;
+          ASSERT_EQ(k_out(h, t, e).bits(), k(from[b], h, t, e).bits()) << b << " " << t;
+          ASSERT_EQ(v_out(h, t, e).bits(), v(from[b], h, t, e).bits()) << b << " " << t;
+        }
+      }
+    }
+  }
+  // A ring of window 4 (capacity 4): position 5 in slot 1, over position 1.
+  auto ring = KVCache<S>::sliding_window(1, 2, 64, 4);
+  for (Index t = 0; t < 6; ++t) {
+    const auto row = [&](const Tensor<S, 4>& x) {
+      return attn::slice(attn::slice(attn::TensorView<const S, 4>(x.view()), 0, 0, 1), 2, t % 4,
+                         t % 4 + 1);
+    };
+    ring.append(row(k), row(v));
+  }
+  EXPECT_EQ(ring.first_position(0), 2);
+  EXPECT_EQ(ring.k_slot(0, 0, 5)[3].bits(), k(0, 0, 1, 3).bits());
+  EXPECT_EQ(ring.k_slot(0, 0, 5), ring.k_slot(0, 0, 1));
+
+  const std::string name = attn::element_name<S>();
+  KVCacheOptions o{1, 2, 64, 10};
+  o.element = attn::kv_element_of<S>();
+  EXPECT_EQ(KVCache<S>(o).element(), attn::KVElement::kScalar);
+  for (const attn::KVElement e : {attn::KVElement::kInt8, attn::KVElement::kFloat8E4M3,
+                                  std::is_same_v<S, attn::float16> ? attn::KVElement::kBFloat16
+                                                                   : attn::KVElement::kFloat16}) {
+    o.element = e;
+    EXPECT_THAT(attn::test::thrown<ConfigError>([&] { const KVCache<S> refused(o); }),
+                HasSubstr("a " + name + " cache stores " + name + " rows"))
+        << attn::kv_element_name(e);
+  }
+}
+
+TEST(KVCache16Bit, Bfloat16RowsAreTheModulesOwn) { check_sixteen_bit_rows<attn::bfloat16>(); }
+TEST(KVCache16Bit, Float16RowsAreTheModulesOwn) { check_sixteen_bit_rows<attn::float16>(); }
 
 }  // namespace
 

@@ -4,15 +4,18 @@
 // 1.13, on the committed fixtures (tests/fixtures/io/llama/, written by
 // scripts/parity_vs_pytorch.py: both RoPE conventions, partial rotary, biases, a prefix with
 // an old checkpoint's rotary_emb.inv_freq, float and double), without Python; its arguments;
-// and its errors; and that prefill/chunk splits agree with one prefill.
+// and its errors; and that prefill/chunk splits agree with one prefill; --dtype bf16 and fp16.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -291,30 +294,35 @@ TEST(AttnRunLlama, SinkTokensKeepTheFirstTokensBesideTheWindow) {
       HasSubstr("--sink-tokens 2 goes with a --sliding-window (got 0)"));
 }
 
-// --dtype bf16: the layer runs as a MultiHeadAttention<bfloat16> through a KVCache<bfloat16>.
-// The weights and hidden states are bfloat16 values (a BF16 state_dict of the rounded float
-// module, BF16 hidden states), so the float run reads the same values and the difference is
-// the bfloat16 run's own roundings: the Q, K and V projections, the rotation of Q and K, the
-// probabilities, the context and the output projection, each at most u = 2^-9 relative
-// (precision.md): the relative L2 error against the float run is below 8 u = 1.6e-2 (about
-// one u per rounding and one for the scores' sensitivity; 3e-3 to 4e-3 measured), the same
-// for every split, window and sinks. F32 files of the same values give the same bits, as
-// does --kv-dtype bf16 (the same cache), and --output-dtype f32 widens them exactly.
-TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
-  using attn::bfloat16;
-  constexpr double kBound = 8.0 / 512;
-  const auto as_bf16 = [](const SafetensorsFile& f, bool weights) {
+// --dtype bf16 (fp16): the layer runs as a MultiHeadAttention<bfloat16> (<float16>) through a
+// KVCache<bfloat16> (<float16>). The weights and hidden states are values of the type (a
+// BF16 (F16) state_dict of the rounded float module, BF16 (F16) hidden states), so the float
+// run reads the same values and the difference is the narrow run's own roundings: the Q, K
+// and V projections, the rotation of Q and K, the probabilities, the context and the output
+// projection, each at most u relative (the half ulp: 2^-9 for bfloat16, 2^-12 for float16;
+// precision.md): the relative L2 error against the float run is below 8 u (1.6e-2, 2.0e-3:
+// about one u per rounding and one for the scores' sensitivity; measured 3e-3 to 4e-3 for
+// bfloat16, at most 3.3e-4 for float16), the same for every split, window and sinks. F32 files of
+// the same values give the same bits, as does --kv-dtype bf16 (fp16: the same cache), and
+// --output-dtype f32 widens them exactly.
+template <class Element>
+void check_narrow_llama_run() {
+  constexpr bool kBf16 = std::is_same_v<Element, attn::bfloat16>;
+  constexpr double kBound = kBf16 ? 8.0 / 512 : 8.0 / 4096;
+  const std::string dtype = kBf16 ? "bf16" : "fp16";
+  const attn::io::DType stored = kBf16 ? attn::io::DType::kBF16 : attn::io::DType::kF16;
+  const auto narrowed = [](const SafetensorsFile& f, bool weights) {
     SafetensorsWriter w;
     if (weights) {
       attn::MultiHeadAttentionOptions o;
       o.d_in = 16;
       o.num_heads = 4;
       o.num_kv_heads = f.shape("k_proj.weight")[0] / 4;
-      attn::MultiHeadAttention<bfloat16> m(o);
+      attn::MultiHeadAttention<Element> m(o);
       attn::io::load_state_dict(m, f, "", attn::io::Strict::kNo);
       attn::io::save_state_dict(m, w, "", attn::ParameterNames::kLlama);
     } else {
-      w.add("query", attn::convert<bfloat16>(f.get<float, 3>("query")));
+      w.add("query", attn::convert<Element>(f.get<float, 3>("query")));
     }
     return SafetensorsFile::from_bytes(w.to_bytes(), weights ? "w.safetensors" : "x.safetensors");
   };
@@ -330,13 +338,14 @@ TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
   const auto values = [](const SafetensorsWriter& w) {
     return SafetensorsFile::from_bytes(w.to_bytes()).values<double>("output");
   };
-  const SafetensorsFile x = as_bf16(hidden_states(9), false);
-  ASSERT_EQ(x.dtype("query"), attn::io::DType::kBF16);
+  const SafetensorsFile x = narrowed(hidden_states(9), false);
+  ASSERT_EQ(x.dtype("query"), stored);
   attn_run::LlamaOptions o;
   o.num_heads = 4;
   struct Setting {
     attn::Index kv_heads, window, sinks, prefill, chunk;
   };
+  double worst = 0;
   for (const Setting& c : std::vector<Setting>{{4, 0, 0, 0, 1},
                                                {2, 0, 0, 4, 1},
                                                {1, 0, 0, 2, 3},
@@ -347,13 +356,13 @@ TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
                  " sinks " + std::to_string(c.sinks) + " prefill " + std::to_string(c.prefill) +
                  " chunk " + std::to_string(c.chunk));
     o.sliding_window = c.window, o.sink_tokens = c.sinks, o.prefill = c.prefill, o.chunk = c.chunk;
-    const SafetensorsFile w = as_bf16(llama_weights(c.kv_heads), true);
-    ASSERT_EQ(w.dtype("q_proj.weight"), attn::io::DType::kBF16);
+    const SafetensorsFile w = narrowed(llama_weights(c.kv_heads), true);
+    ASSERT_EQ(w.dtype("q_proj.weight"), stored);
     double reported = -1;
-    const SafetensorsWriter y = attn_run::run_llama<bfloat16>(w, x, o, &reported);
+    const SafetensorsWriter y = attn_run::run_llama<Element>(w, x, o, &reported);
     const SafetensorsFile file = SafetensorsFile::from_bytes(y.to_bytes());
-    ASSERT_EQ(file.dtype("output"), attn::io::DType::kBF16);
-    EXPECT_EQ(file.metadata().at("dtype"), "bfloat16");
+    ASSERT_EQ(file.dtype("output"), stored);
+    EXPECT_EQ(file.metadata().at("dtype"), attn::element_name<Element>());
     // The float run on the same values, and the error the run reports against it.
     const std::vector<double> got = values(y), want = values(attn_run::run_llama<float>(w, x, o));
     ASSERT_EQ(got.size(), want.size());
@@ -365,39 +374,42 @@ TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
     EXPECT_NEAR(reported, std::sqrt(num / den), 1e-12);
     EXPECT_GT(reported, 0.0);
     EXPECT_LT(reported, kBound);
-    // The same values in F32 files: the same bits; a bf16 cache asked for: the same cache.
-    EXPECT_EQ(values(attn_run::run_llama<bfloat16>(widened(w), widened(x), o)), got);
-    attn_run::LlamaOptions bf16_cache = o;
-    bf16_cache.kv_element = attn::KVElement::kBFloat16;
-    EXPECT_EQ(values(attn_run::run_llama<bfloat16>(w, x, bf16_cache)), got);
+    worst = std::max(worst, reported);
+    // The same values in F32 files: the same bits; a cache of the type asked for: the same
+    // cache.
+    EXPECT_EQ(values(attn_run::run_llama<Element>(widened(w), widened(x), o)), got);
+    attn_run::LlamaOptions own_cache = o;
+    own_cache.kv_element = attn::kv_element_of<Element>();
+    EXPECT_EQ(values(attn_run::run_llama<Element>(w, x, own_cache)), got);
   }
-  // One prefill step through the KVCache<bfloat16> gives the bfloat16 module's whole-sequence
-  // forward (the same roundings, the same kernel call), bit for bit.
+  std::cout << "[ " << dtype << " llama ] worst relative error " << worst << "\n";
+  // One prefill step through the KVCache<Element> gives the module's whole-sequence forward
+  // (the same roundings, the same kernel call), bit for bit.
   {
-    const SafetensorsFile w = as_bf16(llama_weights(2), true);
+    const SafetensorsFile w = narrowed(llama_weights(2), true);
     attn::MultiHeadAttentionOptions mo = attn::io::options_from_state_dict(w, 4, "");
     mo.causal = true;
     mo.rope = attn::RotaryOptions{4, 0, 10000.0, attn::RopeStyle::kHalfSplit, 9};
-    attn::MultiHeadAttention<bfloat16> m(mo);
+    attn::MultiHeadAttention<Element> m(mo);
     m.eval();
     attn::io::load_state_dict(m, w, "", attn::io::Strict::kYes);
     m.freeze();
-    const attn::Tensor<bfloat16, 3> whole = m.forward(x.get<bfloat16, 3>("query").view());
+    const attn::Tensor<Element, 3> whole = m.forward(x.get<Element, 3>("query").view());
     attn_run::LlamaOptions one;
     one.num_heads = 4;
-    const attn::Tensor<bfloat16, 3> stepped =
-        SafetensorsFile::from_bytes(attn_run::run_llama<bfloat16>(w, x, one).to_bytes())
-            .get<bfloat16, 3>("output");
+    const attn::Tensor<Element, 3> stepped =
+        SafetensorsFile::from_bytes(attn_run::run_llama<Element>(w, x, one).to_bytes())
+            .template get<Element, 3>("output");
     ASSERT_EQ(stepped.shape(), whole.shape());
     for (attn::Index i = 0; i < whole.size(); ++i) {
       ASSERT_EQ(stepped.data()[i].bits(), whole.data()[i].bits()) << "element " << i;
     }
   }
-  // Through the command line: --output-dtype f32 writes the same values widened, and the
-  // caches a bfloat16 run does not keep are refused.
-  const std::vector<std::string> base{"--format", "llama", "--dtype",  "bf16", "--weights",   "w",
-                                      "--input",  "x",     "--output", "y",    "--num-heads", "4"};
-  const SafetensorsFile w = as_bf16(llama_weights(2), true);
+  // Through the command line: the error is printed, --output-dtype f32 writes the same values
+  // widened, and the caches a narrow run does not keep are refused.
+  const std::vector<std::string> base{"--format", "llama", "--dtype",  dtype, "--weights",   "w",
+                                      "--input",  "x",     "--output", "y",   "--num-heads", "4"};
+  const SafetensorsFile w = narrowed(llama_weights(2), true);
   const ParsedArguments narrow = attn_run::parse_arguments(base);
   ASSERT_EQ(narrow.action, ParsedArguments::Action::kRun) << narrow.error;
   std::vector<std::string> wide_argv = base;
@@ -410,11 +422,15 @@ TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
   const SafetensorsFile y32 =
       SafetensorsFile::from_bytes(attn_run::run(wide.arguments, w, x).to_bytes());
   EXPECT_GT(error, 0.0);
+  EXPECT_EQ(y16.dtype("output"), stored);
   EXPECT_EQ(y32.dtype("output"), attn::io::DType::kF32);
   EXPECT_EQ(y32.values<float>("output"), y16.values<float>("output"));
+  const std::string other = kBf16 ? "fp16" : "bf16";
   for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--paged", "4"}, "--paged is not supported with --dtype bf16"},
-           {{"--kv-dtype", "int8"}, "--kv-dtype int8 is not supported with --dtype bf16"}}) {
+           {{"--paged", "4"}, "--paged is not supported with --dtype " + dtype},
+           {{"--kv-dtype", "int8"}, "--kv-dtype int8 is not supported with --dtype " + dtype},
+           {{"--kv-dtype", other},
+            "--kv-dtype " + other + " is not supported with --dtype " + dtype}}) {
     std::vector<std::string> argv = base;
     argv.insert(argv.end(), flags.begin(), flags.end());
     const ParsedArguments e = attn_run::parse_arguments(argv);
@@ -423,9 +439,17 @@ TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
   }
   o.sliding_window = o.sink_tokens = o.prefill = 0;
   o.paged_block = 4;
+  const std::string name = attn::element_name<Element>();
   EXPECT_THAT(
-      attn::test::thrown<std::invalid_argument>([&] { attn_run::run_llama<bfloat16>(w, x, o); }),
-      HasSubstr("a bfloat16 run keeps its KV cache in bfloat16 rows, contiguous: --paged"));
+      attn::test::thrown<std::invalid_argument>([&] { attn_run::run_llama<Element>(w, x, o); }),
+      HasSubstr("a " + name + " run keeps its KV cache in " + name + " rows, contiguous: --paged"));
+}
+
+TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {
+  check_narrow_llama_run<attn::bfloat16>();
+}
+TEST(AttnRunLlama, Fp16RunsThroughAnFp16CacheCloseToTheFloatRun) {
+  check_narrow_llama_run<attn::float16>();
 }
 
 TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {

@@ -161,8 +161,8 @@ TEST(AttnRunOnnx, EveryRefusedCaseFailsNamingWhatIsWrong) {
 // here: d = 8, inputs in [-1, 1], the mask's values up to 0.5), which move each probability
 // by at most 2 u max|x| relative; the probabilities (u); Y (u |Y|). So |Y - Y_float| <=
 // u (2 max|x| + 1) max|V| + u |Y_float|, max|V| <= 1 (and 1e-6 for the float run's own sums).
-// present_key / present_value are the inputs' bits; --dtype bf16 rounds F32 inputs to the
-// same values; --output-dtype f32 widens Y exactly; softmax_precision FLOAT computes as the
+// present_key / present_value are the inputs' bits; --dtype bf16 (fp16) rounds F32 inputs to
+// the same values; --output-dtype f32 widens Y exactly; softmax_precision FLOAT computes as the
 // default, the softmax's result cast back to T1 (mode 3: rows that sum to 1 within T u).
 TEST(AttnRunOnnx, Bf16AndF16InputsRunInTheirTypeCloseToTheFloatRun) {
   const attn::Index b = 2, hq = 4, hkv = 2, sq = 3, skv = 5, p = 4, d = 8, total = p + skv;
@@ -293,26 +293,32 @@ TEST(AttnRunOnnx, Bf16AndF16InputsRunInTheirTypeCloseToTheFloatRun) {
       EXPECT_NEAR(sum, 1.0, total * u) << "row " << row;
     }
   }
-  // --dtype bf16 on F32 inputs: rounded to the BF16 file's values, the same outputs; written
-  // widened with --output-dtype f32.
+  // --dtype bf16 (fp16) on F32 inputs: rounded to the BF16 (F16) file's values, the same
+  // outputs; written widened with --output-dtype f32.
+  for (const bool bf16 : {true, false}) {
+    const std::string dtype = bf16 ? "bf16" : "fp16";
+    SCOPED_TRACE("--dtype " + dtype);
+    const attn::io::DType type = bf16 ? attn::io::DType::kBF16 : attn::io::DType::kF16;
+    const SafetensorsFile narrow_in = bf16 ? file(attn::bfloat16()) : file(attn::float16());
+    const SafetensorsFile reference = run_on(narrow_in, {});
+    const std::vector<std::string> argv{"--format", "onnx", "--input", "x",
+                                        "--output", "y",    "--dtype", dtype};
+    const ParsedArguments narrow = attn_run::parse_arguments(argv);
+    ASSERT_EQ(narrow.action, ParsedArguments::Action::kRun) << narrow.error;
+    ASSERT_EQ(narrow.arguments.onnx_options.input_type, type);
+    const SafetensorsFile from_f32 = run_on(file(0.0f), narrow.arguments.onnx_options);
+    EXPECT_EQ(from_f32.dtype("Y"), type);
+    EXPECT_EQ(from_f32.values<float>("Y"), reference.values<float>("Y"));
+    EXPECT_EQ(from_f32.values<float>("present_key"), reference.values<float>("present_key"));
+    std::vector<std::string> wide_argv = argv;
+    wide_argv.insert(wide_argv.end(), {"--output-dtype", "f32"});
+    const ParsedArguments wide = attn_run::parse_arguments(wide_argv);
+    ASSERT_EQ(wide.action, ParsedArguments::Action::kRun) << wide.error;
+    const SafetensorsFile widened_y = run_on(narrow_in, wide.arguments.onnx_options);
+    EXPECT_EQ(widened_y.dtype("Y"), attn::io::DType::kF32);
+    EXPECT_EQ(widened_y.values<float>("Y"), reference.values<float>("Y"));
+  }
   const SafetensorsFile bf16_in = file(attn::bfloat16());
-  const SafetensorsFile reference = run_on(bf16_in, {});
-  const std::vector<std::string> argv{"--format", "onnx", "--input", "x",
-                                      "--output", "y",    "--dtype", "bf16"};
-  const ParsedArguments narrow = attn_run::parse_arguments(argv);
-  ASSERT_EQ(narrow.action, ParsedArguments::Action::kRun) << narrow.error;
-  ASSERT_EQ(narrow.arguments.onnx_options.input_type, attn::io::DType::kBF16);
-  const SafetensorsFile from_f32 = run_on(file(0.0f), narrow.arguments.onnx_options);
-  EXPECT_EQ(from_f32.dtype("Y"), attn::io::DType::kBF16);
-  EXPECT_EQ(from_f32.values<float>("Y"), reference.values<float>("Y"));
-  EXPECT_EQ(from_f32.values<float>("present_key"), reference.values<float>("present_key"));
-  std::vector<std::string> wide_argv = argv;
-  wide_argv.insert(wide_argv.end(), {"--output-dtype", "f32"});
-  const ParsedArguments wide = attn_run::parse_arguments(wide_argv);
-  ASSERT_EQ(wide.action, ParsedArguments::Action::kRun) << wide.error;
-  const SafetensorsFile widened_y = run_on(bf16_in, wide.arguments.onnx_options);
-  EXPECT_EQ(widened_y.dtype("Y"), attn::io::DType::kF32);
-  EXPECT_EQ(widened_y.values<float>("Y"), reference.values<float>("Y"));
   // --dtype f32 on BF16 inputs: the float run, F32 outputs.
   attn_run::OnnxOptions f32;
   f32.input_type = attn::io::DType::kF32;

@@ -26,11 +26,11 @@ inline constexpr const char* kUsage =
                 [--value-head-dim HDV] [--rope-theta THETA] [--rotary-dim R]
                 [--rope-interleaved] [--sliding-window W [--sink-tokens S]]
                 [--prefill N] [--chunk C] [--prefix P]
-                [--double | --dtype bf16 [--output-dtype bf16|f32]]
+                [--double | --dtype bf16|fp16 [--output-dtype bf16|fp16|f32]]
        attn_run --format onnx --input IN.safetensors --output OUT.safetensors
                 [--q-num-heads N --kv-num-heads N] [--is-causal 0|1] [--scale S]
                 [--softcap C] [--qk-matmul-output-mode M] [--softmax-precision P]
-                [--double | --dtype f32|bf16 [--output-dtype bf16|f32]]
+                [--double | --dtype f32|bf16|fp16 [--output-dtype bf16|fp16|f32]]
        attn_run --dtype bf16|fp16 --weights W.safetensors --input X.safetensors
                 --output Y.safetensors --num-heads H [--prefix P] [--causal]
                 [--output-dtype bf16|fp16|f32]
@@ -92,8 +92,8 @@ options:
                         refused. --format llama (bf16): a bfloat16 KV cache (no --paged,
                         --kv-dtype f32 or bf16 only), the error against the float run printed.
                         --format onnx (bf16): the operator's type (see below). fp16 runs
-                        MultiHeadAttention<float16> the same way with F16: the mha format's
-                        forward only
+                        MultiHeadAttention<float16> the same way with F16 (a float16 KV cache,
+                        --kv-dtype f32 or fp16), except --backward
   --output-dtype bf16|fp16|f32  with --dtype bf16 (fp16): write the output as BF16 (F16,
                         the default) or widened exactly to F32
   --backward            also write grad_query (with key and value: grad_key, grad_value)
@@ -382,31 +382,26 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
                      : "--output-dtype " + output_dtype + " needs --dtype " + output_dtype);
   }
   if (narrow) {
-    // What a bfloat16 or float16 module does not do yet: attention weights; a bfloat16 one keeps
-    // a contiguous KV cache of bfloat16 rows only, a float16 one has no KV cache and no backward.
+    // What a bfloat16 or float16 module does not do yet: attention weights, a paged KV cache
+    // or one of rows other than its own type; a float16 one has no backward.
     const std::string unsupported =
-        args.use_fp16 ? std::string(
-                            " (--dtype fp16 runs the mha format's forward only: --backward, "
-                            "--format llama and --format onnx need --dtype f32, f64 or bf16, "
-                            "--need-weights and --per-head-weights --dtype f32 or f64)")
-                      : std::string(
-                            " (--dtype bf16 runs the mha format's forward and --backward, and "
-                            "--format llama and onnx: --need-weights, --per-head-weights, and "
-                            "with --format llama --paged and --kv-dtype other than f32 or bf16, "
-                            "need --dtype f32 or f64)");
-    if (args.use_fp16 && args.llama)
-      return error("--format llama is not supported with --dtype fp16" + unsupported);
-    if (args.use_fp16 && args.onnx)
-      return error("--format onnx is not supported with --dtype fp16" + unsupported);
+        " (--dtype " + dtype + " runs the mha format's forward" +
+        (args.use_bf16 ? " and --backward" : "") + ", and --format llama and onnx: " +
+        (args.use_fp16 ? "--backward needs --dtype f32, f64 or bf16; " : "") +
+        "--need-weights, --per-head-weights, and with --format llama --paged and --kv-dtype "
+        "other than f32 or " +
+        dtype + ", need --dtype f32 or f64)";
+    const attn::KVElement own = args.use_bf16 ? attn::kv_element_of<attn::bfloat16>()
+                                              : attn::kv_element_of<attn::float16>();
     for (const std::string& flag : llama_flags) {
       const bool quantised = flag == "--kv-dtype" && llama.kv_element != attn::KVElement::kScalar &&
-                             llama.kv_element != attn::KVElement::kBFloat16;
+                             llama.kv_element != own;
       if (flag == "--paged" || quantised) {
         return error(flag + " " +
                      (flag == "--paged"
                           ? std::string()
                           : attn::kv_element_name(llama.kv_element) + std::string(" ")) +
-                     "is not supported with --dtype bf16" + unsupported);
+                     "is not supported with --dtype " + dtype + unsupported);
       }
     }
     for (const std::string& flag : mha_flags) {
@@ -418,6 +413,7 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   if (args.onnx) {
     // --dtype names the operator's type T1 (unset: Q's, see run_onnx_attention()).
     if (dtype == "bf16") onnx.input_type = attn::io::DType::kBF16;
+    if (dtype == "fp16") onnx.input_type = attn::io::DType::kF16;
     if (dtype == "f32") onnx.input_type = attn::io::DType::kF32;
     onnx.widen_output = args.run.widen_output;
     for (const auto* flags : {&weight_flags, &mha_flags, &llama_flags}) {
@@ -451,8 +447,8 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
 
 /// Runs parsed arguments on opened files (what main does after opening them).
 /// With --kv-dtype other than f32 (or --paged), `kv_error` (when not null) receives the
-/// output's error against a float cache's; with --format llama --dtype bf16, against the
-/// float run's.
+/// output's error against a float cache's; with --format llama --dtype bf16 or fp16, against
+/// the float run's.
 inline attn::io::SafetensorsWriter run(const Arguments& args,
                                        const attn::io::SafetensorsFile& weights,
                                        const attn::io::SafetensorsFile& input,
@@ -460,6 +456,8 @@ inline attn::io::SafetensorsWriter run(const Arguments& args,
   if (args.llama) {
     if (args.use_bf16)
       return run_llama<attn::bfloat16>(weights, input, args.llama_options, kv_error);
+    if (args.use_fp16)
+      return run_llama<attn::float16>(weights, input, args.llama_options, kv_error);
     return args.use_double ? run_llama<double>(weights, input, args.llama_options, kv_error)
                            : run_llama<float>(weights, input, args.llama_options, kv_error);
   }
@@ -508,8 +506,9 @@ inline int main(const std::vector<std::string>& argv, std::ostream& out, std::os
     const auto input = attn::io::SafetensorsFile::open(args.input);
     double kv_error = -1;
     run(args, weights, input, &kv_error).save(args.output);
-    if (kv_error >= 0 && args.use_bf16) {
-      out << "attn_run: bf16: ||output - float output|| / ||float output|| = " << kv_error << "\n";
+    if (kv_error >= 0 && (args.use_bf16 || args.use_fp16)) {
+      out << "attn_run: " << (args.use_bf16 ? "bf16" : "fp16")
+          << ": ||output - float output|| / ||float output|| = " << kv_error << "\n";
     } else if (kv_error >= 0) {
       out << "attn_run: KV cache " << attn::kv_element_name(args.llama_options.kv_element)
           << (args.llama_options.paged_block > 0

@@ -50,7 +50,8 @@ struct LlamaOptions {
   /// run is repeated with a contiguous Scalar cache and the output's relative error against
   /// it reported, as for kv_element.
   attn::Index paged_block = 0;
-  /// With Scalar bfloat16: write the output widened exactly to F32 (--output-dtype f32).
+  /// With Scalar bfloat16 or float16: write the output widened exactly to F32 (--output-dtype
+  /// f32).
   bool widen_output = false;
 };
 
@@ -103,7 +104,7 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
   if constexpr (attn::is_storage_type_v<Scalar>) {
     io_require<std::invalid_argument>(
         options.paged_block == 0 && (options.kv_element == attn::KVElement::kScalar ||
-                                     options.kv_element == attn::KVElement::kBFloat16),
+                                     options.kv_element == attn::kv_element_of<Scalar>()),
         where, [&] {
           const std::string flag =
               options.paged_block > 0
@@ -269,7 +270,8 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
 /// kv_element kScalar or kBFloat16, no paged cache). The run is repeated in float on the
 /// same files: `error` receives ||output - output_float|| / ||output_float|| (metadata
 /// dtype, f32_relative_error). `output` is BF16, or F32 (widened exactly) with
-/// options.widen_output.
+/// options.widen_output. Scalar float16 the same with float16 (F16, a KVCache<float16>,
+/// kv_element kScalar or kFloat16).
 ///
 /// Every input and flag is checked against the weights (the query's rank, width and
 /// extents from the file's header, --prefill against T) before anything is sized from them:
@@ -279,7 +281,7 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
 ///         attn::ShapeError for a query that does not fit the weights (naming its shape);
 ///         std::invalid_argument for options that do not fit it (naming both values);
 ///         attn::ConfigError from the library (RoPE sizes and theta, shapes, a quantised
-///         cache for bfloat16).
+///         cache for bfloat16 or float16).
 template <class Scalar>
 attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
                                       const attn::io::SafetensorsFile& inputs,

@@ -57,8 +57,8 @@ struct KVCacheAccess {
 /// hd), query i of item b at position L_b - T + i (per-item bottom-right causal bound, the
 /// window), a ring's keys read in place, quantised rows read through their descriptor.
 /// `item` >= 0: over that item of the cache alone (q and out of batch 1; the packed prefill).
-/// A storage type's cache (KVCache<bfloat16>: rows of that type) gives a call on those
-/// operands, computed in float.
+/// A 16-bit storage type's cache (KVCache<bfloat16>, KVCache<float16>: rows of that type)
+/// gives a call on those operands, computed in float.
 template <class Scalar>
 AttentionCall<compute_type_t<Scalar>, Scalar> cache_call(
     const char* where, TensorView<const Scalar, 4> q, const KVCache<Scalar>& cache,

@@ -20,6 +20,7 @@
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/gemm_args.hpp"
 #include "attn/kernels/kv_storage.hpp"
 #include "attn/memory.hpp"
 #include "attn/tensor/tensor_view.hpp"
@@ -30,6 +31,19 @@ ATTN_NAMESPACE_BEGIN
 namespace detail {
 struct KVCacheAccess;
 }  // namespace detail
+
+/// The element kind whose rows hold values of type T: kBFloat16 for bfloat16, kFloat16 for
+/// float16, else kScalar (float and double: a cache's own rows).
+template <class T>
+constexpr KVElement kv_element_of() noexcept {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return KVElement::kBFloat16;
+  } else if constexpr (std::is_same_v<T, float16>) {
+    return KVElement::kFloat16;
+  } else {
+    return KVElement::kScalar;
+  }
+}
 
 /// Configuration of a KVCache.
 struct KVCacheOptions {
@@ -140,14 +154,16 @@ struct KVSegments {
 ///
 /// Not thread-safe: append, truncate, reorder and reset need exclusive access.
 ///
-/// A bfloat16 cache (KVCache<bfloat16>, the cache of a bfloat16 module) holds bfloat16 rows
-/// (kScalar, or kBFloat16, the same rows); the kernel reads them as bfloat16 operands.
+/// A cache of a 16-bit storage type (KVCache<bfloat16>, KVCache<float16>: the cache of a
+/// bfloat16 or float16 module) holds rows of that type (kScalar, or the element kind naming
+/// the type, kv_element_of<Scalar>(): the same rows); the kernel reads them as operands of
+/// that type.
 ///
-/// @tparam Scalar float, double or bfloat16.
+/// @tparam Scalar float, double, bfloat16 or float16.
 template <class Scalar = float>
 class KVCache {
-  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
-                "attn::KVCache: Scalar must be float, double or bfloat16");
+  static_assert(std::is_floating_point_v<Scalar> || detail::is_gemm_storage_v<Scalar>,
+                "attn::KVCache: Scalar must be float, double, bfloat16 or float16");
 
  public:
   /// An empty cache of no items (assign a real one before use; every item index is refused).
@@ -503,13 +519,12 @@ class KVCache {
     if constexpr (is_storage_type_v<Scalar>) {
       // Rows of the storage type itself: the kernel reads them as its operands (it
       // dequantises other rows for float and double operands only).
-      detail::require_config(o.element == KVElement::kScalar || o.element == KVElement::kBFloat16,
-                             "KVCache", [&] {
-                               return describe(o) + ": a " + std::string(element_name<Scalar>()) +
-                                      " cache stores " + element_name<Scalar>() +
-                                      " rows (KVElement::kScalar); quantised rows need a float "
-                                      "cache";
-                             });
+      detail::require_config(
+          o.element == KVElement::kScalar || o.element == kv_element_of<Scalar>(), "KVCache", [&] {
+            return describe(o) + ": a " + std::string(element_name<Scalar>()) + " cache stores " +
+                   element_name<Scalar>() +
+                   " rows (KVElement::kScalar); quantised rows need a float cache";
+          });
       o.element = KVElement::kScalar;
     }
     const bool window = o.window > 0;

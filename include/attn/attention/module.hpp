@@ -225,7 +225,8 @@ class ModuleForwards {
   // Masks are in the compute type: float for a bfloat16 or float16 module.
   using Mask = AttentionMask<compute_type_t<Scalar>>;
   // A bfloat16 module runs whole-sequence forwards, inference and training (with backward), a
-  // float16 module whole-sequence inference forwards; the rest needs float or double.
+  // float16 module inference forwards; both the incremental forward through a KVCache of their
+  // type; the rest needs float or double.
   static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
   static constexpr bool kWholeTraining = kTraining || std::is_same_v<Scalar, bfloat16>;
 
@@ -289,9 +290,6 @@ class ModuleForwards {
   ///         or holds another module's keys; ShapeError when out shares memory with the cache.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                KVCache<Scalar>& cache, const Mask& mask = {}) const {
-    static_assert(!std::is_same_v<Scalar, float16>,
-                  "attn: a float16 module has no KV cache yet; the incremental forward needs a "
-                  "float, double or bfloat16 module");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache_memory(cache));
     derived().run_cached(x, out, ws, cache, mask);
@@ -306,8 +304,8 @@ class ModuleForwards {
                PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs) const {
     static_assert(kTraining,
                   "attn: a bfloat16 or float16 module has no paged KV cache yet; the incremental "
-                  "forward through a PagedKVCache needs a float or double module (a bfloat16 "
-                  "module's KVCache<bfloat16> works)");
+                  "forward through a PagedKVCache needs a float or double module (a KVCache of the "
+                  "module's type works)");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache.memory());
     derived().run_paged(x, out, ws, cache, seqs);

@@ -44,7 +44,12 @@ ATTN_NAMESPACE_BEGIN
 /// before the first head writes. Const members are safe from several threads at once (each
 /// with its own Workspace); non-const ones (train, eval, seed, freeze, head(h), loading)
 /// need exclusive access.
-/// @tparam Scalar float or double.
+///
+/// bfloat16 and float16: every head is a CausalAttention<bfloat16> (<float16>), so the
+/// wrapper has its limits: masks in float, no attention weights (forward_with_weights does
+/// not compile); a bfloat16 wrapper trains (backward into Gradients<bfloat16>), a float16 one
+/// runs inference forwards only. convert<bfloat16>(wrapper) rounds each head's weights once.
+/// @tparam Scalar float, double, bfloat16 or float16 (inference).
 /// @throws ConfigError from the constructor if a size is not positive (and as
 ///         CausalAttention does); ShapeError / ConfigError from forward() as
 ///         CausalAttention::forward.
@@ -53,6 +58,10 @@ class MultiHeadAttentionWrapper
     : public detail::ModuleForwards<MultiHeadAttentionWrapper<Scalar>, Scalar, 4, detail::InputX> {
   using Forwards =
       detail::ModuleForwards<MultiHeadAttentionWrapper<Scalar>, Scalar, 4, detail::InputX>;
+  using Mask = AttentionMask<compute_type_t<Scalar>>;  // float for bfloat16 and float16
+  static constexpr bool kStorage = !std::is_floating_point_v<Scalar>;
+  template <class>
+  friend class MultiHeadAttentionWrapper;
 
  public:
   /// Draws each head's W_query, W_key, W_value in head order from the global generator.
@@ -80,6 +89,15 @@ class MultiHeadAttentionWrapper
                           head_variants(variants, h, num_heads));
     }
     seed(kDefaultDropoutSeed);
+  }
+
+  /// `other` with each head's weights converted to Scalar (rounded once to nearest even when
+  /// narrowing, widened exactly otherwise); modes and dropout seeds kept.
+  /// attn::convert<To>(wrapper) says the same.
+  template <class Other, class = std::enable_if_t<!std::is_same_v<Other, Scalar>>>
+  explicit MultiHeadAttentionWrapper(const MultiHeadAttentionWrapper<Other>& other) {
+    heads_.reserve(other.heads_.size());
+    for (const auto& head : other.heads_) heads_.emplace_back(head);
   }
 
   Index num_heads() const noexcept { return static_cast<Index>(heads_.size()); }
@@ -173,8 +191,7 @@ class MultiHeadAttentionWrapper
   // Head h into columns [h d_out, (h + 1) d_out) of out, its weights into weights[:, h];
   // a training forward records each head in saved->parts[h].
   void run_packed(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
-                  TensorView<Scalar, 3>, Workspace&, const AttentionMask<Scalar>&,
-                  SavedForward<Scalar>*) const {
+                  TensorView<Scalar, 3>, Workspace&, const Mask&, SavedForward<Scalar>*) const {
     detail::refuse_packed("MultiHeadAttentionWrapper::forward");
   }
   void run_prefill(const detail::ModuleInputs<Scalar>&, const PackedSequences&,
@@ -193,13 +210,13 @@ class MultiHeadAttentionWrapper
                           "(one core, one cache)");
   }
   void run_cached(const detail::ModuleInputs<Scalar>&, TensorView<Scalar, 3>, Workspace&,
-                  KVCache<Scalar>&, const AttentionMask<Scalar>&) const {
+                  KVCache<Scalar>&, const Mask&) const {
     detail::refuse_cached("MultiHeadAttentionWrapper::forward",
                           "it runs num_heads separate single-head modules; use MultiHeadAttention "
                           "(one core, one cache)");
   }
   void run(const detail::ModuleInputs<Scalar>& x, TensorView<Scalar, 3> out, Workspace& ws,
-           const AttentionMask<Scalar>& mask, TensorView<Scalar, 4> weights,
+           const Mask& mask, TensorView<Scalar, 4> weights,
            SavedForward<Scalar>* saved = nullptr) const {
     const char* where = "MultiHeadAttentionWrapper::forward";
     const Shape<3> expected{x.query.extent(0), x.query.extent(1), d_out()};
@@ -223,16 +240,24 @@ class MultiHeadAttentionWrapper
     }
     for (std::size_t h = 0; h < heads_.size(); ++h) {
       const Index hi = static_cast<Index>(h);
-      const AttentionMask<Scalar> own = per_head ? mask.select_head(hi) : AttentionMask<Scalar>();
+      const Mask own = per_head ? mask.select_head(hi) : Mask();
       const auto out_h = slice(out, 2, hi * width, (hi + 1) * width);
-      if (saved != nullptr) {
+      // (A storage type's wrapper has no weights, and a float16 one no training forward:
+      // the front ends refuse them at compile time.)
+      if constexpr (std::is_same_v<Scalar, float16>) {
+        ATTN_ASSERT(saved == nullptr);
+      } else if (saved != nullptr) {
         heads_[h].forward(x.query, out_h, saved->parts[h], ws, per_head ? own : mask);
-      } else if (weights.data() != nullptr) {
-        heads_[h].forward_with_weights(x.query, out_h, select(weights, 1, hi), ws,
-                                       per_head ? own : mask);
-      } else {
-        heads_[h].forward(x.query, out_h, ws, per_head ? own : mask);
+        continue;
       }
+      if constexpr (!kStorage) {
+        if (weights.data() != nullptr) {
+          heads_[h].forward_with_weights(x.query, out_h, select(weights, 1, hi), ws,
+                                         per_head ? own : mask);
+          continue;
+        }
+      }
+      heads_[h].forward(x.query, out_h, ws, per_head ? own : mask);
     }
   }
   // Head h's backward from columns [h d_out, (h + 1) d_out) of grad_out, every head adding
@@ -260,7 +285,15 @@ class MultiHeadAttentionWrapper
   Index weight_heads() const noexcept { return num_heads(); }
   const char* forward_where() const noexcept { return "MultiHeadAttentionWrapper::forward"; }
 
+  MultiHeadAttentionWrapper() = default;  // the converting constructor fills heads_
+
   std::vector<CausalAttention<Scalar>> heads_;
 };
+
+/// `module` with each head's weights converted to `To`: convert<bfloat16>(float_wrapper).
+template <class To, class From>
+MultiHeadAttentionWrapper<To> convert(const MultiHeadAttentionWrapper<From>& module) {
+  return MultiHeadAttentionWrapper<To>(module);
+}
 
 ATTN_NAMESPACE_END

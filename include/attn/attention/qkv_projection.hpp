@@ -432,7 +432,7 @@ class QkvProjection {
     const Location at = locate(part);
     const Index columns = offset(part + count) - offset(part), in = in_[part];
     const Scalar* bias = has_bias() ? bias_.data() + offset(part) : nullptr;
-    if constexpr (std::is_same_v<Scalar, bfloat16>) {
+    if constexpr (detail::is_gemm_storage_v<Scalar>) {
       // The float sums of gemm_into() (row-major in the workspace, after the widened bias),
       // each rounded once, to nearest even, into out's layout: the same bits.
       if (x.rows <= 0 || columns <= 0) return;
@@ -444,9 +444,9 @@ class QkvProjection {
                       bias != nullptr ? static_cast<const float*>(wide) : nullptr, packed(at), &ws);
       const Index segment = out.segment > 0 ? out.segment : columns;
       for (Index i = 0; i < x.rows; ++i) {
-        bfloat16* row = out.row(i);
+        Scalar* row = out.row(i);
         const float* from = wide + columns + i * columns;
-        for (Index j = 0; j < columns; ++j) row[out.column(j, segment)] = bfloat16(from[j]);
+        for (Index j = 0; j < columns; ++j) row[out.column(j, segment)] = Scalar(from[j]);
       }
     } else {
       detail::gemm_nt(x.rows, columns, in, x.data, x.ld, w_[at.storage].data() + at.row * in, in,
