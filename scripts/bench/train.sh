@@ -69,7 +69,11 @@ fi
 IFS=',' read -r -a THREAD_LIST <<< "$THREADS"
 
 # ---- 1. packages and build ----
-ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+if [ "$PYTORCH" -eq 1 ]; then
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+else
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}"
+fi
 BUILD="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-default"
 log "building train_timer and fma_peak in ${BUILD#"$ATTN_ROOT"/} (Release, default flags)"
 cmake -S "$ATTN_ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
