@@ -29,7 +29,7 @@
 #                 ort_speedup_min=X.XX default_vs_native_min=X.XX decode_bw_fraction_min=0.XX
 #                 decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
 #                 train_speedup_min=X.XX train_peak_fraction_best=0.XX
-#                 variants_overhead_max=X.XXX   (one line)
+#                 bf16_train_vs_fp32_min=X.XX variants_overhead_max=X.XXX   (one line)
 #      (attn's figures are the default-flags build's; the report and the sections say what
 #      each field is).
 # Writes bench/results/<date>.csv (one row per shape, threads and implementation),

@@ -1,38 +1,46 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # scripts/bench/train.sh: one training step (forward + backward) of attn's MultiHeadAttention
-# against PyTorch 1.13 autograd (nn.MultiheadAttention, loss.backward()):
+# against PyTorch 1.13 autograd (nn.MultiheadAttention, loss.backward()), and attn's bfloat16
+# module's step (MultiHeadAttention<bfloat16>) against its float one:
 #   1. installs what is missing and builds bench/train_timer and bench/fma_peak with the
 #      project's default flags (what a consumer gets; ATTN_BENCH_BUILD_DIR, default
 #      build/bench, with -default appended as scripts/bench_vs_pytorch.sh does);
 #   2. measures the machine's FMA peak (bench/fma_peak);
 #   3. for every shape and thread count, several rounds of fresh processes, alternating who
-#      goes first: attn (bench/train_timer) and PyTorch (scripts/bench/pytorch_train.py), each
-#      in scripts/bench/env.sh's environment; the median of the per-process medians;
+#      goes first: attn (bench/train_timer), attn bfloat16 (train_timer --bf16) and PyTorch
+#      (scripts/bench/pytorch_train.py), each in scripts/bench/env.sh's environment; the
+#      median of the per-process medians;
 #   4. prints the table (ms per step, speedup, attn's GFLOP/s and % of the FMA peak with the
 #      backward counted as 2.5x the forward's attention plus 2x its projections, peak RSS of
-#      each process) and, as the very last line,
+#      each process), attn's float and bfloat16 CPU time per step (all threads' time, which a
+#      shared machine disturbs less than the wall clock) and their ratio, and, as the very
+#      last line,
 #        train_summary: train_speedup_min=X.XX train_peak_fraction_best=0.XX
+#                       bf16_train_vs_fp32_min=X.XX
 #      (speedup_min over every shape and thread count; peak fraction: attn's best GFLOP/s
-#      over the FMA peak of the same thread count).
+#      over the FMA peak of the same thread count; bf16_train_vs_fp32_min: the smallest
+#      float CPU time over bfloat16 CPU time, above 1 where the bfloat16 step is faster).
 # Shapes: B8 T512 D512 H8, and causal B1 T2048 / T8192 D512 H8, at 1 and 2
 # threads. PyTorch's causal T8192 step materialises (B H, T, T) attention several times over
 # (~10 GiB); a shape whose estimate exceeds 80% of MemAvailable is skipped on PyTorch's side
 # and reported as such (its speedup is then left out of the minimum).
 #   scripts/bench/train.sh [--quick] [--threads 1,2] [--rounds N] [--reps N]
 #                          [--max-seconds S] [--shape "B T D H causal"]... [--raw FILE]
+#                          [--no-pytorch] [--no-bf16]
 #   --quick: two small shapes, one round, 3 reps (a smoke test of the script, not a figure).
+#   --no-pytorch / --no-bf16: skip that side (its columns and summary fields are then nan).
 # scripts/bench_vs_pytorch.sh can run it and append its last line to its own summary.
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
 source "$(dirname "$0")/env.sh"
 
 usage() {
-  sed -n '3,27p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '3,35p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 
-QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" THREADS="1,2" RAW="" WARMUP=1
+QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" THREADS="1,2" RAW="" WARMUP=1 PYTORCH=1 BF16=1
 USER_SHAPES=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,6 +51,8 @@ while [ $# -gt 0 ]; do
     --threads) THREADS="$2"; shift ;;
     --shape) USER_SHAPES+=("$2"); shift ;;
     --raw) RAW="$2"; shift ;;
+    --no-pytorch) PYTORCH=0 ;;
+    --no-bf16) BF16=0 ;;
     -h|--help) usage ;;
     *) echo "unknown argument '$1'" >&2; usage ;;
   esac
@@ -59,7 +69,11 @@ fi
 IFS=',' read -r -a THREAD_LIST <<< "$THREADS"
 
 # ---- 1. packages and build ----
-ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+if [ "$PYTORCH" -eq 1 ]; then
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}" python3-torch python3-numpy libopenblas0-pthread
+else
+  ensure_packages "${ATTN_BASE_PACKAGES[@]}"
+fi
 BUILD="${ATTN_BENCH_BUILD_DIR:-$ATTN_ROOT/build/bench}-default"
 log "building train_timer and fma_peak in ${BUILD#"$ATTN_ROOT"/} (Release, default flags)"
 cmake -S "$ATTN_ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DATTN_BUILD_BENCHMARKS=ON \
@@ -81,10 +95,11 @@ mem_available_kib() { sed -n 's/^MemAvailable:[[:space:]]*\([0-9]*\).*/\1/p' /pr
 run_one() {
   local impl="$1" t="$2" b="$3" tt="$4" d="$5" h="$6" c="$7"
   local wait="" cmd
-  if [ "$impl" = attn ]; then
+  if [ "$impl" = attn ] || [ "$impl" = attn_bf16 ]; then
     wait="${ATTN_BENCH_ATTN_WAIT_POLICY-ACTIVE}"
     cmd=("$BUILD/bench/train_timer" "$b" "$tt" "$d" "$h" "$c" "$t" "$REPS"
          --max-seconds "$MAX_SECONDS" --warmup "$WARMUP")
+    [ "$impl" = attn_bf16 ] && cmd+=(--bf16)
   else
     wait="${ATTN_BENCH_TORCH_WAIT_POLICY-}"
     # PyTorch keeps about five (B H, T, T) float tensors alive in its step.
@@ -107,11 +122,18 @@ for round in $(seq 1 "$ROUNDS"); do
     for t in "${THREAD_LIST[@]}"; do
       log "round $round: B T D H causal = $shape, $t thread(s)"
       # shellcheck disable=SC2086
-      if [ $(( round % 2 )) -eq 1 ]; then
-        run_one attn "$t" $shape; run_one pytorch "$t" $shape
-      else
-        run_one pytorch "$t" $shape; run_one attn "$t" $shape
+      impls=(attn)
+      [ "$BF16" -eq 1 ] && impls+=(attn_bf16)
+      [ "$PYTORCH" -eq 1 ] && impls+=(pytorch)
+      if [ $(( round % 2 )) -eq 0 ]; then  # the other order
+        for (( i = 0, j = ${#impls[@]} - 1; i < j; i++, j-- )); do
+          tmp="${impls[i]}" impls[i]="${impls[j]}" impls[j]="$tmp"
+        done
       fi
+      for impl in "${impls[@]}"; do
+        # shellcheck disable=SC2086
+        run_one "$impl" "$t" $shape
+      done
     done
   done
 done
@@ -134,10 +156,11 @@ for line in open(sys.argv[1]):
         r.setdefault(impl + "_note", f.get("skipped", "failed"))
         continue
     r.setdefault(impl, []).append((float(f["median_ms"]), float(f["gflops"]),
-                                   float(f["max_rss_mib"])))
+                                   float(f["max_rss_mib"]), float(f.get("cpu_ms", "nan"))))
 print(f"{'shape':28s} {'thr':>3s} {'attn ms':>9s} {'torch ms':>9s} {'speedup':>8s} "
-      f"{'attn GF/s':>9s} {'% peak':>7s} {'attn MiB':>9s} {'torch MiB':>9s}")
-speedups, fractions = [], []
+      f"{'attn GF/s':>9s} {'% peak':>7s} {'attn MiB':>9s} {'torch MiB':>9s} "
+      f"{'fp32 cpu':>9s} {'bf16 cpu':>9s} {'fp32/bf16':>9s} {'bf16 MiB':>9s}")
+speedups, fractions, bf16_ratios = [], [], []
 for key in sorted(rows, key=lambda k: (int(k[1]), k[5])):
     b, t, d, h, c, thr = key
     r = rows[key]
@@ -153,10 +176,17 @@ for key in sorted(rows, key=lambda k: (int(k[1]), k[5])):
     if frac == frac:
         fractions.append(frac)
     torch_ms = f"{p_ms:9.2f}" if "pytorch" in r else f"{r.get('pytorch_note', '-'):>9s}"
+    a_cpu, b_cpu = med("attn", 3), med("attn_bf16", 3)
+    ratio = a_cpu / b_cpu if "attn" in r and "attn_bf16" in r else float("nan")
+    if ratio == ratio:
+        bf16_ratios.append(ratio)
     print(f"{name:28s} {thr:3d} {a_ms:9.2f} {torch_ms} {sp:8.2f} {a_gf:9.1f} "
-          f"{100 * frac:6.1f}% {med('attn', 2):9.1f} {med('pytorch', 2):9.1f}")
+          f"{100 * frac:6.1f}% {med('attn', 2):9.1f} {med('pytorch', 2):9.1f} "
+          f"{a_cpu:9.2f} {b_cpu:9.2f} {ratio:9.2f} {med('attn_bf16', 2):9.1f}")
 print(f"FMA peak (GFLOP/s): {', '.join(f'{k} thread(s) {v:.1f}' for k, v in sorted(peak.items()))}")
-print("train_summary: train_speedup_min=%.2f train_peak_fraction_best=%.2f"
+print("train_summary: train_speedup_min=%.2f train_peak_fraction_best=%.2f "
+      "bf16_train_vs_fp32_min=%.2f"
       % (min(speedups) if speedups else float("nan"),
-         max(fractions) if fractions else float("nan")))
+         max(fractions) if fractions else float("nan"),
+         min(bf16_ratios) if bf16_ratios else float("nan")))
 PY

@@ -563,16 +563,6 @@ TEST_F(StorageAttention, Bf16ModuleConversion) {
   for (Index h = 0; h < 4; ++h) zero_sinks.sinks()(h) = 0.0f;
   EXPECT_FALSE(module_near(rotary.forward(x.narrow), zero_sinks.forward(x.wide)));
   check_incremental(rotary, x.narrow, expected);
-  attn::Workspace ws;
-  const attn::TensorView<const bfloat16, 3> in = x.narrow.view();
-  // Its training forward is refused before anything is computed: the bfloat16 backward does not
-  // rotate the gradients of Q and K back yet.
-  attn::SavedForward<bfloat16> saved;
-  Tensor<bfloat16, 3> trained({1, 40, 64});
-  const std::string message =
-      attn::test::thrown<attn::ConfigError>([&] { rotary.forward(in, trained.view(), saved, ws); });
-  EXPECT_NE(message.find("training forward has no rotary embeddings yet"), std::string::npos)
-      << message;
 }
 
 // MultiHeadAttention<float16>: the conversion rounds each weight once to float16 (a weight
@@ -807,7 +797,10 @@ StepGradients<S> training_step(const attn::MultiHeadAttention<S>& module, const 
 // for 1 and 2 threads (on the widest set run, every path). Self-attention (fused Q/K/V: one GEMM
 // each for dW and dX, causal, with dropout), cross-attention with kdim = vdim = 48 and
 // grouped-query heads (W_q, [W_k; W_v]; key = value receives the sum) under key padding with
-// softcap and ALiBi, value heads of another size.
+// softcap and ALiBi, value heads of another size; self-attention with grouped-query heads and
+// rotary embeddings against its float twin (the same float tables: the backward rotates the
+// float dQ and dK back with them, so the float module is the closer reference; its own float
+// rounding, 2^-24 relative, is far below the bound).
 //
 // Bound. The bfloat16 backward rounds (u = 2^-9 relative each) what its forward rounded (Q, K,
 // V, P, the context C: the double reference keeps them exact) and dQKV before the projection
@@ -817,9 +810,11 @@ StepGradients<S> training_step(const attn::MultiHeadAttention<S>& module, const 
 // is the P-weighted mean of dP, so dP's error counts against the smaller |dP - D|. The
 // projections' gradients add dQKV's rounding. Normalised to the tensor's largest element,
 // terms of random sign add up slower than their count: measured here, 1.4e-3 to 5.2e-3
-// (0.7 to 2.6 u) over all gradients, cases, sets and paths. The bound 1.6e-2 = 8u is three
-// times that; a gradient that misses a term (a bias, a head, dropout's keep decisions) or
-// takes a wrong transpose is off by 20 % or more.
+// (0.7 to 2.6 u) over all gradients, cases, sets and paths. The rotary case rounds Q and K a
+// second time, after the rotation (u each, as the forward test above counts it), which moves
+// dQKV by a u more at most. The bound 1.6e-2 = 8u is three times that; a gradient that misses a
+// term (a bias, a head, dropout's keep decisions) or takes a wrong transpose is off by 20 % or
+// more.
 TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
   struct TrainCase {
     Index kdim, kv_heads, tq, tk;
@@ -827,11 +822,13 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
     Index value_head_dim;
     double dropout;
     bool variants, sinks;
+    bool rope = false;
   };
   const TrainCase cases[] = {
       {0, 0, 37, 37, true, false, 0, 0.1, false, false},  // self, fused Q/K/V, causal, dropout
       {48, 2, 19, 45, false, true, 0, 0.0, true, false},  // cross, GQA, padding, softcap + ALiBi
       {0, 2, 21, 21, false, false, 8, 0.0, false, true},  // self, values of 8, learned sinks
+      {0, 2, 29, 29, true, false, 0, 0.0, false, false, true},  // self, GQA, causal, rotary
   };
   for (const TrainCase& c : cases) {
     SCOPED_TRACE("case kdim " + std::to_string(c.kdim) + " tq " + std::to_string(c.tq));
@@ -844,6 +841,10 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
       o.alibi_max_bias = 8.0;
     }
     o.sinks = c.sinks;
+    if (c.rope) {
+      o.rope.head_dim = 16;
+      o.rope.max_positions = c.tq;
+    }
     attn::MultiHeadAttention<bfloat16> narrow(float_module(o));
     // Sinks (rounded to bfloat16) that take a good share of each row's weight (1.3 to 3.4
     // against 21 keys): dL/dsinks is the last parameter gradient.
@@ -865,9 +866,15 @@ TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
       mask.key_padding(padding);
       wide_mask.key_padding(padding);
     }
-    const StepGradients<double> expected = training_step<double>(
-        wide, attn::convert<double>(x.narrow), attn::convert<double>(kv.narrow), self,
-        attn::convert<double>(gy.narrow), wide_mask);
+    StepGradients<double> expected;
+    if (c.rope) {
+      attn::MultiHeadAttention<float> twin = attn::convert<float>(narrow);
+      expected.tensors = training_step<float>(twin, x.wide, kv.wide, self, gy.wide, mask).tensors;
+    } else {
+      expected = training_step<double>(wide, attn::convert<double>(x.narrow),
+                                       attn::convert<double>(kv.narrow), self,
+                                       attn::convert<double>(gy.narrow), wide_mask);
+    }
     attn::set_num_threads(1);
     for_each_path<bfloat16>([&] {
       narrow.seed(3);

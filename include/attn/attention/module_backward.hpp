@@ -225,6 +225,18 @@ void check_core_backward(const AttentionCore<Scalar>& core, TensorView<const Sca
                         kGradInputNames);
 }
 
+/// The end of step 2 of both backwards: with rotary embeddings, the kernel's dQ and dK (of
+/// the rotated heads, part_grad[0] and [1], of Scalar or its Compute type) rotated back by R^T
+/// into the gradients of the projections' outputs, at the positions the forward rotated
+/// (0..T-1, of each sequence of `packed` when not null).
+template <class Scalar, class G>
+void rotate_back(const AttentionCore<Scalar>& core, const TensorView<G, 4> (&part_grad)[3],
+                 const PackedSequences* packed) {
+  if (!core.has_rope()) return;
+  core.rotate(part_grad[0], packed != nullptr ? &packed->query : nullptr, true);
+  core.rotate(part_grad[1], packed != nullptr ? &packed->keys() : nullptr, true);
+}
+
 /// The backward of core.forward(query, key, value, out, ws, mask, {}, &saved): given
 /// grad_out dY (B, T_q, d_out), ADDS dL/d query, key, value into grad_in[0..3) (empty views
 /// are skipped; views may be the same view, which then receives the sum) and the parameter
@@ -301,10 +313,7 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
                     kernel_grads, saved.mask, saved.options, ws, c.causal_bound(),
                     /*own_gradients=*/true);
   }
-  if (core.has_rope()) {  // the forward rotated Q and K at positions 0..T-1 (of each sequence)
-    core.rotate(part_grad[0], packed ? &seqs.query : nullptr, true);
-    core.rotate(part_grad[1], packed ? &seqs.key : nullptr, true);
-  }
+  rotate_back(core, part_grad, packed ? &seqs : nullptr);
 
   // 3. The projections' backward, one GEMM per group for dW and one for dX.
   for (int g = 0; g < groups.count; ++g) {
@@ -325,7 +334,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 ///   2. kernel, in float: Q, K, V widened exactly, the forward recomputed in float for its
 ///      output and logsumexp (the bfloat16 forward keeps neither in float), then the float
 ///      streaming backward into float dQ, dK, dV (and, with learned sinks, a float dL/dsinks
-///      added into their bfloat16 gradient);
+///      added into their bfloat16 gradient); with rotary embeddings, the float dQ and dK
+///      rotated back (R^T, float tables) as core_backward() rotates them;
 ///   3. projections: each group's dQKV rounded once to bfloat16, then dW += dQKV^T X and
 ///      dX += dQKV W (bfloat16 GEMMs), db += column sums of the float dQKV.
 /// Every addition into a bfloat16 gradient (grads, grad_in) widens it, adds the float result
@@ -390,7 +400,8 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
       part_grad[1], part_grad[2], grad_sinks};
   attend_backward<float>(where, q, k, v, out, lse, kernel_grads, saved.mask, saved.options, ws,
                          c.causal_bound(), /*own_gradients=*/true);
-  if (c.sinks) {  // widened, added, rounded once
+  rotate_back(core, part_grad, nullptr);  // in float, before dQ and dK are rounded
+  if (c.sinks) {                          // widened, added, rounded once
     const TensorView<bfloat16, 1> into = grads.of(core.sinks());
     for (Index h = 0; h < heads; ++h) {
       into(h) = bfloat16(static_cast<float>(into(h)) + grad_sinks(h));

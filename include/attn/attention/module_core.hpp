@@ -66,8 +66,8 @@ namespace detail {
 /// rounding each feature back once; the incremental forward through a KVCache<bfloat16> keeps
 /// bfloat16 rows. Learned sinks are a bfloat16 parameter too (as .to(torch.bfloat16) makes
 /// them), widened exactly to float for the kernel on every call. Its training forward records
-/// the bfloat16 heads and context, and its backward is core_backward_bf16() (module_backward.hpp),
-/// without rotary embeddings yet. A paged cache, attention weights and packed batches need a
+/// the bfloat16 heads and context, and its backward is core_backward_bf16() (module_backward.hpp).
+/// A paged cache, attention weights and packed batches need a
 /// float or double core; a float16 core runs inference forwards only. Built from a
 /// configuration, it takes a float core's draws rounded; the converting constructor rounds (or
 /// widens) any core.
@@ -155,11 +155,6 @@ class AttentionCore {
                const PackedSequences* packed = nullptr) const {
     if constexpr (kStorage) {  // the module front ends refuse weights at compile time
       ATTN_ASSERT(weights.data() == nullptr);
-      // The bfloat16 backward does not rotate its gradients back yet.
-      require_config(saved == nullptr || !has_rope(), config_.name, [&] {
-        return std::string("a ") + element_name<Scalar>() +
-               " module's training forward has no rotary embeddings yet; train a float module";
-      });
     }
     check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
@@ -336,20 +331,21 @@ class AttentionCore {
     }
   }
 
-  /// The rotary embedding on projected heads x (B, H, T, hd) in place, at positions 0..T-1,
-  /// or, with `offsets` (B = 1), at positions 0..T(s)-1 of each sequence; `transposed`: the
-  /// backward's rotation R^T.
-  void rotate(TensorView<const Scalar, 4> x, const SequenceOffsets* offsets,
-              bool transposed) const {
-    const TensorView<Scalar, 4> rows(const_cast<Scalar*>(x.data()), x.shape(), x.strides());
-    const auto apply = [&](TensorView<Scalar, 4> part) {
-      if constexpr (kStorage) {  // forward only
-        rope_.apply(part);
-      } else if (transposed) {
-        rope_.apply_transposed(part);
+  /// The rotary embedding on heads x (B, H, T, hd) in place, at positions 0..T-1, or, with
+  /// `offsets` (B = 1), at positions 0..T(s)-1 of each sequence. Element is Scalar (the
+  /// projected heads), or Compute (a storage core's float gradients); `transposed`: the
+  /// backward's rotation R^T, on Compute elements.
+  template <class Element>
+  void rotate(TensorView<Element, 4> x, const SequenceOffsets* offsets, bool transposed) const {
+    using Mutable = std::remove_const_t<Element>;
+    const TensorView<Mutable, 4> rows(const_cast<Mutable*>(x.data()), x.shape(), x.strides());
+    const auto apply = [&](TensorView<Mutable, 4> part) {
+      if constexpr (std::is_same_v<Mutable, Compute>) {
+        if (transposed) return rope_.apply_transposed(part);
       } else {
-        rope_.apply(part);
+        ATTN_ASSERT(!transposed);
       }
+      rope_.apply(part);
     };
     if (offsets == nullptr) return apply(rows);
     for (Index s = 0; s < offsets->sequences(); ++s) {

@@ -86,8 +86,8 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// bfloat16 attention kernel (docs/precision.md). Whole-sequence forwards (self and cross,
 /// masks, causal, softcap, ALiBi, learned sinks (a bfloat16 parameter), grouped-query heads,
 /// dropout, rotary embeddings), inference and training: backward() adds into
-/// Gradients<bfloat16> (bfloat16 products, float sums; train it with optim::MixedPrecision;
-/// rotary embeddings not yet), and the incremental forward through a KVCache<bfloat16>. A paged
+/// Gradients<bfloat16> (bfloat16 products, float sums; train it with optim::MixedPrecision),
+/// and the incremental forward through a KVCache<bfloat16>. A paged
 /// cache, packed batches and forward_with_weights do not compile for it. Load float weights and
 /// convert<bfloat16>(module).
 /// MultiHeadAttention<float16> is the same with float16 (IEEE binary16) weights, biases and

@@ -68,6 +68,11 @@ template <class Scalar = float>
 class RotaryEmbedding {
   static_assert(std::is_floating_point_v<Scalar>,
                 "attn::RotaryEmbedding: Scalar must be float or double");
+  // The elements apply() rotates: Scalar, or a storage type whose compute type is Scalar.
+  template <class Element>
+  static constexpr bool kRotates = std::is_same_v<Element, Scalar> ||
+                                   (is_storage_type_v<Element> &&
+                                    std::is_same_v<compute_type_t<Element>, Scalar>);
 
  public:
   /// An empty embedding (head_dim 0); assign a real one before use.
@@ -153,50 +158,37 @@ class RotaryEmbedding {
   }
 
   // ---- the low-level form: rows in memory (what the projection calls per head block) ----
+  // Element is Scalar, or a storage type computed in Scalar (a bfloat16 module's heads, with
+  // RotaryEmbedding<float>): then each pair is widened exactly, rotated in Scalar with the
+  // same products, and rounded once to the storage type (nearest even).
 
   /// Rotates `rows` vectors of head_dim features in place, row r at data + r * row_stride
   /// (in elements), token r at position first_position + r. Allocation-free.
   /// @throws ConfigError naming the positions if they leave [0, max_positions).
-  void apply(Scalar* data, Index rows, Index row_stride, Index first_position) const {
-    check_range(first_position, rows);
-    for (Index r = 0; r < rows; ++r) rotate(data + r * row_stride, first_position + r);
-  }
-  /// The same on rows of a storage type computed in Scalar (a bfloat16 module's heads, with
-  /// RotaryEmbedding<float>): each pair widened exactly, rotated in Scalar with the same
-  /// products, and rounded once to the storage type (nearest even).
-  template <class Storage,
-            class = std::enable_if_t<is_storage_type_v<Storage> &&
-                                     std::is_same_v<compute_type_t<Storage>, Scalar>>>
-  void apply(Storage* data, Index rows, Index row_stride, Index first_position) const {
+  template <class Element, class = std::enable_if_t<kRotates<Element>>>
+  void apply(Element* data, Index rows, Index row_stride, Index first_position) const {
     check_range(first_position, rows);
     for (Index r = 0; r < rows; ++r) rotate(data + r * row_stride, first_position + r);
   }
   /// The same with one position per row (positions[r] for row r).
-  void apply(Scalar* data, Index rows, Index row_stride, const Index* positions) const {
+  template <class Element, class = std::enable_if_t<kRotates<Element>>>
+  void apply(Element* data, Index rows, Index row_stride, const Index* positions) const {
     for (Index r = 0; r < rows; ++r) {
       check_position(positions[r]);
       rotate(data + r * row_stride, positions[r]);
     }
   }
 
-  // ---- views (B, H, T, hd); any strides but a unit last one ----
+  // ---- views (B, H, T, hd); any strides but a unit last one; Element as above ----
 
   /// Token t of every batch item at position first_position + t. A (B, T, H, hd) tensor is
   /// permute(x, {0, 2, 1, 3}) away (a stride change).
   /// @throws ShapeError on a shape mismatch; ConfigError for positions outside the tables.
-  void apply(TensorView<Scalar, 4> x, Index first_position = 0) const {
+  template <class Element, class = std::enable_if_t<kRotates<Element>>>
+  void apply(TensorView<Element, 4> x, Index first_position = 0) const {
     check_view(x, "RotaryEmbedding::apply");
     for_each_head(
-        x, [&](Scalar* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
-  }
-  /// The same on a storage type computed in Scalar (see the row form above).
-  template <class Storage,
-            class = std::enable_if_t<is_storage_type_v<Storage> &&
-                                     std::is_same_v<compute_type_t<Storage>, Scalar>>>
-  void apply(TensorView<Storage, 4> x, Index first_position = 0) const {
-    check_view(x, "RotaryEmbedding::apply");
-    for_each_head(
-        x, [&](Storage* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
+        x, [&](Element* head, Index) { apply(head, x.extent(2), x.stride(2), first_position); });
   }
   /// The transposed rotation R(p)^T = R(-p) at positions first_position + t: the backward of
   /// apply(x, first_position), dL/dx = R^T dL/dy (a training step's dQ and dK).
