@@ -379,9 +379,10 @@ class ModuleForwards {
   ///         ids of another count than the sequences.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, PagedKVCache<Scalar>& cache, const std::vector<Index>& ids) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 module has no KV cache yet; the packed prefill needs a float "
-                  "or double module");
+    static_assert(
+        kTraining,
+        "attn: a bfloat16 or float16 module has no paged cache yet; the packed prefill needs a "
+        "float or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
         gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache.memory());
