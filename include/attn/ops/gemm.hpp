@@ -75,7 +75,7 @@ PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, 
 /// tiles and depth blocks, of whole 32-deep tiles for AMX), their B packed in k-pairs on the
 /// dot-product and AMX paths (half the words), A widened into the per-thread buffer when
 /// widening, copied into it as whole zero-padded tiles for AMX, read in place by the dot
-/// product.
+/// product; AMX's products go through a per-thread block of a row block's results.
 template <class Scalar, class Operand>
 void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspace* ws) {
   const Isa isa = kernel_isa();

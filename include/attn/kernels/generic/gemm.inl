@@ -6,9 +6,9 @@
 // integer steps on SSE2, the scalar rule on the scalar set: convert_row()) and run the float
 // micro-kernel, except for bfloat16 on the avx512 set's other paths (plan.path):
 // the dot product (avx512/bf16_dot.inl's bf16_dot_tile_rows()) and AMX (avx512/amx_bf16.inl's
-// amx_block()), both on pack_pairs()'s k-pairs: the calls to them below are dependent
-// (argument types from the template parameters) and compiled for that set only (if constexpr
-// on kSetIsa), so the other sets need not declare them.
+// amx_panel() and amx_store()), both on pack_pairs()'s k-pairs: the calls to them below are
+// dependent (argument types from the template parameters) and compiled for that set only (if
+// constexpr on kSetIsa), so the other sets need not declare them.
 
 /// Depth of one block: at most a 128 KiB B micro-panel (an eighth of L2), 128 to 512 deep
 /// (see attn/ops/gemm.hpp for the measurements).
@@ -158,7 +158,8 @@ struct AmxPending {
 /// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
 /// `packed` is the calling thread's buffer: words(depth_block) * tile_cols elements for op(B)
 /// (none with a pre-packed B), then kGemmRows * depth_block for A when a_pack or when
-/// a bfloat16 or float16 A is widened to float or (bfloat16) copied into AMX tiles.
+/// a bfloat16 or float16 A is widened to float or (bfloat16) copied into AMX tiles, then for
+/// AMX kGemmRows * (tile_cols + 16) floats for a row block's products.
 template <class Scalar, class Operand>
 void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) noexcept {
   static_assert(std::is_same_v<GemmPanel<Operand>, Scalar>, "float or double panels");
