@@ -13,6 +13,8 @@
 // Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/gemm_bench --benchmark_repetitions=5
 //   --benchmark_report_aggregates_only=true
+// On a shared machine, add --benchmark_enable_random_interleaving=true and divide by
+// BM_AmxPeak's rate (AMX) from the same run.
 
 #include <benchmark/benchmark.h>
 
@@ -115,6 +117,36 @@ void BM_GemmBf16(benchmark::State& state) {
   attn::set_bf16_path(std::nullopt);
 }
 
+// The bfloat16 GEMM as a bfloat16 module runs its projections (gemm_nt_rounded): x and W
+// bfloat16, W packed once, the float sums plus a bias rounded once into a bfloat16 y, on the
+// path `path` as above.
+void BM_GemmBf16Rounded(benchmark::State& state) {
+  Operands<float> o(state);
+  const auto path = static_cast<attn::Bf16Path>(state.range(3));
+  if (attn::set_bf16_path(path) != path) {
+    state.SkipWithError("this path does not run here");
+    attn::set_bf16_path(std::nullopt);
+    return;
+  }
+  const auto x = attn::convert<attn::bfloat16>(o.x);
+  const auto w = attn::convert<attn::bfloat16>(o.w);
+  const auto bias = attn::convert<attn::bfloat16>(attn::bench::random_tensor<float, 1>({o.n}, 3));
+  attn::Tensor<attn::bfloat16, 2> y({o.m, o.n});
+  const auto pack = attn::detail::pack_gemm_b(o.n, o.k, w.data(), o.k, 0);
+  attn::Workspace ws;
+  const Index n = o.n;
+  for (auto _ : state) {
+    attn::detail::gemm_nt_rounded(
+        o.m, o.n, o.k, x.data(), o.k, w.data(), o.k, y.data(),
+        [&](float* wide) { return attn::detail::GemmOutput<float>::row_major(wide, n); },
+        bias.data(), {&pack, 0}, ws);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  set_flops<float>(state);
+  attn::set_bf16_path(std::nullopt);
+}
+
 void BM_GemmPacked(benchmark::State& state) {
   Operands<float> o(state);
   const auto pack = attn::detail::pack_gemm_b(o.n, o.k, o.w.data(), o.k, 0);
@@ -126,6 +158,57 @@ void BM_GemmPacked(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_flops<float>(state);
+}
+
+void RoundedShapes(benchmark::internal::Benchmark* bm) {
+  bm->ArgNames({"M", "N", "K", "path"});
+  for (const int path : {2, 1, 0}) {
+    bm->Args({4096, 1536, 512, path});
+    bm->Args({2048, 2304, 768, path});
+    bm->Args({8192, 1536, 512, path});
+  }
+}
+
+// tdpbf16ps's peak, as bench/fma_peak measures it (6 independent accumulator tiles, 16384
+// products per instruction), in this binary: with --benchmark_enable_random_interleaving its
+// repetitions run between the GEMMs' ones, so a loaded machine (another process's AMX or
+// memory traffic on the same core) shows in both and their ratio stays meaningful.
+__attribute__((target("amx-tile,amx-bf16"))) void amx_peak_loop(long rounds) {
+  struct alignas(64) Config {
+    unsigned char palette = 1, start_row = 0, reserved[14] = {};
+    unsigned short colsb[16] = {};
+    unsigned char rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  __asm__ volatile("" : : "r"(&config) : "memory");  // GCC 12 drops the stores otherwise
+  _tile_loadconfig(&config);
+  alignas(64) unsigned a[16 * 16], b[16 * 16];
+  for (int i = 0; i < 256; ++i) a[i] = 0x3F003F00u, b[i] = 0xBE803E80u;  // sums stay put
+  _tile_loadd(6, a, 64);
+  _tile_loadd(7, b, 64);
+  for (long i = 0; i < rounds; ++i) {
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_dpbf16ps(3, 6, 7);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_dpbf16ps(5, 6, 7);
+  }
+  alignas(64) float c[16 * 16];
+  _tile_stored(0, c, 64);
+  _tile_release();
+  benchmark::DoNotOptimize(c[0]);
+}
+
+void BM_AmxPeak(benchmark::State& state) {
+  if (!attn::detail::amx_support().usable) {
+    state.SkipWithError(attn::detail::amx_support().reason);
+    return;
+  }
+  constexpr long kRounds = 20000;  // 120000 tdpbf16ps: about 2 ms
+  for (auto _ : state) amx_peak_loop(kRounds);
+  state.counters["FLOPS"] = benchmark::Counter(6.0 * kRounds * 16 * 16 * 32 * 2,
+                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void Bf16Shapes(benchmark::internal::Benchmark* bm) {
@@ -144,6 +227,8 @@ void Bf16Shapes(benchmark::internal::Benchmark* bm) {
 BENCHMARK_TEMPLATE(BM_Gemm, float)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmPacked)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmBf16)->Apply(Bf16Shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AmxPeak)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmBf16Rounded)->Apply(RoundedShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_EigenGemm, float)
     ->Apply(GemmShapes)
     ->Unit(benchmark::kMillisecond)

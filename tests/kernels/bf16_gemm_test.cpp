@@ -9,6 +9,7 @@
 // on every set.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -48,6 +49,7 @@ const GemmCase kCases[] = {
     {2 * 45, 3 * 64, 71, 45, 64},   // head-split output, k odd
     {3 * 33, 5 * 24, 33, 33, 24},   // segments narrower than a micro-panel
     {2 * 20, 25 * 40, 50, 20, 40},  // 512-column tiles cut a 40-wide segment
+    {2 * 20, 6 * 8, 70, 20, 8},     // segments narrower than an AMX tile
 };
 
 template <class Element>
@@ -439,6 +441,84 @@ TEST_F(Bf16Gemm, PropagatesNanAndInfinityAsTheFloatGemm) {
     EXPECT_GE(nan, c.n + 3);  // row 1, (2, 4), (2, 6), (7, 8)
     EXPECT_GE(infinite, c.n + c.m - 6);
   });
+}
+
+// The rounded form the bfloat16 modules project with (gemm_nt_rounded): each float result
+// rounded once, to nearest even, into a bfloat16 C in the GemmOutput's layout, on every path.
+// The AMX path rounds as it stores (not through the float buffer): the bits must still be the
+// float GEMM's result rounded by the scalar rule, with a bias, head-split and narrow segments,
+// two depth blocks (the second adds the first's C before rounding) and a NaN row.
+TEST_F(Bf16Gemm, RoundedProductRoundsTheFloatResultOnceOnEveryPath) {
+  const GemmCase cases[] = {kCases[4], kCases[7], kCases[8], kCases[9], kCases[10]};
+  for_each_path([&](Isa, Bf16Path) {
+    for (const GemmCase& c : cases) {
+      Operands ops(c);
+      ops.a[1] = bfloat16(std::numeric_limits<float>::quiet_NaN());  // row 0 all NaN
+      const std::vector<bfloat16> bias16(ops.bias.begin(), ops.bias.end());
+      const std::vector<float> bias_wide(bias16.begin(), bias16.end());
+      const Index segment = c.segment > 0 ? c.segment : c.n;
+      const Index rows = c.rows_per_batch > 0 ? c.rows_per_batch : c.m;
+      const auto layout = [&](float* w) {
+        return c.segment > 0 ? attn::detail::GemmOutput<float>::head_major(w, rows, c.n, segment)
+                             : attn::detail::GemmOutput<float>::row_major(w, c.n);
+      };
+      std::vector<float> want(static_cast<std::size_t>(c.m * c.n));
+      attn::detail::gemm_nt(c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb,
+                            layout(want.data()), bias_wide.data());
+      std::vector<bfloat16> got(want.size());
+      attn::Workspace ws;
+      attn::detail::gemm_nt_rounded(c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb,
+                                    got.data(), layout, bias16.data(),
+                                    attn::detail::PackedB<bfloat16>{}, ws);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got[i].bits(), bfloat16(want[i]).bits()) << describe(c) << " at " << i;
+      }
+    }
+  });
+}
+
+// C of 8 MiB or more goes to memory with non-temporal stores on the AMX path (run_gemm()):
+// the same bits as a product too small for them (a 40-column slice of B: each element of C
+// depends only on its row of A and column of B), float and rounded to bfloat16, on the
+// avx512 set's paths. 2056 x 2048: a float C of 16 MiB, a bfloat16 one of 8 MiB.
+TEST_F(Bf16Gemm, LargeOutputsGiveTheBitsOfSmallOnes) {
+  const std::vector<Isa> sets = attn::test::runnable_sets();
+  if (std::find(sets.begin(), sets.end(), Isa::kAvx512) == sets.end()) {
+    GTEST_SKIP() << "the avx512 set does not run here";
+  }
+  attn::set_isa(Isa::kAvx512);
+  const GemmCase c{2056, 2048, 40, 0, 0};
+  const Operands ops(c);
+  const std::vector<bfloat16> bias16(ops.bias.begin(), ops.bias.end());
+  const std::vector<float> bias_wide(bias16.begin(), bias16.end());
+  for (const Bf16Path path : paths(Isa::kAvx512)) {
+    attn::set_bf16_path(path);
+    SCOPED_TRACE(attn::bf16_path_name(path));
+    std::vector<float> big(static_cast<std::size_t>(c.m * c.n));
+    attn::detail::gemm_nt(c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb, big.data(),
+                          c.n, bias_wide.data());
+    const Index j0 = 1000, width = 40;
+    std::vector<float> slice(static_cast<std::size_t>(c.m * width));
+    attn::detail::gemm_nt(c.m, width, c.k, ops.a.data(), ops.lda, ops.b.data() + j0 * ops.ldb,
+                          ops.ldb, slice.data(), width, bias_wide.data() + j0);
+    for (Index i = 0; i < c.m; ++i) {
+      for (Index j = 0; j < width; ++j) {
+        ASSERT_EQ(bits(big[static_cast<std::size_t>(i * c.n + j0 + j)]),
+                  bits(slice[static_cast<std::size_t>(i * width + j)]))
+            << "at (" << i << ", " << j0 + j << ")";
+      }
+    }
+    std::vector<bfloat16> rounded(big.size());
+    attn::Workspace ws;
+    attn::detail::gemm_nt_rounded(
+        c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb, rounded.data(),
+        [&](float* w) { return attn::detail::GemmOutput<float>::row_major(w, c.n); }, bias16.data(),
+        attn::detail::PackedB<bfloat16>{}, ws);
+    for (std::size_t i = 0; i < big.size(); ++i) {
+      ASSERT_EQ(rounded[i].bits(), bfloat16(big[i]).bits()) << "at " << i;
+    }
+  }
+  attn::set_bf16_path(std::nullopt);
 }
 
 // ---- float16 operands ----

@@ -240,6 +240,11 @@ struct GemmPlan {
   GemmOutput<Scalar> out;
   const Scalar* bias = nullptr;
   const PackedGemmB<Operand>* pre = nullptr;  // B packed for this kernel set, or null
+  // gemm_nt_rounded()'s C, an Operand twin of out's memory (the same offsets from its start):
+  // the AMX path rounds its final sums into it instead of writing them to out (the other
+  // paths ignore it; gemm_nt_rounded() then rounds out).
+  Operand* rounded = nullptr;
+  bool stream = false;  // AMX: C written with non-temporal stores (run_gemm() says when)
   Index pre_offset = 0;
   Index segment = 0;  // output segment width (n when the output has one segment)
   Index depth_block = 0, tile_cols = 0, col_tiles = 0, chunk_rows = 0;

@@ -17,6 +17,10 @@
 // Panels at least 16 wide end with a tile that overlaps the one before it (each element of C
 // depends only on its row of A and column of B, so the overlap computes the same bits);
 // narrower ones are copied into a 16-wide +0-padded panel first.
+// The GEMM (generic/gemm.inl) runs amx_panel(), which stores the tiles whole into a per-thread
+// block of a row block's products, then amx_store(), which writes C from it once per row
+// block (bias, previous depth blocks, optional rounding to bfloat16, non-temporal stores);
+// the attention kernels run amx_block() and amx_tiles().
 //
 // Numerics: tests/kernels/bf16_gemm_test.cpp and docs/precision.md (measured, not the SDM's
 // pseudocode). MXCSR is neither read nor written.
@@ -142,6 +146,106 @@ inline void amx_block(Index rows, Index depth, const bfloat16* a, const float* b
       }
     }
   }
+}
+
+/// The GEMM's products of a row block (generic/gemm.inl): rows [0, rows) (rows <= 32) x
+/// columns [0, cols) of A B, stored as whole tiles into `c` (row stride ldc floats): 16 or 32
+/// rows, and 16 columns for a panel narrower than a tile (c has room for them). `a` and `b` as
+/// amx_block() takes them. No masks and no staging: amx_store() later adds the bias and writes
+/// C. `between()` is called once per pair of tile columns, after its products are issued and
+/// before its tiles are stored: the caller's stores of earlier results (amx_store()) then run
+/// while the tiles compute.
+template <class Between>
+inline void amx_panel(Index rows, Index depth, const bfloat16* a, const float* b, Index ldb,
+                      Index cols, float* c, Index ldc, Between&& between) {
+  const Index steps = amx_depth(depth) / 32, a_stride = amx_depth(depth) * 2;
+  alignas(64) float narrow[256 * 16];  // a panel narrower than a tile, widened to 16 columns
+  if (cols < 16) {
+    for (Index q = 0; q < steps * 16; ++q) {
+      for (Index col = 0; col < 16; ++col)
+        narrow[q * 16 + col] = col < cols ? b[q * ldb + col] : 0.0f;
+    }
+    b = narrow, ldb = 16;
+  }
+  const Index b_stride = ldb * 4, c_stride = ldc * 4;
+  const bool two = rows > 16;
+  const bfloat16* a1 = a + 16 * (a_stride / 2);
+  const Index width = cols < 16 ? 16 : cols;
+  // Tile columns in pairs: every 16 from 0, the last pair's second tile ending at the panel's
+  // edge (overlapping, with the same bits, the one before it).
+  for (Index s0 = 0; s0 < width; s0 += 32) {
+    const bool pair = s0 + 16 < width;
+    const Index s1 = pair ? std::min<Index>(s0 + 16, width - 16) : s0;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (Index step = 0; step < steps; ++step) {
+      const float* bp = b + step * 16 * ldb;
+      _tile_loadd(4, a + step * 32, a_stride);
+      _tile_loadd(6, bp + s0, b_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if (pair) {
+        _tile_loadd(7, bp + s1, b_stride);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      if (two) {
+        _tile_loadd(5, a1 + step * 32, a_stride);
+        _tile_dpbf16ps(2, 5, 6);
+        if (pair) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    between();
+    _tile_stored(0, c + s0, c_stride);
+    if (pair) _tile_stored(1, c + s1, c_stride);
+    if (two) {
+      _tile_stored(2, c + 16 * ldc + s0, c_stride);
+      if (pair) _tile_stored(3, c + 16 * ldc + s1, c_stride);
+    }
+  }
+}
+
+/// C rows [row0, row0 + rows), columns [col, col + cols) of `out` (col its offset within a
+/// row) from amx_panel()'s results `c` (row stride ldc): (accumulate ? C : 0) + (c + bias)
+/// (bias +0 when null), the additions amx_block() makes. With `rounded` (a bfloat16 twin of
+/// out's memory: the same offsets from its start), each sum is rounded to nearest even into
+/// it instead, with the bits of convert_row() (convert.inl), and `out` is not written.
+/// `stream`: whole aligned vectors go to memory with non-temporal stores (no read for
+/// ownership; see run_gemm() for when); amx_fence() orders them before later stores.
+inline void amx_store(Index rows, const float* c, Index ldc, Index cols,
+                      const GemmOutput<float>& out, Index row0, Index col, bool accumulate,
+                      const float* bias, bfloat16* rounded, bool stream) noexcept {
+  for (Index r = 0; r < rows; ++r) {
+    float* cp = out.row(row0 + r) + col;
+    bfloat16* rp = rounded != nullptr ? rounded + (cp - out.data) : nullptr;
+    const float* from = c + r * ldc;
+    for (Index s = 0; s < cols; s += 16) {
+      const __mmask16 mask = convert_ops::first_lanes(cols - s);
+      const __m512 bias_v =
+          bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + s) : _mm512_setzero_ps();
+      __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, from + s), bias_v);
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, cp + s));
+      if (rp != nullptr) {
+        const __m256i r16 =
+            _mm512_cvtepi32_epi16(convert_ops::bfloat16_lanes(_mm512_castps_si512(v)));
+        if (stream && mask == 0xffff && reinterpret_cast<std::uintptr_t>(rp + s) % 32 == 0) {
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(rp + s), r16);
+        } else {
+          _mm256_mask_storeu_epi16(rp + s, mask, r16);
+        }
+      } else if (stream && mask == 0xffff && reinterpret_cast<std::uintptr_t>(cp + s) % 64 == 0) {
+        _mm512_stream_ps(cp + s, v);
+      } else {
+        _mm512_mask_storeu_ps(cp + s, mask, v);
+      }
+    }
+  }
+}
+
+/// Orders amx_store()'s non-temporal stores before every later store (a task's end).
+template <class Plan>
+inline void amx_fence(const Plan&) noexcept {
+  _mm_sfence();
 }
 
 /// C (16 row_tiles x 16 col_tiles floats, row stride ldc) (+)= A B on whole tiles, for the

@@ -6,9 +6,9 @@
 // integer steps on SSE2, the scalar rule on the scalar set: convert_row()) and run the float
 // micro-kernel, except for bfloat16 on the avx512 set's other paths (plan.path):
 // the dot product (avx512/bf16_dot.inl's bf16_dot_tile_rows()) and AMX (avx512/amx_bf16.inl's
-// amx_block()), both on pack_pairs()'s k-pairs: the calls to them below are dependent
-// (argument types from the template parameters) and compiled for that set only (if constexpr
-// on kSetIsa), so the other sets need not declare them.
+// amx_panel() and amx_store()), both on pack_pairs()'s k-pairs: the calls to them below are
+// dependent (argument types from the template parameters) and compiled for that set only (if
+// constexpr on kSetIsa), so the other sets need not declare them.
 
 /// Depth of one block: at most a 128 KiB B micro-panel (an eighth of L2), 128 to 512 deep
 /// (see attn/ops/gemm.hpp for the measurements).
@@ -149,10 +149,17 @@ inline std::pair<Index, Index> pack_a(const GemmPlan<Scalar>& g, Index i0, Index
   return {1, rows};
 }
 
+/// AMX: rows [next, rows) of a group's products (columns [jj, jj + width) of the row block
+/// from row i0), waiting in the task's c_buffer to be stored into C (gemm_task()'s pass 3).
+struct AmxPending {
+  Index jj = 0, width = 0, i0 = 0, rows = 0, next = 0;
+};
+
 /// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
 /// `packed` is the calling thread's buffer: words(depth_block) * tile_cols elements for op(B)
 /// (none with a pre-packed B), then kGemmRows * depth_block for A when a_pack or when
-/// a bfloat16 or float16 A is widened to float or (bfloat16) copied into AMX tiles.
+/// a bfloat16 or float16 A is widened to float or (bfloat16) copied into AMX tiles, then for
+/// AMX kGemmRows * (tile_cols + 16) floats for a row block's products.
 template <class Scalar, class Operand>
 void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) noexcept {
   static_assert(std::is_same_v<GemmPanel<Operand>, Scalar>, "float or double panels");
@@ -172,10 +179,29 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
   const Index group_cols = micro_cols<Scalar>(), segment = g.segment;
   const PackedGemmB<Operand>* pre = g.pre;
   Scalar* a_buffer = packed + (pre == nullptr ? words(g.depth_block) * g.tile_cols : 0);
+  // AMX: the row block's products (kGemmRows x c_ld floats, 16 columns of room for a narrow
+  // group's whole tile), after A's tiles.
+  Scalar* c_buffer = amx ? a_buffer + kGemmRows * g.depth_block : nullptr;
+  const Index c_ld = g.tile_cols + 16;
   Scalar* crow[kMicroRows];
   for (Index p0 = 0; p0 < g.k; p0 += g.depth_block) {
     const Index depth = std::min(g.depth_block, g.k - p0);
-    const bool first = p0 == 0;
+    const bool first = p0 == 0, last = p0 + depth >= g.k;
+    // AMX: the group whose products wait in c_buffer; stores up to `count` of its rows.
+    AmxPending pending;
+    const auto store_rows = [&](Index count) {
+      if constexpr (kPairs) {
+        const Index n = std::min(count, pending.rows - pending.next);
+        if (n <= 0) return;
+        const Scalar* bias_j = first && g.bias != nullptr ? g.bias + pending.jj : nullptr;
+        amx_store(n, c_buffer + pending.next * c_ld + (pending.jj - j0), c_ld, pending.width, g.out,
+                  pending.i0 + pending.next, g.out.column(pending.jj, segment),
+                  !first || g.accumulate, bias_j, last ? g.rounded : nullptr, g.stream);
+        pending.next += n;
+      } else {
+        static_cast<void>(count);
+      }
+    };
     // The tile's column groups as (column jj, width, micro-panel, its row stride). Groups
     // never straddle a segment, so each is contiguous in C. Packed per call: op(B) in
     // micro-panels, one per group (depth x width contiguous), so the micro-kernel reads it
@@ -213,19 +239,38 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
       Index ars = 0, acs = 0;
       if constexpr (kPairs) {
         if (amx) {
-          // Whole zero-padded tiles, then 32-row blocks past every group (64 columns) of the
-          // column tile: each group's panel serves the row block's 3 blocks in turn. Measured
-          // (one core, Emerald Rapids, 4096 x 512 x 512 and 8192 x 1536 x 512, W packed): 1.4-2.5x
-          // faster than each 32-row block past all the groups instead.
+          // 1. A's rows into whole zero-padded tiles (rows to 32, depth to 32).
+          // 2. The products, 32-row blocks past every group (64 columns) of the column tile,
+          //    each group's panel serving the row block's 3 blocks in turn, stored as whole
+          //    tiles into c_buffer (rows x cols of the tile, row stride c_ld). Measured (one
+          //    core, Emerald Rapids, 4096 x 512 x 512 and 8192 x 1536 x 512, W packed):
+          //    1.4-2.5x faster than each 32-row block past all the groups instead.
+          // 3. C from c_buffer (amx_store()), each group's rows in shares between the next
+          //    group's tile pairs (the last group's with the next row block's first), so that
+          //    the stores run while the tiles compute: the bias, the previous depth blocks'
+          //    C, and for gemm_nt_rounded() the rounding into its bfloat16 C (half the bytes of
+          //    a float C, which is then neither written nor read back); non-temporal stores
+          //    for a large C (run_gemm()). Writing C is what costs: measured (one thread, W
+          //    packed, C float, 4096 x 1536 x 512, machine loaded), skipping its stores took
+          //    the product from 15.6 to 5.7 ms CPU.
           auto* tiles = reinterpret_cast<bfloat16*>(a_buffer);
           amx_pack_a(g.a + i0 * g.lda + p0, g.lda, rows, depth, tiles);
           for_each_group([&](Index jj, Index width, const Scalar* panel, Index panel_ld) {
-            const Index offset = g.out.column(jj, segment);
-            const Scalar* bias_j = first && g.bias != nullptr ? g.bias + jj : nullptr;
-            for (Index i = 0; i < rows; i += 32) {
-              amx_block(std::min<Index>(32, rows - i), depth, tiles + i * 2 * words(depth), panel,
-                        panel_ld, width, g.out, i0 + i, offset, !first || g.accumulate, bias_j);
+            // The previous group's rows, in equal shares between this group's tile pairs;
+            // all of them first if this group's tiles cover its columns (a column tile of one
+            // group, or a narrow group's spill).
+            if (jj < pending.jj + pending.width && pending.jj < jj + std::max<Index>(width, 16)) {
+              store_rows(pending.rows);
             }
+            const Index pairs = (rows + 31) / 32 * ((std::max<Index>(width, 16) + 31) / 32);
+            const Index share = (pending.rows - pending.next + pairs - 1) / pairs;
+            for (Index i = 0; i < rows; i += 32) {
+              amx_panel(std::min<Index>(32, rows - i), depth, tiles + i * 2 * words(depth), panel,
+                        panel_ld, width, c_buffer + i * c_ld + (jj - j0), c_ld,
+                        [&] { store_rows(share); });
+            }
+            store_rows(pending.rows);
+            pending = {jj, width, i0, rows, 0};
           });
           continue;
         }
@@ -263,8 +308,10 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
         }
       });
     }
+    store_rows(pending.rows);  // AMX: the last group's (the next depth block reads C)
   }
   if constexpr (kPairs) {
+    if (amx && g.stream) amx_fence(g);
     if (amx) amx_release(g);
   }
 }
