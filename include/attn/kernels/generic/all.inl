@@ -19,7 +19,8 @@
 //    int8_values_part() for a decode step over int8 rows (see generic/kv_load.inl);
 //  - the avx512 set only (avx512/bf16_dot.inl, avx512/amx_bf16.inl): the bfloat16
 //    dot-product kernel bf16_dot_tile_rows(), its packing pack_pairs(), and the AMX kernel
-//    amx_configure(), amx_pack_a(), amx_block(), amx_release() (see generic/gemm.inl); and
+//    amx_configure(), amx_pack_a(), amx_block(), amx_panel(), amx_store(), amx_fence(),
+//    amx_release() (see generic/gemm.inl), amx_tiles() for the attention's products; and
 //    (avx512/int8_dot.inl) the AVX512-VNNI int8_key_scores_part().
 // The order matters: each part uses the ones before it.
 // clang-format off
