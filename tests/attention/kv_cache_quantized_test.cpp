@@ -83,8 +83,8 @@ Rows rows_of(const KVCache<float>& cache, Index b) {
   return r;
 }
 
-// A query row as the kernel multiplies it with int8 keys: quantised by the int8 rule of the
-// cache's rows (one scale per row, levels in [-127, 127]) and read back.
+// A query row as the kernel multiplies it with int8 and int4 keys: quantised by the int8 rule
+// of the cache's rows (one scale per row, levels in [-127, 127]) and read back.
 void quantize_query(std::vector<double>& q) {
   const Index hd = static_cast<Index>(q.size());
   std::vector<float> x(q.begin(), q.end());
@@ -98,7 +98,7 @@ void quantize_query(std::vector<double>& q) {
 }
 
 // The attention the cache's kernel computes, in double over the dequantised rows (and, over
-// int8 keys, the quantised query, see quantize_query()): query i of
+// int8 and int4 keys, the quantised query, see quantize_query()): query i of
 // item b at position L_b - T + i sees positions (p - window, p] that are stored (window 0:
 // all up to p), position p in slot p % capacity. out (B, H, T, hd_v).
 Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cache, Index window) {
@@ -116,7 +116,9 @@ Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cac
         if (window > 0) lo = std::max(lo, p - window + 1);
         std::vector<double> s, qi(static_cast<std::size_t>(hd)), acc(static_cast<std::size_t>(hdv));
         for (Index e = 0; e < hd; ++e) qi[static_cast<std::size_t>(e)] = q(b, h, i, e);
-        if (cache.element() == KVElement::kInt8) quantize_query(qi);
+        if (cache.element() == KVElement::kInt8 || cache.element() == KVElement::kInt4) {
+          quantize_query(qi);
+        }
         double top = -std::numeric_limits<double>::infinity();
         for (Index j = lo; j <= p; ++j) {
           const float* key =

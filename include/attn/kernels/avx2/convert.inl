@@ -219,6 +219,13 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
   return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
 }
 
+/// int4_key_scores() with vpmaddwd (int4_key_scores_madd()).
+inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                                 const float* ks, Index ks_rs, Index group, Index n, float* st,
+                                 Index ld) noexcept {
+  return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld);
+}
+
 /// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v + j * v_rs, its
 /// scale at vs[j * vs_rs]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
 /// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
