@@ -49,11 +49,10 @@ std::vector<Int8Kernels> int8_kernels() {
   std::vector<Int8Kernels> all;
   for (const Isa isa : attn::test::runnable_sets()) {
     switch (isa) {
-#define ATTN_INT8_KERNELS_(set)                                                                  \
-  all.push_back({isa, &attn::kernels::set::int8_key_scores, &attn::kernels::set::quantize_query, \
-                 &attn::kernels::set::stored_int8_values,                                        \
-                 &attn::kernels::set::stored_int4_scores,                                        \
-                 &attn::kernels::set::stored_int4_values});                                      \
+#define ATTN_INT8_KERNELS_(set)                                                                    \
+  all.push_back({isa, &attn::kernels::set::int8_key_scores, &attn::kernels::set::quantize_query,   \
+                 &attn::kernels::set::stored_int8_values, &attn::kernels::set::stored_int4_scores, \
+                 &attn::kernels::set::stored_int4_values});                                        \
   break;
       case Isa::kScalar:
         ATTN_INT8_KERNELS_(scalar)
@@ -63,12 +62,11 @@ std::vector<Int8Kernels> int8_kernels() {
       case Isa::kAvx2:
         ATTN_INT8_KERNELS_(avx2)
       case Isa::kAvx512:
-        all.push_back({isa, &attn::kernels::avx512::int8_key_scores,
-                       &attn::kernels::avx512::quantize_query,
-                       &attn::kernels::avx512::stored_int8_values,
-                       &attn::kernels::avx512::stored_int4_scores,
-                       &attn::kernels::avx512::stored_int4_values,
-                       &attn::kernels::avx512::int8_key_scores_madd});
+        all.push_back(
+            {isa, &attn::kernels::avx512::int8_key_scores, &attn::kernels::avx512::quantize_query,
+             &attn::kernels::avx512::stored_int8_values, &attn::kernels::avx512::stored_int4_scores,
+             &attn::kernels::avx512::stored_int4_values,
+             &attn::kernels::avx512::int8_key_scores_madd});
         break;
 #endif
 #undef ATTN_INT8_KERNELS_
@@ -208,8 +206,8 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
         {
           for (Index j = 0; j < n; ++j) {
             const float one = 1.0f;
-            attn::detail::dequantize_row(KVElement::kInt4, k.data() + j * row_bytes, &one, d + 1,
-                                         d, level.data());
+            attn::detail::dequantize_row(KVElement::kInt4, k.data() + j * row_bytes, &one, d + 1, d,
+                                         level.data());
             for (Index r = 0; r < rows; ++r) {
               float total = 0.0f;
               // Pieces: blocks, split where a group ends inside one.

@@ -78,8 +78,8 @@ inline bool int4_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
       const float* scales = ks + j * ks_rs;
       __m128 total = _mm_setzero_ps();
       for (Index b = 0; b < blocks; ++b) {
-        const __m256i w = _mm256_cvtepu8_epi16(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(key + b * half)));
+        const __m256i w =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(key + b * half)));
         const __m256i lo = _mm256_sub_epi16(_mm256_and_si256(w, low), eight);
         const __m256i hi = _mm256_sub_epi16(_mm256_srli_epi16(w, 4), eight);
         __m256i a[4];

@@ -178,8 +178,9 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
       }
       const __m512i dots = _mm512_sub_epi32(int8_reduce_rows(a[0], a[1], a[2], a[3]), bias[c]);
       const __m512 kscale = _mm512_permutexvar_ps(
-          spread, _mm512_castps128_ps512(_mm_setr_ps(scales[scale_at[c][0]], scales[scale_at[c][1]],
-                                                     scales[scale_at[c][2]], scales[scale_at[c][3]])));
+          spread,
+          _mm512_castps128_ps512(_mm_setr_ps(scales[scale_at[c][0]], scales[scale_at[c][1]],
+                                             scales[scale_at[c][2]], scales[scale_at[c][3]])));
       const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale);
       // The row's blocks in order.
       total = c == 0 ? _mm512_castps512_ps128(f) : _mm_add_ps(total, _mm512_castps512_ps128(f));

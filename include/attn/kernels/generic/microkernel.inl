@@ -187,8 +187,8 @@ inline void micro_gemm_gathered(Index m, Index n, Index k, const Scalar* a, Inde
     for (Index i = 0; i < m; i += kMicroRows) {
       const Index rows = std::min<Index>(kMicroRows, m - i);
       for (Index r = 0; r < rows; ++r) crow[r] = c + (i + r) * ldc + j;
-      micro_tile_rows<Scalar>(rows, k, a + i * ars, ars, acs, GatheredRows<Scalar>{b_rows, j},
-                              crow, cols, alpha, accumulate, nullptr);
+      micro_tile_rows<Scalar>(rows, k, a + i * ars, ars, acs, GatheredRows<Scalar>{b_rows, j}, crow,
+                              cols, alpha, accumulate, nullptr);
     }
   }
 }
