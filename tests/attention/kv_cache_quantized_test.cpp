@@ -284,11 +284,11 @@ TEST(KVCacheQuantized, AccuracyAgainstTheFloatCache) {
   // keys, values and queries in [-1, 1)) against the same step over a float cache, on random
   // keys and on keys whose first 4 channels are 20x larger (outlier channels, as real keys
   // have). Measured (docs/kv_cache.md), random / outliers: int8 3.9e-3 / 2.1e-2 (the query
-  // quantised too; 3.7e-3 / 2.0e-2 with a float query), int4 (groups
-  // of 32) 7.4e-2 / 2.3e-1, fp8 e4m3 2.4e-2 / 5.4e-2 (unscaled 2.2e-2 / 8.8e-2), fp8 e5m2
-  // 4.9e-2 / 1.1e-1, bf16 1.5e-3 / 5.1e-3, fp16 1.7e-4 / 7.7e-4. The data and seeds are
-  // fixed, so the bounds (the targets where given, else ~2x the measure) only guard against
-  // a change of the quantisation or the loader.
+  // quantised too; 3.7e-3 / 2.0e-2 with a float query), int4 (groups of 32, the query
+  // quantised too: a float query's figures to 2 digits) 7.4e-2 / 2.3e-1, fp8 e4m3 2.4e-2 /
+  // 5.4e-2 (unscaled 2.2e-2 / 8.8e-2), fp8 e5m2 4.9e-2 / 1.1e-1, bf16 1.5e-3 / 5.1e-3, fp16
+  // 1.7e-4 / 7.7e-4. The data and seeds are fixed, so the bounds (the targets where given,
+  // else ~2x the measure) only guard against a change of the quantisation or the loader.
   struct Bound {
     KVElement element;
     bool float8_scale;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
 // tests/kernels/kv_int8_test.cpp: the int8 kernels of a decode step over an int8 KVCache, per
 // kernel set: the scores of int8 keys against a quantised query (exact integer dot products,
-// AVX512-VNNI where the CPU has it) have the same bits on every set, and the P V product over
-// int8 value rows (widened in registers) matches a double product. The attention through
-// them is tested in tests/attention/kv_cache_quantized_test.cpp. The int4 forms (where a set
-// has them) against the order their scores are defined in and a double product.
+// AVX512-VNNI and AVX-VNNI where the CPU has them) have the same bits on every set, and the P V
+// product over int8 value rows (widened in registers) matches a double product. The attention
+// through them is tested in tests/attention/kv_cache_quantized_test.cpp. The int4 forms (where a
+// set has them) against the order their scores are defined in and a double product.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -39,8 +39,8 @@ struct Int8Kernels {
                       const attn::detail::QuantizedQuery&, float*, Index);
   bool (*int4_values)(const attn::detail::StoredRows&, Index, Index, Index, Index, Index,
                       const float*, Index, Index, float*);
-  // The avx512 set's form on a CPU without AVX512-VNNI (vpmaddwd), tested on any CPU with
-  // AVX-512; null elsewhere.
+  // The avx512 and avx2 sets' form on a CPU without AVX512-VNNI or AVX-VNNI (vpmaddwd),
+  // tested on any CPU with AVX-512 or AVX2; null elsewhere.
   bool (*madd)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
                Index, Index, float*, Index) = nullptr;
 };
@@ -59,8 +59,12 @@ std::vector<Int8Kernels> int8_kernels() {
 #if ATTN_KERNELS_X86
       case Isa::kSse2:
         ATTN_INT8_KERNELS_(sse2)
-      case Isa::kAvx2:
-        ATTN_INT8_KERNELS_(avx2)
+      case Isa::kAvx2:  // AVX-VNNI where the CPU has it; its vpmaddwd form tested as `madd`
+        all.push_back(
+            {isa, &attn::kernels::avx2::int8_key_scores, &attn::kernels::avx2::quantize_query,
+             &attn::kernels::avx2::stored_int8_values, &attn::kernels::avx2::stored_int4_scores,
+             &attn::kernels::avx2::stored_int4_values, &attn::kernels::avx2::int8_key_scores_madd});
+        break;
       case Isa::kAvx512:
         all.push_back(
             {isa, &attn::kernels::avx512::int8_key_scores, &attn::kernels::avx512::quantize_query,

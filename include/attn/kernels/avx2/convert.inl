@@ -212,12 +212,7 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
 
 #include "attn/kernels/avx2/int8_madd.inl"
 
-/// int8_key_scores() with vpmaddwd (int8_key_scores_madd()).
-inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
-                                 const float* ks, Index ks_rs, Index n, float* st,
-                                 Index ld) noexcept {
-  return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
-}
+// int8_key_scores_part(): avx2/int8_dispatch.inl (after the AVX-VNNI form it may call).
 
 /// int4_key_scores() with vpmaddwd (int4_key_scores_madd()).
 inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
