@@ -235,10 +235,11 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// Stored keys and values (a quantised or a paged cache, p.stored; float operands only,
 /// Operand == Scalar; scratch also stored_tile_scratch_size()) are dequantised (or copied)
 /// tile by tile into the task's scratch (load_stored_rows()), then read as the tile would be
-/// in place; except int8 keys of a float call, scored on integer dot products against the
-/// query quantised once per task (stored_int8_scores()), int8 values, widened in registers
-/// where the set can (stored_int8_values()), and paged Scalar keys under one dot product per
-/// (key, row), read in their blocks.
+/// in place; except int8 and int4 keys of a float call, scored on integer dot products
+/// against the query quantised once per task (stored_int8_scores(), stored_int4_scores()),
+/// int8 and int4 values, widened in registers where the set can (stored_int8_values(),
+/// stored_int4_values()), paged Scalar keys under one dot product per (key, row) and paged
+/// Scalar values (micro_gemm_gathered()), read in their blocks.
 template <class Scalar, class Operand>
 void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
