@@ -27,12 +27,17 @@
 //   impl=attn op=decode B=1 L=512 T_new=1 D=4096 H=32 H_kv=8 hd=128 threads=1 reps=20
 //   median_ms=.. min_ms=.. bytes=.. gbps=.. cache_bytes=.. kv_bytes=.. workspace_bytes=..
 //   max_rss_mib=.. base_rss_mib=.. isa=.. kv_dtype=.. token_bytes=.. paged=S (0: contiguous)
+//   median_cpu_ms=..
 // bytes: what the step must read, 4 ((H + 2 H_kv) hd D + D H hd) for the weights plus
 // B (L + T_new) token_bytes for the cache (token_bytes = KVCache::bytes_per_token(), 4 * 2
 // H_kv hd for f32: pytorch_decode.py's formula); gbps = bytes / median. For op=gemm, bytes
 // are the weight's alone; for op=attend, the cache's alone. cache_bytes / kv_bytes: the cache's
 // allocation and the keys and values it holds (capacity L + T_new); workspace_bytes: the
-// Workspace after the steps.
+// Workspace after the steps. median_cpu_ms: the median CPU time of the process per timed call
+// (all its threads; on a shared machine the wall time also counts waits for a core, the CPU
+// time does not, so ratios of CPU times are the steadier ones).
+
+#include <time.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -71,6 +76,29 @@ void fill(View x, std::uint64_t seed, float scale) {
     z ^= z >> 31;
     data[i] = scale * (static_cast<float>(z >> 40) / 8388608.0f - 1.0f);
   }
+}
+
+/// The process's CPU time (all threads) in milliseconds.
+double cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
+}
+
+/// attn::bench::time_calls(), also recording each timed call's CPU time (sorted) in cpu.
+template <class Fn>
+std::vector<double> time_calls_cpu(Fn&& fn, long warmup, long reps, double max_seconds,
+                                   std::vector<double>& cpu) {
+  long calls = 0;
+  std::vector<double> wall = attn::bench::time_calls(
+      [&] {
+        const double start = cpu_ms();
+        fn();
+        if (calls++ >= warmup) cpu.push_back(cpu_ms() - start);
+      },
+      warmup, reps, max_seconds);
+  std::sort(cpu.begin(), cpu.end());
+  return wall;
 }
 
 }  // namespace
@@ -140,7 +168,7 @@ int main(int argc, char** argv) {
   const std::int64_t weight_bytes =
       4 * ((heads + 2 * kv_heads) * head_dim * dim + dim * heads * head_dim);
   attn::Workspace ws;
-  std::vector<double> ms;
+  std::vector<double> ms, cpu;
   std::int64_t bytes = 0, cache_bytes = 0, kv_bytes = 0, token_bytes = 0;
 
   if (op == "gemm") {
@@ -151,8 +179,8 @@ int main(int argc, char** argv) {
     attn::Linear<float> linear(dim, proj.extent(0), /*bias=*/false);
     attn::copy(proj, linear.weight());
     linear.freeze();
-    ms = attn::bench::time_calls([&] { linear.forward(x.view(), y.view(), ws); }, warmup, reps,
-                                 max_seconds);
+    ms = time_calls_cpu([&] { linear.forward(x.view(), y.view(), ws); }, warmup, reps, max_seconds,
+                        cpu);
     bytes = 4 * proj.extent(0) * dim;
   } else {
     cache_options.batch = b, cache_options.num_kv_heads = kv_heads;
@@ -184,7 +212,7 @@ int main(int argc, char** argv) {
     if (op == "attend") {
       attn::Tensor<float, 4> q({b, heads, 1, head_dim}), out({b, heads, 1, head_dim});
       fill(q.view(), 6, 1.0f);
-      ms = attn::bench::time_calls(
+      ms = time_calls_cpu(
           [&] {
             if (paged > 0) {
               attn::paged_attention(q.view(), pages, seqs, out.view(), ws);
@@ -192,12 +220,12 @@ int main(int argc, char** argv) {
               attn::cached_attention(q.view(), cache, out.view(), ws);
             }
           },
-          warmup, reps, max_seconds);
+          warmup, reps, max_seconds, cpu);
       bytes = b * length * token_bytes;
     } else {
       attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
       fill(x.view(), 6, 1.0f);
-      ms = attn::bench::time_calls(
+      ms = time_calls_cpu(
           [&] {
             if (paged > 0) {
               mha.forward(x.view(), y.view(), ws, pages, seqs);
@@ -207,7 +235,7 @@ int main(int argc, char** argv) {
               for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
             }
           },
-          warmup, reps, max_seconds);
+          warmup, reps, max_seconds, cpu);
       bytes = weight_bytes + b * (length + t_new) * token_bytes;
     }
     cache_bytes = static_cast<std::int64_t>(paged > 0 ? pages.bytes() : cache.bytes());
@@ -220,12 +248,12 @@ int main(int argc, char** argv) {
       "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "
       "workspace_bytes=%zu max_rss_mib=%.1f base_rss_mib=%.1f isa=%s kv_dtype=%s "
-      "token_bytes=%lld paged=%ld\n",
+      "token_bytes=%lld paged=%ld median_cpu_ms=%.4f\n",
       op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new), dim,
       heads, kv_heads, head_dim, threads, n, median, ms.front(), static_cast<long long>(bytes),
       static_cast<double>(bytes) / (median * 1e-3) * 1e-9, static_cast<long long>(cache_bytes),
       static_cast<long long>(kv_bytes), ws.bytes(), attn::bench::max_rss_mib(), base_rss,
       attn::isa_name(attn::active_isa()), kv_dtype.c_str(), static_cast<long long>(token_bytes),
-      paged);
+      paged, attn::bench::median(cpu));
   return 0;
 }

@@ -138,6 +138,21 @@ inline bool cpu_has_avx512_vnni() noexcept {
 #endif
 }
 
+/// Whether the CPU has AVX-VNNI (vpdpbusd on ymm, VEX-encoded): CPUID leaf 7 subleaf 1, EAX
+/// bit 4. Read once and cached; consulted only when the avx2 set runs, whose choice has already
+/// checked that the operating system saves the AVX state.
+inline bool cpu_has_avx_vnni() noexcept {
+#if ATTN_KERNELS_X86
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 /// Whether AMX-BF16 can run in this process, and if not, why. Read once and cached (a static
 /// local: thread-safe); the permission it asks for is process-wide.
 struct AmxSupport {

@@ -14,32 +14,38 @@
 #   4. the attention of a decode step alone (decode_timer attend) per KV cache element type
 #      (--kv-dtypes; KVCacheOptions::element), B in --kv-batches, L in --kv-lengths: its time,
 #      the cache bytes per token, GB/s of the cache bytes read, that as a fraction of the
-#      bandwidth, and the speedup over the f32 cache (written to <out>/kv_cache.csv/.txt);
-#      with --paged-block S (default 16; 0: off) each of these runs again right after it
-#      through a PagedKVCache of blocks of S tokens (decode_timer --paged S), and the table
-#      adds its time and contiguous time / paged time;
+#      bandwidth, its CPU time and the speedup over the f32 cache (CPU times: on a shared
+#      machine the wall time also counts waits for a core) (written to
+#      <out>/kv_cache.csv/.txt); with --paged-block S (default 16; 0: off) each of these runs
+#      again right after it through a PagedKVCache of blocks of S tokens (decode_timer --paged
+#      S), and the table adds its CPU time and contiguous / paged CPU time; one round
+#      (--kv-rounds) by default: 36 processes of up to 4 s;
 #   5. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
 #      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
 #        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
 #                 paged_vs_contiguous_min=X.XX kv_int8_decode_vs_fp32_min=X.XX
-#                 kv_int8_bw_fraction_min=0.XX
+#                 kv_int8_bw_fraction_min=0.XX kv_int4_decode_vs_fp32_min=X.XX
+#                 kv_int4_bw_fraction_min=0.XX
 #      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows;
 #      decode_speedup_min / prefill_chunk_speedup_min: the smallest PyTorch / attn time ratio
 #      over the decode / prefill rows; paged_vs_contiguous_min: the smallest contiguous /
-#      paged time ratio over step 4's rows (1: paged as fast; below 1: slower);
-#      kv_int8_decode_vs_fp32_min: the smallest f32 / int8 time ratio of step 4's contiguous
-#      rows at L >= 4096, and kv_int8_bw_fraction_min the smallest fraction of the bandwidth
-#      (at the row's thread count) those int8 rows read their cache bytes at. --kv-only
-#      prints these three too, on kv_cache.txt's last lines.
+#      paged CPU time ratio over step 4's rows (1: paged as fast; below 1: slower);
+#      kv_int8_decode_vs_fp32_min: the smallest f32 / int8 CPU time ratio of step 4's
+#      contiguous rows at L >= 4096, and kv_int8_bw_fraction_min the smallest fraction of the
+#      bandwidth (at the row's thread count) those int8 rows read their cache bytes at (over
+#      the wall time); kv_int4_*: the same for int4. --kv-only prints these too, on
+#      kv_cache.txt's last lines.
 # Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
 #                                [--batches 1,4] [--lengths 512,...] [--out DIR]
 #                                [--kv-dtypes f32,int8,...] [--kv-batches 1,8]
 #                                [--kv-lengths 2048,...] [--kv-only] [--paged-block S]
+#                                [--kv-rounds N] [--kv-threads 1]
 #   --quick    B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
 #   --kv-only  step 4 alone (no PyTorch)
 #   --paged-block S  step 4's paged runs in blocks of S tokens (0: none)
+#   --kv-rounds N, --kv-threads T  step 4's rounds (1) and thread counts (1)
 # Settings: scripts/bench/env.sh's bench_env (threads for every layer, glibc malloc kept,
 # OpenBLAS's kernels); attn gets OMP_WAIT_POLICY=ACTIVE, PyTorch the default, as in
 # bench_vs_pytorch.sh. ATTN_BENCH_BUILD_DIR changes the build directory.
@@ -48,7 +54,7 @@ source "$(dirname "$0")/../lib/common.sh"
 source "$(dirname "$0")/env.sh"
 
 quick=0 rounds="" reps="" threads_list="" batches="" lengths="" out=""
-kv_dtypes="" kv_batches="" kv_lengths="" kv_only=0 paged_block=16
+kv_dtypes="" kv_batches="" kv_lengths="" kv_only=0 paged_block=16 kv_rounds="" kv_threads=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -63,7 +69,9 @@ while [ $# -gt 0 ]; do
     --kv-lengths) kv_lengths="$2"; shift ;;
     --kv-only) kv_only=1 ;;
     --paged-block) paged_block="$2"; shift ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    --kv-rounds) kv_rounds="$2"; shift ;;
+    --kv-threads) kv_threads="$2"; shift ;;
+    -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
     *) echo "decode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -77,6 +85,7 @@ batches="${batches:-1,4}" lengths="${lengths:-512,1024,2048,4096,8192}"
 out="${out:-$ATTN_ROOT/bench/results}"
 kv_dtypes="${kv_dtypes:-f32,int8,int4}" kv_batches="${kv_batches:-1,8}"
 kv_lengths="${kv_lengths:-$([ "$quick" = 1 ] && echo 2048 || echo 2048,8192,32768)}"
+kv_rounds="${kv_rounds:-1}" kv_threads="${kv_threads:-1}"
 max_seconds=$([ "$quick" = 1 ] && echo 1 || echo 4)
 mkdir -p "$out"
 
@@ -113,8 +122,8 @@ kv_raw="$out/kv_cache.raw"
 for dtype in ${kv_dtypes//,/ }; do
   for b in ${kv_batches//,/ }; do
     for l in ${kv_lengths//,/ }; do
-      for t in ${threads_list//,/ }; do
-        for ((r = 0; r < rounds; ++r)); do
+      for t in ${kv_threads//,/ }; do
+        for ((r = 0; r < kv_rounds; ++r)); do
           run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
             --max-seconds "$max_seconds" --kv-dtype "$dtype" | tee -a "$kv_raw"
           if [ "$paged_block" != 0 ]; then
@@ -137,51 +146,57 @@ for line in open(raw):
     if line.startswith("stream") and f.get("kernel") == "read":
         bw[int(f["threads"])] = float(f["median_gbps"])
     elif line.startswith("impl="):
+        f.setdefault("median_cpu_ms", f["median_ms"])
         key = (f["kv_dtype"], int(f["B"]), int(f["L"]), int(f["threads"]), int(f.get("paged", 0)))
-        if key not in rows or float(f["median_ms"]) < float(rows[key]["median_ms"]):
-            rows[key] = f  # the fastest median over the rounds
-print("decode attention alone (H 32, H_kv 8, hd 128, one query per head) per cache type")
+        if key not in rows or float(f["median_cpu_ms"]) < float(rows[key]["median_cpu_ms"]):
+            rows[key] = f  # the smallest CPU time median over the rounds
+cpu = lambda f: float(f["median_cpu_ms"])
+print("decode attention alone (H 32, H_kv 8, hd 128, one query per head) per cache type; "
+      "ratios of CPU times")
 print(f"{'dtype':9s}{'B':>3s}{'L':>7s}{'thr':>4s}{'B/token':>9s}{'ms':>9s}{'GB/s':>8s}"
-      f"{'of bw':>7s}{'vs f32':>8s}{'paged ms':>10s}{'vs paged':>9s}")
+      f"{'of bw':>7s}{'cpu ms':>9s}{'vs f32':>8s}{'paged cpu':>11s}{'vs paged':>9s}")
 ratios = []
 with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
     w = csv.writer(fcsv)
     w.writerow(["kv_dtype", "B", "L", "threads", "paged", "token_bytes", "median_ms", "min_ms",
-                "gbps", "bw_fraction", "speedup_vs_f32", "contiguous_vs_paged"])
+                "median_cpu_ms", "gbps", "bw_fraction", "speedup_vs_f32", "contiguous_vs_paged"])
     for key in sorted(rows, key=lambda k: (k[1], k[2], k[3], k[0], k[4])):
         f, f32 = rows[key], rows.get(("f32",) + key[1:4] + (0,))
         frac = float(f["gbps"]) / bw[key[3]] if key[3] in bw else float("nan")
-        speed = float(f32["median_ms"]) / float(f["median_ms"]) if f32 else float("nan")
+        speed = cpu(f32) / cpu(f) if f32 else float("nan")
         flat = rows.get(key[:4] + (0,))
-        ratio = float(flat["median_ms"]) / float(f["median_ms"]) if key[4] and flat else float("nan")
+        ratio = cpu(flat) / cpu(f) if key[4] and flat else float("nan")
         if key[4] and flat:
             ratios.append(ratio)
         w.writerow([key[0], key[1], key[2], key[3], key[4], f["token_bytes"], f["median_ms"],
-                    f["min_ms"], f["gbps"], f"{frac:.3f}", f"{speed:.2f}",
+                    f["min_ms"], f["median_cpu_ms"], f["gbps"], f"{frac:.3f}", f"{speed:.2f}",
                     f"{ratio:.3f}" if key[4] else ""])
         if key[4] == 0:
             paged = [k for k in rows if k[:4] == key[:4] and k[4]]
             p = rows[paged[0]] if paged else None
-            r = float(f["median_ms"]) / float(p["median_ms"]) if p else float("nan")
+            r = cpu(f) / cpu(p) if p else float("nan")
             print(f"{key[0]:9s}{key[1]:3d}{key[2]:7d}{key[3]:4d}{int(f['token_bytes']):9d}"
-                  f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{frac:7.2f}{speed:8.2f}"
-                  f"{float(p['median_ms']) if p else float('nan'):10.2f}{r:9.2f}")
+                  f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{frac:7.2f}{cpu(f):9.2f}"
+                  f"{speed:8.2f}{cpu(p) if p else float('nan'):11.2f}{r:9.2f}")
 print(f"paged: paged_vs_contiguous_min={min(ratios) if ratios else float('nan'):.2f} "
-      f"(contiguous time / paged time, the smallest over the rows)")
-# int8 against f32 at L >= 4096 (contiguous rows): speedup and bandwidth fraction, smallest.
-int8 = [(k, rows[k]) for k in rows if k[0] == "int8" and k[2] >= 4096 and k[4] == 0]
-speeds = [float(rows[("f32",) + k[1:]]["median_ms"]) / float(f["median_ms"])
-          for k, f in int8 if ("f32",) + k[1:] in rows]
-fracs = [float(f["gbps"]) / bw[k[3]] for k, f in int8 if k[3] in bw]
+      f"(contiguous / paged CPU time, the smallest over the rows)")
+# int8 and int4 against f32 at L >= 4096 (contiguous rows): speedup and bandwidth fraction.
 fmin = lambda v: min(v) if v else float("nan")
-print(f"int8: kv_int8_decode_vs_fp32_min={fmin(speeds):.2f} kv_int8_bw_fraction_min={fmin(fracs):.2f} "
-      f"(f32 time / int8 time and int8 bytes read / bandwidth, L >= 4096, the smallest)")
+for kind in ("int8", "int4"):
+    sel = [(k, rows[k]) for k in rows if k[0] == kind and k[2] >= 4096 and k[4] == 0]
+    speeds = [cpu(rows[("f32",) + k[1:]]) / cpu(f) for k, f in sel if ("f32",) + k[1:] in rows]
+    fracs = [float(f["gbps"]) / bw[k[3]] for k, f in sel if k[3] in bw]
+    print(f"{kind}: kv_{kind}_decode_vs_fp32_min={fmin(speeds):.2f} "
+          f"kv_{kind}_bw_fraction_min={fmin(fracs):.2f} (f32 / {kind} CPU time and {kind} "
+          f"bytes read / bandwidth, L >= 4096, the smallest)")
 PY
 rm -f "$kv_raw"
 paged_min=$(grep -o 'paged_vs_contiguous_min=[^ ]*' "$out/kv_cache.txt" || echo paged_vs_contiguous_min=nan)
-int8_min="$(grep -o 'kv_int8_decode_vs_fp32_min=[^ ]*' "$out/kv_cache.txt" ||
-  echo kv_int8_decode_vs_fp32_min=nan) $(grep -o 'kv_int8_bw_fraction_min=[^ ]*' "$out/kv_cache.txt" ||
-  echo kv_int8_bw_fraction_min=nan)"
+int8_min=""
+for field in kv_int8_decode_vs_fp32_min kv_int8_bw_fraction_min kv_int4_decode_vs_fp32_min \
+  kv_int4_bw_fraction_min; do
+  int8_min+="${int8_min:+ }$(grep -o "$field=[^ ]*" "$out/kv_cache.txt" || echo "$field=nan")"
+done
 if [ "$kv_only" = 1 ]; then
   rm -f "$raw"
   exit 0

@@ -83,8 +83,8 @@ Rows rows_of(const KVCache<float>& cache, Index b) {
   return r;
 }
 
-// A query row as the kernel multiplies it with int8 keys: quantised by the int8 rule of the
-// cache's rows (one scale per row, levels in [-127, 127]) and read back.
+// A query row as the kernel multiplies it with int8 and int4 keys: quantised by the int8 rule
+// of the cache's rows (one scale per row, levels in [-127, 127]) and read back.
 void quantize_query(std::vector<double>& q) {
   const Index hd = static_cast<Index>(q.size());
   std::vector<float> x(q.begin(), q.end());
@@ -98,7 +98,7 @@ void quantize_query(std::vector<double>& q) {
 }
 
 // The attention the cache's kernel computes, in double over the dequantised rows (and, over
-// int8 keys, the quantised query, see quantize_query()): query i of
+// int8 and int4 keys, the quantised query, see quantize_query()): query i of
 // item b at position L_b - T + i sees positions (p - window, p] that are stored (window 0:
 // all up to p), position p in slot p % capacity. out (B, H, T, hd_v).
 Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cache, Index window) {
@@ -116,7 +116,9 @@ Tensor<double, 4> reference(const Tensor<float, 4>& q, const KVCache<float>& cac
         if (window > 0) lo = std::max(lo, p - window + 1);
         std::vector<double> s, qi(static_cast<std::size_t>(hd)), acc(static_cast<std::size_t>(hdv));
         for (Index e = 0; e < hd; ++e) qi[static_cast<std::size_t>(e)] = q(b, h, i, e);
-        if (cache.element() == KVElement::kInt8) quantize_query(qi);
+        if (cache.element() == KVElement::kInt8 || cache.element() == KVElement::kInt4) {
+          quantize_query(qi);
+        }
         double top = -std::numeric_limits<double>::infinity();
         for (Index j = lo; j <= p; ++j) {
           const float* key =
@@ -282,11 +284,11 @@ TEST(KVCacheQuantized, AccuracyAgainstTheFloatCache) {
   // keys, values and queries in [-1, 1)) against the same step over a float cache, on random
   // keys and on keys whose first 4 channels are 20x larger (outlier channels, as real keys
   // have). Measured (docs/kv_cache.md), random / outliers: int8 3.9e-3 / 2.1e-2 (the query
-  // quantised too; 3.7e-3 / 2.0e-2 with a float query), int4 (groups
-  // of 32) 7.4e-2 / 2.3e-1, fp8 e4m3 2.4e-2 / 5.4e-2 (unscaled 2.2e-2 / 8.8e-2), fp8 e5m2
-  // 4.9e-2 / 1.1e-1, bf16 1.5e-3 / 5.1e-3, fp16 1.7e-4 / 7.7e-4. The data and seeds are
-  // fixed, so the bounds (the targets where given, else ~2x the measure) only guard against
-  // a change of the quantisation or the loader.
+  // quantised too; 3.7e-3 / 2.0e-2 with a float query), int4 (groups of 32, the query
+  // quantised too: a float query's figures to 2 digits) 7.4e-2 / 2.3e-1, fp8 e4m3 2.4e-2 /
+  // 5.4e-2 (unscaled 2.2e-2 / 8.8e-2), fp8 e5m2 4.9e-2 / 1.1e-1, bf16 1.5e-3 / 5.1e-3, fp16
+  // 1.7e-4 / 7.7e-4. The data and seeds are fixed, so the bounds (the targets where given,
+  // else ~2x the measure) only guard against a change of the quantisation or the loader.
   struct Bound {
     KVElement element;
     bool float8_scale;

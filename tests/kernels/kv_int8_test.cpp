@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // tests/kernels/kv_int8_test.cpp: the int8 kernels of a decode step over an int8 KVCache, per
 // kernel set: the scores of int8 keys against a quantised query (exact integer dot products,
-// AVX512-VNNI where the CPU has it) have the same bits on every set, and the P V product over
-// int8 value rows (widened in registers) matches a double product. The attention through
-// them is tested in tests/attention/kv_cache_quantized_test.cpp.
+// AVX512-VNNI and AVX-VNNI where the CPU has them) have the same bits on every set, and the P V
+// product over int8 value rows (widened in registers) matches a double product. The attention
+// through them is tested in tests/attention/kv_cache_quantized_test.cpp. The int4 forms (where a
+// set has them) against the order their scores are defined in and a double product.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,8 +35,12 @@ struct Int8Kernels {
                    attn::detail::QuantizedQuery&);
   bool (*values)(const attn::detail::StoredRows&, Index, Index, Index, Index, Index, const float*,
                  Index, Index, float*);
-  // The avx512 set's form on a CPU without AVX512-VNNI (vpmaddwd), tested on any CPU with
-  // AVX-512; null elsewhere.
+  void (*int4_scores)(const attn::detail::StoredRows&, Index, Index, Index, Index,
+                      const attn::detail::QuantizedQuery&, float*, Index);
+  bool (*int4_values)(const attn::detail::StoredRows&, Index, Index, Index, Index, Index,
+                      const float*, Index, Index, float*);
+  // The avx512 and avx2 sets' form on a CPU without AVX512-VNNI or AVX-VNNI (vpmaddwd),
+  // tested on any CPU with AVX-512 or AVX2; null elsewhere.
   bool (*madd)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
                Index, Index, float*, Index) = nullptr;
 };
@@ -44,22 +49,28 @@ std::vector<Int8Kernels> int8_kernels() {
   std::vector<Int8Kernels> all;
   for (const Isa isa : attn::test::runnable_sets()) {
     switch (isa) {
-#define ATTN_INT8_KERNELS_(set)                                                                  \
-  all.push_back({isa, &attn::kernels::set::int8_key_scores, &attn::kernels::set::quantize_query, \
-                 &attn::kernels::set::stored_int8_values});                                      \
+#define ATTN_INT8_KERNELS_(set)                                                                    \
+  all.push_back({isa, &attn::kernels::set::int8_key_scores, &attn::kernels::set::quantize_query,   \
+                 &attn::kernels::set::stored_int8_values, &attn::kernels::set::stored_int4_scores, \
+                 &attn::kernels::set::stored_int4_values});                                        \
   break;
       case Isa::kScalar:
         ATTN_INT8_KERNELS_(scalar)
 #if ATTN_KERNELS_X86
       case Isa::kSse2:
         ATTN_INT8_KERNELS_(sse2)
-      case Isa::kAvx2:
-        ATTN_INT8_KERNELS_(avx2)
+      case Isa::kAvx2:  // AVX-VNNI where the CPU has it; its vpmaddwd form tested as `madd`
+        all.push_back(
+            {isa, &attn::kernels::avx2::int8_key_scores, &attn::kernels::avx2::quantize_query,
+             &attn::kernels::avx2::stored_int8_values, &attn::kernels::avx2::stored_int4_scores,
+             &attn::kernels::avx2::stored_int4_values, &attn::kernels::avx2::int8_key_scores_madd});
+        break;
       case Isa::kAvx512:
-        all.push_back({isa, &attn::kernels::avx512::int8_key_scores,
-                       &attn::kernels::avx512::quantize_query,
-                       &attn::kernels::avx512::stored_int8_values,
-                       &attn::kernels::avx512::int8_key_scores_madd});
+        all.push_back(
+            {isa, &attn::kernels::avx512::int8_key_scores, &attn::kernels::avx512::quantize_query,
+             &attn::kernels::avx512::stored_int8_values, &attn::kernels::avx512::stored_int4_scores,
+             &attn::kernels::avx512::stored_int4_values,
+             &attn::kernels::avx512::int8_key_scores_madd});
         break;
 #endif
 #undef ATTN_INT8_KERNELS_
@@ -150,6 +161,97 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
         }
       }
       EXPECT_LT(std::sqrt(num / den), 1e-5);
+    }
+  }
+}
+
+TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct) {
+  // Widths 40 (a partial block), 96, 128 (one 64-byte chunk) and 200 (two, the second
+  // partial); a scale per 32 elements, per 64, per 48 (blocks split between two scales: the
+  // scalar loop on every set) and per row; 5 query rows and 13 keys. Scores: each piece's
+  // exact integer dot product times its scale, added piece by piece in float, times the
+  // query's scale: that float computation's bits, on every set. Values: acc += P V over the int4
+  // rows against a double product to 1e-5 relative (float accumulation over 13 keys).
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const Index rows = 5, n = 13, ld = attn::detail::kQueryBlock, kBlock = attn::detail::kInt4Block;
+  for (const Index d : {Index(40), Index(96), Index(128), Index(200)}) {
+    for (const Index group : {Index(32), Index(64), Index(48), Index(0)}) {
+      SCOPED_TRACE("d=" + std::to_string(d) + " group=" + std::to_string(group));
+      const Index g = group > 0 ? group : d;
+      const Index row_bytes = attn::detail::stored_row_bytes(KVElement::kInt4, d);
+      const Index scales_per_row = (d + g - 1) / g;
+      std::vector<unsigned char> k(static_cast<std::size_t>(n * row_bytes));
+      std::vector<float> ks(static_cast<std::size_t>(n * scales_per_row));
+      std::vector<float> x(static_cast<std::size_t>(d)), q(static_cast<std::size_t>(rows * d));
+      for (Index j = 0; j < n; ++j) {
+        for (auto& e : x) e = uniform(gen);
+        attn::detail::quantize_row(KVElement::kInt4, x.data(), 1, d, g, k.data() + j * row_bytes,
+                                   ks.data() + j * scales_per_row);
+      }
+      for (auto& e : q) e = uniform(gen);
+      const float* q_rows[rows];
+      for (Index r = 0; r < rows; ++r) q_rows[r] = q.data() + r * d;
+      attn::detail::StoredRows stored;
+      stored.element = KVElement::kInt4, stored.data = k.data(), stored.row_stride = row_bytes;
+      stored.scales = ks.data(), stored.scale_row_stride = scales_per_row, stored.group = g;
+      std::vector<float> level(static_cast<std::size_t>(d));  // a row's levels (scale 1)
+      for (const Int8Kernels& set : int8_kernels()) {
+        SCOPED_TRACE(attn::isa_name(set.isa));
+        std::vector<std::int8_t> bytes(
+            static_cast<std::size_t>(ld * attn::detail::quantized_query_ld(d)));
+        std::vector<std::int32_t> sums(static_cast<std::size_t>(ld));
+        std::vector<float> scales(static_cast<std::size_t>(ld));
+        attn::detail::QuantizedQuery qq;
+        ASSERT_TRUE(
+            set.quantize(q_rows, rows, d, 0.5f, bytes.data(), sums.data(), scales.data(), qq));
+        std::vector<float> st(static_cast<std::size_t>(n * ld), -1.0f);
+        set.int4_scores(stored, 0, 0, 0, n, qq, st.data(), ld);
+        {
+          for (Index j = 0; j < n; ++j) {
+            const float one = 1.0f;
+            attn::detail::dequantize_row(KVElement::kInt4, k.data() + j * row_bytes, &one, d + 1, d,
+                                         level.data());
+            for (Index r = 0; r < rows; ++r) {
+              float total = 0.0f;
+              // Pieces: blocks, split where a group ends inside one.
+              for (Index e0 = 0, e1 = 0; e0 < d; e0 = e1) {
+                e1 = std::min({(e0 / kBlock + 1) * kBlock, (e0 / g + 1) * g, d});
+                std::int32_t dot = 0;
+                for (Index e = e0; e < e1; ++e) {
+                  dot += qq.q[r * qq.ld + e] * static_cast<std::int32_t>(level[e]);
+                }
+                const float term = static_cast<float>(dot) * ks[j * scales_per_row + e0 / g];
+                total = e0 == 0 ? term : total + term;
+              }
+              EXPECT_EQ(st[static_cast<std::size_t>(j * ld + r)], total * qq.scales[r])
+                  << "key " << j << ", row " << r;
+            }
+          }
+        }
+        // Values: P (the scores as weights, any finite numbers) times the keys' rows as values.
+        for (Index j = 0; j < n; ++j) {
+          for (Index r = 0; r < rows; ++r) st[j * ld + r] = uniform(gen);
+        }
+        std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
+        if (!set.int4_values(stored, 0, 0, 0, n, d, st.data(), ld, rows, acc.data())) continue;
+        double num = 0, den = 0;
+        std::vector<double> want(static_cast<std::size_t>(rows * d), 0.25);
+        for (Index j = 0; j < n; ++j) {
+          attn::detail::dequantize_row(KVElement::kInt4, k.data() + j * row_bytes,
+                                       ks.data() + j * scales_per_row, g, d, level.data());
+          for (Index r = 0; r < rows; ++r) {
+            for (Index e = 0; e < d; ++e) {
+              want[static_cast<std::size_t>(r * d + e)] +=
+                  static_cast<double>(st[static_cast<std::size_t>(j * ld + r)]) * level[e];
+            }
+          }
+        }
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          num += (acc[i] - want[i]) * (acc[i] - want[i]), den += want[i] * want[i];
+        }
+        EXPECT_LT(std::sqrt(num / den), 1e-5);
+      }
     }
   }
 }

@@ -40,6 +40,9 @@
 #define ATTN_TARGET_SCALAR_END ATTN_TARGET_PLAIN_END
 #define ATTN_TARGET_SSE2_BEGIN ATTN_TARGET_BEGIN_("sse2")
 #define ATTN_TARGET_AVX2_BEGIN ATTN_TARGET_BEGIN_("avx2,fma,f16c")
+/// The avx2 set's int8 dot products on AVX-VNNI (attn/kernels/avx2/int8_vnni.inl), run only
+/// where the CPU has it (detail::cpu_has_avx_vnni()).
+#define ATTN_TARGET_AVX2VNNI_BEGIN ATTN_TARGET_BEGIN_("avx2,fma,f16c,avxvnni")
 #define ATTN_TARGET_AVX512_BEGIN \
   ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 /// The avx512 set's bfloat16 dot-product kernel (attn/kernels/avx512/bf16_dot.inl): AVX-512 plus

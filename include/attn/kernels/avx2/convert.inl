@@ -212,11 +212,13 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
 
 #include "attn/kernels/avx2/int8_madd.inl"
 
-/// int8_key_scores() with vpmaddwd (int8_key_scores_madd()).
-inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
-                                 const float* ks, Index ks_rs, Index n, float* st,
+// int8_key_scores_part(): avx2/int8_dispatch.inl (after the AVX-VNNI form it may call).
+
+/// int4_key_scores() with vpmaddwd (int4_key_scores_madd()).
+inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                                 const float* ks, Index ks_rs, Index group, Index n, float* st,
                                  Index ld) noexcept {
-  return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
+  return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld);
 }
 
 /// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v + j * v_rs, its

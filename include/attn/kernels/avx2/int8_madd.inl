@@ -57,3 +57,51 @@ inline bool int8_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
   }
   return true;
 }
+
+/// generic/kv_load.inl's int4_key_scores() with vpmaddwd, exact, so the scalar loop's bits:
+/// each 16-byte block widened to 16-bit levels (low nibbles: elements 0..15, high: 16..31,
+/// less 8), multiplied with the query's two halves of the block and summed per row, then
+/// scaled and added block by block in order. 1 key x 4 query rows per step (rows past q.rows
+/// repeat the last: stored in s^T's spare columns, never read). Blocks under two scales
+/// (group not a multiple of kInt4Block, smaller than the row): false.
+inline bool int4_key_scores_madd(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                                 const float* ks, Index ks_rs, Index group, Index n, float* st,
+                                 Index ld) noexcept {
+  if (group % kInt4Block != 0 && group < q.width) return false;
+  constexpr Index half = kInt4Block / 2;
+  const Index blocks = (q.width + kInt4Block - 1) / kInt4Block;
+  const __m256i low = _mm256_set1_epi16(0x0F), eight = _mm256_set1_epi16(8);
+  for (Index r0 = 0; r0 < q.rows; r0 += 4) {
+    const __m128 qs = _mm_loadu_ps(q.scales + r0);
+    for (Index j = 0; j < n; ++j) {
+      const unsigned char* key = k + j * k_rs;
+      const float* scales = ks + j * ks_rs;
+      __m128 total = _mm_setzero_ps();
+      for (Index b = 0; b < blocks; ++b) {
+        const __m256i w =
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(key + b * half)));
+        const __m256i lo = _mm256_sub_epi16(_mm256_and_si256(w, low), eight);
+        const __m256i hi = _mm256_sub_epi16(_mm256_srli_epi16(w, 4), eight);
+        __m256i a[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          // The query's bytes past its width are 0 up to q.ld, a multiple of 64 (whole blocks).
+          const std::int8_t* x = q.q + (r0 + i) * q.ld + b * kInt4Block;
+          const __m256i x0 =
+              _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+          const __m256i x1 =
+              _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + half)));
+          a[i] = _mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1));
+        }
+        const __m256i y = int8_reduce_rows(a[0], a[1], a[2], a[3]);
+        const __m128i dots =
+            _mm_add_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+        const __m128 term =
+            _mm_mul_ps(_mm_cvtepi32_ps(dots), _mm_set1_ps(scales[b * kInt4Block / group]));
+        total = b == 0 ? term : _mm_add_ps(total, term);
+      }
+      _mm_storeu_ps(st + j * ld + r0, _mm_mul_ps(total, qs));
+    }
+  }
+  return true;
+}

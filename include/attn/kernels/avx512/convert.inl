@@ -298,3 +298,71 @@ inline bool int8_values_part(const unsigned char* v, Index v_rs, const float* vs
   }
   return true;
 }
+
+/// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v + j * v_rs, its
+/// scales, one per `group` elements, at vs + j * vs_rs), P read transposed out of p^T
+/// (pt[j * ld + r]): each block widened in registers to the elements q times its scale (one
+/// rounding, as the dequantising loader gives them), products accumulated in float (no float
+/// copy of the rows). A nibble picks its element out of a table of the 16 levels times the
+/// block's scale (vpermps reads an index's low 4 bits, so the bytes need no masking): one
+/// instruction per 16 elements for the widening, subtraction and scaling. 4 query rows x 64
+/// elements (2 blocks) per pass: 16 accumulators in registers. Blocks under two scales (group not a
+/// multiple of kInt4Block, smaller than the row): false, nothing done.
+inline bool int4_values_part(const unsigned char* v, Index v_rs, const float* vs, Index vs_rs,
+                             Index group, Index n, Index dv, const float* pt, Index ld, Index rows,
+                             float* acc) noexcept {
+  if (group % kInt4Block != 0 && group < dv) return false;
+  constexpr Index kBlockBytes = kInt4Block / 2;
+  const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    const Index nr = std::min<Index>(4, rows - r0);
+    for (Index e0 = 0; e0 < dv; e0 += 2 * kInt4Block) {
+      const Index cols = std::min<Index>(2 * kInt4Block, dv - e0);
+      const bool second = cols > kInt4Block;  // the pass's second block exists
+      const Index s0 = e0 / group, s1 = std::min(e0 + kInt4Block, dv - 1) / group;
+      __mmask16 mask[4];
+      __m512 a[4][4];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        mask[c] = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          a[i][c] = _mm512_maskz_loadu_ps(mask[c], acc + r * dv + e0 + 16 * c);
+        }
+      }
+      for (Index j = 0; j < n; ++j) {
+        const unsigned char* block = v + j * v_rs + e0 / kInt4Block * kBlockBytes;
+        if (j + 16 < n) _mm_prefetch(reinterpret_cast<const char*>(block + 16 * v_rs), _MM_HINT_T0);
+        const float* scale = vs + j * vs_rs;
+        const __m512 ta = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s0]));
+        const __m512 tb = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s1]));
+        const __m512i wa =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+        const __m512i wb = second ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                        reinterpret_cast<const __m128i*>(block + kBlockBytes)))
+                                  : _mm512_set1_epi32(8);
+        const __m512 x[4] = {
+            _mm512_permutexvar_ps(wa, ta), _mm512_permutexvar_ps(_mm512_srli_epi32(wa, 4), ta),
+            _mm512_permutexvar_ps(wb, tb), _mm512_permutexvar_ps(_mm512_srli_epi32(wb, 4), tb)};
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m512 wi = _mm512_set1_ps(i < nr ? pt[j * ld + r0 + i] : 0.0f);
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) a[i][c] = _mm512_fmadd_ps(wi, x[c], a[i][c]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          if (i < nr) _mm512_mask_storeu_ps(acc + (r0 + i) * dv + e0 + 16 * c, mask[c], a[i][c]);
+        }
+      }
+    }
+  }
+  return true;
+}

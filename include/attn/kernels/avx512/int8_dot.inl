@@ -114,3 +114,102 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
   }
   return true;
 }
+
+// ---- int4 keys (generic/kv_load.inl's int4 scores) ----
+//
+// A 64-byte chunk of an int4 row is 4 blocks, one per 128-bit lane: its low nibbles are each
+// block's elements 0..15, its high nibbles elements 16..31, unsigned (k + 8), so vpdpbusd
+// takes them as they are against the query's bytes rearranged to match (query chunk lo: each
+// block's first 16 elements, hi: its last 16). Each 128-bit lane of a row's accumulator then
+// sums one block; int8_reduce_rows() gives lane L = block L's 4 rows, less 8 sum(q) over the
+// block (the same reduction over vpdpbusd(8, q)), converted and scaled by block L's scale,
+// and the blocks are added in order.
+
+/// The scores of n int4 keys against query rows r0 .. r0 + 3 (rows past q.rows repeat the
+/// last row: computed, stored in s^T's spare columns, never read). Chunks: 64-byte chunks of
+/// a key row (1 or 2; the query's in registers).
+template <int Chunks>
+inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsigned char* k,
+                                  Index k_rs, const float* ks, Index ks_rs, Index group, Index n,
+                                  float* st, Index ld) noexcept {
+  const Index row_bytes = stored_row_bytes(KVElement::kInt4, q.width);
+  const Index blocks = row_bytes / (kInt4Block / 2);
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  __m512i qlo[Chunks][4], qhi[Chunks][4], bias[Chunks];
+  __mmask64 bytes[Chunks];
+  Index scale_at[Chunks][4];  // block 4 c + L's scale index (clamped past the row: weight 0)
+#pragma GCC unroll 2
+  for (int c = 0; c < Chunks; ++c) {
+    const Index left = std::max<Index>(0, row_bytes - 64 * c);
+    bytes[c] = left >= 64 ? ~__mmask64(0) : (__mmask64(1) << left) - 1;
+    __m512i sum8[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const std::int8_t* x = q.q + (r0 + i) * q.ld + 128 * c;
+      const __m512i a = 128 * c < q.ld ? _mm512_loadu_si512(x) : _mm512_setzero_si512();
+      const __m512i b = 128 * c + 64 < q.ld ? _mm512_loadu_si512(x + 64) : _mm512_setzero_si512();
+      qlo[c][i] = _mm512_shuffle_i32x4(a, b, 0x88);  // lanes a0 a2 b0 b2
+      qhi[c][i] = _mm512_shuffle_i32x4(a, b, 0xDD);  // lanes a1 a3 b1 b3
+      sum8[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, qlo[c][i]),
+                                    eight, qhi[c][i]);
+    }
+    bias[c] = int8_reduce_rows(sum8[0], sum8[1], sum8[2], sum8[3]);
+    for (int t = 0; t < 4; ++t) {
+      const Index block = std::min<Index>(4 * c + t, blocks - 1);
+      scale_at[c][t] = block * kInt4Block / group;
+    }
+  }
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m128 qs = _mm_loadu_ps(q.scales + r0);
+  for (Index j = 0; j < n; ++j) {
+    const unsigned char* key = k + j * k_rs;
+    const float* scales = ks + j * ks_rs;
+    __m128 total = _mm_setzero_ps();
+#pragma GCC unroll 2
+    for (int c = 0; c < Chunks; ++c) {
+      const __m512i x = _mm512_maskz_loadu_epi8(bytes[c], key + 64 * c);
+      const __m512i lo = _mm512_and_si512(x, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+      __m512i a[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        a[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qlo[c][i]), hi,
+                                   qhi[c][i]);
+      }
+      const __m512i dots = _mm512_sub_epi32(int8_reduce_rows(a[0], a[1], a[2], a[3]), bias[c]);
+      const __m512 kscale = _mm512_permutexvar_ps(
+          spread,
+          _mm512_castps128_ps512(_mm_setr_ps(scales[scale_at[c][0]], scales[scale_at[c][1]],
+                                             scales[scale_at[c][2]], scales[scale_at[c][3]])));
+      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale);
+      // The row's blocks in order.
+      total = c == 0 ? _mm512_castps512_ps128(f) : _mm_add_ps(total, _mm512_castps512_ps128(f));
+      if (4 * c + 1 < blocks) total = _mm_add_ps(total, _mm512_extractf32x4_ps(f, 1));
+      if (4 * c + 2 < blocks) total = _mm_add_ps(total, _mm512_extractf32x4_ps(f, 2));
+      if (4 * c + 3 < blocks) total = _mm_add_ps(total, _mm512_extractf32x4_ps(f, 3));
+    }
+    _mm_storeu_ps(st + j * ld + r0, _mm_mul_ps(total, qs));
+  }
+}
+
+/// The int4 scores on AVX512-VNNI (see above), for rows of up to 256 elements (2 chunks) whose
+/// blocks each lie under one scale (a group of whole blocks, or one scale per row); on a CPU
+/// without AVX512-VNNI or for longer rows, with vpmaddwd (int4_key_scores_madd(), the same
+/// bits); otherwise false.
+inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                                 const float* ks, Index ks_rs, Index group, Index n, float* st,
+                                 Index ld) noexcept {
+  const Index chunks = (stored_row_bytes(KVElement::kInt4, q.width) + 63) / 64;
+  if (group % kInt4Block != 0 && group < q.width) return false;
+  if (!detail::cpu_has_avx512_vnni() || chunks > 2) {
+    return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld);
+  }
+  for (Index r0 = 0; r0 < q.rows; r0 += 4) {
+    if (chunks == 1) {
+      int4_scores_vnni_rows<1>(q, r0, k, k_rs, ks, ks_rs, group, n, st, ld);
+    } else {
+      int4_scores_vnni_rows<2>(q, r0, k, k_rs, ks, ks_rs, group, n, st, ld);
+    }
+  }
+  return true;
+}

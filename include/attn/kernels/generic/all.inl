@@ -15,13 +15,16 @@
 //  - transpose_block / transpose_block_wide and their widths, for packing;
 //  - optionally (<set>/convert.inl), convert_vector_part() overloads for the element-type
 //    conversions the set vectorises (see generic/convert.inl), and widen_int8_part() /
-//    widen_int4_block() for a quantised KVCache's rows, int8_key_scores_part() and
-//    int8_values_part() for a decode step over int8 rows (see generic/kv_load.inl);
+//    widen_int4_block() for a quantised KVCache's rows, int8_key_scores_part(),
+//    int8_values_part(), int4_key_scores_part() and int4_values_part() for a decode step
+//    over int8 and int4 rows (see generic/kv_load.inl);
 //  - the avx512 set only (avx512/bf16_dot.inl, avx512/amx_bf16.inl): the bfloat16
 //    dot-product kernel bf16_dot_tile_rows(), its packing pack_pairs(), and the AMX kernel
 //    amx_configure(), amx_pack_a(), amx_block(), amx_panel(), amx_store(), amx_fence(),
 //    amx_release() (see generic/gemm.inl), amx_tiles() for the attention's products; and
-//    (avx512/int8_dot.inl) the AVX512-VNNI int8_key_scores_part().
+//    (avx512/int8_dot.inl) the AVX512-VNNI int8_key_scores_part() and
+//    int4_key_scores_part(); the avx2 set's AVX-VNNI form (avx2/int8_vnni.inl) and its
+//    choice (avx2/int8_dispatch.inl).
 // The order matters: each part uses the ones before it.
 // clang-format off
 #include "attn/kernels/generic/convert.inl"

@@ -235,10 +235,11 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// Stored keys and values (a quantised or a paged cache, p.stored; float operands only,
 /// Operand == Scalar; scratch also stored_tile_scratch_size()) are dequantised (or copied)
 /// tile by tile into the task's scratch (load_stored_rows()), then read as the tile would be
-/// in place; except int8 keys of a float call, scored on integer dot products against the
-/// query quantised once per task (stored_int8_scores()), int8 values, widened in registers
-/// where the set can (stored_int8_values()), and paged Scalar keys under one dot product per
-/// (key, row), read in their blocks.
+/// in place; except int8 and int4 keys of a float call, scored on integer dot products
+/// against the query quantised once per task (stored_int8_scores(), stored_int4_scores()),
+/// int8 and int4 values, widened in registers where the set can (stored_int8_values(),
+/// stored_int4_values()), paged Scalar keys under one dot product per (key, row) and paged
+/// Scalar values (micro_gemm_gathered()), read in their blocks.
 template <class Scalar, class Operand>
 void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
@@ -340,14 +341,18 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   // int8 keys (float operands): the query rows quantised once per task, then each tile's
   // scores on integer dot products over the stored keys (stored_int8_scores()), which are not
   // dequantised. A query holding a NaN or an infinity takes the float path.
+  // int4 keys: the same query, scored per block (stored_int4_scores()).
   QuantizedQuery qq;
-  bool int8_keys = false;
+  bool int8_keys = false, int4_keys = false;
   if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
-    if (stored && p.stored.k.element == KVElement::kInt8) {
+    const KVElement ke = p.stored.k.element;
+    if (stored && (ke == KVElement::kInt8 || ke == KVElement::kInt4)) {
       auto* bytes = reinterpret_cast<std::int8_t*>(v_load + kKeyBlock * dv);
       auto* sums = reinterpret_cast<std::int32_t*>(bytes + kQueryBlock * quantized_query_ld(d));
       auto* scales = reinterpret_cast<float*>(sums + kQueryBlock);
-      int8_keys = quantize_query(qrow, rows, d, p.scale, bytes, sums, scales, qq);
+      const bool quantized = quantize_query(qrow, rows, d, p.scale, bytes, sums, scales, qq);
+      int8_keys = quantized && ke == KVElement::kInt8;
+      int4_keys = quantized && ke == KVElement::kInt4;
     }
   }
   // ALiBi: each row's key position and its head's slope.
@@ -370,7 +375,15 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     const Operand* v_tile = stored ? v : v + slot * v_rs;
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
     const bool keys_in_place = stored && dot_rows && p.stored.k.element == KVElement::kScalar;
-    if (stored && !int8_keys && !keys_in_place) {
+    if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
+      if (int4_keys) {
+        prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
+                             stored_row_bytes(p.stored.v.element, dv));
+        stored_int4_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
+      }
+    }
+    const bool scored = int8_keys || int4_keys;  // s^T already holds the tile's scores
+    if (stored && !scored && !keys_in_place) {
       load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
     }
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw.
@@ -409,7 +422,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
                       }
                     }
                   });
-    } else if (dot_rows && !int8_keys) {
+    } else if (dot_rows && !scored) {
       for (Index j = 0; j < width; ++j) {
         for (Index r = 0; r < rows; ++r) {
           st[j * ld + r] = dot(kt + j * kt_rs, qrow[r], d) * p.scale;
@@ -453,7 +466,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       }
       for (Index j = 0; j < (pairs ? keys : 0); ++j) scale_row(st + j * ld, rows, p.scale);
     }
-    for (Index gk = 0; gk < (dot_rows || pairs || int8_keys ? 0 : width); gk += kMicroRows) {
+    for (Index gk = 0; gk < (dot_rows || pairs || scored ? 0 : width); gk += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, width - gk);
       const Index first = j0 + gk, last = first + group - 1;
       for (Index c = 0; c < rows;) {
@@ -566,14 +579,46 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       return std::clamp<Index>(need, 0, width);
     };
     const Index tile_need = need_of(0, rows);
-    // int8 values (float operands): widened in registers where the set can
-    // (stored_int8_values(); the weights of keys a row does not see are 0, and int8 rows are
-    // finite), else dequantised into v_load.
+    // int8 and int4 values (float operands): widened in registers where the set can
+    // (stored_int8_values(), stored_int4_values(); the weights of keys a row does not see are
+    // 0, and integer rows are finite), else dequantised into v_load.
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
       if (stored && p.stored.v.element == KVElement::kInt8 &&
           stored_int8_values(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, st, ld, rows,
                              acc)) {
         continue;
+      }
+      if (stored && p.stored.v.element == KVElement::kInt4 &&
+          stored_int4_values(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, st, ld, rows,
+                             acc)) {
+        continue;
+      }
+    }
+    // Paged Scalar values: read in place from their blocks, one address per row, in the
+    // micro-kernel's order over the rows (so the bits of a contiguous cache); a tile holding a
+    // row that is not finite is copied and cleaned below instead.
+    if constexpr (!kReduced) {
+      if (stored && p.stored.v.element == KVElement::kScalar && tile_need > 0) {
+        const Scalar* vrow[kKeyBlock];
+        bool finite = true;
+        stored_runs(p.stored.v, task.b, task.kv_head, slot, tile_need,
+                    [&](const unsigned char* row, const float*, Index r0, Index run) {
+                      const auto* first = reinterpret_cast<const Scalar*>(row);
+                      const Index rs = p.stored.v.row_stride / Index(sizeof(Scalar));
+                      for (Index j = 0; j < run; ++j) vrow[r0 + j] = first + j * rs;
+                      finite = finite && !clean_values(first, rs, run, dv, clean);
+                    });
+        if (finite) {
+          for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
+            const Index group = std::min<Index>(kMicroRows, rows - r0);
+            const Index need = need_of(r0, r0 + group);
+            if (need > 0) {
+              micro_gemm_gathered<Scalar>(group, dv, need, st + r0, 1, ld, vrow, acc + r0 * dv, dv,
+                                          Scalar(1), true);
+            }
+          }
+          continue;
+        }
       }
     }
     if (stored) load_stored_rows(p.stored.v, task.b, task.kv_head, slot, tile_need, dv, v_load);

@@ -186,6 +186,64 @@ inline void stored_int8_scores(const StoredRows& s, Index b, Index h, Index slot
       });
 }
 
+// ---- int4 keys against the quantised query ----
+//
+// int4 keys (kInt4Block blocks of 16 bytes, q + 8 in each nibble) are scored against the same
+// int8 query as int8 keys, on an exact integer dot product per piece of the row (a block, or
+// the part of a block under one scale when groups do not hold whole blocks): s = (sum over
+// the pieces, in order, of float(dot) * its scale) * q_scale, each product and sum rounded in
+// float. Every set computes these same integers and roundings, so the scores have the same
+// bits everywhere; a set gives the vector form (int4_key_scores_part(), for groups of whole
+// blocks), the scalar loop here the rest.
+
+/// No vector form in this set (or not on this CPU, or for this width and group): false.
+template <class Query>
+inline bool int4_key_scores_part(const Query&, const unsigned char*, Index, const float*, Index,
+                                 Index, Index, float*, Index) noexcept {
+  return false;
+}
+
+/// s^T rows of n int4 keys (key j at k + j * k_rs, its scales, one per `group` elements, at
+/// ks + j * ks_rs) against the query rows of q (see above), st[j * ld + r], r < q.rows.
+inline void int4_key_scores(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
+                            const float* ks, Index ks_rs, Index group, Index n, float* st,
+                            Index ld) noexcept {
+  if (int4_key_scores_part(q, k, k_rs, ks, ks_rs, group, n, st, ld)) return;
+  constexpr Index half = kInt4Block / 2;
+  for (Index j = 0; j < n; ++j) {
+    const unsigned char* key = k + j * k_rs;
+    const float* scales = ks + j * ks_rs;
+    for (Index r = 0; r < q.rows; ++r) {
+      const std::int8_t* x = q.q + r * q.ld;
+      float total = 0.0f;
+      for (Index e0 = 0, e1 = 0; e0 < q.width; e0 = e1) {
+        e1 = std::min({(e0 / kInt4Block + 1) * kInt4Block, (e0 / group + 1) * group, q.width});
+        std::int32_t dot = 0;
+        for (Index e = e0; e < e1; ++e) {
+          const Index i = e % kInt4Block;
+          const unsigned char byte = key[e / kInt4Block * half + i % half];
+          const int nibble = i < half ? byte & 0x0F : byte >> 4;
+          dot += std::int32_t(x[e]) * (nibble - 8);
+        }
+        const float term = static_cast<float>(dot) * scales[e0 / group];
+        total = e0 == 0 ? term : total + term;
+      }
+      st[j * ld + r] = total * q.scales[r];
+    }
+  }
+}
+
+/// int4_key_scores() over the stored int4 keys slot .. slot + n - 1 of item b, head h, into
+/// st (row stride ld).
+inline void stored_int4_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
+                               const QuantizedQuery& q, float* st, Index ld) noexcept {
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                int4_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, s.group, run,
+                                st + j0 * ld, ld);
+              });
+}
+
 /// Whether stored rows of this kind may hold a NaN or an infinity (the float formats may;
 /// int8 and int4 levels times finite scales never do).
 inline bool stored_may_be_nonfinite(KVElement e) noexcept {
@@ -199,6 +257,28 @@ template <class Byte>
 inline bool int8_values_part(const Byte*, Index, const float*, Index, Index, Index, const float*,
                              Index, Index, float*) noexcept {
   return false;
+}
+
+/// No vector form in this set: false, nothing done (the caller dequantises the V tile).
+template <class Byte>
+inline bool int4_values_part(const Byte*, Index, const float*, Index, Index, Index, Index,
+                             const float*, Index, Index, float*) noexcept {
+  return false;
+}
+
+/// acc (rows, dv) += P V over the stored int4 values slot .. slot + n - 1 of item b, head h
+/// (each element q times its group's scale, one rounding, widened in registers), P read
+/// transposed out of p^T (row stride ld), where the set has a vector form; false, nothing
+/// done, where it has none.
+inline bool stored_int4_values(const StoredRows& s, Index b, Index h, Index slot, Index n, Index dv,
+                               const float* pt, Index ld, Index rows, float* acc) noexcept {
+  bool done = true;
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                done = done && int4_values_part(row, s.row_stride, scales, s.scale_row_stride,
+                                                s.group, run, dv, pt + j0 * ld, ld, rows, acc);
+              });
+  return done;
 }
 
 /// acc (rows, dv) += P V over the stored int8 values slot .. slot + n - 1 of item b, head h,

@@ -10,14 +10,31 @@ constexpr Index micro_cols() noexcept {
   return Index{kMicroVecs} * Vec<Scalar>::kWidth;
 }
 
+/// B's rows for micro_tile(): row p at b + p * ldb (row-major B).
+template <class Scalar>
+struct StridedRows {
+  const Scalar* b;
+  Index ldb;
+  const Scalar* operator()(Index p) const noexcept { return b + p * ldb; }
+};
+
+/// B's rows one address each (rows[p] + offset): the value rows of a paged cache, read in
+/// their blocks with the same arithmetic as a contiguous B.
+template <class Scalar>
+struct GatheredRows {
+  const Scalar* const* rows;
+  Index offset;
+  const Scalar* operator()(Index p) const noexcept { return rows[p] + offset; }
+};
+
 /// One micro-tile: C[r, c] = (accumulate ? C[r, c] : 0) + alpha * sum_p A[r, p] B[p, c]
 /// (+ bias[c] when bias is given), for r < Rows and c < cols (cols <= micro_cols()).
 /// A element (r, p) is a[r * ars + p * acs] (A is only ever broadcast, so any strides
 /// work: acs = 1 is row-major A, ars = 1 is A stored transposed); B element (p, c) is
-/// b[p * ldb + c]. Reads of B beyond `cols` are masked off (no memory touched).
-/// Row r of C starts at crow[r] (rows need not be evenly spaced).
-template <class Scalar, int Rows>
-inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Scalar* b, Index ldb,
+/// brow(p)[c] (StridedRows or GatheredRows). Reads of B beyond `cols` are masked off (no
+/// memory touched). Row r of C starts at crow[r] (rows need not be evenly spaced).
+template <class Scalar, int Rows, class BRows>
+inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, BRows brow,
                        Scalar* const* crow, Index cols, Scalar alpha, bool accumulate,
                        const Scalar* bias) noexcept {
   using V = Vec<Scalar>;
@@ -44,7 +61,7 @@ inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Sca
 #endif
   if (cols >= NV * W) {
     for (Index p = 0; p < k; ++p) {
-      const Scalar* bp = b + p * ldb;
+      const Scalar* bp = brow(p);
       Reg bv[NV];
 #if defined(__GNUC__)
 #pragma GCC unroll 8
@@ -63,7 +80,7 @@ inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Sca
     }
   } else {
     for (Index p = 0; p < k; ++p) {
-      const Scalar* bp = b + p * ldb;
+      const Scalar* bp = brow(p);
       Reg bv[NV];
 #if defined(__GNUC__)
 #pragma GCC unroll 8
@@ -114,16 +131,25 @@ inline void micro_tile(Index k, const Scalar* a, Index ars, Index acs, const Sca
 }
 
 /// micro_tile for a run-time row count 1..Rows (Rows = kMicroRows by default).
-template <class Scalar, int Rows = kMicroRows>
+template <class Scalar, int Rows = kMicroRows, class BRows>
+inline void micro_tile_rows(Index rows, Index k, const Scalar* a, Index ars, Index acs, BRows brow,
+                            Scalar* const* crow, Index cols, Scalar alpha, bool accumulate,
+                            const Scalar* bias) noexcept {
+  if (rows == Rows) {
+    micro_tile<Scalar, Rows>(k, a, ars, acs, brow, crow, cols, alpha, accumulate, bias);
+  } else if constexpr (Rows > 1) {
+    micro_tile_rows<Scalar, Rows - 1>(rows, k, a, ars, acs, brow, crow, cols, alpha, accumulate,
+                                      bias);
+  }
+}
+
+/// micro_tile_rows over a row-major B (row stride ldb).
+template <class Scalar>
 inline void micro_tile_rows(Index rows, Index k, const Scalar* a, Index ars, Index acs,
                             const Scalar* b, Index ldb, Scalar* const* crow, Index cols,
                             Scalar alpha, bool accumulate, const Scalar* bias) noexcept {
-  if (rows == Rows) {
-    micro_tile<Scalar, Rows>(k, a, ars, acs, b, ldb, crow, cols, alpha, accumulate, bias);
-  } else if constexpr (Rows > 1) {
-    micro_tile_rows<Scalar, Rows - 1>(rows, k, a, ars, acs, b, ldb, crow, cols, alpha, accumulate,
-                                      bias);
-  }
+  micro_tile_rows<Scalar>(rows, k, a, ars, acs, StridedRows<Scalar>{b, ldb}, crow, cols, alpha,
+                          accumulate, bias);
 }
 
 /// C (m x n) (+)= alpha * A (m x k) B (k x n) [+ bias], looping micro-tiles; rows in groups
@@ -144,6 +170,25 @@ inline void micro_gemm(Index m, Index n, Index k, const Scalar* a, Index ars, In
       for (Index r = 0; r < rows; ++r) crow[r] = c + (i + r) * ldc + j;
       micro_tile_rows(rows, k, a + i * ars, ars, acs, bj, ldb, crow, cols, alpha, accumulate,
                       bias_j);
+    }
+  }
+}
+
+/// micro_gemm over B rows given one address each (b_rows[p], n wide): the same products, in
+/// the same order, as over those rows stored one after another.
+template <class Scalar>
+inline void micro_gemm_gathered(Index m, Index n, Index k, const Scalar* a, Index ars, Index acs,
+                                const Scalar* const* b_rows, Scalar* c, Index ldc, Scalar alpha,
+                                bool accumulate) noexcept {
+  const Index nc = micro_cols<Scalar>();
+  Scalar* crow[kMicroRows];
+  for (Index j = 0; j < n; j += nc) {
+    const Index cols = std::min(nc, n - j);
+    for (Index i = 0; i < m; i += kMicroRows) {
+      const Index rows = std::min<Index>(kMicroRows, m - i);
+      for (Index r = 0; r < rows; ++r) crow[r] = c + (i + r) * ldc + j;
+      micro_tile_rows<Scalar>(rows, k, a + i * ars, ars, acs, GatheredRows<Scalar>{b_rows, j}, crow,
+                              cols, alpha, accumulate, nullptr);
     }
   }
 }
