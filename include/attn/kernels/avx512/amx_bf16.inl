@@ -206,6 +206,16 @@ inline void amx_tiles(Index row_tiles, Index col_tiles, Index steps, const bfloa
 // in two reads of s^T instead of five, with the same bits. AVX-512F only (no tile
 // instruction): the vdpbf16ps path calls them too.
 
+/// Asks for rows [0, n) of a bfloat16 matrix (row stride ld elements, `cols` wide) to be
+/// brought into the caches: the next tile's keys and this tile's values while the scores are
+/// computed (tile loads wait for memory that was not prefetched).
+inline void amx_prefetch_rows(const bfloat16* x, Index ld, Index n, Index cols) noexcept {
+  for (Index r = 0; r < n; ++r) {
+    const char* row = reinterpret_cast<const char*>(x + r * ld);
+    for (Index b = 0; b < cols * 2; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
+}
+
 /// Pass 3 on k-pair scores, columns [c, c + 16) of s^T (keys [0, width)), `lanes` of them
 /// real: each score times `scale` (one rounding, as scale_row()), -inf where key j0 + j is
 /// outside the row's [begin, end) (when `bounded`), stored back; returns the column max.
@@ -242,18 +252,35 @@ inline __m512 amx_scale_bound_max(float* st, Index ld, Index width, Index lanes,
 /// convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
 /// [rows, padded): pack_probabilities() of the exponentials, without storing them. Keys past
 /// n are -inf in every row, so their +0 terms are left out of the sums, which they would not
-/// change.
+/// change; so are blocks of 16 keys x 16 rows outside every one of those rows' [begin - key0,
+/// end - key0) (when `bounded`: -inf there), whose P is +0 (the causal diagonal's far side).
 template <class Exp>
 inline void amx_exp_probabilities(const float* st, Index ld, Index n, Index rows, Index padded,
-                                  const float* shift, float* sum, bfloat16* out, Index ldo,
-                                  Exp&& exp) noexcept {
+                                  const float* shift, bool bounded, const Index* begin,
+                                  const Index* end, Index key0, float* sum, bfloat16* out,
+                                  Index ldo, Exp&& exp) noexcept {
   const Index n16 = (n + 15) / 16 * 16;
   for (Index r0 = 0; r0 < rows; r0 += 16) {
     const Index nr = std::min<Index>(16, rows - r0);
     const __m512 sh = _mm512_loadu_ps(shift + r0);
     __m512 total = _mm512_setzero_ps();
+    Index lo = 0, hi = n;  // the keys some row of this group sees
+    if (bounded) {
+      lo = n, hi = 0;
+      for (Index r = r0; r < r0 + nr; ++r) {
+        if (end[r] <= begin[r]) continue;
+        lo = std::min(lo, begin[r] - key0), hi = std::max(hi, end[r] - key0);
+      }
+    }
     for (Index j0 = 0; j0 < n; j0 += 16) {
       const Index nj = std::min<Index>(16, n - j0);
+      if (j0 >= hi || j0 + 16 <= lo) {
+        for (Index r = 0; r < nr; ++r) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + r) * ldo + j0),
+                              _mm256_setzero_si256());
+        }
+        continue;
+      }
       __m512 x[16];
       for (Index i = 0; i < 16; ++i) {
         if (i < nj) {

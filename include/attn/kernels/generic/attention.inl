@@ -435,6 +435,12 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         keys = std::clamp<Index>(keys, 0, width);
       }
       if (amx) {
+        // This tile's values and the next tile's keys start arriving during its products.
+        const Index next = j0 + width;
+        amx_prefetch_rows(v_tile, v_rs, keys, dv);
+        if (next < hi && p.ring == 0) {
+          amx_prefetch_rows(k + next * k_rs, k_rs, std::min(hi, next + kKeyBlock) - next, d);
+        }
         const bfloat16* ka = k_tile;
         Index ka_ld = k_rs;
         if (d % 32 != 0 || keys % 16 != 0) {
@@ -551,9 +557,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         v_dirty = pack_row_pairs(v_tile, v_rs, tile_need, dv, reinterpret_cast<float*>(vp), dv);
         if (!v_dirty) {
           alignas(64) Scalar sums[kQueryBlock];
-          amx_exp_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, sums, pb,
-                                (tile_need + 31) / 32 * 32,
-                                [](auto x) { return vexp_normal<V>(x); });
+          const Index a_ld = (tile_need + 31) / 32 * 32;
+          amx_exp_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin,
+                                end, j0, sums, pb, a_ld, [](auto x) { return vexp_normal<V>(x); });
           for (Index c = 0; c < rows; c += W) {
             V::store(l + c, V::fmadd(V::load(l + c), V::load(corr + c), V::load(sums + c)));
           }
