@@ -424,9 +424,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // past `rows` are never read), K read in place when its tiles stay inside the tile's keys
     // and d (d a multiple of 32, width of 16), else copied into whole tiles (amx_pack_a());
     // vdpbf16ps: K read in place, kMicroRows keys x micro_cols() rows per micro-tile. Every
-    // row, boundary tile or not; the scale after (one rounding, as alpha).
-    // In a boundary tile only the keys before the last row's end: pass 2 sets the rest to
-    // -inf in every row.
+    // row, boundary tile or not; the scale after (one rounding, as alpha), in pass 3 when the
+    // passes are fused. In a boundary tile only the keys before the last row's end: pass 2 (or
+    // the fused pass 3) sets the rest to -inf in every row.
     if constexpr (kPairs) {
       Index keys = width;
       if (!full) {
