@@ -300,3 +300,111 @@ inline void amx_tiles(Index row_tiles, Index col_tiles, Index steps, const bfloa
     }
   }
 }
+
+// ---- the streaming attention's softmax passes on k-pair scores ----
+//
+// With AMX or vdpbf16ps, s^T (keys x rows, row stride ld) leaves the products unscaled, and
+// the passes between the two products (scale, bounds, max, exp, transpose into P) were as
+// long as the products themselves (perf, B 8, H 8, T 512, d 64, causal, one core: the
+// kernel's own loops 38 %, P's transpose 11 %, the tiles 24 %). These two functions do them
+// in two reads of s^T instead of five, with the same bits. AVX-512F only (no tile
+// instruction): the vdpbf16ps path calls them too.
+
+/// Asks for rows [0, n) of a bfloat16 matrix (row stride ld elements, `cols` wide) to be
+/// brought into the caches: the next tile's keys and this tile's values while the scores are
+/// computed (tile loads wait for memory that was not prefetched).
+inline void amx_prefetch_rows(const bfloat16* x, Index ld, Index n, Index cols) noexcept {
+  for (Index r = 0; r < n; ++r) {
+    const char* row = reinterpret_cast<const char*>(x + r * ld);
+    for (Index b = 0; b < cols * 2; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+  }
+}
+
+/// Pass 3 on k-pair scores, columns [c, c + 16) of s^T (keys [0, width)), `lanes` of them
+/// real: each score times `scale` (one rounding, as scale_row()), -inf where key j0 + j is
+/// outside the row's [begin, end) (when `bounded`), stored back; returns the column max.
+inline __m512 amx_scale_bound_max(float* st, Index ld, Index width, Index lanes, float scale,
+                                  bool bounded, const Index* begin, const Index* end,
+                                  Index j0) noexcept {
+  const __mmask16 live = static_cast<__mmask16>(lanes >= 16 ? 0xffffu : (1u << lanes) - 1u);
+  alignas(64) std::int32_t lo[16] = {}, hi[16] = {};
+  for (Index r = 0; r < lanes; ++r) {
+    lo[r] = static_cast<std::int32_t>(begin[r] - j0);
+    hi[r] = static_cast<std::int32_t>(end[r] - j0);
+  }
+  const __m512i lo_v = _mm512_load_si512(lo), hi_v = _mm512_load_si512(hi);
+  const __m512 s = _mm512_set1_ps(scale),
+               minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 tmax = minus_inf;
+  for (Index j = 0; j < width; ++j) {
+    float* x = st + j * ld;
+    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, x), s);
+    if (bounded) {
+      const __m512i key = _mm512_set1_epi32(static_cast<int>(j));
+      const __mmask16 out = _mm512_cmpgt_epi32_mask(lo_v, key) | _mm512_cmple_epi32_mask(hi_v, key);
+      v = _mm512_mask_mov_ps(v, out, minus_inf);
+    }
+    _mm512_mask_storeu_ps(x, live, v);
+    tmax = _mm512_max_ps(tmax, v);
+  }
+  return tmax;
+}
+
+/// Passes 4 and 5a on k-pair scores: for rows [0, rows) of s^T's columns, e = exp(s - shift)
+/// (`exp`, the set's vexp_normal()) for keys [0, n), summed per row in key order into sum[r]
+/// (which starts at +0), and written transposed and rounded to bfloat16 (nearest even, as
+/// convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
+/// [rows, padded): pack_probabilities() of the exponentials, without storing them. Keys past
+/// n are -inf in every row, so their +0 terms are left out of the sums, which they would not
+/// change; so are blocks of 16 keys x 16 rows outside every one of those rows' [begin - key0,
+/// end - key0) (when `bounded`: -inf there), whose P is +0 (the causal diagonal's far side).
+template <class Exp>
+inline void amx_exp_probabilities(const float* st, Index ld, Index n, Index rows, Index padded,
+                                  const float* shift, bool bounded, const Index* begin,
+                                  const Index* end, Index key0, float* sum, bfloat16* out,
+                                  Index ldo, Exp&& exp) noexcept {
+  const Index n16 = (n + 15) / 16 * 16;
+  for (Index r0 = 0; r0 < rows; r0 += 16) {
+    const Index nr = std::min<Index>(16, rows - r0);
+    const __m512 sh = _mm512_loadu_ps(shift + r0);
+    __m512 total = _mm512_setzero_ps();
+    Index lo = 0, hi = n;  // the keys some row of this group sees
+    if (bounded) {
+      lo = n, hi = 0;
+      for (Index r = r0; r < r0 + nr; ++r) {
+        if (end[r] <= begin[r]) continue;
+        lo = std::min(lo, begin[r] - key0), hi = std::max(hi, end[r] - key0);
+      }
+    }
+    for (Index j0 = 0; j0 < n; j0 += 16) {
+      const Index nj = std::min<Index>(16, n - j0);
+      if (j0 >= hi || j0 + 16 <= lo) {
+        for (Index r = 0; r < nr; ++r) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + r) * ldo + j0),
+                              _mm256_setzero_si256());
+        }
+        continue;
+      }
+      __m512 x[16];
+      for (Index i = 0; i < 16; ++i) {
+        if (i < nj) {
+          x[i] = exp(_mm512_sub_ps(_mm512_loadu_ps(st + (j0 + i) * ld + r0), sh));
+          total = _mm512_add_ps(total, x[i]);
+        } else {
+          x[i] = _mm512_setzero_ps();
+        }
+      }
+      transpose16(x);  // x[r]: keys j0 .. j0 + 15 of row r0 + r
+      for (Index r = 0; r < nr; ++r) {
+        const __m512i b = convert_ops::bfloat16_lanes(_mm512_castps_si512(x[r]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + r) * ldo + j0),
+                            _mm512_cvtepi32_epi16(b));
+      }
+    }
+    _mm512_storeu_ps(sum + r0, total);
+    for (Index r = 0; r < nr; ++r) {
+      std::fill(out + (r0 + r) * ldo + n16, out + (r0 + r + 1) * ldo, bfloat16::from_bits(0));
+    }
+  }
+  std::fill(out + rows * ldo, out + padded * ldo, bfloat16::from_bits(0));
+}

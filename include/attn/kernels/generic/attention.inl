@@ -366,6 +366,10 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     pos[r] = static_cast<Scalar>(i0 + r % nq + masks[g].position);
     slope[r] = same_head ? slope[r - 1] : alibi_slope(p, task.h0 + g);
   }
+  // AMX and vdpbf16ps with no softcap, ALiBi or element-wise mask: pass 3 scales the scores
+  // and applies the loop bounds as it takes the max (amx_scale_bound_max(): one pass over
+  // s^T instead of three, the same bits).
+  const bool fused = pairs && p.softcap == Scalar(0) && !alibi && !elementwise;
 
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
@@ -433,9 +437,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // past `rows` are never read), K read in place when its tiles stay inside the tile's keys
     // and d (d a multiple of 32, width of 16), else copied into whole tiles (amx_pack_a());
     // vdpbf16ps: K read in place, kMicroRows keys x micro_cols() rows per micro-tile. Every
-    // row, boundary tile or not; the scale after (one rounding, as alpha).
-    // In a boundary tile only the keys before the last row's end: pass 2 sets the rest to
-    // -inf in every row.
+    // row, boundary tile or not; the scale after (one rounding, as alpha), in pass 3 when the
+    // passes are fused. In a boundary tile only the keys before the last row's end: pass 2 (or
+    // the fused pass 3) sets the rest to -inf in every row.
     if constexpr (kPairs) {
       Index keys = width;
       if (!full) {
@@ -444,6 +448,12 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         keys = std::clamp<Index>(keys, 0, width);
       }
       if (amx) {
+        // This tile's values and the next tile's keys start arriving during its products.
+        const Index next = j0 + width;
+        amx_prefetch_rows(v_tile, v_rs, keys, dv);
+        if (next < hi && p.ring == 0) {
+          amx_prefetch_rows(k + next * k_rs, k_rs, std::min(hi, next + kKeyBlock) - next, d);
+        }
         const bfloat16* ka = k_tile;
         Index ka_ld = k_rs;
         if (d % 32 != 0 || keys % 16 != 0) {
@@ -464,7 +474,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           }
         }
       }
-      for (Index j = 0; j < (pairs ? keys : 0); ++j) scale_row(st + j * ld, rows, p.scale);
+      for (Index j = 0; j < (pairs && !fused ? keys : 0); ++j) {
+        scale_row(st + j * ld, rows, p.scale);
+      }
     }
     for (Index gk = 0; gk < (dot_rows || pairs || scored ? 0 : width); gk += kMicroRows) {
       const Index group = std::min<Index>(kMicroRows, width - gk);
@@ -489,7 +501,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     if (alibi) alibi_block_t(st, width, rows, ld, j0, pos, slope);
     // pass 2: masks. Loop bounds: -inf outside each row's [begin, end). Element-wise parts
     // (boolean, additive, padding) where present.
-    if (!full) {
+    if (!full && !fused) {
       for (Index r = 0; r < rows; ++r) {
         const Index a = std::clamp<Index>(begin[r] - j0, 0, width);
         const Index e = std::clamp<Index>(end[r] - j0, 0, width);
@@ -520,7 +532,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     for (Index c = 0; c < rows; c += W) {
       const Index n = std::min(W, rows - c);
       auto tmax = V::set1(kNegInf);
-      if (n == W) {
+      if (fused) {
+        if constexpr (kPairs) {
+          tmax = amx_scale_bound_max(st + c, ld, width, n, p.scale, !full, begin + c, end + c, j0);
+        }
+      } else if (n == W) {
         for (Index j = 0; j < width; ++j) tmax = V::max(tmax, V::load(st + j * ld + c));
       } else {
         for (Index j = 0; j < width; ++j) {
@@ -535,9 +551,36 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       V::store(shift + c, sh);
       V::store(corr + c, vexp_normal<V>(V::sub(V::max(m_old, lowest), sh)));
     }
+    // Each group of rows needs keys up to its last visible one (pass 5).
+    const auto need_of = [&](Index r0, Index r1) {
+      Index need = 0;
+      for (Index r = r0; r < r1; ++r) need = std::max(need, end[r] - j0);
+      return std::clamp<Index>(need, 0, width);
+    };
+    const Index tile_need = need_of(0, rows);
     // pass 4: p^T = exp(s^T - shift), column sums into l (before dropout, which only
     // zeroes entries of the numerator), acc rows rescaled.
-    for (Index c = 0; c < rows; c += W) {
+    // AMX and vdpbf16ps without dropout: the V tile packed first (pass 5a), and when it is
+    // finite, the exponentials go straight into P, transposed and rounded
+    // (amx_exp_probabilities(): s^T is not written back), the same sums and bits.
+    bool v_packed = false, v_dirty = false, exps_packed = false;
+    if constexpr (kPairs) {
+      if (pairs && !drops[0].active && tile_need > 0) {
+        v_packed = true;
+        v_dirty = pack_row_pairs(v_tile, v_rs, tile_need, dv, reinterpret_cast<float*>(vp), dv);
+        if (!v_dirty) {
+          alignas(64) Scalar sums[kQueryBlock];
+          const Index a_ld = (tile_need + 31) / 32 * 32;
+          amx_exp_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin,
+                                end, j0, sums, pb, a_ld, [](auto x) { return vexp_normal<V>(x); });
+          for (Index c = 0; c < rows; c += W) {
+            V::store(l + c, V::fmadd(V::load(l + c), V::load(corr + c), V::load(sums + c)));
+          }
+          exps_packed = true;
+        }
+      }
+    }
+    for (Index c = 0; c < (exps_packed ? 0 : rows); c += W) {
       const Index n = std::min(W, rows - c);
       const auto sh = V::load(shift + c);
       auto sum = V::zero();
@@ -573,12 +616,6 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // pass 5: acc (rows, d_v) += p (rows, width) v[j0:j0+width]; p is read transposed out
     // of p^T, and each group of rows stops at its last visible key. Value rows that are
     // not finite enter only for the rows that see them (see clean_values()).
-    const auto need_of = [&](Index r0, Index r1) {
-      Index need = 0;
-      for (Index r = r0; r < r1; ++r) need = std::max(need, end[r] - j0);
-      return std::clamp<Index>(need, 0, width);
-    };
-    const Index tile_need = need_of(0, rows);
     // int8 and int4 values (float operands): widened in registers where the set can
     // (stored_int8_values(), stored_int4_values(); the weights of keys a row does not see are
     // 0, and integer rows are finite), else dequantised into v_load.
@@ -631,10 +668,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       bool dirty = false;
       if constexpr (kPairs) {
         const Index a_ld = (tile_need + 31) / 32 * 32;  // AMX's whole tiles (amx_depth())
-        dirty = tile_need > 0 && pairs &&
-                pack_row_pairs(v_tile, v_rs, tile_need, dv, reinterpret_cast<float*>(vp), dv);
+        dirty = v_packed ? v_dirty
+                         : tile_need > 0 && pairs &&
+                               pack_row_pairs(v_tile, v_rs, tile_need, dv,
+                                              reinterpret_cast<float*>(vp), dv);
         if (pairs && !dirty && tile_need > 0) {
-          pack_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, pb, a_ld);
+          if (!exps_packed) {
+            pack_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, pb, a_ld);
+          }
           std::fill(vp + (tile_need + 1) / 2 * dv, vp + gemm_words(Bf16Path::kAmx, tile_need) * dv,
                     0.0f);
           // pass 5b: acc += P V on whole AMX tiles when d_v is a multiple of 16 (acc has
@@ -666,6 +707,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         }
       }
       static_cast<void>(dirty);
+      static_cast<void>(v_packed), static_cast<void>(v_dirty);
       // Widened: P rounded in place, the V tile (need, d_v) widened into vw.
       Operand* rounded = reinterpret_cast<Operand*>(vw);
       for (Index j = 0; j < width; ++j) {
