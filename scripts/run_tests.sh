@@ -90,7 +90,8 @@ stage "layer check" "$ATTN_ROOT/scripts/check_layers.sh"
 
 # 1. Release: every test on the widest kernel set, and attn_run (its tests and valgrind's run).
 # The programs link the tests' compiled kernel units (ATTN_SHARE_KERNELS): a quarter of their
-# compile time; tests/dispatch and tests/cmake build header-only programs. Each test executable
+# compile time; tests/cmake builds header-only programs, and tests/dispatch one unit of its
+# program header-only with -march=native (the other links the kernel units). Each test executable
 # is one unity batch (ATTN_TEST_UNITY_BATCH=0, here and in the sanitizer tree): the 29
 # attention tests compiled in 172 CPU s as one unit, 271 s as four batches of 8. The examples
 # and benchmarks are built in the sanitizer tree instead: GCC at -O2 took 320 CPU s for them,
