@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "amx_peak.hpp"
 #include "attn/isa.hpp"  // the CPU's AVX512-BF16 and AMX (with the tile permission), as attn reads them
 
 namespace {
@@ -122,38 +123,8 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop_avx512(long oute
   return sum_chains512(acc);
 }
 
-// tdpbf16ps on 6 accumulator tiles (tmm0-5), A in tmm6 and B in tmm7. Configures the
-// calling thread's tiles and releases them after.
-__attribute__((target("amx-tile,amx-bf16"))) float tdpbf16_loop(long outer) {
-  struct alignas(64) Config {
-    unsigned char palette = 1, start_row = 0, reserved[14] = {};
-    unsigned short colsb[16] = {};
-    unsigned char rows[16] = {};
-  } config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  // GCC 12's _tile_loadconfig declares an 8-byte read: keep the stores above.
-  __asm__ volatile("" : : "r"(&config) : "memory");
-  _tile_loadconfig(&config);
-  alignas(64) unsigned a[16 * 16], b[16 * 16];
-  for (int i = 0; i < 256; ++i)
-    a[i] = 0x3F003F00u, b[i] = 0xBE803E80u;  // (0.5, 0.5), (0.25, -0.25)
-  _tile_loadd(6, a, 64);
-  _tile_loadd(7, b, 64);
-  for (long i = 0; i < outer; ++i) {
-    for (long r = 0; r < kInner; ++r) {
-      _tile_dpbf16ps(0, 6, 7);
-      _tile_dpbf16ps(1, 6, 7);
-      _tile_dpbf16ps(2, 6, 7);
-      _tile_dpbf16ps(3, 6, 7);
-      _tile_dpbf16ps(4, 6, 7);
-      _tile_dpbf16ps(5, 6, 7);
-    }
-  }
-  alignas(64) float c[16 * 16];
-  _tile_stored(0, c, 64);
-  _tile_release();
-  return c[0];
-}
+// tdpbf16ps's loop (amx_peak.hpp), kInner rounds per outer iteration as the others.
+float tdpbf16_loop(long outer) { return amx_peak_rounds(outer * kInner); }
 
 struct Isa {
   const char* name;
@@ -305,7 +276,7 @@ int main(int argc, char** argv) {
     }
   }
   const Isa amx = {"amx_bf16", attn::detail::amx_support().usable, tdpbf16_loop,
-                   6 * static_cast<double>(kInner) * 16 * 16 * 32 * 2};
+                   kAmxRoundFlops * static_cast<double>(kInner)};
   std::printf("%s_supported=%d\n", amx.name, amx.supported ? 1 : 0);
   if (amx.supported) {
     for (const int threads : thread_counts) {

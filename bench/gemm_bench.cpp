@@ -18,6 +18,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "amx_peak.hpp"
 #include "attn/attn.hpp"
 #include "bench_support.hpp"
 
@@ -173,42 +174,15 @@ void RoundedShapes(benchmark::internal::Benchmark* bm) {
 // products per instruction), in this binary: with --benchmark_enable_random_interleaving its
 // repetitions run between the GEMMs' ones, so a loaded machine (another process's AMX or
 // memory traffic on the same core) shows in both and their ratio stays meaningful.
-__attribute__((target("amx-tile,amx-bf16"))) void amx_peak_loop(long rounds) {
-  struct alignas(64) Config {
-    unsigned char palette = 1, start_row = 0, reserved[14] = {};
-    unsigned short colsb[16] = {};
-    unsigned char rows[16] = {};
-  } config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  __asm__ volatile("" : : "r"(&config) : "memory");  // GCC 12 drops the stores otherwise
-  _tile_loadconfig(&config);
-  alignas(64) unsigned a[16 * 16], b[16 * 16];
-  for (int i = 0; i < 256; ++i) a[i] = 0x3F003F00u, b[i] = 0xBE803E80u;  // sums stay put
-  _tile_loadd(6, a, 64);
-  _tile_loadd(7, b, 64);
-  for (long i = 0; i < rounds; ++i) {
-    _tile_dpbf16ps(0, 6, 7);
-    _tile_dpbf16ps(1, 6, 7);
-    _tile_dpbf16ps(2, 6, 7);
-    _tile_dpbf16ps(3, 6, 7);
-    _tile_dpbf16ps(4, 6, 7);
-    _tile_dpbf16ps(5, 6, 7);
-  }
-  alignas(64) float c[16 * 16];
-  _tile_stored(0, c, 64);
-  _tile_release();
-  benchmark::DoNotOptimize(c[0]);
-}
-
 void BM_AmxPeak(benchmark::State& state) {
   if (!attn::detail::amx_support().usable) {
     state.SkipWithError(attn::detail::amx_support().reason);
     return;
   }
   constexpr long kRounds = 20000;  // 120000 tdpbf16ps: about 2 ms
-  for (auto _ : state) amx_peak_loop(kRounds);
-  state.counters["FLOPS"] = benchmark::Counter(6.0 * kRounds * 16 * 16 * 32 * 2,
-                                               benchmark::Counter::kIsIterationInvariantRate);
+  for (auto _ : state) benchmark::DoNotOptimize(amx_peak_rounds(kRounds));
+  state.counters["FLOPS"] =
+      benchmark::Counter(kAmxRoundFlops * kRounds, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void Bf16Shapes(benchmark::internal::Benchmark* bm) {
