@@ -81,6 +81,24 @@ std::vector<Int8Kernels> int8_kernels() {
   return all;
 }
 
+// Up to `ld` query rows of `d` elements quantised by a set's quantize_query() with a decode
+// task's buffers (scale 0.5), as the kernel quantises them once per task.
+struct QuantizedRows {
+  std::vector<std::int8_t> bytes;
+  std::vector<std::int32_t> sums;
+  std::vector<float> scales;
+  attn::detail::QuantizedQuery qq;
+  Index d;
+  QuantizedRows(Index ld, Index d_)
+      : bytes(static_cast<std::size_t>(ld * attn::detail::quantized_query_ld(d_))),
+        sums(static_cast<std::size_t>(ld)),
+        scales(static_cast<std::size_t>(ld)),
+        d(d_) {}
+  bool by(const Int8Kernels& set, const float* const* q_rows, Index rows) {
+    return set.quantize(q_rows, rows, d, 0.5f, bytes.data(), sums.data(), scales.data(), qq);
+  }
+};
+
 TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct) {
   // Widths 40 (a partial 64-byte chunk), 64 and 128 (query chunks in registers) and 200 (any
   // width); 5 query rows (a group of 4 and a padded one) and 13 keys (a partial group of 4).
@@ -104,13 +122,9 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
     std::vector<float> first;
     for (const Int8Kernels& set : int8_kernels()) {
       SCOPED_TRACE(attn::isa_name(set.isa));
-      std::vector<std::int8_t> bytes(
-          static_cast<std::size_t>(ld * attn::detail::quantized_query_ld(d)));
-      std::vector<std::int32_t> sums(static_cast<std::size_t>(ld));
-      std::vector<float> scales(static_cast<std::size_t>(ld));
-      attn::detail::QuantizedQuery qq;
-      ASSERT_TRUE(
-          set.quantize(q_rows, rows, d, 0.5f, bytes.data(), sums.data(), scales.data(), qq));
+      QuantizedRows quantized(ld, d);
+      ASSERT_TRUE(quantized.by(set, q_rows, rows));
+      const attn::detail::QuantizedQuery& qq = quantized.qq;
       std::vector<float> st(static_cast<std::size_t>(n * ld), -1.0f);
       set.scores(qq, k.data(), d, ks.data(), 1, n, st.data(), ld);
       for (Index j = 0; j < n; ++j) {
@@ -198,13 +212,9 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
       std::vector<float> level(static_cast<std::size_t>(d));  // a row's levels (scale 1)
       for (const Int8Kernels& set : int8_kernels()) {
         SCOPED_TRACE(attn::isa_name(set.isa));
-        std::vector<std::int8_t> bytes(
-            static_cast<std::size_t>(ld * attn::detail::quantized_query_ld(d)));
-        std::vector<std::int32_t> sums(static_cast<std::size_t>(ld));
-        std::vector<float> scales(static_cast<std::size_t>(ld));
-        attn::detail::QuantizedQuery qq;
-        ASSERT_TRUE(
-            set.quantize(q_rows, rows, d, 0.5f, bytes.data(), sums.data(), scales.data(), qq));
+        QuantizedRows quantized(ld, d);
+        ASSERT_TRUE(quantized.by(set, q_rows, rows));
+        const attn::detail::QuantizedQuery& qq = quantized.qq;
         std::vector<float> st(static_cast<std::size_t>(n * ld), -1.0f);
         set.int4_scores(stored, 0, 0, 0, n, qq, st.data(), ld);
         {
