@@ -4,9 +4,9 @@
 #   1. release build (-O2, OpenMP, -Werror; no -march flag, as users build; Ninja where
 #      installed): every test, the packaging tests and attn_run; then the tests again once
 #      per narrower kernel set this CPU has (ATTN_ISA);
-#   2. ASan + UBSan build with clang (-O0, no debug info, -Werror; the kernels at -O2): every test again,
-#      through the other compiler, the examples (run as tests), the benchmarks (compiled, not
-#      run) and the libFuzzer targets;
+#   2. ASan + UBSan build with clang (-O0, no debug info, -Werror; the kernels at -O2): every
+#      test again, through the other compiler, the examples (run as tests), the benchmarks
+#      (compiled, not run) and the libFuzzer targets;
 #   3. the libFuzzer targets for ATTN_FUZZ_SECONDS (25) each; valgrind memcheck; TSan.
 # At the end it prints each stage's wall and CPU time and the tests it ran.
 set -euo pipefail
