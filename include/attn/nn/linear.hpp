@@ -195,16 +195,21 @@ void linear_backward_bf16(Index m, TensorView<const bfloat16, 2> weight, const b
   const Index segment = grad_y.segment > 0 ? grad_y.segment : n;
   const bfloat16* dy_rows = dy;
   Index ldy = n;
+  // Each row of dY in its runs of contiguous columns (one per segment), into dy's rows.
+  const auto for_each_run = [&](auto&& copy) {
+    for (Index i = 0; i < m; ++i) {
+      for (Index c = 0; c < n;) {
+        const Index run = std::min(segment - c % segment, n - c);
+        copy(grad_y.row(i) + grad_y.column(c, segment), dy + i * n + c, run);
+        c += run;
+      }
+    }
+  };
   if constexpr (std::is_same_v<DyElement, float>) {
     column_sums(m, n, grad_y, sums);
     with_kernels(kernel_isa(), [&](auto set) {
-      for (Index i = 0; i < m; ++i) {
-        for (Index c = 0; c < n;) {  // one run per segment
-          const Index run = std::min(segment - c % segment, n - c);
-          set.convert_row(grad_y.row(i) + grad_y.column(c, segment), dy + i * n + c, run);
-          c += run;
-        }
-      }
+      for_each_run(
+          [&](const float* from, bfloat16* to, Index run) { set.convert_row(from, to, run); });
     });
   } else {
     static_assert(std::is_same_v<DyElement, bfloat16>, "grad_y of bfloat16 or float");
@@ -212,14 +217,8 @@ void linear_backward_bf16(Index m, TensorView<const bfloat16, 2> weight, const b
       dy_rows = grad_y.data;
       ldy = grad_y.ldc;
     } else {
-      for (Index i = 0; i < m; ++i) {
-        for (Index c = 0; c < n;) {
-          const Index run = std::min(segment - c % segment, n - c);
-          const bfloat16* from = grad_y.row(i) + grad_y.column(c, segment);
-          std::copy(from, from + run, dy + i * n + c);
-          c += run;
-        }
-      }
+      for_each_run(
+          [](const bfloat16* from, bfloat16* to, Index run) { std::copy(from, from + run, to); });
     }
     with_kernels(kernel_isa(), [&](auto set) {  // widened exactly, a stack chunk at a time
       constexpr Index kChunk = 512;
