@@ -10,6 +10,7 @@
 // not, vector width), within the documented tolerances.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -201,12 +202,8 @@ inline const AmxSupport& amx_support() noexcept {
   return support;
 }
 
-/// Whether AVX512-BF16's dot product beats widening bfloat16 to float on this CPU, as
-/// measured on one core: on AMD (Zen 5: vdpbf16ps 383-393 GFLOP/s against 246-256 for fp32
-/// FMAs; Zen 4 about 2x per instruction) it does; on Intel Xeons (Emerald Rapids: 87 against
-/// 174, bench/results/2026-11-28-bf16-gemm.txt) it runs at half the FMA rate, so widening
-/// wins there. Read once and cached.
-inline bool cpu_prefers_bf16_dot() noexcept {
+/// Whether the CPU is AMD's (CPUID vendor "AuthenticAMD"). Read once and cached.
+inline bool cpu_is_amd() noexcept {
 #if ATTN_KERNELS_X86
   static const bool amd = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -217,6 +214,41 @@ inline bool cpu_prefers_bf16_dot() noexcept {
 #else
   return false;
 #endif
+}
+
+/// Whether AVX512-BF16's dot product beats widening bfloat16 to float on this CPU, as
+/// measured on one core: on AMD (Zen 5: vdpbf16ps 383-393 GFLOP/s against 246-256 for fp32
+/// FMAs; Zen 4 about 2x per instruction) it does; on Intel Xeons (Emerald Rapids: 87 against
+/// 174, bench/results/2026-11-28-bf16-gemm.txt) it runs at half the FMA rate, so widening
+/// wins there.
+inline bool cpu_prefers_bf16_dot() noexcept { return cpu_is_amd(); }
+
+/// The size in bytes of the level-2 cache one core uses (its data or unified cache), as the
+/// CPU reports it: CPUID's deterministic cache parameters (leaf 4 on Intel, 0x8000001D on
+/// AMD: ways x partitions x line size x sets), else sysconf(_SC_LEVEL2_CACHE_SIZE); 0 when
+/// neither says. Read once and cached.
+inline long cpu_l2_bytes() noexcept {
+  static const long bytes = [] {
+    long found = 0;
+#if ATTN_KERNELS_X86
+    const unsigned leaf = cpu_is_amd() ? 0x8000001Du : 4u;
+    for (unsigned sub = 0; sub < 16 && found == 0; ++sub) {
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      if (__get_cpuid_count(leaf, sub, &eax, &ebx, &ecx, &edx) == 0) break;
+      const unsigned type = eax & 0x1fu, level = (eax >> 5) & 0x7u;
+      if (type == 0) break;  // no more caches
+      if (level == 2 && (type == 1 || type == 3)) {
+        found = static_cast<long>((ebx >> 22) + 1) * static_cast<long>(((ebx >> 12) & 0x3ffu) + 1) *
+                static_cast<long>((ebx & 0xfffu) + 1) * (static_cast<long>(ecx) + 1);
+      }
+    }
+#endif
+#if defined(__linux__) && defined(_SC_LEVEL2_CACHE_SIZE)
+    if (found <= 0) found = std::max(0L, sysconf(_SC_LEVEL2_CACHE_SIZE));
+#endif
+    return found;
+  }();
+  return bytes;
 }
 
 }  // namespace detail

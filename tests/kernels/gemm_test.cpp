@@ -30,8 +30,9 @@ using attn::Isa;
 using attn::test::describe;
 using attn::test::GemmCase;
 
-// Shapes chosen against gemm.hpp's blocking (96-row blocks, tiles of up to 768 columns
-// split evenly, depth blocks of up to 512 split evenly, 6 x micro_cols() micro-tiles).
+// Shapes chosen against gemm.hpp's blocking (96-row blocks, tiles of up to 768 columns, or
+// 512 on CPUs with a 2 MiB L2 other than AMD's, split evenly, depth blocks of up to 512 split
+// evenly, 6 x micro_cols() micro-tiles).
 const GemmCase kCases[] = {
     {1, 1, 1, 0, 0},          // smallest
     {7, 37, 19, 0, 0},        // everything ragged, one block
@@ -382,6 +383,47 @@ TEST_F(GemmBackwardForms, ColumnSumsAddEveryRowInOrder) {
             << describe(c) << " set " << attn::isa_name(isa) << " column " << j;
       }
     }
+  }
+}
+
+// The blocking follows the L2 the CPU reports: AMD keeps the tiles measured on Zen whatever
+// its L2, as do CPUs with less than 2 MiB of it or that report none; a 2 MiB L2 of another
+// vendor (Emerald Rapids) takes the widest tile whose packed panel fills half of it; a small L2
+// shortens the depth blocks. (micro-panel width, word bytes, L2 bytes, AMD) -> rows, cols, depth.
+TEST(GemmBlocking, FollowsTheCacheSizesTheCpuReports) {
+  constexpr long kMiB = 1L << 20;
+  struct Row {
+    Index micro_cols, word_bytes;
+    long l2;
+    bool amd;
+    Index rows, cols, depth;
+  };
+  const Row table[] = {
+      {64, 4, kMiB, true, 96, 768, 512},       // Zen 4 / 5, avx512 set, float
+      {64, 4, 2 * kMiB, true, 96, 768, 512},   // AMD with a larger L2: as measured on Zen
+      {64, 4, 2 * kMiB, false, 96, 512, 512},  // Emerald Rapids, float: 512 x 512 x 4 = 1 MiB
+      {32, 8, 2 * kMiB, false, 96, 256, 512},  // the same, double: 256 x 512 x 8 = 1 MiB
+      {16, 4, 2 * kMiB, false, 96, 512, 512},  // the avx2 set there
+      {64, 4, 0, false, 96, 768, 512},         // nothing reported: the constants
+      {16, 4, kMiB / 2, false, 96, 768, 512},  // the 512 KiB AVX2 machine
+      {64, 4, kMiB / 4, false, 96, 768, 128},  // 256 KiB: a 32 KiB micro-panel, 128 deep
+  };
+  for (const Row& r : table) {
+    const attn::detail::GemmBlocking b =
+        attn::detail::gemm_blocking(r.micro_cols, r.word_bytes, r.l2, r.amd);
+    EXPECT_EQ(b.rows, r.rows) << r.micro_cols << " x " << r.word_bytes << " B, L2 " << r.l2;
+    EXPECT_EQ(b.cols, r.cols) << r.micro_cols << " x " << r.word_bytes << " B, L2 " << r.l2;
+    EXPECT_EQ(b.depth, r.depth) << r.micro_cols << " x " << r.word_bytes << " B, L2 " << r.l2;
+  }
+  // This CPU's: whole micro-panels per tile, on every set.
+  for (const Isa isa : attn::test::runnable_sets()) {
+    const attn::detail::GemmBlocking b = attn::detail::with_kernels(
+        isa, [](auto set) { return decltype(set)::template gemm_blocking<float>(); });
+    const Index group = attn::detail::with_kernels(
+        isa, [](auto set) { return decltype(set)::template micro_cols<float>(); });
+    EXPECT_EQ(b.cols % group, 0) << attn::isa_name(isa);
+    EXPECT_GE(b.depth, 128) << attn::isa_name(isa);
+    EXPECT_LE(b.depth, 512) << attn::isa_name(isa);
   }
 }
 

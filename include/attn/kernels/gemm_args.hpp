@@ -18,11 +18,18 @@
 ATTN_NAMESPACE_BEGIN
 namespace detail {
 
-/// Cache blocking of the GEMM (BLIS's loop order). A column tile of at most kGemmCols is
+/// Cache blocking of the GEMM (BLIS's loop order). A column tile of at most `cols` is
 /// packed depth block by depth block into micro-panels (depth x micro-width, contiguous);
-/// row blocks of kGemmRows stream past it, and the micro-kernel walks down a row block with
-/// one B micro-panel, broadcasting A straight from its rows (A is not packed). Measured
-/// with bench/gemm_bench.cpp:
+/// row blocks of `rows` stream past it, and the micro-kernel walks down a row block with
+/// one B micro-panel, broadcasting A straight from its rows (A is not packed).
+struct GemmBlocking {
+  Index rows = 0;   // a row block of op(A)
+  Index cols = 0;   // the widest column tile of op(B)
+  Index depth = 0;  // the deepest depth block
+};
+
+/// The row block and the column tile where the CPU's caches give no reason for others.
+/// Measured with bench/gemm_bench.cpp:
 ///  - 2-core AVX2 machine (32 KiB L1, 512 KiB L2): contiguous micro-panels beat a strided
 ///    (depth x tile) panel by 5-12% (its 768-byte row stride left the B micro-panel in 16 of
 ///    L1's 64 sets), and 768-column tiles beat 192 by about 10%; depth 512 beat 256.
@@ -31,9 +38,43 @@ namespace detail {
 ///    then read and written once instead of four times for K = 512; broadcasting A from its
 ///    rows beat packing it into micro-panels by 3-8% (the packing, a strided scalar copy
 ///    repeated for every column tile, cost more than it saved).
-/// The depth block is each set's gemm_depth() (attn/kernels/generic/gemm.inl).
 inline constexpr Index kGemmRows = 96;
 inline constexpr Index kGemmCols = 768;
+
+/// The blocking for micro-panels `micro_cols` wide of `word_bytes`-byte words on a CPU whose
+/// per-core L2 holds `l2_bytes` (0: unknown), AMD's or not (`amd`):
+///  - depth: a B micro-panel of at most an eighth of L2, 128 to 512 deep (the measurements
+///    above; 512 for 64 floats on a 1 MiB L2, and on a 2 MiB one, where 768 was no faster).
+///  - cols: kGemmCols, whose 1.5 MiB of packed floats (512 deep) are read from L3 on a 1 MiB
+///    L2 (Zen 4 and 5 and the machines above, where it was measured best); on other vendors'
+///    cores with 2 MiB of L2 or more (Emerald Rapids and its kin, whose shared L3 is a mesh
+///    away), the widest tile whose packed panel fills at most half of L2: 512 floats on
+///    Emerald Rapids. Measured there (one thread, W packed per call, CPU time, fraction of
+///    the FMA peak timed beside each product, medians of 9-15 alternated runs, machine
+///    loaded): 128 x 1536 x 512 55.9 / 55.4 %, 512 x 1536 x 512 72.7 / 68.6 % (512 / 768
+///    columns); 4096 x 1536 x 512 78.0 / 79.3 %, within the runs' spread.
+///  - rows: kGemmRows on every CPU (96, 192, 288 and 384 rows were within the spread of the
+///    runs on Emerald Rapids).
+/// The column tile and the row block do not change any sum: every element of C adds its
+/// depth blocks in the same order whatever they are.
+constexpr GemmBlocking gemm_blocking(Index micro_cols, Index word_bytes, long l2_bytes,
+                                     bool amd) noexcept {
+  const Index l2 = l2_bytes > 0 ? static_cast<Index>(l2_bytes) : Index{1} << 20;
+  GemmBlocking blocking;
+  blocking.rows = kGemmRows;
+  blocking.depth = std::clamp<Index>(l2 / 8 / (micro_cols * word_bytes), 128, 512);
+  blocking.cols = kGemmCols;
+  if (!amd && l2_bytes >= (long{2} << 20)) {
+    const Index fit = l2 / 2 / (blocking.depth * word_bytes) / micro_cols * micro_cols;
+    blocking.cols = std::clamp<Index>(fit, micro_cols, kGemmCols);
+  }
+  return blocking;
+}
+
+/// gemm_blocking() for this CPU (detail::cpu_l2_bytes(), detail::cpu_is_amd()).
+inline GemmBlocking gemm_blocking(Index micro_cols, Index word_bytes) noexcept {
+  return gemm_blocking(micro_cols, word_bytes, cpu_l2_bytes(), cpu_is_amd());
+}
 
 /// Where a GEMM writes C. Row i = b * rows_per_batch + t and column j = s * segment + e
 /// go to data[b * batch_stride + t * ldc + s * segment_stride + e]. The plain row-major
@@ -212,7 +253,7 @@ struct PackedB {
 /// One GEMM, C (m, n) (+)= op(A) (m, k) op(B) (k, n) [+ bias], as the driver
 /// (detail::gemm) planned it: tasks are column tiles of `tile_cols` times row chunks of
 /// `chunk_rows`; each packs its op(B) panel per depth block (unless `pre` holds B packed for
-/// this set) and streams row blocks of op(A) past it.
+/// this set) and streams row blocks of `block_rows` of op(A) past it.
 ///  - A: row-major (a, lda), op(A) = A (m, k) or, `a_transposed`, A^T with A stored (k, m);
 ///    or, `a_pack`, any GemmOutput layout (a head-major (B, P*H, T, hd) gradient) in
 ///    `a_layout`, copied row block by row block into the task's buffer first.
@@ -247,7 +288,7 @@ struct GemmPlan {
   bool stream = false;  // AMX: C written with non-temporal stores (run_gemm() says when)
   Index pre_offset = 0;
   Index segment = 0;  // output segment width (n when the output has one segment)
-  Index depth_block = 0, tile_cols = 0, col_tiles = 0, chunk_rows = 0;
+  Index depth_block = 0, block_rows = 0, tile_cols = 0, col_tiles = 0, chunk_rows = 0;
 };
 
 }  // namespace detail

@@ -58,16 +58,16 @@ PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, 
     using Set = decltype(set);
     PackedGemmB<Operand> pack(
         n, k, segment, isa, Set::template micro_cols<Panel>(),
-        even_block(k, Set::template gemm_depth<Panel>(), gemm_depth_multiple(path)), path);
+        even_block(k, Set::template gemm_blocking<Panel>().depth, gemm_depth_multiple(path)), path);
     if (!pack.empty()) Set::pack_gemm_b(b, ldb, pack);
     return pack;
   });
 }
 
 /// Plans and runs `g` (its operands, output, bias and accumulate flag set; m, n > 0, k > 0):
-/// the blocking, the tasks and the threads. BLIS's loop order: tasks are column tiles of
-/// kGemmCols (each packs its op(B) panel once per depth block), split by rows only when
-/// there are too few to feed the threads; a row block of kGemmRows streams past the panel.
+/// the blocking (gemm_blocking(), from this CPU's L2), the tasks and the threads. BLIS's loop
+/// order: tasks are column tiles (each packs its op(B) panel once per depth block), split by
+/// rows only when there are too few to feed the threads; a row block streams past the panel.
 /// Tasks own disjoint blocks of C and each runs the whole depth in a fixed order, so the
 /// result does not depend on the thread count. `ws` holds the per-thread packing buffers (a
 /// temporary workspace when null, which allocates); none is allocated once it has served a
@@ -105,15 +105,18 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
     // AMX works on 32-row blocks (two 16-row tiles); row chunks of whole blocks waste none.
     const Index micro_rows = amx ? 32 : Set::template micro_rows<Scalar>();
     const Index m = g.m, n = g.n, k = g.k;
+    // This CPU's blocking (gemm_blocking()); AMX keeps the constants its kernel was
+    // measured with.
+    const GemmBlocking blocking = Set::template gemm_blocking<Scalar>();
     g.depth_block = g.pre != nullptr ? g.pre->depth_block()
-                                     : even_block(k, Set::template gemm_depth<Scalar>(),
-                                                  gemm_depth_multiple(g.path));
-    g.tile_cols = even_block(n, kGemmCols, group_cols);
+                                     : even_block(k, blocking.depth, gemm_depth_multiple(g.path));
+    g.block_rows = amx ? kGemmRows : blocking.rows;
+    g.tile_cols = even_block(n, amx ? kGemmCols : blocking.cols, group_cols);
     g.col_tiles = (n + g.tile_cols - 1) / g.tile_cols;
     const Index want = 2 * static_cast<Index>(num_threads());
-    const Index row_chunks = std::max<Index>(
-        1,
-        std::min<Index>((want + g.col_tiles - 1) / g.col_tiles, (m + kGemmRows - 1) / kGemmRows));
+    const Index row_chunks =
+        std::max<Index>(1, std::min<Index>((want + g.col_tiles - 1) / g.col_tiles,
+                                           (m + g.block_rows - 1) / g.block_rows));
     g.chunk_rows = ((m + row_chunks - 1) / row_chunks + micro_rows - 1) / micro_rows * micro_rows;
     const Index tasks = g.col_tiles * row_chunks;
     // Per thread: the packed op(B) micro-panels (gemm_words(depth) x tile_cols), none with a
@@ -122,8 +125,8 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
     const Index b_words = gemm_words(g.path, g.depth_block);
     const bool a_buffer = g.a_pack || (kWiden && g.path != Bf16Path::kDot);
     const Index pack_size = (g.pre != nullptr ? 0 : b_words * g.tile_cols) +
-                            (a_buffer ? kGemmRows * g.depth_block : 0) +
-                            (amx ? kGemmRows * (g.tile_cols + 16) : 0);
+                            (a_buffer ? g.block_rows * g.depth_block : 0) +
+                            (amx ? g.block_rows * (g.tile_cols + 16) : 0);
     Workspace local;
     Workspace& scratch = ws != nullptr ? *ws : local;
     // Small products (under a MFLOP) run on the calling thread: a fork costs more.

@@ -10,12 +10,16 @@
 // dependent (argument types from the template parameters) and compiled for that set only (if
 // constexpr on kSetIsa), so the other sets need not declare them.
 
-/// Depth of one block: at most a 128 KiB B micro-panel (an eighth of L2), 128 to 512 deep
-/// (see attn/ops/gemm.hpp for the measurements).
+/// This set's GEMM blocking on this CPU (gemm_blocking(), attn/kernels/gemm_args.hpp).
 template <class Scalar>
-constexpr Index gemm_depth() noexcept {
-  return std::clamp<Index>(Index{131072} / (micro_cols<Scalar>() * Index{sizeof(Scalar)}), 128,
-                           512);
+GemmBlocking gemm_blocking() noexcept {
+  return detail::gemm_blocking(micro_cols<Scalar>(), Index{sizeof(Scalar)});
+}
+
+/// The deepest depth block (gemm_blocking()'s depth).
+template <class Scalar>
+Index gemm_depth() noexcept {
+  return gemm_blocking<Scalar>().depth;
 }
 
 /// Packs B^T for columns [j0, j0 + cols) and depth [p0, p0 + depth) of C = A B^T, where B
@@ -157,9 +161,9 @@ struct AmxPending {
 
 /// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
 /// `packed` is the calling thread's buffer: words(depth_block) * tile_cols elements for op(B)
-/// (none with a pre-packed B), then kGemmRows * depth_block for A when a_pack or when
+/// (none with a pre-packed B), then block_rows * depth_block for A when a_pack or when
 /// a bfloat16 or float16 A is widened to float or (bfloat16) copied into AMX tiles, then for
-/// AMX kGemmRows * (tile_cols + 16) floats for a row block's products.
+/// AMX block_rows * (tile_cols + 16) floats for a row block's products.
 template <class Scalar, class Operand>
 void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) noexcept {
   static_assert(std::is_same_v<GemmPanel<Operand>, Scalar>, "float or double panels");
@@ -179,9 +183,9 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
   const Index group_cols = micro_cols<Scalar>(), segment = g.segment;
   const PackedGemmB<Operand>* pre = g.pre;
   Scalar* a_buffer = packed + (pre == nullptr ? words(g.depth_block) * g.tile_cols : 0);
-  // AMX: the row block's products (kGemmRows x c_ld floats, 16 columns of room for a narrow
+  // AMX: the row block's products (block_rows x c_ld floats, 16 columns of room for a narrow
   // group's whole tile), after A's tiles.
-  Scalar* c_buffer = amx ? a_buffer + kGemmRows * g.depth_block : nullptr;
+  Scalar* c_buffer = amx ? a_buffer + g.block_rows * g.depth_block : nullptr;
   const Index c_ld = g.tile_cols + 16;
   Scalar* crow[kMicroRows];
   for (Index p0 = 0; p0 < g.k; p0 += g.depth_block) {
@@ -231,8 +235,8 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
         pack_panel(g.b, g.ldb, jj, width, p0, depth, to, width, path);
       });
     }
-    for (Index i0 = r0; i0 < r1; i0 += kGemmRows) {
-      const Index rows = std::min(kGemmRows, r1 - i0);
+    for (Index i0 = r0; i0 < r1; i0 += g.block_rows) {
+      const Index rows = std::min(g.block_rows, r1 - i0);
       // op(A)'s block: broadcast in place (row-major A or A^T) or from its packed copy; a
       // bfloat16 or float16 A widened into the buffer, or read in place by the dot product.
       const Scalar* a_block = nullptr;

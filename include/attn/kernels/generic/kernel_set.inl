@@ -14,7 +14,11 @@ struct KernelSet {
     return kernels::ATTN_KERNEL_SET::micro_cols<Scalar>();
   }
   template <class Scalar>
-  static constexpr Index gemm_depth() noexcept {
+  static GemmBlocking gemm_blocking() noexcept {
+    return kernels::ATTN_KERNEL_SET::gemm_blocking<Scalar>();
+  }
+  template <class Scalar>
+  static Index gemm_depth() noexcept {
     return kernels::ATTN_KERNEL_SET::gemm_depth<Scalar>();
   }
   template <class Scalar, class Operand>
