@@ -47,45 +47,17 @@
 
 #include "amx_peak.hpp"
 #include "attn/isa.hpp"  // the CPU's AVX512-BF16 and AMX (with the tile permission), as attn reads them
+#include "fma_loop.hpp"
 
 namespace {
 
-// Chains per thread: 24 zmm (of 32 registers) and 12 ymm (of 16), leaving room for the
-// multiplier and addend. Both cover 8+ FMAs in flight with margin.
-constexpr int kChains512 = 24;
+// Chains per thread for AVX2: 12 ymm (of 16), leaving room for the multiplier and addend
+// (the AVX-512 loop's constants are in fma_loop.hpp).
+constexpr int kChains512 = kFmaChains512;
 constexpr int kChains256 = 12;
-constexpr long kInner = 64;  // FMA rounds per outer iteration
-
-// m slightly below 1 and c small: the chains converge to c / (1 - m) and never overflow
-// or go denormal, so every FMA takes its normal latency.
-constexpr float kMul = 0.999999f;
-constexpr float kAdd = 1e-6f;
-
-// The sum of every lane of the kChains512 chains (keeps them alive). Stored and added: GCC
-// 12's _mm512_reduce_add_ps trips -Wuninitialized.
-__attribute__((target("avx512f"))) float sum_chains512(const __m512* acc) {
-  __m512 sum = acc[0];
-  for (int j = 1; j < kChains512; ++j) sum = _mm512_add_ps(sum, acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  float total = 0;
-  for (const float x : lanes) total += x;
-  return total;
-}
-
-__attribute__((target("avx512f"))) float fma_loop_avx512(long outer) {
-  __m512 acc[kChains512];
-  for (int j = 0; j < kChains512; ++j)
-    acc[j] = _mm512_set1_ps(1.0f + 0.001f * static_cast<float>(j));
-  const __m512 m = _mm512_set1_ps(kMul), c = _mm512_set1_ps(kAdd);
-  for (long i = 0; i < outer; ++i) {
-    for (long r = 0; r < kInner; ++r) {
-#pragma GCC unroll 32
-      for (int j = 0; j < kChains512; ++j) acc[j] = _mm512_fmadd_ps(acc[j], m, c);
-    }
-  }
-  return sum_chains512(acc);
-}
+constexpr long kInner = kFmaInner;
+constexpr float kMul = kFmaMul;
+constexpr float kAdd = kFmaAdd;
 
 __attribute__((target("avx2,fma"))) float fma_loop_avx2(long outer) {
   __m256 acc[kChains256];

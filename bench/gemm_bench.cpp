@@ -1,26 +1,28 @@
 // SPDX-License-Identifier: MIT
 // bench/gemm_bench.cpp: attn's packed GEMM (detail::gemm_nt, behind Linear and the Q/K/V and
 // output projections) against Eigen's product on the same row-major operands, in one binary.
-// This is where gemm.hpp's blocking constants (kGemmRows, kGemmCols, gemm_depth) were tuned.
+// This is where the GEMM's blocking (gemm_blocking(), attn/kernels/gemm_args.hpp) was tuned.
 // Also the GEMM on bfloat16 operands (float results) on both of its paths, AVX512-BF16's
 // dot product (dot=1) and widening to float (dot=0), beside the float GEMM on the same values,
 // each with W packed per call and packed once (pack_gemm_b, as a frozen layer holds it).
 //
 // Args: M (rows = B*T), N (output features), K (input features). y (M, N) = x (M, K) W^T.
 // Counter: FLOPS = 2*M*N*K per second. bench/fma_peak gives the peaks to divide by: the float
-// FMA's for the float GEMM and the widening path, vdpbf16ps's for the dot product.
+// FMA's for the float GEMM and the widening path, vdpbf16ps's for the dot product. BM_FmaPeak
+// and BM_AmxPeak time the float and AMX peaks in the same run.
 //
 // Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/gemm_bench --benchmark_repetitions=5
 //   --benchmark_report_aggregates_only=true
 // On a shared machine, add --benchmark_enable_random_interleaving=true and divide by
-// BM_AmxPeak's rate (AMX) from the same run.
+// BM_FmaPeak's rate (float) or BM_AmxPeak's (AMX) from the same run, CPU times.
 
 #include <benchmark/benchmark.h>
 
 #include "amx_peak.hpp"
 #include "attn/attn.hpp"
 #include "bench_support.hpp"
+#include "fma_loop.hpp"
 
 namespace {
 
@@ -185,6 +187,24 @@ void BM_AmxPeak(benchmark::State& state) {
       benchmark::Counter(kAmxRoundFlops * kRounds, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The float FMA's peak, as bench/fma_peak measures it (24 independent zmm chains), in this
+// binary: the denominator of the float GEMM's fraction of peak, timed between its repetitions
+// with --benchmark_enable_random_interleaving (as BM_AmxPeak for AMX).
+void BM_FmaPeak(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("this CPU has no AVX-512");
+    return;
+  }
+  constexpr long kOuter = 2000;  // 49 MFLOP: about 0.3 ms
+  for (auto _ : state) {
+    long outer = kOuter;
+    benchmark::DoNotOptimize(outer);  // a new count every time: the loop is not hoisted
+    benchmark::DoNotOptimize(fma_loop_avx512(outer));
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(kFmaOuterFlops512 * kOuter, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void Bf16Shapes(benchmark::internal::Benchmark* bm) {
   bm->ArgNames({"M", "N", "K", "path", "packed"});
   for (const int packed : {0, 1}) {
@@ -200,6 +220,7 @@ void Bf16Shapes(benchmark::internal::Benchmark* bm) {
 
 BENCHMARK_TEMPLATE(BM_Gemm, float)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmPacked)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmBf16)->Apply(Bf16Shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AmxPeak)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmBf16Rounded)->Apply(RoundedShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
