@@ -44,15 +44,17 @@ inline constexpr Index kGemmCols = 768;
 /// The blocking for micro-panels `micro_cols` wide of `word_bytes`-byte words on a CPU whose
 /// per-core L2 holds `l2_bytes` (0: unknown), AMD's or not (`amd`):
 ///  - depth: a B micro-panel of at most an eighth of L2, 128 to 512 deep (the measurements
-///    above; 512 for 64 floats on a 1 MiB L2, and on a 2 MiB one, where 768 was no faster).
-///  - cols: kGemmCols, whose 1.5 MiB of packed floats (512 deep) are read from L3 on a 1 MiB
-///    L2 (Zen 4 and 5 and the machines above, where it was measured best); on other vendors'
-///    cores with 2 MiB of L2 or more (Emerald Rapids and its kin, whose shared L3 is a mesh
-///    away), the widest tile whose packed panel fills at most half of L2: 512 floats on
-///    Emerald Rapids. Measured there (one thread, W packed per call, CPU time, fraction of
-///    the FMA peak timed beside each product, medians of 9-15 alternated runs, machine
-///    loaded): 128 x 1536 x 512 55.9 / 55.4 %, 512 x 1536 x 512 72.7 / 68.6 % (512 / 768
-///    columns); 4096 x 1536 x 512 78.0 / 79.3 %, within the runs' spread.
+///    above; 512 for 64 floats on a 1 MiB L2, and on a 2 MiB one, where 768 was no faster
+///    and 128-256 were 3-16 points of the FMA peak slower).
+///  - cols: kGemmCols on AMD and on L2s under 2 MiB (the machines above, where it was
+///    measured best; its 1.5 MiB of packed floats, 512 deep, overflow their L2). On other
+///    vendors' cores with 2 MiB of L2 or more (Emerald Rapids and its kin, whose shared L3 is
+///    a mesh away), the widest tile whose packed panel fills at most half of L2: 512 floats
+///    on Emerald Rapids. Measured there (one thread, W packed per call, CPU time, fraction of
+///    the FMA peak timed beside each product, medians of 10 paired runs, machine loaded):
+///    128 x 1536 x 512 63 % against 47 % with 768 columns, 512 x 1536 x 512 78.5 against
+///    75.4 % (ahead in 10 of 10 pairs); 2048 x 2304 x 768 and 4096 x 1536 x 512 within the
+///    runs' spread (bench/results/2026-11-29-intel-fp32.txt).
 ///  - rows: kGemmRows on every CPU (96, 192, 288 and 384 rows were within the spread of the
 ///    runs on Emerald Rapids).
 /// The column tile and the row block do not change any sum: every element of C adds its
