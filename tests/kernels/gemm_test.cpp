@@ -388,8 +388,9 @@ TEST_F(GemmBackwardForms, ColumnSumsAddEveryRowInOrder) {
 
 // The blocking follows the L2 the CPU reports: AMD keeps the tiles measured on Zen whatever
 // its L2, as do CPUs with less than 2 MiB of it or that report none; a 2 MiB L2 of another
-// vendor (Emerald Rapids) takes the widest tile whose packed panel fills half of it; a small L2
-// shortens the depth blocks. (micro-panel width, word bytes, L2 bytes, AMD) -> rows, cols, depth.
+// vendor (Emerald Rapids) takes the widest tile whose packed panel fills half of it. The depth
+// never follows the L2: it orders the sums, and a kernel set gives the same bits on every CPU.
+// (micro-panel width, word bytes, L2 bytes, AMD) -> rows, cols, depth.
 TEST(GemmBlocking, FollowsTheCacheSizesTheCpuReports) {
   constexpr long kMiB = 1L << 20;
   struct Row {
@@ -406,7 +407,8 @@ TEST(GemmBlocking, FollowsTheCacheSizesTheCpuReports) {
       {16, 4, 2 * kMiB, false, 96, 512, 512},  // the avx2 set there
       {64, 4, 0, false, 96, 768, 512},         // nothing reported: the constants
       {16, 4, kMiB / 2, false, 96, 768, 512},  // the 512 KiB AVX2 machine
-      {64, 4, kMiB / 4, false, 96, 768, 128},  // 256 KiB: a 32 KiB micro-panel, 128 deep
+      {64, 4, kMiB / 4, false, 96, 768, 512},  // 256 KiB: the same depth as everywhere
+      {8, 8, 2 * kMiB, false, 96, 256, 512},   // 8 doubles: 2048 deep clamped to 512
   };
   for (const Row& r : table) {
     const attn::detail::GemmBlocking b =

@@ -43,9 +43,11 @@ inline constexpr Index kGemmCols = 768;
 
 /// The blocking for micro-panels `micro_cols` wide of `word_bytes`-byte words on a CPU whose
 /// per-core L2 holds `l2_bytes` (0: unknown), AMD's or not (`amd`):
-///  - depth: a B micro-panel of at most an eighth of L2, 128 to 512 deep (the measurements
-///    above; 512 for 64 floats on a 1 MiB L2, and on a 2 MiB one, where 768 was no faster
-///    and 128-256 were 3-16 points of the FMA peak slower).
+///  - depth: a B micro-panel of at most 128 KiB (an eighth of a 1 MiB L2), 128 to 512 deep,
+///    whatever L2 the CPU reports: the depth block sets the order in which C's sums are
+///    added, so it stays one value per kernel set and element type, and a set gives the same
+///    bits on every CPU. 512 for 64 floats, measured best on Zen and on Emerald Rapids' 2 MiB
+///    L2 (768 was no faster there, 128-256 were 3-16 points of the FMA peak slower).
 ///  - cols: kGemmCols on AMD and on L2s under 2 MiB (the machines above, where it was
 ///    measured best; its 1.5 MiB of packed floats, 512 deep, overflow their L2). On other
 ///    vendors' cores with 2 MiB of L2 or more (Emerald Rapids and its kin, whose shared L3 is
@@ -64,7 +66,7 @@ constexpr GemmBlocking gemm_blocking(Index micro_cols, Index word_bytes, long l2
   const Index l2 = l2_bytes > 0 ? static_cast<Index>(l2_bytes) : Index{1} << 20;
   GemmBlocking blocking;
   blocking.rows = kGemmRows;
-  blocking.depth = std::clamp<Index>(l2 / 8 / (micro_cols * word_bytes), 128, 512);
+  blocking.depth = std::clamp<Index>((Index{1} << 17) / (micro_cols * word_bytes), 128, 512);
   blocking.cols = kGemmCols;
   if (!amd && l2_bytes >= (long{2} << 20)) {
     const Index fit = l2 / 2 / (blocking.depth * word_bytes) / micro_cols * micro_cols;
