@@ -549,7 +549,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       const auto sh = V::max(m_new, lowest);
       V::store(m + c, m_new);
       V::store(shift + c, sh);
-      V::store(corr + c, vexp_normal<V>(V::sub(V::max(m_old, lowest), sh)));
+      V::store(corr + c, vexp_nonpositive<V>(V::sub(V::max(m_old, lowest), sh)));
     }
     // Each group of rows needs keys up to its last visible one (pass 5).
     const auto need_of = [&](Index r0, Index r1) {
@@ -572,7 +572,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           alignas(64) Scalar sums[kQueryBlock];
           const Index a_ld = (tile_need + 31) / 32 * 32;
           amx_exp_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin,
-                                end, j0, sums, pb, a_ld, [](auto x) { return vexp_normal<V>(x); });
+                                end, j0, sums, pb, a_ld, [](auto x) { return vexp_nonpositive<V>(x); });
           for (Index c = 0; c < rows; c += W) {
             V::store(l + c, V::fmadd(V::load(l + c), V::load(corr + c), V::load(sums + c)));
           }
@@ -587,14 +587,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (n == W) {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_normal<V>(V::sub(V::load(x), sh));
+          const auto e = vexp_nonpositive<V>(V::sub(V::load(x), sh));
           V::store(x, e);
           sum = V::add(sum, e);
         }
       } else {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_normal<V>(V::sub(V::load_partial(x, n), sh));
+          const auto e = vexp_nonpositive<V>(V::sub(V::load_partial(x, n), sh));
           V::store_partial(x, e, n);
           sum = V::add(sum, e);
         }
