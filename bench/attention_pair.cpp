@@ -103,9 +103,8 @@ ATTN_PAIR_SIGNATURE(ATTN_PAIR_RUN) {
   const double start = cpu_seconds();
   for (int c = 0; c < calls; ++c) {
     if (bf16) {
-      attn::scaled_dot_product_attention<attn::bfloat16>(in->qb.view(), in->kb.view(),
-                                                         in->vb.view(), in->outb.view(), in->ws,
-                                                         in->mask);
+      attn::scaled_dot_product_attention<attn::bfloat16>(
+          in->qb.view(), in->kb.view(), in->vb.view(), in->outb.view(), in->ws, in->mask);
     } else {
       attn::scaled_dot_product_attention<float>(in->q.view(), in->k.view(), in->v.view(),
                                                 in->out.view(), in->ws, in->mask);
@@ -152,12 +151,13 @@ int main(int argc, char** argv) {
                       std::atol(argv[i + 3]), std::atoi(argv[i + 4]) != 0});
   }
   if (shapes.empty()) {
-    shapes = {{8, 8, 512, 64, false}, {8, 8, 512, 64, true},   {1, 16, 1024, 128, false},
-              {1, 8, 2048, 64, true}, {1, 8, 8192, 64, true}};
+    shapes = {{8, 8, 512, 64, false},   {8, 8, 512, 64, true},  {1, 16, 1024, 128, false},
+              {1, 16, 1024, 128, true}, {1, 8, 2048, 64, true}, {1, 8, 8192, 64, true}};
   }
-  std::printf("# rounds %d; times are medians (ms, CPU time, one call); v1/v0 and fl/v1 the\n"
-              "# medians of each round's ratios; bits: the two versions' bfloat16 outputs\n",
-              rounds);
+  std::printf(
+      "# rounds %d; times are medians (ms, CPU time, one call); v1/v0 and fl/v1 the\n"
+      "# medians of each round's ratios; bits: the two versions' bfloat16 outputs\n",
+      rounds);
   for (const Shape& s : shapes) {
     // Calls per sample: about 50 ms of the bfloat16 call or more.
     const double flops = 4.0 * static_cast<double>(s.b * s.h) * static_cast<double>(s.t) *
@@ -184,11 +184,12 @@ int main(int argc, char** argv) {
       r10.push_back(b / a), rf0.push_back(f / a), rf1.push_back(f / b);
     }
     const double g = flops * 1e-9;
-    std::printf("B%ld H%ld T%ld d%ld causal %d: float %.1f ms %.0f GF/s | v0 %.1f ms %.0f GF/s | "
-                "v1 %.1f ms %.0f GF/s | v1/v0 %.3f | fl/v0 %.2f fl/v1 %.2f | bits %s\n",
-                s.b, s.h, s.t, s.d, s.causal ? 1 : 0, median(tf) * 1e3, g / median(tf),
-                median(t0) * 1e3, g / median(t0), median(t1) * 1e3, g / median(t1),
-                median(r10), median(rf0), median(rf1), h0 == h1 ? "same" : "DIFFER");
+    std::printf(
+        "B%ld H%ld T%ld d%ld causal %d: float %.1f ms %.0f GF/s | v0 %.1f ms %.0f GF/s | "
+        "v1 %.1f ms %.0f GF/s | v1/v0 %.3f | fl/v0 %.2f fl/v1 %.2f | bits %s\n",
+        s.b, s.h, s.t, s.d, s.causal ? 1 : 0, median(tf) * 1e3, g / median(tf), median(t0) * 1e3,
+        g / median(t0), median(t1) * 1e3, g / median(t1), median(r10), median(rf0), median(rf1),
+        h0 == h1 ? "same" : "DIFFER");
     std::fflush(stdout);
   }
   return 0;

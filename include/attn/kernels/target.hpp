@@ -58,7 +58,7 @@
 /// (detail::amx_support()), and AVX512-BF16 (every CPU with AMX-BF16 has it), for the
 /// attention's passes that the dot-product path (CPUs with AVX512-BF16) shares.
 #define ATTN_TARGET_AVX512AMX_BEGIN \
-  ATTN_TARGET_BEGIN_(                 \
+  ATTN_TARGET_BEGIN_(               \
       "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 #else
 // Other targets: the portable set only, compiled with the program's own flags.

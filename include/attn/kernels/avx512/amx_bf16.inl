@@ -324,9 +324,7 @@ struct AmxTileJob {
   bool accumulate = false;
   Index next = 0;  ///< the next block, row-major over the (row_tiles / 2, col_tiles / 2) blocks
 
-  bool done() const noexcept {
-    return next >= (row_tiles + 1) / 2 * ((col_tiles + 1) / 2);
-  }
+  bool done() const noexcept { return next >= (row_tiles + 1) / 2 * ((col_tiles + 1) / 2); }
   /// Issues the next block (tiles configured; not done()).
   void step() noexcept {
     const Index across = (col_tiles + 1) / 2;
@@ -428,9 +426,9 @@ inline __m256i amx_round_probabilities(__m512 x) noexcept {
 }
 
 /// Passes 4 and 5a on k-pair scores: for rows [0, rows) of s^T's columns, e = exp(s - shift)
-/// (`exp`, the set's vexp_nonpositive(): s <= shift) for keys [0, n), summed per row in key order into sum[r]
-/// (which starts at +0), and written transposed and rounded to bfloat16 (nearest even, as
-/// convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
+/// (`exp`, the set's vexp_nonpositive(): s <= shift) for keys [0, n), summed per row in key order
+/// into sum[r] (which starts at +0), and written transposed and rounded to bfloat16 (nearest even,
+/// as convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
 /// [rows, padded): pack_probabilities() of the exponentials, without storing them. Keys past
 /// n are -inf in every row, so their +0 terms are left out of the sums, which they would not
 /// change; so are blocks of 16 keys x 16 rows outside every one of those rows' [begin - key0,

@@ -397,8 +397,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   // tile's blocks of exponentials, and this tile's P V between the next tile's groups of
   // pass 3 (queue: AmxTileQueue), so that the tiles compute while the vector units run. The
   // products are the same, in the same order into each element: the same bits.
-  const bool pipelined =
-      amx && fused && !drops[0].active && !stored && p.ring == 0 && dv % 16 == 0;
+  const bool pipelined = amx && fused && !drops[0].active && !stored && p.ring == 0 && dv % 16 == 0;
   auto queue = [&] {
     if constexpr (kPairs) {
       return amx_tile_queue(task);
