@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -30,27 +31,37 @@ namespace {
 using attn::Index;
 using attn::Isa;
 
-// Per set: one partial load and one partial store of n lanes, and exp over an array.
-#define ATTN_SIMD_TEST_HELPERS(set)                                                         \
-  namespace set##_helpers {                                                                 \
-    template <class Scalar>                                                                 \
-    int width() {                                                                           \
-      return attn::kernels::set::Vec<Scalar>::kWidth;                                       \
-    }                                                                                       \
-    template <class Scalar>                                                                 \
-    void partial(const Scalar* src, Index n, Scalar* loaded, Scalar* dst) {                 \
-      using V = attn::kernels::set::Vec<Scalar>;                                            \
-      V::store(loaded, V::load_partial(src, n));                                            \
-      V::store_partial(dst, V::load(src), n);                                               \
-    }                                                                                       \
-    template <class Scalar>                                                                 \
-    void exp_array(const Scalar* x, Scalar* y, Index n) {                                   \
-      using V = attn::kernels::set::Vec<Scalar>;                                            \
-      for (Index i = 0; i < n; i += V::kWidth) {                                            \
-        V::store_partial(y + i, attn::kernels::set::vexp<V>(V::load_partial(x + i, n - i)), \
-                         n - i);                                                            \
-      }                                                                                     \
-    }                                                                                       \
+// Per set: one partial load and one partial store of n lanes, exp over an array, and
+// vexp_normal() and vexp_nonpositive() over an array.
+#define ATTN_SIMD_TEST_HELPERS(set)                                                           \
+  namespace set##_helpers {                                                                   \
+    template <class Scalar>                                                                   \
+    int width() {                                                                             \
+      return attn::kernels::set::Vec<Scalar>::kWidth;                                         \
+    }                                                                                         \
+    template <class Scalar>                                                                   \
+    void partial(const Scalar* src, Index n, Scalar* loaded, Scalar* dst) {                   \
+      using V = attn::kernels::set::Vec<Scalar>;                                              \
+      V::store(loaded, V::load_partial(src, n));                                              \
+      V::store_partial(dst, V::load(src), n);                                                 \
+    }                                                                                         \
+    template <class Scalar>                                                                   \
+    void exp_array(const Scalar* x, Scalar* y, Index n) {                                     \
+      using V = attn::kernels::set::Vec<Scalar>;                                              \
+      for (Index i = 0; i < n; i += V::kWidth) {                                              \
+        V::store_partial(y + i, attn::kernels::set::vexp<V>(V::load_partial(x + i, n - i)),   \
+                         n - i);                                                              \
+      }                                                                                       \
+    }                                                                                         \
+    template <class Scalar>                                                                   \
+    void exp_shifted(const Scalar* x, Scalar* normal, Scalar* nonpositive, Index n) {         \
+      using V = attn::kernels::set::Vec<Scalar>;                                              \
+      for (Index i = 0; i < n; i += V::kWidth) {                                              \
+        const auto v = V::load_partial(x + i, n - i);                                         \
+        V::store_partial(normal + i, attn::kernels::set::vexp_normal<V>(v), n - i);           \
+        V::store_partial(nonpositive + i, attn::kernels::set::vexp_nonpositive<V>(v), n - i); \
+      }                                                                                       \
+    }                                                                                         \
   }
 
 ATTN_TARGET_SCALAR_BEGIN
@@ -74,24 +85,25 @@ struct SetHelpers {
   int (*width)();
   void (*partial)(const Scalar*, Index, Scalar*, Scalar*);
   void (*exp_array)(const Scalar*, Scalar*, Index);
+  void (*exp_shifted)(const Scalar*, Scalar*, Scalar*, Index);
 };
 
 /// The helpers of every set this CPU can run.
 template <class Scalar>
 std::vector<SetHelpers<Scalar>> runnable_sets() {
-  std::vector<SetHelpers<Scalar>> sets = {{Isa::kScalar, &scalar_helpers::width<Scalar>,
-                                           &scalar_helpers::partial<Scalar>,
-                                           &scalar_helpers::exp_array<Scalar>}};
+  std::vector<SetHelpers<Scalar>> sets = {
+      {Isa::kScalar, &scalar_helpers::width<Scalar>, &scalar_helpers::partial<Scalar>,
+       &scalar_helpers::exp_array<Scalar>, &scalar_helpers::exp_shifted<Scalar>}};
 #if ATTN_KERNELS_X86
   sets.push_back({Isa::kSse2, &sse2_helpers::width<Scalar>, &sse2_helpers::partial<Scalar>,
-                  &sse2_helpers::exp_array<Scalar>});
+                  &sse2_helpers::exp_array<Scalar>, &sse2_helpers::exp_shifted<Scalar>});
   if (attn::best_isa() >= Isa::kAvx2) {
     sets.push_back({Isa::kAvx2, &avx2_helpers::width<Scalar>, &avx2_helpers::partial<Scalar>,
-                    &avx2_helpers::exp_array<Scalar>});
+                    &avx2_helpers::exp_array<Scalar>, &avx2_helpers::exp_shifted<Scalar>});
   }
   if (attn::best_isa() >= Isa::kAvx512) {
     sets.push_back({Isa::kAvx512, &avx512_helpers::width<Scalar>, &avx512_helpers::partial<Scalar>,
-                    &avx512_helpers::exp_array<Scalar>});
+                    &avx512_helpers::exp_array<Scalar>, &avx512_helpers::exp_shifted<Scalar>});
   }
 #endif
   // only the sets attn::test::runnable_sets() names (the run's own set in a narrowed run)
@@ -191,6 +203,45 @@ TYPED_TEST(SimdTest, ExpFollowsIeeeAtTheEdges) {
       } else if (x[i] == Scalar(0)) {
         EXPECT_EQ(y[i], Scalar(1)) << at;
       }
+    }
+  }
+}
+
+// vexp_normal() is vexp() where the result is at least 2^-125 (2^-1021), else 0; and
+// vexp_nonpositive() has its bits wherever x <= 0 or is NaN (what the attention's softmax
+// feeds it): the same bits, not just close ones, as both are meant to compute the same
+// instructions' results with fewer edges handled.
+TYPED_TEST(SimdTest, ShiftedExpsHaveVexpBits) {
+  using Scalar = TypeParam;
+  using Limits = std::numeric_limits<Scalar>;
+  const Scalar floor = std::log(Limits::min()) + Scalar(1);
+  std::vector<Scalar> x = {Limits::quiet_NaN(),
+                           -Limits::quiet_NaN(),
+                           -Limits::infinity(),
+                           Scalar(0),
+                           Scalar(-0.0),
+                           -Limits::denorm_min(),
+                           -Limits::min(),
+                           floor,
+                           std::nextafter(floor, Scalar(0)),
+                           std::nextafter(floor, -Limits::infinity())};
+  for (int i = 0; i <= 4000; ++i) x.push_back(static_cast<Scalar>(-800.0 * i / 4000.0));
+  for (int i = 0; i <= 2000; ++i) x.push_back(static_cast<Scalar>(-1e-3 * i));
+  const Index n = static_cast<Index>(x.size());
+  std::vector<Scalar> full(x.size()), normal(x.size()), nonpositive(x.size());
+  const auto same_bits = [](Scalar a, Scalar b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  for (const auto& set : runnable_sets<Scalar>()) {
+    set.exp_array(x.data(), full.data(), n);
+    set.exp_shifted(x.data(), normal.data(), nonpositive.data(), n);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const std::string at = std::string(attn::isa_name(set.isa)) + " x = " + std::to_string(x[i]);
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(normal[i]) && std::isnan(nonpositive[i])) << at;
+        continue;
+      }
+      const Scalar expected = x[i] < floor ? Scalar(0) : full[i];
+      EXPECT_TRUE(same_bits(normal[i], expected)) << at << " " << normal[i];
+      EXPECT_TRUE(same_bits(nonpositive[i], expected)) << at << " " << nonpositive[i];
     }
   }
 }

@@ -65,11 +65,12 @@ constexpr Index stream_scratch_size(Index head_dim, Index value_dim) noexcept {
 /// stream_scratch_size(), in floats: Q widened (kQueryBlock, d); a K tile widened (kKeyBlock,
 /// d) or copied into whole AMX tiles (kKeyBlock, d + 32 bfloat16); a V tile widened
 /// (kKeyBlock, d_v); Q^T in k-pairs ((d + 1) / 2 + 32 words, kQueryBlock); a V tile in k-pairs
-/// (kKeyBlock / 2, d_v words); P transposed and rounded (kQueryBlock, kKeyBlock bfloat16).
+/// (kKeyBlock / 2, d_v words); P transposed and rounded (kQueryBlock, kKeyBlock bfloat16); the
+/// next tile's scores (kKeyBlock, kQueryBlock), computed during this tile's exponentials (AMX).
 constexpr Index reduced_stream_scratch_size(Index head_dim, Index value_dim) noexcept {
   return kQueryBlock * head_dim + kKeyBlock * (head_dim + 32) + kKeyBlock * value_dim +
          ((head_dim + 1) / 2 + 32) * kQueryBlock + kKeyBlock / 2 * value_dim +
-         kQueryBlock * kKeyBlock / 2 + 64 * 8;
+         kQueryBlock * kKeyBlock / 2 + kKeyBlock * kQueryBlock + 64 * 8;
 }
 
 /// Scratch elements a streaming task over stored keys and values needs on top: one

@@ -55,9 +55,11 @@
   ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
 /// The avx512 set's bfloat16 AMX kernel (attn/kernels/avx512/amx_bf16.inl): AVX-512 plus AMX-TILE
 /// and AMX-BF16, run only where the operating system granted the tile state
-/// (detail::amx_support()).
+/// (detail::amx_support()), and AVX512-BF16 (every CPU with AMX-BF16 has it), for the
+/// attention's passes that the dot-product path (CPUs with AVX512-BF16) shares.
 #define ATTN_TARGET_AVX512AMX_BEGIN \
-  ATTN_TARGET_BEGIN_("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-bf16,avx2,fma,f16c")
+  ATTN_TARGET_BEGIN_(               \
+      "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c")
 #else
 // Other targets: the portable set only, compiled with the program's own flags.
 #define ATTN_TARGET_SCALAR_BEGIN

@@ -248,6 +248,49 @@ inline void amx_fence(const Plan&) noexcept {
   _mm_sfence();
 }
 
+/// amx_tiles()'s block of C tiles (i, j) .. (i + 1, j + 1) (those below row_tiles and
+/// col_tiles).
+inline void amx_tile_block(Index i, Index j, Index row_tiles, Index col_tiles, Index steps,
+                           const bfloat16* a, Index lda, const float* b, Index ldb, float* c,
+                           Index ldc, bool accumulate) noexcept {
+  const Index a_bytes = lda * 2, b_bytes = ldb * 4, c_bytes = ldc * 4;
+  const bool two_rows = i + 1 < row_tiles, two_cols = j + 1 < col_tiles;
+  const bfloat16* a0 = a + i * 16 * lda;
+  const bfloat16* a1 = a0 + 16 * lda;
+  float* c00 = c + i * 16 * ldc + j * 16;
+  float* c10 = c00 + 16 * ldc;
+  if (accumulate) {
+    _tile_loadd(0, c00, c_bytes);
+    if (two_cols) _tile_loadd(1, c00 + 16, c_bytes);
+    if (two_rows) _tile_loadd(2, c10, c_bytes);
+    if (two_rows && two_cols) _tile_loadd(3, c10 + 16, c_bytes);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (Index s = 0; s < steps; ++s) {
+    const float* bp = b + s * 16 * ldb + j * 16;
+    _tile_loadd(4, a0 + s * 32, a_bytes);
+    _tile_loadd(6, bp, b_bytes);
+    _tile_dpbf16ps(0, 4, 6);
+    if (two_cols) {
+      _tile_loadd(7, bp + 16, b_bytes);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (two_rows) {
+      _tile_loadd(5, a1 + s * 32, a_bytes);
+      _tile_dpbf16ps(2, 5, 6);
+      if (two_cols) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c00, c_bytes);
+  if (two_cols) _tile_stored(1, c00 + 16, c_bytes);
+  if (two_rows) _tile_stored(2, c10, c_bytes);
+  if (two_rows && two_cols) _tile_stored(3, c10 + 16, c_bytes);
+}
+
 /// C (16 row_tiles x 16 col_tiles floats, row stride ldc) (+)= A B on whole tiles, for the
 /// attention's products, whose operands and outputs live in scratch sized for whole tiles:
 /// A bfloat16 (row stride lda elements, 32 steps deep), B k-pair words (row stride ldb, 16
@@ -258,47 +301,68 @@ inline void amx_fence(const Plan&) noexcept {
 /// products 1.4x (20 -> 14 ms); amx_block()'s staging copy and masked stores serve any edge.
 inline void amx_tiles(Index row_tiles, Index col_tiles, Index steps, const bfloat16* a, Index lda,
                       const float* b, Index ldb, float* c, Index ldc, bool accumulate) noexcept {
-  const Index a_bytes = lda * 2, b_bytes = ldb * 4, c_bytes = ldc * 4;
   for (Index i = 0; i < row_tiles; i += 2) {
-    const bool two_rows = i + 1 < row_tiles;
-    const bfloat16* a0 = a + i * 16 * lda;
-    const bfloat16* a1 = a0 + 16 * lda;
     for (Index j = 0; j < col_tiles; j += 2) {
-      const bool two_cols = j + 1 < col_tiles;
-      float* c00 = c + i * 16 * ldc + j * 16;
-      float* c10 = c00 + 16 * ldc;
-      if (accumulate) {
-        _tile_loadd(0, c00, c_bytes);
-        if (two_cols) _tile_loadd(1, c00 + 16, c_bytes);
-        if (two_rows) _tile_loadd(2, c10, c_bytes);
-        if (two_rows && two_cols) _tile_loadd(3, c10 + 16, c_bytes);
-      } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      }
-      for (Index s = 0; s < steps; ++s) {
-        const float* bp = b + s * 16 * ldb + j * 16;
-        _tile_loadd(4, a0 + s * 32, a_bytes);
-        _tile_loadd(6, bp, b_bytes);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two_cols) {
-          _tile_loadd(7, bp + 16, b_bytes);
-          _tile_dpbf16ps(1, 4, 7);
-        }
-        if (two_rows) {
-          _tile_loadd(5, a1 + s * 32, a_bytes);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two_cols) _tile_dpbf16ps(3, 5, 7);
-        }
-      }
-      _tile_stored(0, c00, c_bytes);
-      if (two_cols) _tile_stored(1, c00 + 16, c_bytes);
-      if (two_rows) _tile_stored(2, c10, c_bytes);
-      if (two_rows && two_cols) _tile_stored(3, c10 + 16, c_bytes);
+      amx_tile_block(i, j, row_tiles, col_tiles, steps, a, lda, b, ldb, c, ldc, accumulate);
     }
   }
+}
+
+/// amx_tiles()'s products as a job issued a block of 2 x 2 C tiles at a time (step()), in
+/// amx_tiles()'s order and with its bits, so that vector work can run between the blocks: a
+/// tile instruction occupies the reorder buffer until its tiles are done, so the vector
+/// instructions behind one block of products (128-256 cycles of tdpbf16ps) overlap with it,
+/// those behind a whole tile's products mostly wait.
+struct AmxTileJob {
+  Index row_tiles = 0, col_tiles = 0, steps = 0;
+  const bfloat16* a = nullptr;
+  Index lda = 0;
+  const float* b = nullptr;
+  Index ldb = 0;
+  float* c = nullptr;
+  Index ldc = 0;
+  bool accumulate = false;
+  Index next = 0;  ///< the next block, row-major over the (row_tiles / 2, col_tiles / 2) blocks
+
+  bool done() const noexcept { return next >= (row_tiles + 1) / 2 * ((col_tiles + 1) / 2); }
+  /// Issues the next block (tiles configured; not done()).
+  void step() noexcept {
+    const Index across = (col_tiles + 1) / 2;
+    const Index i = next / across * 2, j = next % across * 2;
+    ++next;
+    amx_tile_block(i, j, row_tiles, col_tiles, steps, a, lda, b, ldb, c, ldc, accumulate);
+  }
+};
+
+/// Up to two AmxTileJobs run in the order they were pushed, a block per step().
+struct AmxTileQueue {
+  AmxTileJob jobs[2];
+  int first = 0, count = 0;
+
+  /// Queues amx_tiles() with these arguments (at most two jobs unfinished).
+  void push(Index row_tiles, Index col_tiles, Index steps, const bfloat16* a, Index lda,
+            const float* b, Index ldb, float* c, Index ldc, bool accumulate) noexcept {
+    if (first == count) first = count = 0;
+    jobs[count++] = {row_tiles, col_tiles, steps, a, lda, b, ldb, c, ldc, accumulate, 0};
+  }
+  /// Issues the next block of the first unfinished job, if any.
+  void step() noexcept {
+    while (first < count && jobs[first].done()) ++first;
+    if (first < count) jobs[first].step();
+  }
+  /// Issues every block left.
+  void drain() noexcept {
+    for (; first < count; ++first) {
+      while (!jobs[first].done()) jobs[first].step();
+    }
+  }
+};
+
+/// An empty AmxTileQueue for one attention task (a template, so that the generic kernel's
+/// call is dependent, as amx_configure()'s).
+template <class Task>
+inline AmxTileQueue amx_tile_queue(const Task&) noexcept {
+  return {};
 }
 
 // ---- the streaming attention's softmax passes on k-pair scores ----
@@ -350,19 +414,32 @@ inline __m512 amx_scale_bound_max(float* st, Index ld, Index width, Index lanes,
   return tmax;
 }
 
+/// 16 exponentials (+0, NaN, or normal floats at most 1: vexp_nonpositive()'s results) rounded
+/// to bfloat16 with the bits of convert_ops::bfloat16_lanes(): vcvtneps2bf16 rounds to nearest
+/// even as it does, and differs only on NaN (its sign and payload kept, where convert_row()
+/// writes 0x7FC0) and on subnormal inputs (read as 0), which the NaN lanes' fix-up and the
+/// inputs' range leave out: 4 vector instructions against 9.
+inline __m256i amx_round_probabilities(__m512 x) noexcept {
+  const __m256i r = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  return _mm256_mask_mov_epi16(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                               _mm256_set1_epi16(0x7FC0));
+}
+
 /// Passes 4 and 5a on k-pair scores: for rows [0, rows) of s^T's columns, e = exp(s - shift)
-/// (`exp`, the set's vexp_normal()) for keys [0, n), summed per row in key order into sum[r]
-/// (which starts at +0), and written transposed and rounded to bfloat16 (nearest even, as
-/// convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
+/// (`exp`, the set's vexp_nonpositive(): s <= shift) for keys [0, n), summed per row in key order
+/// into sum[r] (which starts at +0), and written transposed and rounded to bfloat16 (nearest even,
+/// as convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
 /// [rows, padded): pack_probabilities() of the exponentials, without storing them. Keys past
 /// n are -inf in every row, so their +0 terms are left out of the sums, which they would not
 /// change; so are blocks of 16 keys x 16 rows outside every one of those rows' [begin - key0,
 /// end - key0) (when `bounded`: -inf there), whose P is +0 (the causal diagonal's far side).
-template <class Exp>
+/// `between()` is called after each computed block of 16 keys x 16 rows (the streaming
+/// kernel issues the next tile's products there: AmxTileQueue).
+template <class Exp, class Between>
 inline void amx_exp_probabilities(const float* st, Index ld, Index n, Index rows, Index padded,
                                   const float* shift, bool bounded, const Index* begin,
                                   const Index* end, Index key0, float* sum, bfloat16* out,
-                                  Index ldo, Exp&& exp) noexcept {
+                                  Index ldo, Exp&& exp, Between&& between) noexcept {
   const Index n16 = (n + 15) / 16 * 16;
   for (Index r0 = 0; r0 < rows; r0 += 16) {
     const Index nr = std::min<Index>(16, rows - r0);
@@ -396,10 +473,10 @@ inline void amx_exp_probabilities(const float* st, Index ld, Index n, Index rows
       }
       transpose16(x);  // x[r]: keys j0 .. j0 + 15 of row r0 + r
       for (Index r = 0; r < nr; ++r) {
-        const __m512i b = convert_ops::bfloat16_lanes(_mm512_castps_si512(x[r]));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + r) * ldo + j0),
-                            _mm512_cvtepi32_epi16(b));
+                            amx_round_probabilities(x[r]));
       }
+      between();
     }
     _mm512_storeu_ps(sum + r0, total);
     for (Index r = 0; r < nr; ++r) {

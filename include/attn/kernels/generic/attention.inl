@@ -270,6 +270,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   Scalar* qp = vw + kKeyBlock * dv;                    // Q^T in k-pairs (words, kQueryBlock)
   Scalar* vp = qp + ((d + 1) / 2 + 32) * kQueryBlock;  // a V tile in k-pairs (width / 2, d_v)
   Operand* pb = reinterpret_cast<Operand*>(vp + kKeyBlock / 2 * dv);  // P rounded (rows, width)
+  Scalar* st_next = vp + kKeyBlock / 2 * dv + kQueryBlock * kKeyBlock / 2;  // the next s^T (AMX)
   // Stored keys and values (stored_tile_scratch_size(); float operands only, so the same
   // place as the storage types' buffers):
   Scalar* k_load = clean + kKeyBlock * dv;  // the K tile dequantised (kKeyBlock, d)
@@ -370,8 +371,45 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   // and applies the loop bounds as it takes the max (amx_scale_bound_max(): one pass over
   // s^T instead of three, the same bits).
   const bool fused = pairs && p.softcap == Scalar(0) && !alibi && !elementwise;
+  // The keys of tile [j0, j0 + width) whose scores some row needs: all, or in a boundary tile
+  // those before the last row's end (pass 2, or the fused pass 3, sets the rest to -inf).
+  const auto tile_keys = [&](Index j0, Index width) {
+    if (j0 >= max_begin && j0 + width <= min_end) return width;
+    Index keys = 0;
+    for (Index r = 0; r < rows; ++r) keys = std::max(keys, end[r] - j0);
+    return std::clamp<Index>(keys, 0, width);
+  };
+  // AMX: rows [0, keys) of a K tile as the A operand of whole tiles (ka, row stride ka_ld):
+  // read in place when its tiles stay inside the tile's keys and d (d a multiple of 32, keys
+  // of 16), else copied into whole tiles in kw (amx_pack_a()).
+  const auto amx_keys = [&](const auto* k_tile, Index keys, const auto*& ka, Index& ka_ld) {
+    ka = k_tile, ka_ld = k_rs;
+    if (d % 32 != 0 || keys % 16 != 0) {
+      auto* tiles = reinterpret_cast<bfloat16*>(kw);
+      amx_pack_a(k_tile, k_rs, keys, d, tiles);
+      ka = tiles, ka_ld = (d + 31) / 32 * 32;
+    }
+  };
+  // AMX with the fused passes, no dropout, K and V in place and d_v a multiple of 16:
+  // pipelined. A tile instruction holds the reorder buffer until its tiles are done, so a
+  // whole product (64 to 128 tdpbf16ps) followed by a vector pass runs one after the other;
+  // here the next tile's scores (into st_next) are issued a block at a time between this
+  // tile's blocks of exponentials, and this tile's P V between the next tile's groups of
+  // pass 3 (queue: AmxTileQueue), so that the tiles compute while the vector units run. The
+  // products are the same, in the same order into each element: the same bits.
+  const bool pipelined = amx && fused && !drops[0].active && !stored && p.ring == 0 && dv % 16 == 0;
+  auto queue = [&] {
+    if constexpr (kPairs) {
+      return amx_tile_queue(task);
+    } else {
+      return 0;
+    }
+  }();
+  bool next_scores = false;  // st_next holds the next tile's scores
 
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
+    const bool scores_ready = next_scores;
+    if (next_scores) std::swap(st, st_next), next_scores = false;
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
     if (p.ring > 0) width = std::min(width, p.ring - j0 % p.ring);  // no tile crosses the wrap
     const Index slot = p.ring > 0 ? j0 % p.ring : j0;
@@ -441,12 +479,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // passes are fused. In a boundary tile only the keys before the last row's end: pass 2 (or
     // the fused pass 3) sets the rest to -inf in every row.
     if constexpr (kPairs) {
-      Index keys = width;
-      if (!full) {
-        keys = 0;
-        for (Index r = 0; r < rows; ++r) keys = std::max(keys, end[r] - j0);
-        keys = std::clamp<Index>(keys, 0, width);
-      }
+      const Index keys = tile_keys(j0, width);
       if (amx) {
         // This tile's values and the next tile's keys start arriving during its products.
         const Index next = j0 + width;
@@ -454,15 +487,13 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         if (next < hi && p.ring == 0) {
           amx_prefetch_rows(k + next * k_rs, k_rs, std::min(hi, next + kKeyBlock) - next, d);
         }
-        const bfloat16* ka = k_tile;
-        Index ka_ld = k_rs;
-        if (d % 32 != 0 || keys % 16 != 0) {
-          auto* tiles = reinterpret_cast<bfloat16*>(kw);
-          amx_pack_a(k_tile, k_rs, keys, d, tiles);
-          ka = tiles, ka_ld = (d + 31) / 32 * 32;
+        if (!scores_ready) {
+          const bfloat16* ka = nullptr;
+          Index ka_ld = 0;
+          amx_keys(k_tile, keys, ka, ka_ld);
+          amx_tiles((keys + 15) / 16, (rows + 15) / 16, (d + 31) / 32, ka, ka_ld, qp, kQueryBlock,
+                    st, ld, false);
         }
-        amx_tiles((keys + 15) / 16, (rows + 15) / 16, (d + 31) / 32, ka, ka_ld, qp, kQueryBlock, st,
-                  ld, false);
       } else if (pairs) {
         float* crow[kMicroRows];
         for (Index gk = 0; gk < keys; gk += kMicroRows) {
@@ -534,6 +565,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       auto tmax = V::set1(kNegInf);
       if (fused) {
         if constexpr (kPairs) {
+          queue.step();  // pipelined: a block of the last tile's P V
           tmax = amx_scale_bound_max(st + c, ld, width, n, p.scale, !full, begin + c, end + c, j0);
         }
       } else if (n == W) {
@@ -549,8 +581,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       const auto sh = V::max(m_new, lowest);
       V::store(m + c, m_new);
       V::store(shift + c, sh);
-      V::store(corr + c, vexp_normal<V>(V::sub(V::max(m_old, lowest), sh)));
+      V::store(corr + c, vexp_nonpositive<V>(V::sub(V::max(m_old, lowest), sh)));
     }
+    if constexpr (kPairs) queue.drain();  // before acc, P and the V tile change
     // Each group of rows needs keys up to its last visible one (pass 5).
     const auto need_of = [&](Index r0, Index r1) {
       Index need = 0;
@@ -569,10 +602,23 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         v_packed = true;
         v_dirty = pack_row_pairs(v_tile, v_rs, tile_need, dv, reinterpret_cast<float*>(vp), dv);
         if (!v_dirty) {
+          const Index next = j0 + width;
+          if (pipelined && next < hi) {  // the next tile's scores, during the exponentials
+            const Index next_keys =
+                tile_keys(next, std::min(hi, (next / kKeyBlock + 1) * kKeyBlock) - next);
+            const bfloat16* ka = nullptr;
+            Index ka_ld = 0;
+            amx_keys(k + next * k_rs, next_keys, ka, ka_ld);
+            queue.push((next_keys + 15) / 16, (rows + 15) / 16, (d + 31) / 32, ka, ka_ld, qp,
+                       kQueryBlock, st_next, ld, false);
+            next_scores = true;
+          }
           alignas(64) Scalar sums[kQueryBlock];
           const Index a_ld = (tile_need + 31) / 32 * 32;
-          amx_exp_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin,
-                                end, j0, sums, pb, a_ld, [](auto x) { return vexp_normal<V>(x); });
+          amx_exp_probabilities(
+              st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin, end, j0, sums,
+              pb, a_ld, [](auto x) { return vexp_nonpositive<V>(x); }, [&] { queue.step(); });
+          queue.drain();
           for (Index c = 0; c < rows; c += W) {
             V::store(l + c, V::fmadd(V::load(l + c), V::load(corr + c), V::load(sums + c)));
           }
@@ -587,14 +633,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (n == W) {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_normal<V>(V::sub(V::load(x), sh));
+          const auto e = vexp_nonpositive<V>(V::sub(V::load(x), sh));
           V::store(x, e);
           sum = V::add(sum, e);
         }
       } else {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_normal<V>(V::sub(V::load_partial(x, n), sh));
+          const auto e = vexp_nonpositive<V>(V::sub(V::load_partial(x, n), sh));
           V::store_partial(x, e, n);
           sum = V::add(sum, e);
         }
@@ -683,7 +729,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           // 128 columns per amx_block(); or kMicroRows rows up to their last visible key x
           // micro_cols() per vdpbf16ps micro-tile.
           const bool whole = amx && dv % 16 == 0;
-          if (whole) {
+          if (whole && pipelined) {  // issued during the next tile's pass 3
+            queue.push((rows + 15) / 16, dv / 16, a_ld / 32, pb, a_ld, vp, dv, acc, dv, true);
+          } else if (whole) {
             amx_tiles((rows + 15) / 16, dv / 16, a_ld / 32, pb, a_ld, vp, dv, acc, dv, true);
           }
           const GemmOutput<float> out = GemmOutput<float>::row_major(acc, dv);
@@ -740,6 +788,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
                            });
     }
   }
+  if constexpr (kPairs) queue.drain();
   // pass 6: normalise into out. A row its masks hide every key from stays zero; the others
   // divide by l, IEEE (l = 0 when every visible score was -inf: 0/0 = NaN, as in PyTorch).
   // A task over one chunk of the keys leaves (m, l, seen, acc) for merge_partials().
