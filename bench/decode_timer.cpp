@@ -161,10 +161,12 @@ int main(int argc, char** argv) {
   o.rope = attn::RotaryOptions{head_dim, 0, 500000.0, attn::RopeStyle::kHalfSplit, length + t_new};
   attn::MultiHeadAttention<float> mha(o);
   mha.eval();
-  const float bound = 1.0f / std::sqrt(static_cast<float>(dim));
-  fill(mha.in_proj_weight(), 1, bound);
-  fill(mha.out_proj().weight(), 2, bound);
-  mha.freeze();
+  if (op != "attend") {  // (attend uses no weights: none filled or packed)
+    const float bound = 1.0f / std::sqrt(static_cast<float>(dim));
+    fill(mha.in_proj_weight(), 1, bound);
+    fill(mha.out_proj().weight(), 2, bound);
+    mha.freeze();
+  }
   const std::int64_t weight_bytes =
       4 * ((heads + 2 * kv_heads) * head_dim * dim + dim * heads * head_dim);
   attn::Workspace ws;

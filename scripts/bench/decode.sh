@@ -13,13 +13,16 @@
 #      alternating who goes first, --rounds times, keeping each side's fastest median;
 #   4. the attention of a decode step alone (decode_timer attend) per KV cache element type
 #      (--kv-dtypes; KVCacheOptions::element), B in --kv-batches, L in --kv-lengths: its time,
-#      the cache bytes per token, GB/s of the cache bytes read, that as a fraction of the
-#      bandwidth, its CPU time and the speedup over the f32 cache (CPU times: on a shared
-#      machine the wall time also counts waits for a core) (written to
+#      the cache bytes per token, GB/s of the cache bytes read, its CPU time, the cache bytes
+#      per CPU second as a fraction of the streaming read's (measured in the run, before each
+#      configuration's rows: the in-run bandwidth) and the speedup over the f32 cache (CPU
+#      times: on a shared machine the wall time also counts waits for a core) (written to
 #      <out>/kv_cache.csv/.txt); with --paged-block S (default 16; 0: off) each of these runs
-#      again right after it through a PagedKVCache of blocks of S tokens (decode_timer --paged
-#      S), and the table adds its CPU time and contiguous / paged CPU time; one round
-#      (--kv-rounds) by default: 36 processes of up to 4 s;
+#      again beside it through a PagedKVCache of blocks of S tokens (decode_timer --paged
+#      S), and the table adds its CPU time and contiguous / paged CPU time; the types of a
+#      configuration run adjacent, their order (and contiguous / paged) reversed every other
+#      round; each row is the round with the median CPU time; one round (--kv-rounds) by
+#      default: 36 processes of up to 4 s;
 #   5. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
 #      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
 #        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
@@ -32,8 +35,8 @@
 #      paged CPU time ratio over step 4's rows (1: paged as fast; below 1: slower);
 #      kv_int8_decode_vs_fp32_min: the smallest f32 / int8 CPU time ratio of step 4's
 #      contiguous rows at L >= 4096, and kv_int8_bw_fraction_min the smallest fraction of the
-#      bandwidth (at the row's thread count) those int8 rows read their cache bytes at (over
-#      the wall time); kv_int4_*: the same for int4. --kv-only prints these too, on
+#      in-run bandwidth (at the row's thread count) those int8 rows read their cache bytes at
+#      (per CPU second); kv_int4_*: the same for int4. --kv-only prints these too, on
 #      kv_cache.txt's last lines.
 # Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
@@ -117,20 +120,33 @@ for t in ${threads_list//,/ }; do
 done
 
 log "decode attention per KV cache element type (bench/decode_timer attend)"
+# Per round and configuration (B, L, threads): the streaming read (its CPU-time figure, the
+# in-run bandwidth), then every element type, contiguous and paged, adjacent; the order of the
+# types and of contiguous / paged reversed every other round.
 kv_raw="$out/kv_cache.raw"
 : >"$kv_raw"
-for dtype in ${kv_dtypes//,/ }; do
+read -r -a dtypes <<<"${kv_dtypes//,/ }"
+for ((r = 0; r < kv_rounds; ++r)); do
+  order=("${dtypes[@]}")
+  if ((r % 2 == 1)); then
+    order=()
+    for ((i = ${#dtypes[@]} - 1; i >= 0; --i)); do order+=("${dtypes[$i]}"); done
+  fi
+  pagings=(0)
+  if [ "$paged_block" != 0 ]; then
+    pagings=(0 "$paged_block")
+    ((r % 2 == 1)) && pagings=("$paged_block" 0)
+  fi
   for b in ${kv_batches//,/ }; do
     for l in ${kv_lengths//,/ }; do
       for t in ${kv_threads//,/ }; do
-        for ((r = 0; r < kv_rounds; ++r)); do
-          run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
-            --max-seconds "$max_seconds" --kv-dtype "$dtype" | tee -a "$kv_raw"
-          if [ "$paged_block" != 0 ]; then
+        run_env "$t" ACTIVE "$build/bench/stream_bandwidth" --threads "$t" --runs 3 \
+          | sed 's/^stream /stream_in_run /' | tee -a "$kv_raw"
+        for dtype in "${order[@]}"; do
+          for paged in "${pagings[@]}"; do
             run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
-              --max-seconds "$max_seconds" --kv-dtype "$dtype" --paged "$paged_block" \
-              | tee -a "$kv_raw"
-          fi
+              --max-seconds "$max_seconds" --kv-dtype "$dtype" --paged "$paged" | tee -a "$kv_raw"
+          done
         done
       done
     done
@@ -138,23 +154,30 @@ for dtype in ${kv_dtypes//,/ }; do
 done
 grep '^stream' "$raw" >>"$kv_raw"
 "$BENCH_PYTHON" - "$kv_raw" "$out" <<'PY' | tee "$out/kv_cache.txt"
-import csv, os, sys
+import csv, os, statistics, sys
 raw, out = sys.argv[1], sys.argv[2]
-bw, rows = {}, {}
+in_run, runs = {}, {}
 for line in open(raw):
     f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-    if line.startswith("stream") and f.get("kernel") == "read":
-        bw[int(f["threads"])] = float(f["median_gbps"])
+    if line.startswith("stream_in_run") and f.get("kernel") == "read":
+        in_run.setdefault(int(f["threads"]), []).append(float(f["median_cpu_gbps"]))
     elif line.startswith("impl="):
         f.setdefault("median_cpu_ms", f["median_ms"])
         key = (f["kv_dtype"], int(f["B"]), int(f["L"]), int(f["threads"]), int(f.get("paged", 0)))
-        if key not in rows or float(f["median_cpu_ms"]) < float(rows[key]["median_cpu_ms"]):
-            rows[key] = f  # the smallest CPU time median over the rounds
+        runs.setdefault(key, []).append(f)
+# Each configuration: the round whose CPU time is the median (the lower one of an even count).
+rows = {k: sorted(v, key=lambda f: float(f["median_cpu_ms"]))[(len(v) - 1) // 2]
+        for k, v in runs.items()}
+# The bandwidth: the streaming read's bytes per CPU second, median over the run's measures.
+bw = {t: statistics.median(v) for t, v in in_run.items()}
 cpu = lambda f: float(f["median_cpu_ms"])
+cpu_gbps = lambda f: int(f["B"]) * int(f["L"]) * int(f["token_bytes"]) / cpu(f) * 1e-6
+print("streaming read in the run (bytes per CPU second, median): "
+      + ", ".join(f"{t} thread(s) {g:.2f} GB/s" for t, g in sorted(bw.items())))
 print("decode attention alone (H 32, H_kv 8, hd 128, one query per head) per cache type; "
       "ratios of CPU times")
 print(f"{'dtype':9s}{'B':>3s}{'L':>7s}{'thr':>4s}{'B/token':>9s}{'ms':>9s}{'GB/s':>8s}"
-      f"{'of bw':>7s}{'cpu ms':>9s}{'vs f32':>8s}{'paged cpu':>11s}{'vs paged':>9s}")
+      f"{'cpu ms':>9s}{'GB/s cpu':>9s}{'of bw':>7s}{'vs f32':>8s}{'paged cpu':>11s}{'vs paged':>9s}")
 ratios = []
 with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
     w = csv.writer(fcsv)
@@ -162,7 +185,7 @@ with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
                 "median_cpu_ms", "gbps", "bw_fraction", "speedup_vs_f32", "contiguous_vs_paged"])
     for key in sorted(rows, key=lambda k: (k[1], k[2], k[3], k[0], k[4])):
         f, f32 = rows[key], rows.get(("f32",) + key[1:4] + (0,))
-        frac = float(f["gbps"]) / bw[key[3]] if key[3] in bw else float("nan")
+        frac = cpu_gbps(f) / bw[key[3]] if key[3] in bw else float("nan")
         speed = cpu(f32) / cpu(f) if f32 else float("nan")
         flat = rows.get(key[:4] + (0,))
         ratio = cpu(flat) / cpu(f) if key[4] and flat else float("nan")
@@ -176,8 +199,9 @@ with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
             p = rows[paged[0]] if paged else None
             r = cpu(f) / cpu(p) if p else float("nan")
             print(f"{key[0]:9s}{key[1]:3d}{key[2]:7d}{key[3]:4d}{int(f['token_bytes']):9d}"
-                  f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{frac:7.2f}{cpu(f):9.2f}"
-                  f"{speed:8.2f}{cpu(p) if p else float('nan'):11.2f}{r:9.2f}")
+                  f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{cpu(f):9.2f}"
+                  f"{cpu_gbps(f):9.2f}{frac:7.2f}{speed:8.2f}"
+                  f"{cpu(p) if p else float('nan'):11.2f}{r:9.2f}")
 print(f"paged: paged_vs_contiguous_min={min(ratios) if ratios else float('nan'):.2f} "
       f"(contiguous / paged CPU time, the smallest over the rows)")
 # int8 and int4 against f32 at L >= 4096 (contiguous rows): speedup and bandwidth fraction.
@@ -185,10 +209,10 @@ fmin = lambda v: min(v) if v else float("nan")
 for kind in ("int8", "int4"):
     sel = [(k, rows[k]) for k in rows if k[0] == kind and k[2] >= 4096 and k[4] == 0]
     speeds = [cpu(rows[("f32",) + k[1:]]) / cpu(f) for k, f in sel if ("f32",) + k[1:] in rows]
-    fracs = [float(f["gbps"]) / bw[k[3]] for k, f in sel if k[3] in bw]
+    fracs = [cpu_gbps(f) / bw[k[3]] for k, f in sel if k[3] in bw]
     print(f"{kind}: kv_{kind}_decode_vs_fp32_min={fmin(speeds):.2f} "
           f"kv_{kind}_bw_fraction_min={fmin(fracs):.2f} (f32 / {kind} CPU time and {kind} "
-          f"bytes read / bandwidth, L >= 4096, the smallest)")
+          f"bytes read per CPU second / the streaming read's, L >= 4096, the smallest)")
 PY
 rm -f "$kv_raw"
 paged_min=$(grep -o 'paged_vs_contiguous_min=[^ ]*' "$out/kv_cache.txt" || echo paged_vs_contiguous_min=nan)

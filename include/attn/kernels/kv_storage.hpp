@@ -163,6 +163,15 @@ inline float float8_max(KVElement e) noexcept {
   return e == KVElement::kFloat8E4M3 ? 448.0f : 57344.0f;
 }
 
+/// x rounded to the nearest integer, ties to even, for |x| <= 2^22 (the int8 and int4 levels
+/// before their conversion): std::nearbyint's value in the default rounding mode, as two adds
+/// the compiler can vectorise (std::nearbyint is a library call per element without
+/// -fno-trapping-math: most of the time of a decode step's query quantisation).
+inline float round_to_level(float x) noexcept {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: the sum's ulp is 1
+  return (x + kMagic) - kMagic;
+}
+
 /// Stores `width` elements of x (stride `stride`) as kind e into `to` (stored_row_bytes(e,
 /// width) bytes) and, for the scaled kinds, their scales (one per `group` elements). The one
 /// quantisation rule of every kind (see KVElement); a zero row gets scale 0. Finite inputs.
@@ -208,7 +217,7 @@ void quantize_row(KVElement e, const Scalar* x, Index stride, Index width, Index
       scales[0] = top / 127.0f;
       const float inv = top > 0.0f ? 127.0f / top : 0.0f;
       for (Index i = 0; i < width; ++i) {
-        const float q = std::nearbyint(std::clamp(at(i) * inv, -127.0f, 127.0f));
+        const float q = round_to_level(std::clamp(at(i) * inv, -127.0f, 127.0f));
         to[i] = static_cast<unsigned char>(static_cast<std::int8_t>(q));
       }
       return;
@@ -223,7 +232,7 @@ void quantize_row(KVElement e, const Scalar* x, Index stride, Index width, Index
         scales[n] = top / 7.0f;
         const float inv = top > 0.0f ? 7.0f / top : 0.0f;
         for (Index i = i0; i < i1; ++i) {
-          const float q = std::nearbyint(std::clamp(at(i) * inv, -7.0f, 7.0f));
+          const float q = round_to_level(std::clamp(at(i) * inv, -7.0f, 7.0f));
           const auto nibble = static_cast<unsigned>(static_cast<int>(q) + 8);
           unsigned char& byte = to[i / kInt4Block * (kInt4Block / 2) + i % (kInt4Block / 2)];
           byte = i % kInt4Block < kInt4Block / 2

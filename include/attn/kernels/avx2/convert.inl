@@ -221,20 +221,19 @@ inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k
   return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld);
 }
 
-/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v + j * v_rs, its
-/// scale at vs[j * vs_rs]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
+/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v[j], its scale at
+/// vs[j][0]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
 /// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
 /// accumulated in float. 4 query rows x 16 elements per pass (8 accumulators); value widths
 /// that are not a multiple of 16: false, nothing done.
-inline bool int8_values_part(const unsigned char* v, Index v_rs, const float* vs, Index vs_rs,
-                             Index n, Index dv, const float* pt, Index ld, Index rows,
-                             float* acc) noexcept {
+inline bool int8_values_part(const unsigned char* const* v, const float* const* vs, Index n,
+                             Index dv, const float* pt, Index ld, Index rows, float* acc) noexcept {
   if (dv % 16 != 0) return false;
   alignas(32) float w[kKeyBlock * 4];
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index nr = std::min<Index>(4, rows - r0);
     for (Index j = 0; j < n; ++j) {
-      const float scale = vs[j * vs_rs];
+      const float scale = vs[j][0];
       for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
     }
     for (Index e0 = 0; e0 < dv; e0 += 16) {
@@ -246,7 +245,7 @@ inline bool int8_values_part(const unsigned char* v, Index v_rs, const float* vs
         a[i][1] = _mm256_loadu_ps(acc + r * dv + e0 + 8);
       }
       for (Index j = 0; j < n; ++j) {
-        const auto* row = v + j * v_rs + e0;
+        const auto* row = v[j] + e0;
         const __m256 x0 = _mm256_cvtepi32_ps(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row))));
         const __m256 x1 = _mm256_cvtepi32_ps(
@@ -254,6 +253,68 @@ inline bool int8_values_part(const unsigned char* v, Index v_rs, const float* vs
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
           const __m256 wi = _mm256_broadcast_ss(w + j * 4 + i);
+          a[i][0] = _mm256_fmadd_ps(wi, x0, a[i][0]);
+          a[i][1] = _mm256_fmadd_ps(wi, x1, a[i][1]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
+        if (i < nr) {
+          _mm256_storeu_ps(acc + (r0 + i) * dv + e0, a[i][0]);
+          _mm256_storeu_ps(acc + (r0 + i) * dv + e0 + 8, a[i][1]);
+        }
+      }
+    }
+  }
+  return true;
+}
+
+/// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v[j], its scales,
+/// one per `group` elements, at vs[j]), P read transposed out of p^T
+/// (pt[j * ld + r]): each 16 elements (a block's low or high nibbles) widened in registers to
+/// q times their scale, one rounding (fma(nibble, s, -8 s): -8 s is exact, so the product
+/// (nibble - 8) s is rounded once, as the dequantising loader rounds it), products accumulated
+/// in float (no float copy of the rows). 4 query rows x 16 elements per pass (8 accumulators).
+/// Value widths that are not a multiple of 16, or blocks under two scales (group not a multiple
+/// of kInt4Block, smaller than the row): false, nothing done.
+inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
+                             Index n, Index dv, const float* pt, Index ld, Index rows,
+                             float* acc) noexcept {
+  if (dv % 16 != 0 || (group % kInt4Block != 0 && group < dv)) return false;
+  constexpr Index kBlockBytes = kInt4Block / 2;
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    const Index nr = std::min<Index>(4, rows - r0);
+    for (Index e0 = 0; e0 < dv; e0 += 16) {
+      const Index s = e0 / group;
+      const int shift = e0 % kInt4Block == 0 ? 0 : 4;  // the block's low or high nibbles
+      const Index offset = e0 / kInt4Block * kBlockBytes;
+      __m256 a[4][2];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
+        a[i][0] = _mm256_loadu_ps(acc + r * dv + e0);
+        a[i][1] = _mm256_loadu_ps(acc + r * dv + e0 + 8);
+      }
+      for (Index j = 0; j < n; ++j) {
+        const unsigned char* block = v[j] + offset;
+        const __m256 scale = _mm256_broadcast_ss(vs[j] + s);
+        const __m256 bias = _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
+        const __m256i w0 = _mm256_and_si256(
+            _mm256_srli_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block))),
+                shift),
+            low);
+        const __m256i w1 = _mm256_and_si256(
+            _mm256_srli_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8))),
+                shift),
+            low);
+        const __m256 x0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w0), scale, bias);
+        const __m256 x1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w1), scale, bias);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m256 wi = _mm256_set1_ps(i < nr ? pt[j * ld + r0 + i] : 0.0f);
           a[i][0] = _mm256_fmadd_ps(wi, x0, a[i][0]);
           a[i][1] = _mm256_fmadd_ps(wi, x1, a[i][1]);
         }

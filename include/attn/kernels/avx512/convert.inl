@@ -239,129 +239,125 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
 // int8_key_scores_madd(): the int8 scores on a CPU without AVX512-VNNI (avx512/int8_dot.inl).
 #include "attn/kernels/avx2/int8_madd.inl"
 
-/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v + j * v_rs, its
-/// scale at vs[j * vs_rs]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
+/// The register block of the P V passes below: acc rows r0 .. r0 + 3 (row stride dv; rows past
+/// `rows` repeat the last, computed and not stored), elements e0 .. e0 + cols - 1 (cols <= 64,
+/// under lane masks) += sum over keys j < n of weight(j, i) times key j's elements, which
+/// widen(j, mask, x) puts in x[0..3] (16 each, lanes past cols 0): 16 accumulators in
+/// registers, each key's 4 weights broadcast, one pass over the keys.
+template <class Weight, class Widen>
+inline void values_block(Index r0, Index rows, Index e0, Index cols, Index n, Index dv, float* acc,
+                         Weight&& weight, Widen&& widen) noexcept {
+  const Index nr = std::min<Index>(4, rows - r0);
+  __mmask16 mask[4];
+  __m512 a[4][4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) mask[c] = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c)
+      a[i][c] = _mm512_maskz_loadu_ps(mask[c], acc + r * dv + e0 + 16 * c);
+  }
+  for (Index j = 0; j < n; ++j) {
+    __m512 x[4];
+    widen(j, mask, x);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m512 wi = _mm512_set1_ps(weight(j, i));
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) a[i][c] = _mm512_fmadd_ps(wi, x[c], a[i][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      if (i < nr) _mm512_mask_storeu_ps(acc + (r0 + i) * dv + e0 + 16 * c, mask[c], a[i][c]);
+    }
+  }
+}
+
+/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v[j], its scale at
+/// vs[j][0]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
 /// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
-/// accumulated in float (no float copy of the rows). 4 query rows x 64 elements per pass: 16
-/// accumulators in registers, each key's 4 weights broadcast from memory (rows past `rows`
-/// weigh 0 and are not stored).
-inline bool int8_values_part(const unsigned char* v, Index v_rs, const float* vs, Index vs_rs,
-                             Index n, Index dv, const float* pt, Index ld, Index rows,
-                             float* acc) noexcept {
+/// accumulated in float (no float copy of the rows). 4 query rows x 64 elements per pass
+/// (values_block(); rows past `rows` weigh 0).
+inline bool int8_values_part(const unsigned char* const* v, const float* const* vs, Index n,
+                             Index dv, const float* pt, Index ld, Index rows, float* acc) noexcept {
   alignas(64) float w[kKeyBlock * 4];
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index nr = std::min<Index>(4, rows - r0);
     for (Index j = 0; j < n; ++j) {
-      const float scale = vs[j * vs_rs];
+      const float scale = vs[j][0];
       for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
     }
     for (Index e0 = 0; e0 < dv; e0 += 64) {
-      const Index cols = std::min<Index>(64, dv - e0);
-      __mmask16 mask[4];
-      __m512 a[4][4];
+      values_block(
+          r0, rows, e0, std::min<Index>(64, dv - e0), n, dv, acc,
+          [&](Index j, int i) { return w[j * 4 + i]; },
+          [&](Index j, const __mmask16* mask, __m512* x) {
+            const auto* row = reinterpret_cast<const std::int8_t*>(v[j]) + e0;
+            if (j + 16 < n) {
+              _mm_prefetch(reinterpret_cast<const char*>(v[j + 16] + e0), _MM_HINT_T0);
+            }
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        mask[c] = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          a[i][c] = _mm512_maskz_loadu_ps(mask[c], acc + r * dv + e0 + 16 * c);
-        }
-      }
-      for (Index j = 0; j < n; ++j) {
-        const auto* row = reinterpret_cast<const std::int8_t*>(v + j * v_rs) + e0;
-        if (j + 16 < n) _mm_prefetch(reinterpret_cast<const char*>(row + 16 * v_rs), _MM_HINT_T0);
-        __m512 x[4];
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          x[c] =
-              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask[c], row + 16 * c)));
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          const __m512 wi = _mm512_set1_ps(w[j * 4 + i]);
-#pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) a[i][c] = _mm512_fmadd_ps(wi, x[c], a[i][c]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          if (i < nr) _mm512_mask_storeu_ps(acc + (r0 + i) * dv + e0 + 16 * c, mask[c], a[i][c]);
-        }
-      }
+            for (int c = 0; c < 4; ++c) {
+              x[c] = _mm512_cvtepi32_ps(
+                  _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask[c], row + 16 * c)));
+            }
+          });
     }
   }
   return true;
 }
 
-/// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v + j * v_rs, its
-/// scales, one per `group` elements, at vs + j * vs_rs), P read transposed out of p^T
+/// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v[j], its scales,
+/// one per `group` elements, at vs[j]), P read transposed out of p^T
 /// (pt[j * ld + r]): each block widened in registers to the elements q times its scale (one
 /// rounding, as the dequantising loader gives them), products accumulated in float (no float
 /// copy of the rows). A nibble picks its element out of a table of the 16 levels times the
 /// block's scale (vpermps reads an index's low 4 bits, so the bytes need no masking): one
 /// instruction per 16 elements for the widening, subtraction and scaling. 4 query rows x 64
-/// elements (2 blocks) per pass: 16 accumulators in registers. Blocks under two scales (group not a
+/// elements (2 blocks) per pass (values_block()). Blocks under two scales (group not a
 /// multiple of kInt4Block, smaller than the row): false, nothing done.
-inline bool int4_values_part(const unsigned char* v, Index v_rs, const float* vs, Index vs_rs,
-                             Index group, Index n, Index dv, const float* pt, Index ld, Index rows,
+inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
+                             Index n, Index dv, const float* pt, Index ld, Index rows,
                              float* acc) noexcept {
   if (group % kInt4Block != 0 && group < dv) return false;
   constexpr Index kBlockBytes = kInt4Block / 2;
   const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  alignas(64) float w[kKeyBlock * 4];  // the weights, 4 per key (rows past `rows`: 0)
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index nr = std::min<Index>(4, rows - r0);
+    for (Index j = 0; j < n; ++j) {
+      for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] : 0.0f;
+    }
     for (Index e0 = 0; e0 < dv; e0 += 2 * kInt4Block) {
       const Index cols = std::min<Index>(2 * kInt4Block, dv - e0);
       const bool second = cols > kInt4Block;  // the pass's second block exists
       const Index s0 = e0 / group, s1 = std::min(e0 + kInt4Block, dv - 1) / group;
-      __mmask16 mask[4];
-      __m512 a[4][4];
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        mask[c] = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          a[i][c] = _mm512_maskz_loadu_ps(mask[c], acc + r * dv + e0 + 16 * c);
-        }
-      }
-      for (Index j = 0; j < n; ++j) {
-        const unsigned char* block = v + j * v_rs + e0 / kInt4Block * kBlockBytes;
-        if (j + 16 < n) _mm_prefetch(reinterpret_cast<const char*>(block + 16 * v_rs), _MM_HINT_T0);
-        const float* scale = vs + j * vs_rs;
-        const __m512 ta = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s0]));
-        const __m512 tb = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s1]));
-        const __m512i wa =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-        const __m512i wb = second ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                        reinterpret_cast<const __m128i*>(block + kBlockBytes)))
-                                  : _mm512_set1_epi32(8);
-        const __m512 x[4] = {
-            _mm512_permutexvar_ps(wa, ta), _mm512_permutexvar_ps(_mm512_srli_epi32(wa, 4), ta),
-            _mm512_permutexvar_ps(wb, tb), _mm512_permutexvar_ps(_mm512_srli_epi32(wb, 4), tb)};
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          const __m512 wi = _mm512_set1_ps(i < nr ? pt[j * ld + r0 + i] : 0.0f);
-#pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) a[i][c] = _mm512_fmadd_ps(wi, x[c], a[i][c]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          if (i < nr) _mm512_mask_storeu_ps(acc + (r0 + i) * dv + e0 + 16 * c, mask[c], a[i][c]);
-        }
-      }
+      values_block(
+          r0, rows, e0, cols, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
+          [&](Index j, const __mmask16*, __m512* x) {
+            const unsigned char* block = v[j] + e0 / kInt4Block * kBlockBytes;
+            if (j + 16 < n) {
+              _mm_prefetch(reinterpret_cast<const char*>(v[j + 16] + e0 / kInt4Block * kBlockBytes),
+                           _MM_HINT_T0);
+            }
+            const float* scale = vs[j];
+            const __m512 ta = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s0]));
+            const __m512 tb = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s1]));
+            const __m512i wa =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+            const __m512i wb = second ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                            reinterpret_cast<const __m128i*>(block + kBlockBytes)))
+                                      : _mm512_set1_epi32(8);  // level 0
+            x[0] = _mm512_permutexvar_ps(wa, ta);
+            x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(wa, 4), ta);
+            x[2] = _mm512_permutexvar_ps(wb, tb);
+            x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(wb, 4), tb);
+          });
     }
   }
   return true;

@@ -126,8 +126,8 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
 // and the blocks are added in order.
 
 /// The scores of n int4 keys against query rows r0 .. r0 + 3 (rows past q.rows repeat the
-/// last row: computed, stored in s^T's spare columns, never read). Chunks: 64-byte chunks of
-/// a key row (1 or 2; the query's in registers).
+/// last row: computed, stored in s^T's spare columns, never read), 4 keys per step. Chunks:
+/// 64-byte chunks of a key row (1 or 2; the query's in registers).
 template <int Chunks>
 inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsigned char* k,
                                   Index k_rs, const float* ks, Index ks_rs, Index group, Index n,
@@ -160,35 +160,56 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
     }
   }
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m128 qs = _mm_loadu_ps(q.scales + r0);
-  for (Index j = 0; j < n; ++j) {
-    const unsigned char* key = k + j * k_rs;
-    const float* scales = ks + j * ks_rs;
-    __m128 total = _mm_setzero_ps();
+  const __m512 qs = _mm512_broadcast_f32x4(_mm_loadu_ps(q.scales + r0));
+  for (Index j0 = 0; j0 < n; j0 += 4) {
+    __m512 f[Chunks][4];  // key t's blocks 4 c + L (lane L), scaled, its 4 rows in each lane
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
+      const unsigned char* key = k + j * k_rs;
+      const float* scales = ks + j * ks_rs;
+#pragma GCC unroll 2
+      for (int c = 0; c < Chunks; ++c) {
+        const __m512i x = _mm512_maskz_loadu_epi8(bytes[c], key + 64 * c);
+        const __m512i lo = _mm512_and_si512(x, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+        __m512i a[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          a[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qlo[c][i]), hi,
+                                     qhi[c][i]);
+        }
+        const __m512i dots = _mm512_sub_epi32(int8_reduce_rows(a[0], a[1], a[2], a[3]), bias[c]);
+        const __m512 kscale = _mm512_permutexvar_ps(
+            spread,
+            _mm512_castps128_ps512(_mm_setr_ps(scales[scale_at[c][0]], scales[scale_at[c][1]],
+                                               scales[scale_at[c][2]], scales[scale_at[c][3]])));
+        f[c][t] = _mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale);
+      }
+    }
+    // The 4 keys' blocks transposed (128-bit lanes): g[L] lane t = key t's block 4 c + L, so
+    // each key's blocks are added in order with one vector add per block for all 4 keys.
+    __m512 total = _mm512_setzero_ps();
 #pragma GCC unroll 2
     for (int c = 0; c < Chunks; ++c) {
-      const __m512i x = _mm512_maskz_loadu_epi8(bytes[c], key + 64 * c);
-      const __m512i lo = _mm512_and_si512(x, low);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
-      __m512i a[4];
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        a[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, qlo[c][i]), hi,
-                                   qhi[c][i]);
-      }
-      const __m512i dots = _mm512_sub_epi32(int8_reduce_rows(a[0], a[1], a[2], a[3]), bias[c]);
-      const __m512 kscale = _mm512_permutexvar_ps(
-          spread,
-          _mm512_castps128_ps512(_mm_setr_ps(scales[scale_at[c][0]], scales[scale_at[c][1]],
-                                             scales[scale_at[c][2]], scales[scale_at[c][3]])));
-      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale);
-      // The row's blocks in order.
-      total = c == 0 ? _mm512_castps512_ps128(f) : _mm_add_ps(total, _mm512_castps512_ps128(f));
-      if (4 * c + 1 < blocks) total = _mm_add_ps(total, _mm512_extractf32x4_ps(f, 1));
-      if (4 * c + 2 < blocks) total = _mm_add_ps(total, _mm512_extractf32x4_ps(f, 2));
-      if (4 * c + 3 < blocks) total = _mm_add_ps(total, _mm512_extractf32x4_ps(f, 3));
+      const __m512 u0 = _mm512_shuffle_f32x4(f[c][0], f[c][1], 0x44);
+      const __m512 u1 = _mm512_shuffle_f32x4(f[c][0], f[c][1], 0xEE);
+      const __m512 u2 = _mm512_shuffle_f32x4(f[c][2], f[c][3], 0x44);
+      const __m512 u3 = _mm512_shuffle_f32x4(f[c][2], f[c][3], 0xEE);
+      const __m512 g[4] = {_mm512_shuffle_f32x4(u0, u2, 0x88), _mm512_shuffle_f32x4(u0, u2, 0xDD),
+                           _mm512_shuffle_f32x4(u1, u3, 0x88), _mm512_shuffle_f32x4(u1, u3, 0xDD)};
+      total = c == 0 ? g[0] : _mm512_add_ps(total, g[0]);
+      if (4 * c + 1 < blocks) total = _mm512_add_ps(total, g[1]);
+      if (4 * c + 2 < blocks) total = _mm512_add_ps(total, g[2]);
+      if (4 * c + 3 < blocks) total = _mm512_add_ps(total, g[3]);
     }
-    _mm_storeu_ps(st + j * ld + r0, _mm_mul_ps(total, qs));
+    const __m512 s = _mm512_mul_ps(total, qs);
+    const Index keys = std::min<Index>(4, n - j0);
+    float* to = st + j0 * ld + r0;
+    _mm_storeu_ps(to, _mm512_castps512_ps128(s));
+    if (keys > 1) _mm_storeu_ps(to + ld, _mm512_extractf32x4_ps(s, 1));
+    if (keys > 2) _mm_storeu_ps(to + 2 * ld, _mm512_extractf32x4_ps(s, 2));
+    if (keys > 3) _mm_storeu_ps(to + 3 * ld, _mm512_extractf32x4_ps(s, 3));
   }
 }
 

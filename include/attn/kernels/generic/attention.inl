@@ -246,19 +246,19 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   using V = Vec<Scalar>;
   constexpr Index W = V::kWidth;
   constexpr Scalar kNegInf = -std::numeric_limits<Scalar>::infinity();
-  constexpr Index ld = kQueryBlock;  // row stride of s^T
+  Index ld = kQueryBlock;  // row stride of s^T (4 when packed, below)
   static_assert(kQueryBlock % W == 0, "the per-row statistics are whole vectors");
   const Index nq = task.i1 - task.i0, rows = task.heads * nq, d = p.q.extent(3);
   const Index dv = p.v.extent(3), i0 = task.i0;
-  Scalar* qt = scratch;                // Q^T (d, rows)
-  Scalar* st = qt + d * kQueryBlock;   // s^T, then p^T (keys, rows)
-  Scalar* acc = st + kKeyBlock * ld;   // unnormalised output (rows, d_v)
-  Scalar* m = acc + kQueryBlock * dv;  // running max per row
-  Scalar* l = m + kQueryBlock;         // running sum per row
-  Scalar* shift = l + kQueryBlock;     // this tile's exp shift per row
-  Scalar* corr = shift + kQueryBlock;  // rescale factor per row
-  Scalar* seen = corr + kQueryBlock;   // 1 once a row has seen a key its masks allow
-  Scalar* clean = seen + kQueryBlock;  // a V tile with non-finite rows zeroed (rarely)
+  Scalar* qt = scratch;                        // Q^T (d, rows)
+  Scalar* st = qt + d * kQueryBlock;           // s^T, then p^T (keys, rows)
+  Scalar* acc = st + kKeyBlock * kQueryBlock;  // unnormalised output (rows, d_v)
+  Scalar* m = acc + kQueryBlock * dv;          // running max per row
+  Scalar* l = m + kQueryBlock;                 // running sum per row
+  Scalar* shift = l + kQueryBlock;             // this tile's exp shift per row
+  Scalar* corr = shift + kQueryBlock;          // rescale factor per row
+  Scalar* seen = corr + kQueryBlock;           // 1 once a row has seen a key its masks allow
+  Scalar* clean = seen + kQueryBlock;          // a V tile with non-finite rows zeroed (rarely)
   // Storage-type operands (reduced_stream_scratch_size()):
   constexpr bool kReduced = !std::is_same_v<Operand, Scalar>;
   constexpr bool kPairs = kSetIsa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>;
@@ -356,6 +356,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       int4_keys = quantized && ke == KVElement::kInt4;
     }
   }
+  // A decode step's few rows (at most 4) over int8 or int4 keys keep s^T packed, 4 floats per
+  // key (ld 4, the score kernels' 4-row groups): the max and exp passes then take W / 4 keys
+  // per vector instead of one key in a vector of W lanes.
+  const bool packed = W % 4 == 0 && (int8_keys || int4_keys) && rows <= 4;
+  if (packed) ld = 4;
   // ALiBi: each row's key position and its head's slope.
   const bool alibi = p.has_alibi();
   alignas(64) Scalar pos[kQueryBlock], slope[kQueryBlock];
@@ -406,6 +411,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     }
   }();
   bool next_scores = false;  // st_next holds the next tile's scores
+  alignas(64) Scalar lanes[W];  // packed: a vector's lanes, folded 4 by 4 into rows
 
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
     const bool scores_ready = next_scores;
@@ -560,10 +566,19 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // are still 0), never NaN.
     // (Full-width chunks use plain loads and stores: masked stores are slow on some CPUs.)
     const auto lowest = V::set1(std::numeric_limits<Scalar>::lowest());
+    // Packed: the tile's keys to a whole number of vectors with -inf (exp 0: nothing added),
+    // each vector's lane t a score of row t % 4.
+    const Index packed_end = packed ? (width * 4 + W - 1) / W * W : 0;
+    std::fill(st + (packed ? width * 4 : 0), st + packed_end, kNegInf);
     for (Index c = 0; c < rows; c += W) {
       const Index n = std::min(W, rows - c);
       auto tmax = V::set1(kNegInf);
-      if (fused) {
+      if (packed) {
+        for (Index i = 0; i < packed_end; i += W) tmax = V::max(tmax, V::load(st + i));
+        V::store(lanes, tmax);
+        for (Index t = 4; t < W; ++t) lanes[t % 4] = std::max(lanes[t % 4], lanes[t]);
+        tmax = V::load(lanes);  // (lanes past row 3: not read)
+      } else if (fused) {
         if constexpr (kPairs) {
           queue.step();  // pipelined: a block of the last tile's P V
           tmax = amx_scale_bound_max(st + c, ld, width, n, p.scale, !full, begin + c, end + c, j0);
@@ -626,7 +641,21 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         }
       }
     }
-    for (Index c = 0; c < (exps_packed ? 0 : rows); c += W) {
+    if (packed) {  // W / 4 keys per vector; each row's sum over its lanes in lane order
+      for (Index t = 0; t < W; ++t) lanes[t] = shift[t % 4];
+      const auto sh = V::load(lanes);
+      auto sum = V::zero();
+      for (Index i = 0; i < packed_end; i += W) {
+        const auto e = vexp_nonpositive<V>(V::sub(V::load(st + i), sh));
+        V::store(st + i, e);
+        sum = V::add(sum, e);
+      }
+      V::store(lanes, sum);
+      for (Index t = 4; t < W; ++t) lanes[t % 4] += lanes[t];
+      for (Index t = 4; t < W; ++t) lanes[t] = Scalar(0);
+      V::store(l, V::fmadd(V::load(l), V::load(corr), V::load(lanes)));
+    }
+    for (Index c = 0; c < (exps_packed || packed ? 0 : rows); c += W) {
       const Index n = std::min(W, rows - c);
       const auto sh = V::load(shift + c);
       auto sum = V::zero();

@@ -149,12 +149,18 @@ inline void int8_key_scores(const QuantizedQuery& q, const unsigned char* k, Ind
 inline bool quantize_query(const float* const* rows_of, Index rows, Index d, float scale,
                            std::int8_t* bytes, std::int32_t* sums, float* scales,
                            QuantizedQuery& q) noexcept {
+  using V = Vec<float>;
+  constexpr Index W = V::kWidth;
   const Index ld = quantized_query_ld(d);
+  // x * 0 is NaN exactly when x is a NaN or an infinity, and a sum holding a NaN is NaN: one
+  // vector pass instead of a test and a branch per element.
+  auto probe = V::zero();
   for (Index r = 0; r < rows; ++r) {
-    for (Index e = 0; e < d; ++e) {
-      if (!std::isfinite(rows_of[r][e])) return false;
-    }
+    Index e = 0;
+    for (; e + W <= d; e += W) probe = V::add(probe, V::mul(V::load(rows_of[r] + e), V::zero()));
+    if (e < d) probe = V::add(probe, V::mul(V::load_partial(rows_of[r] + e, d - e), V::zero()));
   }
+  if (V::reduce_add(probe) != 0.0f) return false;
   const Index padded = (rows + 3) / 4 * 4;
   for (Index r = 0; r < padded; ++r) {
     std::int8_t* x = bytes + r * ld;
@@ -250,20 +256,42 @@ inline bool stored_may_be_nonfinite(KVElement e) noexcept {
   return e != KVElement::kInt8 && e != KVElement::kInt4;
 }
 
-// ---- P V over int8 values in registers ----
+// ---- P V over int8 and int4 values in registers ----
 
 /// No vector form in this set: false, nothing done (the caller dequantises the V tile).
 template <class Byte>
-inline bool int8_values_part(const Byte*, Index, const float*, Index, Index, Index, const float*,
+inline bool int8_values_part(const Byte* const*, const float* const*, Index, Index, const float*,
                              Index, Index, float*) noexcept {
   return false;
 }
 
 /// No vector form in this set: false, nothing done (the caller dequantises the V tile).
 template <class Byte>
-inline bool int4_values_part(const Byte*, Index, const float*, Index, Index, Index, Index,
+inline bool int4_values_part(const Byte* const*, const float* const*, Index, Index, Index,
                              const float*, Index, Index, float*) noexcept {
   return false;
+}
+
+/// fn(rows, scales, j0, count) over the stored rows slot .. slot + n - 1 of item b, head h, at
+/// most kKeyBlock at a time: each row's address and its scales' (rows[j], scales[j]: row
+/// j0 + j), so that a value pass reads a paged cache's rows as a contiguous cache's, in one
+/// call per tile whatever the block size. False when fn is.
+template <class Fn>
+bool stored_row_addresses(const StoredRows& s, Index b, Index h, Index slot, Index n, Fn&& fn) {
+  const unsigned char* rows[kKeyBlock];
+  const float* scales[kKeyBlock];
+  for (Index j0 = 0; j0 < n; j0 += kKeyBlock) {
+    const Index count = std::min(kKeyBlock, n - j0);
+    stored_runs(s, b, h, slot + j0, count,
+                [&](const unsigned char* row, const float* sc, Index r0, Index run) {
+                  for (Index r = 0; r < run; ++r) {
+                    rows[r0 + r] = row + r * s.row_stride;
+                    scales[r0 + r] = sc + r * s.scale_row_stride;
+                  }
+                });
+    if (!fn(rows, scales, j0, count)) return false;
+  }
+  return true;
 }
 
 /// acc (rows, dv) += P V over the stored int4 values slot .. slot + n - 1 of item b, head h
@@ -272,13 +300,11 @@ inline bool int4_values_part(const Byte*, Index, const float*, Index, Index, Ind
 /// done, where it has none.
 inline bool stored_int4_values(const StoredRows& s, Index b, Index h, Index slot, Index n, Index dv,
                                const float* pt, Index ld, Index rows, float* acc) noexcept {
-  bool done = true;
-  stored_runs(s, b, h, slot, n,
-              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
-                done = done && int4_values_part(row, s.row_stride, scales, s.scale_row_stride,
-                                                s.group, run, dv, pt + j0 * ld, ld, rows, acc);
-              });
-  return done;
+  return stored_row_addresses(
+      s, b, h, slot, n,
+      [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {
+        return int4_values_part(v, vs, s.group, count, dv, pt + j0 * ld, ld, rows, acc);
+      });
 }
 
 /// acc (rows, dv) += P V over the stored int8 values slot .. slot + n - 1 of item b, head h,
@@ -287,11 +313,9 @@ inline bool stored_int4_values(const StoredRows& s, Index b, Index h, Index slot
 /// registers); false, nothing done, where it has none.
 inline bool stored_int8_values(const StoredRows& s, Index b, Index h, Index slot, Index n, Index dv,
                                const float* pt, Index ld, Index rows, float* acc) noexcept {
-  bool done = true;
-  stored_runs(s, b, h, slot, n,
-              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
-                done = done && int8_values_part(row, s.row_stride, scales, s.scale_row_stride, run,
-                                                dv, pt + j0 * ld, ld, rows, acc);
-              });
-  return done;
+  return stored_row_addresses(
+      s, b, h, slot, n,
+      [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {
+        return int8_values_part(v, vs, count, dv, pt + j0 * ld, ld, rows, acc);
+      });
 }
