@@ -803,14 +803,15 @@ StepGradients<S> training_step(const attn::MultiHeadAttention<S>& module, const 
 // rounding, 2^-24 relative, is far below the bound).
 //
 // Bound. The bfloat16 backward rounds (u = 2^-9 relative each) what its forward rounded (Q, K,
-// V, P, the context C: the double reference keeps them exact) and dQKV before the projection
-// GEMMs, and each gradient once as it is stored; everything else is float. A gradient is a
+// V, P, the context C: the double reference keeps them exact), dC, and on AMX and the dot
+// product P and dS before the attention's products, dQKV before the projection GEMMs, and each
+// gradient once as it is stored; everything else is float. A gradient is a
 // sum of products of such values, each term off by a few u: dW_o = dY^T C by C's two
 // roundings, dV = P^T dC by P's, and dQ, dK through dS = P (dP - D), where D = rowsum(dO O)
 // is the P-weighted mean of dP, so dP's error counts against the smaller |dP - D|. The
 // projections' gradients add dQKV's rounding. Normalised to the tensor's largest element,
-// terms of random sign add up slower than their count: measured here, 1.4e-3 to 5.2e-3
-// (0.7 to 2.6 u) over all gradients, cases, sets and paths. The rotary case rounds Q and K a
+// terms of random sign add up slower than their count: measured here, at most 5.2e-3 (2.6 u)
+// over all gradients, cases, sets and paths, with P and dS rounded or not. The rotary case rounds Q and K a
 // second time, after the rotation (u each, as the forward test above counts it), which moves
 // dQKV by a u more at most. The bound 1.6e-2 = 8u is three times that; a gradient that misses a
 // term (a bias, a head, dropout's keep decisions) or takes a wrong transpose is off by 20 % or
