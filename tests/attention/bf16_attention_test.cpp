@@ -811,10 +811,10 @@ StepGradients<S> training_step(const attn::MultiHeadAttention<S>& module, const 
 // is the P-weighted mean of dP, so dP's error counts against the smaller |dP - D|. The
 // projections' gradients add dQKV's rounding. Normalised to the tensor's largest element,
 // terms of random sign add up slower than their count: measured here, at most 5.2e-3 (2.6 u)
-// over all gradients, cases, sets and paths, with P and dS rounded or not. The rotary case rounds Q and K a
-// second time, after the rotation (u each, as the forward test above counts it), which moves
-// dQKV by a u more at most. The bound 1.6e-2 = 8u is three times that; a gradient that misses a
-// term (a bias, a head, dropout's keep decisions) or takes a wrong transpose is off by 20 % or
+// over all gradients, cases, sets and paths, with P and dS rounded or not. The rotary case rounds Q
+// and K a second time, after the rotation (u each, as the forward test above counts it), which
+// moves dQKV by a u more at most. The bound 1.6e-2 = 8u is three times that; a gradient that misses
+// a term (a bias, a head, dropout's keep decisions) or takes a wrong transpose is off by 20 % or
 // more.
 TEST_F(StorageAttention, Bf16ModuleBackwardMatchesTheDoubleModule) {
   struct TrainCase {
