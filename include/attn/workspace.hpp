@@ -32,7 +32,7 @@ enum class WorkspaceSlot : std::size_t {
   kGradProjection,  // the backward's dQ, dK, dV, head-major like the projections
   kWideOutput,      // float results (and bias) of a GEMM on bfloat16 operands, before rounding
   kCacheRows,       // a step's keys and values read from a KV cache with sinks, rotated
-  kWideBackward,    // a bfloat16 backward's float copies of Q, K, V, the context and logsumexp
+  kWideBackward,    // a bfloat16 backward's float copies of Q, K, V and the context
   kNarrowBackward,  // a bfloat16 backward's bfloat16 GEMM operands (rounded or transposed)
   kWideSinks,       // a bfloat16 (float16) module's learned sinks widened to float for a call
   kCount            // number of slots (not a slot)

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/attention/detail/call.hpp"
 #include "attn/attention/detail/module_support.hpp"
 #include "attn/attention/module_core.hpp"
 #include "attn/attention/saved_forward.hpp"
@@ -18,8 +19,10 @@
 #include "attn/attention/varlen.hpp"
 #include "attn/config.hpp"
 #include "attn/error.hpp"
+#include "attn/isa.hpp"
 #include "attn/nn/gradients.hpp"
 #include "attn/nn/linear.hpp"
+#include "attn/ops/attention_backward.hpp"
 #include "attn/ops/convert.hpp"
 #include "attn/ops/gemm.hpp"
 #include "attn/tensor/overlap.hpp"
@@ -331,11 +334,15 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 /// bfloat16"):
 ///   1. out_proj: dC = dY W_o, dW_o += dY^T C (bfloat16 GEMMs), db_o += column sums of dY in
 ///      float; dC stays float (without out_proj: dY widened);
-///   2. kernel, in float: Q, K, V widened exactly, the forward recomputed in float for its
-///      output and logsumexp (the bfloat16 forward keeps neither in float), then the float
-///      streaming backward into float dQ, dK, dV (and, with learned sinks, a float dL/dsinks
-///      added into their bfloat16 gradient); with rotary embeddings, the float dQ and dK
-///      rotated back (R^T, float tables) as core_backward() rotates them;
+///   2. kernel: dC rounded once to bfloat16 (the attention's gradient input, as bfloat16
+///      autograd holds it); the streaming backward on the forward's record (Q, K, V and the
+///      context O, widened exactly, and its float logsumexp: nothing is recomputed but the
+///      tiles' P), its five products on bfloat16 operands with float sums on the bf16_path()
+///      (AMX or vdpbf16ps; P and dS rounded to bfloat16 before they multiply; widening: the
+///      float products), the softmax, D and dS in float, into float dQ, dK, dV (and, with
+///      learned sinks, a float dL/dsinks added into their bfloat16 gradient); with rotary
+///      embeddings, the float dQ and dK rotated back (R^T, float tables) as core_backward()
+///      rotates them;
 ///   3. projections: each group's dQKV rounded once to bfloat16, then dW += dQKV^T X and
 ///      dX += dQKV W (bfloat16 GEMMs), db += column sums of the float dQKV.
 /// Every addition into a bfloat16 gradient (grads, grad_in) widens it, adds the float result
@@ -367,23 +374,31 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
     convert(grad_out, TensorView<float, 3>(dc, {batch, tq, width}));
   }
 
-  // 2. The kernel in float. Scratch (kWideBackward): Q, K, V widened, contiguous; the
-  //    recomputed output O (B, T_q, A) and logsumexp (B, H, T_q); with sinks, dL/dsinks (H).
-  //    The forward's options hold its sinks widened (into the record's storage).
+  // 2. The kernel. Scratch (kWideBackward): Q, K, V and the context widened, contiguous; with
+  //    sinks, dL/dsinks (H). The forward's options hold its sinks widened (into the record's
+  //    storage). dC rounded in place through a bfloat16 copy (kNarrowBackward, free until
+  //    step 3).
+  {
+    bfloat16* narrow = workspace_get<bfloat16>(ws, WorkspaceSlot::kNarrowBackward, q_rows * width);
+    const TensorView<float, 2> wide_dc(dc, {q_rows, width});
+    const TensorView<bfloat16, 2> narrow_dc(narrow, {q_rows, width});
+    convert(TensorView<const float, 2>(wide_dc), narrow_dc);
+    convert(TensorView<const bfloat16, 2>(narrow_dc), wide_dc);
+  }
   const auto padded = [](Index n) { return (n + 15) / 16 * 16; };  // whole 64-byte lines
   const Index nq = padded(saved.query.size()), nk = padded(saved.key.size()),
               nv = padded(saved.value.size()), no = padded(q_rows * width),
-              nl = padded(batch * heads * tq), ns = c.sinks ? heads : 0;
-  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideBackward, nq + nk + nv + no + nl + ns);
+              ns = c.sinks ? heads : 0;
+  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideBackward, nq + nk + nv + no + ns);
   const TensorView<float, 4> q(wide, saved.query.shape()), k(wide + nq, saved.key.shape()),
       v(wide + nq + nk, saved.value.shape());
   convert(saved.query, q);
   convert(saved.key, k);
   convert(saved.value, v);
   const Shape<4> context_strides{tq * width, hd_v, width, 1};  // (B, T_q, H, hd_v) as (B, H, ...)
-  const TensorView<float, 4> out(wide + nq + nk + nv, {batch, heads, tq, hd_v}, context_strides);
-  const TensorView<float, 3> lse(wide + nq + nk + nv + no, {batch, heads, tq});
-  attend<float>(where, q, k, v, out, saved.mask, saved.options, {}, ws, c.causal_bound(), lse);
+  float* o = wide + nq + nk + nv;
+  convert(saved.context, TensorView<float, 3>(o, {batch, tq, width}));
+  const TensorView<const float, 4> out(o, {batch, heads, tq, hd_v}, context_strides);
   const ProjectionGroups groups = projection_groups(proj, saved, grad_in);
   const Index total = projection_grad_size(proj, batch, tq, tk);
   float* dqkv = workspace_get<float>(ws, WorkspaceSlot::kGradProjection, total);
@@ -392,14 +407,17 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   GemmOutput<const float> group_rows[3];
   projection_grad_layout(proj, groups, batch, tq, tk, dqkv, part_grad, group_rows);
   const TensorView<float, 1> grad_sinks =
-      c.sinks ? TensorView<float, 1>(wide + nq + nk + nv + no + nl, {heads})
-              : TensorView<float, 1>();
+      c.sinks ? TensorView<float, 1>(wide + nq + nk + nv + no, {heads}) : TensorView<float, 1>();
   if (c.sinks) std::fill_n(grad_sinks.data(), heads, 0.0f);
   const AttentionGradients<float> kernel_grads{
       TensorView<const float, 4>(dc, {batch, heads, tq, hd_v}, context_strides), part_grad[0],
       part_grad[1], part_grad[2], grad_sinks};
-  attend_backward<float>(where, q, k, v, out, lse, kernel_grads, saved.mask, saved.options, ws,
-                         c.causal_bound(), /*own_gradients=*/true);
+  AttentionCall<float> call =
+      backward_call<float>(where, q, k, v, out, saved.logsumexp, kernel_grads, saved.mask,
+                           saved.options, c.causal_bound(), /*own_gradients=*/true);
+  call.args.path = bf16_path();
+  const BackwardNarrow narrow{saved.query, saved.key, saved.value};
+  run_attention_backward(call, kernel_grads, ws, &narrow);
   rotate_back(core, part_grad, nullptr);  // in float, before dQ and dK are rounded
   if (c.sinks) {                          // widened, added, rounded once
     const TensorView<bfloat16, 1> into = grads.of(core.sinks());

@@ -172,10 +172,10 @@ class AttentionCore {
         direct ? out.data() : workspace_get<Scalar>(keep, WorkspaceSlot::kContext, batch * tq * d);
     const Shape<3> ctx_strides = direct ? out.strides() : Shape<3>{tq * d, d, 1};
     const AttentionOptions options = kernel_options(weights, keep);
-    // A training forward keeps each query's logsumexp for the streaming backward (a bfloat16
-    // one none: its backward recomputes it in float).
+    // A training forward keeps each query's logsumexp (in Compute: float for a bfloat16
+    // core) for the streaming backward.
     const TensorView<Compute, 3> lse =
-        kStorage || saved == nullptr
+        saved == nullptr
             ? TensorView<Compute, 3>()
             : TensorView<Compute, 3>(
                   workspace_get<Compute>(keep, WorkspaceSlot::kLogsumexp, batch * num_heads() * tq),
@@ -319,7 +319,7 @@ class AttentionCore {
     if constexpr (kStorage) {
       ATTN_ASSERT(packed == nullptr);
       detail::attend_storage<Scalar>(config_.forward_name, heads.query, heads.key, heads.value, ctx,
-                                     mask, options, ws, config_.causal_bound());
+                                     mask, options, ws, config_.causal_bound(), lse);
     } else {
       if (packed != nullptr) {
         attend_packed(config_.forward_name, heads.query, heads.key, heads.value, ctx, *packed, mask,

@@ -67,8 +67,8 @@ ATTN_NAMESPACE_BEGIN
 /// (ShapeError: the forward overwrites them). A SavedForward is movable (the views stay
 /// valid) but not copyable.
 ///
-/// @tparam Scalar float or double; or bfloat16 (a bfloat16 module's record: its mask is float,
-///         and it keeps no logsumexp: the backward recomputes it in float).
+/// @tparam Scalar float or double; or bfloat16 (a bfloat16 module's record: its mask and its
+///         logsumexp are float).
 template <class Scalar>
 struct SavedForward {
   /// What the mask and the logsumexp are in: Scalar, or float for bfloat16.
@@ -92,7 +92,7 @@ struct SavedForward {
   TensorView<const Scalar, 4> query, key, value;
   /// The kernel's output, (B, T_q, D) = (B, T_q, H, hd) merged.
   TensorView<const Scalar, 3> context;
-  /// The kernel's logsumexp per query, (B, H, T_q) (empty for bfloat16).
+  /// The kernel's logsumexp per query, (B, H, T_q) (float for bfloat16).
   TensorView<const Compute, 3> logsumexp;
   /// The caller's mask (the module's own causal bound is not in it; the module adds it).
   AttentionMask<Compute> mask;

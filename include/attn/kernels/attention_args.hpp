@@ -16,6 +16,7 @@
 #include "attn/isa.hpp"
 #include "attn/kernels/kv_storage.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/bfloat16.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -89,6 +90,19 @@ constexpr Index stream_backward_scratch_size(Index head_dim, Index value_dim) no
          std::max(kKeyBlock * (head_dim + value_dim), kQueryBlock * head_dim) + 64;
 }
 
+/// Scratch elements a streaming backward task with bfloat16 products (AttentionArgs::path
+/// kAmx or kDot on float operands) needs beyond stream_backward_scratch_size(), in floats:
+/// the query tile's Q and dO rounded (kQueryBlock, d + d_v bfloat16), as k-pairs along d
+/// and d_v ((d + d_v) / 2 + 32 words, kQueryBlock) and along the rows (kQueryBlock / 2,
+/// d + d_v); a K and a V tile rounded into whole tiles (kKeyBlock, d + d_v + 64 bfloat16), K
+/// as k-pairs along its rows (kKeyBlock / 2, d); P^T and dS^T (or dS) rounded (kKeyBlock,
+/// kQueryBlock bfloat16 each); 64-byte alignment of each part.
+constexpr Index pair_backward_scratch_size(Index head_dim, Index value_dim) noexcept {
+  return kQueryBlock * (head_dim + value_dim) / 2 +
+         ((head_dim + value_dim) / 2 + 34) * kQueryBlock +
+         kQueryBlock / 2 * (head_dim + value_dim) + kKeyBlock * (head_dim + value_dim + 64) / 2 +
+         kKeyBlock / 2 * head_dim + kKeyBlock * kQueryBlock + 16 * 12;
+}
 /// Scratch elements one materialised backward task needs: P (then A) and dA (then dS),
 /// (T_q, T_k) each, K^T or V^T (max(d, d_v), T_k) and one value per query; with a softcap,
 /// its derivative (T_q, T_k) too.
@@ -172,9 +186,17 @@ struct AttentionGradients {
 /// `sink_partials`, with sinks and grad_sinks: the driver's buffer where each task writes its
 /// share of dL/dsink_h (streaming: one per (b, h, query tile), materialised: one per (b, h)),
 /// summed in a fixed order afterwards.
+/// q, k and v of a backward call as bfloat16, the same shapes with unit inner strides: a
+/// bfloat16 module's backward (float operands holding bfloat16 values, `path` kAmx or kDot)
+/// gives them for its bfloat16 products to read in place; empty otherwise.
+struct BackwardNarrow {
+  TensorView<const bfloat16, 4> q, k, v;
+};
+/// `narrow`: see BackwardNarrow.
 template <class Scalar>
 struct AttentionBackwardArgs : AttentionArgs<Scalar>, AttentionGradients<Scalar> {
   Scalar* sink_partials = nullptr;
+  BackwardNarrow narrow;
 };
 
 /// What one attention backward task computes: dK and dV of a key tile (streaming), dQ of a

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512.hpp: the avx512 kernel set, attn::kernels::avx512: the set's primitives
-// (avx512/vec.inl, avx512/convert.inl), its bfloat16 dot-product, int8 dot-product and AMX
-// kernels (avx512/bf16_dot.inl, avx512/int8_dot.inl, avx512/amx_bf16.inl) and the generic kernels
-// (generic/*.inl), in that order, each compiled in its target region.
+// (avx512/vec.inl, avx512/convert.inl, avx512/backward_pairs.inl), its bfloat16 dot-product, int8
+// dot-product and AMX kernels (avx512/bf16_dot.inl, avx512/int8_dot.inl, avx512/amx_bf16.inl) and
+// the generic kernels (generic/*.inl), in that order, each compiled in its target region.
 #pragma once
 
 #include "attn/kernels/prelude.hpp"
@@ -18,6 +18,7 @@ inline constexpr Isa kSetIsa = Isa::kAvx512;
 // clang-format off
 #include "attn/kernels/avx512/vec.inl"
 #include "attn/kernels/avx512/convert.inl"
+#include "attn/kernels/avx512/backward_pairs.inl"
 // clang-format on
 }  // namespace avx512
 }  // namespace kernels

@@ -49,9 +49,11 @@ struct BackwardRun {
 /// With sinks and grad_sinks: each dQ task (materialised: each head) writes its rows' share
 /// of dL/dsink_h into a buffer, summed per head in (batch, tile) order at the end, call
 /// after call, each call's sum added on its own (as the call alone adds it).
+/// `narrow`, when not null, gives each call's q, k and v in bfloat16 (BackwardNarrow).
 template <class Scalar>
 void run_attention_backward(const AttentionCall<Scalar>* calls,
-                            const AttentionGradients<Scalar>* grads, Index count, Workspace& ws) {
+                            const AttentionGradients<Scalar>* grads, Index count, Workspace& ws,
+                            const BackwardNarrow* narrow = nullptr) {
   if (count <= 0) return;
   BackwardRun<Scalar> one;
   std::vector<BackwardRun<Scalar>> many;
@@ -65,6 +67,7 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
     BackwardRun<Scalar>& r = runs[c];
     static_cast<AttentionArgs<Scalar>&>(r.args) = call.args;
     static_cast<AttentionGradients<Scalar>&>(r.args) = grads[c];
+    if (narrow != nullptr) r.args.narrow = narrow[c];
     const Index batch = call.batch(), heads = call.heads(), tq = call.queries();
     const Index kv_heads = call.kv_heads(), tk = call.keys();
     const Index d = call.head_dim(), dv = call.value_dim();
@@ -74,9 +77,12 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
     r.query_tasks = call.materialize ? 0 : batch * heads * r.q_tiles;
     r.first_key = key_tasks, r.first_query = query_tasks;
     key_tasks += r.key_tasks, query_tasks += r.query_tasks;
-    scratch = std::max(scratch, call.materialize ? materialized_backward_scratch_size(
-                                                       tq, d, dv, tk, r.args.softcap != Scalar(0))
-                                                 : stream_backward_scratch_size(d, dv));
+    scratch = std::max(
+        scratch,
+        call.materialize
+            ? materialized_backward_scratch_size(tq, d, dv, tk, r.args.softcap != Scalar(0))
+            : stream_backward_scratch_size(d, dv) +
+                  (r.args.path != Bf16Path::kWiden ? pair_backward_scratch_size(d, dv) : 0));
     r.sink_tiles = call.materialize ? 1 : r.q_tiles;
     if (r.args.sinks != nullptr && grads[c].grad_sinks.data() != nullptr) {
       shares += batch * heads * r.sink_tiles;
@@ -156,8 +162,9 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
 /// The backward of one attention call (see the run of several above).
 template <class Scalar>
 void run_attention_backward(const AttentionCall<Scalar>& call,
-                            const AttentionGradients<Scalar>& grads, Workspace& ws) {
-  run_attention_backward(&call, &grads, 1, ws);
+                            const AttentionGradients<Scalar>& grads, Workspace& ws,
+                            const BackwardNarrow* narrow = nullptr) {
+  run_attention_backward(&call, &grads, 1, ws, narrow);
 }
 
 }  // namespace detail

@@ -280,18 +280,20 @@ AttentionCall<Scalar, Operand> make_call(
 
 /// scaled_dot_product_attention() on storage-type operands (Operand bfloat16 or float16; the
 /// mask and the options in float): check_sdpa(), then the streaming driver on an
-/// AttentionCall<float, Operand> built as make_call() builds a float one.
+/// AttentionCall<float, Operand> built as make_call() builds a float one; when `lse` is not
+/// empty, each query's float logsumexp into it (B, H, T_q) (a module's training forward).
 template <class Operand>
 void attend_storage(const char* where, TensorView<const identity_t<Operand>, 4> q,
                     TensorView<const identity_t<Operand>, 4> k,
                     TensorView<const identity_t<Operand>, 4> v, TensorView<Operand, 4> out,
                     const AttentionMask<float>& mask, const AttentionOptions& options,
-                    Workspace& workspace, const CausalBound& module = {}) {
+                    Workspace& workspace, const CausalBound& module = {},
+                    TensorView<float, 3> lse = {}) {
   require_config(options.path != AttentionPath::kMaterialized, where, [] {
     return std::string(element_name<Operand>()) +
            " operands take the streaming path only; kMaterialized needs float or double";
   });
-  run_attention(make_call<float, Operand>(where, q, k, v, out, {}, {}, mask, options, module),
+  run_attention(make_call<float, Operand>(where, q, k, v, out, {}, lse, mask, options, module),
                 workspace);
 }
 

@@ -22,7 +22,9 @@
 //    dot-product kernel bf16_dot_tile_rows(), its packing pack_pairs(), and the AMX kernel
 //    amx_configure(), amx_pack_a(), amx_block(), amx_panel(), amx_store(), amx_fence(),
 //    amx_release() (see generic/gemm.inl), amx_tiles() and amx_tile_queue() (its products
-//    issued a block at a time) for the attention's products; and
+//    issued a block at a time) for the attention's products (the backward's too, with
+//    bf16_dot_tile_rows(), pack_pairs(), pack_row_pairs() and pack_probabilities(); and
+//    avx512/backward_pairs.inl's store_rounded()); and
 //    (avx512/int8_dot.inl) the AVX512-VNNI int8_key_scores_part() and
 //    int4_key_scores_part(); the avx2 set's AVX-VNNI form (avx2/int8_vnni.inl) and its
 //    choice (avx2/int8_dispatch.inl).
