@@ -50,6 +50,8 @@ const GemmCase kCases[] = {
     {3 * 33, 5 * 24, 33, 33, 24},   // segments narrower than a micro-panel
     {2 * 20, 25 * 40, 50, 20, 40},  // 512-column tiles cut a 40-wide segment
     {2 * 20, 6 * 8, 70, 20, 8},     // segments narrower than an AMX tile
+    {2 * 10, 19 * 72, 40, 10, 72},  // 704-column tiles cut a 72-wide segment's 64-column
+                                    // group 8 columns into a 16-column AMX tile
 };
 
 template <class Element>
@@ -285,7 +287,8 @@ float model(const Operands& ops, Index i, Index j, Index k, Index depth_block, c
 Index depth_block_of(Isa isa, Bf16Path path, Index k) {
   const Index limit = attn::detail::with_kernels(
       isa, [](auto set) { return decltype(set)::template gemm_depth<float>(); });
-  return attn::detail::even_block(k, limit, attn::detail::gemm_depth_multiple(path));
+  return attn::detail::even_block(k, attn::detail::gemm_depth_limit(limit, path),
+                                  attn::detail::gemm_depth_multiple(path));
 }
 
 // Every path gives exactly its model's bits on every set: the widening path because every

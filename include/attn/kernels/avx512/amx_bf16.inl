@@ -150,43 +150,52 @@ inline void amx_block(Index rows, Index depth, const bfloat16* a, const float* b
 
 /// The GEMM's products of a row block (generic/gemm.inl): rows [0, rows) (rows <= 32) x
 /// columns [0, cols) of A B, stored as whole tiles into `c` (row stride ldc floats): 16 or 32
-/// rows, and 16 columns for a panel narrower than a tile (c has room for them). `a` and `b` as
-/// amx_block() takes them. No masks and no staging: amx_store() later adds the bias and writes
-/// C. `between()` is called once per pair of tile columns, after its products are issued and
-/// before its tiles are stored: the caller's stores of earlier results (amx_store()) then run
-/// while the tiles compute.
+/// rows, and 16 columns for a panel narrower than a tile (c has room for them). `a`: rows of
+/// whole 32-deep tiles, row stride lda elements (amx_pack_a()'s block, lda amx_depth(depth), or
+/// A itself when depth is whole tiles and rows are whole tiles); `b` a k-pair micro-panel,
+/// gemm_words(kAmx, depth) rows of stride ldb words, whose tile for columns [s, s + 16) starts
+/// at b + s * col_step: col_step 1 for one panel (ldb its width), gemm_words(kAmx, depth) for
+/// 16-column sub-panels one after another (ldb 16, cols whole tiles: gemm_tiled()). No masks and
+/// no staging: amx_store() later adds the bias and writes C. `between()` is called for each pair
+/// of tile columns after every `every` steps of 32 depth (and after the last), once their
+/// products are issued: the caller's stores of earlier results (amx_store()) then run while the
+/// tiles compute (ceil(steps / every) calls per pair).
 template <class Between>
-inline void amx_panel(Index rows, Index depth, const bfloat16* a, const float* b, Index ldb,
-                      Index cols, float* c, Index ldc, Between&& between) {
-  const Index steps = amx_depth(depth) / 32, a_stride = amx_depth(depth) * 2;
-  alignas(64) float narrow[256 * 16];  // a panel narrower than a tile, widened to 16 columns
+inline void amx_panel(Index rows, Index depth, const bfloat16* a, Index lda, const float* b,
+                      Index ldb, Index col_step, Index cols, float* c, Index ldc, Index every,
+                      Between&& between) {
+  const Index steps = amx_depth(depth) / 32, a_stride = lda * 2;
+  // A panel narrower than a tile, widened to 16 columns (depth blocks are at most 1024 deep:
+  // gemm_depth_limit()).
+  alignas(64) float narrow[512 * 16];
   if (cols < 16) {
     for (Index q = 0; q < steps * 16; ++q) {
       for (Index col = 0; col < 16; ++col)
         narrow[q * 16 + col] = col < cols ? b[q * ldb + col] : 0.0f;
     }
-    b = narrow, ldb = 16;
+    b = narrow, ldb = 16, col_step = 1;
   }
-  const Index b_stride = ldb * 4, c_stride = ldc * 4;
+  const Index b_stride = ldb * 4, c_stride = ldc * 4, b_step = 16 * ldb;
   const bool two = rows > 16;
-  const bfloat16* a1 = a + 16 * (a_stride / 2);
+  const bfloat16* a1 = a + 16 * lda;
   const Index width = cols < 16 ? 16 : cols;
   // Tile columns in pairs: every 16 from 0, the last pair's second tile ending at the panel's
   // edge (overlapping, with the same bits, the one before it).
   for (Index s0 = 0; s0 < width; s0 += 32) {
     const bool pair = s0 + 16 < width;
     const Index s1 = pair ? std::min<Index>(s0 + 16, width - 16) : s0;
+    const float* b0 = b + s0 * col_step;
+    const float* b1 = b + s1 * col_step;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (Index step = 0; step < steps; ++step) {
-      const float* bp = b + step * 16 * ldb;
       _tile_loadd(4, a + step * 32, a_stride);
-      _tile_loadd(6, bp + s0, b_stride);
+      _tile_loadd(6, b0 + step * b_step, b_stride);
       _tile_dpbf16ps(0, 4, 6);
       if (pair) {
-        _tile_loadd(7, bp + s1, b_stride);
+        _tile_loadd(7, b1 + step * b_step, b_stride);
         _tile_dpbf16ps(1, 4, 7);
       }
       if (two) {
@@ -194,8 +203,8 @@ inline void amx_panel(Index rows, Index depth, const bfloat16* a, const float* b
         _tile_dpbf16ps(2, 5, 6);
         if (pair) _tile_dpbf16ps(3, 5, 7);
       }
+      if ((step + 1) % every == 0 || step + 1 == steps) between();
     }
-    between();
     _tile_stored(0, c + s0, c_stride);
     if (pair) _tile_stored(1, c + s1, c_stride);
     if (two) {
