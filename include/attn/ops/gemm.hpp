@@ -117,11 +117,11 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
     // AMX works on 32-row blocks (two 16-row tiles); row chunks of whole blocks waste none.
     const Index micro_rows = amx ? 32 : Set::template micro_rows<Scalar>();
     const Index m = g.m, n = g.n, k = g.k;
-    g.depth_block = g.pre != nullptr ? g.pre->depth_block()
-                                     : even_block(k,
-                                                  gemm_depth_limit(
-                                                      Set::template gemm_depth<Scalar>(), g.path),
-                                                  gemm_depth_multiple(g.path));
+    g.depth_block =
+        g.pre != nullptr
+            ? g.pre->depth_block()
+            : even_block(k, gemm_depth_limit(Set::template gemm_depth<Scalar>(), g.path),
+                         gemm_depth_multiple(g.path));
     g.tile_cols = even_block(n, kGemmCols, group_cols);
     g.col_tiles = (n + g.tile_cols - 1) / g.tile_cols;
     const Index want = 2 * static_cast<Index>(num_threads());

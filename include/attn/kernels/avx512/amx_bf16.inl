@@ -214,6 +214,36 @@ inline void amx_panel(Index rows, Index depth, const bfloat16* a, Index lda, con
   }
 }
 
+/// 32 floats (two vectors) -> 32 bfloat16, rounded as convert_ops::bfloat16_lanes() rounds
+/// them (nearest even, NaN -> 0x7FC0), lo's 16 first: one 64-byte vector for one
+/// non-temporal store instead of two 32-byte ones (measured on this Emerald Rapids VM, one
+/// core, 12 MiB: 0.64 ms against 0.95 ms).
+inline __m512i amx_bfloat16_high(__m512i u) noexcept {  // the bfloat16 in each high half
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC00000));
+}
+inline __m512i amx_bfloat16_pair(__m512 lo, __m512 hi) noexcept {
+  // The high halves of lo's lanes, then of hi's.
+  const __m512i odd =
+      _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                       25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(amx_bfloat16_high(_mm512_castps_si512(lo)), odd,
+                                   amx_bfloat16_high(_mm512_castps_si512(hi)));
+}
+
+/// amx_store()'s sum for columns [s, s + 16) of a row (`mask` of them): from + bias (+ cp).
+inline __m512 amx_sum(const float* from, const float* cp, const float* bias, Index s,
+                      __mmask16 mask, bool accumulate) noexcept {
+  const __m512 bias_v =
+      bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + s) : _mm512_setzero_ps();
+  __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, from + s), bias_v);
+  if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, cp + s));
+  return v;
+}
+
 /// C rows [row0, row0 + rows), columns [col, col + cols) of `out` (col its offset within a
 /// row) from amx_panel()'s results `c` (row stride ldc): (accumulate ? C : 0) + (c + bias)
 /// (bias +0 when null), the additions amx_block() makes. With `rounded` (a bfloat16 twin of
@@ -228,12 +258,17 @@ inline void amx_store(Index rows, const float* c, Index ldc, Index cols,
     float* cp = out.row(row0 + r) + col;
     bfloat16* rp = rounded != nullptr ? rounded + (cp - out.data) : nullptr;
     const float* from = c + r * ldc;
-    for (Index s = 0; s < cols; s += 16) {
+    for (Index s = 0; s < cols;) {
+      if (rp != nullptr && stream && s + 32 <= cols &&
+          reinterpret_cast<std::uintptr_t>(rp + s) % 64 == 0) {
+        const __m512i pair = amx_bfloat16_pair(amx_sum(from, cp, bias, s, 0xffff, accumulate),
+                                               amx_sum(from, cp, bias, s + 16, 0xffff, accumulate));
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(rp + s), pair);
+        s += 32;
+        continue;
+      }
       const __mmask16 mask = convert_ops::first_lanes(cols - s);
-      const __m512 bias_v =
-          bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + s) : _mm512_setzero_ps();
-      __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, from + s), bias_v);
-      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, cp + s));
+      const __m512 v = amx_sum(from, cp, bias, s, mask, accumulate);
       if (rp != nullptr) {
         const __m256i r16 =
             _mm512_cvtepi32_epi16(convert_ops::bfloat16_lanes(_mm512_castps_si512(v)));
@@ -247,6 +282,7 @@ inline void amx_store(Index rows, const float* c, Index ldc, Index cols,
       } else {
         _mm512_mask_storeu_ps(cp + s, mask, v);
       }
+      s += 16;
     }
   }
 }

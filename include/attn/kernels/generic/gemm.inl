@@ -280,8 +280,7 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
             amx_pack_a(tiles, g.lda, rows, depth, copy);
             tiles = copy;
           }
-          for_each_group([&](Index jj, Index width, const Scalar* group, Index panel_ld,
-                             Index at) {
+          for_each_group([&](Index jj, Index width, const Scalar* group, Index panel_ld, Index at) {
             // B tiled (gemm_tiled()) and cut where whole tiles do not fit: each 16-column
             // sub-panel's share on its own (amx_panel() writes up to 15 columns past it, which
             // the next share or the room past the group takes).
