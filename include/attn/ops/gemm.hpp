@@ -87,7 +87,7 @@ PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, 
 /// tiles and depth blocks, of whole 32-deep tiles for AMX), their B packed in k-pairs on the
 /// dot-product and AMX paths (half the words), A widened into the per-thread buffer when
 /// widening, copied into it as whole zero-padded tiles for AMX, read in place by the dot
-/// product; AMX's products go through a per-thread block of a row block's results.
+/// product; AMX's products go through two per-thread blocks of a group's results.
 template <class Scalar, class Operand>
 void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspace* ws) {
   const Isa isa = kernel_isa();
@@ -137,7 +137,7 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
     const bool a_buffer = g.a_pack || (kWiden && g.path != Bf16Path::kDot);
     const Index pack_size = (g.pre != nullptr ? 0 : b_words * g.tile_cols) +
                             (a_buffer ? kGemmRows * g.depth_block : 0) +
-                            (amx ? kGemmRows * (g.tile_cols + 16) : 0);
+                            (amx ? 2 * kGemmRows * (group_cols + 16) : 0);
     Workspace local;
     Workspace& scratch = ws != nullptr ? *ws : local;
     // Small products (under a MFLOP) run on the calling thread: a fork costs more.
