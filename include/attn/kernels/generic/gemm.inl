@@ -292,8 +292,9 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
           }
           for_each_group([&](Index jj, Index width, const Scalar* group, Index panel_ld, Index at) {
             // B tiled (gemm_tiled()) and cut where whole tiles do not fit: each 16-column
-            // sub-panel's share on its own (amx_panel() writes up to 15 columns past it, which
-            // the next share or the room past the group takes).
+            // sub-panel's part on its own (amx_panel() writes up to 15 columns past a part
+            // narrower than a tile, which the next part or the slot's room past the group
+            // takes).
             const bool tiled = gemm_tiled(path, panel_ld);
             const bool pieces = tiled && (at % 16 != 0 || width % 16 != 0);
             // The previous group's rows (in the other slot), in equal shares between this
