@@ -50,6 +50,8 @@ const GemmCase kCases[] = {
     {3 * 33, 5 * 24, 33, 33, 24},   // segments narrower than a micro-panel
     {2 * 20, 25 * 40, 50, 20, 40},  // 512-column tiles cut a 40-wide segment
     {2 * 20, 6 * 8, 70, 20, 8},     // segments narrower than an AMX tile
+    {2 * 10, 19 * 72, 40, 10, 72},  // 704-column tiles cut a 72-wide segment's 64-column
+                                    // group 8 columns into a 16-column AMX tile
 };
 
 template <class Element>
@@ -285,7 +287,8 @@ float model(const Operands& ops, Index i, Index j, Index k, Index depth_block, c
 Index depth_block_of(Isa isa, Bf16Path path, Index k) {
   const Index limit = attn::detail::with_kernels(
       isa, [](auto set) { return decltype(set)::template gemm_depth<float>(); });
-  return attn::detail::even_block(k, limit, attn::detail::gemm_depth_multiple(path));
+  return attn::detail::even_block(k, attn::detail::gemm_depth_limit(limit, path),
+                                  attn::detail::gemm_depth_multiple(path));
 }
 
 // Every path gives exactly its model's bits on every set: the widening path because every
@@ -480,7 +483,9 @@ TEST_F(Bf16Gemm, RoundedProductRoundsTheFloatResultOnceOnEveryPath) {
 // C of 8 MiB or more goes to memory with non-temporal stores on the AMX path (run_gemm()):
 // the same bits as a product too small for them (a 40-column slice of B: each element of C
 // depends only on its row of A and column of B), float and rounded to bfloat16, on the
-// avx512 set's paths. 2056 x 2048: a float C of 16 MiB, a bfloat16 one of 8 MiB.
+// avx512 set's paths. 2056 x 2048: a float C of 16 MiB, a bfloat16 one of 8 MiB, both
+// 64-byte aligned (so that whole vectors, and pairs of them rounded into 64 bytes of bfloat16,
+// take the non-temporal stores).
 TEST_F(Bf16Gemm, LargeOutputsGiveTheBitsOfSmallOnes) {
   const std::vector<Isa> sets = attn::test::runnable_sets();
   if (std::find(sets.begin(), sets.end(), Isa::kAvx512) == sets.end()) {
@@ -494,7 +499,8 @@ TEST_F(Bf16Gemm, LargeOutputsGiveTheBitsOfSmallOnes) {
   for (const Bf16Path path : paths(Isa::kAvx512)) {
     attn::set_bf16_path(path);
     SCOPED_TRACE(attn::bf16_path_name(path));
-    std::vector<float> big(static_cast<std::size_t>(c.m * c.n));
+    const std::size_t size = static_cast<std::size_t>(c.m * c.n);
+    const attn::detail::AlignedBuffer<float> big(size);
     attn::detail::gemm_nt(c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb, big.data(),
                           c.n, bias_wide.data());
     const Index j0 = 1000, width = 40;
@@ -503,19 +509,19 @@ TEST_F(Bf16Gemm, LargeOutputsGiveTheBitsOfSmallOnes) {
                           ops.ldb, slice.data(), width, bias_wide.data() + j0);
     for (Index i = 0; i < c.m; ++i) {
       for (Index j = 0; j < width; ++j) {
-        ASSERT_EQ(bits(big[static_cast<std::size_t>(i * c.n + j0 + j)]),
+        ASSERT_EQ(bits(big.data()[i * c.n + j0 + j]),
                   bits(slice[static_cast<std::size_t>(i * width + j)]))
             << "at (" << i << ", " << j0 + j << ")";
       }
     }
-    std::vector<bfloat16> rounded(big.size());
+    const attn::detail::AlignedBuffer<bfloat16> rounded(size);
     attn::Workspace ws;
     attn::detail::gemm_nt_rounded(
         c.m, c.n, c.k, ops.a.data(), ops.lda, ops.b.data(), ops.ldb, rounded.data(),
         [&](float* w) { return attn::detail::GemmOutput<float>::row_major(w, c.n); }, bias16.data(),
         attn::detail::PackedB<bfloat16>{}, ws);
-    for (std::size_t i = 0; i < big.size(); ++i) {
-      ASSERT_EQ(rounded[i].bits(), bfloat16(big[i]).bits()) << "at " << i;
+    for (std::size_t i = 0; i < size; ++i) {
+      ASSERT_EQ(rounded.data()[i].bits(), bfloat16(big.data()[i]).bits()) << "at " << i;
     }
   }
   attn::set_bf16_path(std::nullopt);

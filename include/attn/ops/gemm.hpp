@@ -45,6 +45,16 @@ Bf16Path gemm_path() {
 /// a product), else 8.
 inline Index gemm_depth_multiple(Bf16Path path) noexcept { return path == Bf16Path::kAmx ? 32 : 8; }
 
+/// The depth blocks' limit: the set's gemm_depth() (`set_depth`), except on AMX: 1024 (a
+/// 128 KiB k-pair micro-panel, as the float one at 512). Each depth block past the first reads
+/// and writes C once more, which costs more than its tiles: measured (one thread, W packed,
+/// 2048 x 2304 x 768, fraction of the tile peak measured in the same run, median of 3 runs,
+/// machine loaded), one block of 768 against two of 384: 0.41 against 0.19 with C rounded to
+/// bfloat16, 0.38 against 0.26 with C float.
+inline Index gemm_depth_limit(Index set_depth, Bf16Path path) noexcept {
+  return path == Bf16Path::kAmx ? 1024 : set_depth;
+}
+
 /// B (n, k), row-major with leading dimension ldb, packed once for the active kernel set,
 /// for products whose output segments are `segment` columns wide (0: one segment).
 /// Allocates n * k elements (floats for a bfloat16 or float16 B widened, k-pairs for the dot
@@ -58,7 +68,9 @@ PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, 
     using Set = decltype(set);
     PackedGemmB<Operand> pack(
         n, k, segment, isa, Set::template micro_cols<Panel>(),
-        even_block(k, Set::template gemm_blocking<Panel>().depth, gemm_depth_multiple(path)), path);
+        even_block(k, gemm_depth_limit(Set::template gemm_blocking<Panel>().depth, path),
+                   gemm_depth_multiple(path)),
+        path);
     if (!pack.empty()) Set::pack_gemm_b(b, ldb, pack);
     return pack;
   });
@@ -75,7 +87,7 @@ PackedGemmB<Operand> pack_gemm_b(Index n, Index k, const Operand* b, Index ldb, 
 /// tiles and depth blocks, of whole 32-deep tiles for AMX), their B packed in k-pairs on the
 /// dot-product and AMX paths (half the words), A widened into the per-thread buffer when
 /// widening, copied into it as whole zero-padded tiles for AMX, read in place by the dot
-/// product; AMX's products go through a per-thread block of a row block's results.
+/// product; AMX's products go through two per-thread blocks of a group's results.
 template <class Scalar, class Operand>
 void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspace* ws) {
   const Isa isa = kernel_isa();
@@ -106,10 +118,12 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
     const Index micro_rows = amx ? 32 : Set::template micro_rows<Scalar>();
     const Index m = g.m, n = g.n, k = g.k;
     // This CPU's blocking (gemm_blocking()); AMX keeps the constants its kernel was
-    // measured with.
+    // measured with, and its deeper blocks (gemm_depth_limit()).
     const GemmBlocking blocking = Set::template gemm_blocking<Scalar>();
-    g.depth_block = g.pre != nullptr ? g.pre->depth_block()
-                                     : even_block(k, blocking.depth, gemm_depth_multiple(g.path));
+    g.depth_block = g.pre != nullptr
+                        ? g.pre->depth_block()
+                        : even_block(k, gemm_depth_limit(blocking.depth, g.path),
+                                     gemm_depth_multiple(g.path));
     g.block_rows = amx ? kGemmRows : blocking.rows;
     g.tile_cols = even_block(n, amx ? kGemmCols : blocking.cols, group_cols);
     g.col_tiles = (n + g.tile_cols - 1) / g.tile_cols;
@@ -126,7 +140,7 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
     const bool a_buffer = g.a_pack || (kWiden && g.path != Bf16Path::kDot);
     const Index pack_size = (g.pre != nullptr ? 0 : b_words * g.tile_cols) +
                             (a_buffer ? g.block_rows * g.depth_block : 0) +
-                            (amx ? g.block_rows * (g.tile_cols + 16) : 0);
+                            (amx ? 2 * g.block_rows * (group_cols + 16) : 0);
     Workspace local;
     Workspace& scratch = ws != nullptr ? *ws : local;
     // Small products (under a MFLOP) run on the calling thread: a fork costs more.

@@ -82,16 +82,26 @@ inline void pack_widened(const Operand* b, Index ldb, Index j0, Index cols, Inde
 /// One micro-panel of op(B) = B^T, B (n, k) row-major: columns [j0, j0 + cols), depth
 /// [p0, p0 + depth), row stride ldo, gemm_words(path, depth) rows. Float operands transposed;
 /// bfloat16 and float16 ones widened to float, or bfloat16 in k-pairs for the dot product and
-/// AMX (avx512 set only; see the file comment), AMX's padded with +0 words to whole tiles.
+/// AMX (avx512 set only; see the file comment), AMX's padded with +0 words to whole tiles
+/// and, for whole 16-column tiles (gemm_tiled(); then ldo is cols), stored as 16-column
+/// sub-panels one after another.
 template <class Operand>
 inline void pack_panel(const Operand* b, Index ldb, Index j0, Index cols, Index p0, Index depth,
                        GemmPanel<Operand>* out, Index ldo, Bf16Path path) noexcept {
   if constexpr (is_gemm_storage_v<Operand>) {
     if constexpr (std::is_same_v<Operand, bfloat16> && kSetIsa == Isa::kAvx512) {
       if (path != Bf16Path::kWiden) {
+        const Index words = (depth + 1) / 2, rows = gemm_words(path, depth);
+        if (gemm_tiled(path, cols)) {
+          for (Index t = 0; t < cols; t += 16) {
+            GemmPanel<Operand>* sub = out + t * rows;
+            pack_pairs(b, ldb, j0 + t, 16, p0, depth, sub, 16);
+            std::fill(sub + words * 16, sub + rows * 16, 0.0f);
+          }
+          return;
+        }
         pack_pairs(b, ldb, j0, cols, p0, depth, out, ldo);
-        const Index words = (depth + 1) / 2;
-        std::fill(out + words * ldo, out + gemm_words(path, depth) * ldo, 0.0f);
+        std::fill(out + words * ldo, out + rows * ldo, 0.0f);
         return;
       }
     }
@@ -153,17 +163,25 @@ inline std::pair<Index, Index> pack_a(const GemmPlan<Scalar>& g, Index i0, Index
   return {1, rows};
 }
 
+/// AMX: amx_panel() hands the stores of earlier results a share after every this many steps
+/// of its tiles (see gemm_task()'s pass 3): small shares fit beside the tiles in flight
+/// instead of waiting for them. Measured (one thread, W packed, 4096 x 1536 x 512,
+/// 8192 x 1536 x 512 and 2048 x 2304 x 768, fraction of the tile peak in the same run, median
+/// of 3 alternating runs, machine loaded): every 4 steps 0.36-0.39 with C rounded to bfloat16,
+/// 0.26-0.37 with C float, against 0.19-0.32 and 0.24-0.32 after every 16 (a pair's last).
+inline constexpr Index kAmxStoreSteps = 4;
+
 /// AMX: rows [next, rows) of a group's products (columns [jj, jj + width) of the row block
 /// from row i0), waiting in the task's c_buffer to be stored into C (gemm_task()'s pass 3).
 struct AmxPending {
-  Index jj = 0, width = 0, i0 = 0, rows = 0, next = 0;
+  Index jj = 0, width = 0, i0 = 0, rows = 0, next = 0, slot = 0;
 };
 
 /// Task `task` of a planned GEMM: column tile task % col_tiles, row chunk task / col_tiles.
 /// `packed` is the calling thread's buffer: words(depth_block) * tile_cols elements for op(B)
 /// (none with a pre-packed B), then block_rows * depth_block for A when a_pack or when
 /// a bfloat16 or float16 A is widened to float or (bfloat16) copied into AMX tiles, then for
-/// AMX block_rows * (tile_cols + 16) floats for a row block's products.
+/// AMX 2 * block_rows * (micro_cols + 16) floats for two groups' products.
 template <class Scalar, class Operand>
 void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) noexcept {
   static_assert(std::is_same_v<GemmPanel<Operand>, Scalar>, "float or double panels");
@@ -183,10 +201,15 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
   const Index group_cols = micro_cols<Scalar>(), segment = g.segment;
   const PackedGemmB<Operand>* pre = g.pre;
   Scalar* a_buffer = packed + (pre == nullptr ? words(g.depth_block) * g.tile_cols : 0);
-  // AMX: the row block's products (block_rows x c_ld floats, 16 columns of room for a narrow
-  // group's whole tile), after A's tiles.
+  // AMX: two slots of a group's products (block_rows x c_ld floats each, 16 columns of room
+  // for a narrow group's whole tile or a cut group's last one), after A's tiles: one filled by
+  // the tiles while the other's waiting results are stored. Measured (one thread, W packed,
+  // 4096 x 1536 x 512, 8192 x 1536 x 512 and 2048 x 2304 x 768, fraction of the tile peak in
+  // the same run, median of 4 alternating runs, machine loaded): 0.34-0.39 with C rounded,
+  // 0.35 with C float, against 0.33 and 0.26-0.34 with a block as wide as the column tile.
   Scalar* c_buffer = amx ? a_buffer + g.block_rows * g.depth_block : nullptr;
-  const Index c_ld = g.tile_cols + 16;
+  const Index c_ld = group_cols + 16, c_slot = g.block_rows * c_ld;
+  Index slot = 0;  // the slot the next group's tiles fill
   Scalar* crow[kMicroRows];
   for (Index p0 = 0; p0 < g.k; p0 += g.depth_block) {
     const Index depth = std::min(g.depth_block, g.k - p0);
@@ -198,36 +221,37 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
         const Index n = std::min(count, pending.rows - pending.next);
         if (n <= 0) return;
         const Scalar* bias_j = first && g.bias != nullptr ? g.bias + pending.jj : nullptr;
-        amx_store(n, c_buffer + pending.next * c_ld + (pending.jj - j0), c_ld, pending.width, g.out,
-                  pending.i0 + pending.next, g.out.column(pending.jj, segment),
+        amx_store(n, c_buffer + pending.slot * c_slot + pending.next * c_ld, c_ld, pending.width,
+                  g.out, pending.i0 + pending.next, g.out.column(pending.jj, segment),
                   !first || g.accumulate, bias_j, last ? g.rounded : nullptr, g.stream);
         pending.next += n;
       } else {
         static_cast<void>(count);
       }
     };
-    // The tile's column groups as (column jj, width, micro-panel, its row stride). Groups
-    // never straddle a segment, so each is contiguous in C. Packed per call: op(B) in
-    // micro-panels, one per group (depth x width contiguous), so the micro-kernel reads it
-    // sequentially. Pre-packed: the pack's groups, cut at the tile's edges.
+    // The tile's column groups as (column jj, width, the group's micro-panel, its width, the
+    // first column's offset in it). Groups never straddle a segment, so each is contiguous in
+    // C. Packed per call: op(B) in micro-panels, one per group (depth x width contiguous), so
+    // the micro-kernel reads it sequentially. Pre-packed: the pack's groups, cut at the tile's
+    // edges (then the offset may be past 0).
     const auto for_each_group = [&](auto&& f) {
       for (Index j = 0; j < cols;) {
         const Index jj = j0 + j;
         if (pre == nullptr) {
           const Index width = std::min({group_cols, cols - j, segment - jj % segment});
-          f(jj, width, static_cast<const Scalar*>(packed + j * words(depth)), width);
+          f(jj, width, static_cast<const Scalar*>(packed + j * words(depth)), width, Index{0});
           j += width;
         } else {
           const Index pcol = g.pre_offset + jj;
           const Index start = pre->group_start(pcol), panel_width = pre->group_width(start);
           const Index width = std::min(panel_width - (pcol - start), cols - j);
-          f(jj, width, pre->panel(p0, start, depth) + (pcol - start), panel_width);
+          f(jj, width, pre->panel(p0, start, depth), panel_width, pcol - start);
           j += width;
         }
       }
     };
     if (pre == nullptr) {
-      for_each_group([&](Index jj, Index width, const Scalar*, Index) {
+      for_each_group([&](Index jj, Index width, const Scalar*, Index, Index) {
         Scalar* to = packed + (jj - j0) * words(depth);
         if constexpr (!kWiden) {
           if (g.b_kn) return pack_rows(g.b, g.ldb, jj, width, p0, depth, to, width);
@@ -243,38 +267,68 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
       Index ars = 0, acs = 0;
       if constexpr (kPairs) {
         if (amx) {
-          // 1. A's rows into whole zero-padded tiles (rows to 32, depth to 32).
+          // 1. A's rows into whole zero-padded tiles (rows to 32, depth to 32), unless they are
+          //    whole tiles already (depth and rows multiples of 32 and 16): then the tiles are
+          //    loaded from A itself. Measured (a stand-alone loop of this pass, one core,
+          //    4096 x 1536 x 512, median of 10): 0.54 of the tile peak reading A in place, 0.48
+          //    copying it first (once per row block and column tile).
           // 2. The products, 32-row blocks past every group (64 columns) of the column tile,
           //    each group's panel serving the row block's 3 blocks in turn, stored as whole
-          //    tiles into c_buffer (rows x cols of the tile, row stride c_ld). Measured (one
+          //    tiles into a slot of c_buffer (rows x the group's columns). Measured (one
           //    core, Emerald Rapids, 4096 x 512 x 512 and 8192 x 1536 x 512, W packed):
           //    1.4-2.5x faster than each 32-row block past all the groups instead.
-          // 3. C from c_buffer (amx_store()), each group's rows in shares between the next
-          //    group's tile pairs (the last group's with the next row block's first), so that
-          //    the stores run while the tiles compute: the bias, the previous depth blocks'
+          // 3. C from c_buffer (amx_store()), each group's rows in shares handed out every
+          //    kAmxStoreSteps steps of the next group's tile pairs (the last group's to the next
+          //    row block's first), so that the stores run while the tiles compute: the bias,
+          //    the previous depth blocks'
           //    C, and for gemm_nt_rounded() the rounding into its bfloat16 C (half the bytes of
           //    a float C, which is then neither written nor read back); non-temporal stores
           //    for a large C (run_gemm()). Writing C is what costs: measured (one thread, W
           //    packed, C float, 4096 x 1536 x 512, machine loaded), skipping its stores took
           //    the product from 15.6 to 5.7 ms CPU.
-          auto* tiles = reinterpret_cast<bfloat16*>(a_buffer);
-          amx_pack_a(g.a + i0 * g.lda + p0, g.lda, rows, depth, tiles);
-          for_each_group([&](Index jj, Index width, const Scalar* panel, Index panel_ld) {
-            // The previous group's rows, in equal shares between this group's tile pairs;
-            // all of them first if this group's tiles cover its columns (a column tile of one
-            // group, or a narrow group's spill).
-            if (jj < pending.jj + pending.width && pending.jj < jj + std::max<Index>(width, 16)) {
-              store_rows(pending.rows);
-            }
-            const Index pairs = (rows + 31) / 32 * ((std::max<Index>(width, 16) + 31) / 32);
-            const Index share = (pending.rows - pending.next + pairs - 1) / pairs;
+          const bool in_place = depth % 32 == 0 && rows % 16 == 0;
+          const bfloat16* tiles = g.a + i0 * g.lda + p0;
+          const Index a_ld = in_place ? g.lda : 2 * words(depth);  // amx_pack_a()'s rows
+          if (!in_place) {
+            auto* copy = reinterpret_cast<bfloat16*>(a_buffer);
+            amx_pack_a(tiles, g.lda, rows, depth, copy);
+            tiles = copy;
+          }
+          for_each_group([&](Index jj, Index width, const Scalar* group, Index panel_ld, Index at) {
+            // B tiled (gemm_tiled()) and cut where whole tiles do not fit: each 16-column
+            // sub-panel's part on its own (amx_panel() writes up to 15 columns past a part
+            // narrower than a tile, which the next part or the slot's room past the group
+            // takes).
+            const bool tiled = gemm_tiled(path, panel_ld);
+            const bool pieces = tiled && (at % 16 != 0 || width % 16 != 0);
+            // The previous group's rows (in the other slot), in equal shares between this
+            // group's tile pairs.
+            const Index calls = (rows + 31) / 32 * ((std::max<Index>(width, 16) + 31) / 32) *
+                                ((words(depth) / 16 + kAmxStoreSteps - 1) / kAmxStoreSteps);
+            const Index share = (pending.rows - pending.next + calls - 1) / calls;
+            const Index panel_rows = words(depth);
             for (Index i = 0; i < rows; i += 32) {
-              amx_panel(std::min<Index>(32, rows - i), depth, tiles + i * 2 * words(depth), panel,
-                        panel_ld, width, c_buffer + i * c_ld + (jj - j0), c_ld,
-                        [&] { store_rows(share); });
+              const Index n = std::min<Index>(32, rows - i);
+              const bfloat16* a_i = tiles + i * a_ld;
+              float* c_i = c_buffer + slot * c_slot + i * c_ld;
+              const auto between = [&] { store_rows(share); };
+              if (!tiled) {
+                amx_panel(n, depth, a_i, a_ld, group + at, panel_ld, 1, width, c_i, c_ld,
+                          kAmxStoreSteps, between);
+              } else if (!pieces) {
+                amx_panel(n, depth, a_i, a_ld, group + at * panel_rows, 16, panel_rows, width, c_i,
+                          c_ld, kAmxStoreSteps, between);
+              } else {
+                for (Index s = at; s < at + width; s = s / 16 * 16 + 16) {
+                  const Index t = s / 16 * 16, w = std::min(t + 16, at + width) - s;
+                  amx_panel(n, depth, a_i, a_ld, group + t * panel_rows + (s - t), 16, 1, w,
+                            c_i + (s - at), c_ld, kAmxStoreSteps, between);
+                }
+              }
             }
             store_rows(pending.rows);
-            pending = {jj, width, i0, rows, 0};
+            pending = {jj, width, i0, rows, 0, slot};
+            slot ^= 1;
           });
           continue;
         }
@@ -294,7 +348,8 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
       } else {
         a_block = g.a + i0 * g.lda + p0, ars = g.lda, acs = 1;
       }
-      for_each_group([&](Index jj, Index width, const Scalar* panel, Index panel_ld) {
+      for_each_group([&](Index jj, Index width, const Scalar* group, Index panel_ld, Index at) {
+        const Scalar* panel = group + at;
         const Index offset = g.out.column(jj, segment);
         const Scalar* bias_j = first && g.bias != nullptr ? g.bias + jj : nullptr;
         for (Index i = 0; i < rows; i += kMicroRows) {
