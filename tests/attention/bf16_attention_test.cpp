@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -972,6 +973,89 @@ TEST_F(StorageAttention, Bf16SingleHeadAndCrossModulesBackward) {
         std::true_type());
   check(attn::convert<bfloat16>(attn::MultiHeadAttentionWrapper<float>(64, 16, 29, 0.1, 3, true)),
         48, std::false_type());
+}
+
+// What a query cannot see never affects it (tests/attention/nonfinite_test.cpp), in training
+// too: cross-attention whose key/value input holds NaN or infinity at keys some queries cannot
+// see (future keys under causal, keys a boolean mask blocks for even queries, padded keys),
+// against the same step with those rows finite, on the bfloat16 products (AMX, the dot
+// product): the input gradient rows of the queries that cannot see them keep their values
+// (those products cover whole key tiles, so dQ = dS K met 0 * NaN there before); so does the
+// key/value gradient under padding (dK = dV = 0 at padded keys), and so do the parameters'
+// gradients, except W_k's and W_v's (dW_k = dK^T X sums 0 * NaN over the padded rows, as in
+// PyTorch). Under causal and the mask, the queries that see the non-finite key reach every
+// parameter's gradient. The float backward (kWiden) does not keep this yet: its dQ product runs
+// each group of kMicroRows queries up to the group's last visible key, and a key hidden from
+// an earlier query of the group (causal, an element-wise mask, key padding) reaches it as
+// 0 * NaN; it is left out here.
+TEST_F(StorageAttention, Bf16BackwardHiddenNonFiniteKeysAndValues) {
+  constexpr Index kT = 40;
+  enum class Hide { kCausal, kBlocked, kPadding };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Hide hide : {Hide::kCausal, Hide::kBlocked, Hide::kPadding}) {
+    SCOPED_TRACE("case " + std::to_string(static_cast<int>(hide)));
+    auto o = module_options(48, 0);
+    o.causal = hide == Hide::kCausal;
+    attn::MultiHeadAttention<bfloat16> narrow(float_module(o));
+    const RoundedInput x({2, kT, 64}, 91), kv({2, kT, 48}, 93), gy({2, kT, 64}, 95);
+    Tensor<bfloat16, 3> bad = kv.narrow;  // NaN in batch 0, infinity in batch 1
+    // hidden(b, i): query i of item b cannot see a non-finite key. Padding: every key's row of
+    // the key/value gradient keeps its value too.
+    std::function<bool(Index, Index)> hidden;
+    const bool keys_kept = hide == Hide::kPadding;
+    AttentionMask<float> mask;
+    Tensor<bool, 2> blocked({kT, kT}, false), padding({2, kT}, false);
+    if (hide == Hide::kPadding) {
+      for (Index j = 25; j < kT; ++j) padding(1, j) = true;
+      for (Index j = 25; j < kT; ++j) {
+        for (Index e = 0; e < 48; ++e) bad(1, j, e) = bfloat16(j % 2 != 0 ? nan : -inf);
+      }
+      mask.key_padding(padding);
+      hidden = [](Index, Index) { return true; };
+    } else {
+      const Index at[2] = {29, 33};  // the non-finite key of each item
+      for (Index b = 0; b < 2; ++b) {
+        for (Index e = 0; e < 48; ++e) bad(b, at[b], e) = bfloat16(b == 0 ? nan : inf);
+      }
+      if (hide == Hide::kCausal) {
+        hidden = [at](Index b, Index i) { return i < at[b]; };
+      } else {
+        for (Index i = 0; i < kT; i += 2) blocked(i, 29) = blocked(i, 33) = true;
+        mask.blocked(blocked);
+        hidden = [](Index, Index i) { return i % 2 == 0; };
+      }
+    }
+    // The elements of a step's gradients that must keep their values: the query input's rows
+    // by hidden(), the key/value input's by keys_kept, the parameters' under padding but W_k's
+    // and W_v's.
+    std::vector<bool> param_kept;
+    for (const auto& param : narrow.named_parameters()) {
+      const std::string name = param.name();
+      param_kept.push_back(keys_kept && name.find("k_proj_weight") == std::string::npos &&
+                           name.find("v_proj_weight") == std::string::npos);
+    }
+    attn::set_num_threads(1);
+    for_each_path<bfloat16>([&] {
+      if (attn::bf16_path() == Bf16Path::kWiden) return;  // see above
+      const auto finite =
+          training_step<bfloat16>(narrow, x.narrow, kv.narrow, false, gy.narrow, mask);
+      const auto broken = training_step<bfloat16>(narrow, x.narrow, bad, false, gy.narrow, mask);
+      const std::size_t params = param_kept.size();
+      ASSERT_EQ(finite.tensors.size(), params + 2);
+      for (std::size_t t = 0; t < finite.tensors.size(); ++t) {
+        const auto& a = finite.tensors[t];
+        const auto& z = broken.tensors[t];
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          const Index row = static_cast<Index>(i / 64 % kT), b = static_cast<Index>(i / 64 / kT);
+          const bool keep = t < params ? param_kept[t] : t == params ? hidden(b, row) : keys_kept;
+          if (keep) {
+            ASSERT_EQ(z[i], a[i]) << "gradient " << t << " element " << i;
+          }
+        }
+      }
+    });
+  }
 }
 
 }  // namespace

@@ -54,8 +54,8 @@ bool backward_pairs_active(const AttentionBackwardArgs<Scalar>& p) noexcept {
 /// +0 past the rows); a K and a V tile rounded into whole tiles (ka, va: rows to a multiple of
 /// 16, row strides lk = d and lv = d_v rounded up to 32, +0 padded) unless they are read in
 /// place (p.narrow: the dot product always, AMX when d, d_v are multiples of 32 and the tile's
-/// keys of 16), K along its rows (kr: the B of dQ); A^T and dS^T rounded (at_b, ds_b: (keys,
-/// kQueryBlock)), or dS (ds_b: (rows, keys rounded up to 32)).
+/// keys of 16), K along its rows (kr: the B of dQ, its non-finite values +0); A^T and dS^T rounded
+/// (at_b, ds_b: (keys, kQueryBlock)), or dS (ds_b: (rows, keys rounded up to 32)).
 template <class Scalar>
 struct BackwardPairs {
   bool amx = false;
@@ -228,6 +228,11 @@ void pair_key_tile(const AttentionBackwardArgs<Scalar>& p, BackwardPairs<Scalar>
     if (k_pairs) {
       pack_row_pairs(bp.k_tile, bp.k_ld, width, d, bp.kr, d);
       std::fill(bp.kr + (width + 1) / 2 * d, bp.kr + (width + 31) / 32 * 16 * d, Scalar(0));
+      // dQ += dS K covers every key of the tile, so a non-finite key that a query cannot see
+      // (dS = 0) would reach it as 0 * NaN: such entries of K are +0 here. A query that sees
+      // one has dS NaN there already, or 0 (a score of -inf, or a softcap saturated): the
+      // key takes no weight and passes no gradient.
+      zero_nonfinite_pairs(bp.kr, (width + 1) / 2 * d);
     }
   } else {
     static_cast<void>(p), static_cast<void>(bp), static_cast<void>(b), static_cast<void>(kvh);
