@@ -120,10 +120,9 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
     // This CPU's blocking (gemm_blocking()); AMX keeps the constants its kernel was
     // measured with, and its deeper blocks (gemm_depth_limit()).
     const GemmBlocking blocking = Set::template gemm_blocking<Scalar>();
-    g.depth_block = g.pre != nullptr
-                        ? g.pre->depth_block()
-                        : even_block(k, gemm_depth_limit(blocking.depth, g.path),
-                                     gemm_depth_multiple(g.path));
+    g.depth_block = g.pre != nullptr ? g.pre->depth_block()
+                                     : even_block(k, gemm_depth_limit(blocking.depth, g.path),
+                                                  gemm_depth_multiple(g.path));
     g.block_rows = amx ? kGemmRows : blocking.rows;
     g.tile_cols = even_block(n, amx ? kGemmCols : blocking.cols, group_cols);
     g.col_tiles = (n + g.tile_cols - 1) / g.tile_cols;

@@ -410,7 +410,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       return 0;
     }
   }();
-  bool next_scores = false;  // st_next holds the next tile's scores
+  bool next_scores = false;     // st_next holds the next tile's scores
   alignas(64) Scalar lanes[W];  // packed: a vector's lanes, folded 4 by 4 into rows
 
   for (Index j0 = lo, width = 0; j0 < hi; j0 += width) {
