@@ -482,7 +482,7 @@ TEST_F(SdpaBackward, FullyMaskedQueriesGetAndGiveZeroGradients) {
 // keys are those hidden from at least half of the rows, and the one hidden from the most.
 template <class Scalar>
 void check_hidden_nonfinite_keys() {
-  const Problem p{2, 2, 70, 130, 5, 7};
+  const Problem p{2, 2, 40, 130, 5, 7};  // groups of kMicroRows queries, two key tiles
   const Inputs<Scalar> in(p);
   const Scalar bad[] = {std::numeric_limits<Scalar>::quiet_NaN(),
                         std::numeric_limits<Scalar>::infinity(),
@@ -559,6 +559,7 @@ void check_hidden_nonfinite_keys() {
 }
 
 TEST_F(SdpaBackward, HiddenNonFiniteKeysAndValuesLeaveTheQueryGradient) {
+  attn::set_num_threads(1);  // small calls: the results do not depend on it (tested above)
   check_hidden_nonfinite_keys<float>();
   check_hidden_nonfinite_keys<double>();
 }
