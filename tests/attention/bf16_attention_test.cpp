@@ -978,16 +978,14 @@ TEST_F(StorageAttention, Bf16SingleHeadAndCrossModulesBackward) {
 // What a query cannot see never affects it (tests/attention/nonfinite_test.cpp), in training
 // too: cross-attention whose key/value input holds NaN or infinity at keys some queries cannot
 // see (future keys under causal, keys a boolean mask blocks for even queries, padded keys),
-// against the same step with those rows finite, on the bfloat16 products (AMX, the dot
-// product): the input gradient rows of the queries that cannot see them keep their values
-// (those products cover whole key tiles, so dQ = dS K met 0 * NaN there before); so does the
+// against the same step with those rows finite, on every path (AMX, the dot product, widened
+// to float): the input gradient rows of the queries that cannot see them keep their values
+// (the dQ products cover keys a query cannot see, whole key tiles or each group of kMicroRows
+// queries up to its last visible key, so dQ = dS K met 0 * NaN there before); so does the
 // key/value gradient under padding (dK = dV = 0 at padded keys), and so do the parameters'
 // gradients, except W_k's and W_v's (dW_k = dK^T X sums 0 * NaN over the padded rows, as in
 // PyTorch). Under causal and the mask, the queries that see the non-finite key reach every
-// parameter's gradient. The float backward (kWiden) does not keep this yet: its dQ product runs
-// each group of kMicroRows queries up to the group's last visible key, and a key hidden from
-// an earlier query of the group (causal, an element-wise mask, key padding) reaches it as
-// 0 * NaN; it is left out here.
+// parameter's gradient.
 TEST_F(StorageAttention, Bf16BackwardHiddenNonFiniteKeysAndValues) {
   constexpr Index kT = 40;
   enum class Hide { kCausal, kBlocked, kPadding };
@@ -1037,7 +1035,6 @@ TEST_F(StorageAttention, Bf16BackwardHiddenNonFiniteKeysAndValues) {
     }
     attn::set_num_threads(1);
     for_each_path<bfloat16>([&] {
-      if (attn::bf16_path() == Bf16Path::kWiden) return;  // see above
       const auto finite =
           training_step<bfloat16>(narrow, x.narrow, kv.narrow, false, gy.narrow, mask);
       const auto broken = training_step<bfloat16>(narrow, x.narrow, bad, false, gy.narrow, mask);

@@ -4,11 +4,13 @@
 // (reference_attention_backward.hpp) for every mask kind, dropout (the forward's keep
 // decisions) and tile edges, on every kernel set; streaming against materialised; central
 // finite differences of attn's own double forward; fully masked rows; bit-identical results
-// for 1, 2 and 3 threads; accumulation into the gradients; the checks.
+// for 1, 2 and 3 threads; accumulation into the gradients; non-finite keys and values a query
+// cannot see leave its gradient; the checks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -468,6 +470,98 @@ TEST_F(SdpaBackward, FullyMaskedQueriesGetAndGiveZeroGradients) {
       for (const float x : attn::test::to_vector(first)) ASSERT_EQ(x, 0.0f) << name(path);
     }
   }
+}
+
+// What a query cannot see never affects it (tests/attention/nonfinite_test.cpp), in the
+// backward too: NaN and +-infinity in the K and V rows of keys hidden from some queries (key
+// padding, past key_lengths, a boolean mask, causal future keys), against the same call with
+// those rows finite: the dQ rows of the queries that see none of them keep their bits, on both
+// paths and every kernel set. The dQ products cover keys a query cannot see (a group of
+// queries runs to its last visible key, element-wise masks inside the range, the materialised
+// product over every key), where dS = 0 met K = NaN as 0 * NaN. Per batch item the poisoned
+// keys are those hidden from at least half of the rows, and the one hidden from the most.
+template <class Scalar>
+void check_hidden_nonfinite_keys() {
+  const Problem p{2, 2, 40, 130, 5, 7};  // groups of kMicroRows queries, two key tiles
+  const Inputs<Scalar> in(p);
+  const Scalar bad[] = {std::numeric_limits<Scalar>::quiet_NaN(),
+                        std::numeric_limits<Scalar>::infinity(),
+                        -std::numeric_limits<Scalar>::infinity()};
+  for (const auto& mc : mask_cases<Scalar>(p)) {
+    const ref::DenseMask& dense = mc->dense;
+    const auto hidden = [&](Index b, Index h, Index i, Index j) {
+      return dense.visible[dense.at(b, h, i, j)] == 0;
+    };
+    Inputs<Scalar> poisoned(p);
+    std::vector<std::vector<Index>> keys(static_cast<std::size_t>(p.b));
+    for (Index b = 0; b < p.b; ++b) {
+      Index most = 0, top = -1;
+      for (Index j = 0; j < p.tk; ++j) {
+        Index count = 0;
+        for (Index h = 0; h < p.h; ++h) {
+          for (Index i = 0; i < p.tq; ++i) count += hidden(b, h, i, j) ? 1 : 0;
+        }
+        if (2 * count >= p.h * p.tq) keys[static_cast<std::size_t>(b)].push_back(j);
+        if (count > most) most = count, top = j;
+      }
+      if (top >= 0 && keys[static_cast<std::size_t>(b)].empty()) {
+        keys[static_cast<std::size_t>(b)].push_back(top);
+      }
+      for (const Index j : keys[static_cast<std::size_t>(b)]) {
+        for (Index h = 0; h < p.h; ++h) {
+          // Whole rows and single elements, NaN and infinities of both signs; V NaN too.
+          for (Index e = 0; e < p.d; ++e) {
+            if (j % 2 == 0 || e == 1) poisoned.k(b, h, j, e) = bad[(b + j + e) % 3];
+          }
+          for (Index e = 0; e < p.dv; ++e) {
+            if (j % 3 != 0) poisoned.v(b, h, j, e) = bad[0];
+          }
+        }
+      }
+    }
+    // The rows to compare: queries that see none of their item's poisoned keys.
+    std::vector<char> kept(static_cast<std::size_t>(p.b * p.h * p.tq), 0);
+    Index rows = 0;
+    for (Index b = 0; b < p.b; ++b) {
+      for (Index h = 0; h < p.h; ++h) {
+        for (Index i = 0; i < p.tq; ++i) {
+          bool all = !keys[static_cast<std::size_t>(b)].empty();
+          for (const Index j : keys[static_cast<std::size_t>(b)]) all = all && hidden(b, h, i, j);
+          kept[static_cast<std::size_t>((b * p.h + h) * p.tq + i)] = all ? 1 : 0;
+          rows += all ? 1 : 0;
+        }
+      }
+    }
+    if (rows == 0) continue;  // no mask, or an additive one: nothing is hidden
+    for (const Isa isa : attn::test::runnable_sets()) {
+      attn::set_isa(isa);
+      for (const AttentionPath path : kPaths) {
+        SCOPED_TRACE(mc->name + ", " + name(path) + ", set " + attn::isa_name(isa));
+        AttentionOptions options;
+        options.path = path;
+        const Grads<Scalar> finite = backward(in, mc->mask, options);
+        const Grads<Scalar> broken = backward(poisoned, mc->mask, options);
+        Index differ = 0, first = -1;
+        for (Index r = 0; r < p.b * p.h * p.tq; ++r) {
+          if (kept[static_cast<std::size_t>(r)] == 0) continue;
+          const Scalar* a = finite.q.data() + r * p.d;
+          const Scalar* z = broken.q.data() + r * p.d;
+          if (std::memcmp(a, z, sizeof(Scalar) * static_cast<std::size_t>(p.d)) != 0) {
+            if (differ++ == 0) first = r;
+          }
+        }
+        EXPECT_EQ(differ, 0) << "of " << rows << " rows; first (b, h, i) row " << first << ": "
+                             << broken.q.data()[std::max<Index>(first, 0) * p.d] << " instead of "
+                             << finite.q.data()[std::max<Index>(first, 0) * p.d];
+      }
+    }
+  }
+}
+
+TEST_F(SdpaBackward, HiddenNonFiniteKeysAndValuesLeaveTheQueryGradient) {
+  attn::set_num_threads(1);  // small calls: the results do not depend on it (tested above)
+  check_hidden_nonfinite_keys<float>();
+  check_hidden_nonfinite_keys<double>();
 }
 
 TEST_F(SdpaBackward, LogsumexpMatchesTheScoresAndLeavesTheOutputUnchanged) {

@@ -193,10 +193,14 @@ struct BackwardNarrow {
   TensorView<const bfloat16, 4> q, k, v;
 };
 /// `narrow`: see BackwardNarrow.
+/// `clean_k`, when not null: K with its non-finite values +0, contiguous (B, H_kv, T_k, d), the
+/// K of the dQ products (the driver's copy when K holds a NaN or an infinity; the scores read
+/// k). Those products cover keys a query cannot see, where dS = 0 would meet them as 0 * NaN.
 template <class Scalar>
 struct AttentionBackwardArgs : AttentionArgs<Scalar>, AttentionGradients<Scalar> {
   Scalar* sink_partials = nullptr;
   BackwardNarrow narrow;
+  const Scalar* clean_k = nullptr;
 };
 
 /// What one attention backward task computes: dK and dV of a key tile (streaming), dQ of a

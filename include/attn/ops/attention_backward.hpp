@@ -7,6 +7,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attn/config.hpp"
@@ -28,7 +33,41 @@ struct BackwardRun {
   AttentionBackwardArgs<Scalar> args;
   Index q_tiles = 0, k_tiles = 0, key_tasks = 0, query_tasks = 0, sink_tiles = 1;
   Index first_key = 0, first_query = 0;
+  bool clean = false;  // K holds a NaN or an infinity (args.clean_k: K without them)
 };
+
+/// Whether k holds a NaN or an infinity: one read of its rows, on the bits (all exponent
+/// bits set) so that the loop is a plain integer maximum.
+template <class Scalar>
+bool has_nonfinite(const TensorView<const Scalar, 4>& k) noexcept {
+  using Bits = std::conditional_t<sizeof(Scalar) == 8, std::uint64_t, std::uint32_t>;
+  constexpr bool kIeee =
+      std::numeric_limits<Scalar>::is_iec559 && (sizeof(Scalar) == 4 || sizeof(Scalar) == 8);
+  constexpr Bits kExponent = sizeof(Scalar) == 8 ? Bits(0x7ff0000000000000ull) : Bits(0x7f800000u);
+  constexpr Bits kMagnitude = ~Bits(0) >> 1;
+  const Index d = k.extent(3), ce = k.stride(3);
+  for (Index b = 0; b < k.extent(0); ++b) {
+    for (Index h = 0; h < k.extent(1); ++h) {
+      for (Index j = 0; j < k.extent(2); ++j) {
+        const Scalar* row = k.data() + b * k.stride(0) + h * k.stride(1) + j * k.stride(2);
+        if constexpr (kIeee) {
+          Bits top = 0;
+          for (Index e = 0; e < d; ++e) {
+            Bits x;
+            std::memcpy(&x, row + e * ce, sizeof(Bits));
+            top = std::max(top, Bits(x & kMagnitude));
+          }
+          if (top >= kExponent) return true;
+        } else {
+          for (Index e = 0; e < d; ++e) {
+            if (!std::isfinite(row[e * ce])) return true;
+          }
+        }
+      }
+    }
+  }
+  return false;
+}
 
 /// The backward of `count` attention calls `calls` (each the forward's, with its output in
 /// args.out and its logsumexp in args.lse, both read only), adding into the gradients of
@@ -49,6 +88,10 @@ struct BackwardRun {
 /// With sinks and grad_sinks: each dQ task (materialised: each head) writes its rows' share
 /// of dL/dsink_h into a buffer, summed per head in (batch, tile) order at the end, call
 /// after call, each call's sum added on its own (as the call alone adds it).
+/// A call whose K holds a NaN or an infinity gets a copy with those values +0 for its dQ
+/// products (AttentionBackwardArgs::clean_k), in the same buffer after the shares: the
+/// products cover keys a query cannot see (dS = 0 there), and what a query cannot see never
+/// affects it. A query that sees such a key has dS NaN there already. Finite K: one read.
 /// `narrow`, when not null, gives each call's q, k and v in bfloat16 (BackwardNarrow).
 template <class Scalar>
 void run_attention_backward(const AttentionCall<Scalar>* calls,
@@ -61,7 +104,7 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
   BackwardRun<Scalar>* runs = count > 1 ? many.data() : &one;
   // 1. The tasks of each phase, each thread's scratch and the sink gradient's shares: one
   //    per (b, h, query tile) (materialised: per (b, h)).
-  Index key_tasks = 0, query_tasks = 0, scratch = 0, shares = 0;
+  Index key_tasks = 0, query_tasks = 0, scratch = 0, shares = 0, cleaned = 0;
   for (Index c = 0; c < count; ++c) {
     const AttentionCall<Scalar>& call = calls[c];
     BackwardRun<Scalar>& r = runs[c];
@@ -87,12 +130,31 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
     if (r.args.sinks != nullptr && grads[c].grad_sinks.data() != nullptr) {
       shares += batch * heads * r.sink_tiles;
     }
+    r.clean = has_nonfinite(call.args.k);
+    if (r.clean) cleaned += batch * kv_heads * tk * d;
   }
-  Scalar* share =
-      shares > 0 ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, shares) : nullptr;
+  Scalar* share = shares + cleaned > 0
+                      ? workspace_get<Scalar>(ws, WorkspaceSlot::kKernelPartials, shares + cleaned)
+                      : nullptr;
+  Scalar* clean = share + shares;
   if (share != nullptr) std::fill(share, share + shares, Scalar(0));
   for (Index c = 0; c < count && share != nullptr; ++c) {
     BackwardRun<Scalar>& r = runs[c];
+    if (r.clean) {  // K's rows, non-finite values +0
+      const TensorView<const Scalar, 4>& k = calls[c].args.k;
+      r.args.clean_k = clean;
+      for (Index b = 0; b < k.extent(0); ++b) {
+        for (Index h = 0; h < k.extent(1); ++h) {
+          for (Index j = 0; j < k.extent(2); ++j) {
+            const Scalar* row = k.data() + b * k.stride(0) + h * k.stride(1) + j * k.stride(2);
+            for (Index e = 0; e < k.extent(3); ++e, ++clean) {
+              const Scalar x = row[e * k.stride(3)];
+              *clean = std::isfinite(x) ? x : Scalar(0);
+            }
+          }
+        }
+      }
+    }
     if (r.args.sinks == nullptr || grads[c].grad_sinks.data() == nullptr) continue;
     r.args.sink_partials = share;
     share += calls[c].batch() * calls[c].heads() * r.sink_tiles;

@@ -501,6 +501,16 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
   add_rows(p.grad_v, dvv, dv, Scalar(1));
 }
 
+/// The K rows of key/value head (b, kvh) that the dQ products read: the driver's copy with
+/// non-finite values +0 (row stride d) when there is one, else K (row stride k.stride(2)).
+template <class Scalar>
+const Scalar* dq_keys(const AttentionBackwardArgs<Scalar>& p, Index b, Index kvh) noexcept {
+  if (p.clean_k != nullptr) {
+    return p.clean_k + (b * p.k.extent(1) + kvh) * p.k.extent(2) * p.k.extent(3);
+  }
+  return p.k.data() + b * p.k.stride(0) + kvh * p.k.stride(1);
+}
+
 /// Streaming backward, query rows [i0, i1) of head (b, h): dQ of those queries (this task
 /// owns them), summed over the key tiles they see, in key order, then added into grad_q.
 template <class Scalar>
@@ -522,8 +532,8 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
   Index key_end = 0;
   for (Index i = i0; i < i1; ++i) key_end = std::max(key_end, mask.row_end(i));
   const Index key_begin = std::min(mask.row_begin(i0), key_end);  // non-decreasing in i
-  const Scalar* k = p.k.data() + b * p.k.stride(0) + backward_kv_head(p, h) * p.k.stride(1);
-  const Index k_rs = p.k.stride(2);
+  const Scalar* k = dq_keys(p, b, backward_kv_head(p, h));
+  const Index k_rs = p.clean_k != nullptr ? d : p.k.stride(2);
   // bfloat16 products: the query tile's Q and dO rounded once; dQ summed unscaled.
   const bool paired = backward_pairs_active(p);
   BackwardPairs<Scalar> bp;
@@ -655,10 +665,13 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
       return !drop.active ? Scalar(1)
                           : (DropoutStream::keep(key, j, drop.threshold) ? inv : Scalar(0));
     };
-    Scalar dsum = 0;  // D_i = sum_j P_ij dP_ij
+    // D_i = sum_j P_ij dP_ij over the keys with P_ij != 0: a key an element-wise mask hides
+    // inside [begin, end) has P_ij = 0 and dP_ij NaN when its value is (0 * NaN). Leaving out
+    // terms that are 0 does not change a sum that starts at +0.
+    Scalar dsum = 0;
     for (Index j = begin; j < end; ++j) {
       g[j] *= factor(j);
-      dsum += pr[j] * g[j];
+      if (pr[j] != Scalar(0)) dsum += pr[j] * g[j];
     }
     for (Index j = 0; j < tk; ++j) {
       g[j] = j >= begin && j < end && pr[j] > Scalar(0)
@@ -678,8 +691,8 @@ void materialized_backward_task(const AttentionBackwardArgs<Scalar>& p,
   // (this task owns the head).
   micro_gemm<Scalar>(tk, dv, tq, prob, 1, tk, go, go_rs, target(p.grad_v, kvh), p.grad_v.stride(2),
                      Scalar(1), true, nullptr);
-  micro_gemm<Scalar>(tq, d, tk, grad, tk, 1, k, k_rs, target(p.grad_q, h), p.grad_q.stride(2),
-                     p.scale, true, nullptr);
+  micro_gemm<Scalar>(tq, d, tk, grad, tk, 1, dq_keys(p, b, kvh), p.clean_k != nullptr ? d : k_rs,
+                     target(p.grad_q, h), p.grad_q.stride(2), p.scale, true, nullptr);
   micro_gemm<Scalar>(tk, d, tq, grad, 1, tk, q, q_rs, target(p.grad_k, kvh), p.grad_k.stride(2),
                      p.scale, true, nullptr);
 }
