@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512/backward_pairs.inl: what the attention backward's bfloat16 products
-// (generic/attention_backward.inl, "bfloat16 products") need of the avx512 set beyond its
+// (generic/attention_backward_pairs.inl) need of the avx512 set beyond its
 // conversions: a register of floats rounded into bfloat16 where the backward's elementwise
 // pass computes it, so that A and dS reach their products without a second pass over them.
 // Included by attn/kernels/avx512.hpp inside namespace attn::kernels::avx512, in the set's

@@ -39,6 +39,7 @@
 #include "attn/kernels/generic/kv_load.inl"
 #include "attn/kernels/generic/attention.inl"
 #include "attn/kernels/generic/key_chunks.inl"
+#include "attn/kernels/generic/attention_backward_pairs.inl"
 #include "attn/kernels/generic/attention_backward.inl"
 #include "attn/kernels/generic/kernel_set.inl"
 // clang-format on
