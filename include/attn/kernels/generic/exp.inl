@@ -114,10 +114,14 @@ inline typename V::Reg vexp_normal(typename V::Reg x) noexcept {
 }
 
 /// vexp_normal() for x <= 0 or NaN (a score less a shift at least as large as it: the
-/// attention's softmax), with the same bits there and neither of vexp()'s edges: 15 vector
-/// instructions on AVX-512 against vexp_normal()'s 18.
+/// attention's softmax), with the same bits there and neither of vexp()'s edges: 16 vector
+/// instructions on AVX-512 against vexp_normal()'s 18. x above 0 is taken as 0 (result 1):
+/// a row's running maximum can miss a score when a NaN score came between (max returns its
+/// second operand when either is NaN), and that row is NaN already; the clamp keeps vexp's
+/// reduction in range (an infinite exponent would be an undefined conversion to int).
 template <class V>
 inline typename V::Reg vexp_nonpositive(typename V::Reg x) noexcept {
   const auto floor = V::set1(vexp_normal_floor<typename V::Scalar>());
-  return V::select(V::less(x, floor), V::zero(), vexp_core<V>(V::max(floor, x)));
+  // min(0, x): x itself when x is NaN (the second operand), so NaN stays NaN.
+  return V::select(V::less(x, floor), V::zero(), vexp_core<V>(V::max(floor, V::min(V::zero(), x))));
 }
