@@ -161,6 +161,20 @@ Tensor<float, 4> attend(const Tensor<float, 4>& q, const KVCache<float>& cache, 
   return out;
 }
 
+// attend() at 1 and at 2 threads (the thread count restored after), for the tests that check
+// the accuracy of the first and the same bits of both.
+std::vector<Tensor<float, 4>> attend_at_one_and_two_threads(const Tensor<float, 4>& q,
+                                                            const KVCache<float>& cache) {
+  const int saved = attn::num_threads();
+  std::vector<Tensor<float, 4>> outs;
+  for (const int threads : {1, 2}) {
+    attn::set_num_threads(threads);
+    outs.push_back(attend(q, cache));
+  }
+  attn::set_num_threads(saved);
+  return outs;
+}
+
 // Appends the same random keys and values (keys with `outliers` channels 20x larger) to
 // every cache, `t` tokens to each item from `first`.
 void append_to(std::vector<KVCache<float>*> caches, Index t, std::uint64_t seed, Index first = 0,
@@ -222,7 +236,6 @@ TEST(KVCacheQuantized, StoredRowsAreReadExactlyByDecodeAndPrefillForAnyThreadCou
   // Per kind: a decode step (split keys: item 0 spans three 512-key chunks) and a prefill of
   // 9 queries (the streaming path) against the double reference over the dequantised rows;
   // the same bits for 1 and 2 threads. hd 40: a partial int4 block and a vector tail.
-  const int saved = attn::num_threads();
   for (const Kind& kind : kKinds) {
     SCOPED_TRACE(kind.name);
     KVCache<float> cache(options_of(kind, {2, 2, 40, 1200}));
@@ -230,12 +243,7 @@ TEST(KVCacheQuantized, StoredRowsAreReadExactlyByDecodeAndPrefillForAnyThreadCou
     append_to({&cache}, 300, 13, 1, 1);
     for (const Index t : {Index(1), Index(9)}) {
       const auto q = attn::test::random_tensor<float, 4>({2, 4, t, 40}, 17 + t);
-      std::vector<Tensor<float, 4>> outs;
-      for (const int threads : {1, 2}) {
-        attn::set_num_threads(threads);
-        outs.push_back(attend(q, cache));
-      }
-      attn::set_num_threads(saved);
+      const auto outs = attend_at_one_and_two_threads(q, cache);
       EXPECT_LT(relative_error(outs[0], reference(q, cache, 0)), 2e-5) << "T=" << t;
       EXPECT_TRUE(ref::same_bits(outs[0].view(), outs[1].view())) << "T=" << t;
     }
@@ -251,19 +259,13 @@ TEST(KVCacheQuantized, ADecodeStepOfFourHeadsPerKVHeadMatchesTheReference) {
   // H 8 over H_kv 2 (4 query rows per task: the scores kept 4 per key, the softmax 4 keys per
   // vector), hd 64 (value rows of whole 16-element blocks: the AVX2 int4 pass in registers),
   // 300 and 77 cached tokens (a partial last tile); the same bits for 1 and 2 threads.
-  const int saved = attn::num_threads();
   for (const Kind& kind : kKinds) {
     SCOPED_TRACE(kind.name);
     KVCache<float> cache(options_of(kind, {2, 2, 64, 320}));
     append_to({&cache}, 300, 31, 0, 1);
     append_to({&cache}, 77, 37, 1, 1);
     const auto q = attn::test::random_tensor<float, 4>({2, 8, 1, 64}, 41);
-    std::vector<Tensor<float, 4>> outs;
-    for (const int threads : {1, 2}) {
-      attn::set_num_threads(threads);
-      outs.push_back(attend(q, cache));
-    }
-    attn::set_num_threads(saved);
+    const auto outs = attend_at_one_and_two_threads(q, cache);
     EXPECT_LT(relative_error(outs[0], reference(q, cache, 0)), 2e-5);
     EXPECT_TRUE(ref::same_bits(outs[0].view(), outs[1].view()));
   }
