@@ -53,19 +53,15 @@ namespace {
 
 // Chains per thread for AVX2: 12 ymm (of 16), leaving room for the multiplier and addend
 // (the AVX-512 loop's constants are in fma_loop.hpp).
-constexpr int kChains512 = kFmaChains512;
 constexpr int kChains256 = 12;
-constexpr long kInner = kFmaInner;
-constexpr float kMul = kFmaMul;
-constexpr float kAdd = kFmaAdd;
 
 __attribute__((target("avx2,fma"))) float fma_loop_avx2(long outer) {
   __m256 acc[kChains256];
   for (int j = 0; j < kChains256; ++j)
     acc[j] = _mm256_set1_ps(1.0f + 0.001f * static_cast<float>(j));
-  const __m256 m = _mm256_set1_ps(kMul), c = _mm256_set1_ps(kAdd);
+  const __m256 m = _mm256_set1_ps(kFmaMul), c = _mm256_set1_ps(kFmaAdd);
   for (long i = 0; i < outer; ++i) {
-    for (long r = 0; r < kInner; ++r) {
+    for (long r = 0; r < kFmaInner; ++r) {
 #pragma GCC unroll 16
       for (int j = 0; j < kChains256; ++j) acc[j] = _mm256_fmadd_ps(acc[j], m, c);
     }
@@ -81,22 +77,22 @@ __attribute__((target("avx2,fma"))) float fma_loop_avx2(long outer) {
 
 // vdpbf16ps chains: a = (0.5, 0.5) and b = (0.25, -0.25) in each lane's bfloat16 pair.
 __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop_avx512(long outer) {
-  __m512 acc[kChains512];
-  for (int j = 0; j < kChains512; ++j)
+  __m512 acc[kFmaChains512];
+  for (int j = 0; j < kFmaChains512; ++j)
     acc[j] = _mm512_set1_ps(1.0f + 0.001f * static_cast<float>(j));
   const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3F003F00);                     // 0.5, 0.5
   const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(0xBE803E80u));  // 0.25, -0.25
   for (long i = 0; i < outer; ++i) {
-    for (long r = 0; r < kInner; ++r) {
+    for (long r = 0; r < kFmaInner; ++r) {
 #pragma GCC unroll 32
-      for (int j = 0; j < kChains512; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+      for (int j = 0; j < kFmaChains512; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
     }
   }
   return sum_chains512(acc);
 }
 
-// tdpbf16ps's loop (amx_peak.hpp), kInner rounds per outer iteration as the others.
-float tdpbf16_loop(long outer) { return amx_peak_rounds(outer * kInner); }
+// tdpbf16ps's loop (amx_peak.hpp), kFmaInner rounds per outer iteration as the others.
+float tdpbf16_loop(long outer) { return amx_peak_rounds(outer * kFmaInner); }
 
 struct Isa {
   const char* name;
@@ -199,9 +195,9 @@ int main(int argc, char** argv) {
   __builtin_cpu_init();
   const Isa isas[] = {
       {"avx512", __builtin_cpu_supports("avx512f") != 0, fma_loop_avx512,
-       kChains512 * static_cast<double>(kInner) * 16 * 2},
+       kFmaChains512 * static_cast<double>(kFmaInner) * 16 * 2},
       {"avx2", __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0,
-       fma_loop_avx2, kChains256 * static_cast<double>(kInner) * 8 * 2},
+       fma_loop_avx2, kChains256 * static_cast<double>(kFmaInner) * 8 * 2},
   };
 
   std::printf("cpus=%d\n", cpus);
@@ -238,7 +234,7 @@ int main(int argc, char** argv) {
   // The dot product's rate, after the float peaks (which scripts read by name).
   const Isa dot = {"avx512bf16",
                    __builtin_cpu_supports("avx512f") != 0 && attn::detail::cpu_has_avx512_bf16(),
-                   dpbf16_loop_avx512, kChains512 * static_cast<double>(kInner) * 16 * 4};
+                   dpbf16_loop_avx512, kFmaChains512 * static_cast<double>(kFmaInner) * 16 * 4};
   std::printf("%s_supported=%d\n", dot.name, dot.supported ? 1 : 0);
   if (dot.supported) {
     for (const int threads : thread_counts) {
@@ -248,7 +244,7 @@ int main(int argc, char** argv) {
     }
   }
   const Isa amx = {"amx_bf16", attn::detail::amx_support().usable, tdpbf16_loop,
-                   kAmxRoundFlops * static_cast<double>(kInner)};
+                   kAmxRoundFlops * static_cast<double>(kFmaInner)};
   std::printf("%s_supported=%d\n", amx.name, amx.supported ? 1 : 0);
   if (amx.supported) {
     for (const int threads : thread_counts) {
