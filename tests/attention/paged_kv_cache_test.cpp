@@ -6,13 +6,17 @@
 // and 2 threads, decode and prefill, windows, GQA, float and double); the modules'
 // incremental forward on a ragged batch of sequences against the same forward over a
 // KVCache; a windowed stream's blocks released behind the window (bounded, forks keeping
-// theirs); the packed prefill against prefilling each sequence alone.
+// theirs); the packed prefill against prefilling each sequence alone. The same for the
+// caches of bfloat16 and float16 modules (PagedKVCache<bfloat16>, <float16>: rows of that
+// type, the same bits as a KVCache of that type, on every set and bfloat16 path).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -26,6 +30,8 @@ namespace paged_kv_cache_test {
 
 namespace {
 
+using attn::bfloat16;
+using attn::float16;
 using attn::Index;
 using attn::KVCache;
 using attn::KVCacheOptions;
@@ -57,21 +63,33 @@ PagedKVCacheOptions paged_options(const Kind& kind, Index blocks, Index block_si
 }
 
 // Sequence s's rows as float: [keys..., values...].
-std::vector<float> rows_of(const PagedKVCache<float>& cache, Index s) {
+template <class E>
+std::vector<float> rows_of(const PagedKVCache<E>& cache, Index s) {
   const Index n = cache.length(s), heads = cache.num_kv_heads();
-  Tensor<float, 3> k({heads, n, cache.head_dim()}), v({heads, n, cache.value_head_dim()});
+  Tensor<E, 3> k({heads, n, cache.head_dim()}), v({heads, n, cache.value_head_dim()});
   cache.dequantize(s, k.view(), v.view());
   std::vector<float> out(k.data(), k.data() + k.size());
   out.insert(out.end(), v.data(), v.data() + v.size());
   return out;
 }
 
+// Uniform values in [-1, 1) rounded to E (float: as drawn).
+template <class E, std::size_t Rank>
+Tensor<E, Rank> random(const attn::Shape<Rank>& shape, std::uint64_t seed) {
+  const auto f = attn::test::random_tensor<float, Rank>(shape, seed);
+  Tensor<E, Rank> t(shape);
+  for (Index i = 0; i < t.size(); ++i) t.data()[i] = E(f.data()[i]);
+  return t;
+}
+
 // Appends the same `t` random tokens to each listed paged sequence and contiguous item.
-void append_to(PagedKVCache<float>& paged, const std::vector<Index>& seqs, KVCache<float>* flat,
-               const std::vector<Index>& items, Index t, std::uint64_t seed) {
+template <class E>
+void append_to(PagedKVCache<E>& paged, const std::vector<Index>& seqs,
+               std::enable_if_t<true, KVCache<E>>* flat, const std::vector<Index>& items, Index t,
+               std::uint64_t seed) {
   const Index heads = paged.num_kv_heads(), hd = paged.head_dim();
-  const auto k = attn::test::random_tensor<float, 4>({1, heads, t, hd}, seed);
-  const auto v = attn::test::random_tensor<float, 4>({1, heads, t, hd}, seed + 1);
+  const auto k = random<E, 4>({1, heads, t, hd}, seed);
+  const auto v = random<E, 4>({1, heads, t, hd}, seed + 1);
   for (const Index s : seqs) {
     paged.append(s, attn::select(k.view(), 0, 0), attn::select(v.view(), 0, 0));
   }
@@ -284,24 +302,89 @@ TEST(PagedKVCache, AttentionThroughTheBlockTablesIsBitIdenticalToTheContiguousCa
   EXPECT_THROW(attn::paged_attention(q.view(), paged, {5}, out.view(), ws), attn::IndexError);
 }
 
-TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache) {
-  // A Llama-style module (GQA, RoPE, a window of 40) over a paged cache (blocks of 16):
-  // prompts of 30, 45 and 7 tokens prefilled one sequence at a time, s3 forked from s0
-  // (a shared prompt), then 3 decode steps of one token for all four in one call. Each
-  // sequence's rows against the same forward over its own KVCache of one item: the same
-  // bits, for float and int8 rows.
-  attn::MultiHeadAttentionOptions o;
-  o.d_in = 64, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.causal = true;
-  o.sliding_window = 40;
-  o.rope = attn::RotaryOptions{16, 16, 10000.0, attn::RopeStyle::kHalfSplit, 256};
-  attn::TorchGenerator gen(5);
-  attn::MultiHeadAttention<float> m(o, gen);
-  m.eval();
+// The paths `isa` runs for bfloat16 on this CPU (widening; on the avx512 set vdpbf16ps and AMX
+// where the CPU and the operating system have them); float16 widens.
+template <class E>
+std::vector<attn::Bf16Path> paths(attn::Isa isa) {
+  std::vector<attn::Bf16Path> out{attn::Bf16Path::kWiden};
+  if (!std::is_same_v<E, bfloat16> || isa != attn::Isa::kAvx512) return out;
+  for (const attn::Bf16Path p : {attn::Bf16Path::kDot, attn::Bf16Path::kAmx}) {
+    if (attn::bf16_path_available(p)) out.push_back(p);
+  }
+  return out;
+}
+
+// The test above for the rows of a bfloat16 or float16 cache (the kernel on operands of that
+// type, each tile copied out of its blocks): s0 (37 tokens), s1 forked from it then 93 more,
+// s2 of 520, one more token each; a decode step and a call of 5 queries (a partial tile on
+// AMX), with and without a window, GQA, hd 40 and hd 64 (AMX reads whole K tiles in place):
+// the same bits as the KVCache<E> holding the same rows, on every set and path, 1 and 2
+// threads. A quantised element kind is refused, naming the type; the type's own is the rows.
+template <class E>
+void check_storage_rows(Index hd) {
+  PagedKVCache<E> paged(paged_options(kKinds[0], 64, 16, 2, hd));
+  KVCache<E> flat(KVCacheOptions{3, 2, hd, 700});
+  const Index s0 = paged.add_sequence(), s2 = paged.add_sequence();
+  append_to(paged, {s0}, &flat, {0, 1}, 37, 1);
+  const Index s1 = paged.fork(s0);
+  append_to(paged, {s1}, &flat, {1}, 93, 3);
+  append_to(paged, {s2}, &flat, {2}, 520, 5);
+  for (const Index s : {s0, s1, s2})
+    append_to(paged, {s}, &flat, {s == s0 ? 0 : s == s1 ? 1 : 2}, 1, 9 + s);
+  ASSERT_NE(paged.block_table(s0)[2], paged.block_table(s1)[2]);  // copied on write
+  EXPECT_EQ(paged.bytes_per_token(), flat.bytes_per_token());
+  EXPECT_EQ(rows_of(paged, s1).size(), static_cast<std::size_t>(2 * 2 * 131 * hd));
+  const std::vector<Index> seqs = {s0, s1, s2};
+  const int saved = attn::num_threads();
+  attn::Workspace ws;
+  for (const auto& [t, window] : std::vector<std::pair<Index, Index>>{{1, 0}, {1, 50}, {5, 0}}) {
+    const auto q = random<E, 4>({3, 4, t, hd}, 17 + t);
+    for (const attn::Isa isa : attn::test::runnable_sets()) {
+      attn::set_isa(isa);
+      for (const attn::Bf16Path path : paths<E>(isa)) {
+        attn::set_bf16_path(path);
+        attn::set_num_threads(saved);
+        Tensor<E, 4> want({3, 4, t, hd});
+        attn::cached_attention(q.view(), flat, want.view(), ws, {}, window);
+        for (const int threads : {1, 2}) {
+          attn::set_num_threads(threads);
+          Tensor<E, 4> got({3, 4, t, hd});
+          attn::paged_attention(q.view(), paged, seqs, got.view(), ws, {}, window);
+          EXPECT_TRUE(ref::same_bits(got.view(), want.view()))
+              << "T=" << t << " window=" << window << " " << attn::isa_name(isa) << " "
+              << attn::bf16_path_name(path) << " threads=" << threads;
+        }
+      }
+    }
+  }
+  attn::set_num_threads(saved);
+  PagedKVCacheOptions quantised = paged_options(kKinds[1], 4, 16, 2, hd);
+  const std::string name = attn::element_name<E>();
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] { PagedKVCache<E> refused(quantised); }),
+              HasSubstr("a " + name + " cache stores " + name + " rows"));
+  quantised.element = attn::kv_element_of<E>();
+  EXPECT_EQ(PagedKVCache<E>(quantised).element(), KVElement::kScalar);
+}
+
+TEST(PagedKVCache, Bf16AndFp16RowsThroughTheBlockTablesAreBitIdenticalToTheContiguousCache) {
+  check_storage_rows<bfloat16>(40);
+  check_storage_rows<bfloat16>(64);
+  check_storage_rows<float16>(40);
+}
+
+// A Llama-style module (GQA, RoPE, a window of 40) over a paged cache (blocks of 16): prompts
+// of 30, 45 and 7 tokens prefilled one sequence at a time, s3 forked from s0 (a shared
+// prompt), then 3 decode steps of one token for all four in one call. Each sequence's rows
+// against the same forward over its own KVCache of one item: the same bits, for each of
+// `kinds`. Then errors before anything is written: a short pool (naming the blocks; the
+// cache unchanged), a repeated sequence.
+template <class E>
+void check_ragged_batch(const attn::MultiHeadAttention<E>& m, const std::vector<Kind>& kinds) {
   const std::vector<Index> prompt_lengths = {30, 45, 7, 30};
-  for (const Kind& kind : {kKinds[0], kKinds[1]}) {
-    SCOPED_TRACE(kind.name);
-    PagedKVCache<float> paged(paged_options(kind, 32, 16, 2, 16));
-    std::vector<KVCache<float>> flat;
+  for (const Kind& kind : kinds) {
+    SCOPED_TRACE(std::string(attn::element_name<E>()) + " " + kind.name);
+    PagedKVCache<E> paged(paged_options(kind, 32, 16, 2, 16));
+    std::vector<KVCache<E>> flat;
     KVCacheOptions fo{1, 2, 16, 64};
     fo.element = kind.element;
     for (Index b = 0; b < 4; ++b) flat.emplace_back(fo);
@@ -309,8 +392,8 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
     std::vector<Index> seqs;
     for (Index b = 0; b < 4; ++b) {
       const Index t = prompt_lengths[static_cast<std::size_t>(b)];
-      const auto x = attn::test::random_tensor<float, 3>({1, t, 64}, 41 + (b == 3 ? 0 : b));
-      Tensor<float, 3> got({1, t, 64}), want({1, t, 64});
+      const auto x = random<E, 3>({1, t, 64}, 41 + (b == 3 ? 0 : b));
+      Tensor<E, 3> got({1, t, 64}), want({1, t, 64});
       m.forward(x.view(), want.view(), ws, flat[static_cast<std::size_t>(b)]);
       if (b == 3) {
         seqs.push_back(paged.fork(seqs[0]));
@@ -321,8 +404,8 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
       EXPECT_TRUE(ref::same_bits(got.view(), want.view())) << "prefill of " << b;
     }
     for (Index step = 0; step < 3; ++step) {
-      const auto x = attn::test::random_tensor<float, 3>({4, 1, 64}, 60 + step);
-      Tensor<float, 3> got({4, 1, 64}), want({4, 1, 64});
+      const auto x = random<E, 3>({4, 1, 64}, 60 + step);
+      Tensor<E, 3> got({4, 1, 64}), want({4, 1, 64});
       m.forward(x.view(), got.view(), ws, paged, seqs);
       for (Index b = 0; b < 4; ++b) {
         m.forward(attn::slice(x.view(), 0, b, b + 1), attn::slice(want.view(), 0, b, b + 1), ws,
@@ -334,27 +417,75 @@ TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache)
     EXPECT_NE(paged.block_table(seqs[0])[1], paged.block_table(seqs[3])[1]);  // copied
     EXPECT_EQ(paged.block_table(seqs[0])[0], paged.block_table(seqs[3])[0]);  // shared
   }
-  // Errors before anything is written: a short pool (naming the blocks), a repeated
-  // sequence, a non-causal module.
+  PagedKVCache<E> paged(paged_options(kKinds[0], 3, 16, 2, 16));
+  const Index s = paged.add_sequence();
+  attn::Workspace ws;
+  Tensor<E, 3> y20({1, 20, 64});
+  m.forward(random<E, 3>({1, 20, 64}, 2).view(), y20.view(), ws, paged, {s});
+  const Index f = paged.fork(s);
+  const auto memory = [&] {
+    const auto all = paged.memory();
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(all.extent(0)) * sizeof(E));
+    std::memcpy(bytes.data(), all.data(), bytes.size());
+    return bytes;
+  };
+  const std::vector<unsigned char> before = memory();
+  // f's 20 more tokens: a copy of the shared last block and one new block; 1 is free.
+  const auto x = random<E, 3>({1, 20, 64}, 1);
+  Tensor<E, 3> y({1, 20, 64});
+  EXPECT_THAT(
+      attn::test::thrown<attn::ConfigError>([&] { m.forward(x.view(), y.view(), ws, paged, {f}); }),
+      AllOf(HasSubstr("need 2 blocks"), HasSubstr("1 of N=3 are free")));
+  EXPECT_EQ(paged.length(s), 20);
+  EXPECT_EQ(paged.length(f), 20);
+  EXPECT_EQ(paged.block_table(f), paged.block_table(s));
+  EXPECT_EQ(paged.ref_count(paged.block_table(f)[1]), 2);
+  EXPECT_EQ(paged.free_blocks(), 1);
+  EXPECT_EQ(memory(), before);
+  const auto x2 = random<E, 3>({2, 1, 64}, 1);
+  Tensor<E, 3> y2({2, 1, 64});
+  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] {
+                m.forward(x2.view(), y2.view(), ws, paged, {s, s});
+              }),
+              HasSubstr("appears twice"));
+  // What fits still goes in: one token for f copies the shared block (copy on write).
+  m.forward(attn::slice(x.view(), 1, 0, 1), attn::slice(y.view(), 1, 0, 1), ws, paged, {f});
+  EXPECT_NE(paged.block_table(f)[1], paged.block_table(s)[1]);
+  EXPECT_EQ(paged.free_blocks(), 0);
+}
+
+attn::MultiHeadAttentionOptions llama_options() {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = 64, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.causal = true;
+  o.sliding_window = 40;
+  o.rope = attn::RotaryOptions{16, 16, 10000.0, attn::RopeStyle::kHalfSplit, 256};
+  return o;
+}
+
+TEST(PagedKVCache, TheIncrementalForwardOnARaggedBatchMatchesTheContiguousCache) {
+  // Float and int8 rows; then a non-causal module is refused.
+  attn::MultiHeadAttentionOptions o = llama_options();
+  attn::TorchGenerator gen(5);
+  attn::MultiHeadAttention<float> m(o, gen);
+  m.eval();
+  check_ragged_batch(m, {kKinds[0], kKinds[1]});
   PagedKVCache<float> paged(paged_options(kKinds[0], 2, 16, 2, 16));
   const Index s = paged.add_sequence();
   const auto x = attn::test::random_tensor<float, 3>({1, 40, 64}, 1);
   Tensor<float, 3> y({1, 40, 64});
   attn::Workspace ws;
-  EXPECT_THAT(
-      attn::test::thrown<attn::ConfigError>([&] { m.forward(x.view(), y.view(), ws, paged, {s}); }),
-      AllOf(HasSubstr("need 3 blocks"), HasSubstr("2 of N=2 are free")));
-  EXPECT_EQ(paged.length(s), 0);
-  EXPECT_EQ(paged.free_blocks(), 2);
-  const auto x2 = attn::test::random_tensor<float, 3>({2, 1, 64}, 1);
-  Tensor<float, 3> y2({2, 1, 64});
-  EXPECT_THAT(attn::test::thrown<attn::ConfigError>([&] {
-                m.forward(x2.view(), y2.view(), ws, paged, {s, s});
-              }),
-              HasSubstr("appears twice"));
   o.causal = false, o.sliding_window = 0;
   const attn::MultiHeadAttention<float> open(o, gen);
   EXPECT_THROW(open.forward(x.view(), y.view(), ws, paged, {s}), attn::ConfigError);
+}
+
+TEST(PagedKVCache, Bf16AndFp16ModulesOnARaggedBatchMatchTheContiguousCache) {
+  // The float module's weights rounded (a PyTorch module after .to(torch.bfloat16)), through
+  // a PagedKVCache of the module's type against a KVCache of that type.
+  attn::TorchGenerator gen(5);
+  const attn::MultiHeadAttention<float> wide(llama_options(), gen);
+  check_ragged_batch(attn::MultiHeadAttention<bfloat16>(wide), {kKinds[0]});
+  check_ragged_batch(attn::MultiHeadAttention<float16>(wide), {kKinds[0]});
 }
 
 // Blocks sequence s still holds (its table's entries that are not -1).
@@ -449,32 +580,35 @@ TEST(PagedKVCache, AWindowedStreamReleasesTheBlocksBehindItsWindow) {
   EXPECT_EQ(paged.free_blocks(), paged.num_blocks());
 }
 
-TEST(PagedKVCache, APackedPrefillIsBitIdenticalToPrefillingEachSequenceAlone) {
-  // Prompts of 30, 21 and 7 tokens packed into one call (GQA, RoPE, value heads of 8, a
-  // window of 12 for the second pass, which releases the first blocks): s1 continues a fork
-  // of a 10-token prefix (its partly filled shared block copied first), the others start
-  // empty. Against the same prompts prefilled one at a time into a cache in the same state:
-  // the same output bits and the same rows, for float and int8 rows; then one decode step
-  // of all three agrees too.
+// Prompts of 30, 21 and 7 tokens packed into one call (GQA, RoPE, value heads of 8, a window
+// of 12 for the second pass, which releases the first blocks): s1 continues a fork of a
+// 10-token prefix (its partly filled shared block copied first), the others start empty.
+// Against the same prompts prefilled one at a time into a cache in the same state: the same
+// output bits and the same rows, for each of `kinds`; then one decode step of all three agrees
+// too. E: the module's type (bfloat16: the float module's weights rounded).
+template <class E>
+void check_paged_prefill(const std::vector<Kind>& kinds) {
   for (const Index window : {Index{0}, Index{12}}) {
     attn::MultiHeadAttentionOptions o;
     o.d_in = 32, o.num_heads = 4, o.num_kv_heads = 2, o.head_dim = 16, o.value_head_dim = 8;
     o.causal = true, o.sliding_window = window;
     o.rope = attn::RotaryOptions{16, 16, 10000.0, attn::RopeStyle::kHalfSplit, 64};
     attn::TorchGenerator gen(13);
-    attn::MultiHeadAttention<float> m(o, gen);
-    m.eval();
-    for (const Kind& kind : {kKinds[0], kKinds[1]}) {
-      SCOPED_TRACE(std::string(kind.name) + " window " + std::to_string(window));
+    attn::MultiHeadAttention<float> wide(o, gen);
+    wide.eval();
+    const attn::MultiHeadAttention<E> m(wide);
+    for (const Kind& kind : kinds) {
+      SCOPED_TRACE(std::string(attn::element_name<E>()) + " " + kind.name + " window " +
+                   std::to_string(window));
       PagedKVCacheOptions po = paged_options(kind, 24, 16, 2, 16);
       po.value_head_dim = 8;
-      PagedKVCache<float> packed(po), alone(po);
+      PagedKVCache<E> packed(po), alone(po);
       attn::Workspace ws;
       const std::vector<Index> lengths = {30, 21, 7};
       std::vector<Index> a, b;  // the sequences of each cache
-      const auto prefix = attn::test::random_tensor<float, 3>({1, 10, 32}, 5);
-      Tensor<float, 3> y10({1, 10, 32});
-      for (PagedKVCache<float>* cache : {&packed, &alone}) {
+      const auto prefix = random<E, 3>({1, 10, 32}, 5);
+      Tensor<E, 3> y10({1, 10, 32});
+      for (PagedKVCache<E>* cache : {&packed, &alone}) {
         std::vector<Index>& ids = cache == &packed ? a : b;
         ids.push_back(cache->add_sequence());
         const Index p = cache->add_sequence();
@@ -483,12 +617,12 @@ TEST(PagedKVCache, APackedPrefillIsBitIdenticalToPrefillingEachSequenceAlone) {
         ids.push_back(cache->add_sequence());
       }
       const attn::PackedSequences offsets(attn::SequenceOffsets::from_lengths(lengths));
-      const auto x = attn::test::random_tensor<float, 2>({58, 32}, 6);
-      Tensor<float, 2> got({58, 32});
+      const auto x = random<E, 2>({58, 32}, 6);
+      Tensor<E, 2> got({58, 32});
       m.forward(x.view(), offsets, got.view(), ws, packed, a);
       for (Index s = 0, r0 = 0; s < 3; r0 += lengths[static_cast<std::size_t>(s)], ++s) {
         const Index t = lengths[static_cast<std::size_t>(s)];
-        Tensor<float, 3> want({1, t, 32});
+        Tensor<E, 3> want({1, t, 32});
         m.forward(attn::unsqueeze(attn::slice(x.view(), 0, r0, r0 + t), 0), want.view(), ws, alone,
                   {b[static_cast<std::size_t>(s)]});
         EXPECT_TRUE(
@@ -503,13 +637,17 @@ TEST(PagedKVCache, APackedPrefillIsBitIdenticalToPrefillingEachSequenceAlone) {
       }
       EXPECT_EQ(packed.free_blocks(), alone.free_blocks());
       EXPECT_EQ(packed.first_position(a[0]), window == 0 ? 0 : 16);
-      const auto step = attn::test::random_tensor<float, 3>({3, 1, 32}, 7);
-      Tensor<float, 3> y_packed({3, 1, 32}), y_alone({3, 1, 32});
+      const auto step = random<E, 3>({3, 1, 32}, 7);
+      Tensor<E, 3> y_packed({3, 1, 32}), y_alone({3, 1, 32});
       m.forward(step.view(), y_packed.view(), ws, packed, a);
       m.forward(step.view(), y_alone.view(), ws, alone, b);
       EXPECT_TRUE(ref::same_bits(y_packed.view(), y_alone.view()));
     }
   }
+}
+
+TEST(PagedKVCache, APackedPrefillIsBitIdenticalToPrefillingEachSequenceAlone) {
+  check_paged_prefill<float>({kKinds[0], kKinds[1]});
   // A pool short of blocks for all of them changes nothing, naming the blocks; so does a
   // count of ids other than the sequences'.
   attn::MultiHeadAttentionOptions o;
@@ -531,6 +669,10 @@ TEST(PagedKVCache, APackedPrefillIsBitIdenticalToPrefillingEachSequenceAlone) {
   EXPECT_THROW(m.forward(x.view(), attn::PackedSequences(std::vector<Index>{0, 40}), y.view(), ws,
                          small, ids),
                attn::ShapeError);
+}
+
+TEST(PagedKVCache, ABf16PackedPrefillIsBitIdenticalToPrefillingEachSequenceAlone) {
+  check_paged_prefill<bfloat16>({kKinds[0]});
 }
 
 TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {

@@ -8,13 +8,16 @@
 // without keys, on 1 and 2 threads. Also the module's packed forward, training forward and
 // backward against the module on each sequence alone, the packed prefill of a KVCache against
 // each item's own prefill, and the errors. The packed backward also against central finite
-// differences in double.
+// differences in double. The packed forward, the packed prefill and
+// scaled_dot_product_attention_varlen() on bfloat16 and float16 too: bit-identical to each
+// sequence alone, as for float.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -29,7 +32,9 @@ namespace {
 
 using attn::AttentionMask;
 using attn::AttentionOptions;
+using attn::bfloat16;
 using attn::CausalAlignment;
+using attn::float16;
 using attn::Index;
 using attn::SequenceOffsets;
 using attn::Shape;
@@ -430,21 +435,38 @@ attn::MultiHeadAttention<float> make_module(Index kv_heads, bool causal, Index w
 }
 
 /// Rows [r0, r1) of a (total, features) tensor.
-Tensor<float, 2> rows_of(const Tensor<float, 2>& x, Index r0, Index r1) {
-  return Tensor<float, 2>(attn::slice(x.view(), 0, r0, r1));
+template <class E>
+Tensor<E, 2> rows_of(const Tensor<E, 2>& x, Index r0, Index r1) {
+  return Tensor<E, 2>(attn::slice(x.view(), 0, r0, r1));
 }
 
-void expect_same_rows(const Tensor<float, 2>& packed, Index r0, const Tensor<float, 2>& alone,
+/// A float tensor's values rounded to E (copied for float).
+template <class E, std::size_t Rank>
+Tensor<E, Rank> rounded(const Tensor<float, Rank>& x) {
+  Tensor<E, Rank> t(x.shape());
+  for (Index i = 0; i < x.size(); ++i) t.data()[i] = E(x.data()[i]);
+  return t;
+}
+
+/// Rows r0.. of `packed` hold `alone`'s bits.
+template <class E>
+void expect_same_rows(const Tensor<E, 2>& packed, Index r0, const Tensor<E, 2>& alone,
                       const char* what) {
   SCOPED_TRACE(what);
   for (Index i = 0; i < alone.extent(0); ++i) {
     for (Index c = 0; c < alone.extent(1); ++c) {
-      ASSERT_EQ(packed(r0 + i, c), alone(i, c)) << "row " << r0 + i << " col " << c;
+      const E a = packed(r0 + i, c), b = alone(i, c);
+      ASSERT_EQ(std::memcmp(&a, &b, sizeof(E)), 0)
+          << "row " << r0 + i << " col " << c << ": " << static_cast<float>(a) << " vs "
+          << static_cast<float>(b);
     }
   }
 }
 
-TEST(VarlenModule, ForwardEqualsEachSequenceAlone) {
+// The module's packed forward (a float module, or its bfloat16 or float16 twin with the weights
+// rounded, on rounded inputs) against each sequence alone: the same bits, on 1 and 2 threads.
+template <class E>
+void check_module_forward() {
   const int threads = attn::num_threads();
   struct ModuleCase {
     Index kv_heads;
@@ -459,32 +481,79 @@ TEST(VarlenModule, ForwardEqualsEachSequenceAlone) {
   };
   for (const ModuleCase& c : all) {
     SCOPED_TRACE("H_kv=" + std::to_string(c.kv_heads) + " W=" + std::to_string(c.window));
-    const auto m = make_module(c.kv_heads, c.causal, c.window, c.kdim, false);
+    const attn::MultiHeadAttention<E> m(make_module(c.kv_heads, c.causal, c.window, c.kdim, false));
     const SequenceOffsets cq = SequenceOffsets::from_lengths(c.lq);
     const SequenceOffsets ck = SequenceOffsets::from_lengths(c.lk.empty() ? c.lq : c.lk);
     const Index tq = cq.view()(cq.sequences()), tk = ck.view()(ck.sequences());
-    const Tensor<float, 2> x = random_tensor<float, 2>({tq, 24}, 21);
-    const Tensor<float, 2> kv = random_tensor<float, 2>({tk, c.kdim > 0 ? c.kdim : 24}, 22);
-    const Tensor<float, 2>& keys = c.lk.empty() ? x : kv;
+    const Tensor<E, 2> x = rounded<E>(random_tensor<float, 2>({tq, 24}, 21));
+    const Tensor<E, 2> kv = rounded<E>(random_tensor<float, 2>({tk, c.kdim > 0 ? c.kdim : 24}, 22));
+    const Tensor<E, 2>& keys = c.lk.empty() ? x : kv;
     Workspace ws;
-    Tensor<float, 2> out[2];
+    Tensor<E, 2> out[2];
     for (int t = 0; t < 2; ++t) {
       attn::set_num_threads(t + 1);
-      out[t] = Tensor<float, 2>(Shape<2>{tq, 24});
+      out[t] = Tensor<E, 2>(Shape<2>{tq, 24});
       m.forward(x.view(), keys.view(), keys.view(), {cq, ck}, out[t].view(), ws);
     }
     attn::set_num_threads(threads);
-    EXPECT_EQ(attn::test::to_vector(out[0]), attn::test::to_vector(out[1]));
+    expect_same_rows(out[0], 0, out[1], "1 and 2 threads");
     for (Index s = 0; s < cq.sequences(); ++s) {
       if (cq.length(s) == 0) continue;
-      const Tensor<float, 2> xs = rows_of(x, cq.begin(s), cq.begin(s) + cq.length(s));
-      const Tensor<float, 2> ks = rows_of(keys, ck.begin(s), ck.begin(s) + ck.length(s));
-      Tensor<float, 2> ys(Shape<2>{xs.extent(0), 24});
+      const Tensor<E, 2> xs = rows_of(x, cq.begin(s), cq.begin(s) + cq.length(s));
+      const Tensor<E, 2> ks = rows_of(keys, ck.begin(s), ck.begin(s) + ck.length(s));
+      Tensor<E, 2> ys(Shape<2>{xs.extent(0), 24});
       m.forward(xs.view(), ks.view(), ks.view(), ys.view(), ws);
       expect_same_rows(out[0], cq.begin(s), ys, ("sequence " + std::to_string(s)).c_str());
     }
   }
 }
+
+// scaled_dot_product_attention_varlen() on bfloat16 and float16 operands (the streaming kernel
+// of those types) against scaled_dot_product_attention() on each sequence alone: the same bits
+// (causal GQA with an empty sequence; cross-attention, top-left causal, a window).
+template <class E>
+void check_storage_varlen() {
+  const std::vector<Case> all = cases();
+  for (const Case* c : {&all[1], &all[3]}) {
+    SCOPED_TRACE(c->name);
+    const Operands o = operands(*c, 50);
+    const Tensor<E, 3> q = rounded<E>(o.q), k = rounded<E>(o.k), v = rounded<E>(o.v);
+    const Index tq = q.extent(0);
+    Tensor<E, 3> out(Shape<3>{tq, c->heads, c->dv});
+    Workspace ws;
+    attn::scaled_dot_product_attention_varlen<E>(q.view(), k.view(), v.view(), o.cq, o.ck,
+                                                 out.view(), ws, c->mask);
+    for (Index s = 0; s < o.cq.sequences(); ++s) {
+      SCOPED_TRACE("sequence " + std::to_string(s));
+      const Index q0 = o.cq.begin(s), q1 = q0 + o.cq.length(s);
+      const Index k0 = o.ck.begin(s), k1 = k0 + o.ck.length(s);
+      if (q1 == q0 || k1 == k0) continue;
+      const Tensor<E, 4> qs = rounded<E>(alone(o.q.view(), q0, q1));
+      const Tensor<E, 4> ks = rounded<E>(alone(o.k.view(), k0, k1));
+      const Tensor<E, 4> vs = rounded<E>(alone(o.v.view(), k0, k1));
+      Tensor<E, 4> ys(Shape<4>{1, c->heads, q1 - q0, c->dv});
+      attn::scaled_dot_product_attention<E>(qs.view(), ks.view(), vs.view(), ys.view(), ws,
+                                            c->mask);
+      for (Index h = 0; h < c->heads; ++h) {
+        for (Index i = q0; i < q1; ++i) {
+          for (Index x = 0; x < c->dv; ++x) {
+            const E a = out(i, h, x), b = ys(0, h, i - q0, x);
+            ASSERT_EQ(std::memcmp(&a, &b, sizeof(E)), 0) << "head " << h << " row " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Varlen, Bf16AndFp16EqualEachSequenceAlone) {
+  check_storage_varlen<bfloat16>();
+  check_storage_varlen<float16>();
+}
+
+TEST(VarlenModule, ForwardEqualsEachSequenceAlone) { check_module_forward<float>(); }
+TEST(VarlenModule, Bf16ForwardEqualsEachSequenceAlone) { check_module_forward<bfloat16>(); }
+TEST(VarlenModule, Fp16ForwardEqualsEachSequenceAlone) { check_module_forward<float16>(); }
 
 TEST(VarlenModule, BackwardEqualsEachSequenceAlone) {
   // Input gradients: bit-identical (each row's dX is its own row of dQKV times W). Parameter
@@ -528,18 +597,21 @@ TEST(VarlenModule, BackwardEqualsEachSequenceAlone) {
   }
 }
 
-TEST(VarlenModule, PrefillEqualsEachSequenceAlone) {
-  // A cache without a window and a ring (window 6, chunks of 4: the packed prefill runs in
-  // rounds); two packed prefills (the second continues each item), then one decode step.
+// A cache without a window and a ring (window 6, chunks of 4: the packed prefill runs in
+// rounds); two packed prefills (the second continues each item), then one decode step: each
+// sequence's rows and its item's keys and values the same bits as its own prefill (a float
+// module, or its bfloat16 twin through a KVCache<bfloat16>).
+template <class E>
+void check_module_prefill() {
   for (const Index window : {Index(0), Index(6)}) {
     SCOPED_TRACE("window " + std::to_string(window));
-    const auto m = make_module(2, true, window, 0, false);
+    const attn::MultiHeadAttention<E> m(make_module(2, true, window, 0, false));
     const auto make_cache = [&](Index items) {
-      return window > 0 ? attn::KVCache<float>::sliding_window(items, 2, 6, window, 4)
-                        : attn::KVCache<float>(items, 2, 6, 128);
+      return window > 0 ? attn::KVCache<E>::sliding_window(items, 2, 6, window, 4)
+                        : attn::KVCache<E>(items, 2, 6, 128);
     };
-    attn::KVCache<float> cache = make_cache(4);  // item 3 is left alone
-    std::vector<attn::KVCache<float>> alone;
+    attn::KVCache<E> cache = make_cache(4);  // item 3 is left alone
+    std::vector<attn::KVCache<E>> alone;
     for (int s = 0; s < 3; ++s) alone.push_back(make_cache(1));
     Workspace ws;
     std::uint64_t seed = 40;
@@ -547,27 +619,34 @@ TEST(VarlenModule, PrefillEqualsEachSequenceAlone) {
          {std::vector<Index>{9, 1, 30}, std::vector<Index>{2, 0, 5}, std::vector<Index>{1, 1, 1}}) {
       const SequenceOffsets cu = SequenceOffsets::from_lengths(lengths);
       const Index total = cu.view()(3);
-      const Tensor<float, 2> x = random_tensor<float, 2>({total, 24}, ++seed);
-      Tensor<float, 2> out(Shape<2>{total, 24});
+      const Tensor<E, 2> x = rounded<E>(random_tensor<float, 2>({total, 24}, ++seed));
+      Tensor<E, 2> out(Shape<2>{total, 24});
       m.forward(x.view(), x.view(), x.view(), cu, out.view(), ws, cache);
       for (Index s = 0; s < 3; ++s) {
         SCOPED_TRACE("sequence " + std::to_string(s));
         if (cu.length(s) == 0) continue;
-        const Tensor<float, 2> xs = rows_of(x, cu.begin(s), cu.begin(s) + cu.length(s));
-        Tensor<float, 3> ys(Shape<3>{1, xs.extent(0), 24});
+        const Tensor<E, 2> xs = rows_of(x, cu.begin(s), cu.begin(s) + cu.length(s));
+        Tensor<E, 3> ys(Shape<3>{1, xs.extent(0), 24});
         m.forward(attn::unsqueeze(xs.view(), 0), attn::unsqueeze(xs.view(), 0),
                   attn::unsqueeze(xs.view(), 0), ys.view(), ws, alone[static_cast<std::size_t>(s)]);
-        const Tensor<float, 2> y2(attn::select(ys.view(), 0, 0));
+        const Tensor<E, 2> y2(attn::select(ys.view(), 0, 0));
         expect_same_rows(out, cu.begin(s), y2, "out");
         const auto& a = alone[static_cast<std::size_t>(s)];
         ASSERT_EQ(cache.length(s), a.length(0));
-        EXPECT_EQ(attn::test::to_vector(cache.k(s)), attn::test::to_vector(a.k(0)));
-        EXPECT_EQ(attn::test::to_vector(cache.v(s)), attn::test::to_vector(a.v(0)));
+        for (int part = 0; part < 2; ++part) {
+          const auto mine = attn::test::to_vector(part == 0 ? cache.k(s) : cache.v(s));
+          const auto theirs = attn::test::to_vector(part == 0 ? a.k(0) : a.v(0));
+          ASSERT_EQ(mine.size(), theirs.size());
+          EXPECT_EQ(std::memcmp(mine.data(), theirs.data(), mine.size() * sizeof(E)), 0) << part;
+        }
       }
     }
     EXPECT_EQ(cache.length(3), 0);
   }
 }
+
+TEST(VarlenModule, PrefillEqualsEachSequenceAlone) { check_module_prefill<float>(); }
+TEST(VarlenModule, Bf16PrefillEqualsEachSequenceAlone) { check_module_prefill<bfloat16>(); }
 
 TEST(VarlenModule, Errors) {
   const auto m = make_module(2, true, 0, 0, false);

@@ -225,8 +225,9 @@ class ModuleForwards {
   // Masks are in the compute type: float for a bfloat16 or float16 module.
   using Mask = AttentionMask<compute_type_t<Scalar>>;
   // A bfloat16 module runs whole-sequence forwards, inference and training (with backward), a
-  // float16 module inference forwards; both the incremental forward through a KVCache of their
-  // type; the rest needs float or double.
+  // float16 module inference forwards; both the incremental forward through a KVCache or a
+  // PagedKVCache of their type, and packed batches (inference, the packed prefills); attention
+  // weights and packed training need float or double.
   static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
   static constexpr bool kWholeTraining = kTraining || std::is_same_v<Scalar, bfloat16>;
 
@@ -302,10 +303,6 @@ class ModuleForwards {
   /// @throws as the forward through a KVCache; IndexError for an id that is not a sequence.
   void forward(In<Inputs, 3>... in, TensorView<Scalar, 3> out, Workspace& ws,
                PagedKVCache<Scalar>& cache, const std::vector<Index>& seqs) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 or float16 module has no paged KV cache yet; the incremental "
-                  "forward through a PagedKVCache needs a float or double module (a KVCache of the "
-                  "module's type works)");
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(in...), out, {}, ws, cache.memory());
     derived().run_paged(x, out, ws, cache, seqs);
@@ -332,10 +329,6 @@ class ModuleForwards {
   ///         a mask with element-wise parts; ConfigError for a sequence past context_length.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, const Mask& mask = {}) const {
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module takes no packed batch yet; the packed forwards "
-        "(PackedSequences) need a float or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x =
         stage_overlapping<Scalar>(gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws);
@@ -346,8 +339,8 @@ class ModuleForwards {
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                SavedForward<Scalar>& saved, Workspace& ws, const Mask& mask = {}) const {
     static_assert(kTraining,
-                  "attn: a bfloat16 or float16 module takes no packed batch yet; the packed "
-                  "training forward needs a float or double module");
+                  "attn: a bfloat16 or float16 module runs packed batches for inference only; the "
+                  "packed training forward needs a float or double module");
     train_forward(gather_inputs<Scalar>(unsqueeze(in, 0)...), unsqueeze(out, 0), saved, ws, mask,
                   &seqs);
   }
@@ -361,9 +354,6 @@ class ModuleForwards {
   ///         for a cache of fewer than N items.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, KVCache<Scalar>& cache) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 or float16 module takes no packed batch yet; the packed "
-                  "prefill needs a float or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
         gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache_memory(cache));
@@ -379,10 +369,6 @@ class ModuleForwards {
   ///         ids of another count than the sequences.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                Workspace& ws, PagedKVCache<Scalar>& cache, const std::vector<Index>& ids) const {
-    static_assert(
-        kTraining,
-        "attn: a bfloat16 or float16 module has no paged cache yet; the packed prefill needs a "
-        "float or double module");
     const TensorView<Scalar, 3> out3 = unsqueeze(out, 0);
     const ModuleInputs<Scalar> x = stage_overlapping<Scalar>(
         gather_inputs<Scalar>(unsqueeze(in, 0)...), out3, {}, ws, cache.memory());

@@ -63,14 +63,15 @@ namespace detail {
 /// sums, each result rounded once to bfloat16 (Q, K, V, the output), and the kernel is the
 /// bfloat16 scaled_dot_product_attention (float softmax); masks, ALiBi slopes and the dropout
 /// state are float. Rotary embeddings rotate the rounded Q and K in float (float tables),
-/// rounding each feature back once; the incremental forward through a KVCache<bfloat16> keeps
-/// bfloat16 rows. Learned sinks are a bfloat16 parameter too (as .to(torch.bfloat16) makes
+/// rounding each feature back once; the incremental forward through a KVCache<bfloat16> or a
+/// PagedKVCache<bfloat16> keeps bfloat16 rows. A packed batch (PackedSequences, the packed
+/// prefills) runs each sequence through the same bfloat16 kernel, the same bits as the
+/// sequence alone. Learned sinks are a bfloat16 parameter too (as .to(torch.bfloat16) makes
 /// them), widened exactly to float for the kernel on every call. Its training forward records
 /// the bfloat16 heads and context, and its backward is core_backward_bf16() (module_backward.hpp).
-/// A paged cache, attention weights and packed batches need a
-/// float or double core; a float16 core runs inference forwards only. Built from a
-/// configuration, it takes a float core's draws rounded; the converting constructor rounds (or
-/// widens) any core.
+/// Attention weights and packed training forwards need a float or double core; a float16
+/// core runs inference forwards only. Built from a configuration, it takes a float core's
+/// draws rounded; the converting constructor rounds (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
@@ -153,8 +154,9 @@ class AttentionCore {
                const Mask& mask, TensorView<Scalar, 4> weights,
                SavedForward<Scalar>* saved = nullptr,
                const PackedSequences* packed = nullptr) const {
-    if constexpr (kStorage) {  // the module front ends refuse weights at compile time
+    if constexpr (kStorage) {  // the module front ends refuse these at compile time
       ATTN_ASSERT(weights.data() == nullptr);
+      ATTN_ASSERT(saved == nullptr || packed == nullptr);  // a packed training forward
     }
     check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;
@@ -233,12 +235,6 @@ class AttentionCore {
       });
     }
     check_output(where, out, {query.extent(0), query.extent(1), d_out()});
-    if constexpr (kStorage) {
-      require_config(packed == nullptr, where, [] {
-        return std::string("a ") + element_name<Scalar>() +
-               " module takes no packed batch yet; use a float module";
-      });
-    }
     if (packed != nullptr) {
       check_packed_mask(where, mask);
       check_packed_offsets(
@@ -311,21 +307,19 @@ class AttentionCore {
   }
 
   /// Step 3: the kernel on projected heads, context into `ctx` (B, H, T_q, hd_v) (and, when
-  /// not empty, each query's logsumexp into `lse` (B, H, T_q)); per sequence with `packed`
-  /// (float and double cores: check() refuses a packed batch on a bfloat16 one).
+  /// not empty, each query's logsumexp into `lse` (B, H, T_q)); per sequence with `packed`.
   void attend(const Heads& heads, TensorView<Scalar, 4> ctx, const Mask& mask,
               const AttentionOptions& options, TensorView<Scalar, 4> weights, Workspace& ws,
               TensorView<Compute, 3> lse = {}, const PackedSequences* packed = nullptr) const {
+    if (packed != nullptr) {
+      attend_packed<Compute, Scalar>(config_.forward_name, heads.query, heads.key, heads.value, ctx,
+                                     *packed, mask, options, ws, config_.causal_bound(), lse);
+      return;
+    }
     if constexpr (kStorage) {
-      ATTN_ASSERT(packed == nullptr);
       detail::attend_storage<Scalar>(config_.forward_name, heads.query, heads.key, heads.value, ctx,
                                      mask, options, ws, config_.causal_bound(), lse);
     } else {
-      if (packed != nullptr) {
-        attend_packed(config_.forward_name, heads.query, heads.key, heads.value, ctx, *packed, mask,
-                      options, ws, config_.causal_bound(), lse);
-        return;
-      }
       detail::attend(config_.forward_name, heads.query, heads.key, heads.value, ctx, mask, options,
                      weights, ws, config_.causal_bound(), lse);
     }

@@ -82,7 +82,7 @@ struct PackedPrefillRows {
   void rotate_and_store(Index r0, Index t, Index first, Store&& store) const {
     const Index heads = core->num_heads(), kv_heads = core->num_kv_heads(), hd = core->head_dim();
     if (core->has_rope()) {
-      const RotaryEmbedding<Scalar>& rope = core->rope();
+      const auto& rope = core->rope();  // in Scalar's compute type
       for (Index h = 0; h < heads; ++h) rope.apply(q + h * total * hd + r0 * hd, t, hd, first);
       for (Index h = 0; h < kv_heads; ++h) rope.apply(k + h * total * hd + r0 * hd, t, hd, first);
     }
@@ -146,7 +146,7 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   check_cache_use(core, cache, n, true);
   check_output(where, out, {1, total, core.d_out()});
   for (Index s = 0; s < n; ++s) check_cache_room(core, cache, s, o.length(s));
-  check_output_memory(where, out, {}, AttentionMask<Scalar>());
+  check_output_memory(where, out, {}, AttentionMask<compute_type_t<Scalar>>());
   require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
   KVCacheAccess::set_owner(cache, core.id());
   // 2. Projections: Q (1, H, total, hd), then K (1, H_kv, total, hd) and V (1, H_kv, total,
@@ -154,7 +154,7 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   const PackedPrefillRows<Scalar> rows = project_packed_prefill(core, x, out, ws);
   const AttentionOptions options = core.kernel_options({}, ws);  // one dropout call for the batch
   // 3. Rounds of at most C tokens of each sequence.
-  std::vector<AttentionCall<Scalar>> calls;
+  std::vector<AttentionCall<compute_type_t<Scalar>, Scalar>> calls;
   const Index chunk = cache.max_chunk(), longest = o.max_length();
   for (Index t0 = 0; t0 < longest; t0 += chunk) {
     calls.clear();

@@ -38,12 +38,13 @@ namespace detail {
 /// bound, the window), the rows read through the block tables. As cache_call() for a
 /// KVCache: the same tiles over the same positions, so the same bits for the same rows.
 /// With `tables` (a table and the lengths), the batch is gathered there instead of into the
-/// cache: several calls over one cache in one parallel region.
+/// cache: several calls over one cache in one parallel region. A 16-bit storage type's cache
+/// (rows of that type) gives a call on those operands, computed in float, as cache_call().
 template <class Scalar>
-AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> q,
-                                 const PagedKVCache<Scalar>& cache, const Index* seqs,
-                                 TensorView<Scalar, 4> out, const AttentionOptions& options,
-                                 Index window, std::vector<Index>* tables = nullptr) {
+AttentionCall<compute_type_t<Scalar>, Scalar> paged_call(
+    const char* where, TensorView<const Scalar, 4> q, const PagedKVCache<Scalar>& cache,
+    const Index* seqs, TensorView<Scalar, 4> out, const AttentionOptions& options, Index window,
+    std::vector<Index>* tables = nullptr) {
   const PagedBatch batch = tables != nullptr
                                ? cache.batch_into(seqs, q.extent(0), tables[0], tables[1])
                                : cache.batch(seqs, q.extent(0));
@@ -55,7 +56,7 @@ AttentionCall<Scalar> paged_call(const char* where, TensorView<const Scalar, 4> 
     return TensorView<const Scalar, 4>(
         q.data(), {batch.batch, cache.num_kv_heads(), batch.slots, width}, {0, 0, 0, 1});
   };
-  AttentionCall<Scalar> call = make_call<Scalar>(
+  AttentionCall<compute_type_t<Scalar>, Scalar> call = make_call<compute_type_t<Scalar>, Scalar>(
       where, q, shape_only(cache.head_dim()), shape_only(cache.value_head_dim()), out, {}, {}, {},
       options, {true, CausalAlignment::kBottomRightPerItem, window}, keys);
   call.args.stored = batch.stored;
@@ -192,7 +193,7 @@ void forward_paged(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   for (Index b = 0; b < batch; ++b) {
     const Index s = seqs[static_cast<std::size_t>(b)], first = cache.length(s);
     if (core.has_rope()) {
-      const RotaryEmbedding<Scalar>& rope = core.rope();
+      const auto& rope = core.rope();  // in Scalar's compute type
       for (Index h = 0; h < heads; ++h) rope.apply(q + (b * heads + h) * t * hd, t, hd, first);
       for (Index h = 0; h < kv_heads; ++h) rope.apply(k_at(b, h), t, hd, first);
     }
@@ -251,7 +252,7 @@ void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const S
   for (Index s = 0; s < n; ++s) lengths[static_cast<std::size_t>(s)] = o.length(s);
   check_paged_sequences(core, cache, ids, n, lengths.data(), 1);
   check_output(where, out, {1, total, core.d_out()});
-  check_output_memory(where, out, {}, AttentionMask<Scalar>());
+  check_output_memory(where, out, {}, AttentionMask<compute_type_t<Scalar>>());
   require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
   cache.prepare(where, ids.data(), n, lengths.data(), 1);  // strong guarantee
   // 2. Projections: Q (1, H, total, hd), then K (1, H_kv, total, hd) and V (1, H_kv, total,
@@ -260,7 +261,7 @@ void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const S
   const AttentionOptions options = core.kernel_options({}, ws);
   // 3. Each sequence's rows into its blocks, then the attention of all of them.
   std::vector<std::vector<Index>> tables(static_cast<std::size_t>(2 * n));
-  std::vector<AttentionCall<Scalar>> calls;
+  std::vector<AttentionCall<compute_type_t<Scalar>, Scalar>> calls;
   for (Index s = 0; s < n; ++s) {
     const Index id = ids[static_cast<std::size_t>(s)], t = o.length(s), r0 = o.begin(s);
     const Index first = cache.length(id);

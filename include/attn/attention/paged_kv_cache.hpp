@@ -16,12 +16,15 @@
 #include <utility>
 #include <vector>
 
+#include "attn/attention/kv_cache.hpp"
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
+#include "attn/kernels/gemm_args.hpp"
 #include "attn/kernels/kv_storage.hpp"
 #include "attn/memory.hpp"
 #include "attn/tensor/tensor_view.hpp"
+#include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
 
@@ -90,11 +93,16 @@ struct PagedBatch {
 ///
 /// Not thread-safe: every member that changes the cache, and batch(), need exclusive access.
 ///
-/// @tparam Scalar float or double.
+/// A cache of a 16-bit storage type (PagedKVCache<bfloat16>, PagedKVCache<float16>: the paged
+/// cache of a bfloat16 or float16 module) holds rows of that type, as KVCache<bfloat16> does
+/// (KVElement::kScalar, or the element kind naming the type: the same rows); the kernel copies
+/// each tile of them out of its blocks and reads it as operands of that type.
+///
+/// @tparam Scalar float, double, bfloat16 or float16.
 template <class Scalar = float>
 class PagedKVCache {
-  static_assert(std::is_floating_point_v<Scalar>,
-                "attn::PagedKVCache: Scalar must be float or double");
+  static_assert(std::is_floating_point_v<Scalar> || detail::is_gemm_storage_v<Scalar>,
+                "attn::PagedKVCache: Scalar must be float, double, bfloat16 or float16");
 
  public:
   /// An empty pool of no blocks (assign a real one before use).
@@ -104,6 +112,18 @@ class PagedKVCache {
   ///         fit memory sizes.
   explicit PagedKVCache(const PagedKVCacheOptions& options) : o_(options) {
     if (o_.value_head_dim == 0) o_.value_head_dim = o_.head_dim;
+    if constexpr (is_storage_type_v<Scalar>) {
+      // Rows of the storage type itself: the kernel reads them as its operands (it
+      // dequantises other rows for float and double operands only).
+      detail::require_config(
+          o_.element == KVElement::kScalar || o_.element == kv_element_of<Scalar>(), "PagedKVCache",
+          [&] {
+            return describe() + ": a " + std::string(element_name<Scalar>()) + " cache stores " +
+                   element_name<Scalar>() +
+                   " rows (KVElement::kScalar); quantised rows need a float cache";
+          });
+      o_.element = KVElement::kScalar;
+    }
     detail::require_config(o_.num_blocks > 0 && o_.block_size > 0 && o_.num_kv_heads > 0 &&
                                o_.head_dim > 0 && o_.value_head_dim > 0 && o_.int4_group >= 0,
                            "PagedKVCache", [&] {

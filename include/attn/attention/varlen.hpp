@@ -29,6 +29,7 @@
 #include "attn/ops/attention_backward.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/tensor/view_ops.hpp"
+#include "attn/types/element.hpp"
 #include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -174,12 +175,13 @@ void check_packed_mask(const char* where, const AttentionMask<Scalar>& mask) {
 /// no keys gets one key row hidden by a key length of 0 (its rows give zeros, as a query
 /// that sees no key does). With `whole_grads`, `grads` receives each call's gradients
 /// (grad_sinks shared: each call adds its own sum, in sequence order).
+/// Operand: q, k, v and out's element type (Scalar, or a storage type: no gradients).
 /// @throws ShapeError for offsets that do not fit (check_offsets()), or a kSquare causal
 ///         bound over a sequence with T_q(s) != T_k(s).
-template <class Scalar>
-void split_packed(const char* where, const AttentionCall<Scalar>& whole,
+template <class Scalar, class Operand = Scalar>
+void split_packed(const char* where, const AttentionCall<Scalar, Operand>& whole,
                   const PackedSequences& seqs, const AttentionMask<Scalar>& mask,
-                  const CausalBound& module, std::vector<AttentionCall<Scalar>>& calls,
+                  const CausalBound& module, std::vector<AttentionCall<Scalar, Operand>>& calls,
                   const AttentionGradients<Scalar>* whole_grads = nullptr,
                   std::vector<AttentionGradients<Scalar>>* grads = nullptr) {
   static constexpr Index kNoKeys = 0;
@@ -204,7 +206,7 @@ void split_packed(const char* where, const AttentionCall<Scalar>& whole,
     if (tq == 0) continue;
     // A sequence without keys reads one real row, hidden by a key length of 0.
     const Index j0 = tk > 0 ? k0 : std::min(k0, total_k - 1), j1 = tk > 0 ? k0 + tk : j0 + 1;
-    AttentionCall<Scalar> call = whole;
+    AttentionCall<Scalar, Operand> call = whole;
     call.args.q = slice(whole.args.q, 2, q0, q0 + tq);
     call.args.k = slice(whole.args.k, 2, j0, j1);
     call.args.v = slice(whole.args.v, 2, j0, j1);
@@ -214,7 +216,8 @@ void split_packed(const char* where, const AttentionCall<Scalar>& whole,
     if (tk == 0) call.mask.key_lengths = TensorView<const Index, 1>(&kNoKeys, {1});
     call.dropout_item = s;
     calls.push_back(call);
-    if (grads != nullptr) {
+    if constexpr (std::is_same_v<Operand, Scalar>) {
+      if (grads == nullptr) continue;
       AttentionGradients<Scalar> g = *whole_grads;
       g.grad_out = slice(whole_grads->grad_out, 2, q0, q0 + tq);
       g.grad_q = slice(whole_grads->grad_q, 2, q0, q0 + tq);
@@ -228,17 +231,25 @@ void split_packed(const char* where, const AttentionCall<Scalar>& whole,
 /// The packed forward: make_call() on the whole packed views (the shapes, options, memory
 /// and scale, checked once), the split into one call per sequence, and one run of them all.
 /// q (1, H, total_q, d), k and v (1, H_kv, total_k, .), out (1, H, total_q, d_v), lse empty
-/// or (1, H, total_q).
-template <class Scalar>
-void attend_packed(const char* where, TensorView<const Scalar, 4> q, TensorView<const Scalar, 4> k,
-                   TensorView<const Scalar, 4> v, TensorView<Scalar, 4> out,
+/// or (1, H, total_q). Operand: q, k, v and out's element type (Scalar, or a storage type with
+/// a float Scalar: the streaming path, as attend_storage()).
+template <class Scalar, class Operand = Scalar>
+void attend_packed(const char* where, TensorView<const identity_t<Operand>, 4> q,
+                   TensorView<const identity_t<Operand>, 4> k,
+                   TensorView<const identity_t<Operand>, 4> v, TensorView<Operand, 4> out,
                    const PackedSequences& seqs, const AttentionMask<Scalar>& mask,
                    const AttentionOptions& options, Workspace& ws, const CausalBound& module = {},
                    TensorView<Scalar, 3> lse = {}) {
   check_packed_mask(where, mask);
-  const AttentionCall<Scalar> whole =
-      make_call<Scalar>(where, q, k, v, out, {}, lse, AttentionMask<Scalar>(), options);
-  std::vector<AttentionCall<Scalar>> calls;
+  if constexpr (!std::is_same_v<Operand, Scalar>) {
+    require_config(options.path != AttentionPath::kMaterialized, where, [] {
+      return std::string(element_name<Operand>()) +
+             " operands take the streaming path only; kMaterialized needs float or double";
+    });
+  }
+  const AttentionCall<Scalar, Operand> whole =
+      make_call<Scalar, Operand>(where, q, k, v, out, {}, lse, AttentionMask<Scalar>(), options);
+  std::vector<AttentionCall<Scalar, Operand>> calls;
   split_packed(where, whole, seqs, mask, module, calls);
   run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
 }
@@ -287,6 +298,11 @@ void attend_packed_backward(const char* where, TensorView<const Scalar, 4> q,
 /// the tensor's rows (SequenceOffsets). The workspace's buffers serve any later call as
 /// large; a call allocates its table of N sequences.
 ///
+/// Scalar may also be bfloat16 or float16 (q, k, v and out of that type; the mask and the
+/// options' per-head values in float), computed as scaled_dot_product_attention() computes
+/// those types (the streaming path only), each sequence's rows again bit-identical to that
+/// call on the sequence alone.
+///
 /// @throws ShapeError on offsets that do not fit (naming them and the shapes), shapes that do
 ///         not fit, a mask with element-wise parts, and as scaled_dot_product_attention().
 template <class Scalar>
@@ -296,14 +312,16 @@ void scaled_dot_product_attention_varlen(TensorView<const detail::identity_t<Sca
                                          const SequenceOffsets& cu_seqlens_q,
                                          const SequenceOffsets& cu_seqlens_k,
                                          TensorView<Scalar, 3> out, Workspace& workspace,
-                                         const AttentionMask<detail::identity_t<Scalar>>& mask = {},
+                                         const AttentionMask<compute_type_t<Scalar>>& mask = {},
                                          const AttentionOptions& options = {}) {
-  static_assert(std::is_floating_point_v<Scalar>,
-                "attn::scaled_dot_product_attention_varlen: Scalar must be float or double");
-  detail::attend_packed<Scalar>("scaled_dot_product_attention_varlen", detail::packed_heads(q),
-                                detail::packed_heads(k), detail::packed_heads(v),
-                                detail::packed_heads(out), {cu_seqlens_q, cu_seqlens_k}, mask,
-                                options, workspace);
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16> ||
+                    std::is_same_v<Scalar, float16>,
+                "attn::scaled_dot_product_attention_varlen: Scalar must be float, double, "
+                "bfloat16 or float16");
+  detail::attend_packed<compute_type_t<Scalar>, Scalar>(
+      "scaled_dot_product_attention_varlen", detail::packed_heads(q), detail::packed_heads(k),
+      detail::packed_heads(v), detail::packed_heads(out), {cu_seqlens_q, cu_seqlens_k}, mask,
+      options, workspace);
 }
 
 /// The same, also writing each query's logsumexp into `logsumexp` (H, total_q) (as

@@ -76,7 +76,10 @@ AttentionPlan plan_attention(const AttentionCall<Scalar, Operand>& call) {
   const AttentionArgs<Scalar, Operand>& a = call.args;
   const Index batch = call.batch(), tq = call.queries(), kv_heads = call.kv_heads();
   const Index group = call.heads() / kv_heads, d = call.head_dim(), dv = call.value_dim();
-  ATTN_ASSERT(!kReduced || !a.stored.active());  // stored rows are a float cache's
+  // Stored rows of storage-type operands are a paged cache's rows of that type.
+  ATTN_ASSERT(!kReduced ||
+              (a.stored.k.element == KVElement::kScalar && a.stored.k.table != nullptr) ||
+              !a.stored.active());
   AttentionPlan plan;
   // 1. The path: materialised when the weights are wanted or asked for; streaming otherwise,
   //    its keys split in chunks for few queries (a decode step). Stored keys and values (a

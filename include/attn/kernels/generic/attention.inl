@@ -240,6 +240,9 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// int8 and int4 values, widened in registers where the set can (stored_int8_values(),
 /// stored_int4_values()), paged Scalar keys under one dot product per (key, row) and paged
 /// Scalar values (micro_gemm_gathered()), read in their blocks.
+/// Paged rows of a storage type (a PagedKVCache<bfloat16> or <float16>: p.stored over rows of
+/// Operand; scratch also stored_tile_scratch_size()) are copied tile by tile out of their
+/// blocks (the same tiles, the same bits as a contiguous cache of those rows).
 template <class Scalar, class Operand>
 void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scalar>* masks,
                     const DropoutStream* drops, const StreamTask<Scalar>& task, Scalar* scratch) {
@@ -276,6 +279,15 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   Scalar* k_load = clean + kKeyBlock * dv;  // the K tile dequantised (kKeyBlock, d)
   Scalar* v_load = k_load + kKeyBlock * d;  // the V tile dequantised (kKeyBlock, d_v)
   const bool stored = !kReduced && p.stored.active();
+  // Paged rows of a storage type: each tile's K (kKeyBlock, d) and V (kKeyBlock, d_v)
+  // Operands copied after the storage types' buffers, then read as a tile in place.
+  const bool gathered = kReduced && p.stored.active();
+  Operand* k_gather = nullptr;
+  Operand* v_gather = nullptr;
+  if constexpr (kReduced) {
+    k_gather = reinterpret_cast<Operand*>(qw + reduced_stream_scratch_size(d, dv));
+    v_gather = k_gather + kKeyBlock * d;
+  }
   std::fill(acc, acc + rows * dv, Scalar(0));
   std::fill(m, m + kQueryBlock, kNegInf);
   std::fill(l, l + kQueryBlock, Scalar(0));
@@ -296,13 +308,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     min_end = std::min(min_end, end[r]);
   }
   const Index q_rs = p.q.stride(2);
-  const Index k_rs = stored ? d : p.k.stride(2), v_rs = stored ? dv : p.v.stride(2);
+  const Index k_rs = stored || gathered ? d : p.k.stride(2);
+  const Index v_rs = stored || gathered ? dv : p.v.stride(2);
   // K and V of the task's item and key/value head; stored: the dequantised tiles.
   const Operand* k = nullptr;
   const Operand* v = nullptr;
   if constexpr (kReduced) {
-    k = p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
-    v = p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
+    k = gathered ? k_gather : p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
+    v = gathered ? v_gather : p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
   } else {
     k = stored ? k_load : p.k.data() + task.b * p.k.stride(0) + task.kv_head * p.k.stride(1);
     v = stored ? v_load : p.v.data() + task.b * p.v.stride(0) + task.kv_head * p.v.stride(1);
@@ -402,7 +415,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   // tile's blocks of exponentials, and this tile's P V between the next tile's groups of
   // pass 3 (queue: AmxTileQueue), so that the tiles compute while the vector units run. The
   // products are the same, in the same order into each element: the same bits.
-  const bool pipelined = amx && fused && !drops[0].active && !stored && p.ring == 0 && dv % 16 == 0;
+  const bool pipelined =
+      amx && fused && !drops[0].active && !stored && !gathered && p.ring == 0 && dv % 16 == 0;
   auto queue = [&] {
     if constexpr (kPairs) {
       return amx_tile_queue(task);
@@ -419,8 +433,20 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     width = std::min(hi, (j0 / kKeyBlock + 1) * kKeyBlock) - j0;
     if (p.ring > 0) width = std::min(width, p.ring - j0 % p.ring);  // no tile crosses the wrap
     const Index slot = p.ring > 0 ? j0 % p.ring : j0;
-    const Operand* k_tile = stored ? k : k + slot * k_rs;
-    const Operand* v_tile = stored ? v : v + slot * v_rs;
+    const Operand* k_tile = stored || gathered ? k : k + slot * k_rs;
+    const Operand* v_tile = stored || gathered ? v : v + slot * v_rs;
+    if constexpr (kReduced) {
+      const auto gather = [&](const StoredRows& s, Index n, Operand* to) {
+        stored_runs(s, task.b, task.kv_head, slot, width,
+                    [&](const unsigned char* row, const float*, Index j, Index run) {
+                      for (Index r = 0; r < run; ++r) {
+                        std::memcpy(to + (j + r) * n, row + r * s.row_stride,
+                                    static_cast<std::size_t>(n) * sizeof(Operand));
+                      }
+                    });
+      };
+      if (gathered) gather(p.stored.k, d, k_gather), gather(p.stored.v, dv, v_gather);
+    }
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
     const bool keys_in_place = stored && dot_rows && p.stored.k.element == KVElement::kScalar;
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
@@ -490,7 +516,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         // This tile's values and the next tile's keys start arriving during its products.
         const Index next = j0 + width;
         amx_prefetch_rows(v_tile, v_rs, keys, dv);
-        if (next < hi && p.ring == 0) {
+        if (next < hi && p.ring == 0 && !gathered) {
           amx_prefetch_rows(k + next * k_rs, k_rs, std::min(hi, next + kKeyBlock) - next, d);
         }
         if (!scores_ready) {
