@@ -49,7 +49,7 @@ namespace {
   attn::TensorView<float, 2> writable = attn::as_view(matrix);  // a const object is read-only
   writable(0, 0) = 1.0f;
 #elif ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
-  // A bfloat16 module runs whole-sequence forwards only (inference and training).
+  // A bfloat16 module trains on whole sequences only, and returns no attention weights.
   (void)const_view;
   const attn::MultiHeadAttention<attn::bfloat16> m(attn::MultiHeadAttentionOptions::pytorch(8, 2));
   attn::Tensor<attn::bfloat16, 3> x({1, 2, 8}), y({1, 2, 8});
