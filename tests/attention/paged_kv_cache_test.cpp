@@ -316,19 +316,20 @@ std::vector<attn::Bf16Path> paths(attn::Isa isa) {
 
 // The test above for the rows of a bfloat16 or float16 cache (the kernel on operands of that
 // type, each tile copied out of its blocks): s0 (37 tokens), s1 forked from it then 93 more,
-// s2 of 520, one more token each; a decode step and a call of 5 queries (a partial tile on
-// AMX), with and without a window, GQA, hd 40 and hd 64 (AMX reads whole K tiles in place):
-// the same bits as the KVCache<E> holding the same rows, on every set and path, 1 and 2
-// threads. A quantised element kind is refused, naming the type; the type's own is the rows.
+// s2 of 300 (three key tiles of 128; storage types never split the keys), one more token
+// each; a decode step and a call of 5 queries (a partial tile on AMX), with and without a
+// window, GQA, hd 40 and hd 64 (AMX reads whole K tiles in place): the same bits as the
+// KVCache<E> holding the same rows, on every set and path, 1 and 2 threads. A quantised
+// element kind is refused, naming the type; the type's own is the rows.
 template <class E>
 void check_storage_rows(Index hd) {
   PagedKVCache<E> paged(paged_options(kKinds[0], 64, 16, 2, hd));
-  KVCache<E> flat(KVCacheOptions{3, 2, hd, 700});
+  KVCache<E> flat(KVCacheOptions{3, 2, hd, 320});
   const Index s0 = paged.add_sequence(), s2 = paged.add_sequence();
   append_to(paged, {s0}, &flat, {0, 1}, 37, 1);
   const Index s1 = paged.fork(s0);
   append_to(paged, {s1}, &flat, {1}, 93, 3);
-  append_to(paged, {s2}, &flat, {2}, 520, 5);
+  append_to(paged, {s2}, &flat, {2}, 300, 5);
   for (const Index s : {s0, s1, s2})
     append_to(paged, {s}, &flat, {s == s0 ? 0 : s == s1 ? 1 : 2}, 1, 9 + s);
   ASSERT_NE(paged.block_table(s0)[2], paged.block_table(s1)[2]);  // copied on write
