@@ -427,7 +427,6 @@ void check_narrow_llama_run() {
   EXPECT_EQ(y32.values<float>("output"), y16.values<float>("output"));
   const std::string other = kBf16 ? "fp16" : "bf16";
   for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"--paged", "4"}, "--paged is not supported with --dtype " + dtype},
            {{"--kv-dtype", "int8"}, "--kv-dtype int8 is not supported with --dtype " + dtype},
            {{"--kv-dtype", other},
             "--kv-dtype " + other + " is not supported with --dtype " + dtype}}) {
@@ -437,12 +436,33 @@ void check_narrow_llama_run() {
     EXPECT_EQ(e.action, ParsedArguments::Action::kError) << message;
     EXPECT_THAT(e.error, HasSubstr(message));
   }
+  std::vector<std::string> paged_argv = base;
+  paged_argv.insert(paged_argv.end(), {"--paged", "4"});
+  EXPECT_EQ(attn_run::parse_arguments(paged_argv).action, ParsedArguments::Action::kRun);
+  // --paged 4 (steps of 5, then 2 tokens): a paged cache of the type's rows gives the
+  // contiguous cache's bits without a window (the library's promise), and records its block.
+  {
+    attn_run::LlamaOptions p;
+    p.num_heads = 4, p.prefill = 5, p.chunk = 2;
+    const SafetensorsFile contiguous =
+        SafetensorsFile::from_bytes(attn_run::run_llama<Element>(w, x, p).to_bytes());
+    p.paged_block = 4;
+    const SafetensorsFile paged =
+        SafetensorsFile::from_bytes(attn_run::run_llama<Element>(w, x, p).to_bytes());
+    EXPECT_EQ(paged.metadata().at("kv_paged_block"), "4");
+    const attn::Tensor<Element, 3> a = contiguous.get<Element, 3>("output");
+    const attn::Tensor<Element, 3> b = paged.get<Element, 3>("output");
+    ASSERT_EQ(a.shape(), b.shape());
+    for (attn::Index i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a.data()[i].bits(), b.data()[i].bits()) << "element " << i;
+    }
+  }
   o.sliding_window = o.sink_tokens = o.prefill = 0;
-  o.paged_block = 4;
+  o.kv_element = attn::KVElement::kInt8;
   const std::string name = attn::element_name<Element>();
   EXPECT_THAT(
       attn::test::thrown<std::invalid_argument>([&] { attn_run::run_llama<Element>(w, x, o); }),
-      HasSubstr("a " + name + " run keeps its KV cache in " + name + " rows, contiguous: --paged"));
+      HasSubstr("a " + name + " run keeps its KV cache in " + name + " rows: --kv-dtype int8"));
 }
 
 TEST(AttnRunLlama, Bf16RunsThroughABf16CacheCloseToTheFloatRun) {

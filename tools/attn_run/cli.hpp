@@ -89,8 +89,8 @@ options:
                         grad_output) loaded as bfloat16 (BF16 bit for bit, F32/F64 rounded to
                         nearest even), float masks kept float, output (and with --backward the
                         gradients) written as BF16; --need-weights and --per-head-weights are
-                        refused. --format llama (bf16): a bfloat16 KV cache (no --paged,
-                        --kv-dtype f32 or bf16 only), the error against the float run printed.
+                        refused. --format llama (bf16): a bfloat16 KV cache (--kv-dtype f32
+                        or bf16 only; --paged too), the error against the float run printed.
                         --format onnx (bf16): the operator's type (see below). fp16 runs
                         MultiHeadAttention<float16> the same way with F16 (a float16 KV cache,
                         --kv-dtype f32 or fp16), except --backward
@@ -382,13 +382,13 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
                      : "--output-dtype " + output_dtype + " needs --dtype " + output_dtype);
   }
   if (narrow) {
-    // What a bfloat16 or float16 module does not do yet: attention weights, a paged KV cache
-    // or one of rows other than its own type; a float16 one has no backward.
+    // What a bfloat16 or float16 module does not do yet: attention weights, a KV cache of
+    // rows other than its own type; a float16 one has no backward.
     const std::string unsupported =
         " (--dtype " + dtype + " runs the mha format's forward" +
         (args.use_bf16 ? " and --backward" : "") + ", and --format llama and onnx: " +
         (args.use_fp16 ? "--backward needs --dtype f32, f64 or bf16; " : "") +
-        "--need-weights, --per-head-weights, and with --format llama --paged and --kv-dtype "
+        "--need-weights, --per-head-weights, and with --format llama --kv-dtype "
         "other than f32 or " +
         dtype + ", need --dtype f32 or f64)";
     const attn::KVElement own = args.use_bf16 ? attn::kv_element_of<attn::bfloat16>()
@@ -396,12 +396,9 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
     for (const std::string& flag : llama_flags) {
       const bool quantised = flag == "--kv-dtype" && llama.kv_element != attn::KVElement::kScalar &&
                              llama.kv_element != own;
-      if (flag == "--paged" || quantised) {
-        return error(flag + " " +
-                     (flag == "--paged"
-                          ? std::string()
-                          : attn::kv_element_name(llama.kv_element) + std::string(" ")) +
-                     "is not supported with --dtype " + dtype + unsupported);
+      if (quantised) {
+        return error(flag + " " + attn::kv_element_name(llama.kv_element) +
+                     " is not supported with --dtype " + dtype + unsupported);
       }
     }
     for (const std::string& flag : mha_flags) {

@@ -103,16 +103,12 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
   });
   if constexpr (attn::is_storage_type_v<Scalar>) {
     io_require<std::invalid_argument>(
-        options.paged_block == 0 && (options.kv_element == attn::KVElement::kScalar ||
-                                     options.kv_element == attn::kv_element_of<Scalar>()),
+        options.kv_element == attn::KVElement::kScalar ||
+            options.kv_element == attn::kv_element_of<Scalar>(),
         where, [&] {
-          const std::string flag =
-              options.paged_block > 0
-                  ? std::string("--paged")
-                  : std::string("--kv-dtype ") + attn::kv_element_name(options.kv_element);
           return std::string("a ") + attn::element_name<Scalar>() + " run keeps its KV cache in " +
-                 attn::element_name<Scalar>() + " rows, contiguous: " + flag +
-                 " needs --dtype f32 or f64";
+                 attn::element_name<Scalar>() + " rows: --kv-dtype " +
+                 attn::kv_element_name(options.kv_element) + " needs --dtype f32 or f64";
         });
   }
   io_require<attn::io::FormatError>(weights.contains(prefix + "q_proj.weight"), where, [&] {
@@ -202,28 +198,24 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
       }
     };
     if (paged_block > 0) {
-      if constexpr (attn::is_storage_type_v<Scalar>) {
-        throw std::logic_error("run_llama: a paged cache of a storage type (refused above)");
-      } else {
-        // A pool of exactly the blocks the batch's T tokens take, or with a window W what a
-        // step of at most max_chunk tokens holds (the blocks behind the window are released).
-        const Index window = config.sliding_window;
-        Index per_sequence = (tokens + paged_block - 1) / paged_block;
-        if (window > 0) {
-          per_sequence =
-              std::min(per_sequence, (window + max_chunk - 1 + paged_block - 1) / paged_block + 1);
-        }
-        attn::PagedKVCacheOptions c;
-        c.block_size = paged_block;
-        c.num_blocks = batch * per_sequence;
-        c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
-        c.value_head_dim = mha.value_head_dim();
-        attn::PagedKVCache<Scalar> cache(c);
-        std::vector<Index> seqs;
-        for (Index b = 0; b < batch; ++b) seqs.push_back(cache.add_sequence());
-        steps([&](auto in, auto y_out) { mha.forward(in, y_out, ws, cache, seqs); });
-        return y;
+      // A pool of exactly the blocks the batch's T tokens take, or with a window W what a
+      // step of at most max_chunk tokens holds (the blocks behind the window are released).
+      const Index window = config.sliding_window;
+      Index per_sequence = (tokens + paged_block - 1) / paged_block;
+      if (window > 0) {
+        per_sequence =
+            std::min(per_sequence, (window + max_chunk - 1 + paged_block - 1) / paged_block + 1);
       }
+      attn::PagedKVCacheOptions c;
+      c.block_size = paged_block;
+      c.num_blocks = batch * per_sequence;
+      c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd, c.element = element;
+      c.value_head_dim = mha.value_head_dim();
+      attn::PagedKVCache<Scalar> cache(c);
+      std::vector<Index> seqs;
+      for (Index b = 0; b < batch; ++b) seqs.push_back(cache.add_sequence());
+      steps([&](auto in, auto y_out) { mha.forward(in, y_out, ws, cache, seqs); });
+      return y;
     }
     attn::KVCacheOptions c;
     c.batch = batch, c.num_kv_heads = mha.num_kv_heads(), c.head_dim = hd;
@@ -267,8 +259,8 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
 /// Scalar bfloat16 runs MultiHeadAttention<bfloat16>: the weights and the query load as
 /// bfloat16 (BF16 bit for bit, F32 rounded to nearest even), the rotary embedding rotates
 /// the rounded Q and K in float, and the KV cache holds bfloat16 rows (a KVCache<bfloat16>;
-/// kv_element kScalar or kBFloat16, no paged cache). The run is repeated in float on the
-/// same files: `error` receives ||output - output_float|| / ||output_float|| (metadata
+/// kv_element kScalar or kBFloat16; a PagedKVCache<bfloat16> with paged_block, the same bits
+/// as the contiguous cache without a window). The run is repeated in float on the same files: `error` receives ||output - output_float|| / ||output_float|| (metadata
 /// dtype, f32_relative_error). `output` is BF16, or F32 (widened exactly) with
 /// options.widen_output. Scalar float16 the same with float16 (F16, a KVCache<float16>,
 /// kv_element kScalar or kFloat16).
@@ -307,6 +299,9 @@ attn::io::SafetensorsWriter run_llama(const attn::io::SafetensorsFile& weights,
         detail::llama_output<float>(weights, inputs, wide, unused_rank, unused);
     out.set_metadata("dtype", attn::element_name<Scalar>());
     record(detail::relative_error(y, y_float), "f32_relative_error");
+    if (options.paged_block > 0) {
+      out.set_metadata("kv_paged_block", std::to_string(options.paged_block));
+    }
   } else if (!exact.empty()) {
     record(detail::relative_error(y, exact), "kv_relative_error");
     out.set_metadata("kv_dtype", attn::kv_element_name(options.kv_element));
