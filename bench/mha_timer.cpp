@@ -17,11 +17,13 @@
 //   --dtype bf16: MultiHeadAttention<bfloat16> made from the same float module by the
 //   converting constructor (every weight rounded once, as PyTorch's module.to(torch.bfloat16)),
 //   frozen the same way, on the float input rounded to bfloat16, writing bfloat16; the line
-//   then says impl=attn_bf16 and dtype=bf16 (the float module: impl=attn, dtype=f32).
+//   then says impl=attn_bf16, dtype=bf16 and bf16_path= (widen, dot or amx: how its GEMMs
+//   and attention multiply here, attn::bf16_path()); the float module's says impl=attn and
+//   dtype=f32.
 // Output, one line:
 //   impl=attn B=8 Tq=512 Tk=512 D=512 H=8 causal=0 cross=0 threads=1 reps=20
 //   median_ms=12.345 min_ms=12.001 gflops=178.2 max_rss_mib=42.1 base_rss_mib=3.9 frozen=1
-//   isa=avx512 dtype=f32
+//   isa=avx512 dtype=f32   (--dtype bf16: ... dtype=bf16 bf16_path=amx)
 // max_rss_mib is getrusage's ru_maxrss (peak resident set of the process); base_rss_mib
 // the same taken before the module and inputs are built.
 
@@ -121,11 +123,12 @@ int main(int argc, char** argv) {
   std::printf(
       "impl=%s B=%ld Tq=%ld Tk=%ld D=%ld H=%ld causal=%d cross=%d threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f gflops=%.2f max_rss_mib=%.1f base_rss_mib=%.1f "
-      "checksum=%.6g frozen=%d isa=%s dtype=%s\n",
+      "checksum=%.6g frozen=%d isa=%s dtype=%s%s\n",
       bf16 ? "attn_bf16" : "attn", static_cast<long>(b), static_cast<long>(tq),
       static_cast<long>(tk), static_cast<long>(d), static_cast<long>(h), causal ? 1 : 0,
       cross ? 1 : 0, threads, n, median, sorted.front(), flops / (median * 1e-3) * 1e-9,
       max_rss_mib(), base_rss, timed.checksum, frozen ? 1 : 0,
-      attn::isa_name(attn::active_isa()), dtype.c_str());
+      attn::isa_name(attn::active_isa()), dtype.c_str(),
+      bf16 ? (std::string(" bf16_path=") + attn::bf16_path_name(attn::bf16_path())).c_str() : "");
   return 0;
 }
