@@ -268,9 +268,11 @@ for op in decode prefill; do
 done
 
 log "report"
-"$BENCH_PYTHON" - "$raw" "$out" "$paged_min" "$int8_min" <<'PY' | tee "$out/decode.txt"
+bf16_note=""
+[ "$bf16" = 1 ] || bf16_note="left out (--no-bf16)"
+"$BENCH_PYTHON" - "$raw" "$out" "$paged_min" "$int8_min" "$bf16_note" <<'PY' | tee "$out/decode.txt"
 import csv, os, statistics, sys
-raw, out, paged_min, int8_min = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+raw, out, paged_min, int8_min, bf16_note = sys.argv[1:6]
 bw, rows, cpu_runs = {}, {}, {}
 for line in open(raw):
     f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
@@ -322,6 +324,9 @@ if bf16_configs:
           "step (median over rounds):")
     print(f"{'op':8s}{'B':>3s}{'L':>6s}{'thr':>4s}{'fp32 cpu':>10s}{'bf16 cpu':>10s}"
           f"{'fp32/bf16':>10s}{'bf16 ms':>9s}{'bf16 GB/s':>10s}")
+else:
+    print("bfloat16 decode rows: none, so bf16_decode_vs_fp32_min=nan ("
+          + (bf16_note or "they run at --bf16-threads, none of which is in --threads") + ")")
 for c in bf16_configs:
     a16 = rows[c + ("attn_bf16",)]
     f32_cpu = statistics.median(cpu_runs[c + ("attn",)]) if c + ("attn",) in cpu_runs else float("nan")
