@@ -291,12 +291,13 @@ int main(int argc, char** argv) {
   }
   const std::size_t n = ms.size();
   const double median = attn::bench::median(ms);
+  std::printf("impl=%s ", bf16 ? "attn_bf16" : "attn");  // (one line with the rest)
   std::printf(
-      "impl=attn%s op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
+      "op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "
       "workspace_bytes=%zu max_rss_mib=%.1f base_rss_mib=%.1f isa=%s kv_dtype=%s "
       "token_bytes=%lld paged=%ld median_cpu_ms=%.4f\n",
-      bf16 ? "_bf16" : "", op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new), dim,
+      op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new), dim,
       heads, kv_heads, head_dim, threads, n, median, ms.front(), static_cast<long long>(bytes),
       static_cast<double>(bytes) / (median * 1e-3) * 1e-9, static_cast<long long>(cache_bytes),
       static_cast<long long>(kv_bytes), ws.bytes(), attn::bench::max_rss_mib(), base_rss,

@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
     if (frozen) narrow.freeze();
     const auto q = attn::convert<attn::bfloat16>(xq.view());
     const auto k = cross ? attn::convert<attn::bfloat16>(kv) : attn::Tensor<attn::bfloat16, 3>();
-    timed = time_module<attn::bfloat16>(narrow, q.view(), cross ? k.view() : q.view(), causal, args);
+    timed =
+        time_module<attn::bfloat16>(narrow, q.view(), cross ? k.view() : q.view(), causal, args);
   } else {
     timed = time_module<float>(mha, xq.view(), kv, causal, args);
   }
@@ -127,8 +128,8 @@ int main(int argc, char** argv) {
       bf16 ? "attn_bf16" : "attn", static_cast<long>(b), static_cast<long>(tq),
       static_cast<long>(tk), static_cast<long>(d), static_cast<long>(h), causal ? 1 : 0,
       cross ? 1 : 0, threads, n, median, sorted.front(), flops / (median * 1e-3) * 1e-9,
-      max_rss_mib(), base_rss, timed.checksum, frozen ? 1 : 0,
-      attn::isa_name(attn::active_isa()), dtype.c_str(),
+      max_rss_mib(), base_rss, timed.checksum, frozen ? 1 : 0, attn::isa_name(attn::active_isa()),
+      dtype.c_str(),
       bf16 ? (std::string(" bf16_path=") + attn::bf16_path_name(attn::bf16_path())).c_str() : "");
   return 0;
 }

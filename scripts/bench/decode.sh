@@ -25,8 +25,8 @@
 #      default: 36 processes of up to 4 s;
 #      Step 3's decode steps at --bf16-threads (default 1) also run the bfloat16 module
 #      (decode_timer --dtype bf16: MultiHeadAttention<bfloat16>, the float module's weights
-#      rounded, with a KVCache<bfloat16>) in the same rounds, its place in the order rotating
-#      with the other two (--no-bf16: not run);
+#      rounded, with a KVCache<bfloat16>) in the first --bf16-rounds (2) rounds, its place in
+#      the order rotating with the other two (--no-bf16: not run);
 #   5. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
 #      of the bandwidth, PyTorch's time and the speedup), the bfloat16 decode rows (CPU time
 #      per step of the float and the bfloat16 module, median over the rounds, and their ratio)
@@ -53,12 +53,13 @@
 #                                [--kv-dtypes f32,int8,...] [--kv-batches 1,8]
 #                                [--kv-lengths 2048,...] [--kv-only] [--paged-block S]
 #                                [--kv-rounds N] [--kv-threads 1] [--no-bf16]
-#                                [--bf16-threads 1]
+#                                [--bf16-threads 1] [--bf16-rounds 2]
 #   --quick    B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
 #   --kv-only  step 4 alone (no PyTorch)
 #   --paged-block S  step 4's paged runs in blocks of S tokens (0: none)
 #   --kv-rounds N, --kv-threads T  step 4's rounds (1) and thread counts (1)
-#   --no-bf16  no bfloat16 decode rows; --bf16-threads L: their thread counts (1)
+#   --no-bf16  no bfloat16 decode rows; --bf16-threads L, --bf16-rounds N: their thread
+#              counts (1) and rounds (the first 2)
 # Settings: scripts/bench/env.sh's bench_env (threads for every layer, glibc malloc kept,
 # OpenBLAS's kernels); attn gets OMP_WAIT_POLICY=ACTIVE, PyTorch the default, as in
 # bench_vs_pytorch.sh. ATTN_BENCH_BUILD_DIR changes the build directory.
@@ -68,7 +69,7 @@ source "$(dirname "$0")/env.sh"
 
 quick=0 rounds="" reps="" threads_list="" batches="" lengths="" out=""
 kv_dtypes="" kv_batches="" kv_lengths="" kv_only=0 paged_block=16 kv_rounds="" kv_threads=""
-bf16=1 bf16_threads=1
+bf16=1 bf16_threads=1 bf16_rounds=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -87,7 +88,8 @@ while [ $# -gt 0 ]; do
     --kv-threads) kv_threads="$2"; shift ;;
     --no-bf16) bf16=0 ;;
     --bf16-threads) bf16_threads="$2"; shift ;;
-    -h|--help) sed -n '2,64p' "$0"; exit 0 ;;
+    --bf16-rounds) bf16_rounds="$2"; shift ;;
+    -h|--help) sed -n '2,65p' "$0"; exit 0 ;;
     *) echo "decode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -250,7 +252,8 @@ for op in decode prefill; do
           torch_cmd=(run_env "$t" "" "$BENCH_PYTHON" "$ATTN_ROOT/scripts/bench/pytorch_decode.py"
                      "$op" "$b" "$l" "$t" "$reps" --max-seconds "$max_seconds")
           sides=(attn torch)
-          if [ "$bf16" = 1 ] && [ "$op" = decode ] && [[ ",$bf16_threads," == *",$t,"* ]]; then
+          if [ "$bf16" = 1 ] && [ "$op" = decode ] && ((r < bf16_rounds)) &&
+             [[ ",$bf16_threads," == *",$t,"* ]]; then
             sides=(attn torch bf16)
           fi
           k=$((r % ${#sides[@]}))  # rotate who goes first
