@@ -31,12 +31,14 @@
 #      the plain kernel);
 #   7. prints, as the very last line,
 #        summary: speedup_min=X.XX speedup_median=X.XX peak_fraction_best=0.XX
-#                 ort_speedup_min=X.XX default_vs_native_min=X.XX decode_bw_fraction_min=0.XX
-#                 decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
-#                 train_speedup_min=X.XX train_peak_fraction_best=0.XX
+#                 ort_speedup_min=X.XX default_vs_native_min=X.XX
 #                 bf16_vs_fp32_min=X.XX bf16_vs_torch_bf16_min=X.XX bf16_peak_fraction_best=0.XX
-#                 bf16_decode_vs_fp32_min=X.XX bf16_train_vs_fp32_min=X.XX
-#                 variants_overhead_max=X.XXX   (one line, with the decode section's other fields)
+#                 decode_bw_fraction_min=0.XX decode_speedup_min=X.XX
+#                 prefill_chunk_speedup_min=X.XX (the decode section's KV-cache fields)
+#                 bf16_decode_vs_fp32_min=X.XX train_speedup_min=X.XX
+#                 train_peak_fraction_best=0.XX bf16_train_vs_fp32_min=X.XX
+#                 variants_overhead_max=X.XXX   (one line; a bf16_ field is nan when a side is
+#                 missing, the report saying why)
 #      (attn's figures are the default-flags build's; the report and the sections say what
 #      each field is).
 # Writes bench/results/<date>.csv (one row per shape, threads and implementation),
