@@ -85,7 +85,8 @@ usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--th
   --no-train     skip the training section (scripts/bench/train.sh)
   --no-variants  skip the variants section (scripts/bench/variants.sh)
   --no-bf16      no bfloat16 rows (forward, decode, training)
-  --bf16-rounds N  rounds that also time the bfloat16 modules, 1 thread (default 2, --quick 1)
+  --bf16-rounds N  rounds that also time the bfloat16 modules, 1 thread (default 2, --quick 1;
+                 given, the decode section's too)
   --shape S      measure these shapes instead of the default six (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
 USAGE
@@ -134,6 +135,7 @@ else
 fi
 # The bfloat16 rows: 1 thread, the first BF16_ROUNDS rounds, so that they add minutes, not
 # tens of minutes (PyTorch's bfloat16 module materialises the T x T scores as its float one does).
+BF16_ROUNDS_GIVEN="$BF16_ROUNDS"
 BF16_ROUNDS="${BF16_ROUNDS:-2}"
 [ "$BF16_ROUNDS" -gt "$ROUNDS" ] && BF16_ROUNDS="$ROUNDS"
 [ "$WANT_BF16" -eq 1 ] || BF16_ROUNDS=0
@@ -417,9 +419,11 @@ QUICK_ARG=()
 [ "$QUICK" -eq 1 ] && QUICK_ARG=(--quick)
 BF16_ARG=()
 [ "$WANT_BF16" -eq 0 ] && BF16_ARG=(--no-bf16)
+DECODE_BF16_ARG=("${BF16_ARG[@]}")
+[ -n "$BF16_ROUNDS_GIVEN" ] && DECODE_BF16_ARG+=(--bf16-rounds "$BF16_ROUNDS_GIVEN")
 if [ "$WANT_DECODE" -eq 1 ]; then
   run_section decode decode.sh "$OUT_DIR/$DATE-decode.log" summary \
-    --out "$OUT_DIR" --threads "$THREADS" "${QUICK_ARG[@]}" "${BF16_ARG[@]}"
+    --out "$OUT_DIR" --threads "$THREADS" "${QUICK_ARG[@]}" "${DECODE_BF16_ARG[@]}"
 fi
 if [ "$WANT_TRAIN" -eq 1 ]; then
   run_section train train.sh "$OUT_DIR/$DATE-train.txt" train_summary \
