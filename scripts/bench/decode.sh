@@ -272,7 +272,7 @@ done
 
 log "report"
 bf16_note=""
-[ "$bf16" = 1 ] || bf16_note="left out (--no-bf16)"
+[ "$bf16" = 1 ] || bf16_note="left out by --no-bf16"
 "$BENCH_PYTHON" - "$raw" "$out" "$paged_min" "$int8_min" "$bf16_note" <<'PY' | tee "$out/decode.txt"
 import csv, os, statistics, sys
 raw, out, paged_min, int8_min, bf16_note = sys.argv[1:6]
