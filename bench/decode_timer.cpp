@@ -11,6 +11,7 @@
 // Usage: decode_timer OP B L threads reps [--max-seconds S] [--warmup N] [--chunk C]
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
 //                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]
+//                     [--dtype f32|bf16]
 //   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
 //   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows; or attend: the
@@ -21,6 +22,10 @@
 //   item, a pool of just the blocks they take, filled item by item in chunks of 1024 tokens
 //   so the items' blocks interleave); decode, prefill and attend read it through the block
 //   tables.
+//   --dtype bf16 (decode and prefill): the module in bfloat16 (MultiHeadAttention<bfloat16>,
+//   the float module converted: each weight rounded once, then frozen) on the input rounded,
+//   through a contiguous KVCache<bfloat16> holding the same keys and values rounded; the line
+//   says impl=attn_bf16 (bytes count 2 per weight).
 //   The cache is filled with random keys and values for L tokens (no prefill is run); after
 //   every timed step it is truncated back to L, so each step sees the same cache.
 // Output, one line:
@@ -55,7 +60,8 @@ namespace {
 constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
-    "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]";
+    "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S] "
+    "[--dtype f32|bf16]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -107,7 +113,7 @@ int main(int argc, char** argv) {
   std::vector<const char*> positional;
   double max_seconds = 5.0;
   long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128, paged = 0;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype = "f32", dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     const auto option = [&](const char* name, long& value) {
       if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
@@ -118,6 +124,8 @@ int main(int argc, char** argv) {
       max_seconds = std::atof(argv[++i]);
     } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
       kv_dtype = argv[++i];
+    } else if (std::strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+      dtype = argv[++i];
     } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
                !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
                !option("--head-dim", head_dim) && !option("--paged", paged)) {
@@ -139,6 +147,13 @@ int main(int argc, char** argv) {
     if (kv_dtype == attn::kv_element_name(kind)) cache_options.element = kind, known = true;
   }
   if (!known) usage(argv[0], "bad --kv-dtype '" + kv_dtype + "'");
+  const bool bf16 = dtype == "bf16";
+  if (dtype != "f32" && !bf16) usage(argv[0], "bad --dtype '" + dtype + "'");
+  if (bf16 && ((op != "decode" && op != "prefill") || paged > 0 ||
+               (kv_dtype != "f32" && kv_dtype != "bf16"))) {
+    usage(argv[0], "--dtype bf16 times decode or prefill through a contiguous bfloat16 cache");
+  }
+  if (bf16) kv_dtype = "bf16";
   const attn::Index b = parse_int(argv[0], positional[1], "B");
   const attn::Index length = parse_int(argv[0], positional[2], "L");
   const int threads = static_cast<int>(std::max(1L, parse_int(argv[0], positional[3], "threads")));
@@ -165,7 +180,7 @@ int main(int argc, char** argv) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(dim));
     fill(mha.in_proj_weight(), 1, bound);
     fill(mha.out_proj().weight(), 2, bound);
-    mha.freeze();
+    if (!bf16) mha.freeze();  // (the bfloat16 module is frozen instead)
   }
   const std::int64_t weight_bytes =
       4 * ((heads + 2 * kv_heads) * head_dim * dim + dim * heads * head_dim);
@@ -184,6 +199,36 @@ int main(int argc, char** argv) {
     ms = time_calls_cpu([&] { linear.forward(x.view(), y.view(), ws); }, warmup, reps, max_seconds,
                         cpu);
     bytes = 4 * proj.extent(0) * dim;
+  } else if (bf16) {
+    auto narrow = attn::convert<attn::bfloat16>(mha);
+    narrow.freeze();
+    cache_options.batch = b, cache_options.num_kv_heads = kv_heads;
+    cache_options.head_dim = head_dim, cache_options.capacity = length + t_new;
+    cache_options.element = attn::KVElement::kScalar;  // bfloat16 rows
+    attn::KVCache<attn::bfloat16> cache(cache_options);
+    // The float cache's keys and values (same chunks and seeds), rounded.
+    for (attn::Index t0 = 0, c = 0; t0 < length; t0 += 1024, ++c) {
+      const attn::Index n = std::min<attn::Index>(1024, length - t0);
+      attn::Tensor<float, 4> k({b, kv_heads, n, head_dim}), v({b, kv_heads, n, head_dim});
+      fill(k.view(), 4 + 2 * static_cast<std::uint64_t>(c), 1.0f);
+      fill(v.view(), 5 + 2 * static_cast<std::uint64_t>(c), 1.0f);
+      cache.append(attn::convert<attn::bfloat16>(k.view()).view(),
+                   attn::convert<attn::bfloat16>(v.view()).view());
+    }
+    token_bytes = static_cast<std::int64_t>(cache.bytes_per_token());
+    attn::Tensor<float, 3> wide({b, t_new, dim});
+    fill(wide.view(), 6, 1.0f);
+    const auto x = attn::convert<attn::bfloat16>(wide.view());
+    attn::Tensor<attn::bfloat16, 3> y({b, t_new, dim});
+    ms = time_calls_cpu(
+        [&] {
+          narrow.forward(x.view(), y.view(), ws, cache);
+          for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
+        },
+        warmup, reps, max_seconds, cpu);
+    bytes = weight_bytes / 2 + b * (length + t_new) * token_bytes;
+    cache_bytes = static_cast<std::int64_t>(cache.bytes());
+    kv_bytes = static_cast<std::int64_t>(cache.payload_bytes());
   } else {
     cache_options.batch = b, cache_options.num_kv_heads = kv_heads;
     cache_options.head_dim = head_dim, cache_options.capacity = length + t_new;
@@ -246,8 +291,9 @@ int main(int argc, char** argv) {
   }
   const std::size_t n = ms.size();
   const double median = attn::bench::median(ms);
+  std::printf("impl=%s ", bf16 ? "attn_bf16" : "attn");  // (one line with the rest)
   std::printf(
-      "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
+      "op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "
       "workspace_bytes=%zu max_rss_mib=%.1f base_rss_mib=%.1f isa=%s kv_dtype=%s "
       "token_bytes=%lld paged=%ld median_cpu_ms=%.4f\n",

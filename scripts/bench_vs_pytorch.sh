@@ -16,20 +16,29 @@
 #      (scripts/bench/ort_mha.js) and picks the fastest; then, several rounds, alternates fresh processes of attn (default
 #      flags; bench/mha_timer), attn (-march=native), ONNX Runtime (that graph) and PyTorch
 #      (scripts/bench/pytorch_mha.py, best of its variants), rotating who goes first, and
-#      takes the median of the per-process medians;
+#      takes the median of the per-process medians; at 1 thread the first --bf16-rounds (2)
+#      rounds also alternate attn's bfloat16 module (MultiHeadAttention<bfloat16>, the float
+#      module converted and frozen; mha_timer --dtype bf16) and PyTorch's module after
+#      .to(torch.bfloat16) (pytorch_mha.py --dtype bf16) with the others; the bfloat16 table
+#      takes ONNX Runtime's float32 time of the same row from the float table;
 #   4. sweeps T at B1 D512 H8 (1 thread) for the GFLOP/s-vs-T plot;
 #   5. prints the machine and the table;
 #   6. runs the decode section (scripts/bench/decode.sh: a Llama-3-8B-shaped layer's decode
-#      step and 128-token chunk through a KV cache vs PyTorch and the memory bandwidth) and
+#      step and 128-token chunk through a KV cache vs PyTorch and the memory bandwidth, and the
+#      bfloat16 module's decode step against the float one's) and
 #      the training section (scripts/bench/train.sh: forward + backward vs PyTorch autograd)
 #      and the variants section (scripts/bench/variants.sh: softcap, sinks and ALiBi against
 #      the plain kernel);
 #   7. prints, as the very last line,
 #        summary: speedup_min=X.XX speedup_median=X.XX peak_fraction_best=0.XX
-#                 ort_speedup_min=X.XX default_vs_native_min=X.XX decode_bw_fraction_min=0.XX
-#                 decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
-#                 train_speedup_min=X.XX train_peak_fraction_best=0.XX
-#                 bf16_train_vs_fp32_min=X.XX variants_overhead_max=X.XXX   (one line)
+#                 ort_speedup_min=X.XX default_vs_native_min=X.XX
+#                 bf16_vs_fp32_min=X.XX bf16_vs_torch_bf16_min=X.XX bf16_peak_fraction_best=0.XX
+#                 decode_bw_fraction_min=0.XX decode_speedup_min=X.XX
+#                 prefill_chunk_speedup_min=X.XX (the decode section's KV-cache fields)
+#                 bf16_decode_vs_fp32_min=X.XX train_speedup_min=X.XX
+#                 train_peak_fraction_best=0.XX bf16_train_vs_fp32_min=X.XX
+#                 variants_overhead_max=X.XXX   (one line; a bf16_ field is nan when a side is
+#                 missing, the report saying why)
 #      (attn's figures are the default-flags build's; the report and the sections say what
 #      each field is).
 # Writes bench/results/<date>.csv (one row per shape, threads and implementation),
@@ -37,6 +46,7 @@
 # sections' decode.csv, decode.txt, decode_step_vs_length.png, <date>-train.txt and
 # <date>-variants.txt.
 # --quick: a few small shapes, one round, into bench/results/tmp/ (git-ignored).
+# --no-bf16: no bfloat16 rows in any section (their summary fields are nan).
 # Without node/npm, registry access or python3-onnx the ONNX Runtime columns stay empty and
 # the report says why; the rest runs as before.
 #
@@ -60,7 +70,8 @@ source "$(dirname "$0")/bench/env.sh"
 usage() {
   cat <<USAGE
 usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--threads 1,2]
-          [--no-sweep] [--no-ort] [--no-decode] [--no-train] [--no-variants]
+          [--no-sweep] [--no-ort] [--no-decode] [--no-train] [--no-variants] [--no-bf16]
+          [--bf16-rounds N]
           [--shape "B Tq Tk D H causal cross"]... [--out DIR]
   --quick        smoke test: 3 small shapes, T sweep 128..512, 1 round, 3 reps
   --rounds N     alternating process groups per shape and thread count (default 3)
@@ -73,6 +84,9 @@ usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--th
   --no-decode    skip the decode section (scripts/bench/decode.sh)
   --no-train     skip the training section (scripts/bench/train.sh)
   --no-variants  skip the variants section (scripts/bench/variants.sh)
+  --no-bf16      no bfloat16 rows (forward, decode, training)
+  --bf16-rounds N  rounds that also time the bfloat16 modules, 1 thread (default 2, --quick 1;
+                 given, the decode section's too)
   --shape S      measure these shapes instead of the default six (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
 USAGE
@@ -80,7 +94,7 @@ USAGE
 }
 
 QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" WARMUP=2 THREADS="1,2" SWEEP=1 OUT_DIR="" WANT_ORT=1
-WANT_DECODE=1 WANT_TRAIN=1 WANT_VARIANTS=1
+WANT_DECODE=1 WANT_TRAIN=1 WANT_VARIANTS=1 WANT_BF16=1 BF16_ROUNDS=""
 USER_SHAPES=()
 COMMAND_LINE="scripts/bench_vs_pytorch.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
@@ -96,6 +110,8 @@ while [ $# -gt 0 ]; do
     --no-decode) WANT_DECODE=0 ;;
     --no-train) WANT_TRAIN=0 ;;
     --no-variants) WANT_VARIANTS=0 ;;
+    --no-bf16) WANT_BF16=0 ;;
+    --bf16-rounds) BF16_ROUNDS="$2"; shift ;;
     --shape) USER_SHAPES+=("$2"); shift ;;
     --out) OUT_DIR="$2"; shift ;;
     -h|--help) usage ;;
@@ -117,6 +133,12 @@ else
   ROUNDS="${ROUNDS:-3}" REPS="${REPS:-20}" MAX_SECONDS="${MAX_SECONDS:-3}"
   OUT_DIR="${OUT_DIR:-$ATTN_ROOT/bench/results}"
 fi
+# The bfloat16 rows: 1 thread, the first BF16_ROUNDS rounds, so that they add minutes, not
+# tens of minutes (PyTorch's bfloat16 module materialises the T x T scores as its float one does).
+BF16_ROUNDS_GIVEN="$BF16_ROUNDS"
+BF16_ROUNDS="${BF16_ROUNDS:-2}"
+[ "$BF16_ROUNDS" -gt "$ROUNDS" ] && BF16_ROUNDS="$ROUNDS"
+[ "$WANT_BF16" -eq 1 ] || BF16_ROUNDS=0
 [ "${#USER_SHAPES[@]}" -gt 0 ] && SHAPES=("${USER_SHAPES[@]}")
 IFS=',' read -r -a THREAD_LIST <<< "$THREADS"
 PYTHON="$BENCH_PYTHON"
@@ -233,7 +255,8 @@ fi
 
 # ---- 3. measurements ----
 # run_one impl threads B Tq Tk D H causal cross [extra args]: one fresh process of impl
-# (attn = default-flags build, attn_native, ort, pytorch) in its environment; prints its
+# (attn = default-flags build, attn_native, ort, pytorch; attn_bf16 and pytorch_bf16: their
+# bfloat16 modules, attn's from the default-flags build) in its environment; prints its
 # output (the result line starts with impl=; attn_native's is renamed from mha_timer's
 # impl=attn). Fails with the output as '#' lines.
 run_one() {
@@ -242,21 +265,23 @@ run_one() {
   local -a env_vars cmd
   local build out
   case "$impl" in
-    attn|attn_native)
+    attn|attn_native|attn_bf16)
       build="$BUILD_DEFAULT"
       [ "$impl" = attn_native ] && build="$BUILD"
       mapfile -t env_vars < <(bench_env "$t" "$ATTN_WAIT")
       cmd=("$build/bench/mha_timer" "${shape[@]}" "$t" "$REPS" --max-seconds "$MAX_SECONDS"
-           --warmup "$WARMUP" "${ATTN_FREEZE_ARGS[@]}") ;;
+           --warmup "$WARMUP" "${ATTN_FREEZE_ARGS[@]}")
+      [ "$impl" = attn_bf16 ] && cmd+=(--dtype bf16) ;;
     ort)
       mapfile -t env_vars < <(bench_env "$t" "")
       cmd=(node "$ATTN_ROOT/scripts/bench/ort_mha.js" "${shape[@]}" "$t" "$REPS"
            --max-seconds "$MAX_SECONDS" --warmup "$WARMUP" --graphs "$(graph_dir "$ORT_DIR" "${shape[@]}")"
            --ort "$ORT_DIR" "${extra[@]}") ;;
-    pytorch)
+    pytorch|pytorch_bf16)
       mapfile -t env_vars < <(bench_env "$t" "$TORCH_WAIT")
       cmd=("$PYTHON" "$ATTN_ROOT/scripts/bench/pytorch_mha.py" "${shape[@]}" "$t" "$REPS"
-           --max-seconds "$MAX_SECONDS" --warmup "$WARMUP") ;;
+           --max-seconds "$MAX_SECONDS" --warmup "$WARMUP")
+      [ "$impl" = pytorch_bf16 ] && cmd+=(--dtype bf16) ;;
   esac
   # Start from a clean slate: no inherited thread, BLAS or malloc settings.
   if out="$(env -u OMP_WAIT_POLICY -u OPENBLAS_CORETYPE -u GOMP_SPINCOUNT \
@@ -306,7 +331,9 @@ select_ort_form() {
 
 IMPLS=(attn attn_native pytorch)
 [ -z "$ORT_NOTE" ] && IMPLS=(attn attn_native ort pytorch)
+BF16_IMPLS=(attn_bf16 pytorch_bf16)
 log "measuring ${#JOBS[@]} configurations x $ROUNDS round(s): ${IMPLS[*]}, alternating"
+[ "$BF16_ROUNDS" -gt 0 ] && log "and ${BF16_IMPLS[*]} in the first $BF16_ROUNDS round(s) at 1 thread"
 start_all=$(date +%s)
 n=0
 for job in "${JOBS[@]}"; do
@@ -323,9 +350,14 @@ for job in "${JOBS[@]}"; do
       "${selected#*|}"
   fi
   for round in $(seq 1 "$ROUNDS"); do
+    impls=("${IMPLS[@]}")
+    with_bf16=0
+    if [ "$kind" = main ] && [ "$t" = 1 ] && [ "$round" -le "$BF16_ROUNDS" ]; then
+      impls+=("${BF16_IMPLS[@]}") with_bf16=1
+    fi
     # Rotate who goes first, so drifts in machine load hit every side alike.
-    k=$(( (round - 1) % ${#IMPLS[@]} ))
-    order=("${IMPLS[@]:k}" "${IMPLS[@]:0:k}")
+    k=$(( (round - 1) % ${#impls[@]} ))
+    order=("${impls[@]:k}" "${impls[@]:0:k}")
     declare -A ms=()
     for impl in "${order[@]}"; do
       if [ "$impl" = ort ]; then
@@ -337,9 +369,11 @@ for job in "${JOBS[@]}"; do
     done
     ort_text=""
     [ -n "$form" ] && ort_text="ONNX Runtime ($form) ${ms[ort]} ms, "
-    printf '  [%d/%d] %-34s threads=%s round %s: attn %s ms, attn native %s ms, %sPyTorch %s ms\n' \
+    bf16_text=""
+    [ "$with_bf16" -eq 1 ] && bf16_text="; bf16: attn ${ms[attn_bf16]} ms, PyTorch ${ms[pytorch_bf16]} ms"
+    printf '  [%d/%d] %-34s threads=%s round %s: attn %s ms, attn native %s ms, %sPyTorch %s ms%s\n' \
       "$n" "${#JOBS[@]}" "$name" "$t" "$round" "${ms[attn]}" "${ms[attn_native]}" "$ort_text" \
-      "${ms[pytorch]}"
+      "${ms[pytorch]}" "$bf16_text"
     unset ms
   done
   printf '  [%d/%d] %-34s threads=%s: %d s\n' "$n" "${#JOBS[@]}" "$name" "$t" "$(( $(date +%s) - start_job ))"
@@ -357,6 +391,7 @@ TXT="$OUT_DIR/$DATE.txt"
 REPORT_ARGS=(--raw "$RAW" --peak "$PEAK_FILE" --csv "$CSV" --plot "$PNG"
              --title-extra "$CPU_MODEL ($CPUS CPUs), $DATE, $COMMAND_LINE")
 [ -n "$ORT_NOTE" ] && REPORT_ARGS+=(--ort-note "$ORT_NOTE")
+[ "$WANT_BF16" -eq 0 ] && REPORT_ARGS+=(--bf16-note "left out (--no-bf16)")
 log "results"
 {
   echo "$MACHINE"
@@ -382,13 +417,17 @@ run_section() {
 }
 QUICK_ARG=()
 [ "$QUICK" -eq 1 ] && QUICK_ARG=(--quick)
+BF16_ARG=()
+[ "$WANT_BF16" -eq 0 ] && BF16_ARG=(--no-bf16)
+DECODE_BF16_ARG=("${BF16_ARG[@]}")
+[ -n "$BF16_ROUNDS_GIVEN" ] && DECODE_BF16_ARG+=(--bf16-rounds "$BF16_ROUNDS_GIVEN")
 if [ "$WANT_DECODE" -eq 1 ]; then
   run_section decode decode.sh "$OUT_DIR/$DATE-decode.log" summary \
-    --out "$OUT_DIR" --threads "$THREADS" "${QUICK_ARG[@]}"
+    --out "$OUT_DIR" --threads "$THREADS" "${QUICK_ARG[@]}" "${DECODE_BF16_ARG[@]}"
 fi
 if [ "$WANT_TRAIN" -eq 1 ]; then
   run_section train train.sh "$OUT_DIR/$DATE-train.txt" train_summary \
-    --threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt" "${QUICK_ARG[@]}"
+    --threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt" "${QUICK_ARG[@]}" "${BF16_ARG[@]}"
 fi
 if [ "$WANT_VARIANTS" -eq 1 ]; then
   run_section variants variants.sh "$OUT_DIR/$DATE-variants.txt" variants_summary \

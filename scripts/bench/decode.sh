@@ -23,12 +23,18 @@
 #      configuration run adjacent, their order (and contiguous / paged) reversed every other
 #      round; each row is the round with the median CPU time; one round (--kv-rounds) by
 #      default: 36 processes of up to 4 s;
+#      Step 3's decode steps at --bf16-threads (default 1) also run the bfloat16 module
+#      (decode_timer --dtype bf16: MultiHeadAttention<bfloat16>, the float module's weights
+#      rounded, with a KVCache<bfloat16>) in the first --bf16-rounds (2) rounds, its place in
+#      the order rotating with the other two (--no-bf16: not run);
 #   5. prints the table (step time, GB/s = bytes the step must read / time, that as a fraction
-#      of the bandwidth, PyTorch's time and the speedup) and, last, one line:
+#      of the bandwidth, PyTorch's time and the speedup), the bfloat16 decode rows (CPU time
+#      per step of the float and the bfloat16 module, median over the rounds, and their ratio)
+#      and, last, one line:
 #        summary: decode_bw_fraction_min=0.XX decode_speedup_min=X.XX prefill_chunk_speedup_min=X.XX
 #                 paged_vs_contiguous_min=X.XX kv_int8_decode_vs_fp32_min=X.XX
 #                 kv_int8_bw_fraction_min=0.XX kv_int4_decode_vs_fp32_min=X.XX
-#                 kv_int4_bw_fraction_min=0.XX
+#                 kv_int4_bw_fraction_min=0.XX bf16_decode_vs_fp32_min=X.XX
 #      decode_bw_fraction_min: the smallest bandwidth fraction of the B = 1 decode rows;
 #      decode_speedup_min / prefill_chunk_speedup_min: the smallest PyTorch / attn time ratio
 #      over the decode / prefill rows; paged_vs_contiguous_min: the smallest contiguous /
@@ -37,18 +43,23 @@
 #      contiguous rows at L >= 4096, and kv_int8_bw_fraction_min the smallest fraction of the
 #      in-run bandwidth (at the row's thread count) those int8 rows read their cache bytes at
 #      (per CPU second); kv_int4_*: the same for int4. --kv-only prints these too, on
-#      kv_cache.txt's last lines.
+#      kv_cache.txt's last lines. bf16_decode_vs_fp32_min: the smallest float / bfloat16 CPU
+#      time ratio of a decode step over the bfloat16 rows (above 1: the bfloat16 module is
+#      faster; nan without them).
 # Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
 #                                [--batches 1,4] [--lengths 512,...] [--out DIR]
 #                                [--kv-dtypes f32,int8,...] [--kv-batches 1,8]
 #                                [--kv-lengths 2048,...] [--kv-only] [--paged-block S]
-#                                [--kv-rounds N] [--kv-threads 1]
+#                                [--kv-rounds N] [--kv-threads 1] [--no-bf16]
+#                                [--bf16-threads 1] [--bf16-rounds 2]
 #   --quick    B 1, L 512 and 2048, 1 thread, one round of 3 reps (unless given): a smoke test
 #   --kv-only  step 4 alone (no PyTorch)
 #   --paged-block S  step 4's paged runs in blocks of S tokens (0: none)
 #   --kv-rounds N, --kv-threads T  step 4's rounds (1) and thread counts (1)
+#   --no-bf16  no bfloat16 decode rows; --bf16-threads L, --bf16-rounds N: their thread
+#              counts (1) and rounds (the first 2)
 # Settings: scripts/bench/env.sh's bench_env (threads for every layer, glibc malloc kept,
 # OpenBLAS's kernels); attn gets OMP_WAIT_POLICY=ACTIVE, PyTorch the default, as in
 # bench_vs_pytorch.sh. ATTN_BENCH_BUILD_DIR changes the build directory.
@@ -58,6 +69,7 @@ source "$(dirname "$0")/env.sh"
 
 quick=0 rounds="" reps="" threads_list="" batches="" lengths="" out=""
 kv_dtypes="" kv_batches="" kv_lengths="" kv_only=0 paged_block=16 kv_rounds="" kv_threads=""
+bf16=1 bf16_threads=1 bf16_rounds=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -74,7 +86,10 @@ while [ $# -gt 0 ]; do
     --paged-block) paged_block="$2"; shift ;;
     --kv-rounds) kv_rounds="$2"; shift ;;
     --kv-threads) kv_threads="$2"; shift ;;
-    -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
+    --no-bf16) bf16=0 ;;
+    --bf16-threads) bf16_threads="$2"; shift ;;
+    --bf16-rounds) bf16_rounds="$2"; shift ;;
+    -h|--help) sed -n '2,65p' "$0"; exit 0 ;;
     *) echo "decode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -236,13 +251,19 @@ for op in decode prefill; do
                     --max-seconds "$max_seconds")
           torch_cmd=(run_env "$t" "" "$BENCH_PYTHON" "$ATTN_ROOT/scripts/bench/pytorch_decode.py"
                      "$op" "$b" "$l" "$t" "$reps" --max-seconds "$max_seconds")
-          if ((r % 2 == 0)); then
-            "${attn_cmd[@]}" | tee -a "$raw"
-            "${torch_cmd[@]}" | grep '^impl=' | tee -a "$raw"
-          else
-            "${torch_cmd[@]}" | grep '^impl=' | tee -a "$raw"
-            "${attn_cmd[@]}" | tee -a "$raw"
+          sides=(attn torch)
+          if [ "$bf16" = 1 ] && [ "$op" = decode ] && ((r < bf16_rounds)) &&
+             [[ ",$bf16_threads," == *",$t,"* ]]; then
+            sides=(attn torch bf16)
           fi
+          k=$((r % ${#sides[@]}))  # rotate who goes first
+          for side in "${sides[@]:k}" "${sides[@]:0:k}"; do
+            case "$side" in
+              attn) "${attn_cmd[@]}" | tee -a "$raw" ;;
+              torch) "${torch_cmd[@]}" | grep '^impl=' | tee -a "$raw" ;;
+              bf16) "${attn_cmd[@]}" --dtype bf16 | tee -a "$raw" ;;
+            esac
+          done
         done
       done
     done
@@ -250,16 +271,20 @@ for op in decode prefill; do
 done
 
 log "report"
-"$BENCH_PYTHON" - "$raw" "$out" "$paged_min" "$int8_min" <<'PY' | tee "$out/decode.txt"
-import csv, os, sys
-raw, out, paged_min, int8_min = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-bw, rows = {}, {}
+bf16_note=""
+[ "$bf16" = 1 ] || bf16_note="left out by --no-bf16"
+"$BENCH_PYTHON" - "$raw" "$out" "$paged_min" "$int8_min" "$bf16_note" <<'PY' | tee "$out/decode.txt"
+import csv, os, statistics, sys
+raw, out, paged_min, int8_min, bf16_note = sys.argv[1:6]
+bw, rows, cpu_runs = {}, {}, {}
 for line in open(raw):
     f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
     if line.startswith("stream") and f.get("kernel") == "read":
         bw[int(f["threads"])] = float(f["median_gbps"])
     elif line.startswith("impl="):
         key = (f["op"], int(f["B"]), int(f["L"]), int(f["threads"]), f["impl"])
+        if "median_cpu_ms" in f:  # attn's (float and bfloat16 module): CPU time per step
+            cpu_runs.setdefault(key, []).append(float(f["median_cpu_ms"]))
         best = rows.get(key)
         if best is None or float(f["median_ms"]) < float(best["median_ms"]):
             rows[key] = f  # the fastest median over the rounds
@@ -274,17 +299,18 @@ with open(os.path.join(out, "decode.csv"), "w", newline="") as fcsv:
     w.writerow(["op", "B", "L", "threads", "impl", "median_ms", "min_ms", "bytes", "gbps",
                 "bw_fraction", "variant"])
     for c in configs:
-        a, p = rows.get(c + ("attn",)), rows.get(c + ("pytorch",))
+        a, p, a16 = rows.get(c + ("attn",)), rows.get(c + ("pytorch",)), rows.get(c + ("attn_bf16",))
         frac = float(a["gbps"]) / bw[c[3]] if a and c[3] in bw else float("nan")
         speed = float(p["median_ms"]) / float(a["median_ms"]) if a and p else float("nan")
         if a and c[0] == "decode" and c[1] == 1:
             fractions.append(frac)
         if a and p:
             (decode_speedups if c[0] == "decode" else prefill_speedups).append(speed)
-        for r in (a, p):
+        for r in (a, p, a16):
             if r:
+                f_r = float(r["gbps"]) / bw[c[3]] if r is not p and c[3] in bw else None
                 w.writerow([c[0], c[1], c[2], c[3], r["impl"], r["median_ms"], r["min_ms"],
-                            r["bytes"], r["gbps"], f"{frac:.3f}" if r is a else "",
+                            r["bytes"], r["gbps"], f"{f_r:.3f}" if f_r is not None else "",
                             r.get("variant", "")])
         print(f"{c[0]:8s}{c[1]:3d}{c[2]:6d}{c[3]:4d}"
               f"{float(a['median_ms']) if a else float('nan'):10.2f}"
@@ -292,9 +318,30 @@ with open(os.path.join(out, "decode.csv"), "w", newline="") as fcsv:
               f"{float(p['median_ms']) if p else float('nan'):10.2f}{speed:9.2f}  "
               f"{p.get('variant', '') if p else ''}")
 fmin = lambda v: min(v) if v else float("nan")
+# The bfloat16 module's decode step against the float one's, from the same rounds: CPU time
+# per step (all threads), median over the rounds of each process's median.
+bf16_ratios = []
+bf16_configs = [c for c in configs if c + ("attn_bf16",) in cpu_runs]
+if bf16_configs:
+    print("bfloat16 module (bfloat16 weights and KV cache) vs float, decode step, CPU ms per "
+          "step (median over rounds):")
+    print(f"{'op':8s}{'B':>3s}{'L':>6s}{'thr':>4s}{'fp32 cpu':>10s}{'bf16 cpu':>10s}"
+          f"{'fp32/bf16':>10s}{'bf16 ms':>9s}{'bf16 GB/s':>10s}")
+else:
+    print("bfloat16 decode rows: none, so bf16_decode_vs_fp32_min=nan ("
+          + (bf16_note or "they run at --bf16-threads, none of which is in --threads") + ")")
+for c in bf16_configs:
+    a16 = rows[c + ("attn_bf16",)]
+    f32_cpu = statistics.median(cpu_runs[c + ("attn",)]) if c + ("attn",) in cpu_runs else float("nan")
+    b16_cpu = statistics.median(cpu_runs[c + ("attn_bf16",)])
+    if f32_cpu == f32_cpu:
+        bf16_ratios.append(f32_cpu / b16_cpu)
+    print(f"{c[0]:8s}{c[1]:3d}{c[2]:6d}{c[3]:4d}{f32_cpu:10.2f}{b16_cpu:10.2f}"
+          f"{f32_cpu / b16_cpu:10.2f}{float(a16['median_ms']):9.2f}{float(a16['gbps']):10.2f}")
 print(f"summary: decode_bw_fraction_min={fmin(fractions):.2f} "
       f"decode_speedup_min={fmin(decode_speedups):.2f} "
-      f"prefill_chunk_speedup_min={fmin(prefill_speedups):.2f} {paged_min} {int8_min}")
+      f"prefill_chunk_speedup_min={fmin(prefill_speedups):.2f} {paged_min} {int8_min} "
+      f"bf16_decode_vs_fp32_min={fmin(bf16_ratios):.2f}")
 PY
 
 if command -v gnuplot >/dev/null; then

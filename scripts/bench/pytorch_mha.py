@@ -5,7 +5,7 @@
 # scripts/bench_vs_pytorch.sh, one fresh process per measurement so RSS is per shape.
 #
 # Usage: /usr/bin/python3 scripts/bench/pytorch_mha.py B Tq Tk D H causal cross threads reps
-#            [--max-seconds S] [--warmup N] [--variants auto|name,name,...]
+#            [--max-seconds S] [--warmup N] [--variants auto|name,name,...] [--dtype f32|bf16]
 # The caller sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / OPENBLAS_CORETYPE and the glibc
 # MALLOC_* variables before Python starts (they are read at library load time); this
 # script also calls torch.set_num_threads(threads).
@@ -15,6 +15,10 @@
 # tensor as query, key and value (PyTorch 1.13's fast path), cross-attention passes key is
 # value. Causal: attn_mask = triu(ones(Tq, Tk), diagonal=1) (query i sees keys j <= i), plus
 # is_causal=True where nn.MultiheadAttention.forward accepts it (PyTorch >= 2.0).
+# --dtype bf16: the same module after .to(torch.bfloat16) (every weight rounded once) on the
+# same input rounded to bfloat16, the float mask in bfloat16 too; the result line then says
+# impl=pytorch_bf16 (float32: impl=pytorch) and dtype=bf16. PyTorch 1.13 runs it through
+# oneDNN's bfloat16 GEMMs and its composite attention (no fused bfloat16 kernel on the CPU).
 #
 # Variants (--variants auto runs every one that applies and reports the fastest, so the
 # comparison is against the best PyTorch configuration; each is also printed):
@@ -28,6 +32,7 @@
 # Output: one "variant=..." line per variant, then the result line:
 #   impl=pytorch B=.. Tq=.. Tk=.. D=.. H=.. causal=0 cross=0 threads=1 reps=20
 #   median_ms=.. min_ms=.. gflops=.. max_rss_mib=.. base_rss_mib=.. variant=mha torch=1.13.1
+#   dtype=f32
 # max_rss_mib: getrusage ru_maxrss of this process (all variants); base_rss_mib: the same
 # right after `import torch`, before the module and inputs exist.
 
@@ -61,6 +66,7 @@ def main():
     p.add_argument("--max-seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--variants", default="auto")
+    p.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     a = p.parse_args()
     if not a.cross and a.Tk != a.Tq:
         p.error("self-attention (cross=0) needs Tk == Tq")
@@ -75,13 +81,14 @@ def main():
     torch.set_num_threads(max(1, a.threads))
     torch.manual_seed(1234)
 
-    mha = torch.nn.MultiheadAttention(a.D, a.H, bias=True, batch_first=True).eval()
-    xq = torch.rand(a.B, a.Tq, a.D) * 2 - 1
-    xkv = torch.rand(a.B, a.Tk, a.D) * 2 - 1 if cross else xq
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    mha = torch.nn.MultiheadAttention(a.D, a.H, bias=True, batch_first=True).eval().to(dtype)
+    xq = (torch.rand(a.B, a.Tq, a.D) * 2 - 1).to(dtype)
+    xkv = (torch.rand(a.B, a.Tk, a.D) * 2 - 1).to(dtype) if cross else xq
     bool_mask = float_mask = None
     if causal:
         bool_mask = torch.triu(torch.ones(a.Tq, a.Tk, dtype=torch.bool), diagonal=1)
-        float_mask = torch.zeros(a.Tq, a.Tk).masked_fill_(bool_mask, float("-inf"))
+        float_mask = torch.zeros(a.Tq, a.Tk, dtype=dtype).masked_fill_(bool_mask, float("-inf"))
     has_is_causal = "is_causal" in inspect.signature(mha.forward).parameters
     has_sdpa = hasattr(F, "scaled_dot_product_attention")
 
@@ -134,8 +141,10 @@ def main():
         p.error(f"variants {unknown} do not apply here; available: {sorted(available)}")
 
     flops = mha_flops(a.B, a.Tq, a.Tk, a.D, a.H, causal, cross)
+    # bfloat16 variants round at different points: compared within a few bfloat16 ulps.
+    tol = {"atol": 3e-2, "rtol": 3e-2} if a.dtype == "bf16" else {}
     times = time_variants(torch, available, names, a.warmup, a.reps, a.max_seconds,
-                          lambda n, y: y.transpose(0, 1) if n == "functional" else y)
+                          lambda n, y: y.transpose(0, 1) if n == "functional" else y, **tol)
 
     rss = max_rss_mib()
     medians = median_times(times)
@@ -143,11 +152,12 @@ def main():
         print(f"variant={n} median_ms={medians[n]:.4f} min_ms={min(times[n]):.4f} "
               f"gflops={flops / (medians[n] * 1e-3) * 1e-9:.2f}")
     best = min(names, key=lambda n: medians[n])
-    print(f"impl=pytorch B={a.B} Tq={a.Tq} Tk={a.Tk} D={a.D} H={a.H} causal={a.causal} "
+    impl = "pytorch_bf16" if a.dtype == "bf16" else "pytorch"
+    print(f"impl={impl} B={a.B} Tq={a.Tq} Tk={a.Tk} D={a.D} H={a.H} causal={a.causal} "
           f"cross={a.cross} threads={a.threads} reps={len(times[best])} "
           f"median_ms={medians[best]:.4f} min_ms={min(times[best]):.4f} "
           f"gflops={flops / (medians[best] * 1e-3) * 1e-9:.2f} max_rss_mib={rss:.1f} "
-          f"base_rss_mib={base_rss:.1f} variant={best} torch={torch.__version__}")
+          f"base_rss_mib={base_rss:.1f} variant={best} torch={torch.__version__} dtype={a.dtype}")
 
 
 if __name__ == "__main__":

@@ -6,18 +6,26 @@
 # (gnuplot-nox) or, without it, matplotlib.
 #
 # Usage: report.py --raw RAW --peak PEAK --csv OUT.csv --plot OUT.png [--title-extra TEXT]
-#                  [--ort-note WHY]
+#                  [--ort-note WHY] [--bf16-note WHY]
 #   RAW:  lines "kind=main|sweep round=N impl=attn|attn_native|ort|pytorch B=.. Tq=.. ...
-#         median_ms=.. ..." (attn: the default-flags build, attn_native: -march=native), and
+#         median_ms=.. ..." (attn: the default-flags build, attn_native: -march=native;
+#         attn_bf16 and pytorch_bf16: the bfloat16 modules, some rounds at 1 thread), and
 #         "kind=select ..." lines of the ONNX Runtime process that chose the graph per shape
 #         and thread count (variant= per graph that passed, skipped= per graph that did not)
-#   PEAK: bench/fma_peak's output (peak_t<N>_gflops=..., peak_isa=...)
+#   PEAK: bench/fma_peak's output (peak_t<N>_gflops=..., peak_isa=..., and where the CPU
+#         has them amx_bf16_t<N>_gflops= and avx512bf16_t<N>_gflops=)
 #   --ort-note: why there are no ONNX Runtime rows (printed instead of its figures)
+#   --bf16-note: why there are no bfloat16 rows
 # Per (kind, shape, threads, impl): the median over rounds of each process's median time
 # ("median of medians"); peak RSS is the largest over rounds. Ratios are times divided by
 # attn's (default-flags build): vs PyTorch = PyTorch ms / attn ms, vs ORT = ORT ms / attn ms;
 # default/native = native ms / default ms (1.00: the default build is as fast as native).
 # % of peak = attn (default-flags) GFLOP/s / the measured FMA peak at the same thread count.
+# The bfloat16 table: per shape at 1 thread, attn's bfloat16 module against its float one and
+# PyTorch's bfloat16 module timed in the same rounds (ratios: the median over those rounds of
+# the same round's time ratio), and ONNX Runtime's float32 time of the float table (all its
+# rounds) as the reference; % of bf16 peak = attn bfloat16 GFLOP/s / the tdpbf16ps peak (AMX)
+# where fma_peak measured one, else the vdpbf16ps peak, else n/a.
 # Fields on a result line that the report does not know (e.g. mha_timer's isa=) are kept
 # in the CSV where a column exists for them and ignored otherwise.
 
@@ -52,17 +60,33 @@ def shape_label(s):
 
 
 def read_peaks(path):
-    peaks, isa = {}, "?"
+    """The FMA peak per thread count, its ISA, and the bfloat16 units' peaks per thread count,
+    {"amx_bf16": {t: gflops}, "avx512bf16": {t: gflops}} (the best of the runs in the file)."""
+    peaks, isa, bf16 = {}, "?", {"amx_bf16": {}, "avx512bf16": {}}
     with open(path) as f:
         for line in f:
             line = line.strip()
             if line.startswith("peak_isa="):
                 isa = line.split("=", 1)[1]
-            elif line.startswith("peak_t") and "_gflops=" in line:
+            elif "_t" in line and line.split("_t", 1)[0] in ("peak", *bf16) and "_gflops=" in line:
                 k, v = line.split("=", 1)
-                t = int(k[len("peak_t"):-len("_gflops")])
-                peaks[t] = max(peaks.get(t, 0.0), float(v))  # best of the runs in the file
-    return peaks, isa
+                unit, t = k[:-len("_gflops")].rsplit("_t", 1)
+                table = peaks if unit == "peak" else bf16[unit]
+                table[int(t)] = max(table.get(int(t), 0.0), float(v))
+    return peaks, isa, bf16
+
+
+# The bfloat16 units, in the order the bf16 peak fraction prefers them: (fma_peak's name, text).
+BF16_UNITS = (("amx_bf16", "AMX tdpbf16ps"), ("avx512bf16", "AVX512-BF16 vdpbf16ps"))
+
+
+def bf16_peak(bf16_peaks, threads):
+    """(GFLOP/s, unit text) of the first bfloat16 unit fma_peak measured at `threads`, or
+    (nan, None)."""
+    for unit, text in BF16_UNITS:
+        if threads in bf16_peaks[unit]:
+            return bf16_peaks[unit][threads], text
+    return float("nan"), None
 
 
 def peak_for(peaks, threads):
@@ -88,6 +112,8 @@ def aggregate(raw_path):
         medians = [float(r["median_ms"]) for r in runs]
         variants = collections.Counter(r.get("variant", "") for r in runs)
         result[key] = {
+            "by_round": {r.get("round"): float(r["median_ms"]) for r in runs},
+            "bf16_path": collections.Counter(r.get("bf16_path", "") for r in runs).most_common(1)[0][0],
             "rounds": len(runs),
             "median_ms": statistics.median(medians),
             "round_min_ms": min(medians),
@@ -143,6 +169,7 @@ def fmt(x, spec, suffix=""):
 
 # The implementations, in table and plot order: (impl key, name in the table and plot).
 IMPLS = (("pytorch", "PyTorch"), ("ort", "ORT"), ("attn", "attn"), ("attn_native", "attn native"))
+BF16_IMPLS = (("pytorch_bf16", "PyTorch bf16"), ("attn_bf16", "attn bf16"))
 PLOT_STYLE = {  # gnuplot / matplotlib: colour, gnuplot point type, matplotlib marker, label
     "attn": ("#d62728", 7, "o", "attn (default flags)"),
     "attn_native": ("#ff9896", 9, "^", "attn (-march=native)"),
@@ -240,9 +267,10 @@ def main():
     p.add_argument("--plot", required=True)
     p.add_argument("--title-extra", default="")
     p.add_argument("--ort-note", default="")
+    p.add_argument("--bf16-note", default="")
     a = p.parse_args()
 
-    peaks, isa = read_peaks(a.peak)
+    peaks, isa, bf16_peaks = read_peaks(a.peak)
     agg = aggregate(a.raw)
     selection = ort_selection(a.raw)
 
@@ -256,11 +284,13 @@ def main():
     for kind, shape, threads in seen:
         r = {impl: agg.get((kind, shape, threads, impl)) for impl, _ in IMPLS}
         flops = mha_flops(shape)
-        peak = peak_for(peaks, threads)
-        for impl, _ in IMPLS:
-            m = r[impl]
+        for impl, _ in IMPLS + BF16_IMPLS:
+            m = agg.get((kind, shape, threads, impl))
             if m is None:
                 continue
+            # bfloat16 rows against the bfloat16 unit's peak, the others against the FMA's
+            peak, peak_unit = ((bf16_peak(bf16_peaks, threads)) if impl.endswith("_bf16")
+                               else (peak_for(peaks, threads), "FMA"))
             gflops = flops / (m["median_ms"] * 1e-3) * 1e-9
             csv_rows.append({
                 "kind": kind, "shape": shape_label(shape),
@@ -272,7 +302,8 @@ def main():
                 "peak_fraction": f"{gflops / peak:.4f}",
                 "max_rss_mib": f"{m['max_rss_mib']:.1f}",
                 "base_rss_mib": f"{m['base_rss_mib']:.1f}", "variant": m["variant"],
-                "isa": m["isa"]})
+                "isa": m["isa"], "peak_unit": peak_unit or "", "bf16_path": m["bf16_path"]})
+        peak = peak_for(peaks, threads)
         at = r["attn"]
         if kind != "main" or at is None:
             continue
@@ -297,7 +328,8 @@ def main():
     with open(a.csv, "w", newline="") as f:
         fields = ["kind", "shape", *KEY_FIELDS, "threads", "impl", "rounds", "median_ms",
                   "round_min_ms", "round_max_ms", "gflop", "gflops", "peak_gflops",
-                  "peak_fraction", "max_rss_mib", "base_rss_mib", "variant", "isa"]
+                  "peak_fraction", "max_rss_mib", "base_rss_mib", "variant", "isa",
+                  "peak_unit", "bf16_path"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(csv_rows)
@@ -342,11 +374,79 @@ def main():
             print(f"  {shape_label(shape)}, {threads} thread{'s' if threads > 1 else ''}: {timed}"
                   + (f"; skipped {skipped}" if skipped else ""))
 
+    # ---- bfloat16: attn's and PyTorch's bfloat16 modules, ONNX Runtime float32 as reference ----
+    bf16_rows, bf16_vs_fp32, bf16_vs_torch, bf16_fractions = [], [], [], []
+    for kind, shape, threads in seen:
+        r = {impl: agg.get((kind, shape, threads, impl))
+             for impl in ("attn", "ort", "attn_bf16", "pytorch_bf16")}
+        b16 = r["attn_bf16"]
+        if kind != "main" or b16 is None:
+            continue
+
+        def paired(num):
+            """The median over the rounds that timed both of num's time / attn bf16's."""
+            if num is None:
+                return float("nan")
+            ratios = [num["by_round"][k] / ms for k, ms in b16["by_round"].items()
+                      if k in num["by_round"]]
+            return statistics.median(ratios) if ratios else float("nan")
+        vs_fp32, vs_torch = paired(r["attn"]), paired(r["pytorch_bf16"])
+        vs_ort = ratio(r["ort"], b16)
+        peak16, _ = bf16_peak(bf16_peaks, threads)
+        g16 = mha_flops(shape) / (b16["median_ms"] * 1e-3) * 1e-9
+        for value, bucket in ((vs_fp32, bf16_vs_fp32), (vs_torch, bf16_vs_torch),
+                              (g16 / peak16, bf16_fractions)):
+            if value == value:
+                bucket.append(value)
+        ms = lambda impl: fmt(r[impl] and r[impl]["median_ms"], ".2f")
+        rss = lambda impl: fmt(r[impl] and r[impl]["max_rss_mib"], ".0f")
+        bf16_rows.append([shape_label(shape), threads, b16["rounds"], ms("pytorch_bf16"),
+                          ms("ort"), ms("attn"), ms("attn_bf16"), fmt(vs_fp32, ".2f", "x"),
+                          fmt(vs_torch, ".2f", "x"), fmt(vs_ort, ".2f", "x"), fmt(g16, ".1f"),
+                          fmt(100 * g16 / peak16, ".1f", "%"), rss("pytorch_bf16"),
+                          rss("attn_bf16"), b16["bf16_path"] or "?",
+                          r["pytorch_bf16"]["variant"] if r["pytorch_bf16"] else "n/a"])
+    print()
+    # Why a bfloat16 summary field is nan (none when it is not).
+    bf16_why = {}
+    if not bf16_rows:
+        why = a.bf16_note or ("none measured (they run at 1 thread: is 1 in --threads?)")
+        print(f"bfloat16: no rows: {why}.")
+        for field in ("bf16_vs_fp32_min", "bf16_vs_torch_bf16_min", "bf16_peak_fraction_best"):
+            bf16_why[field] = why
+    else:
+        peak16, unit16 = bf16_peak(bf16_peaks, 1)
+        unit_text = (f"{unit16}, 1 thread: {peak16:.1f} GFLOP/s" if unit16 else
+                     "none: fma_peak found neither AMX-BF16 nor AVX512-BF16")
+        print(f"bfloat16 modules, 1 thread (attn: MultiHeadAttention<bfloat16>, frozen; PyTorch: "
+              f"nn.MultiheadAttention after .to(torch.bfloat16)); bfloat16 peak ({unit_text}):")
+        print()
+        print_table(["shape", "threads", "rounds", "PyTorch bf16 ms", "ORT fp32 ms", "attn fp32 ms",
+                     "attn bf16 ms", "bf16 vs fp32", "vs PyTorch bf16", "vs ORT fp32",
+                     "attn bf16 GFLOP/s", "% of bf16 peak", "PyTorch bf16 peak RSS MiB",
+                     "attn bf16 peak RSS MiB", "attn bf16 path", "PyTorch bf16 variant"],
+                    bf16_rows, left_columns={0, 14, 15})
+        print()
+        print("bf16 vs fp32 = attn fp32 ms / attn bf16 ms and vs PyTorch bf16 = PyTorch bf16 ms / "
+              "attn bf16 ms, each the median over the rounds that timed both of the same round's "
+              "ratio; vs ORT fp32 = ONNX Runtime's float32 ms (the float table's) / attn bf16 ms; "
+              "% of bf16 peak = attn bf16 GFLOP/s (useful FLOPs) / the bfloat16 peak above. "
+              "attn bf16 path: how attn's bfloat16 GEMMs and attention multiply on this CPU "
+              "(amx: tdpbf16ps tiles, dot: vdpbf16ps, widen: float FMAs on widened operands).")
+        if not bf16_vs_fp32:
+            bf16_why["bf16_vs_fp32_min"] = "no round timed both of attn's modules"
+        if not bf16_vs_torch:
+            bf16_why["bf16_vs_torch_bf16_min"] = "PyTorch's bfloat16 module gave no time (see the raw file)"
+        if not bf16_fractions:
+            bf16_why["bf16_peak_fraction_best"] = (
+                "fma_peak measured no bfloat16 unit (no AMX-BF16, no AVX512-BF16): attn's "
+                "bfloat16 ran on the " + (bf16_rows[0][14] if bf16_rows else "?") + " path")
+
     # ---- the plot: GFLOP/s vs T at 1 thread (kind=sweep, plus matching kind=main shapes) ----
     points = collections.defaultdict(dict)
     for (kind, shape, threads, impl), m in agg.items():
         b, tq, tk, d, h, causal, cross = shape
-        if threads == 1 and b == 1 and d == 512 and h == 8 and not causal and not cross:
+        if impl in PLOT_STYLE and threads == 1 and b == 1 and d == 512 and h == 8 and not causal and not cross:
             points[impl][tq] = mha_flops(shape) / (m["median_ms"] * 1e-3) * 1e-9
     plotted = bool(points) and plot({k: sorted(v.items()) for k, v in points.items()},
                                     peak_for(peaks, 1), a.plot, a.title_extra)
@@ -373,10 +473,19 @@ def main():
           "attn ms, worst row; default_vs_native_min = attn native ms / attn ms, worst row "
           f"(native build vs ORT, worst row: {mn(native_ort)})."
           + ("" if ort_speedups else f" No ONNX Runtime rows: {a.ort_note or 'none measured'}."))
+    print("bfloat16 summary fields (1 thread): bf16_vs_fp32_min = attn fp32 ms / attn bf16 ms, "
+          "worst row; bf16_vs_torch_bf16_min = PyTorch bf16 ms / attn bf16 ms, worst row; "
+          "bf16_peak_fraction_best = attn bf16 GFLOP/s / the bfloat16 peak, best row."
+          + "".join(f" {k}=nan: {why}." for k, why in bf16_why.items()))
+    # (the bfloat16 fields: nan when missing, as the sections' fields are)
+    lo = lambda xs: f"{min(xs):.2f}" if xs else "nan"
+    hi = lambda xs: f"{max(xs):.2f}" if xs else "nan"
     print(f"summary: speedup_min={min(speedups):.2f} "
           f"speedup_median={statistics.median(speedups):.2f} "
           f"peak_fraction_best={max(fractions):.2f} "
-          f"ort_speedup_min={mn(ort_speedups)} default_vs_native_min={mn(native_ratios)}")
+          f"ort_speedup_min={mn(ort_speedups)} default_vs_native_min={mn(native_ratios)} "
+          f"bf16_vs_fp32_min={lo(bf16_vs_fp32)} bf16_vs_torch_bf16_min={lo(bf16_vs_torch)} "
+          f"bf16_peak_fraction_best={hi(bf16_fractions)}")
     return 0
 
 

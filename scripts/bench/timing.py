@@ -6,12 +6,13 @@ import sys
 import time
 
 
-def time_variants(torch, available, names, warmup, reps, max_seconds, output=lambda n, y: y):
+def time_variants(torch, available, names, warmup, reps, max_seconds, output=lambda n, y: y,
+                  atol=1e-4, rtol=1e-3):
     """Times the callables available[n] for n in names under torch.inference_mode().
 
     Each variant first runs `warmup` untimed calls (at least 1) and its result,
     output(n, result), is checked against the first variant's (a warning on stderr when they
-    disagree). Then the variants run interleaved, so machine noise hits them alike, up to
+    disagree by more than atol + rtol |reference|). Then the variants run interleaved, so machine noise hits them alike, up to
     `reps` rounds, stopping early once they spent max_seconds each (after 3 rounds).
     Returns {name: [milliseconds per call]}."""
     times = {n: [] for n in names}
@@ -23,7 +24,7 @@ def time_variants(torch, available, names, warmup, reps, max_seconds, output=lam
             y = output(n, y)
             if reference is None:
                 reference = y
-            elif not torch.allclose(y, reference, atol=1e-4, rtol=1e-3):
+            elif not torch.allclose(y.float(), reference.float(), atol=atol, rtol=rtol):
                 err = (y - reference).abs().max().item()
                 print(f"warning: variant {n} differs from {names[0]} by {err:g}", file=sys.stderr)
         total = 0.0
