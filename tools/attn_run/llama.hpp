@@ -260,10 +260,10 @@ attn::Tensor<Scalar, 3> llama_output(const attn::io::SafetensorsFile& weights,
 /// bfloat16 (BF16 bit for bit, F32 rounded to nearest even), the rotary embedding rotates
 /// the rounded Q and K in float, and the KV cache holds bfloat16 rows (a KVCache<bfloat16>;
 /// kv_element kScalar or kBFloat16; a PagedKVCache<bfloat16> with paged_block, the same bits
-/// as the contiguous cache without a window). The run is repeated in float on the same files: `error` receives ||output - output_float|| / ||output_float|| (metadata
-/// dtype, f32_relative_error). `output` is BF16, or F32 (widened exactly) with
-/// options.widen_output. Scalar float16 the same with float16 (F16, a KVCache<float16>,
-/// kv_element kScalar or kFloat16).
+/// as the contiguous cache without a window). The run is repeated in float on the same files:
+/// `error` receives ||output - output_float|| / ||output_float|| (metadata dtype,
+/// f32_relative_error). `output` is BF16, or F32 (widened exactly) with options.widen_output.
+/// Scalar float16 the same with float16 (F16, a KVCache<float16>, kv_element kScalar or kFloat16).
 ///
 /// Every input and flag is checked against the weights (the query's rank, width and
 /// extents from the file's header, --prefill against T) before anything is sized from them:
