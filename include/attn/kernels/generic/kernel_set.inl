@@ -30,6 +30,11 @@ struct KernelSet {
   static void pack_gemm_b(const Operand* b, Index ldb, PackedGemmB<Operand>& pack) noexcept {
     kernels::ATTN_KERNEL_SET::pack_gemm_b(b, ldb, pack);
   }
+  template <class T>
+  static void transpose_16bit(Index rows, Index cols, const T* src, Index lds, T* dst,
+                              Index ldd) noexcept {
+    kernels::ATTN_KERNEL_SET::transpose_16bit(rows, cols, src, lds, dst, ldd);
+  }
   template <class Scalar>
   static void column_sums(Index m, Index j0, Index j1, const GemmOutput<const Scalar>& a,
                           Index segment, Scalar* sums) noexcept {
