@@ -47,13 +47,29 @@ void backward_query_tile(const AttentionBackwardArgs<Scalar>& p, Index b, Index 
     pack_transposed(q, p.q.stride(2), 0, rows, 0, d, qt);
     pack_transposed(go, p.grad_out.stride(2), 0, rows, 0, dv, dot);
   }
+  // D_i: with a bfloat16 O (p.narrow.out), its row widened (exactly) a stack chunk at a time
+  // into the same sum, so D has the bits of the float O's.
+  const auto& no = p.narrow.out;
+  constexpr Index kChunk = 256;  // a multiple of every set's W
+  alignas(64) Scalar wide[std::is_same_v<Scalar, float> ? kChunk : 1];
   for (Index r = 0; r < rows; ++r) {
-    const Scalar* g = go + r * p.grad_out.stride(2);
-    const Scalar* x = o + r * p.out.stride(2);
     auto acc = V::zero();
-    Index e = 0;
-    for (; e + W <= dv; e += W) acc = V::fmadd(V::load(g + e), V::load(x + e), acc);
-    if (e < dv) acc = V::fmadd(V::load_partial(g + e, dv - e), V::load_partial(x + e, dv - e), acc);
+    for (Index e0 = 0; e0 < dv; e0 += kChunk) {
+      const Index n = std::min(kChunk, dv - e0);
+      const Scalar* g = go + r * p.grad_out.stride(2) + e0;
+      const Scalar* x = o + r * p.out.stride(2) + e0;
+      if constexpr (std::is_same_v<Scalar, float>) {
+        if (no.data() != nullptr) {
+          convert_row(
+              no.data() + b * no.stride(0) + h * no.stride(1) + (i0 + r) * no.stride(2) + e0, wide,
+              n);
+          x = wide;
+        }
+      }
+      Index e = 0;
+      for (; e + W <= n; e += W) acc = V::fmadd(V::load(g + e), V::load(x + e), acc);
+      if (e < n) acc = V::fmadd(V::load_partial(g + e, n - e), V::load_partial(x + e, n - e), acc);
+    }
     dvec[r] = V::reduce_add(acc);
   }
   std::fill(dvec + rows, dvec + kQueryBlock, Scalar(0));
