@@ -6,7 +6,7 @@
 // that are not multiples of the tiles (k odd, k = 1, head-split outputs), with B packed once
 // or per call, for any thread count, and with NaN and infinity propagated as the float GEMM
 // does. The same GEMM on float16 operands: the float GEMM on the widened values, bit for bit,
-// on every set.
+// on every set. The bfloat16 backward's staging transposes of its operands, on every set.
 #include <gtest/gtest.h>
 
 #include <algorithm>
