@@ -6,7 +6,7 @@
 // that are not multiples of the tiles (k odd, k = 1, head-split outputs), with B packed once
 // or per call, for any thread count, and with NaN and infinity propagated as the float GEMM
 // does. The same GEMM on float16 operands: the float GEMM on the widened values, bit for bit,
-// on every set.
+// on every set. The bfloat16 backward's staging transposes of its operands, on every set.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -537,6 +537,35 @@ TEST_F(Bf16Gemm, LargeOutputsGiveTheBitsOfSmallOnes) {
 // per call or once, for 1 or 2 threads, with the head-split layout, subnormal float16 inputs
 // (their products stay normal floats) and a NaN (quiet, payload kept) and infinities past k
 // that must not be read.
+// The bfloat16 backward's staging transposes (detail::transpose_tiles, the set's
+// transpose_16bit()): every element moved exactly, on every set, for shapes of whole 32 x 32
+// tiles (the avx512 set's register transposes), ragged edges and single rows or columns,
+// with leading dimensions wider than the rows; the padding past each row stays untouched.
+TEST_F(Bf16Gemm, StagingTransposeMovesEveryElementOnEverySet) {
+  const Index shapes[][2] = {{64, 96}, {96, 64}, {33, 70}, {70, 33}, {1, 5}, {5, 1}, {32, 32}};
+  for (const Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    for (const auto& shape : shapes) {
+      const Index rows = shape[0], cols = shape[1], lds = cols + 3, ldd = rows + 5;
+      std::vector<bfloat16> src(static_cast<std::size_t>(rows * lds));
+      for (std::size_t e = 0; e < src.size(); ++e) {  // distinct bit patterns
+        src[e] = bfloat16::from_bits(static_cast<std::uint16_t>(e * 40503u + 17u));
+      }
+      const bfloat16 pad = bfloat16::from_bits(0x7fc1);
+      std::vector<bfloat16> dst(static_cast<std::size_t>(cols * ldd), pad);
+      attn::detail::transpose_tiles(rows, cols, src.data(), lds, dst.data(), ldd);
+      Index wrong = 0;
+      for (Index c = 0; c < cols; ++c) {
+        for (Index r = 0; r < ldd; ++r) {
+          const bfloat16 want = r < rows ? src[static_cast<std::size_t>(r * lds + c)] : pad;
+          wrong += dst[static_cast<std::size_t>(c * ldd + r)].bits() != want.bits();
+        }
+      }
+      EXPECT_EQ(wrong, 0) << attn::isa_name(isa) << " " << rows << " x " << cols;
+    }
+  }
+}
+
 TEST_F(Bf16Gemm, Float16IsTheFloatGemmOnTheWidenedValues) {
   for (const Isa isa : attn::test::runnable_sets()) {
     attn::set_isa(isa);

@@ -336,10 +336,11 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 ///      float; dC stays float (without out_proj: dY widened);
 ///   2. kernel: dC rounded once to bfloat16 (the attention's gradient input, as bfloat16
 ///      autograd holds it); the streaming backward on the forward's record (Q, K, V and the
-///      context O, widened exactly, and its float logsumexp: nothing is recomputed but the
-///      tiles' P), its five products on bfloat16 operands with float sums on the bf16_path()
-///      (AMX or vdpbf16ps; P and dS rounded to bfloat16 before they multiply; widening: the
-///      float products), the softmax, D and dS in float, into float dQ, dK, dV (and, with
+///      context O, read in place by the bfloat16 products and D = rowsum(dO O), widened
+///      exactly only for the float products, and its float logsumexp: nothing is recomputed
+///      but the tiles' P), its five products on bfloat16 operands with float sums on the
+///      bf16_path() (AMX or vdpbf16ps; P and dS rounded to bfloat16 before they multiply; widening:
+///      the float products), the softmax, D and dS in float, into float dQ, dK, dV (and, with
 ///      learned sinks, a float dL/dsinks added into their bfloat16 gradient); with rotary
 ///      embeddings, the float dQ and dK rotated back (R^T, float tables) as core_backward()
 ///      rotates them;
@@ -374,10 +375,11 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
     convert(grad_out, TensorView<float, 3>(dc, {batch, tq, width}));
   }
 
-  // 2. The kernel. Scratch (kWideBackward): Q, K, V and the context widened, contiguous; with
-  //    sinks, dL/dsinks (H). The forward's options hold its sinks widened (into the record's
-  //    storage). dC rounded in place through a bfloat16 copy (kNarrowBackward, free until
-  //    step 3).
+  // 2. The kernel. Scratch (kWideBackward): room for Q, K, V and the context widened,
+  //    contiguous, written only when the kernel reads them (bfloat16 products not taken:
+  //    backward_reads_narrow()); with sinks, dL/dsink_h (H). The forward's options hold its
+  //    sinks widened (into the record's storage). dC rounded in place through a bfloat16 copy
+  //    (kNarrowBackward, free until step 3).
   {
     bfloat16* narrow = workspace_get<bfloat16>(ws, WorkspaceSlot::kNarrowBackward, q_rows * width);
     const TensorView<float, 2> wide_dc(dc, {q_rows, width});
@@ -389,15 +391,11 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   const Index nq = padded(saved.query.size()), nk = padded(saved.key.size()),
               nv = padded(saved.value.size()), no = padded(q_rows * width),
               ns = c.sinks ? heads : 0;
-  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideBackward, nq + nk + nv + no + ns);
-  const TensorView<float, 4> q(wide, saved.query.shape()), k(wide + nq, saved.key.shape()),
-      v(wide + nq + nk, saved.value.shape());
-  convert(saved.query, q);
-  convert(saved.key, k);
-  convert(saved.value, v);
+  float* wide = workspace_get<float>(ws, WorkspaceSlot::kWideBackward, ns + nq + nk + nv + no);
+  const TensorView<float, 4> q(wide + ns, saved.query.shape()),
+      k(wide + ns + nq, saved.key.shape()), v(wide + ns + nq + nk, saved.value.shape());
   const Shape<4> context_strides{tq * width, hd_v, width, 1};  // (B, T_q, H, hd_v) as (B, H, ...)
-  float* o = wide + nq + nk + nv;
-  convert(saved.context, TensorView<float, 3>(o, {batch, tq, width}));
+  float* o = wide + ns + nq + nk + nv;
   const TensorView<const float, 4> out(o, {batch, heads, tq, hd_v}, context_strides);
   const ProjectionGroups groups = projection_groups(proj, saved, grad_in);
   const Index total = projection_grad_size(proj, batch, tq, tk);
@@ -407,7 +405,7 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   GemmOutput<const float> group_rows[3];
   projection_grad_layout(proj, groups, batch, tq, tk, dqkv, part_grad, group_rows);
   const TensorView<float, 1> grad_sinks =
-      c.sinks ? TensorView<float, 1>(wide + nq + nk + nv + no, {heads}) : TensorView<float, 1>();
+      c.sinks ? TensorView<float, 1>(wide, {heads}) : TensorView<float, 1>();
   if (c.sinks) std::fill_n(grad_sinks.data(), heads, 0.0f);
   const AttentionGradients<float> kernel_grads{
       TensorView<const float, 4>(dc, {batch, heads, tq, hd_v}, context_strides), part_grad[0],
@@ -416,7 +414,15 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
       backward_call<float>(where, q, k, v, out, saved.logsumexp, kernel_grads, saved.mask,
                            saved.options, c.causal_bound(), /*own_gradients=*/true);
   call.args.path = bf16_path();
-  const BackwardNarrow narrow{saved.query, saved.key, saved.value};
+  const BackwardNarrow narrow{saved.query, saved.key, saved.value,
+                              TensorView<const bfloat16, 4>(
+                                  saved.context.data(), {batch, heads, tq, hd_v}, context_strides)};
+  if (!backward_reads_narrow(call, narrow)) {  // the float products read them widened
+    convert(saved.query, q);
+    convert(saved.key, k);
+    convert(saved.value, v);
+    convert(saved.context, TensorView<float, 3>(o, {batch, tq, width}));
+  }
   run_attention_backward(call, kernel_grads, ws, &narrow);
   rotate_back(core, part_grad, nullptr);  // in float, before dQ and dK are rounded
   if (c.sinks) {                          // widened, added, rounded once

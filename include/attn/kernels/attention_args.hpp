@@ -186,11 +186,14 @@ struct AttentionGradients {
 /// `sink_partials`, with sinks and grad_sinks: the driver's buffer where each task writes its
 /// share of dL/dsink_h (streaming: one per (b, h, query tile), materialised: one per (b, h)),
 /// summed in a fixed order afterwards.
-/// q, k and v of a backward call as bfloat16, the same shapes with unit inner strides: a
+/// q, k, v and out of a backward call as bfloat16, the same shapes with unit inner strides: a
 /// bfloat16 module's backward (float operands holding bfloat16 values, `path` kAmx or kDot)
-/// gives them for its bfloat16 products to read in place; empty otherwise.
+/// gives them for its bfloat16 products to read in place, and D = rowsum(dO * O) reads `out`
+/// widened (the same bits as the float out); empty otherwise. When the tasks take bfloat16
+/// products (backward_reads_narrow()), they read q, k, v and out only here, not the call's
+/// float views.
 struct BackwardNarrow {
-  TensorView<const bfloat16, 4> q, k, v;
+  TensorView<const bfloat16, 4> q, k, v, out;
 };
 /// `narrow`: see BackwardNarrow.
 /// `clean_k`, when not null: K with its non-finite values +0, contiguous (B, H_kv, T_k, d), the

@@ -40,25 +40,12 @@ void linear_backward(Index rows, TensorView<const Scalar, 2> weight, const Scala
 }
 
 /// dst (cols, rows), leading dimension ldd, = the transpose of src (rows, cols), leading
-/// dimension lds, for 16-bit elements: in 32 x 32 tiles, so each tile's 32 source rows and 32
-/// destination rows (64 bytes each, one line) stay in L1 while it is copied. Measured (CPU
-/// time of one thread, Emerald Rapids under load, bfloat16 1024 x 1024, 4096 x 512,
-/// 512 x 4096 and 1536 x 512): 2-6x faster than the element-by-element loop, which misses the
-/// cache on every write at the large stride; 32 x 32 was the best of 32 x 32, 32 x 8, 64 x 8,
-/// 16 x 16 and 8 x 8 register blocks within the noise.
+/// dimension lds, for 16-bit elements, on the active kernel set (transpose_16bit(): in
+/// registers with AVX-512, in L1-sized tiles everywhere).
 template <class T>
-void transpose_tiles(Index rows, Index cols, const T* src, Index lds, T* dst, Index ldd) noexcept {
-  constexpr Index kTile = 32;
-  for (Index r0 = 0; r0 < rows; r0 += kTile) {
-    const Index r1 = std::min(rows, r0 + kTile);
-    for (Index c0 = 0; c0 < cols; c0 += kTile) {
-      const Index c1 = std::min(cols, c0 + kTile);
-      for (Index c = c0; c < c1; ++c) {
-        T* to = dst + c * ldd;
-        for (Index r = r0; r < r1; ++r) to[r] = src[r * lds + c];
-      }
-    }
-  }
+void transpose_tiles(Index rows, Index cols, const T* src, Index lds, T* dst, Index ldd) {
+  with_kernels(kernel_isa(),
+               [&](auto set) { set.transpose_16bit(rows, cols, src, lds, dst, ldd); });
 }
 
 /// to[i] = bfloat16(float(to[i]) + add[i]) for i < count: each gradient widened, the float

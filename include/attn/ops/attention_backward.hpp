@@ -36,6 +36,31 @@ struct BackwardRun {
   bool clean = false;  // K holds a NaN or an infinity (args.clean_k: K without them)
 };
 
+/// Whether the streaming tasks of `args` (the call's, with its `narrow` operands) take
+/// bfloat16 products on the active kernel set: then they read q, k, v and out only through
+/// args.narrow (BackwardNarrow), and a NaN or an infinity in K is cleared in the tasks' own
+/// k-pairs (no clean_k copy).
+template <class Scalar>
+bool backward_pairs_taken(const AttentionBackwardArgs<Scalar>& args, bool materialize) {
+  if (materialize || args.narrow.q.data() == nullptr || args.narrow.k.data() == nullptr ||
+      args.narrow.v.data() == nullptr || args.narrow.out.data() == nullptr) {
+    return false;
+  }
+  return with_kernels(kernel_isa(), [&](auto set) { return set.backward_pairs_active(args); });
+}
+
+/// Whether run_attention_backward(call, grads, ws, &narrow) reads the forward's Q, K, V and
+/// O only in `narrow` (bfloat16): a caller that holds them in bfloat16 need not widen them
+/// into call's float q, k, v and out (which keep their shapes, for the checks, but are not
+/// read).
+template <class Scalar>
+bool backward_reads_narrow(const AttentionCall<Scalar>& call, const BackwardNarrow& narrow) {
+  AttentionBackwardArgs<Scalar> args;
+  static_cast<AttentionArgs<Scalar>&>(args) = call.args;
+  args.narrow = narrow;
+  return backward_pairs_taken(args, call.materialize);
+}
+
 /// Whether k holds a NaN or an infinity: one read of its rows, on the bits (every exponent
 /// bit set), 16 contiguous elements at a time with no branch inside, which compilers vectorise
 /// at -O2 for the baseline instruction set. Measured (B 8, H 8, T 512, d 64 floats, one thread,
@@ -139,7 +164,7 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
     if (r.args.sinks != nullptr && grads[c].grad_sinks.data() != nullptr) {
       shares += batch * heads * r.sink_tiles;
     }
-    r.clean = has_nonfinite(call.args.k);
+    r.clean = !backward_pairs_taken(r.args, call.materialize) && has_nonfinite(call.args.k);
     if (r.clean) cleaned += batch * kv_heads * tk * d;
   }
   Scalar* share = shares + cleaned > 0

@@ -142,6 +142,47 @@ inline void transpose_block_wide(const float* src, Index lds, float* dst, Index 
   transpose16(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
+/// 32x32 16-bit elements (bfloat16, float16), dst[c * ldd + r] = src[r * lds + c], one zmm
+/// register per 64-byte row. Five rounds, each swapping the off-diagonal h x h blocks of
+/// every 2h x 2h block (h = 16, 8, 4, 2, 1 elements) between rows i and i + h: 128-bit lane
+/// shuffles for h = 16 and 8, 64-bit unpacks for h = 4, shifts and blends for h = 2 and 1
+/// (these two rounds keep off the shuffle port). 160 such steps per 1024 elements.
+template <class T>
+inline void transpose_block_16bit(const T* src, Index lds, T* dst, Index ldd) noexcept {
+  static_assert(sizeof(T) == 2, "transpose_block_16bit: 16-bit elements");
+  __m512i r[32];
+  for (int i = 0; i < 32; ++i) r[i] = _mm512_loadu_si512(src + i * lds);
+  // Each round pairs rows i (bit h of i clear) and i + h: a = r[i], b = r[i + h].
+  for (int i = 0; i < 16; ++i) {
+    const __m512i a = r[i], b = r[i + 16];
+    r[i] = _mm512_shuffle_i64x2(a, b, 0x44);
+    r[i + 16] = _mm512_shuffle_i64x2(a, b, 0xee);
+  }
+  const __m512i even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+  const __m512i odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int i = 0; i < 32; i += (i & 7) == 7 ? 9 : 1) {
+    const __m512i a = r[i], b = r[i + 8];
+    r[i] = _mm512_permutex2var_epi64(a, even, b);
+    r[i + 8] = _mm512_permutex2var_epi64(a, odd, b);
+  }
+  for (int i = 0; i < 32; i += (i & 3) == 3 ? 5 : 1) {
+    const __m512i a = r[i], b = r[i + 4];
+    r[i] = _mm512_unpacklo_epi64(a, b);
+    r[i + 4] = _mm512_unpackhi_epi64(a, b);
+  }
+  for (int i = 0; i < 32; i += (i & 1) == 1 ? 3 : 1) {
+    const __m512i a = r[i], b = r[i + 2];
+    r[i] = _mm512_mask_blend_epi32(0xaaaa, a, _mm512_slli_epi64(b, 32));
+    r[i + 2] = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(a, 32), b);
+  }
+  for (int i = 0; i < 32; i += 2) {
+    const __m512i a = r[i], b = r[i + 1];
+    r[i] = _mm512_mask_blend_epi16(0xaaaaaaaau, a, _mm512_slli_epi32(b, 16));
+    r[i + 1] = _mm512_mask_blend_epi16(0xaaaaaaaau, _mm512_srli_epi32(a, 16), b);
+  }
+  for (int i = 0; i < 32; ++i) _mm512_storeu_si512(dst + i * ldd, r[i]);
+}
+
 /// Doubles have no wide form (transpose_width_wide() equals transpose_width()); declared for
 /// name lookup in the generic packing code.
 inline void transpose_block_wide(const double* src, Index lds, double* dst, Index ldd) noexcept {

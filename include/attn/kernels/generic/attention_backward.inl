@@ -28,12 +28,12 @@ Index backward_kv_head(const AttentionBackwardArgs<Scalar>& p, Index h) noexcept
 
 /// The operands of one query tile, rows [i0, i0 + rows) of head (b, h), as every block of
 /// the streaming backward reads them: Q^T (d, rows), dO^T (d_v, rows), D_i = dO_i . O_i
-/// and the forward's logsumexp, padded with +inf to kQueryBlock lanes; with `pairs`, the
-/// bfloat16 operands (pair_query_tile()) instead of Q^T and dO^T.
-template <class Scalar>
+/// and the forward's logsumexp, padded with +inf to kQueryBlock lanes; when Paired, the
+/// bfloat16 operands (pair_query_tile() into `pairs`) instead of Q^T and dO^T.
+template <bool Paired, class Scalar>
 void backward_query_tile(const AttentionBackwardArgs<Scalar>& p, Index b, Index h, Index i0,
                          Index rows, Scalar* qt, Scalar* dot, Scalar* dvec, Scalar* lse,
-                         const BackwardPairs<Scalar>* pairs = nullptr) noexcept {
+                         const BackwardPairs<Scalar>& pairs) noexcept {
   using V = Vec<Scalar>;
   constexpr Index W = V::kWidth;
   const Index d = p.q.extent(3), dv = p.v.extent(3);
@@ -41,19 +41,35 @@ void backward_query_tile(const AttentionBackwardArgs<Scalar>& p, Index b, Index 
   const Scalar* go = p.grad_out.data() + b * p.grad_out.stride(0) + h * p.grad_out.stride(1) +
                      i0 * p.grad_out.stride(2);
   const Scalar* o = p.out.data() + b * p.out.stride(0) + h * p.out.stride(1) + i0 * p.out.stride(2);
-  if (pairs != nullptr) {
-    pair_query_tile(p, *pairs, b, h, i0, rows);
+  if constexpr (Paired) {
+    pair_query_tile(p, pairs, b, h, i0, rows);
   } else {
     pack_transposed(q, p.q.stride(2), 0, rows, 0, d, qt);
     pack_transposed(go, p.grad_out.stride(2), 0, rows, 0, dv, dot);
   }
+  // D_i: with a bfloat16 O (p.narrow.out), its row widened (exactly) a stack chunk at a time
+  // into the same sum, so D has the bits of the float O's.
+  const auto& no = p.narrow.out;
+  constexpr Index kChunk = 256;  // a multiple of every set's W
+  alignas(64) Scalar wide[std::is_same_v<Scalar, float> ? kChunk : 1];
   for (Index r = 0; r < rows; ++r) {
-    const Scalar* g = go + r * p.grad_out.stride(2);
-    const Scalar* x = o + r * p.out.stride(2);
     auto acc = V::zero();
-    Index e = 0;
-    for (; e + W <= dv; e += W) acc = V::fmadd(V::load(g + e), V::load(x + e), acc);
-    if (e < dv) acc = V::fmadd(V::load_partial(g + e, dv - e), V::load_partial(x + e, dv - e), acc);
+    for (Index e0 = 0; e0 < dv; e0 += kChunk) {
+      const Index n = std::min(kChunk, dv - e0);
+      const Scalar* g = go + r * p.grad_out.stride(2) + e0;
+      const Scalar* x = o + r * p.out.stride(2) + e0;
+      if constexpr (std::is_same_v<Scalar, float>) {
+        if (no.data() != nullptr) {
+          convert_row(
+              no.data() + b * no.stride(0) + h * no.stride(1) + (i0 + r) * no.stride(2) + e0, wide,
+              n);
+          x = wide;
+        }
+      }
+      Index e = 0;
+      for (; e + W <= n; e += W) acc = V::fmadd(V::load(g + e), V::load(x + e), acc);
+      if (e < n) acc = V::fmadd(V::load_partial(g + e, n - e), V::load_partial(x + e, n - e), acc);
+    }
     dvec[r] = V::reduce_add(acc);
   }
   std::fill(dvec + rows, dvec + kQueryBlock, Scalar(0));
@@ -69,14 +85,14 @@ void backward_query_tile(const AttentionBackwardArgs<Scalar>& p, Index b, Index 
 /// kQueryBlock; entries a query cannot see are 0 in both. The scores are computed, masked
 /// and bounded exactly as the forward's streaming_tile() does; P = exp(S - lse) from the
 /// forward's logsumexp. `zf` holds the dropout factors when dropout is active, `cf` the
-/// softcap's derivative when there is one. With `pairs` (the query tile's and the key
-/// tile's bfloat16 operands), S^T and dA^T on bfloat16 products over every query row.
-template <class Scalar>
+/// softcap's derivative when there is one. When Paired (`pairs`: the query tile's and the
+/// key tile's bfloat16 operands), S^T and dA^T on bfloat16 products over every query row.
+template <bool Paired, class Scalar>
 void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
                     const DropoutStream& drop, Index b, Index h, Index i0, Index rows, Index j0,
                     Index width, const Scalar* qt, const Scalar* dot, const Scalar* dvec,
                     const Scalar* lse, Scalar* at, Scalar* dst, Scalar* zf, Scalar* cf,
-                    const BackwardPairs<Scalar>* pairs = nullptr) noexcept {
+                    const BackwardPairs<Scalar>& pairs) noexcept {
   using V = Vec<Scalar>;
   constexpr Index W = V::kWidth;
   constexpr Index ld = kQueryBlock;
@@ -94,19 +110,19 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
   // may see its first key (the rest of its row is zero in dA^T and -inf in S^T below).
   // bfloat16 products: every row (columns to a multiple of 16, +0 operands past `rows`), the
   // scale after; the masks below hide what the float products skip.
-  if (pairs != nullptr) {
+  if constexpr (Paired) {
     const Index cols = (rows + 15) / 16 * 16;
-    pair_gemm(pairs->amx, width, cols, d, pairs->k_tile, pairs->k_ld, pairs->qp, kQueryBlock, at,
-              ld, false);
-    pair_gemm(pairs->amx, width, cols, dv, pairs->v_tile, pairs->v_ld, pairs->gp, kQueryBlock, dst,
-              ld, false);
+    pair_gemm(pairs.amx, width, cols, d, pairs.k_tile, pairs.k_ld, pairs.qp, kQueryBlock, at, ld,
+              false);
+    pair_gemm(pairs.amx, width, cols, dv, pairs.v_tile, pairs.v_ld, pairs.gp, kQueryBlock, dst, ld,
+              false);
     const auto scale = V::set1(p.scale);
     for (Index j = 0; j < width; ++j) {
       for (Index c = 0; c < rows; c += W)
         V::store(at + j * ld + c, V::mul(V::load(at + j * ld + c), scale));
     }
   }
-  for (Index g = 0; g < (pairs != nullptr ? 0 : width); g += kMicroRows) {
+  for (Index g = 0; g < (Paired ? 0 : width); g += kMicroRows) {
     const Index group = std::min<Index>(kMicroRows, width - g);
     const Index c0 = std::min(first_row(j0 + g) / col_group * col_group, rows);
     for (Index r = 0; r < group; ++r)
@@ -180,10 +196,10 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
             V::mul(grad, n == W ? V::load(cf + j * ld + c) : V::load_partial(cf + j * ld + c, n));
       }
       const auto ds = V::select(V::greater(pr, zero), grad, V::mul(pr, zero));
-      if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Scalar, float>) {
-        if (pairs != nullptr && pairs->rounded) {  // whole vectors: +0 in the lanes past rows
-          store_rounded(pairs->at_b + j * ld + c, weight);
-          store_rounded(pairs->ds_b + j * ld + c, ds);
+      if constexpr (Paired) {
+        if (pairs.rounded) {  // whole vectors: +0 in the lanes past rows
+          store_rounded(pairs.at_b + j * ld + c, weight);
+          store_rounded(pairs.ds_b + j * ld + c, ds);
           continue;
         }
       }
@@ -202,9 +218,9 @@ void backward_block(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scala
 /// share of dK and dV of those keys, summed over every query tile that can see one of them,
 /// in query order, then added into grad_k and grad_v of its key/value head. The driver runs
 /// the heads of a key/value group one after the other in one task, which owns those rows.
-/// scratch: stream_backward_scratch_size().
-template <class Scalar>
-void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
+/// scratch: stream_backward_scratch_size(). Paired: bfloat16 products (with_backward_pairs()).
+template <bool Paired, class Scalar>
+void backward_key_tile(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
                        const DropoutStream& drop, Index b, Index h, Index j0, Index width,
                        Scalar* scratch) noexcept {
   const Index tq = p.q.extent(2), d = p.q.extent(3), dv = p.v.extent(3);
@@ -222,9 +238,8 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
   std::fill(dk, dk + width * d, Scalar(0));
   std::fill(dvv, dvv + width * dv, Scalar(0));
   // bfloat16 products: the key tile's K and V rounded once; dK summed unscaled.
-  const bool paired = backward_pairs_active(p);
   BackwardPairs<Scalar> bp;
-  if (paired) {
+  if constexpr (Paired) {
     bp = backward_pairs(p, scratch);
     bp.rounded = true;
     pair_key_tile(p, bp, b, backward_kv_head(p, h), j0, width, false);
@@ -243,13 +258,13 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
     if (mask.row_begin(i0) >= j0 + width) break;
     const Index end = std::min(width, mask.row_end(i0 + rows - 1) - j0);  // keys seen here
     if (end <= 0) continue;
-    backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse, paired ? &bp : nullptr);
-    backward_block(p, mask, drop, b, h, i0, rows, j0, end, qt, dot, dvec, lse, at, dst, zf, cf,
-                   paired ? &bp : nullptr);
+    backward_query_tile<Paired>(p, b, h, i0, rows, qt, dot, dvec, lse, bp);
+    backward_block<Paired>(p, mask, drop, b, h, i0, rows, j0, end, qt, dot, dvec, lse, at, dst, zf,
+                           cf, bp);
     // bfloat16 products: A^T and dS^T, rounded by backward_block() (queries to a multiple of
     // 16), padded with +0 to kQueryBlock queries and keys to a multiple of 16, then dV += A^T
     // dO and dK += dS^T Q over the tile's rows.
-    if (paired) {
+    if constexpr (Paired) {
       const Index keys = (end + 15) / 16 * 16, cols = (rows + 15) / 16 * 16;
       for (bfloat16* x : {bp.at_b, bp.ds_b}) {
         for (Index j = 0; j < (cols < ld ? end : 0); ++j) {
@@ -273,7 +288,7 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
                          dk + g * d, d, p.scale, true, nullptr);
     }
   }
-  if (paired) pair_tiles(bp, false);
+  if constexpr (Paired) pair_tiles(bp, false);
   const auto add_rows = [&](const TensorView<Scalar, 4>& grad, const Scalar* acc, Index cols,
                             Scalar factor) {
     Scalar* to = grad.data() + b * grad.stride(0) + backward_kv_head(p, h) * grad.stride(1) +
@@ -283,8 +298,18 @@ void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Sc
       for (Index e = 0; e < cols; ++e) row[e] += acc[j * cols + e] * factor;
     }
   };
-  add_rows(p.grad_k, dk, d, paired ? p.scale : Scalar(1));
+  add_rows(p.grad_k, dk, d, Paired ? p.scale : Scalar(1));
   add_rows(p.grad_v, dvv, dv, Scalar(1));
+}
+
+/// backward_key_tile() with or without bfloat16 products, as the call takes them.
+template <class Scalar>
+void backward_key_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
+                       const DropoutStream& drop, Index b, Index h, Index j0, Index width,
+                       Scalar* scratch) noexcept {
+  with_backward_pairs(p, [&](auto paired) {
+    backward_key_tile<decltype(paired)::value>(p, mask, drop, b, h, j0, width, scratch);
+  });
 }
 
 /// The K rows of key/value head (b, kvh) that the dQ products read: the driver's copy with
@@ -299,8 +324,9 @@ const Scalar* dq_keys(const AttentionBackwardArgs<Scalar>& p, Index b, Index kvh
 
 /// Streaming backward, query rows [i0, i1) of head (b, h): dQ of those queries (this task
 /// owns them), summed over the key tiles they see, in key order, then added into grad_q.
-template <class Scalar>
-void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
+/// Paired: bfloat16 products (with_backward_pairs()).
+template <bool Paired, class Scalar>
+void backward_query_rows(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
                          const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
                          Scalar* scratch) noexcept {
   const Index rows = i1 - i0, d = p.q.extent(3), dv = p.v.extent(3);
@@ -321,15 +347,12 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
   const Scalar* k = dq_keys(p, b, backward_kv_head(p, h));
   const Index k_rs = p.clean_k != nullptr ? d : p.k.stride(2);
   // bfloat16 products: the query tile's Q and dO rounded once; dQ summed unscaled.
-  const bool paired = backward_pairs_active(p);
   BackwardPairs<Scalar> bp;
-  if (paired) {
+  if constexpr (Paired) {
     bp = backward_pairs(p, scratch);
     pair_tiles(bp, true);
   }
-  if (key_end > key_begin) {
-    backward_query_tile(p, b, h, i0, rows, qt, dot, dvec, lse, paired ? &bp : nullptr);
-  }
+  if (key_end > key_begin) backward_query_tile<Paired>(p, b, h, i0, rows, qt, dot, dvec, lse, bp);
   if (p.sink_partials != nullptr) {  // this tile's share of dL/dsink_h: -sum_i P_sink(i) D_i
     double share = 0.0;
     for (Index r = 0; key_end > key_begin && r < rows; ++r) {
@@ -342,18 +365,16 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
   }
   for (Index j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
     const Index width = std::min(kKeyBlock, key_end - j0);
-    if (paired) pair_key_tile(p, bp, b, backward_kv_head(p, h), j0, width, true);
-    backward_block(p, mask, drop, b, h, i0, rows, j0, width, qt, dot, dvec, lse, at, dst, zf, cf,
-                   paired ? &bp : nullptr);
+    if constexpr (Paired) pair_key_tile(p, bp, b, backward_kv_head(p, h), j0, width, true);
+    backward_block<Paired>(p, mask, drop, b, h, i0, rows, j0, width, qt, dot, dvec, lse, at, dst,
+                           zf, cf, bp);
     // bfloat16 products: dS (rows, keys to a multiple of 32) transposed out of dS^T and
     // rounded (pack_probabilities()), then dQ += dS K over the tile's keys.
-    if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Scalar, float>) {
-      if (paired) {
-        const Index lw = (width + 31) / 32 * 32;
-        pack_probabilities(dst, ld, width, rows, (rows + 15) / 16 * 16, bp.ds_b, lw);
-        pair_gemm(bp.amx, rows, d, width, bp.ds_b, lw, bp.kr, d, dq, d, true);
-        continue;
-      }
+    if constexpr (Paired) {
+      const Index lw = (width + 31) / 32 * 32;
+      pack_probabilities(dst, ld, width, rows, (rows + 15) / 16 * 16, bp.ds_b, lw);
+      pair_gemm(bp.amx, rows, d, width, bp.ds_b, lw, bp.kr, d, dq, d, true);
+      continue;
     }
     // dQ += scale dS K: dS read transposed out of dS^T; each group of queries stops at its
     // last visible key.
@@ -366,14 +387,24 @@ void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<
       }
     }
   }
-  if (paired) pair_tiles(bp, false);
+  if constexpr (Paired) pair_tiles(bp, false);
   Scalar* to =
       p.grad_q.data() + b * p.grad_q.stride(0) + h * p.grad_q.stride(1) + i0 * p.grad_q.stride(2);
-  const Scalar factor = paired ? p.scale : Scalar(1);
+  const Scalar factor = Paired ? p.scale : Scalar(1);
   for (Index r = 0; r < rows; ++r) {
     Scalar* row = to + r * p.grad_q.stride(2);
     for (Index e = 0; e < d; ++e) row[e] += dq[r * d + e] * factor;
   }
+}
+
+/// backward_query_rows() with or without bfloat16 products, as the call takes them.
+template <class Scalar>
+void backward_query_task(const AttentionBackwardArgs<Scalar>& p, const HeadMask<Scalar>& mask,
+                         const DropoutStream& drop, Index b, Index h, Index i0, Index i1,
+                         Scalar* scratch) noexcept {
+  with_backward_pairs(p, [&](auto paired) {
+    backward_query_rows<decltype(paired)::value>(p, mask, drop, b, h, i0, i1, scratch);
+  });
 }
 
 /// Materialised backward of head (b, h): P recomputed over whole rows exactly as the

@@ -11,17 +11,34 @@
 // FlashAttention and PyTorch's CPU kernels round them; the softmax, D and dS = P (dP - D)
 // stay float. The scale multiplies S^T after its product and dK, dQ once at the end (one
 // rounding each). AMX needs d and d_v multiples of 16 (whole C tiles); other shapes, other
-// sets and kWiden run the float products.
+// sets and kWiden run the float products. The functions below use the avx512 set's kernels:
+// the tasks call them only under with_backward_pairs()'s std::true_type, which no other set
+// and no other Scalar instantiates.
+
+/// Whether this set compiles the bfloat16 products for Scalar.
+template <class Scalar>
+inline constexpr bool kBackwardPairs = kSetIsa == Isa::kAvx512&& std::is_same_v<Scalar, float>;
 
 /// Whether this call's backward takes bfloat16 products (see above).
 template <class Scalar>
 bool backward_pairs_active(const AttentionBackwardArgs<Scalar>& p) noexcept {
-  if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Scalar, float>) {
+  if constexpr (kBackwardPairs<Scalar>) {
     if (p.path == Bf16Path::kDot) return true;
     return p.path == Bf16Path::kAmx && p.q.extent(3) % 16 == 0 && p.v.extent(3) % 16 == 0;
   } else {
     return false;
   }
+}
+
+/// f(std::true_type()) when this call's backward takes bfloat16 products
+/// (backward_pairs_active()), else f(std::false_type()): a task written once over both, with
+/// `if constexpr` on the constant where they differ.
+template <class Scalar, class F>
+void with_backward_pairs(const AttentionBackwardArgs<Scalar>& p, F&& f) noexcept {
+  if constexpr (kBackwardPairs<Scalar>) {
+    if (backward_pairs_active(p)) return f(std::true_type());
+  }
+  f(std::false_type());
 }
 
 /// A task's bfloat16 operands (pair_backward_scratch_size(), past the float scratch): the
@@ -79,15 +96,11 @@ BackwardPairs<Scalar> backward_pairs(const AttentionBackwardArgs<Scalar>& p,
 /// products run on AMX.
 template <class Scalar>
 void pair_tiles(const BackwardPairs<Scalar>& bp, bool on) noexcept {
-  if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Scalar, float>) {
-    if (!bp.amx) return;
-    if (on) {
-      amx_configure(bp);
-    } else {
-      amx_release(bp);
-    }
+  if (!bp.amx) return;
+  if (on) {
+    amx_configure(bp);
   } else {
-    static_cast<void>(bp), static_cast<void>(on);
+    amx_release(bp);
   }
 }
 
@@ -116,26 +129,19 @@ void pair_round_rows(const From* x, Index ldx, Index n, Index cols, Index padded
 template <class Scalar>
 void pair_gemm(bool amx, Index rows, Index cols, Index depth, const bfloat16* a, Index lda,
                const Scalar* b, Index ldb, Scalar* c, Index ldc, bool accumulate) noexcept {
-  if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Scalar, float>) {
-    if (amx) {
-      amx_tiles((rows + 15) / 16, cols / 16, (depth + 31) / 32, a, lda, b, ldb, c, ldc, accumulate);
-      return;
+  if (amx) {
+    amx_tiles((rows + 15) / 16, cols / 16, (depth + 31) / 32, a, lda, b, ldb, c, ldc, accumulate);
+    return;
+  }
+  const Index col_group = micro_cols<Scalar>();
+  Scalar* crow[kMicroRows];
+  for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
+    const Index group = std::min<Index>(kMicroRows, rows - r0);
+    for (Index c0 = 0; c0 < cols; c0 += col_group) {
+      for (Index r = 0; r < group; ++r) crow[r] = c + (r0 + r) * ldc + c0;
+      bf16_dot_tile_rows(group, depth, a + r0 * lda, lda, b + c0, ldb, crow,
+                         std::min(col_group, cols - c0), accumulate, nullptr);
     }
-    const Index col_group = micro_cols<Scalar>();
-    Scalar* crow[kMicroRows];
-    for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
-      const Index group = std::min<Index>(kMicroRows, rows - r0);
-      for (Index c0 = 0; c0 < cols; c0 += col_group) {
-        for (Index r = 0; r < group; ++r) crow[r] = c + (r0 + r) * ldc + c0;
-        bf16_dot_tile_rows(group, depth, a + r0 * lda, lda, b + c0, ldb, crow,
-                           std::min(col_group, cols - c0), accumulate, nullptr);
-      }
-    }
-  } else {
-    static_cast<void>(amx), static_cast<void>(rows), static_cast<void>(cols);
-    static_cast<void>(depth), static_cast<void>(a), static_cast<void>(lda), static_cast<void>(b);
-    static_cast<void>(ldb), static_cast<void>(c), static_cast<void>(ldc);
-    static_cast<void>(accumulate);
   }
 }
 
@@ -144,33 +150,28 @@ void pair_gemm(bool amx, Index rows, Index cols, Index depth, const bfloat16* a,
 template <class Scalar>
 void pair_query_tile(const AttentionBackwardArgs<Scalar>& p, const BackwardPairs<Scalar>& bp,
                      Index b, Index h, Index i0, Index rows) noexcept {
-  if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Scalar, float>) {
-    const Index d = p.q.extent(3), dv = p.v.extent(3);
-    const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
-    const Scalar* go = p.grad_out.data() + b * p.grad_out.stride(0) + h * p.grad_out.stride(1) +
-                       i0 * p.grad_out.stride(2);
-    const bfloat16* qn = bp.qb;  // Q's rows in bfloat16: in place, or rounded into qb
-    Index q_ld = d;
-    if (p.narrow.q.data() != nullptr) {
-      const auto& n = p.narrow.q;
-      qn = n.data() + b * n.stride(0) + h * n.stride(1) + i0 * n.stride(2), q_ld = n.stride(2);
-    } else {
-      pair_round_rows(q, p.q.stride(2), rows, d, rows, bp.qb, d);
-    }
-    pair_round_rows(go, p.grad_out.stride(2), rows, dv, rows, bp.gb, dv);
-    std::fill(bp.qp, bp.qp + bp.lk / 2 * kQueryBlock, Scalar(0));
-    std::fill(bp.gp, bp.gp + bp.lv / 2 * kQueryBlock, Scalar(0));
-    pack_pairs(qn, q_ld, 0, rows, 0, d, bp.qp, kQueryBlock);
-    pack_pairs(bp.gb, dv, 0, rows, 0, dv, bp.gp, kQueryBlock);
-    pack_row_pairs(qn, q_ld, rows, d, bp.qr, d);
-    pack_row_pairs(bp.gb, dv, rows, dv, bp.gr, dv);
-    const Index words = (rows + 1) / 2;
-    std::fill(bp.qr + words * d, bp.qr + kQueryBlock / 2 * d, Scalar(0));
-    std::fill(bp.gr + words * dv, bp.gr + kQueryBlock / 2 * dv, Scalar(0));
+  const Index d = p.q.extent(3), dv = p.v.extent(3);
+  const Scalar* q = p.q.data() + b * p.q.stride(0) + h * p.q.stride(1) + i0 * p.q.stride(2);
+  const Scalar* go = p.grad_out.data() + b * p.grad_out.stride(0) + h * p.grad_out.stride(1) +
+                     i0 * p.grad_out.stride(2);
+  const bfloat16* qn = bp.qb;  // Q's rows in bfloat16: in place, or rounded into qb
+  Index q_ld = d;
+  if (p.narrow.q.data() != nullptr) {
+    const auto& n = p.narrow.q;
+    qn = n.data() + b * n.stride(0) + h * n.stride(1) + i0 * n.stride(2), q_ld = n.stride(2);
   } else {
-    static_cast<void>(p), static_cast<void>(bp), static_cast<void>(b), static_cast<void>(h);
-    static_cast<void>(i0), static_cast<void>(rows);
+    pair_round_rows(q, p.q.stride(2), rows, d, rows, bp.qb, d);
   }
+  pair_round_rows(go, p.grad_out.stride(2), rows, dv, rows, bp.gb, dv);
+  std::fill(bp.qp, bp.qp + bp.lk / 2 * kQueryBlock, Scalar(0));
+  std::fill(bp.gp, bp.gp + bp.lv / 2 * kQueryBlock, Scalar(0));
+  pack_pairs(qn, q_ld, 0, rows, 0, d, bp.qp, kQueryBlock);
+  pack_pairs(bp.gb, dv, 0, rows, 0, dv, bp.gp, kQueryBlock);
+  pack_row_pairs(qn, q_ld, rows, d, bp.qr, d);
+  pack_row_pairs(bp.gb, dv, rows, dv, bp.gr, dv);
+  const Index words = (rows + 1) / 2;
+  std::fill(bp.qr + words * d, bp.qr + kQueryBlock / 2 * d, Scalar(0));
+  std::fill(bp.gr + words * dv, bp.gr + kQueryBlock / 2 * dv, Scalar(0));
 }
 
 /// A key tile's bfloat16 operands (BackwardPairs ka, va and, with `k_pairs`, kr): keys [j0,
@@ -178,41 +179,36 @@ void pair_query_tile(const AttentionBackwardArgs<Scalar>& p, const BackwardPairs
 template <class Scalar>
 void pair_key_tile(const AttentionBackwardArgs<Scalar>& p, BackwardPairs<Scalar>& bp, Index b,
                    Index kvh, Index j0, Index width, bool k_pairs) noexcept {
-  if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Scalar, float>) {
-    const Index d = p.q.extent(3), dv = p.v.extent(3), padded = (width + 15) / 16 * 16;
-    // One operand: in place when its tiles stay inside the keys and the depth, else copied
-    // (bfloat16) or rounded (float) into whole tiles.
-    const auto operand = [&](const TensorView<const Scalar, 4>& wide,
-                             const TensorView<const bfloat16, 4>& narrow, Index cols,
-                             bfloat16* tiles, Index ld, const bfloat16*& tile, Index& tile_ld) {
-      if (narrow.data() != nullptr) {
-        const bfloat16* x =
-            narrow.data() + b * narrow.stride(0) + kvh * narrow.stride(1) + j0 * narrow.stride(2);
-        if (!bp.amx || (cols % 32 == 0 && width % 16 == 0)) {
-          tile = x, tile_ld = narrow.stride(2);
-          return;
-        }
-        pair_round_rows(x, narrow.stride(2), width, cols, padded, tiles, ld);
-      } else {
-        const Scalar* x =
-            wide.data() + b * wide.stride(0) + kvh * wide.stride(1) + j0 * wide.stride(2);
-        pair_round_rows(x, wide.stride(2), width, cols, padded, tiles, ld);
+  const Index d = p.q.extent(3), dv = p.v.extent(3), padded = (width + 15) / 16 * 16;
+  // One operand: in place when its tiles stay inside the keys and the depth, else copied
+  // (bfloat16) or rounded (float) into whole tiles.
+  const auto operand = [&](const TensorView<const Scalar, 4>& wide,
+                           const TensorView<const bfloat16, 4>& narrow, Index cols, bfloat16* tiles,
+                           Index ld, const bfloat16*& tile, Index& tile_ld) {
+    if (narrow.data() != nullptr) {
+      const bfloat16* x =
+          narrow.data() + b * narrow.stride(0) + kvh * narrow.stride(1) + j0 * narrow.stride(2);
+      if (!bp.amx || (cols % 32 == 0 && width % 16 == 0)) {
+        tile = x, tile_ld = narrow.stride(2);
+        return;
       }
-      tile = tiles, tile_ld = ld;
-    };
-    operand(p.k, p.narrow.k, d, bp.ka, bp.lk, bp.k_tile, bp.k_ld);
-    operand(p.v, p.narrow.v, dv, bp.va, bp.lv, bp.v_tile, bp.v_ld);
-    if (k_pairs) {
-      pack_row_pairs(bp.k_tile, bp.k_ld, width, d, bp.kr, d);
-      std::fill(bp.kr + (width + 1) / 2 * d, bp.kr + (width + 31) / 32 * 16 * d, Scalar(0));
-      // dQ += dS K covers every key of the tile, so a non-finite key that a query cannot see
-      // (dS = 0) would reach it as 0 * NaN: such entries of K are +0 here. A query that sees
-      // one has dS NaN there already, or 0 (a score of -inf, or a softcap saturated): the
-      // key takes no weight and passes no gradient.
-      zero_nonfinite_pairs(bp.kr, (width + 1) / 2 * d);
+      pair_round_rows(x, narrow.stride(2), width, cols, padded, tiles, ld);
+    } else {
+      const Scalar* x =
+          wide.data() + b * wide.stride(0) + kvh * wide.stride(1) + j0 * wide.stride(2);
+      pair_round_rows(x, wide.stride(2), width, cols, padded, tiles, ld);
     }
-  } else {
-    static_cast<void>(p), static_cast<void>(bp), static_cast<void>(b), static_cast<void>(kvh);
-    static_cast<void>(j0), static_cast<void>(width), static_cast<void>(k_pairs);
+    tile = tiles, tile_ld = ld;
+  };
+  operand(p.k, p.narrow.k, d, bp.ka, bp.lk, bp.k_tile, bp.k_ld);
+  operand(p.v, p.narrow.v, dv, bp.va, bp.lv, bp.v_tile, bp.v_ld);
+  if (k_pairs) {
+    pack_row_pairs(bp.k_tile, bp.k_ld, width, d, bp.kr, d);
+    std::fill(bp.kr + (width + 1) / 2 * d, bp.kr + (width + 31) / 32 * 16 * d, Scalar(0));
+    // dQ += dS K covers every key of the tile, so a non-finite key that a query cannot see
+    // (dS = 0) would reach it as 0 * NaN: such entries of K are +0 here. A query that sees
+    // one has dS NaN there already, or 0 (a score of -inf, or a softcap saturated): the
+    // key takes no weight and passes no gradient.
+    zero_nonfinite_pairs(bp.kr, (width + 1) / 2 * d);
   }
 }

@@ -30,6 +30,11 @@ struct KernelSet {
   static void pack_gemm_b(const Operand* b, Index ldb, PackedGemmB<Operand>& pack) noexcept {
     kernels::ATTN_KERNEL_SET::pack_gemm_b(b, ldb, pack);
   }
+  template <class T>
+  static void transpose_16bit(Index rows, Index cols, const T* src, Index lds, T* dst,
+                              Index ldd) noexcept {
+    kernels::ATTN_KERNEL_SET::transpose_16bit(rows, cols, src, lds, dst, ldd);
+  }
   template <class Scalar>
   static void column_sums(Index m, Index j0, Index j1, const GemmOutput<const Scalar>& a,
                           Index segment, Scalar* sums) noexcept {
@@ -65,6 +70,12 @@ struct KernelSet {
   template <class From, class To>
   static void convert_row_saturate(const From* src, To* dst, Index n) noexcept {
     kernels::ATTN_KERNEL_SET::convert_row_saturate(src, dst, n);
+  }
+  /// Whether this set's streaming backward tasks take bfloat16 products for `args`
+  /// (backward_pairs_active()).
+  template <class Scalar>
+  static bool backward_pairs_active(const AttentionBackwardArgs<Scalar>& args) noexcept {
+    return kernels::ATTN_KERNEL_SET::backward_pairs_active(args);
   }
   template <class Scalar>
   static void attention_backward_task(const AttentionBackwardArgs<Scalar>& args,
@@ -130,6 +141,9 @@ ATTN_KERNELS_INSTANCES_(double)
 ATTN_KERNELS_STORAGE_GEMM_(bfloat16)
 ATTN_KERNELS_STORAGE_GEMM_(float16)
 #undef ATTN_KERNELS_STORAGE_GEMM_
+// The bfloat16 backward's staging transposes.
+ATTN_KERNELS_EXPLICIT_ template void transpose_16bit<bfloat16>(Index, Index, const bfloat16*, Index,
+                                                               bfloat16*, Index) noexcept;
 // The streaming attention on bfloat16 and float16 operands (float accumulation).
 #define ATTN_KERNELS_STORAGE_ATTENTION_(O)                                          \
   ATTN_KERNELS_EXPLICIT_ template void streaming_tile<float, O>(                    \
