@@ -373,7 +373,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     slope[r] = same_head ? slope[r - 1] : alibi_slope(p, task.h0 + g);
   }
   // AMX and vdpbf16ps with no softcap, ALiBi or element-wise mask: pass 3 scales the scores
-  // and applies the loop bounds as it takes the max (amx_scale_bound_max(): one pass over
+  // and applies the loop bounds as it takes the max (pairs_scale_bound_max(): one pass over
   // s^T instead of three, the same bits).
   const bool fused = pairs && p.softcap == Scalar(0) && !alibi && !elementwise;
   // The keys of tile [j0, j0 + width) whose scores some row needs: all, or in a boundary tile
@@ -581,7 +581,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       } else if (fused) {
         if constexpr (kPairs) {
           queue.step();  // pipelined: a block of the last tile's P V
-          tmax = amx_scale_bound_max(st + c, ld, width, n, p.scale, !full, begin + c, end + c, j0);
+          tmax =
+              pairs_scale_bound_max(st + c, ld, width, n, p.scale, !full, begin + c, end + c, j0);
         }
       } else if (n == W) {
         for (Index j = 0; j < width; ++j) tmax = V::max(tmax, V::load(st + j * ld + c));
@@ -610,7 +611,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // zeroes entries of the numerator), acc rows rescaled.
     // AMX and vdpbf16ps without dropout: the V tile packed first (pass 5a), and when it is
     // finite, the exponentials go straight into P, transposed and rounded
-    // (amx_exp_probabilities(): s^T is not written back), the same sums and bits.
+    // (pairs_exp_probabilities(): s^T is not written back), the same sums and bits.
     bool v_packed = false, v_dirty = false, exps_packed = false;
     if constexpr (kPairs) {
       if (pairs && !drops[0].active && tile_need > 0) {
@@ -630,7 +631,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           }
           alignas(64) Scalar sums[kQueryBlock];
           const Index a_ld = (tile_need + 31) / 32 * 32;
-          amx_exp_probabilities(
+          pairs_exp_probabilities(
               st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin, end, j0, sums,
               pb, a_ld, [](auto x) { return vexp_nonpositive<V>(x); }, [&] { queue.step(); });
           queue.drain();

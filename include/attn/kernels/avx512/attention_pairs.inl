@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: MIT
+// attn/kernels/avx512/attention_pairs.inl: the streaming attention's softmax passes on the
+// scores of the k-pair paths (AMX and vdpbf16ps: generic/attention.inl's streaming_tile()).
+// Included by attn/kernels/avx512.hpp inside namespace attn::kernels::avx512, in the target
+// region that adds AVX512-BF16 (P is rounded by vcvtneps2bf16; no tile instruction), so both
+// paths call them.
+//
+// With AMX or vdpbf16ps, s^T (keys x rows, row stride ld) leaves the products unscaled, and
+// the passes between the two products (scale, bounds, max, exp, transpose into P) were as
+// long as the products themselves (perf, B 8, H 8, T 512, d 64, causal, one core: the
+// kernel's own loops 38 %, P's transpose 11 %, the tiles 24 %). These functions do them in
+// two reads of s^T instead of five, with the same bits.
+
+/// Pass 3 on k-pair scores, columns [c, c + 16) of s^T (keys [0, width)), `lanes` of them
+/// real: each score times `scale` (one rounding, as scale_row()), -inf where key j0 + j is
+/// outside the row's [begin, end) (when `bounded`), stored back; returns the column max.
+inline __m512 pairs_scale_bound_max(float* st, Index ld, Index width, Index lanes, float scale,
+                                    bool bounded, const Index* begin, const Index* end,
+                                    Index j0) noexcept {
+  const __mmask16 live = static_cast<__mmask16>(lanes >= 16 ? 0xffffu : (1u << lanes) - 1u);
+  alignas(64) std::int32_t lo[16] = {}, hi[16] = {};
+  for (Index r = 0; r < lanes; ++r) {
+    lo[r] = static_cast<std::int32_t>(begin[r] - j0);
+    hi[r] = static_cast<std::int32_t>(end[r] - j0);
+  }
+  const __m512i lo_v = _mm512_load_si512(lo), hi_v = _mm512_load_si512(hi);
+  const __m512 s = _mm512_set1_ps(scale),
+               minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 tmax = minus_inf;
+  for (Index j = 0; j < width; ++j) {
+    float* x = st + j * ld;
+    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, x), s);
+    if (bounded) {
+      const __m512i key = _mm512_set1_epi32(static_cast<int>(j));
+      const __mmask16 out = _mm512_cmpgt_epi32_mask(lo_v, key) | _mm512_cmple_epi32_mask(hi_v, key);
+      v = _mm512_mask_mov_ps(v, out, minus_inf);
+    }
+    _mm512_mask_storeu_ps(x, live, v);
+    tmax = _mm512_max_ps(tmax, v);
+  }
+  return tmax;
+}
+
+/// 16 exponentials (+0, NaN, or normal floats at most 1: vexp_nonpositive()'s results) rounded
+/// to bfloat16 with the bits of convert_ops::bfloat16_lanes(): vcvtneps2bf16 rounds to nearest
+/// even as it does, and differs only on NaN (its sign and payload kept, where convert_row()
+/// writes 0x7FC0) and on subnormal inputs (read as 0), which the NaN lanes' fix-up and the
+/// inputs' range leave out: 4 vector instructions against 9.
+inline __m256i pairs_round_probabilities(__m512 x) noexcept {
+  const __m256i r = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  return _mm256_mask_mov_epi16(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                               _mm256_set1_epi16(0x7FC0));
+}
+
+/// Passes 4 and 5a on k-pair scores: for rows [0, rows) of s^T's columns, e = exp(s - shift)
+/// (`exp`, the set's vexp_nonpositive(): s <= shift) for keys [0, n), summed per row in key order
+/// into sum[r] (which starts at +0), and written transposed and rounded to bfloat16 (nearest even,
+/// as convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
+/// [rows, padded): pack_probabilities() of the exponentials, without storing them. Keys past
+/// n are -inf in every row, so their +0 terms are left out of the sums, which they would not
+/// change; so are blocks of 16 keys x 16 rows outside every one of those rows' [begin - key0,
+/// end - key0) (when `bounded`: -inf there), whose P is +0 (the causal diagonal's far side).
+/// `between()` is called after each computed block of 16 keys x 16 rows (the streaming
+/// kernel issues the next tile's products there: AmxTileQueue).
+template <class Exp, class Between>
+inline void pairs_exp_probabilities(const float* st, Index ld, Index n, Index rows, Index padded,
+                                    const float* shift, bool bounded, const Index* begin,
+                                    const Index* end, Index key0, float* sum, bfloat16* out,
+                                    Index ldo, Exp&& exp, Between&& between) noexcept {
+  const Index n16 = (n + 15) / 16 * 16;
+  for (Index r0 = 0; r0 < rows; r0 += 16) {
+    const Index nr = std::min<Index>(16, rows - r0);
+    const __m512 sh = _mm512_loadu_ps(shift + r0);
+    __m512 total = _mm512_setzero_ps();
+    Index lo = 0, hi = n;  // the keys some row of this group sees
+    if (bounded) {
+      lo = n, hi = 0;
+      for (Index r = r0; r < r0 + nr; ++r) {
+        if (end[r] <= begin[r]) continue;
+        lo = std::min(lo, begin[r] - key0), hi = std::max(hi, end[r] - key0);
+      }
+    }
+    for (Index j0 = 0; j0 < n; j0 += 16) {
+      const Index nj = std::min<Index>(16, n - j0);
+      if (j0 >= hi || j0 + 16 <= lo) {
+        for (Index r = 0; r < nr; ++r) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + r) * ldo + j0),
+                              _mm256_setzero_si256());
+        }
+        continue;
+      }
+      __m512 x[16];
+      for (Index i = 0; i < 16; ++i) {
+        if (i < nj) {
+          x[i] = exp(_mm512_sub_ps(_mm512_loadu_ps(st + (j0 + i) * ld + r0), sh));
+          total = _mm512_add_ps(total, x[i]);
+        } else {
+          x[i] = _mm512_setzero_ps();
+        }
+      }
+      transpose16(x);  // x[r]: keys j0 .. j0 + 15 of row r0 + r
+      for (Index r = 0; r < nr; ++r) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + r) * ldo + j0),
+                            pairs_round_probabilities(x[r]));
+      }
+      between();
+    }
+    _mm512_storeu_ps(sum + r0, total);
+    for (Index r = 0; r < nr; ++r) {
+      std::fill(out + (r0 + r) * ldo + n16, out + (r0 + r + 1) * ldo, bfloat16::from_bits(0));
+    }
+  }
+  std::fill(out + rows * ldo, out + padded * ldo, bfloat16::from_bits(0));
+}
