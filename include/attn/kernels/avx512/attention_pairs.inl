@@ -41,19 +41,44 @@ inline __m512 pairs_scale_bound_max(float* st, Index ld, Index width, Index lane
   return tmax;
 }
 
-/// 16 exponentials (+0, NaN, or normal floats at most 1: vexp_nonpositive()'s results) rounded
-/// to bfloat16 with the bits of convert_ops::bfloat16_lanes(): vcvtneps2bf16 rounds to nearest
-/// even as it does, and differs only on NaN (its sign and payload kept, where convert_row()
-/// writes 0x7FC0) and on subnormal inputs (read as 0), which the NaN lanes' fix-up and the
-/// inputs' range leave out: 4 vector instructions against 9.
+/// exp(d) of 16 shifted scores d = s - shift (d <= 0, or NaN: pairs_exp_probabilities()), for
+/// P, which is rounded to bfloat16's 8 bits, and the row sums l, which stay float: t = d log2(e)
+/// (one rounding), then 2^t = 2^n 2^r with n = round(t) and r = t - n (exact: vreduceps), 2^r
+/// by a degree-5 polynomial on [-1/2, 1/2] (fitted for relative error with its constant term 1,
+/// so exp(0) = 1 exactly; at most 2 float ulp, 1.7e-7 relative) and 2^n by vscalefps. 10
+/// vector instructions against vexp_nonpositive()'s 16 (its degree-7 polynomial and two-part
+/// ln 2 reach 1 ulp): the exponentials were half the bfloat16 call (perf, B 8, H 8, T 512,
+/// d 64). Error against exp(d): t's rounding adds |d| 2^-24 relative, so at most 1.7e-7 +
+/// 6e-8 |d| (below 1e-6 for every d > -14; smaller terms are below 1e-6 of the row's largest,
+/// exp(0) = 1). t below -125 (d below -86.6) gives +0, as vexp_nonpositive() does below
+/// -86.3, so that no subnormal is produced (each row's sum is at least 1); NaN stays NaN.
+inline __m512 pairs_exp_shifted(__m512 d) noexcept {
+  const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(1.44269504088896341f));
+  // t >= -125 or NaN (not less than, unordered true): 2^n p stays normal (p >= 2^-1/2).
+  const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(1.326472731307149e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.671512991189957e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550733581185341e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022242426872253e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931470036506653e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/// 16 exponentials (+0, NaN, or normal floats: pairs_exp_shifted()'s results) rounded to
+/// bfloat16 by vcvtneps2bf16: to nearest even, as convert_ops::bfloat16_lanes() rounds them,
+/// subnormal inputs (none here) read as 0, and a NaN kept with its sign and payload where
+/// convert_row() writes 0x7FC0. P only multiplies V, and a NaN there makes the output row NaN,
+/// which is written as 0x7FC0 whatever the payload: the same output bits, with 2 vector
+/// instructions against 9.
 inline __m256i pairs_round_probabilities(__m512 x) noexcept {
-  const __m256i r = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
-  return _mm256_mask_mov_epi16(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
-                               _mm256_set1_epi16(0x7FC0));
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
 }
 
 /// Passes 4 and 5a on k-pair scores: for rows [0, rows) of s^T's columns, e = exp(s - shift)
-/// (`exp`, the set's vexp_nonpositive(): s <= shift) for keys [0, n), summed per row in key order
+/// (pairs_exp_shifted(): s <= shift) for keys [0, n), summed per row in key order
 /// into sum[r] (which starts at +0), and written transposed and rounded to bfloat16 (nearest even,
 /// as convert_row()) into out (row stride ldo >= n rounded up to 16), +0 past key n and in rows
 /// [rows, padded): pack_probabilities() of the exponentials, without storing them. Keys past
@@ -62,11 +87,11 @@ inline __m256i pairs_round_probabilities(__m512 x) noexcept {
 /// end - key0) (when `bounded`: -inf there), whose P is +0 (the causal diagonal's far side).
 /// `between()` is called after each computed block of 16 keys x 16 rows (the streaming
 /// kernel issues the next tile's products there: AmxTileQueue).
-template <class Exp, class Between>
+template <class Between>
 inline void pairs_exp_probabilities(const float* st, Index ld, Index n, Index rows, Index padded,
                                     const float* shift, bool bounded, const Index* begin,
                                     const Index* end, Index key0, float* sum, bfloat16* out,
-                                    Index ldo, Exp&& exp, Between&& between) noexcept {
+                                    Index ldo, Between&& between) noexcept {
   const Index n16 = (n + 15) / 16 * 16;
   for (Index r0 = 0; r0 < rows; r0 += 16) {
     const Index nr = std::min<Index>(16, rows - r0);
@@ -92,7 +117,7 @@ inline void pairs_exp_probabilities(const float* st, Index ld, Index n, Index ro
       __m512 x[16];
       for (Index i = 0; i < 16; ++i) {
         if (i < nj) {
-          x[i] = exp(_mm512_sub_ps(_mm512_loadu_ps(st + (j0 + i) * ld + r0), sh));
+          x[i] = pairs_exp_shifted(_mm512_sub_ps(_mm512_loadu_ps(st + (j0 + i) * ld + r0), sh));
           total = _mm512_add_ps(total, x[i]);
         } else {
           x[i] = _mm512_setzero_ps();

@@ -631,9 +631,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           }
           alignas(64) Scalar sums[kQueryBlock];
           const Index a_ld = (tile_need + 31) / 32 * 32;
-          pairs_exp_probabilities(
-              st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin, end, j0, sums,
-              pb, a_ld, [](auto x) { return vexp_nonpositive<V>(x); }, [&] { queue.step(); });
+          pairs_exp_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full,
+                                  begin, end, j0, sums, pb, a_ld, [&] { queue.step(); });
           queue.drain();
           for (Index c = 0; c < rows; c += W) {
             V::store(l + c, V::fmadd(V::load(l + c), V::load(corr + c), V::load(sums + c)));
@@ -656,6 +655,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       for (Index t = 4; t < W; ++t) lanes[t] = Scalar(0);
       V::store(l, V::fmadd(V::load(l), V::load(corr), V::load(lanes)));
     }
+    // The k-pair paths exponentiate with pairs_exp_shifted() here too (dropout, a V tile that
+    // is not finite), so that P does not depend on which pass made it.
+    const auto exp_shifted = [&](auto x) {
+      if constexpr (kPairs) {
+        if (pairs) return pairs_exp_shifted(x);
+      }
+      return vexp_nonpositive<V>(x);
+    };
     for (Index c = 0; c < (exps_packed || packed ? 0 : rows); c += W) {
       const Index n = std::min(W, rows - c);
       const auto sh = V::load(shift + c);
@@ -663,14 +670,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (n == W) {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_nonpositive<V>(V::sub(V::load(x), sh));
+          const auto e = exp_shifted(V::sub(V::load(x), sh));
           V::store(x, e);
           sum = V::add(sum, e);
         }
       } else {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_nonpositive<V>(V::sub(V::load_partial(x, n), sh));
+          const auto e = exp_shifted(V::sub(V::load_partial(x, n), sh));
           V::store_partial(x, e, n);
           sum = V::add(sum, e);
         }
