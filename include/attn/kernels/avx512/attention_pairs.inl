@@ -67,14 +67,54 @@ inline __m512 pairs_exp_shifted(__m512 d) noexcept {
   return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
-/// 16 exponentials (+0, NaN, or normal floats: pairs_exp_shifted()'s results) rounded to
-/// bfloat16 by vcvtneps2bf16: to nearest even, as convert_ops::bfloat16_lanes() rounds them,
-/// subnormal inputs (none here) read as 0, and a NaN kept with its sign and payload where
-/// convert_row() writes 0x7FC0. P only multiplies V, and a NaN there makes the output row NaN,
-/// which is written as 0x7FC0 whatever the payload: the same output bits, with 2 vector
-/// instructions against 9.
-inline __m256i pairs_round_probabilities(__m512 x) noexcept {
-  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+/// A block of 16 keys x 16 rows of exponentials (x[i]: key i of rows 0-15; +0, NaN, or normal
+/// floats: pairs_exp_shifted()'s results) rounded to bfloat16 and stored transposed: row r's 16
+/// keys at out + r * ldo, rows [0, nr). vcvtne2ps2bf16 rounds two keys at once to nearest
+/// even, as convert_ops::bfloat16_lanes() rounds them (subnormal inputs, none here, read as 0;
+/// a NaN keeps its sign and payload where convert_row() writes 0x7FC0: P only multiplies V,
+/// and a NaN there makes the output row NaN, written as 0x7FC0 whatever the payload). The
+/// transpose then runs on 32-bit key pairs: each rounded pair of keys interleaved into one
+/// word per row (vpermw), an 8 x 16 transpose of those words (unpacks, then vpermt2q), two
+/// rows per register: 40 shuffles and 8 conversions per block against transpose16()'s 64
+/// shuffles and 16 conversions of the floats.
+inline void pairs_store_probabilities(const __m512 (&x)[16], Index nr, bfloat16* out,
+                                      Index ldo) noexcept {
+  // Word 2r of w[m]: key 2m of row r; word 2r + 1: key 2m + 1 (from y's halves).
+  const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                        8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512i w[8];
+  for (int m = 0; m < 8; ++m) {
+    const __m512i y = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(x[2 * m + 1], x[2 * m]));
+    w[m] = _mm512_permutexvar_epi16(pair, y);
+  }
+  // Dword transpose: after the unpacks, lane L of q[g][o] holds row 4L + o, key pairs
+  // 4g .. 4g + 3.
+  __m512i t[8], q[2][4];
+  for (int k = 0; k < 4; ++k) {
+    t[2 * k] = _mm512_unpacklo_epi32(w[2 * k], w[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_epi32(w[2 * k], w[2 * k + 1]);
+  }
+  for (int g = 0; g < 2; ++g) {
+    q[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    q[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    q[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    q[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // Row 4L + o: lane L of q[0][o], then lane L of q[1][o]; rows o, 4 + o in the first
+  // register, 8 + o, 12 + o in the second.
+  const __m512i first = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+  const __m512i second = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  const auto store = [&](Index r, __m256i v) {
+    if (r < nr) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), v);
+  };
+  for (int o = 0; o < 4; ++o) {
+    const __m512i a = _mm512_permutex2var_epi64(q[0][o], first, q[1][o]);
+    const __m512i b = _mm512_permutex2var_epi64(q[0][o], second, q[1][o]);
+    store(o, _mm512_castsi512_si256(a));
+    store(4 + o, _mm512_extracti64x4_epi64(a, 1));
+    store(8 + o, _mm512_castsi512_si256(b));
+    store(12 + o, _mm512_extracti64x4_epi64(b, 1));
+  }
 }
 
 /// Passes 4 and 5a on k-pair scores: for rows [0, rows) of s^T's columns, e = exp(s - shift)
@@ -123,11 +163,7 @@ inline void pairs_exp_probabilities(const float* st, Index ld, Index n, Index ro
           x[i] = _mm512_setzero_ps();
         }
       }
-      transpose16(x);  // x[r]: keys j0 .. j0 + 15 of row r0 + r
-      for (Index r = 0; r < nr; ++r) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + r) * ldo + j0),
-                            pairs_round_probabilities(x[r]));
-      }
+      pairs_store_probabilities(x, nr, out + r0 * ldo + j0, ldo);
       between();
     }
     _mm512_storeu_ps(sum + r0, total);
