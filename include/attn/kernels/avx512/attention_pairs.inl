@@ -2,7 +2,7 @@
 // attn/kernels/avx512/attention_pairs.inl: the streaming attention's softmax passes on the
 // scores of the k-pair paths (AMX and vdpbf16ps: generic/attention.inl's streaming_tile()).
 // Included by attn/kernels/avx512.hpp inside namespace attn::kernels::avx512, in the target
-// region that adds AVX512-BF16 (P is rounded by vcvtneps2bf16; no tile instruction), so both
+// region that adds AVX512-BF16 (P is rounded by vcvtne2ps2bf16; no tile instruction), so both
 // paths call them.
 //
 // With AMX or vdpbf16ps, s^T (keys x rows, row stride ld) leaves the products unscaled, and
