@@ -127,7 +127,9 @@ struct Case {
 };
 
 // Against the tiles: 64 query rows per task (grouped heads stacked up to 64), 128 keys per
-// tile, 32-row AMX blocks, 32-deep AMX steps, 16-pair packing blocks.
+// tile, 32-row AMX blocks, 32-deep AMX steps, 16-pair packing blocks; V's whole 128-key tiles
+// packed once per call on the AMX and dot paths when several tasks read them (GQA, three
+// query tiles per head, two whole key tiles and a partial one).
 const Case kCases[] = {
     {1, 2, 2, 37, 77, 64, 64, MaskKind::kCausal},         // T neither 16- nor 32-aligned
     {2, 4, 2, 19, 200, 80, 80, MaskKind::kNone},          // GQA, d = 80, two key tiles
@@ -138,6 +140,7 @@ const Case kCases[] = {
     {1, 4, 1, 3, 257, 64, 64, MaskKind::kLengths},        // 4 heads x 3 rows stacked, 3 tiles
     {1, 1, 1, 150, 150, 64, 64, MaskKind::kWindow},       // causal sliding window
     {1, 2, 2, 9, 31, 7, 5, MaskKind::kCausal},            // d, d_v odd and under a tile
+    {2, 4, 2, 130, 260, 64, 64, MaskKind::kNone},         // V's whole tiles packed per call
 };
 
 struct Inputs {

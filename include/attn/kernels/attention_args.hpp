@@ -147,6 +147,14 @@ struct AttentionArgs {
   WeightsStage weights_stage = WeightsStage::kWeights;
   Bf16Path path = Bf16Path::kWiden;
   StoredKeyValues stored;
+  /// The k-pair paths (Operand bfloat16, path kAmx or kDot on the avx512 set): V's whole key
+  /// tiles [0, T_k / kKeyBlock) as k-pairs, packed once per call by the driver
+  /// (value_pairs_task()), or null (each task packs its V tiles). Tile t of item b, key/value
+  /// head h: value_tiles_per_head * (b * H_kv + h) + t, at value_pairs + that * kKeyBlock / 2
+  /// * d_v words; value_pairs_dirty[that] != 0 where the tile holds a NaN or an infinity.
+  const float* value_pairs = nullptr;
+  const unsigned char* value_pairs_dirty = nullptr;
+  Index value_tiles_per_head = 0;
 
   /// Whether ALiBi is on.
   bool has_alibi() const noexcept { return alibi != nullptr || alibi_max_bias > 0.0; }

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512.hpp: the avx512 kernel set, attn::kernels::avx512: the set's primitives
-// (avx512/vec.inl, avx512/convert.inl, avx512/backward_pairs.inl), its bfloat16 dot-product, int8
-// dot-product and AMX kernels (avx512/bf16_dot.inl, avx512/int8_dot.inl, avx512/amx_bf16.inl) and
-// the generic kernels (generic/*.inl), in that order, each compiled in its target region.
+// (avx512/vec.inl, avx512/convert.inl, avx512/backward_pairs.inl), its bfloat16 dot-product
+// kernel and the streaming attention's passes on its scores (avx512/attention_pairs.inl,
+// avx512/bf16_dot.inl), int8 dot-product and AMX kernels (avx512/int8_dot.inl,
+// avx512/amx_bf16.inl) and the generic kernels (generic/*.inl), in that order, each compiled
+// in its target region.
 #pragma once
 
 #include "attn/kernels/prelude.hpp"
@@ -25,12 +27,13 @@ inline constexpr Isa kSetIsa = Isa::kAvx512;
 ATTN_NAMESPACE_END
 ATTN_TARGET_END
 
-// The bfloat16 dot-product kernel, in a region that adds AVX512-BF16: called only on CPUs
-// that have it.
+// The bfloat16 dot-product kernel and the softmax passes of the attention's k-pair paths, in a
+// region that adds AVX512-BF16: called only on CPUs that have it.
 ATTN_TARGET_AVX512BF16_BEGIN
 ATTN_NAMESPACE_BEGIN
 namespace kernels {
 namespace avx512 {
+#include "attn/kernels/avx512/attention_pairs.inl"
 #include "attn/kernels/avx512/bf16_dot.inl"
 }  // namespace avx512
 }  // namespace kernels

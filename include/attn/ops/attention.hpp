@@ -128,6 +128,11 @@ struct CallRun {
   Index first_task = 0, first_merge = 0;
   Index partial_size = 0;  ///< split keys: elements of its tasks' partial states
   Scalar* partials = nullptr;
+  /// bfloat16 on the k-pair paths: its V tiles' packing jobs among the run's, one per (item,
+  /// key/value head), and where they write (args.value_pairs and value_pairs_dirty).
+  Index first_pair_job = 0, pair_jobs = 0;
+  float* value_pairs = nullptr;
+  unsigned char* value_pairs_dirty = nullptr;
 };
 
 /// A streaming task's rows, and (c, when not null) its key chunk (see AttentionPlan).
@@ -252,9 +257,35 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
     }
     partial_size += r.partial_size;
   }
-  // 2. K, V copied head-major (B, H_kv, T_k, d): each head's rows back to back.
+  // 2. K, V copied head-major (B, H_kv, T_k, d): each head's rows back to back. bfloat16 on
+  //    the k-pair paths (AMX, vdpbf16ps: the avx512 set), when several tasks read each (item,
+  //    key/value head): V's whole key tiles packed as k-pairs once, by value_pairs_task() in
+  //    a first parallel phase (step 4), instead of once per task (the same words: the same
+  //    bits), after the copies in the same buffer: the words (64-byte aligned), then one flag
+  //    byte per tile.
+  Index pair_jobs = 0, words = 0, flags = 0;
+  if constexpr (std::is_same_v<Operand, bfloat16>) {
+    for (Index c = 0; c < count; ++c) {
+      Run& r = runs[c];
+      const TensorView<const Operand, 4>& v = r.args.v;
+      r.first_pair_job = pair_jobs;
+      if (r.args.path == Bf16Path::kWiden || kernel_isa() != Isa::kAvx512 || r.args.ring != 0 ||
+          r.plan.tiles * r.plan.head_chunks < 2 || v.extent(2) < kKeyBlock) {
+        continue;
+      }
+      r.pair_jobs = v.extent(0) * v.extent(1);
+      pair_jobs += r.pair_jobs;
+      words += r.pair_jobs * (v.extent(2) / kKeyBlock) * (kKeyBlock / 2) * v.extent(3);
+      flags += r.pair_jobs * (v.extent(2) / kKeyBlock);
+    }
+  }
+  const Index pairs_start = (copies + 31) / 32 * 32;
   Operand* buffer =
-      copies > 0 ? workspace_get<Operand>(ws, WorkspaceSlot::kKernelKeyValue, copies) : nullptr;
+      copies > 0 || pair_jobs > 0
+          ? workspace_get<Operand>(ws, WorkspaceSlot::kKernelKeyValue,
+                                   pair_jobs > 0 ? pairs_start + 2 * words + flags : copies)
+          : nullptr;
+  Operand* const buffer_start = buffer;
   for (Index c = 0; c < count && copies > 0; ++c) {
     AttentionArgs<Scalar, Operand>& args = runs[c].args;
     if (runs[c].plan.copy_k) {
@@ -268,6 +299,20 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
       attn::copy(args.v, v);
       args.v = v;
       buffer += v.size();
+    }
+  }
+  if (pair_jobs > 0) {
+    auto* pairs = reinterpret_cast<float*>(buffer_start + pairs_start);
+    auto* dirty = reinterpret_cast<unsigned char*>(pairs + words);
+    for (Index c = 0; c < count; ++c) {
+      Run& r = runs[c];
+      if (r.pair_jobs == 0) continue;
+      const Index tiles = r.args.v.extent(2) / kKeyBlock;
+      r.value_pairs = pairs, r.value_pairs_dirty = dirty;
+      r.args.value_pairs = pairs, r.args.value_pairs_dirty = dirty;
+      r.args.value_tiles_per_head = tiles;
+      pairs += r.pair_jobs * tiles * (kKeyBlock / 2) * r.args.v.extent(3);
+      dirty += r.pair_jobs * tiles;
     }
   }
   // 3. Scratch: one buffer per thread; split keys: each task's rows' partial states (partial
@@ -290,7 +335,8 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
     // Calls without merges share their first merge with the next: the last one holds it.
     return static_cast<Index>(it - runs) - 1;
   };
-  // 4. The tasks, then (split keys) the merges, in one parallel region.
+  // 4. The tasks, then (split keys) the merges, in one parallel region; before them, V's
+  //    tiles packed as k-pairs (step 2), in one of their own.
   with_kernels(kernel_isa(), [&](auto set) {
     const auto run_task = [&](Index task, int thread) {
       const Index c = call_of(task, false);
@@ -301,6 +347,19 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
       const Index c = call_of(task, true);
       merge_call_task(set, calls[c], runs[c], task - runs[c].first_merge);
     };
+    if (pair_jobs > 0) {
+      const auto pack = [&](Index job, int) {
+        const Run* it = std::upper_bound(
+            runs, runs + count, job, [](Index j, const Run& r) { return j < r.first_pair_job; });
+        const Run& r = *(it - 1);  // (a call without jobs shares its first with the next)
+        const Index k = job - r.first_pair_job, kv_heads = r.args.v.extent(1);
+        const Index tiles = r.args.value_tiles_per_head;
+        set.value_pairs_task(r.args, k / kv_heads, k % kv_heads,
+                             r.value_pairs + k * tiles * (kKeyBlock / 2) * r.args.v.extent(3),
+                             r.value_pairs_dirty + k * tiles);
+      };
+      run_tasks(task_threads(pair_jobs), pair_jobs, pack);
+    }
     run_tasks(threads, tasks, run_task, merges, merge);
   });
 }

@@ -18,8 +18,10 @@
 //    widen_int4_block() for a quantised KVCache's rows, int8_key_scores_part(),
 //    int8_values_part(), int4_key_scores_part() and int4_values_part() for a decode step
 //    over int8 and int4 rows (see generic/kv_load.inl);
-//  - the avx512 set only (avx512/bf16_dot.inl, avx512/amx_bf16.inl): the bfloat16
-//    dot-product kernel bf16_dot_tile_rows(), its packing pack_pairs(), and the AMX kernel
+//  - the avx512 set only (avx512/bf16_dot.inl, avx512/attention_pairs.inl,
+//    avx512/amx_bf16.inl): the bfloat16 dot-product kernel bf16_dot_tile_rows(), its packing
+//    pack_pairs(), the streaming attention's softmax passes on k-pair scores
+//    (pairs_scale_bound_max(), pairs_exp_probabilities()), and the AMX kernel
 //    amx_configure(), amx_pack_a(), amx_block(), amx_panel(), amx_store(), amx_fence(),
 //    amx_release() (see generic/gemm.inl), amx_tiles() and amx_tile_queue() (its products
 //    issued a block at a time) for the attention's products (the backward's too, with

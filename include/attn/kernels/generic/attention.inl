@@ -209,6 +209,30 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
   return V::reduce_add(V::add(t0, t1));
 }
 
+/// V's whole key tiles of item b, key/value head h (T_k / kKeyBlock of them) as k-pairs into
+/// `pairs` (kKeyBlock / 2 x d_v words per tile), and per tile whether it holds a NaN or an
+/// infinity (pack_row_pairs()), for AttentionArgs::value_pairs: the k-pair paths' tasks of
+/// one (item, key/value head) all read the same V tiles, which each packed once per task
+/// (8 % of the AMX call at B 8, H 8, T 512, d 64: perf). The same words as streaming_tile()'s
+/// own packing of a whole tile, so the same bits. Other sets and operand types: nothing.
+template <class Scalar, class Operand>
+void pack_value_tiles(const AttentionArgs<Scalar, Operand>& p, Index b, Index h, float* pairs,
+                      unsigned char* dirty) noexcept {
+  if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>) {
+    const Index dv = p.v.extent(3), tiles = p.v.extent(2) / kKeyBlock, v_rs = p.v.stride(2);
+    const Operand* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+    for (Index t = 0; t < tiles; ++t) {
+      dirty[t] = pack_row_pairs(v + t * kKeyBlock * v_rs, v_rs, kKeyBlock, dv,
+                                pairs + t * (kKeyBlock / 2) * dv, dv)
+                     ? 1
+                     : 0;
+    }
+  } else {
+    static_cast<void>(p), static_cast<void>(b), static_cast<void>(h);
+    static_cast<void>(pairs), static_cast<void>(dirty);
+  }
+}
+
 /// Streaming path for one task (see StreamTask): query rows of one or more heads of a
 /// key/value group against tiles of K/V with an online softmax (running max m and sum l per
 /// row). It works on transposed scores S^T (keys x rows), so
@@ -227,8 +251,10 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// products accumulate in float, the softmax, its statistics and the rescaling run in float,
 /// and P is rounded to Operand before it multiplies V. bfloat16 on the avx512 set with
 /// p.path kAmx or kDot: both products on AMX tiles (avx512/amx_bf16.inl's amx_block()) or
-/// vdpbf16ps (avx512/bf16_dot.inl), Q^T and each V tile packed in k-pairs, K read in place
-/// (copied into whole tiles for AMX); otherwise Q and each K and V tile widened to float for
+/// vdpbf16ps (avx512/bf16_dot.inl), Q^T and each V tile packed in k-pairs (V's whole tiles
+/// read from the call's, p.value_pairs, when the driver packed them), K read in place
+/// (copied into whole tiles for AMX), the softmax passes between the products in
+/// avx512/attention_pairs.inl; otherwise Q and each K and V tile widened to float for
 /// the float path's products. A V tile holding a NaN or an infinity takes the widened
 /// product (see "values that are NaN or infinite" above). Writes out in Operand, one
 /// rounding of the float result.
@@ -386,7 +412,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     slope[r] = same_head ? slope[r - 1] : alibi_slope(p, task.h0 + g);
   }
   // AMX and vdpbf16ps with no softcap, ALiBi or element-wise mask: pass 3 scales the scores
-  // and applies the loop bounds as it takes the max (amx_scale_bound_max(): one pass over
+  // and applies the loop bounds as it takes the max (pairs_scale_bound_max(): one pass over
   // s^T instead of three, the same bits).
   const bool fused = pairs && p.softcap == Scalar(0) && !alibi && !elementwise;
   // The keys of tile [j0, j0 + width) whose scores some row needs: all, or in a boundary tile
@@ -607,7 +633,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       } else if (fused) {
         if constexpr (kPairs) {
           queue.step();  // pipelined: a block of the last tile's P V
-          tmax = amx_scale_bound_max(st + c, ld, width, n, p.scale, !full, begin + c, end + c, j0);
+          tmax =
+              pairs_scale_bound_max(st + c, ld, width, n, p.scale, !full, begin + c, end + c, j0);
         }
       } else if (n == W) {
         for (Index j = 0; j < width; ++j) tmax = V::max(tmax, V::load(st + j * ld + c));
@@ -632,16 +659,35 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       return std::clamp<Index>(need, 0, width);
     };
     const Index tile_need = need_of(0, rows);
+    // V's k-pairs for this tile (pass 5a): the call's (AttentionArgs::value_pairs) for a whole
+    // tile every key of which some row needs, else packed here into vp; returns whether the
+    // tile's first `need` rows hold a NaN or an infinity.
+    const Scalar* vpairs = vp;
+    const auto pack_values = [&](Index need) {
+      if constexpr (kPairs) {
+        if (p.value_pairs != nullptr && j0 % kKeyBlock == 0 && need == kKeyBlock) {
+          const Index t =
+              p.value_tiles_per_head * (task.b * p.k.extent(1) + task.kv_head) + j0 / kKeyBlock;
+          vpairs = p.value_pairs + t * (kKeyBlock / 2) * dv;
+          return p.value_pairs_dirty[t] != 0;
+        }
+        vpairs = vp;
+        return pack_row_pairs(v_tile, v_rs, need, dv, vp, dv);
+      } else {
+        return false;
+      }
+    };
+    static_cast<void>(pack_values);
     // pass 4: p^T = exp(s^T - shift), column sums into l (before dropout, which only
     // zeroes entries of the numerator), acc rows rescaled.
     // AMX and vdpbf16ps without dropout: the V tile packed first (pass 5a), and when it is
     // finite, the exponentials go straight into P, transposed and rounded
-    // (amx_exp_probabilities(): s^T is not written back), the same sums and bits.
+    // (pairs_exp_probabilities(): s^T is not written back), the same sums and bits.
     bool v_packed = false, v_dirty = false, exps_packed = false;
     if constexpr (kPairs) {
       if (pairs && !drops[0].active && tile_need > 0) {
         v_packed = true;
-        v_dirty = pack_row_pairs(v_tile, v_rs, tile_need, dv, reinterpret_cast<float*>(vp), dv);
+        v_dirty = pack_values(tile_need);
         if (!v_dirty) {
           const Index next = j0 + width;
           if (pipelined && next < hi) {  // the next tile's scores, during the exponentials
@@ -656,9 +702,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           }
           alignas(64) Scalar sums[kQueryBlock];
           const Index a_ld = (tile_need + 31) / 32 * 32;
-          amx_exp_probabilities(
-              st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full, begin, end, j0, sums,
-              pb, a_ld, [](auto x) { return vexp_nonpositive<V>(x); }, [&] { queue.step(); });
+          pairs_exp_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, shift, !full,
+                                  begin, end, j0, sums, pb, a_ld, [&] { queue.step(); });
           queue.drain();
           for (Index c = 0; c < rows; c += W) {
             V::store(l + c, V::fmadd(V::load(l + c), V::load(corr + c), V::load(sums + c)));
@@ -681,6 +726,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       for (Index t = 4; t < W; ++t) lanes[t] = Scalar(0);
       V::store(l, V::fmadd(V::load(l), V::load(corr), V::load(lanes)));
     }
+    // The k-pair paths exponentiate with pairs_exp_shifted() here too (dropout, a V tile that
+    // is not finite), so that P does not depend on which pass made it.
+    const auto exp_shifted = [&](auto x) {
+      if constexpr (kPairs) {
+        if (pairs) return pairs_exp_shifted(x);
+      }
+      return vexp_nonpositive<V>(x);
+    };
     for (Index c = 0; c < (exps_packed || packed ? 0 : rows); c += W) {
       const Index n = std::min(W, rows - c);
       const auto sh = V::load(shift + c);
@@ -688,14 +741,14 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (n == W) {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_nonpositive<V>(V::sub(V::load(x), sh));
+          const auto e = exp_shifted(V::sub(V::load(x), sh));
           V::store(x, e);
           sum = V::add(sum, e);
         }
       } else {
         for (Index j = 0; j < width; ++j) {
           Scalar* x = st + j * ld + c;
-          const auto e = vexp_nonpositive<V>(V::sub(V::load_partial(x, n), sh));
+          const auto e = exp_shifted(V::sub(V::load_partial(x, n), sh));
           V::store_partial(x, e, n);
           sum = V::add(sum, e);
         }
@@ -769,30 +822,29 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       bool dirty = false;
       if constexpr (kPairs) {
         const Index a_ld = (tile_need + 31) / 32 * 32;  // AMX's whole tiles (amx_depth())
-        dirty = v_packed ? v_dirty
-                         : tile_need > 0 && pairs &&
-                               pack_row_pairs(v_tile, v_rs, tile_need, dv,
-                                              reinterpret_cast<float*>(vp), dv);
+        dirty = v_packed ? v_dirty : tile_need > 0 && pairs && pack_values(tile_need);
         if (pairs && !dirty && tile_need > 0) {
           if (!exps_packed) {
             pack_probabilities(st, ld, tile_need, rows, (rows + 31) / 32 * 32, pb, a_ld);
           }
-          std::fill(vp + (tile_need + 1) / 2 * dv, vp + gemm_words(Bf16Path::kAmx, tile_need) * dv,
-                    0.0f);
+          if (vpairs == vp) {
+            std::fill(vp + (tile_need + 1) / 2 * dv,
+                      vp + gemm_words(Bf16Path::kAmx, tile_need) * dv, 0.0f);
+          }
           // pass 5b: acc += P V on whole AMX tiles when d_v is a multiple of 16 (acc has
           // room for rows to a multiple of 16; P's rows past `rows` are +0), else 32 rows x
           // 128 columns per amx_block(); or kMicroRows rows up to their last visible key x
           // micro_cols() per vdpbf16ps micro-tile.
           const bool whole = amx && dv % 16 == 0;
           if (whole && pipelined) {  // issued during the next tile's pass 3
-            queue.push((rows + 15) / 16, dv / 16, a_ld / 32, pb, a_ld, vp, dv, acc, dv, true);
+            queue.push((rows + 15) / 16, dv / 16, a_ld / 32, pb, a_ld, vpairs, dv, acc, dv, true);
           } else if (whole) {
-            amx_tiles((rows + 15) / 16, dv / 16, a_ld / 32, pb, a_ld, vp, dv, acc, dv, true);
+            amx_tiles((rows + 15) / 16, dv / 16, a_ld / 32, pb, a_ld, vpairs, dv, acc, dv, true);
           }
           const GemmOutput<float> out = GemmOutput<float>::row_major(acc, dv);
           for (Index r0 = 0; r0 < (amx && !whole ? rows : 0); r0 += 32) {
             for (Index c0 = 0; c0 < dv; c0 += 128) {
-              amx_block(std::min<Index>(32, rows - r0), tile_need, pb + r0 * a_ld, vp + c0, dv,
+              amx_block(std::min<Index>(32, rows - r0), tile_need, pb + r0 * a_ld, vpairs + c0, dv,
                         std::min<Index>(128, dv - c0), out, r0, c0, true, nullptr);
             }
           }
@@ -802,7 +854,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
             const Index need = need_of(r0, r0 + group);
             for (Index c0 = 0; c0 < (need > 0 ? dv : 0); c0 += col_group) {
               for (Index r = 0; r < group; ++r) crow[r] = acc + (r0 + r) * dv + c0;
-              bf16_dot_tile_rows(group, need, pb + r0 * a_ld, a_ld, vp + c0, dv, crow,
+              bf16_dot_tile_rows(group, need, pb + r0 * a_ld, a_ld, vpairs + c0, dv, crow,
                                  std::min(col_group, dv - c0), true, nullptr);
             }
           }

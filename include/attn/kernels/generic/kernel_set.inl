@@ -56,6 +56,11 @@ struct KernelSet {
                              const StreamTask<Scalar>& task, Scalar* scratch) {
     streaming_tile(args, masks, drops, task, scratch);
   }
+  template <class Scalar, class Operand>
+  static void value_pairs_task(const AttentionArgs<Scalar, Operand>& args, Index b, Index h,
+                               float* pairs, unsigned char* dirty) noexcept {
+    pack_value_tiles(args, b, h, pairs, dirty);
+  }
   template <class Scalar>
   static void merge_partials(const Scalar* partial, Index chunks, Index stride, Index dv,
                              double keep, Scalar* out, Scalar sink) noexcept {
