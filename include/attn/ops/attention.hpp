@@ -259,10 +259,10 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
   }
   // 2. K, V copied head-major (B, H_kv, T_k, d): each head's rows back to back. bfloat16 on
   //    the k-pair paths (AMX, vdpbf16ps: the avx512 set), when several tasks read each (item,
-  //    key/value head): V's whole key tiles packed as k-pairs once, by value_pairs_task() in
-  //    a first parallel phase (step 4), instead of once per task (the same words: the same
-  //    bits), after the copies in the same buffer: the words (64-byte aligned), then one flag
-  //    byte per tile.
+  //    key/value head) of V in place (not a ring's, not a paged cache's rows): V's whole key tiles
+  //    packed as k-pairs once, by value_pairs_task() in a first parallel phase (step 4), instead of
+  //    once per task (the same words: the same bits), after the copies in the same buffer: the
+  //    words (64-byte aligned), then one flag byte per tile.
   Index pair_jobs = 0, words = 0, flags = 0;
   if constexpr (std::is_same_v<Operand, bfloat16>) {
     for (Index c = 0; c < count; ++c) {
@@ -270,7 +270,8 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
       const TensorView<const Operand, 4>& v = r.args.v;
       r.first_pair_job = pair_jobs;
       if (r.args.path == Bf16Path::kWiden || kernel_isa() != Isa::kAvx512 || r.args.ring != 0 ||
-          r.plan.tiles * r.plan.head_chunks < 2 || v.extent(2) < kKeyBlock) {
+          r.args.stored.active() || r.plan.tiles * r.plan.head_chunks < 2 ||
+          v.extent(2) < kKeyBlock) {
         continue;
       }
       r.pair_jobs = v.extent(0) * v.extent(1);
