@@ -183,12 +183,32 @@ inline bool quantize_query(const float* const* rows_of, Index rows, Index d, flo
       sums[r] = sums[rows - 1], scales[r] = scales[rows - 1];
       continue;
     }
-    float row_scale = 0.0f;
-    quantize_row(KVElement::kInt8, rows_of[r], 1, d, 1, reinterpret_cast<unsigned char*>(x),
-                 &row_scale);
-    std::fill(x + d, x + ld, std::int8_t(0));
+    // quantize_row()'s int8 rule in vectors, the same operations on each element (so the
+    // same bits): top = max |x|, level = round(clamp(x * (127 / top), -127, 127)). (The
+    // scalar rule, called per row, was 12 % of an int4 decode step at B8 L4096.)
+    const float* row = rows_of[r];
+    auto top_v = V::zero();  // (zeros past d: no change to the max)
+    for (Index e = 0; e < d; e += W) {
+      const auto y = e + W <= d ? V::load(row + e) : V::load_partial(row + e, d - e);
+      top_v = V::max(top_v, V::max(y, V::sub(V::zero(), y)));
+    }
+    const float top = V::reduce_max(top_v);
+    const float row_scale = top / 127.0f;
+    const auto inv = V::set1(top > 0.0f ? 127.0f / top : 0.0f);
+    const auto lo = V::set1(-127.0f), hi = V::set1(127.0f), magic = V::set1(12582912.0f);
+    alignas(64) float level[W];
     std::int32_t sum = 0;
-    for (Index e = 0; e < d; ++e) sum += x[e];
+    for (Index e = 0; e < d; e += W) {
+      const Index n = std::min(W, d - e);
+      const auto y = V::min(
+          V::max(V::mul(n == W ? V::load(row + e) : V::load_partial(row + e, n), inv), lo), hi);
+      V::store(level, V::sub(V::add(y, magic), magic));  // round_to_level()
+      for (Index i = 0; i < n; ++i) {
+        x[e + i] = static_cast<std::int8_t>(static_cast<int>(level[i]));
+        sum += x[e + i];
+      }
+    }
+    std::fill(x + d, x + ld, std::int8_t(0));
     sums[r] = sum;
     scales[r] = row_scale * scale;
   }
