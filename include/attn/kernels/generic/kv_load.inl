@@ -19,8 +19,8 @@ inline bool widen_int4_block(const unsigned char*, Scalar*, float) noexcept {
 /// key/value head h of `s` that follow each other at row_stride (to the end of the n rows;
 /// paged: to the end of a block, or of the blocks after it that follow it in the pool, as a
 /// sequence appended into free blocks gets them): one address lookup and one call of fn per
-/// run. (Paged runs of one 16-token block each made a decode step's int4 and int8 scores
-/// 5-9 % slower than a contiguous cache's: each call sets its query registers up again.)
+/// run (each call of the score kernels sets its query registers up again; a pool's blocks
+/// taken in order give a tile one run, as a contiguous cache's).
 template <class Fn>
 void stored_runs(const StoredRows& s, Index b, Index h, Index slot, Index n, Fn&& fn) {
   for (Index j = 0; j < n;) {
