@@ -11,7 +11,7 @@
 // Usage: decode_timer OP B L threads reps [--max-seconds S] [--warmup N] [--chunk C]
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
 //                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]
-//                     [--paired]
+//                     [--paired] [--fill C]
 //   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
 //   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows; or attend: the
@@ -19,9 +19,11 @@
 //   the L cached tokens), what the cache's element type changes.
 //   --kv-dtype: what the cache stores (KVElement; int4 with one scale per 32 elements).
 //   --paged S: a PagedKVCache of blocks of S tokens instead of a KVCache (one sequence per
-//   item, a pool of just the blocks they take, filled item by item in chunks of 1024 tokens
-//   so the items' blocks interleave); decode, prefill and attend read it through the block
-//   tables.
+//   item, a pool of just the blocks they take, filled item by item in chunks of --fill C
+//   tokens, 1024 by default, so the items' blocks interleave: C consecutive tokens of an item
+//   lie in consecutive blocks, and C = S puts every block of an item B blocks from its
+//   neighbours, as sequences decoded side by side take them); decode, prefill and attend
+//   read it through the block tables.
 //   --paired (with --paged S, op decode or attend): a KVCache and the PagedKVCache holding the
 //   same tokens in one process, timed alternately: each of `reps` rounds times one step of
 //   each back to back (their order swapped every other round), in CPU time, so that a swing
@@ -67,7 +69,7 @@ constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
     "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S] "
-    "[--paired]";
+    "[--paired] [--fill C]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
   std::vector<const char*> positional;
   double max_seconds = 5.0;
   long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128, paged = 0;
+  long fill_chunk = 1024;
   std::string kv_dtype = "f32";
   bool paired = false;
   for (int i = 1; i < argc; ++i) {
@@ -135,7 +138,8 @@ int main(int argc, char** argv) {
       kv_dtype = argv[++i];
     } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
                !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
-               !option("--head-dim", head_dim) && !option("--paged", paged)) {
+               !option("--head-dim", head_dim) && !option("--paged", paged) &&
+               !option("--fill", fill_chunk)) {
       positional.push_back(argv[i]);
     }
   }
@@ -215,10 +219,11 @@ int main(int argc, char** argv) {
     attn::PagedKVCache<float> pages(paged > 0 ? pool : attn::PagedKVCacheOptions{1, 1, 1, 1});
     std::vector<attn::Index> seqs;
     for (attn::Index i = 0; i < (paged > 0 ? b : 0); ++i) seqs.push_back(pages.add_sequence());
-    // L random keys and values, appended (quantised) in chunks of up to 1024 tokens (paged:
+    // L random keys and values, appended (quantised) in chunks of up to C tokens (paged:
     // item by item, so the items' blocks interleave in the pool).
-    for (attn::Index t0 = 0, c = 0; t0 < length; t0 += 1024, ++c) {
-      const attn::Index n = std::min<attn::Index>(1024, length - t0);
+    const attn::Index fill_tokens = std::max(1L, fill_chunk);
+    for (attn::Index t0 = 0, c = 0; t0 < length; t0 += fill_tokens, ++c) {
+      const attn::Index n = std::min<attn::Index>(fill_tokens, length - t0);
       attn::Tensor<float, 4> k({b, kv_heads, n, head_dim}), v({b, kv_heads, n, head_dim});
       fill(k.view(), 4 + 2 * static_cast<std::uint64_t>(c), 1.0f);
       fill(v.view(), 5 + 2 * static_cast<std::uint64_t>(c), 1.0f);
