@@ -421,6 +421,12 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     const Index slot = p.ring > 0 ? j0 % p.ring : j0;
     const Operand* k_tile = stored ? k : k + slot * k_rs;
     const Operand* v_tile = stored ? v : v + slot * v_rs;
+    // Paged quantised rows: the next tile's keys asked for now (prefetch_paged_rows(); float
+    // rows, whose blocks span whole pages, measured slower with it).
+    if (stored && p.ring == 0 && p.stored.k.element != KVElement::kScalar) {
+      prefetch_paged_rows(p.stored.k, task.b, task.kv_head, j0 + width,
+                          std::min(kKeyBlock, hi - j0 - width), d, Index(sizeof(Scalar)));
+    }
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
     const bool keys_in_place = stored && dot_rows && p.stored.k.element == KVElement::kScalar;
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {

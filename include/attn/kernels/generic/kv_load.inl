@@ -108,20 +108,40 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
 }
 
 /// Asks for rows slot .. slot + n - 1 of item b, key/value head h of `s` (their first `bytes`
-/// each) to be brought into the cache ahead of their use: a decode step reads each stored row
-/// once, and the next tile's rows arrive while this tile computes.
+/// each, and their scales) to be brought into the cache ahead of their use: a decode step
+/// reads each stored row once, and the next tile's rows arrive while this tile computes.
 inline void prefetch_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
                                  Index bytes) noexcept {
 #if defined(__GNUC__)
-  stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float*, Index, Index run) {
-    for (Index r = 0; r < run; ++r) {
-      for (Index o = 0; o < bytes; o += 64) __builtin_prefetch(row + r * s.row_stride + o, 0, 3);
-    }
-  });
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index, Index run) {
+                for (Index r = 0; r < run; ++r) {
+                  for (Index o = 0; o < bytes; o += 64)
+                    __builtin_prefetch(row + r * s.row_stride + o, 0, 3);
+                }
+                const auto* first = reinterpret_cast<const unsigned char*>(scales);
+                const Index scale_bytes = run * s.scale_row_stride * Index(sizeof(float));
+                for (Index o = 0; scales != nullptr && o < scale_bytes; o += 64) {
+                  __builtin_prefetch(first + o, 0, 3);
+                }
+              });
 #else
   static_cast<void>(s), static_cast<void>(b), static_cast<void>(h), static_cast<void>(slot);
   static_cast<void>(n), static_cast<void>(bytes);
 #endif
+}
+
+/// prefetch_stored_rows() for paged rows (of `width` elements) only: a sequence's blocks
+/// need not follow each other in the pool, and the hardware prefetcher's stream stops at each
+/// block's end, while a contiguous cache's rows are one stream it follows. (Sequences decoded
+/// side by side, whose blocks interleave, made the int4 decode attention at B 8 take 1.7-2.4x
+/// a contiguous cache's CPU time without it.)
+inline void prefetch_paged_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
+                                Index width, Index scalar_bytes) noexcept {
+  if (s.table == nullptr || n <= 0) return;
+  const Index bytes =
+      s.element == KVElement::kScalar ? width * scalar_bytes : stored_row_bytes(s.element, width);
+  prefetch_stored_rows(s, b, h, slot, n, bytes);
 }
 
 // ---- int8 keys against a quantised query: Q K^T on integer dot products ----
