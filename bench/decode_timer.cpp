@@ -12,6 +12,7 @@
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
 //                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]
 //                     [--dtype f32|bf16]
+//                     [--paired] [--fill C]
 //   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
 //   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows; or attend: the
@@ -19,9 +20,17 @@
 //   the L cached tokens), what the cache's element type changes.
 //   --kv-dtype: what the cache stores (KVElement; int4 with one scale per 32 elements).
 //   --paged S: a PagedKVCache of blocks of S tokens instead of a KVCache (one sequence per
-//   item, a pool of just the blocks they take, filled item by item in chunks of 1024 tokens
-//   so the items' blocks interleave); decode, prefill and attend read it through the block
-//   tables.
+//   item, a pool of just the blocks they take, filled item by item in chunks of --fill C
+//   tokens, 1024 by default, so the items' blocks interleave: C consecutive tokens of an item
+//   lie in consecutive blocks, and C = S puts every block of an item B blocks from its
+//   neighbours, as sequences decoded side by side take them); decode, prefill and attend
+//   read it through the block tables.
+//   --paired (with --paged S, op decode or attend): a KVCache and the PagedKVCache holding the
+//   same tokens in one process, timed alternately: each of `reps` rounds times one step of
+//   each back to back (their order swapped every other round), in CPU time, so that a swing
+//   of the machine's load hits both alike; prints their median CPU times, the median over
+//   rounds of contiguous / paged (1: paged as fast; below 1: slower) and whether the two
+//   steps' outputs have the same bits.
 //   --dtype bf16 (decode and prefill): the module in bfloat16 (MultiHeadAttention<bfloat16>,
 //   the float module converted: each weight rounded once, then frozen) on the input rounded,
 //   through a contiguous KVCache<bfloat16> holding the same keys and values rounded; the line
@@ -41,6 +50,10 @@
 // Workspace after the steps. median_cpu_ms: the median CPU time of the process per timed call
 // (all its threads; on a shared machine the wall time also counts waits for a core, the CPU
 // time does not, so ratios of CPU times are the steadier ones).
+// With --paired, instead:
+//   impl=attn op=attend B=1 L=4096 ... kv_dtype=int8 paged=16 rounds=31
+//   contiguous_cpu_ms=.. paged_cpu_ms=.. paged_speed=.. (median of contiguous / paged)
+//   paged_speed_q1=.. paged_speed_q3=.. (its quartiles) same_bits=1
 
 #include <time.h>
 
@@ -61,7 +74,7 @@ constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
     "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S] "
-    "[--dtype f32|bf16]";
+    "[--dtype f32|bf16] [--paired] [--fill C]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -113,7 +126,9 @@ int main(int argc, char** argv) {
   std::vector<const char*> positional;
   double max_seconds = 5.0;
   long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128, paged = 0;
+  long fill_chunk = 1024;
   std::string kv_dtype = "f32", dtype = "f32";
+  bool paired = false;
   for (int i = 1; i < argc; ++i) {
     const auto option = [&](const char* name, long& value) {
       if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
@@ -122,13 +137,16 @@ int main(int argc, char** argv) {
     };
     if (std::strcmp(argv[i], "--max-seconds") == 0 && i + 1 < argc) {
       max_seconds = std::atof(argv[++i]);
+    } else if (std::strcmp(argv[i], "--paired") == 0) {
+      paired = true;
     } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
       kv_dtype = argv[++i];
     } else if (std::strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
       dtype = argv[++i];
     } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
                !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
-               !option("--head-dim", head_dim) && !option("--paged", paged)) {
+               !option("--head-dim", head_dim) && !option("--paged", paged) &&
+               !option("--fill", fill_chunk)) {
       positional.push_back(argv[i]);
     }
   }
@@ -136,6 +154,9 @@ int main(int argc, char** argv) {
   const std::string op = positional[0];
   if (op != "decode" && op != "prefill" && op != "gemm" && op != "attend") {
     usage(argv[0], "bad OP '" + op + "'");
+  }
+  if (paired && (paged == 0 || (op != "decode" && op != "attend"))) {
+    usage(argv[0], "--paired needs --paged S and OP decode or attend");
   }
   attn::KVCacheOptions cache_options;
   const attn::KVElement kinds[] = {attn::KVElement::kScalar,     attn::KVElement::kBFloat16,
@@ -232,7 +253,8 @@ int main(int argc, char** argv) {
   } else {
     cache_options.batch = b, cache_options.num_kv_heads = kv_heads;
     cache_options.head_dim = head_dim, cache_options.capacity = length + t_new;
-    attn::KVCache<float> cache(paged > 0 ? attn::KVCacheOptions{1, 1, 1, 1} : cache_options);
+    const bool contiguous = paged == 0 || paired;  // a KVCache is filled
+    attn::KVCache<float> cache(contiguous ? cache_options : attn::KVCacheOptions{1, 1, 1, 1});
     attn::PagedKVCacheOptions pool;
     pool.block_size = paged > 0 ? paged : 1;
     pool.num_blocks = b * ((length + t_new + pool.block_size - 1) / pool.block_size);
@@ -241,14 +263,15 @@ int main(int argc, char** argv) {
     attn::PagedKVCache<float> pages(paged > 0 ? pool : attn::PagedKVCacheOptions{1, 1, 1, 1});
     std::vector<attn::Index> seqs;
     for (attn::Index i = 0; i < (paged > 0 ? b : 0); ++i) seqs.push_back(pages.add_sequence());
-    // L random keys and values, appended (quantised) in chunks of up to 1024 tokens (paged:
+    // L random keys and values, appended (quantised) in chunks of up to C tokens (paged:
     // item by item, so the items' blocks interleave in the pool).
-    for (attn::Index t0 = 0, c = 0; t0 < length; t0 += 1024, ++c) {
-      const attn::Index n = std::min<attn::Index>(1024, length - t0);
+    const attn::Index fill_tokens = std::max(1L, fill_chunk);
+    for (attn::Index t0 = 0, c = 0; t0 < length; t0 += fill_tokens, ++c) {
+      const attn::Index n = std::min<attn::Index>(fill_tokens, length - t0);
       attn::Tensor<float, 4> k({b, kv_heads, n, head_dim}), v({b, kv_heads, n, head_dim});
       fill(k.view(), 4 + 2 * static_cast<std::uint64_t>(c), 1.0f);
       fill(v.view(), 5 + 2 * static_cast<std::uint64_t>(c), 1.0f);
-      if (paged == 0) cache.append(k.view(), v.view());
+      if (contiguous) cache.append(k.view(), v.view());
       for (attn::Index i = 0; i < static_cast<attn::Index>(seqs.size()); ++i) {
         pages.append(seqs[static_cast<std::size_t>(i)], attn::select(k.view(), 0, i),
                      attn::select(v.view(), 0, i));
@@ -256,35 +279,65 @@ int main(int argc, char** argv) {
     }
     token_bytes =
         static_cast<std::int64_t>(paged > 0 ? pages.bytes_per_token() : cache.bytes_per_token());
-    if (op == "attend") {
-      attn::Tensor<float, 4> q({b, heads, 1, head_dim}), out({b, heads, 1, head_dim});
-      fill(q.view(), 6, 1.0f);
-      ms = time_calls_cpu(
-          [&] {
-            if (paged > 0) {
-              attn::paged_attention(q.view(), pages, seqs, out.view(), ws);
-            } else {
-              attn::cached_attention(q.view(), cache, out.view(), ws);
-            }
-          },
-          warmup, reps, max_seconds, cpu);
-      bytes = b * length * token_bytes;
-    } else {
-      attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
-      fill(x.view(), 6, 1.0f);
-      ms = time_calls_cpu(
-          [&] {
-            if (paged > 0) {
-              mha.forward(x.view(), y.view(), ws, pages, seqs);
-              for (const attn::Index s : seqs) pages.truncate(s, length);
-            } else {
-              mha.forward(x.view(), y.view(), ws, cache);
-              for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
-            }
-          },
-          warmup, reps, max_seconds, cpu);
-      bytes = weight_bytes + b * (length + t_new) * token_bytes;
+    // One timed call: through the pages or the contiguous cache, into out (attend) or y.
+    attn::Tensor<float, 4> q({b, heads, 1, head_dim}), out({b, heads, 1, head_dim});
+    attn::Tensor<float, 3> x({b, t_new, dim}), y({b, t_new, dim});
+    fill(q.view(), 6, 1.0f);
+    fill(x.view(), 6, 1.0f);
+    const auto step = [&](bool through_pages) {
+      if (op == "attend") {
+        if (through_pages) {
+          attn::paged_attention(q.view(), pages, seqs, out.view(), ws);
+        } else {
+          attn::cached_attention(q.view(), cache, out.view(), ws);
+        }
+      } else if (through_pages) {
+        mha.forward(x.view(), y.view(), ws, pages, seqs);
+        for (const attn::Index s : seqs) pages.truncate(s, length);
+      } else {
+        mha.forward(x.view(), y.view(), ws, cache);
+        for (attn::Index i = 0; i < b; ++i) cache.truncate(i, length);
+      }
+    };
+    if (paired) {
+      // Rounds of one step each way, alternated; the output of each way kept to compare bits.
+      const float* result = op == "attend" ? out.data() : y.data();
+      const auto size = static_cast<std::size_t>(op == "attend" ? out.size() : y.size());
+      std::vector<float> outputs[2];
+      for (int way = 0; way < 2; ++way) {
+        for (long i = 0; i < warmup + 1; ++i) step(way == 1);
+        outputs[way].assign(result, result + size);
+      }
+      std::vector<double> times[2], speed;
+      for (long round = 0; round < reps; ++round) {
+        double ms_of[2] = {0, 0};
+        for (int k = 0; k < 2; ++k) {
+          const int way = (k + static_cast<int>(round % 2)) % 2;  // 0: contiguous, 1: paged
+          const double start = cpu_ms();
+          step(way == 1);
+          ms_of[way] = cpu_ms() - start;
+          times[way].push_back(ms_of[way]);
+        }
+        speed.push_back(ms_of[0] / ms_of[1]);
+      }
+      for (auto* v : {&times[0], &times[1], &speed}) std::sort(v->begin(), v->end());
+      const auto quartile = [&](std::size_t k) { return speed[(speed.size() - 1) * k / 4]; };
+      const bool same =
+          std::memcmp(outputs[0].data(), outputs[1].data(), size * sizeof(float)) == 0;
+      std::printf(
+          "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d "
+          "isa=%s kv_dtype=%s paged=%ld rounds=%ld contiguous_cpu_ms=%.4f paged_cpu_ms=%.4f "
+          "paged_speed=%.4f paged_speed_q1=%.4f paged_speed_q3=%.4f same_bits=%d\n",
+          op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new),
+          dim, heads, kv_heads, head_dim, threads, attn::isa_name(attn::active_isa()),
+          kv_dtype.c_str(), paged, reps, attn::bench::median(times[0]),
+          attn::bench::median(times[1]), attn::bench::median(speed), quartile(1), quartile(3),
+          same ? 1 : 0);
+      return 0;
     }
+    ms = time_calls_cpu([&] { step(paged > 0); }, warmup, reps, max_seconds, cpu);
+    bytes = op == "attend" ? b * length * token_bytes
+                           : weight_bytes + b * (length + t_new) * token_bytes;
     cache_bytes = static_cast<std::int64_t>(paged > 0 ? pages.bytes() : cache.bytes());
     kv_bytes = paged > 0 ? b * (length + t_new) * token_bytes
                          : static_cast<std::int64_t>(cache.payload_bytes());

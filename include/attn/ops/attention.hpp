@@ -180,6 +180,17 @@ void run_call_task(Set set, const AttentionCall<Scalar, Operand>& call,
       return;
     }
   }
+  // Split keys over a paged cache: the tasks run item by item within each (head, chunk)
+  // (task numbers, and so the partial states and their merge, unchanged: the same bits).
+  // Sequences decoded side by side interleave their blocks, and the hardware prefetcher
+  // brings in the blocks after a task's, the next items' rows of the same head: they are
+  // then read from the cache. (8 sequences in interleaved 16-token blocks, contiguous /
+  // paged CPU time of the decode attention: int4 0.46-0.62 to 0.76-0.79, int8 0.62-0.74 to
+  // 0.92-0.99, f32 0.82-0.92 to 0.97-0.99.)
+  if (plan.route == AttentionRoute::kSplitKeys && run.args.stored.k.table != nullptr) {
+    const Index batch = call.batch(), per_item = plan.tasks / batch;
+    task = task % batch * per_item + task / batch;
+  }
   Index c = 0;
   StreamTask<Scalar> t = stream_task(call, plan, task, &c);
   if (plan.route == AttentionRoute::kSplitKeys) {

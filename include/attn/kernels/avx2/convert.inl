@@ -221,11 +221,45 @@ inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k
   return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld);
 }
 
+/// The register block of the P V passes below: acc rows r0 .. r0 + 3 (row stride dv; rows past
+/// `rows` repeat the last, computed and not stored), elements e0 .. e0 + 15 += sum over keys
+/// j < n of weight(j, i) times key j's elements, which widen(j, x) puts in x[0..1] (8 each): 8
+/// accumulators in registers, each key's 4 weights broadcast, one pass over the keys.
+template <class Weight, class Widen>
+inline void values_block(Index r0, Index rows, Index e0, Index n, Index dv, float* acc,
+                         Weight&& weight, Widen&& widen) noexcept {
+  const Index nr = std::min<Index>(4, rows - r0);
+  __m256 a[4][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
+    a[i][0] = _mm256_loadu_ps(acc + r * dv + e0);
+    a[i][1] = _mm256_loadu_ps(acc + r * dv + e0 + 8);
+  }
+  for (Index j = 0; j < n; ++j) {
+    __m256 x[2];
+    widen(j, x);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m256 wi = _mm256_set1_ps(weight(j, i));
+      a[i][0] = _mm256_fmadd_ps(wi, x[0], a[i][0]);
+      a[i][1] = _mm256_fmadd_ps(wi, x[1], a[i][1]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
+    if (i < nr) {
+      _mm256_storeu_ps(acc + (r0 + i) * dv + e0, a[i][0]);
+      _mm256_storeu_ps(acc + (r0 + i) * dv + e0 + 8, a[i][1]);
+    }
+  }
+}
+
 /// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v[j], its scale at
 /// vs[j][0]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
 /// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
-/// accumulated in float. 4 query rows x 16 elements per pass (8 accumulators); value widths
-/// that are not a multiple of 16: false, nothing done.
+/// accumulated in float. 4 query rows x 16 elements per pass (values_block(); rows past `rows`
+/// weigh 0); value widths that are not a multiple of 16: false, nothing done.
 inline bool int8_values_part(const unsigned char* const* v, const float* const* vs, Index n,
                              Index dv, const float* pt, Index ld, Index rows, float* acc) noexcept {
   if (dv % 16 != 0) return false;
@@ -237,33 +271,15 @@ inline bool int8_values_part(const unsigned char* const* v, const float* const* 
       for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
     }
     for (Index e0 = 0; e0 < dv; e0 += 16) {
-      __m256 a[4][2];
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
-        a[i][0] = _mm256_loadu_ps(acc + r * dv + e0);
-        a[i][1] = _mm256_loadu_ps(acc + r * dv + e0 + 8);
-      }
-      for (Index j = 0; j < n; ++j) {
-        const auto* row = v[j] + e0;
-        const __m256 x0 = _mm256_cvtepi32_ps(
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row))));
-        const __m256 x1 = _mm256_cvtepi32_ps(
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8))));
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          const __m256 wi = _mm256_broadcast_ss(w + j * 4 + i);
-          a[i][0] = _mm256_fmadd_ps(wi, x0, a[i][0]);
-          a[i][1] = _mm256_fmadd_ps(wi, x1, a[i][1]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
-        if (i < nr) {
-          _mm256_storeu_ps(acc + (r0 + i) * dv + e0, a[i][0]);
-          _mm256_storeu_ps(acc + (r0 + i) * dv + e0 + 8, a[i][1]);
-        }
-      }
+      values_block(
+          r0, rows, e0, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
+          [&](Index j, __m256* x) {
+            const auto* row = v[j] + e0;
+            x[0] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row))));
+            x[1] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8))));
+          });
     }
   }
   return true;
@@ -274,9 +290,9 @@ inline bool int8_values_part(const unsigned char* const* v, const float* const* 
 /// (pt[j * ld + r]): each 16 elements (a block's low or high nibbles) widened in registers to
 /// q times their scale, one rounding (fma(nibble, s, -8 s): -8 s is exact, so the product
 /// (nibble - 8) s is rounded once, as the dequantising loader rounds it), products accumulated
-/// in float (no float copy of the rows). 4 query rows x 16 elements per pass (8 accumulators).
-/// Value widths that are not a multiple of 16, or blocks under two scales (group not a multiple
-/// of kInt4Block, smaller than the row): false, nothing done.
+/// in float (no float copy of the rows). 4 query rows x 16 elements per pass (values_block();
+/// rows past `rows` weigh 0). Value widths that are not a multiple of 16, or blocks under two
+/// scales (group not a multiple of kInt4Block, smaller than the row): false, nothing done.
 inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
                              Index n, Index dv, const float* pt, Index ld, Index rows,
                              float* acc) noexcept {
@@ -289,43 +305,23 @@ inline bool int4_values_part(const unsigned char* const* v, const float* const* 
       const Index s = e0 / group;
       const int shift = e0 % kInt4Block == 0 ? 0 : 4;  // the block's low or high nibbles
       const Index offset = e0 / kInt4Block * kBlockBytes;
-      __m256 a[4][2];
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
-        a[i][0] = _mm256_loadu_ps(acc + r * dv + e0);
-        a[i][1] = _mm256_loadu_ps(acc + r * dv + e0 + 8);
-      }
-      for (Index j = 0; j < n; ++j) {
-        const unsigned char* block = v[j] + offset;
-        const __m256 scale = _mm256_broadcast_ss(vs[j] + s);
-        const __m256 bias = _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
-        const __m256i w0 = _mm256_and_si256(
-            _mm256_srli_epi32(
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block))),
-                shift),
-            low);
-        const __m256i w1 = _mm256_and_si256(
-            _mm256_srli_epi32(
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8))),
-                shift),
-            low);
-        const __m256 x0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w0), scale, bias);
-        const __m256 x1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w1), scale, bias);
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          const __m256 wi = _mm256_set1_ps(i < nr ? pt[j * ld + r0 + i] : 0.0f);
-          a[i][0] = _mm256_fmadd_ps(wi, x0, a[i][0]);
-          a[i][1] = _mm256_fmadd_ps(wi, x1, a[i][1]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
-        if (i < nr) {
-          _mm256_storeu_ps(acc + (r0 + i) * dv + e0, a[i][0]);
-          _mm256_storeu_ps(acc + (r0 + i) * dv + e0 + 8, a[i][1]);
-        }
-      }
+      values_block(
+          r0, rows, e0, n, dv, acc,
+          [&](Index j, int i) { return i < nr ? pt[j * ld + r0 + i] : 0.0f; },
+          [&](Index j, __m256* x) {
+            const unsigned char* block = v[j] + offset;
+            const __m256 scale = _mm256_broadcast_ss(vs[j] + s);
+            const __m256 bias = _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; ++c) {
+              const __m256i w = _mm256_and_si256(
+                  _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                        reinterpret_cast<const __m128i*>(block + 8 * c))),
+                                    shift),
+                  low);
+              x[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), scale, bias);
+            }
+          });
     }
   }
   return true;
