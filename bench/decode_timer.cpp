@@ -11,7 +11,7 @@
 // Usage: decode_timer OP B L threads reps [--max-seconds S] [--warmup N] [--chunk C]
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
 //                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]
-//                     [--dtype f32|bf16]
+//                     [--dtype f32|bf16] [--bf16-path widen|dot|amx]
 //                     [--paired] [--fill C]
 //   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
@@ -35,6 +35,9 @@
 //   the float module converted: each weight rounded once, then frozen) on the input rounded,
 //   through a contiguous KVCache<bfloat16> holding the same keys and values rounded; the line
 //   says impl=attn_bf16 (bytes count 2 per weight).
+//   --bf16-path widen|dot|amx (with --dtype bf16): set_bf16_path() forced before the module is
+//   frozen, so its GEMMs and attention take that path (dot: vdpbf16ps, the default of AVX512-BF16
+//   CPUs without AMX; an unavailable path falls back to widening); the line says bf16_path=..
 //   The cache is filled with random keys and values for L tokens (no prefill is run); after
 //   every timed step it is truncated back to L, so each step sees the same cache.
 // Output, one line:
@@ -74,7 +77,7 @@ constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
     "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S] "
-    "[--dtype f32|bf16] [--paired] [--fill C]";
+    "[--dtype f32|bf16] [--bf16-path widen|dot|amx] [--paired] [--fill C]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -127,7 +130,7 @@ int main(int argc, char** argv) {
   double max_seconds = 5.0;
   long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128, paged = 0;
   long fill_chunk = 1024;
-  std::string kv_dtype = "f32", dtype = "f32";
+  std::string kv_dtype = "f32", dtype = "f32", bf16_path;
   bool paired = false;
   for (int i = 1; i < argc; ++i) {
     const auto option = [&](const char* name, long& value) {
@@ -143,6 +146,8 @@ int main(int argc, char** argv) {
       kv_dtype = argv[++i];
     } else if (std::strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
       dtype = argv[++i];
+    } else if (std::strcmp(argv[i], "--bf16-path") == 0 && i + 1 < argc) {
+      bf16_path = argv[++i];
     } else if (!option("--warmup", warmup) && !option("--chunk", chunk) && !option("--dim", dim) &&
                !option("--heads", heads) && !option("--kv-heads", kv_heads) &&
                !option("--head-dim", head_dim) && !option("--paged", paged) &&
@@ -175,6 +180,17 @@ int main(int argc, char** argv) {
     usage(argv[0], "--dtype bf16 times decode or prefill through a contiguous bfloat16 cache");
   }
   if (bf16) kv_dtype = "bf16";
+  if (!bf16_path.empty()) {
+    if (!bf16) usage(argv[0], "--bf16-path needs --dtype bf16");
+    const attn::Bf16Path paths[] = {attn::Bf16Path::kWiden, attn::Bf16Path::kDot,
+                                    attn::Bf16Path::kAmx};
+    const char* names[] = {"widen", "dot", "amx"};
+    bool named = false;
+    for (int i = 0; i < 3; ++i) {
+      if (bf16_path == names[i]) attn::set_bf16_path(paths[i]), named = true;
+    }
+    if (!named) usage(argv[0], "bad --bf16-path '" + bf16_path + "'");
+  }
   const attn::Index b = parse_int(argv[0], positional[1], "B");
   const attn::Index length = parse_int(argv[0], positional[2], "L");
   const int threads = static_cast<int>(std::max(1L, parse_int(argv[0], positional[3], "threads")));
@@ -345,6 +361,7 @@ int main(int argc, char** argv) {
   const std::size_t n = ms.size();
   const double median = attn::bench::median(ms);
   std::printf("impl=%s ", bf16 ? "attn_bf16" : "attn");  // (one line with the rest)
+  if (bf16) std::printf("bf16_path=%s ", attn::bf16_path_name(attn::bf16_path()));
   std::printf(
       "op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d reps=%zu "
       "median_ms=%.4f min_ms=%.4f bytes=%lld gbps=%.3f cache_bytes=%lld kv_bytes=%lld "

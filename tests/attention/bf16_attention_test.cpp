@@ -278,6 +278,37 @@ TEST_F(StorageAttention, BitIdenticalForOneAndTwoThreads) {
   });
 }
 
+// vdpbf16ps gives way to widening for tasks of few query rows (ops/attention.hpp's
+// attention_bf16_path(): below 16 at d 128), so a decode step under Bf16Path::kDot has the
+// widening path's bits. The query is subnormal (2^-127, which vdpbf16ps reads as zero and
+// widening reads exactly) against keys near 2^126: the scores are products of order 1 on the
+// widening path and 0 on the dot product's, so the outputs of the two paths differ by far more
+// than bfloat16's rounding, as the 64-row call shows.
+TEST_F(StorageAttention, DotPathWidensForFewQueryRows) {
+  const std::vector<Isa> sets = attn::test::runnable_sets();
+  if (std::find(sets.begin(), sets.end(), Isa::kAvx512) == sets.end()) {
+    GTEST_SKIP() << "the avx512 set does not run here";
+  }
+  attn::set_isa(Isa::kAvx512);
+  if (!attn::bf16_path_available(Bf16Path::kDot)) GTEST_SKIP() << "no AVX512-BF16";
+  const Index d = 128, tk = 300;
+  const auto k_unit = attn::test::random_tensor<float, 4>({1, 2, tk, d}, 11);
+  Tensor<bfloat16, 4> k({1, 2, tk, d});
+  for (Index i = 0; i < k.size(); ++i) k.data()[i] = bfloat16(k_unit.data()[i] * 0x1p126f);
+  const auto v = random_rounded<bfloat16>({1, 2, tk, d}, 12);
+  const auto run = [&](Index heads, Index tq, Bf16Path path) {
+    Tensor<bfloat16, 4> q({1, heads, tq, d}, bfloat16(0x1p-127f)), out({1, heads, tq, d});
+    attn::set_bf16_path(path);
+    attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), out.view());
+    return out;
+  };
+  // A decode step: 1 query of 8 heads over 2 key/value heads, 4 rows per task.
+  EXPECT_TRUE(ref::same_bits(run(8, 1, Bf16Path::kDot).view(), run(8, 1, Bf16Path::kWiden).view()));
+  // 64 rows per task: the dot product's bits.
+  EXPECT_FALSE(
+      ref::same_bits(run(2, 64, Bf16Path::kDot).view(), run(2, 64, Bf16Path::kWiden).view()));
+}
+
 // A value row holding an infinity enters only the outputs of the queries that see it (the
 // AMX and dot-product paths take the widened product for that tile): causal, key 100 is seen
 // by queries 100 on, which are not finite; the rows before match the reference.

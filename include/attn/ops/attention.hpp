@@ -119,6 +119,25 @@ AttentionPlan plan_attention(const AttentionCall<Scalar, Operand>& call) {
   return plan;
 }
 
+/// The path of a bfloat16 call's products: bf16_path(), except that vdpbf16ps (kDot) gives way
+/// to widening when a task has few query rows (group_heads * rows_per_head, the same for every
+/// task of the call: so the choice, and the bits, do not depend on the thread count), when
+/// rows (d + 128) < 32 d: below 16 rows at d 128, 11 at d 64. The dot path's score pass runs
+/// micro-tiles of kMicroRows keys by 64 query rows whatever the task's rows, so a decode step's
+/// 4 rows leave 15 of its 16 vdpbf16ps idle, while widening then takes one dot product per
+/// (key, row), about rows (d / 16 + 8) instructions per key against the dot path's d * 2 (perf,
+/// bench/decode_timer decode 4 4096 1 --dtype bf16 --bf16-path dot: B 4, H 32, H_kv 8, d 128,
+/// L 4096, one thread: that pass 38 % of the samples; the step 47 ms, 27 ms widened, against
+/// 34 ms with the projections widened too: docs/benchmarks.md).
+template <class Scalar, class Operand>
+Bf16Path attention_bf16_path(const AttentionCall<Scalar, Operand>& call,
+                             const AttentionPlan& plan) {
+  const Bf16Path path = bf16_path();
+  const Index rows = plan.group_heads * plan.rows_per_head, d = call.head_dim();
+  if (path == Bf16Path::kDot && rows * (d + 128) < 32 * d) return Bf16Path::kWiden;
+  return path;
+}
+
 /// One call of a run: its plan, its operands (K and V possibly copied head-major), and
 /// where its tasks, merges and partial states start among the run's.
 template <class Scalar, class Operand = Scalar>
@@ -257,7 +276,9 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
     Run& r = runs[c];
     r.plan = plan_attention(calls[c]);
     r.args = calls[c].args;
-    if constexpr (std::is_same_v<Operand, bfloat16>) r.args.path = bf16_path();
+    if constexpr (std::is_same_v<Operand, bfloat16>) {
+      r.args.path = attention_bf16_path(calls[c], r.plan);
+    }
     r.first_task = tasks, r.first_merge = merges;
     tasks += r.plan.tasks, merges += r.plan.merges;
     scratch = std::max(scratch, r.plan.scratch);
