@@ -10,7 +10,7 @@
 // each item's own prefill, and the errors. The packed backward also against central finite
 // differences in double. The packed forward, the packed prefill and
 // scaled_dot_product_attention_varlen() on bfloat16 and float16 too: bit-identical to each
-// sequence alone, as for float.
+// sequence alone, as for float; and a bfloat16 module's packed training forward and backward.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -555,45 +556,120 @@ TEST(VarlenModule, ForwardEqualsEachSequenceAlone) { check_module_forward<float>
 TEST(VarlenModule, Bf16ForwardEqualsEachSequenceAlone) { check_module_forward<bfloat16>(); }
 TEST(VarlenModule, Fp16ForwardEqualsEachSequenceAlone) { check_module_forward<float16>(); }
 
-TEST(VarlenModule, BackwardEqualsEachSequenceAlone) {
-  // Input gradients: bit-identical (each row's dX is its own row of dQKV times W). Parameter
-  // gradients sum over rows: the packed backward sums all rows in one GEMM, the sequences
-  // alone sum theirs and add, so they agree to float rounding of sums over 80 rows of
-  // O(1) terms: 2e-5 relative to the largest entry (an error in one sequence's rows moves
-  // them by 1e-2 or more).
-  const auto m = make_module(2, true, 0, 0, true);
-  const SequenceOffsets cu = SequenceOffsets::from_lengths({7, 0, 66, 1, 6});
-  const Index total = 80;
-  const Tensor<float, 2> x = random_tensor<float, 2>({total, 24}, 31);
-  const Tensor<float, 2> w = random_tensor<float, 2>({total, 24}, 32);
-  Workspace ws;
-  attn::SavedForward<float> saved;
-  Tensor<float, 2> out(Shape<2>{total, 24}), gx(Shape<2>{total, 24});
-  attn::Gradients<float> grads(m.named_parameters()), alone_grads(m.named_parameters());
-  m.forward(x.view(), x.view(), x.view(), cu, out.view(), saved, ws);
-  m.backward(w.view(), saved, gx.view(), gx.view(), gx.view(), grads, ws);
-  for (Index s = 0; s < cu.sequences(); ++s) {
-    if (cu.length(s) == 0) continue;
-    SCOPED_TRACE("sequence " + std::to_string(s));
-    const Index r0 = cu.begin(s), r1 = r0 + cu.length(s);
-    const Tensor<float, 2> xs = rows_of(x, r0, r1), ws_ = rows_of(w, r0, r1);
-    Tensor<float, 2> ys(xs.shape()), gs(xs.shape());
-    attn::SavedForward<float> saved_s;
-    m.forward(xs.view(), xs.view(), xs.view(), ys.view(), saved_s, ws);
-    m.backward(ws_.view(), saved_s, gs.view(), gs.view(), gs.view(), alone_grads, ws);
-    expect_same_rows(out, r0, ys, "out");
-    expect_same_rows(gx, r0, gs, "grad x");
-  }
-  for (std::size_t i = 0; i < grads.size(); ++i) {
-    const auto a = attn::test::to_vector(grads[i].matrix());
-    const auto b = attn::test::to_vector(alone_grads[i].matrix());
-    double scale = 0, worst = 0;
-    for (std::size_t j = 0; j < a.size(); ++j) {
-      scale = std::max(scale, static_cast<double>(std::abs(b[j])));
-      worst = std::max(worst, static_cast<double>(std::abs(a[j] - b[j])));
+// The module's packed training forward and backward (a float module, or its bfloat16 twin
+// with the weights rounded, on rounded inputs; self-attention, and cross-attention with its
+// own key offsets) against each sequence's own, on 1 and 2 threads (the same bits on both). Outputs
+// and input gradients: bit-identical (each row's dX is its own row of dQKV times W; each sequence's
+// kernel calls are its own). Parameter gradients sum over rows: the packed backward sums all rows
+// in one GEMM (float sums), rounded once into its gradient; the reference is the sum, in double, of
+// each sequence's own. So entry by entry they differ by the float sums' order, at most 2e-5 of the
+// largest entry (80 rows of O(1) terms; an error in one sequence's rows moves them by 1e-2 or
+// more), and for bfloat16 by the roundings to bfloat16 too: half an ulp (2^-8 relative) of the
+// packed entry and of each sequence's entry.
+template <class E>
+void check_module_backward() {
+  constexpr double kRound = std::is_same_v<E, float> ? 0.0 : 1.0 / 256;
+  const int threads = attn::num_threads();
+  struct BackwardCase {
+    Index kv_heads;
+    bool causal;
+    Index kdim;
+    bool sinks;
+    std::vector<Index> lq, lk;
+  };
+  const std::vector<BackwardCase> all = {
+      {2, true, 0, true, {7, 0, 66, 1, 6}, {}},        // self, causal, GQA, RoPE, sinks
+      {1, false, 16, false, {6, 30, 2}, {11, 4, 50}},  // cross, kdim != d_in
+  };
+  for (const BackwardCase& c : all) {
+    SCOPED_TRACE(c.lk.empty() ? "self" : "cross");
+    const attn::MultiHeadAttention<E> m(make_module(c.kv_heads, c.causal, 0, c.kdim, c.sinks));
+    const SequenceOffsets cq = SequenceOffsets::from_lengths(c.lq);
+    const SequenceOffsets ck = SequenceOffsets::from_lengths(c.lk.empty() ? c.lq : c.lk);
+    const Index tq = cq.view()(cq.sequences()), tk = ck.view()(ck.sequences());
+    const Index kdim = c.kdim > 0 ? c.kdim : 24;
+    const Tensor<E, 2> x = rounded<E>(random_tensor<float, 2>({tq, 24}, 31));
+    const Tensor<E, 2> kv = rounded<E>(random_tensor<float, 2>({tk, kdim}, 33));
+    const Tensor<E, 2> w = rounded<E>(random_tensor<float, 2>({tq, 24}, 32));
+    const Tensor<E, 2>& keys = c.lk.empty() ? x : kv;
+    Workspace ws;
+    // Self-attention: one gradient for x (gk unused); cross: key = value's in gk.
+    Tensor<E, 2> out[2], gx[2], gk[2];
+    std::vector<attn::Gradients<E>> grads;
+    grads.reserve(2);
+    for (int t = 0; t < 2; ++t) {
+      attn::set_num_threads(t + 1);
+      attn::SavedForward<E> saved;
+      out[t] = Tensor<E, 2>(Shape<2>{tq, 24});
+      gx[t] = Tensor<E, 2>(Shape<2>{tq, 24});
+      gk[t] = Tensor<E, 2>(Shape<2>{tk, kdim});
+      const TensorView<E, 2> gkey = c.lk.empty() ? gx[t].view() : gk[t].view();
+      grads.emplace_back(m.named_parameters());
+      m.forward(x.view(), keys.view(), keys.view(), {cq, ck}, out[t].view(), saved, ws);
+      m.backward(w.view(), saved, gx[t].view(), gkey, gkey, grads.back(), ws);
     }
-    EXPECT_LE(worst, 2e-5 * scale) << grads[i].name();
-    EXPECT_GT(scale, 0.0) << grads[i].name();
+    attn::set_num_threads(threads);
+    expect_same_rows(out[0], 0, out[1], "out, 1 and 2 threads");
+    expect_same_rows(gx[0], 0, gx[1], "grad x, 1 and 2 threads");
+    expect_same_rows(gk[0], 0, gk[1], "grad key, 1 and 2 threads");
+    // Per parameter: the sum of the sequences' own gradients, and of their magnitudes.
+    std::vector<std::vector<double>> sum(grads[0].size()), magnitude(grads[0].size());
+    for (Index s = 0; s < cq.sequences(); ++s) {
+      if (cq.length(s) == 0) continue;
+      SCOPED_TRACE("sequence " + std::to_string(s));
+      const Index r0 = cq.begin(s), r1 = r0 + cq.length(s);
+      const Index k0 = ck.begin(s), k1 = k0 + ck.length(s);
+      const Tensor<E, 2> xs = rows_of(x, r0, r1), ws_ = rows_of(w, r0, r1);
+      // Self-attention: xs itself (the fused projection, as packed), else the key rows.
+      const Tensor<E, 2> key_rows = rows_of(keys, k0, k1);
+      const Tensor<E, 2>& ks = c.lk.empty() ? xs : key_rows;
+      Tensor<E, 2> ys(xs.shape()), gs(xs.shape()), gks(ks.shape());
+      const TensorView<E, 2> gkey = c.lk.empty() ? gs.view() : gks.view();
+      attn::SavedForward<E> saved_s;
+      attn::Gradients<E> alone_grads(m.named_parameters());
+      m.forward(xs.view(), ks.view(), ks.view(), ys.view(), saved_s, ws);
+      m.backward(ws_.view(), saved_s, gs.view(), gkey, gkey, alone_grads, ws);
+      expect_same_rows(out[0], r0, ys, "out");
+      expect_same_rows(gx[0], r0, gs, "grad x");
+      if (!c.lk.empty()) expect_same_rows(gk[0], k0, gks, "grad key");
+      for (std::size_t i = 0; i < alone_grads.size(); ++i) {
+        const auto b = attn::test::to_vector(alone_grads[i].matrix());
+        sum[i].resize(b.size(), 0.0);
+        magnitude[i].resize(b.size(), 0.0);
+        for (std::size_t j = 0; j < b.size(); ++j) {
+          sum[i][j] += static_cast<double>(b[j]);
+          magnitude[i][j] += std::abs(static_cast<double>(b[j]));
+        }
+      }
+    }
+    for (std::size_t i = 0; i < grads[0].size(); ++i) {
+      SCOPED_TRACE(grads[0][i].name());
+      const auto a = attn::test::to_vector(grads[0][i].matrix());
+      const auto a2 = attn::test::to_vector(grads[1][i].matrix());
+      ASSERT_EQ(std::memcmp(a.data(), a2.data(), a.size() * sizeof(E)), 0) << "1 and 2 threads";
+      double scale = 0;
+      for (const double b : sum[i]) scale = std::max(scale, std::abs(b));
+      for (std::size_t j = 0; j < a.size(); ++j) {
+        const double packed = static_cast<double>(a[j]);
+        EXPECT_NEAR(packed, sum[i][j], 2e-5 * scale + kRound * (std::abs(packed) + magnitude[i][j]))
+            << "entry " << j;
+      }
+      EXPECT_GT(scale, 0.0);
+    }
+  }
+}
+
+TEST(VarlenModule, BackwardEqualsEachSequenceAlone) { check_module_backward<float>(); }
+// On each bfloat16 path this CPU runs (the kernel on bfloat16 products reads the forward's
+// rows in bfloat16, split per sequence too: kDot at head dim 6, not kAmx; the path is restored
+// after the test by tests/support/test_main.cpp).
+TEST(VarlenModule, Bf16BackwardEqualsEachSequenceAlone) {
+  for (const attn::Bf16Path path :
+       {attn::Bf16Path::kWiden, attn::Bf16Path::kDot, attn::Bf16Path::kAmx}) {
+    if (!attn::bf16_path_available(path)) continue;
+    SCOPED_TRACE(attn::bf16_path_name(path));
+    attn::set_bf16_path(path);
+    check_module_backward<bfloat16>();
   }
 }
 

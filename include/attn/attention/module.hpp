@@ -224,10 +224,10 @@ class ModuleForwards {
   using Grad = typename InputView<Tag, TensorView<Scalar, Rank>>::type;
   // Masks are in the compute type: float for a bfloat16 or float16 module.
   using Mask = AttentionMask<compute_type_t<Scalar>>;
-  // A bfloat16 module runs whole-sequence forwards, inference and training (with backward), a
-  // float16 module inference forwards; both the incremental forward through a KVCache or a
-  // PagedKVCache of their type, and packed batches (inference, the packed prefills); attention
-  // weights and packed training need float or double.
+  // A bfloat16 module runs whole-sequence and packed forwards, inference and training (with
+  // backward), a float16 module inference forwards (packed ones too); both the incremental
+  // forward through a KVCache or a PagedKVCache of their type, and the packed prefills;
+  // attention weights need float or double.
   static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
   static constexpr bool kWholeTraining = kTraining || std::is_same_v<Scalar, bfloat16>;
 
@@ -338,9 +338,9 @@ class ModuleForwards {
   /// (total, features) gradients) needs, the offsets included.
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                SavedForward<Scalar>& saved, Workspace& ws, const Mask& mask = {}) const {
-    static_assert(kTraining,
-                  "attn: a bfloat16 or float16 module runs packed batches for inference only; the "
-                  "packed training forward needs a float or double module");
+    static_assert(kWholeTraining,
+                  "attn: a packed training forward (SavedForward) needs a float, double or "
+                  "bfloat16 module (a float16 module runs inference forwards only)");
     train_forward(gather_inputs<Scalar>(unsqueeze(in, 0)...), unsqueeze(out, 0), saved, ws, mask,
                   &seqs);
   }

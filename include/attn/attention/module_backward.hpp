@@ -228,6 +228,16 @@ void check_core_backward(const AttentionCore<Scalar>& core, TensorView<const Sca
                         kGradInputNames);
 }
 
+/// The offsets a packed training forward kept in `saved` (views of its vectors), both empty
+/// when the forward was not packed.
+template <class Scalar>
+PackedSequences saved_sequences(const SavedForward<Scalar>& saved) {
+  const auto offsets = [](const std::vector<Index>& o) {
+    return SequenceOffsets(TensorView<const Index, 1>(o.data(), {static_cast<Index>(o.size())}));
+  };
+  return PackedSequences(offsets(saved.query_offsets), offsets(saved.key_offsets));
+}
+
 /// The end of step 2 of both backwards: with rotary embeddings, the kernel's dQ and dK (of
 /// the rotated heads, part_grad[0] and [1], of Scalar or its Compute type) rotated back by R^T
 /// into the gradients of the projections' outputs, at the positions the forward rotated
@@ -301,12 +311,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
       c.sinks ? grads.of(core.sinks()) : TensorView<Scalar, 1>();
   const AttentionGradients<Scalar> kernel_grads{grad_context4, part_grad[0], part_grad[1],
                                                 part_grad[2], grad_sinks};
-  // A packed forward's offsets (empty: not packed).
-  const auto offsets = [](const std::vector<Index>& o) {
-    return SequenceOffsets(TensorView<const Index, 1>(o.data(), {static_cast<Index>(o.size())}));
-  };
   const bool packed = !saved.query_offsets.empty();
-  const PackedSequences seqs(offsets(saved.query_offsets), offsets(saved.key_offsets));
+  const PackedSequences seqs = saved_sequences(saved);
   if (packed) {
     attend_packed_backward(where, saved.query, saved.key, saved.value, context, saved.logsumexp,
                            kernel_grads, seqs, saved.mask, saved.options, ws, c.causal_bound(),
@@ -346,6 +352,8 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 ///      rotates them;
 ///   3. projections: each group's dQKV rounded once to bfloat16, then dW += dQKV^T X and
 ///      dX += dQKV W (bfloat16 GEMMs), db += column sums of the float dQKV.
+/// After a packed training forward, step 2 runs each sequence's own kernel calls (the split of
+/// core_backward()), and the rotation is per sequence.
 /// Every addition into a bfloat16 gradient (grads, grad_in) widens it, adds the float result
 /// and rounds once.
 inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
@@ -410,9 +418,14 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   const AttentionGradients<float> kernel_grads{
       TensorView<const float, 4>(dc, {batch, heads, tq, hd_v}, context_strides), part_grad[0],
       part_grad[1], part_grad[2], grad_sinks};
+  // A packed forward's call is checked whole, then split per sequence (split_packed(): the
+  // mask and the module's bound resolved per sequence), as attend_packed_backward() splits it.
+  const bool packed = !saved.query_offsets.empty();
+  const PackedSequences seqs = saved_sequences(saved);
   AttentionCall<float> call =
-      backward_call<float>(where, q, k, v, out, saved.logsumexp, kernel_grads, saved.mask,
-                           saved.options, c.causal_bound(), /*own_gradients=*/true);
+      backward_call<float>(where, q, k, v, out, saved.logsumexp, kernel_grads,
+                           packed ? AttentionMask<float>() : saved.mask, saved.options,
+                           packed ? CausalBound{} : c.causal_bound(), /*own_gradients=*/true);
   call.args.path = bf16_path();
   const BackwardNarrow narrow{saved.query, saved.key, saved.value,
                               TensorView<const bfloat16, 4>(
@@ -423,9 +436,19 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
     convert(saved.value, v);
     convert(saved.context, TensorView<float, 3>(o, {batch, tq, width}));
   }
-  run_attention_backward(call, kernel_grads, ws, &narrow);
-  rotate_back(core, part_grad, nullptr);  // in float, before dQ and dK are rounded
-  if (c.sinks) {                          // widened, added, rounded once
+  if (packed) {
+    std::vector<AttentionCall<float>> calls;
+    std::vector<AttentionGradients<float>> call_grads;
+    std::vector<BackwardNarrow> narrows;
+    split_packed(where, call, seqs, saved.mask, c.causal_bound(), calls, &kernel_grads, &call_grads,
+                 &narrow, &narrows);
+    run_attention_backward(calls.data(), call_grads.data(), static_cast<Index>(calls.size()), ws,
+                           narrows.data());
+  } else {
+    run_attention_backward(call, kernel_grads, ws, &narrow);
+  }
+  rotate_back(core, part_grad, packed ? &seqs : nullptr);  // in float, before dQ and dK round
+  if (c.sinks) {                                           // widened, added, rounded once
     const TensorView<bfloat16, 1> into = grads.of(core.sinks());
     for (Index h = 0; h < heads; ++h) {
       into(h) = bfloat16(static_cast<float>(into(h)) + grad_sinks(h));

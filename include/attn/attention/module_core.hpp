@@ -67,10 +67,10 @@ namespace detail {
 /// PagedKVCache<bfloat16> keeps bfloat16 rows. A packed batch (PackedSequences, the packed
 /// prefills) runs each sequence through the same bfloat16 kernel, the same bits as the
 /// sequence alone. Learned sinks are a bfloat16 parameter too (as .to(torch.bfloat16) makes
-/// them), widened exactly to float for the kernel on every call. Its training forward records
-/// the bfloat16 heads and context, and its backward is core_backward_bf16() (module_backward.hpp).
-/// Attention weights and packed training forwards need a float or double core; a float16
-/// core runs inference forwards only. Built from a configuration, it takes a float core's
+/// them), widened exactly to float for the kernel on every call. Its training forward (packed
+/// too) records the bfloat16 heads and context, and its backward is core_backward_bf16()
+/// (module_backward.hpp). Attention weights need a float or double core; a float16 core runs
+/// inference forwards only (packed ones too). Built from a configuration, it takes a float core's
 /// draws rounded; the converting constructor rounds (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
@@ -156,7 +156,7 @@ class AttentionCore {
                const PackedSequences* packed = nullptr) const {
     if constexpr (kStorage) {  // the module front ends refuse these at compile time
       ATTN_ASSERT(weights.data() == nullptr);
-      ATTN_ASSERT(saved == nullptr || packed == nullptr);  // a packed training forward
+      ATTN_ASSERT((saved == nullptr || std::is_same_v<Scalar, bfloat16>));  // float16: no backward
     }
     check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;

@@ -88,9 +88,8 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// dropout, rotary embeddings), inference and training: backward() adds into
 /// Gradients<bfloat16> (bfloat16 products, float sums; train it with optim::MixedPrecision),
 /// the incremental forward through a KVCache<bfloat16> or a PagedKVCache<bfloat16>, and
-/// packed batches (inference and the packed prefills). The packed training forward and
-/// forward_with_weights do not compile for it. Load float weights and
-/// convert<bfloat16>(module).
+/// packed batches (inference, training and the packed prefills). forward_with_weights does
+/// not compile for it. Load float weights and convert<bfloat16>(module).
 /// MultiHeadAttention<float16> is the same with float16 (IEEE binary16) weights, biases and
 /// tensors, inference forwards only: its products are widened to float on every kernel set.
 ///

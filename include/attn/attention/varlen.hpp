@@ -174,7 +174,9 @@ void check_packed_mask(const char* where, const AttentionMask<Scalar>& mask) {
 /// per sequence, the dropout hash's batch index the sequence's. A sequence with queries and
 /// no keys gets one key row hidden by a key length of 0 (its rows give zeros, as a query
 /// that sees no key does). With `whole_grads`, `grads` receives each call's gradients
-/// (grad_sinks shared: each call adds its own sum, in sequence order).
+/// (grad_sinks shared: each call adds its own sum, in sequence order), and with
+/// `whole_narrow` (a bfloat16 module's backward: the forward's Q, K, V and O in bfloat16,
+/// BackwardNarrow) `narrows` each call's rows of them.
 /// Operand: q, k, v and out's element type (Scalar, or a storage type: no gradients).
 /// @throws ShapeError for offsets that do not fit (check_offsets()), or a kSquare causal
 ///         bound over a sequence with T_q(s) != T_k(s).
@@ -183,7 +185,9 @@ void split_packed(const char* where, const AttentionCall<Scalar, Operand>& whole
                   const PackedSequences& seqs, const AttentionMask<Scalar>& mask,
                   const CausalBound& module, std::vector<AttentionCall<Scalar, Operand>>& calls,
                   const AttentionGradients<Scalar>* whole_grads = nullptr,
-                  std::vector<AttentionGradients<Scalar>>* grads = nullptr) {
+                  std::vector<AttentionGradients<Scalar>>* grads = nullptr,
+                  const BackwardNarrow* whole_narrow = nullptr,
+                  std::vector<BackwardNarrow>* narrows = nullptr) {
   static constexpr Index kNoKeys = 0;
   const SequenceOffsets &cq = seqs.query, &ck = seqs.keys();
   const Index total_q = whole.queries(), total_k = whole.keys();
@@ -195,6 +199,7 @@ void split_packed(const char* where, const AttentionCall<Scalar, Operand>& whole
                       (module.causal && module.alignment == CausalAlignment::kSquare);
   calls.clear();
   if (grads != nullptr) grads->clear();
+  if (narrows != nullptr) narrows->clear();
   for (Index s = 0; s < cq.sequences(); ++s) {
     const Index q0 = cq.begin(s), tq = cq.length(s), k0 = ck.begin(s), tk = ck.length(s);
     require(!square || tq == tk, where, [&] {
@@ -224,6 +229,10 @@ void split_packed(const char* where, const AttentionCall<Scalar, Operand>& whole
       g.grad_k = slice(whole_grads->grad_k, 2, j0, j1);
       g.grad_v = slice(whole_grads->grad_v, 2, j0, j1);
       grads->push_back(g);
+      if (narrows == nullptr) continue;
+      narrows->push_back({slice(whole_narrow->q, 2, q0, q0 + tq), slice(whole_narrow->k, 2, j0, j1),
+                          slice(whole_narrow->v, 2, j0, j1),
+                          slice(whole_narrow->out, 2, q0, q0 + tq)});
     }
   }
 }

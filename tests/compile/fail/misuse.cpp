@@ -49,15 +49,21 @@ namespace {
   attn::TensorView<float, 2> writable = attn::as_view(matrix);  // a const object is read-only
   writable(0, 0) = 1.0f;
 #elif ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
-  // A bfloat16 module trains on whole sequences only, and returns no attention weights.
+  // A float16 module does not train (packed batches included); a bfloat16 module returns no
+  // attention weights.
   (void)const_view;
-  const attn::MultiHeadAttention<attn::bfloat16> m(attn::MultiHeadAttentionOptions::pytorch(8, 2));
-  attn::Tensor<attn::bfloat16, 3> x({1, 2, 8}), y({1, 2, 8});
+#if ATTN_MISUSE_CASE == 9
+  using E = attn::float16;
+#else
+  using E = attn::bfloat16;
+#endif
+  const attn::MultiHeadAttention<E> m(attn::MultiHeadAttentionOptions::pytorch(8, 2));
+  attn::Tensor<E, 3> x({1, 2, 8}), y({1, 2, 8});
   attn::Workspace ws;
 #if ATTN_MISUSE_CASE == 9
-  attn::SavedForward<attn::bfloat16> saved;
+  attn::SavedForward<E> saved;
   const attn::PackedSequences seqs(std::vector<attn::Index>{0, 2});
-  const attn::TensorView<const attn::bfloat16, 2> rows = attn::select(x.view(), 0, 0);
+  const attn::TensorView<const E, 2> rows = attn::select(x.view(), 0, 0);
   m.forward(rows, rows, rows, seqs, attn::select(y.view(), 0, 0), saved, ws);  // packed training
 #else
   (void)m.forward_with_weights(x.view());  // the streaming kernel returns no weights
