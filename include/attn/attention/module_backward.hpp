@@ -422,10 +422,10 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   // mask and the module's bound resolved per sequence), as attend_packed_backward() splits it.
   const bool packed = !saved.query_offsets.empty();
   const PackedSequences seqs = saved_sequences(saved);
-  AttentionCall<float> call =
-      backward_call<float>(where, q, k, v, out, saved.logsumexp, kernel_grads,
-                           packed ? AttentionMask<float>() : saved.mask, saved.options,
-                           packed ? CausalBound{} : c.causal_bound(), /*own_gradients=*/true);
+  const AttentionMask<float> whole_call_mask;  // (bound, not copied: no allocation per call)
+  AttentionCall<float> call = backward_call<float>(
+      where, q, k, v, out, saved.logsumexp, kernel_grads, packed ? whole_call_mask : saved.mask,
+      saved.options, packed ? CausalBound{} : c.causal_bound(), /*own_gradients=*/true);
   call.args.path = bf16_path();
   const BackwardNarrow narrow{saved.query, saved.key, saved.value,
                               TensorView<const bfloat16, 4>(
