@@ -10,7 +10,8 @@
 #   2. measures the bandwidth at 1 and 2 threads;
 #   3. for op in decode (T_new = 1) and prefill (a 128-token chunk), B in 1 and 4, L in
 #      512, 2048 and 8192 (--lengths; the 2026-11-25 run also had 1024 and 4096: two fewer
-#      lengths keep the whole command under an hour) and threads 1 and 2: one attn process
+#      lengths shorten the whole command, which the bfloat16 rows had taken past an hour by
+#      estimate) and threads 1 and 2: one attn process
 #      and one PyTorch process each,
 #      alternating who goes first, --rounds times, keeping each side's fastest median;
 #   4. the attention of a decode step alone (decode_timer attend) per KV cache element type
