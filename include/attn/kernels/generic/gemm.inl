@@ -329,8 +329,9 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
           //    measured (one thread, W packed, C float, 4096 x 1536 x 512, the in-run tile
           //    peak between runs, one process, median of 15 rounds, machine loaded), 0.32 of
           //    the peak as is, 0.52 without C's stores, and C's stores alone (no tiles) at
-          //    1.48 times the peak's rate: the two overlap less than not at all
-          //    (1 / 0.32 > 1 / 0.52 + 1 / 1.48), the tiles' loads waiting behind the stores.
+          //    1.48 times the peak's rate: interleaved, the two take longer than one after
+          //    the other would (1 / 0.32 > 1 / 0.52 + 1 / 1.48). bench/gemm_bench's
+          //    BM_AmxTileLoop (this loop on cached operands) is the tiles' own ceiling.
           const bool in_place = depth % 32 == 0 && rows % 16 == 0;
           const bfloat16* tiles = g.a + i0 * g.lda + p0;
           const Index a_ld = in_place ? g.lda : 2 * words(depth);  // amx_pack_a()'s rows
@@ -359,8 +360,8 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
               float* c_i = c_buffer + slot * c_slot + i * c_ld;
               const auto between = [&] { store_rows(share); };
               if (!tiled) {
-                amx_panel(n, depth, a_i, a_ld, group + at, panel_ld, 1, width, c_i, c_ld,
-                          every, between);
+                amx_panel(n, depth, a_i, a_ld, group + at, panel_ld, 1, width, c_i, c_ld, every,
+                          between);
               } else if (!pieces) {
                 amx_panel(n, depth, a_i, a_ld, group + at * panel_rows, 16, panel_rows, width, c_i,
                           c_ld, every, between);
