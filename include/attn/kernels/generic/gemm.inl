@@ -205,12 +205,14 @@ inline constexpr Index kAmxStoreSteps = 4;
 
 /// AMX, for a C written with non-temporal stores (GemmPlan::stream): the stores' shares after
 /// a pair's last step only (a depth block has at most 32 steps: gemm_depth_limit()), instead
-/// of every kAmxStoreSteps. Measured (one thread, W packed, CPU time, the in-run tile peak
-/// between every run, both schedules alternated in one process, median of 31 rounds, machine
-/// loaded): 1.03x / 1.02x (B packed per call) / 1.07x (C rounded to bfloat16) / 1.06x / 1.01x
-/// the speed for 4096 x 1536 x 512 / the same / the same / 2048 x 2304 x 768 / 4096 x 512 x 512
-/// (the non-temporal stores hold up the tile loads behind them); for a C that stays in the
-/// caches (128 x 1536 x 512) every 4 steps stays faster (1.06x against after a pair's last).
+/// of every kAmxStoreSteps. Measured (one thread, CPU time, both schedules alternated in one
+/// process with the tile peak timed between every run, median of 31 rounds, machine loaded):
+/// 1.03x the speed for 4096 x 1536 x 512 with W packed, 1.02x with W packed per call, 1.07x
+/// with C rounded to bfloat16, 1.06x for 2048 x 2304 x 768, 1.01x for 4096 x 512 x 512 (the
+/// tile loads likely wait behind the non-temporal stores); for a C that stays in the caches
+/// (128 x 1536 x 512) every 4 steps stays faster (1.06x). Separate processes (above) had
+/// found every 4 faster on the streamed shapes too, within a noise that pairing in one
+/// process removes.
 inline constexpr Index kAmxStreamSteps = 32;
 
 /// AMX: rows [next, rows) of a group's products (columns [jj, jj + width) of the row block
