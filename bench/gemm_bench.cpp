@@ -9,7 +9,8 @@
 // Args: M (rows = B*T), N (output features), K (input features). y (M, N) = x (M, K) W^T.
 // Counter: FLOPS = 2*M*N*K per second. bench/fma_peak gives the peaks to divide by: the float
 // FMA's for the float GEMM and the widening path, vdpbf16ps's for the dot product. BM_FmaPeak
-// and BM_AmxPeak time the float and AMX peaks in the same run.
+// and BM_AmxPeak time the float and AMX peaks in the same run, BM_AmxTileLoop the AMX GEMM's
+// tile loop on cached operands (its ceiling).
 //
 // Run:
 //   OMP_NUM_THREADS=1 build/bench/bench/gemm_bench --benchmark_repetitions=5
@@ -18,6 +19,9 @@
 // BM_FmaPeak's rate (float) or BM_AmxPeak's (AMX) from the same run, CPU times.
 
 #include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "amx_peak.hpp"
 #include "attn/attn.hpp"
@@ -187,6 +191,71 @@ void BM_AmxPeak(benchmark::State& state) {
       benchmark::Counter(kAmxRoundFlops * kRounds, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The GEMM's tile loop (avx512/amx_bf16.inl's amx_panel()) on operands that stay in the
+// caches: a 32 x 32 block of C in 2 x 2 tiles, each 32-deep step loading two A tiles (row
+// stride 1 KiB, as A read in place with K = 512) and two contiguous B tiles, 16 steps (K = 512)
+// per block; with `stores` the four C tiles are stored after the 16 steps and zeroed, as
+// amx_panel() stores them. Against BM_AmxPeak in the same run, it is the ceiling of that loop
+// shape with no memory traffic beyond L2 and no C written to memory.
+__attribute__((target("amx-tile,amx-bf16"))) float amx_tile_loop(long blocks, bool stores) {
+  struct alignas(64) Config {
+    unsigned char palette = 1, start_row = 0, reserved[14] = {};
+    unsigned short colsb[16] = {};
+    unsigned char rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  __asm__ volatile("" : : "r"(&config) : "memory");  // see amx_peak.hpp
+  _tile_loadconfig(&config);
+  // A: 2^-7 (the sums stay small); B: pairs of 2^-7; both 64-byte aligned (tile rows on
+  // whole lines, as the GEMM's).
+  alignas(64) static std::uint16_t a[32 * 512];
+  alignas(64) static std::uint32_t b[2 * 256 * 16];
+  std::fill(a, a + 32 * 512, std::uint16_t{0x3C00});
+  std::fill(b, b + 2 * 256 * 16, 0x3C003C00u);
+  alignas(64) float c[32 * 32];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long block = 0; block < blocks; ++block) {
+    for (int s = 0; s < 16; ++s) {
+      _tile_loadd(4, a + s * 32, 1024);
+      _tile_loadd(6, b + s * 256, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b + 4096 + s * 256, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, a + 16 * 512 + s * 32, 1024);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    if (stores) {
+      _tile_stored(0, c, 128);
+      _tile_stored(1, c + 16, 128);
+      _tile_stored(2, c + 512, 128);
+      _tile_stored(3, c + 528, 128);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  _tile_stored(0, c, 128);
+  _tile_release();
+  return c[0];
+}
+
+void BM_AmxTileLoop(benchmark::State& state) {
+  if (!attn::detail::amx_support().usable) {
+    state.SkipWithError(attn::detail::amx_support().reason);
+    return;
+  }
+  constexpr long kBlocks = 2000;  // 128000 tdpbf16ps, as many as BM_AmxPeak's 120000
+  const bool stores = state.range(0) != 0;
+  for (auto _ : state) benchmark::DoNotOptimize(amx_tile_loop(kBlocks, stores));
+  state.counters["FLOPS"] = benchmark::Counter(64.0 * 16 * 16 * 32 * 2 * kBlocks,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The float FMA's peak, as bench/fma_peak measures it (24 independent zmm chains), in this
 // binary: the denominator of the float GEMM's fraction of peak, timed between its repetitions
 // with --benchmark_enable_random_interleaving (as BM_AmxPeak for AMX).
@@ -223,6 +292,7 @@ BENCHMARK(BM_GemmPacked)->Apply(GemmShapes)->Unit(benchmark::kMillisecond)->UseR
 BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmBf16)->Apply(Bf16Shapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AmxPeak)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AmxTileLoop)->ArgName("stores")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmBf16Rounded)->Apply(RoundedShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_TEMPLATE(BM_EigenGemm, float)
     ->Apply(GemmShapes)

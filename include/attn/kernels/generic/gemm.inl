@@ -203,6 +203,18 @@ inline std::pair<Index, Index> pack_a(const GemmPlan<Scalar>& g, Index i0, Index
 /// 0.26-0.37 with C float, against 0.19-0.32 and 0.24-0.32 after every 16 (a pair's last).
 inline constexpr Index kAmxStoreSteps = 4;
 
+/// AMX, for a C written with non-temporal stores (GemmPlan::stream): the stores' shares after
+/// a pair's last step only (a depth block has at most 32 steps: gemm_depth_limit()), instead
+/// of every kAmxStoreSteps. Measured (one thread, CPU time, both schedules alternated in one
+/// process with the tile peak timed between every run, median of 31 rounds, machine loaded):
+/// 1.03x the speed for 4096 x 1536 x 512 with W packed, 1.02x with W packed per call, 1.07x
+/// with C rounded to bfloat16, 1.06x for 2048 x 2304 x 768, 1.01x for 4096 x 512 x 512 (the
+/// tile loads likely wait behind the non-temporal stores); for a C that stays in the caches
+/// (128 x 1536 x 512) every 4 steps stays faster (1.06x). Separate processes (above) had
+/// found every 4 faster on the streamed shapes too, within a noise that pairing in one
+/// process removes.
+inline constexpr Index kAmxStreamSteps = 32;
+
 /// AMX: rows [next, rows) of a group's products (columns [jj, jj + width) of the row block
 /// from row i0), waiting in the task's c_buffer to be stored into C (gemm_task()'s pass 3).
 struct AmxPending {
@@ -310,14 +322,18 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
           //    core, Emerald Rapids, 4096 x 512 x 512 and 8192 x 1536 x 512, W packed):
           //    1.4-2.5x faster than each 32-row block past all the groups instead.
           // 3. C from c_buffer (amx_store()), each group's rows in shares handed out every
-          //    kAmxStoreSteps steps of the next group's tile pairs (the last group's to the next
-          //    row block's first), so that the stores run while the tiles compute: the bias,
-          //    the previous depth blocks'
-          //    C, and for gemm_nt_rounded() the rounding into its bfloat16 C (half the bytes of
-          //    a float C, which is then neither written nor read back); non-temporal stores
-          //    for a large C (run_gemm()). Writing C is what costs: measured (one thread, W
-          //    packed, C float, 4096 x 1536 x 512, machine loaded), skipping its stores took
-          //    the product from 15.6 to 5.7 ms CPU.
+          //    kAmxStoreSteps steps of the next group's tile pairs, or after each pair's last
+          //    step for a streamed C (kAmxStreamSteps; the last group's to the next row
+          //    block's first), so that the stores run while the tiles compute: the bias, the
+          //    previous depth blocks' C, and for gemm_nt_rounded() the rounding into its
+          //    bfloat16 C (half the bytes of a float C, which is then neither written nor read
+          //    back); non-temporal stores for a large C (run_gemm()). Writing C is what costs:
+          //    measured (one thread, W packed, C float, 4096 x 1536 x 512, the in-run tile
+          //    peak between runs, one process, median of 15 rounds, machine loaded), 0.32 of
+          //    the peak as is, 0.52 without C's stores, and C's stores alone (no tiles) at
+          //    1.48 times the peak's rate: interleaved, the two take longer than one after
+          //    the other would (1 / 0.32 > 1 / 0.52 + 1 / 1.48). bench/gemm_bench's
+          //    BM_AmxTileLoop (this loop on cached operands) is the tiles' own ceiling.
           const bool in_place = depth % 32 == 0 && rows % 16 == 0;
           const bfloat16* tiles = g.a + i0 * g.lda + p0;
           const Index a_ld = in_place ? g.lda : 2 * words(depth);  // amx_pack_a()'s rows
@@ -335,8 +351,9 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
             const bool pieces = tiled && (at % 16 != 0 || width % 16 != 0);
             // The previous group's rows (in the other slot), in equal shares between this
             // group's tile pairs.
+            const Index every = g.stream ? kAmxStreamSteps : kAmxStoreSteps;
             const Index calls = (rows + 31) / 32 * ((std::max<Index>(width, 16) + 31) / 32) *
-                                ((words(depth) / 16 + kAmxStoreSteps - 1) / kAmxStoreSteps);
+                                ((words(depth) / 16 + every - 1) / every);
             const Index share = (pending.rows - pending.next + calls - 1) / calls;
             const Index panel_rows = words(depth);
             for (Index i = 0; i < rows; i += 32) {
@@ -345,16 +362,16 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
               float* c_i = c_buffer + slot * c_slot + i * c_ld;
               const auto between = [&] { store_rows(share); };
               if (!tiled) {
-                amx_panel(n, depth, a_i, a_ld, group + at, panel_ld, 1, width, c_i, c_ld,
-                          kAmxStoreSteps, between);
+                amx_panel(n, depth, a_i, a_ld, group + at, panel_ld, 1, width, c_i, c_ld, every,
+                          between);
               } else if (!pieces) {
                 amx_panel(n, depth, a_i, a_ld, group + at * panel_rows, 16, panel_rows, width, c_i,
-                          c_ld, kAmxStoreSteps, between);
+                          c_ld, every, between);
               } else {
                 for (Index s = at; s < at + width; s = s / 16 * 16 + 16) {
                   const Index t = s / 16 * 16, w = std::min(t + 16, at + width) - s;
                   amx_panel(n, depth, a_i, a_ld, group + t * panel_rows + (s - t), 16, 1, w,
-                            c_i + (s - at), c_ld, kAmxStoreSteps, between);
+                            c_i + (s - at), c_ld, every, between);
                 }
               }
             }
