@@ -138,6 +138,9 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
   __m512i qlo[Chunks][4], qhi[Chunks][4], bias[Chunks];
   __mmask64 bytes[Chunks];
   Index scale_at[Chunks][4];  // block 4 c + L's scale index (clamped past the row: weight 0)
+  // One scale per block and 4 blocks in the chunk: the chunk's scales are 4 consecutive floats
+  // (one vector load instead of 4 scalar loads and 3 inserts per key and chunk).
+  bool in_order[Chunks];
 #pragma GCC unroll 2
   for (int c = 0; c < Chunks; ++c) {
     const Index left = std::max<Index>(0, row_bytes - 64 * c);
@@ -154,9 +157,11 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
                                     eight, qhi[c][i]);
     }
     bias[c] = int8_reduce_rows(sum8[0], sum8[1], sum8[2], sum8[3]);
+    in_order[c] = true;
     for (int t = 0; t < 4; ++t) {
       const Index block = std::min<Index>(4 * c + t, blocks - 1);
       scale_at[c][t] = block * kInt4Block / group;
+      in_order[c] = in_order[c] && scale_at[c][t] == 4 * c + t;
     }
   }
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -180,10 +185,11 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
                                      qhi[c][i]);
         }
         const __m512i dots = _mm512_sub_epi32(int8_reduce_rows(a[0], a[1], a[2], a[3]), bias[c]);
-        const __m512 kscale = _mm512_permutexvar_ps(
-            spread,
-            _mm512_castps128_ps512(_mm_setr_ps(scales[scale_at[c][0]], scales[scale_at[c][1]],
-                                               scales[scale_at[c][2]], scales[scale_at[c][3]])));
+        const __m128 block_scales =
+            in_order[c] ? _mm_loadu_ps(scales + 4 * c)
+                        : _mm_setr_ps(scales[scale_at[c][0]], scales[scale_at[c][1]],
+                                      scales[scale_at[c][2]], scales[scale_at[c][3]]);
+        const __m512 kscale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(block_scales));
         f[c][t] = _mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale);
       }
     }

@@ -23,19 +23,21 @@ inline bool widen_int4_block(const unsigned char*, Scalar*, float) noexcept {
 /// taken in order give a tile one run, as a contiguous cache's).
 template <class Fn>
 void stored_runs(const StoredRows& s, Index b, Index h, Index slot, Index n, Fn&& fn) {
+  if (s.table == nullptr) {
+    if (n > 0) fn(s.row(b, h, slot), s.scales_of(b, h, slot), Index(0), n);
+    return;
+  }
+  const Index* table = s.table + b * s.table_stride;
+  // Rows continue into the next block when it lies right after this one (its keys, and its
+  // scales, at the next row stride): a property of the layout, not of the block.
+  const bool joinable =
+      s.item_stride == s.block_rows * s.row_stride &&
+      (s.scales == nullptr || s.scale_item_stride == s.block_rows * s.scale_row_stride);
   for (Index j = 0; j < n;) {
-    Index run = n - j;
-    if (s.table != nullptr) {
-      const Index* table = s.table + b * s.table_stride;
-      Index at = (slot + j) / s.block_rows;
-      run = std::min(run, s.block_rows - (slot + j) % s.block_rows);
-      // Rows continue into the next block when it lies right after this one (its keys, and
-      // its scales, at the next row stride).
-      while (j + run < n && table[at + 1] == table[at] + 1 &&
-             s.item_stride == s.block_rows * s.row_stride &&
-             (s.scales == nullptr || s.scale_item_stride == s.block_rows * s.scale_row_stride)) {
-        run = std::min(n - j, run + s.block_rows), ++at;
-      }
+    Index at = (slot + j) / s.block_rows;
+    Index run = std::min(n - j, s.block_rows - (slot + j) % s.block_rows);
+    while (joinable && j + run < n && table[at + 1] == table[at] + 1) {
+      run = std::min(n - j, run + s.block_rows), ++at;
     }
     fn(s.row(b, h, slot + j), s.scales_of(b, h, slot + j), j, run);
     j += run;
