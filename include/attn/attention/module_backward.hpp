@@ -418,8 +418,8 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   const AttentionGradients<float> kernel_grads{
       TensorView<const float, 4>(dc, {batch, heads, tq, hd_v}, context_strides), part_grad[0],
       part_grad[1], part_grad[2], grad_sinks};
-  // A packed forward's call is checked whole, then split per sequence (split_packed(): the
-  // mask and the module's bound resolved per sequence), as attend_packed_backward() splits it.
+  // A packed forward's call is checked whole, then split per sequence (run_packed_backward():
+  // the mask and the module's bound resolved per sequence), as attend_packed_backward() runs it.
   const bool packed = !saved.query_offsets.empty();
   const PackedSequences seqs = saved_sequences(saved);
   const AttentionMask<float> whole_call_mask;  // (bound, not copied: no allocation per call)
@@ -437,13 +437,7 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
     convert(saved.context, TensorView<float, 3>(o, {batch, tq, width}));
   }
   if (packed) {
-    std::vector<AttentionCall<float>> calls;
-    std::vector<AttentionGradients<float>> call_grads;
-    std::vector<BackwardNarrow> narrows;
-    split_packed(where, call, seqs, saved.mask, c.causal_bound(), calls, &kernel_grads, &call_grads,
-                 &narrow, &narrows);
-    run_attention_backward(calls.data(), call_grads.data(), static_cast<Index>(calls.size()), ws,
-                           narrows.data());
+    run_packed_backward(where, call, kernel_grads, seqs, saved.mask, c.causal_bound(), ws, &narrow);
   } else {
     run_attention_backward(call, kernel_grads, ws, &narrow);
   }

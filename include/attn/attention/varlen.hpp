@@ -263,8 +263,27 @@ void attend_packed(const char* where, TensorView<const identity_t<Operand>, 4> q
   run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
 }
 
+/// The backward of `whole`, a checked backward call over packed (1, H, total, .) views made
+/// without a mask or module bound (backward_call()), and its gradients `grads`: the split
+/// (split_packed(): `mask` and `module` resolved per sequence), one run. `narrow`, when not
+/// null, the whole call's q, k, v and out in bfloat16 (BackwardNarrow), split with them.
+template <class Scalar>
+void run_packed_backward(const char* where, const AttentionCall<Scalar>& whole,
+                         const AttentionGradients<Scalar>& grads, const PackedSequences& seqs,
+                         const AttentionMask<Scalar>& mask, const CausalBound& module,
+                         Workspace& ws, const BackwardNarrow* narrow = nullptr) {
+  std::vector<AttentionCall<Scalar>> calls;
+  std::vector<AttentionGradients<Scalar>> call_grads;
+  std::vector<BackwardNarrow> narrows;
+  split_packed(where, whole, seqs, mask, module, calls, &grads, &call_grads, narrow,
+               narrow != nullptr ? &narrows : nullptr);
+  run_attention_backward(calls.data(), call_grads.data(), static_cast<Index>(calls.size()), ws,
+                         narrow != nullptr ? narrows.data() : nullptr);
+}
+
 /// The packed backward: backward_call() on the whole packed views (the forward's checks,
-/// then the gradients', the logsumexp's and their memory), the split, one run.
+/// then the gradients', the logsumexp's and their memory), the split, one run
+/// (run_packed_backward()).
 template <class Scalar>
 void attend_packed_backward(const char* where, TensorView<const Scalar, 4> q,
                             TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
@@ -274,12 +293,10 @@ void attend_packed_backward(const char* where, TensorView<const Scalar, 4> q,
                             Workspace& ws, const CausalBound& module = {},
                             bool own_gradients = false) {
   check_packed_mask(where, mask);
-  const AttentionCall<Scalar> whole = backward_call<Scalar>(
-      where, q, k, v, out, lse, grads, AttentionMask<Scalar>(), options, {}, own_gradients);
-  std::vector<AttentionCall<Scalar>> calls;
-  std::vector<AttentionGradients<Scalar>> call_grads;
-  split_packed(where, whole, seqs, mask, module, calls, &grads, &call_grads);
-  run_attention_backward(calls.data(), call_grads.data(), static_cast<Index>(calls.size()), ws);
+  run_packed_backward(where,
+                      backward_call<Scalar>(where, q, k, v, out, lse, grads,
+                                            AttentionMask<Scalar>(), options, {}, own_gradients),
+                      grads, seqs, mask, module, ws);
 }
 
 }  // namespace detail
