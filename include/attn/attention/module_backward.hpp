@@ -426,6 +426,11 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   AttentionCall<float> call = backward_call<float>(
       where, q, k, v, out, saved.logsumexp, kernel_grads, packed ? whole_call_mask : saved.mask,
       saved.options, packed ? CausalBound{} : c.causal_bound(), /*own_gradients=*/true);
+  // bf16_path(), not the forward's attention_bf16_path(): the kernels would take its kWiden,
+  // but its rule (widen below 16 query rows per task at d 128) was measured on the forward's
+  // score pass over its plan's stacked heads (AttentionPlan), which the backward's key and
+  // query tiles do not share; and a widened call keeps P and dS in float where vdpbf16ps
+  // rounds them, so the gradients of few-row calls would change bits.
   call.args.path = bf16_path();
   const BackwardNarrow narrow{saved.query, saved.key, saved.value,
                               TensorView<const bfloat16, 4>(
