@@ -4,6 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attn/config.hpp"
@@ -35,6 +38,8 @@ enum class WorkspaceSlot : std::size_t {
   kWideBackward,    // a bfloat16 backward's float copies of Q, K, V and the context
   kNarrowBackward,  // a bfloat16 backward's bfloat16 GEMM operands (rounded or transposed)
   kWideSinks,       // a bfloat16 (float16) module's learned sinks widened to float for a call
+  kCallTable,       // a packed batch's kernel calls, one per sequence (and their gradients)
+  kRunTable,        // a driver's per-call plans when it runs several calls in one region
   kCount            // number of slots (not a slot)
 };
 
@@ -94,6 +99,25 @@ T* workspace_get(Workspace& ws, WorkspaceSlot slot, Index count, int thread) {
   AlignedBuffer<std::byte>& buffer = ws.slots_[i];
   buffer.reserve(static_cast<std::size_t>(count) * sizeof(T));
   return reinterpret_cast<T*>(buffer.data());
+}
+
+/// Room in `slot` for `count` objects of each of Ts..., one table after another (each 64-byte
+/// aligned), grown if needed: a table of calls that allocates nothing once the slot has held
+/// one as large. Ts are trivially destructible: the caller constructs each object in place and
+/// never destroys it.
+template <class... Ts>
+std::tuple<Ts*...> workspace_tables(Workspace& ws, WorkspaceSlot slot, Index count) {
+  static_assert(((std::is_trivially_destructible_v<Ts> && alignof(Ts) <= 64) && ...),
+                "a workspace table holds trivially destructible objects aligned to 64 bytes "
+                "at most");
+  const auto bytes = [count](std::size_t size) {
+    return (static_cast<std::size_t>(count) * size + 63) / 64 * 64;
+  };
+  std::byte* const base =
+      workspace_get<std::byte>(ws, slot, static_cast<Index>((bytes(sizeof(Ts)) + ... + 0)));
+  std::size_t offset = 0;
+  return std::tuple<Ts*...>{
+      reinterpret_cast<Ts*>(base + std::exchange(offset, offset + bytes(sizeof(Ts))))...};
 }
 
 /// The buffer in `slot` without growing it (for threads after workspace_get() sized it).

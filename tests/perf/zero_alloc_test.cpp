@@ -626,4 +626,42 @@ TEST(ZeroAllocation, BFloat16TrainingStepWithMasterWeights) {
   attn::set_bf16_path(std::nullopt);
 }
 
+// A packed training step (the packed training forward and its backward: one kernel call per
+// sequence, their tables and the offsets' checks) allocates nothing once warm: a float module,
+// and its bfloat16 twin on this CPU's bfloat16 path (self-attention, causal, sequences of 0 to
+// 40 tokens: several query tiles in the longest).
+TEST(ZeroAllocation, PackedTrainingStep) {
+  attn::manual_seed(27);
+  const Index dim = 64;
+  const attn::PackedSequences seqs(attn::SequenceOffsets::from_lengths({17, 0, 40, 3}));
+  const Index total = seqs.query.view()(seqs.query.sequences());
+  MultiHeadAttentionOptions o;
+  o.d_in = dim;
+  o.num_heads = kHeads;
+  o.causal = true;
+  const MultiHeadAttention<float> mha(o);
+  const auto mha_bf16 = attn::convert<attn::bfloat16>(mha);
+  const auto run = [&](const auto& m, auto zero) {
+    using E = decltype(zero);
+    const auto x = attn::convert<E>(attn::test::random_tensor<float>(Shape<2>{total, dim}, 28));
+    const auto grad_out =
+        attn::convert<E>(attn::test::random_tensor<float>(Shape<2>{total, dim}, 29));
+    Tensor<E, 2> out({total, dim}), gx({total, dim});
+    attn::SavedForward<E> saved;
+    attn::Gradients<E> grads(m.named_parameters());
+    attn::Workspace ws;
+    expect_steady_state_without_allocation([&] {
+      m.forward(x.view(), x.view(), x.view(), seqs, out.view(), saved, ws);
+      gx.fill(zero);
+      m.backward(grad_out.view(), saved, gx.view(), gx.view(), gx.view(), grads, ws);
+    });
+  };
+  {
+    SCOPED_TRACE("float");
+    run(mha, 0.0f);
+  }
+  SCOPED_TRACE("bfloat16");
+  run(mha_bf16, attn::bfloat16(0.0f));
+}
+
 }  // namespace

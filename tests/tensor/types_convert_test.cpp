@@ -103,6 +103,33 @@ To reference(From x) {  // the rule, spelled out with the types' own conversions
 
 // ---- errors ----
 
+// std::numeric_limits of the storage types: the members all of them share with float (one
+// base, StorageFloatLimits) and each type's own, against its format (digits: mantissa bits
+// + 1; the largest exponent; an infinity unless the format has none), and epsilon and max as
+// values.
+template <class T>
+void check_limits(int digits, int max_exponent, bool infinity, float epsilon, float largest) {
+  using L = std::numeric_limits<T>;
+  using F = std::numeric_limits<float>;
+  static_assert(L::is_specialized && L::is_signed && !L::is_integer && !L::is_exact);
+  static_assert(L::has_quiet_NaN && L::has_denorm == F::has_denorm && !L::has_denorm_loss);
+  static_assert(L::round_style == F::round_style && L::is_bounded && !L::is_modulo);
+  static_assert(L::radix == 2 && !L::traps && !L::tinyness_before);
+  EXPECT_EQ(L::digits, digits);
+  EXPECT_EQ(L::max_exponent, max_exponent);
+  EXPECT_EQ(L::has_infinity, infinity);
+  EXPECT_EQ(static_cast<float>(L::epsilon()), epsilon);
+  EXPECT_EQ(static_cast<float>(L::max()), largest);
+  EXPECT_TRUE(std::isnan(static_cast<float>(L::quiet_NaN())));
+}
+
+TEST(TypesConvert, NumericLimitsDescribeEachFormat) {
+  check_limits<attn::bfloat16>(8, 128, true, 0x1p-7f, 0x1.FEp127f);
+  check_limits<attn::float16>(11, 16, true, 0x1p-10f, 65504.0f);
+  check_limits<attn::float8_e4m3>(4, 9, false, 0.125f, 448.0f);
+  check_limits<attn::float8_e5m2>(3, 16, true, 0.25f, 57344.0f);
+}
+
 TEST(TypesConvert, RejectsDifferentShapesNamingBothWithTheirTypes) {
   Tensor<float, 2> src({2, 3});
   Tensor<bfloat16, 2> dst({3, 2});

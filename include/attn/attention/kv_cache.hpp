@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attn/attention/detail/gather.hpp"
+#include "attn/attention/detail/kv_rows.hpp"
 #include "attn/config.hpp"
 #include "attn/detail/checked.hpp"
 #include "attn/error.hpp"
@@ -179,8 +180,8 @@ class KVCache {
     if (o_.window == 0) o_.max_chunk = o_.capacity;
     if (o_.value_head_dim == 0) o_.value_head_dim = o_.head_dim;
     const Index heads = o_.num_kv_heads, line = static_cast<Index>(detail::kAlignment);
-    k_scales_ = scales_per_row(o_.head_dim);
-    v_scales_ = scales_per_row(o_.value_head_dim);
+    k_scales_ = detail::kv_row_scales(o_, o_.head_dim);
+    v_scales_ = detail::kv_row_scales(o_, o_.value_head_dim);
     Index blocks = 0, data = 0, padded = 0, scales = 0, scale_bytes = 0, total = 0;
     bool fits = block_bytes(o_.head_dim, k_row_, k_block_) &&
                 block_bytes(o_.value_head_dim, v_row_, v_block_) &&
@@ -251,14 +252,7 @@ class KVCache {
   /// The bytes one position of one item takes over all its heads, keys and values with their
   /// scales, without padding: what a decode step reads per cached token.
   std::size_t bytes_per_token() const noexcept {
-    const auto row = [&](Index width, Index scales) {
-      const Index data = o_.element == KVElement::kScalar
-                             ? width * static_cast<Index>(sizeof(Scalar))
-                             : detail::stored_row_bytes(o_.element, width);
-      return static_cast<std::size_t>(data + scales * static_cast<Index>(sizeof(float)));
-    };
-    return static_cast<std::size_t>(o_.num_kv_heads) *
-           (row(o_.head_dim, k_scales_) + row(o_.value_head_dim, v_scales_));
+    return detail::kv_bytes_per_token<Scalar>(o_, k_scales_, v_scales_);
   }
 
   /// Tokens item b has seen: the position of its next token.
@@ -342,28 +336,11 @@ class KVCache {
   void dequantize(Index b, TensorView<Scalar, 3> k_out, TensorView<Scalar, 3> v_out) const {
     const char* where = "KVCache::dequantize";
     checked_item(where, b);
-    const Index n = used_slots(b);
-    const Shape<3> k_shape{o_.num_kv_heads, n, o_.head_dim};
-    const Shape<3> v_shape{o_.num_kv_heads, n, o_.value_head_dim};
-    detail::require(k_out.shape() == k_shape && v_out.shape() == v_shape, where, [&] {
-      return "k_out " + detail::to_string(k_out.shape()) + " and v_out " +
-             detail::to_string(v_out.shape()) + ": expected " + detail::to_string(k_shape) +
-             " and " + detail::to_string(v_shape);
-    });
-    const Index widest = std::max(o_.head_dim, o_.value_head_dim);
-    std::vector<float> wide(static_cast<std::size_t>(widest));
-    std::vector<Scalar> row(static_cast<std::size_t>(widest));
-    for (int part = 0; part < 2; ++part) {
-      const TensorView<Scalar, 3>& to = part == 0 ? k_out : v_out;
-      const Index width = part == 0 ? o_.head_dim : o_.value_head_dim;
-      for (Index h = 0; h < o_.num_kv_heads; ++h) {
-        for (Index j = 0; j < n; ++j) {
-          detail::stored_row_to(o_.element, row_at(b, part, h, j), scales_at(b, part, h, j),
-                                group(width), width, row.data(), wide.data());
-          for (Index e = 0; e < width; ++e) to(h, j, e) = row[static_cast<std::size_t>(e)];
-        }
-      }
-    }
+    detail::dequantize_rows(where, o_, used_slots(b), k_out, v_out,
+                            [&](int part, Index h, Index j) {
+                              return std::pair<const unsigned char*, const float*>(
+                                  row_at(b, part, h, j), scales_at(b, part, h, j));
+                            });
   }
   /// Item b's keys (H_kv, n, hd): positions 0 .. n-1 (n = length(b)) without a window; with
   /// one, the used slots (n = min(length(b), capacity)) in slot order (see segments()).
@@ -665,40 +642,15 @@ class KVCache {
   Index element_bytes() const noexcept {
     return o_.element == KVElement::kScalar ? static_cast<Index>(sizeof(Scalar)) : 1;
   }
-  /// Scales per row of `width` elements: 0 for kScalar, bfloat16, float16 and unscaled float8.
-  Index scales_per_row(Index width) const noexcept {
-    switch (o_.element) {
-      case KVElement::kInt8:
-        return 1;
-      case KVElement::kFloat8E4M3:
-      case KVElement::kFloat8E5M2:
-        return o_.float8_scale ? 1 : 0;
-      case KVElement::kInt4:
-        return (width + group(width) - 1) / group(width);
-      default:
-        return 0;
-    }
-  }
-  /// Elements per scale: int4_group for kInt4 (0: the row), else the row.
-  Index group(Index width) const noexcept {
-    return o_.element == KVElement::kInt4 && o_.int4_group > 0 ? o_.int4_group : width;
-  }
-  /// A row's bytes (padded to 64 when that costs at most 1/16 of it) and its head block's
-  /// (capacity rows, rounded up to 64 bytes); false on overflow.
+  /// Elements per scale (kv_group()).
+  Index group(Index width) const noexcept { return detail::kv_group(o_, width); }
+  /// A row's bytes (kv_row_bytes()) and its head block's (capacity rows, rounded up to 64
+  /// bytes); false on overflow.
   bool block_bytes(Index width, Index& row, Index& block) const noexcept {
     const Index line = static_cast<Index>(detail::kAlignment);
-    Index raw = 0, padded = 0, rows = 0;
-    if (o_.element == KVElement::kScalar) {
-      if (!detail::checked_mul(width, static_cast<Index>(sizeof(Scalar)), raw)) return false;
-    } else if (width > std::numeric_limits<Index>::max() / 4) {
-      return false;
-    } else {
-      raw = detail::stored_row_bytes(o_.element, width);
-    }
-    if (!detail::checked_add(raw, line - 1, padded)) return false;
-    padded = padded / line * line;
-    row = 16 * (padded - raw) <= raw ? padded : raw;  // padded - raw < 64: no overflow
-    if (!detail::checked_mul(o_.capacity, row, rows) ||
+    Index rows = 0;
+    if (!detail::kv_row_bytes<Scalar>(o_, width, row) ||
+        !detail::checked_mul(o_.capacity, row, rows) ||
         !detail::checked_add(rows, line - 1, block)) {
       return false;
     }

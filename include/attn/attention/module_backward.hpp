@@ -418,14 +418,19 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   const AttentionGradients<float> kernel_grads{
       TensorView<const float, 4>(dc, {batch, heads, tq, hd_v}, context_strides), part_grad[0],
       part_grad[1], part_grad[2], grad_sinks};
-  // A packed forward's call is checked whole, then split per sequence (split_packed(): the
-  // mask and the module's bound resolved per sequence), as attend_packed_backward() splits it.
+  // A packed forward's call is checked whole, then split per sequence (run_packed_backward():
+  // the mask and the module's bound resolved per sequence), as attend_packed_backward() runs it.
   const bool packed = !saved.query_offsets.empty();
   const PackedSequences seqs = saved_sequences(saved);
   const AttentionMask<float> whole_call_mask;  // (bound, not copied: no allocation per call)
   AttentionCall<float> call = backward_call<float>(
       where, q, k, v, out, saved.logsumexp, kernel_grads, packed ? whole_call_mask : saved.mask,
       saved.options, packed ? CausalBound{} : c.causal_bound(), /*own_gradients=*/true);
+  // bf16_path(), not the forward's attention_bf16_path(): the kernels would take its kWiden,
+  // but its rule (widen below 16 query rows per task at d 128) was measured on the forward's
+  // score pass over its plan's stacked heads (AttentionPlan), which the backward's key and
+  // query tiles do not share; and a widened call keeps P and dS in float where vdpbf16ps
+  // rounds them, so the gradients of few-row calls would change bits.
   call.args.path = bf16_path();
   const BackwardNarrow narrow{saved.query, saved.key, saved.value,
                               TensorView<const bfloat16, 4>(
@@ -437,13 +442,7 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
     convert(saved.context, TensorView<float, 3>(o, {batch, tq, width}));
   }
   if (packed) {
-    std::vector<AttentionCall<float>> calls;
-    std::vector<AttentionGradients<float>> call_grads;
-    std::vector<BackwardNarrow> narrows;
-    split_packed(where, call, seqs, saved.mask, c.causal_bound(), calls, &kernel_grads, &call_grads,
-                 &narrow, &narrows);
-    run_attention_backward(calls.data(), call_grads.data(), static_cast<Index>(calls.size()), ws,
-                           narrows.data());
+    run_packed_backward(where, call, kernel_grads, seqs, saved.mask, c.causal_bound(), ws, &narrow);
   } else {
     run_attention_backward(call, kernel_grads, ws, &narrow);
   }

@@ -237,9 +237,8 @@ class AttentionCore {
     check_output(where, out, {query.extent(0), query.extent(1), d_out()});
     if (packed != nullptr) {
       check_packed_mask(where, mask);
-      check_packed_offsets(
-          where, *packed, std::string(name) + " " + to_string(select(query, 0, 0).shape()),
-          query.extent(1), "key " + to_string(select(key, 0, 0).shape()), key.extent(1));
+      check_packed_offsets(where, *packed, name, select(query, 0, 0).shape(), "key",
+                           select(key, 0, 0).shape());
     }
     const Index longest_q = packed != nullptr ? packed->query.max_length() : query.extent(1);
     const Index longest_k = packed != nullptr ? packed->keys().max_length() : key.extent(1);

@@ -47,8 +47,7 @@ const SequenceOffsets& packed_prefill_offsets(const AttentionCore<Scalar>& core,
         "the packed prefill is self-attention: give one set of offsets (the keys are the "
         "sequences' own tokens)");
   });
-  check_offsets(where, "cu_seqlens", seqs.query, total,
-                std::string(name) + " " + to_string(Shape<2>{total, x.extent(2)}));
+  check_offsets(where, "cu_seqlens", seqs.query, name, Shape<2>{total, x.extent(2)});
   return seqs.query;
 }
 

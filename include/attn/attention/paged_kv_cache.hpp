@@ -131,14 +131,14 @@ class PagedKVCache {
                                     ": sizes must be positive (value_head_dim and int4_group: 0 "
                                     "or positive)";
                            });
-    k_scales_ = detail::stored_row_scales(o_.element, o_.head_dim, o_.float8_scale, o_.int4_group);
-    v_scales_ =
-        detail::stored_row_scales(o_.element, o_.value_head_dim, o_.float8_scale, o_.int4_group);
+    k_scales_ = detail::kv_row_scales(o_, o_.head_dim);
+    v_scales_ = detail::kv_row_scales(o_, o_.value_head_dim);
     const Index heads = o_.num_kv_heads, line = static_cast<Index>(detail::kAlignment);
     Index k_part = 0, v_part = 0, v_end = 0, k_scales = 0, v_scales = 0, scale_bytes = 0;
     Index total = 0;
     const bool fits =
-        row_bytes(o_.head_dim, k_row_) && row_bytes(o_.value_head_dim, v_row_) &&
+        detail::kv_row_bytes<Scalar>(o_, o_.head_dim, k_row_) &&
+        detail::kv_row_bytes<Scalar>(o_, o_.value_head_dim, v_row_) &&
         detail::checked_mul(o_.block_size, k_row_, k_run_) &&
         detail::checked_mul(o_.block_size, v_row_, v_run_) &&
         detail::checked_product(k_part, heads, o_.num_blocks, k_run_) &&
@@ -185,14 +185,7 @@ class PagedKVCache {
   /// The bytes of one position over all heads, keys and values with their scales, without
   /// padding: what a decode step reads per cached token.
   std::size_t bytes_per_token() const noexcept {
-    const auto row = [&](Index width, Index scales) {
-      const Index data = o_.element == KVElement::kScalar
-                             ? width * static_cast<Index>(sizeof(Scalar))
-                             : detail::stored_row_bytes(o_.element, width);
-      return static_cast<std::size_t>(data + scales * static_cast<Index>(sizeof(float)));
-    };
-    return static_cast<std::size_t>(o_.num_kv_heads) *
-           (row(o_.head_dim, k_scales_) + row(o_.value_head_dim, v_scales_));
+    return detail::kv_bytes_per_token<Scalar>(o_, k_scales_, v_scales_);
   }
   /// The whole allocation as Scalars: what overlap checks compare.
   TensorView<const Scalar, 1> memory() const noexcept {
@@ -322,33 +315,13 @@ class PagedKVCache {
   void dequantize(Index s, TensorView<Scalar, 3> k_out, TensorView<Scalar, 3> v_out) const {
     const char* where = "PagedKVCache::dequantize";
     const Index n = seq(checked(where, s)).length;
-    const Shape<3> k_shape{o_.num_kv_heads, n, o_.head_dim};
-    const Shape<3> v_shape{o_.num_kv_heads, n, o_.value_head_dim};
-    detail::require(k_out.shape() == k_shape && v_out.shape() == v_shape, where, [&] {
-      return "k_out " + detail::to_string(k_out.shape()) + " and v_out " +
-             detail::to_string(v_out.shape()) + ": expected " + detail::to_string(k_shape) +
-             " and " + detail::to_string(v_shape);
+    detail::dequantize_rows(where, o_, n, k_out, v_out, [&](int part, Index h, Index p) {
+      using Row = std::pair<const unsigned char*, const float*>;
+      const Index block = seq(s).blocks[static_cast<std::size_t>(p / o_.block_size)];
+      const Index r = p % o_.block_size;
+      if (block < 0) return Row(nullptr, nullptr);  // released behind a window
+      return Row(row_at(block, part, h, r), scales_at(block, part, h, r));
     });
-    const Index widest = std::max(o_.head_dim, o_.value_head_dim);
-    std::vector<float> wide(static_cast<std::size_t>(widest));
-    std::vector<Scalar> row(static_cast<std::size_t>(widest));
-    for (int part = 0; part < 2; ++part) {
-      const TensorView<Scalar, 3>& to = part == 0 ? k_out : v_out;
-      const Index width = part == 0 ? o_.head_dim : o_.value_head_dim;
-      for (Index h = 0; h < o_.num_kv_heads; ++h) {
-        for (Index p = 0; p < n; ++p) {
-          const Index block = seq(s).blocks[static_cast<std::size_t>(p / o_.block_size)];
-          const Index r = p % o_.block_size;
-          if (block < 0) {  // released behind a window
-            for (Index e = 0; e < width; ++e) to(h, p, e) = Scalar(0);
-            continue;
-          }
-          detail::stored_row_to(o_.element, row_at(block, part, h, r), scales_at(block, part, h, r),
-                                group(width), width, row.data(), wide.data());
-          for (Index e = 0; e < width; ++e) to(h, p, e) = row[static_cast<std::size_t>(e)];
-        }
-      }
-    }
   }
 
   /// The rows of sequences seqs[0 .. count - 1] as one attention call over them reads them
@@ -590,26 +563,8 @@ class PagedKVCache {
 
   // ---- layout (bytes; see the class comment) ----
 
-  /// Elements per scale: int4_group for kInt4 (0: the row), else the row.
-  Index group(Index width) const noexcept {
-    return o_.element == KVElement::kInt4 && o_.int4_group > 0 ? o_.int4_group : width;
-  }
-  /// A row's bytes (padded to 64 when that costs at most 1/16 of it); false on overflow.
-  bool row_bytes(Index width, Index& row) const noexcept {
-    const Index line = static_cast<Index>(detail::kAlignment);
-    Index raw = 0, padded = 0;
-    if (o_.element == KVElement::kScalar) {
-      if (!detail::checked_mul(width, static_cast<Index>(sizeof(Scalar)), raw)) return false;
-    } else if (width > std::numeric_limits<Index>::max() / 4) {
-      return false;
-    } else {
-      raw = detail::stored_row_bytes(o_.element, width);
-    }
-    if (!detail::checked_add(raw, line - 1, padded)) return false;
-    padded = padded / line * line;
-    row = 16 * (padded - raw) <= raw ? padded : raw;  // padded - raw < 64: no overflow
-    return true;
-  }
+  /// Elements per scale (kv_group()).
+  Index group(Index width) const noexcept { return detail::kv_group(o_, width); }
   /// Bytes of one head's S rows in a block, and floats of their scales.
   Index run(int part) const noexcept { return part == 0 ? k_run_ : v_run_; }
   Index scale_run(int part) const noexcept { return part == 0 ? k_srun_ : v_srun_; }

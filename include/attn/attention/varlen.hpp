@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <initializer_list>
+#include <new>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -103,12 +105,14 @@ inline std::string describe_offsets(const SequenceOffsets& o) {
   return text + "]";
 }
 
-/// Checks the offsets `name` of a packed tensor with `total` rows (`rows`: its shape, for
-/// the message): at least two values, the first 0, none below the one before it, the last
-/// `total`. @throws ShapeError naming the offsets, the entry and the shape.
-inline void check_offsets(const char* where, const char* name, const SequenceOffsets& o,
-                          Index total, const std::string& rows) {
+/// Checks the offsets `name` of a packed tensor `rows` of shape `shape` (total rows first):
+/// at least two values, the first 0, none below the one before it, the last the total.
+/// @throws ShapeError naming the offsets, the entry and the tensor.
+template <std::size_t Rank>
+void check_offsets(const char* where, const char* name, const SequenceOffsets& o, const char* rows,
+                   const Shape<Rank>& shape) {
   const TensorView<const Index, 1> v = o.view();
+  const Index total = shape[0];
   const auto fail = [&](const std::string& what) {
     return std::string(name) + " = " + describe_offsets(o) + " " + what;
   };
@@ -125,20 +129,22 @@ inline void check_offsets(const char* where, const char* name, const SequenceOff
     });
   }
   require(v(v.extent(0) - 1) == total, where, [&] {
-    return fail("ends at " + std::to_string(v(v.extent(0) - 1)) + ", but " + rows + " has " +
-                std::to_string(total) + " rows: the last offset is the total");
+    return fail("ends at " + std::to_string(v(v.extent(0) - 1)) + ", but " + rows + " " +
+                to_string(shape) + " has " + std::to_string(total) +
+                " rows: the last offset is the total");
   });
 }
 
-/// Checks a packed batch's offsets against its query rows (`queries`, described as
-/// `query_rows`) and key rows: check_offsets() for each, and as many key ranges as query
-/// ranges. @throws ShapeError naming the offsets and the shapes.
-inline void check_packed_offsets(const char* where, const PackedSequences& seqs,
-                                 const std::string& query_rows, Index queries,
-                                 const std::string& key_rows, Index keys) {
+/// Checks a packed batch's offsets against its query rows (the tensor `queries` of shape
+/// `query_shape`, total rows first) and key rows: check_offsets() for each, and as many key
+/// ranges as query ranges. @throws ShapeError naming the offsets and the shapes.
+template <std::size_t Rank>
+void check_packed_offsets(const char* where, const PackedSequences& seqs, const char* queries,
+                          const Shape<Rank>& query_shape, const char* keys,
+                          const Shape<Rank>& key_shape) {
   const SequenceOffsets &cq = seqs.query, &ck = seqs.keys();
-  check_offsets(where, seqs.key.empty() ? "cu_seqlens" : "cu_seqlens_q", cq, queries, query_rows);
-  check_offsets(where, "cu_seqlens_k", ck, keys, key_rows);
+  check_offsets(where, seqs.key.empty() ? "cu_seqlens" : "cu_seqlens_q", cq, queries, query_shape);
+  check_offsets(where, "cu_seqlens_k", ck, keys, key_shape);
   require(cq.sequences() == ck.sequences(), where, [&] {
     return "cu_seqlens_q = " + describe_offsets(cq) + " holds " + std::to_string(cq.sequences()) +
            " sequences, cu_seqlens_k = " + describe_offsets(ck) + " holds " +
@@ -169,37 +175,35 @@ void check_packed_mask(const char* where, const AttentionMask<Scalar>& mask) {
 }
 
 /// Splits `whole`, a checked call over packed (1, H, total, .) views, into one call per
-/// sequence with queries (`calls`, sequences without queries left out), each a call of one
+/// sequence with queries (written in place into `calls`, room for seqs.query.sequences();
+/// sequences without queries left out; returns how many), each a call of one
 /// item over its rows: the mask (causal bound and window) and the module's bound resolved
 /// per sequence, the dropout hash's batch index the sequence's. A sequence with queries and
 /// no keys gets one key row hidden by a key length of 0 (its rows give zeros, as a query
-/// that sees no key does). With `whole_grads`, `grads` receives each call's gradients
-/// (grad_sinks shared: each call adds its own sum, in sequence order), and with
+/// that sees no key does). With `whole_grads`, `grads` (as much room) receives each call's
+/// gradients (grad_sinks shared: each call adds its own sum, in sequence order), and with
 /// `whole_narrow` (a bfloat16 module's backward: the forward's Q, K, V and O in bfloat16,
 /// BackwardNarrow) `narrows` each call's rows of them.
 /// Operand: q, k, v and out's element type (Scalar, or a storage type: no gradients).
 /// @throws ShapeError for offsets that do not fit (check_offsets()), or a kSquare causal
 ///         bound over a sequence with T_q(s) != T_k(s).
 template <class Scalar, class Operand = Scalar>
-void split_packed(const char* where, const AttentionCall<Scalar, Operand>& whole,
-                  const PackedSequences& seqs, const AttentionMask<Scalar>& mask,
-                  const CausalBound& module, std::vector<AttentionCall<Scalar, Operand>>& calls,
-                  const AttentionGradients<Scalar>* whole_grads = nullptr,
-                  std::vector<AttentionGradients<Scalar>>* grads = nullptr,
-                  const BackwardNarrow* whole_narrow = nullptr,
-                  std::vector<BackwardNarrow>* narrows = nullptr) {
+Index split_packed(const char* where, const AttentionCall<Scalar, Operand>& whole,
+                   const PackedSequences& seqs, const AttentionMask<Scalar>& mask,
+                   const CausalBound& module, AttentionCall<Scalar, Operand>* calls,
+                   const AttentionGradients<Scalar>* whole_grads = nullptr,
+                   AttentionGradients<Scalar>* grads = nullptr,
+                   const BackwardNarrow* whole_narrow = nullptr,
+                   BackwardNarrow* narrows = nullptr) {
   static constexpr Index kNoKeys = 0;
   const SequenceOffsets &cq = seqs.query, &ck = seqs.keys();
   const Index total_q = whole.queries(), total_k = whole.keys();
-  check_packed_offsets(
-      where, seqs, "q " + to_string(Shape<3>{total_q, whole.heads(), whole.head_dim()}), total_q,
-      "k " + to_string(Shape<3>{total_k, whole.kv_heads(), whole.head_dim()}), total_k);
+  check_packed_offsets(where, seqs, "q", Shape<3>{total_q, whole.heads(), whole.head_dim()}, "k",
+                       Shape<3>{total_k, whole.kv_heads(), whole.head_dim()});
   check_packed_mask(where, mask);
   const bool square = (mask.is_causal() && mask.alignment() == CausalAlignment::kSquare) ||
                       (module.causal && module.alignment == CausalAlignment::kSquare);
-  calls.clear();
-  if (grads != nullptr) grads->clear();
-  if (narrows != nullptr) narrows->clear();
+  Index count = 0;
   for (Index s = 0; s < cq.sequences(); ++s) {
     const Index q0 = cq.begin(s), tq = cq.length(s), k0 = ck.begin(s), tk = ck.length(s);
     require(!square || tq == tk, where, [&] {
@@ -220,21 +224,25 @@ void split_packed(const char* where, const AttentionCall<Scalar, Operand>& whole
     call.mask = mask.resolve(where, tq, j1 - j0, module);
     if (tk == 0) call.mask.key_lengths = TensorView<const Index, 1>(&kNoKeys, {1});
     call.dropout_item = s;
-    calls.push_back(call);
+    new (calls + count) AttentionCall<Scalar, Operand>(call);
     if constexpr (std::is_same_v<Operand, Scalar>) {
-      if (grads == nullptr) continue;
-      AttentionGradients<Scalar> g = *whole_grads;
-      g.grad_out = slice(whole_grads->grad_out, 2, q0, q0 + tq);
-      g.grad_q = slice(whole_grads->grad_q, 2, q0, q0 + tq);
-      g.grad_k = slice(whole_grads->grad_k, 2, j0, j1);
-      g.grad_v = slice(whole_grads->grad_v, 2, j0, j1);
-      grads->push_back(g);
-      if (narrows == nullptr) continue;
-      narrows->push_back({slice(whole_narrow->q, 2, q0, q0 + tq), slice(whole_narrow->k, 2, j0, j1),
-                          slice(whole_narrow->v, 2, j0, j1),
-                          slice(whole_narrow->out, 2, q0, q0 + tq)});
+      if (grads != nullptr) {
+        AttentionGradients<Scalar> g = *whole_grads;
+        g.grad_out = slice(whole_grads->grad_out, 2, q0, q0 + tq);
+        g.grad_q = slice(whole_grads->grad_q, 2, q0, q0 + tq);
+        g.grad_k = slice(whole_grads->grad_k, 2, j0, j1);
+        g.grad_v = slice(whole_grads->grad_v, 2, j0, j1);
+        new (grads + count) AttentionGradients<Scalar>(g);
+      }
+      if (narrows != nullptr) {
+        new (narrows + count) BackwardNarrow{
+            slice(whole_narrow->q, 2, q0, q0 + tq), slice(whole_narrow->k, 2, j0, j1),
+            slice(whole_narrow->v, 2, j0, j1), slice(whole_narrow->out, 2, q0, q0 + tq)};
+      }
     }
+    ++count;
   }
+  return count;
 }
 
 /// The packed forward: make_call() on the whole packed views (the shapes, options, memory
@@ -258,13 +266,33 @@ void attend_packed(const char* where, TensorView<const identity_t<Operand>, 4> q
   }
   const AttentionCall<Scalar, Operand> whole =
       make_call<Scalar, Operand>(where, q, k, v, out, {}, lse, AttentionMask<Scalar>(), options);
-  std::vector<AttentionCall<Scalar, Operand>> calls;
-  split_packed(where, whole, seqs, mask, module, calls);
-  run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
+  AttentionCall<Scalar, Operand>* const calls =
+      std::get<0>(workspace_tables<AttentionCall<Scalar, Operand>>(ws, WorkspaceSlot::kCallTable,
+                                                                   seqs.query.sequences()));
+  run_attention(calls, split_packed(where, whole, seqs, mask, module, calls), ws);
+}
+
+/// The backward of `whole`, a checked backward call over packed (1, H, total, .) views made
+/// without a mask or module bound (backward_call()), and its gradients `grads`: the split
+/// (split_packed(): `mask` and `module` resolved per sequence), one run. `narrow`, when not
+/// null, the whole call's q, k, v and out in bfloat16 (BackwardNarrow), split with them.
+/// The calls' tables are the workspace's (kCallTable).
+template <class Scalar>
+void run_packed_backward(const char* where, const AttentionCall<Scalar>& whole,
+                         const AttentionGradients<Scalar>& grads, const PackedSequences& seqs,
+                         const AttentionMask<Scalar>& mask, const CausalBound& module,
+                         Workspace& ws, const BackwardNarrow* narrow = nullptr) {
+  const auto [calls, call_grads, narrows] =
+      workspace_tables<AttentionCall<Scalar>, AttentionGradients<Scalar>, BackwardNarrow>(
+          ws, WorkspaceSlot::kCallTable, seqs.query.sequences());
+  const Index count = split_packed(where, whole, seqs, mask, module, calls, &grads, call_grads,
+                                   narrow, narrow != nullptr ? narrows : nullptr);
+  run_attention_backward(calls, call_grads, count, ws, narrow != nullptr ? narrows : nullptr);
 }
 
 /// The packed backward: backward_call() on the whole packed views (the forward's checks,
-/// then the gradients', the logsumexp's and their memory), the split, one run.
+/// then the gradients', the logsumexp's and their memory), the split, one run
+/// (run_packed_backward()).
 template <class Scalar>
 void attend_packed_backward(const char* where, TensorView<const Scalar, 4> q,
                             TensorView<const Scalar, 4> k, TensorView<const Scalar, 4> v,
@@ -274,12 +302,10 @@ void attend_packed_backward(const char* where, TensorView<const Scalar, 4> q,
                             Workspace& ws, const CausalBound& module = {},
                             bool own_gradients = false) {
   check_packed_mask(where, mask);
-  const AttentionCall<Scalar> whole = backward_call<Scalar>(
-      where, q, k, v, out, lse, grads, AttentionMask<Scalar>(), options, {}, own_gradients);
-  std::vector<AttentionCall<Scalar>> calls;
-  std::vector<AttentionGradients<Scalar>> call_grads;
-  split_packed(where, whole, seqs, mask, module, calls, &grads, &call_grads);
-  run_attention_backward(calls.data(), call_grads.data(), static_cast<Index>(calls.size()), ws);
+  run_packed_backward(where,
+                      backward_call<Scalar>(where, q, k, v, out, lse, grads,
+                                            AttentionMask<Scalar>(), options, {}, own_gradients),
+                      grads, seqs, mask, module, ws);
 }
 
 }  // namespace detail
@@ -304,8 +330,8 @@ void attend_packed_backward(const char* where, TensorView<const Scalar, 4> q,
 /// scaled_dot_product_attention() on that sequence alone ((1, H, T, d) views, the same mask
 /// and options, dropout aside), and to any thread count. A sequence with queries but no
 /// keys gives zero rows. The offsets: N + 1 values each, from 0, non-decreasing, ending at
-/// the tensor's rows (SequenceOffsets). The workspace's buffers serve any later call as
-/// large; a call allocates its table of N sequences.
+/// the tensor's rows (SequenceOffsets). The workspace's buffers (the table of N sequences'
+/// calls too) serve any later call as large: then nothing is allocated.
 ///
 /// Scalar may also be bfloat16 or float16 (q, k, v and out of that type; the mask and the
 /// options' per-head values in float), computed as scaled_dot_product_attention() computes

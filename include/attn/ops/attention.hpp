@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <new>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -261,15 +263,17 @@ void merge_call_task(Set set, const AttentionCall<Scalar, Operand>& call,
 /// exactly one task, or merged from its key chunks in chunk order, so results do not depend
 /// on the thread count, the schedule or the other calls. `ws` holds the threads' scratch,
 /// the head-major K/V copies and the split-keys partial states: nothing is allocated once it
-/// has served a run as large (a run of several calls allocates its table of them).
+/// has served a run as large (a run of several calls keeps its table of them there too).
 template <class Scalar, class Operand>
 void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Workspace& ws) {
   using Run = CallRun<Scalar, Operand>;
   if (count <= 0) return;
   Run one;
-  std::vector<Run> many;
-  if (count > 1) many.resize(static_cast<std::size_t>(count));
-  Run* runs = count > 1 ? many.data() : &one;
+  Run* runs = &one;
+  if (count > 1) {  // the table in the workspace, each run constructed in place
+    runs = std::get<0>(workspace_tables<Run>(ws, WorkspaceSlot::kRunTable, count));
+    for (Index c = 0; c < count; ++c) new (runs + c) Run();
+  }
   // 1. The plans; the tasks, merges, scratch and buffers of all calls.
   Index tasks = 0, merges = 0, scratch = 0, copies = 0, partial_size = 0;
   for (Index c = 0; c < count; ++c) {

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -133,9 +135,11 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
                             const BackwardNarrow* narrow = nullptr) {
   if (count <= 0) return;
   BackwardRun<Scalar> one;
-  std::vector<BackwardRun<Scalar>> many;
-  if (count > 1) many.resize(static_cast<std::size_t>(count));
-  BackwardRun<Scalar>* runs = count > 1 ? many.data() : &one;
+  BackwardRun<Scalar>* runs = &one;
+  if (count > 1) {  // the table in the workspace, each run constructed in place
+    runs = std::get<0>(workspace_tables<BackwardRun<Scalar>>(ws, WorkspaceSlot::kRunTable, count));
+    for (Index c = 0; c < count; ++c) new (runs + c) BackwardRun<Scalar>();
+  }
   // 1. The tasks of each phase, each thread's scratch and the sink gradient's shares: one
   //    per (b, h, query tile) (materialised: per (b, h)).
   Index key_tasks = 0, query_tasks = 0, scratch = 0, shares = 0, cleaned = 0;

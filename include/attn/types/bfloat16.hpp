@@ -85,34 +85,21 @@ namespace std {
 
 /// std::numeric_limits for attn::bfloat16 (same names and meanings as for float).
 template <>
-struct numeric_limits<attn::bfloat16> {
+struct numeric_limits<attn::bfloat16> : attn::detail::StorageFloatLimits {
  private:
   using T = attn::bfloat16;
 
  public:
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
   static constexpr bool has_infinity = true;
-  static constexpr bool has_quiet_NaN = true;
   static constexpr bool has_signaling_NaN = true;
-  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr std::float_round_style round_style = std::round_to_nearest;
   static constexpr bool is_iec559 = false;  // not an IEEE 754 interchange format
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
   static constexpr int digits = 8;
   static constexpr int digits10 = 2;
   static constexpr int max_digits10 = 4;
-  static constexpr int radix = 2;
   static constexpr int min_exponent = -125;
   static constexpr int min_exponent10 = -37;
   static constexpr int max_exponent = 128;
   static constexpr int max_exponent10 = 38;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
 
   static constexpr T min() noexcept { return T::from_bits(0x0080); }          // 2^-126
   static constexpr T lowest() noexcept { return T::from_bits(0xFF7F); }       // -(2 - 2^-7) 2^127

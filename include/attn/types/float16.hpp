@@ -36,9 +36,8 @@ ATTN_TYPES_CONSTEXPR std::uint16_t float16_bits(float value) noexcept {
 
 /// float16's bits for a double, rounded once (see float16).
 ATTN_TYPES_CONSTEXPR std::uint16_t float16_bits(double value) noexcept {
-  const auto u = bit_cast<std::uint64_t>(value);
-  return static_cast<std::uint16_t>(encode_bits<Float64Format, Float16Format>(
-      u, static_cast<std::uint32_t>((u >> 48) & 0x8000u) | 0x7E00u, /*saturate=*/false));
+  return static_cast<std::uint16_t>(
+      encode_value<Float16Format>(value, 0x7E00u, /*saturate=*/false));
 }
 
 }  // namespace detail
@@ -92,34 +91,21 @@ namespace std {
 
 /// std::numeric_limits for attn::float16 (same names and meanings as for float).
 template <>
-struct numeric_limits<attn::float16> {
+struct numeric_limits<attn::float16> : attn::detail::StorageFloatLimits {
  private:
   using T = attn::float16;
 
  public:
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
   static constexpr bool has_infinity = true;
-  static constexpr bool has_quiet_NaN = true;
   static constexpr bool has_signaling_NaN = true;
-  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr std::float_round_style round_style = std::round_to_nearest;
   static constexpr bool is_iec559 = true;
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
   static constexpr int digits = 11;
   static constexpr int digits10 = 3;
   static constexpr int max_digits10 = 5;
-  static constexpr int radix = 2;
   static constexpr int min_exponent = -13;
   static constexpr int min_exponent10 = -4;
   static constexpr int max_exponent = 16;
   static constexpr int max_exponent10 = 4;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
 
   static constexpr T min() noexcept { return T::from_bits(0x0400); }          // 2^-14
   static constexpr T lowest() noexcept { return T::from_bits(0xFBFF); }       // -65504

@@ -14,20 +14,11 @@ ATTN_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// The bits of an 8-bit format for a float (round to nearest even; a NaN gives sign | 0x7F).
-template <class Format>
-ATTN_TYPES_CONSTEXPR std::uint8_t float8_bits(float value, bool saturate) noexcept {
-  const auto u = bit_cast<std::uint32_t>(value);
-  return static_cast<std::uint8_t>(
-      encode_bits<Float32Format, Format>(u, ((u >> 24) & 0x80u) | 0x7Fu, saturate));
-}
-
-/// The same for a double, rounded once.
-template <class Format>
-ATTN_TYPES_CONSTEXPR std::uint8_t float8_bits(double value, bool saturate) noexcept {
-  const auto u = bit_cast<std::uint64_t>(value);
-  return static_cast<std::uint8_t>(encode_bits<Float64Format, Format>(
-      u, static_cast<std::uint32_t>((u >> 56) & 0x80u) | 0x7Fu, saturate));
+/// The bits of an 8-bit format for a float or a double, rounded once (round to nearest even;
+/// a NaN gives sign | 0x7F).
+template <class Format, class Value>
+ATTN_TYPES_CONSTEXPR std::uint8_t float8_bits(Value value, bool saturate) noexcept {
+  return static_cast<std::uint8_t>(encode_value<Format>(value, 0x7Fu, saturate));
 }
 
 }  // namespace detail
@@ -145,34 +136,21 @@ namespace std {
 /// (as ml_dtypes does), so code that asks for one anyway poisons its result instead of getting
 /// a finite value.
 template <>
-struct numeric_limits<attn::float8_e4m3> {
+struct numeric_limits<attn::float8_e4m3> : attn::detail::StorageFloatLimits {
  private:
   using T = attn::float8_e4m3;
 
  public:
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
   static constexpr bool has_infinity = false;
-  static constexpr bool has_quiet_NaN = true;
   static constexpr bool has_signaling_NaN = false;
-  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr std::float_round_style round_style = std::round_to_nearest;
   static constexpr bool is_iec559 = false;
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
   static constexpr int digits = 4;
   static constexpr int digits10 = 0;
   static constexpr int max_digits10 = 3;
-  static constexpr int radix = 2;
   static constexpr int min_exponent = -5;
   static constexpr int min_exponent10 = -1;
   static constexpr int max_exponent = 9;
   static constexpr int max_exponent10 = 2;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
 
   static constexpr T min() noexcept { return T::from_bits(0x08); }          // 2^-6
   static constexpr T lowest() noexcept { return T::from_bits(0xFE); }       // -448
@@ -187,34 +165,21 @@ struct numeric_limits<attn::float8_e4m3> {
 
 /// std::numeric_limits for attn::float8_e5m2.
 template <>
-struct numeric_limits<attn::float8_e5m2> {
+struct numeric_limits<attn::float8_e5m2> : attn::detail::StorageFloatLimits {
  private:
   using T = attn::float8_e5m2;
 
  public:
-  static constexpr bool is_specialized = true;
-  static constexpr bool is_signed = true;
-  static constexpr bool is_integer = false;
-  static constexpr bool is_exact = false;
   static constexpr bool has_infinity = true;
-  static constexpr bool has_quiet_NaN = true;
   static constexpr bool has_signaling_NaN = true;
-  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
-  static constexpr bool has_denorm_loss = false;
-  static constexpr std::float_round_style round_style = std::round_to_nearest;
   static constexpr bool is_iec559 = true;
-  static constexpr bool is_bounded = true;
-  static constexpr bool is_modulo = false;
   static constexpr int digits = 3;
   static constexpr int digits10 = 0;
   static constexpr int max_digits10 = 2;
-  static constexpr int radix = 2;
   static constexpr int min_exponent = -13;
   static constexpr int min_exponent10 = -4;
   static constexpr int max_exponent = 16;
   static constexpr int max_exponent10 = 4;
-  static constexpr bool traps = false;
-  static constexpr bool tinyness_before = false;
 
   static constexpr T min() noexcept { return T::from_bits(0x04); }          // 2^-14
   static constexpr T lowest() noexcept { return T::from_bits(0xFB); }       // -57344

@@ -136,6 +136,21 @@ constexpr std::uint32_t encode_bits(Bits bits, std::uint32_t nan, bool saturate)
   return sign | static_cast<std::uint32_t>(r);
 }
 
+/// The bits of Target nearest to a float or double `value` (encode_bits, rounded once); a NaN
+/// gives its own sign | `quiet` (Target's quiet NaN, sign bit clear).
+template <class Target, class Value>
+ATTN_TYPES_CONSTEXPR std::uint32_t encode_value(Value value, std::uint32_t quiet,
+                                                bool saturate) noexcept {
+  static_assert(std::is_same_v<Value, float> || std::is_same_v<Value, double>,
+                "attn::detail::encode_value: float or double");
+  constexpr bool kDouble = std::is_same_v<Value, double>;
+  using Source = std::conditional_t<kDouble, Float64Format, Float32Format>;
+  const auto u = bit_cast<std::conditional_t<kDouble, std::uint64_t, std::uint32_t>>(value);
+  const std::uint32_t sign =
+      (u & Source::kSignMask) != 0 ? static_cast<std::uint32_t>(Target::kSignMask) : 0u;
+  return encode_bits<Source, Target>(u, sign | quiet, saturate);
+}
+
 /// The bits of the float equal to the Format value with bits `bits` (exact: every value of the
 /// 8- and 16-bit formats is a float), in integer arithmetic. A NaN becomes a quiet float NaN
 /// with the same sign and its payload in the top mantissa bits (what PyTorch and x86's F16C
@@ -205,6 +220,25 @@ constexpr double integer_for_rounding(Integer value) noexcept {
     return negative ? -result : result;
   }
 }
+
+/// The std::numeric_limits members every storage type shares (a signed binary floating-point
+/// format with subnormals and a quiet NaN, rounded to nearest, without traps): each type's
+/// specialisation derives from this and adds its own.
+struct StorageFloatLimits {
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
+  static constexpr bool has_denorm_loss = false;
+  static constexpr std::float_round_style round_style = std::round_to_nearest;
+  static constexpr bool is_bounded = true;
+  static constexpr bool is_modulo = false;
+  static constexpr int radix = 2;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+};
 
 }  // namespace detail
 ATTN_NAMESPACE_END
