@@ -95,7 +95,9 @@ stage "layer check" "$ATTN_ROOT/scripts/check_layers.sh"
 # is one unity batch (ATTN_TEST_UNITY_BATCH=0, here and in the sanitizer tree): the 29
 # attention tests compiled in 172 CPU s as one unit, 271 s as four batches of 8. The examples
 # and benchmarks are built in the sanitizer tree instead: GCC at -O2 took 320 CPU s for them,
-# a quarter of this build, clang at -O0 about a third of that.
+# a quarter of this build, clang at -O0 about a third of that. The tests at -O1 would not
+# build faster: the attention tests' unit took 209 CPU s at -O1 and 210 at -O2 side by side,
+# 93 % of it code generation for the volume of code (-ftime-report), not optimisation.
 configure release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_BUILD_TOOLS=ON \
   -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0
@@ -119,7 +121,10 @@ done
 # 852 s (GCC's -O0 front end spends 3x clang's on the same test units). No debug info: line
 # tables (-g1) cost 18 % of a test unit's compile time at -O0 and 25 % of the AVX-512 kernel
 # unit's at -O2 (115 -> 86 CPU s); the sanitizers' reports still name every function of the
-# stack, and docs/testing.md says how to rebuild one test with line numbers.
+# stack, and docs/testing.md says how to rebuild one test with line numbers. ASan's checks
+# as calls (-mllvm -asan-instrumentation-with-call-threshold=0) built this tree in 701 CPU s
+# instead of 783 (the AVX-512 kernel unit 43 s instead of 77), but the kernel-heavy tests then
+# ran 3-6x slower (kernels.GemmTest/double 4.6 -> 29.8 s): a loss overall.
 ensure_packages clang libfuzzer-14-dev libclang-rt-14-dev
 configure sanitize -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O0" -DATTN_SANITIZE=ON -DATTN_BUILD_EXAMPLES=ON \

@@ -575,15 +575,21 @@ void check_module_backward() {
     bool causal;
     Index kdim;
     bool sinks;
+    Index window;
     std::vector<Index> lq, lk;
   };
   const std::vector<BackwardCase> all = {
-      {2, true, 0, true, {7, 0, 66, 1, 6}, {}},        // self, causal, GQA, RoPE, sinks
-      {1, false, 16, false, {6, 30, 2}, {11, 4, 50}},  // cross, kdim != d_in
+      {2, true, 0, true, 0, {7, 0, 66, 1, 6}, {}},        // self, causal, GQA, RoPE, sinks
+      {1, false, 16, false, 0, {6, 30, 2}, {11, 4, 50}},  // cross, kdim != d_in
+      // self, causal within a window of 5 keys: each sequence's band starts at its own row 0
+      // (a window that leaked across sequences would reach the previous one's keys).
+      {2, true, 0, false, 5, {9, 3, 0, 20}, {}},
   };
   for (const BackwardCase& c : all) {
-    SCOPED_TRACE(c.lk.empty() ? "self" : "cross");
-    const attn::MultiHeadAttention<E> m(make_module(c.kv_heads, c.causal, 0, c.kdim, c.sinks));
+    SCOPED_TRACE(std::string(c.lk.empty() ? "self" : "cross") + ", window " +
+                 std::to_string(c.window));
+    const attn::MultiHeadAttention<E> m(
+        make_module(c.kv_heads, c.causal, c.window, c.kdim, c.sinks));
     const SequenceOffsets cq = SequenceOffsets::from_lengths(c.lq);
     const SequenceOffsets ck = SequenceOffsets::from_lengths(c.lk.empty() ? c.lq : c.lk);
     const Index tq = cq.view()(cq.sequences()), tk = ck.view()(ck.sequences());
