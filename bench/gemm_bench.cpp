@@ -198,14 +198,7 @@ void BM_AmxPeak(benchmark::State& state) {
 // amx_panel() stores them. Against BM_AmxPeak in the same run, it is the ceiling of that loop
 // shape with no memory traffic beyond L2 and no C written to memory.
 __attribute__((target("amx-tile,amx-bf16"))) float amx_tile_loop(long blocks, bool stores) {
-  struct alignas(64) Config {
-    unsigned char palette = 1, start_row = 0, reserved[14] = {};
-    unsigned short colsb[16] = {};
-    unsigned char rows[16] = {};
-  } config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  __asm__ volatile("" : : "r"(&config) : "memory");  // see amx_peak.hpp
-  _tile_loadconfig(&config);
+  amx_configure_whole_tiles();
   // A: 2^-7 (the sums stay small); B: pairs of 2^-7; both 64-byte aligned (tile rows on
   // whole lines, as the GEMM's).
   alignas(64) static std::uint16_t a[32 * 512];
