@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -118,6 +119,15 @@ std::tuple<Ts*...> workspace_tables(Workspace& ws, WorkspaceSlot slot, Index cou
   std::size_t offset = 0;
   return std::tuple<Ts*...>{
       reinterpret_cast<Ts*>(base + std::exchange(offset, offset + bytes(sizeof(Ts))))...};
+}
+
+/// A workspace table (workspace_tables()) of `count` objects of T, each value-initialised in
+/// place: a driver's per-call records that allocate nothing once the slot has held as many.
+template <class T>
+T* workspace_objects(Workspace& ws, WorkspaceSlot slot, Index count) {
+  T* const objects = std::get<0>(workspace_tables<T>(ws, slot, count));
+  for (Index i = 0; i < count; ++i) new (objects + i) T();
+  return objects;
 }
 
 /// The buffer in `slot` without growing it (for threads after workspace_get() sized it).

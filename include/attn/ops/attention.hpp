@@ -11,10 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
-#include <new>
-#include <tuple>
 #include <type_traits>
-#include <vector>
 
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
@@ -270,10 +267,7 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
   if (count <= 0) return;
   Run one;
   Run* runs = &one;
-  if (count > 1) {  // the table in the workspace, each run constructed in place
-    runs = std::get<0>(workspace_tables<Run>(ws, WorkspaceSlot::kRunTable, count));
-    for (Index c = 0; c < count; ++c) new (runs + c) Run();
-  }
+  if (count > 1) runs = workspace_objects<Run>(ws, WorkspaceSlot::kRunTable, count);
   // 1. The plans; the tasks, merges, scratch and buffers of all calls.
   Index tasks = 0, merges = 0, scratch = 0, copies = 0, partial_size = 0;
   for (Index c = 0; c < count; ++c) {

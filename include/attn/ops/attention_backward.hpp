@@ -11,10 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <new>
-#include <tuple>
 #include <type_traits>
-#include <vector>
 
 #include "attn/config.hpp"
 #include "attn/detail/dropout_hash.hpp"
@@ -136,10 +133,7 @@ void run_attention_backward(const AttentionCall<Scalar>* calls,
   if (count <= 0) return;
   BackwardRun<Scalar> one;
   BackwardRun<Scalar>* runs = &one;
-  if (count > 1) {  // the table in the workspace, each run constructed in place
-    runs = std::get<0>(workspace_tables<BackwardRun<Scalar>>(ws, WorkspaceSlot::kRunTable, count));
-    for (Index c = 0; c < count; ++c) new (runs + c) BackwardRun<Scalar>();
-  }
+  if (count > 1) runs = workspace_objects<BackwardRun<Scalar>>(ws, WorkspaceSlot::kRunTable, count);
   // 1. The tasks of each phase, each thread's scratch and the sink gradient's shares: one
   //    per (b, h, query tile) (materialised: per (b, h)).
   Index key_tasks = 0, query_tasks = 0, scratch = 0, shares = 0, cleaned = 0;
