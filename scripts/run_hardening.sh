@@ -86,7 +86,8 @@ run_tsan() {
   cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
     -DATTN_OPENMP=OFF -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON -DATTN_BUILD_IO=OFF \
-    -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
+    -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF \
+    -DATTN_UNRUN_KERNEL_SETS="${ATTN_UNRUN_KERNEL_SETS:-}" >/dev/null
   cmake --build "$build" -j "$ATTN_JOBS" --target concurrency_test
   log "[tsan] concurrency_test"
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$build/tests/concurrency_test"

@@ -38,3 +38,14 @@ choose_generator() {
   fi
 }
 choose_generator
+
+# kernel_sets_above <set>: the kernel sets wider than <set>, which a CPU whose best set is
+# <set> cannot run, as a CMake list (the value of ATTN_UNRUN_KERNEL_SETS).
+kernel_sets_above() {
+  case "$1" in
+    avx512) echo "" ;;
+    avx2) echo "avx512" ;;
+    sse2) echo "avx512;avx2" ;;
+    *) echo "avx512;avx2;sse2" ;;
+  esac
+}
