@@ -19,8 +19,10 @@
 #      takes the median of the per-process medians; at 1 thread the first --bf16-rounds (2)
 #      rounds also alternate attn's bfloat16 module (MultiHeadAttention<bfloat16>, the float
 #      module converted and frozen; mha_timer --dtype bf16) and PyTorch's module after
-#      .to(torch.bfloat16) (pytorch_mha.py --dtype bf16) with the others; the bfloat16 table
-#      takes ONNX Runtime's float32 time of the same row from the float table;
+#      .to(torch.bfloat16) (pytorch_mha.py --dtype bf16) with the others (PyTorch's only on
+#      shapes of at most 2048 x 2048 scores where the CPU has neither AMX nor AVX512-BF16: it is
+#      100x slower there); the bfloat16 table takes ONNX Runtime's float32 time of the same row
+#      from the float table;
 #   4. sweeps T at B1 D512 H8 (1 thread) for the GFLOP/s-vs-T plot;
 #   5. prints the machine and the table;
 #   6. runs the decode section (scripts/bench/decode.sh: a Llama-3-8B-shaped layer's decode
@@ -224,6 +226,18 @@ PEAK_ARGS=(--threads "$THREADS")
 [ "$QUICK" -eq 1 ] && PEAK_ARGS+=(--quick)
 "$BUILD/bench/fma_peak" "${PEAK_ARGS[@]}" | tee "$PEAK_FILE"
 
+# PyTorch 1.13 multiplies bfloat16 quickly only on AMX or AVX512-BF16 (through oneDNN). On a
+# CPU with neither its bfloat16 module took 14 s per call on B1 T2048 D768 H12 (AVX2 Zen 3),
+# so its T8192 rows alone would run for hours: there it is timed on shapes of at most
+# 2048 x 2048 scores, and its column is n/a on the others.
+TORCH_BF16_MAX_SCORES=0  # 0: every shape
+if ! grep -qE '^(avx512bf16|amx_bf16)_supported=1' "$PEAK_FILE"; then
+  TORCH_BF16_MAX_SCORES=$((2048 * 2048))
+  MACHINE="$MACHINE
+note: no bfloat16 units on this CPU: PyTorch's bfloat16 module is timed only on shapes of at most 2048 x 2048 scores"
+  if [ "$BF16_ROUNDS" -gt 0 ]; then echo "${MACHINE##*$'\n'}"; fi
+fi
+
 # Work list: "kind threads shape".
 JOBS=()
 for shape in "${SHAPES[@]}"; do
@@ -353,7 +367,10 @@ for job in "${JOBS[@]}"; do
     impls=("${IMPLS[@]}")
     with_bf16=0
     if [ "$kind" = main ] && [ "$t" = 1 ] && [ "$round" -le "$BF16_ROUNDS" ]; then
-      impls+=("${BF16_IMPLS[@]}") with_bf16=1
+      impls+=(attn_bf16) with_bf16=1
+      if [ "$TORCH_BF16_MAX_SCORES" -eq 0 ] || [ $((tq * tk)) -le "$TORCH_BF16_MAX_SCORES" ]; then
+        impls+=(pytorch_bf16)
+      fi
     fi
     # Rotate who goes first, so drifts in machine load hit every side alike.
     k=$(( (round - 1) % ${#impls[@]} ))
@@ -370,7 +387,7 @@ for job in "${JOBS[@]}"; do
     ort_text=""
     [ -n "$form" ] && ort_text="ONNX Runtime ($form) ${ms[ort]} ms, "
     bf16_text=""
-    [ "$with_bf16" -eq 1 ] && bf16_text="; bf16: attn ${ms[attn_bf16]} ms, PyTorch ${ms[pytorch_bf16]} ms"
+    [ "$with_bf16" -eq 1 ] && bf16_text="; bf16: attn ${ms[attn_bf16]} ms, PyTorch ${ms[pytorch_bf16]:-n/a} ms"
     printf '  [%d/%d] %-34s threads=%s round %s: attn %s ms, attn native %s ms, %sPyTorch %s ms%s\n' \
       "$n" "${#JOBS[@]}" "$name" "$t" "$round" "${ms[attn]}" "${ms[attn_native]}" "$ort_text" \
       "${ms[pytorch]}" "$bf16_text"
