@@ -15,7 +15,9 @@
 #include "attn/attn.hpp"
 #include "attn/io/io.hpp"
 #include "attn_run/cli.hpp"
+#include "targets.hpp"
 
+namespace attn_run_fuzz {
 namespace {
 
 const attn::io::SafetensorsFile& fixed_weights() {
@@ -46,7 +48,7 @@ std::vector<std::string> split_arguments(const std::string& line) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   const auto* text = reinterpret_cast<const char*>(data);
   std::size_t line_end = 0;
   while (line_end < size && text[line_end] != '\n') ++line_end;
@@ -72,3 +74,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   return 0;
 }
+
+}  // namespace attn_run_fuzz

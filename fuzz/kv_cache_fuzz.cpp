@@ -27,7 +27,9 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "targets.hpp"
 
+namespace kv_cache_fuzz {
 namespace {
 
 using attn::Index;
@@ -299,7 +301,7 @@ void step(Bytes& in, const Setup& s, const attn::MultiHeadAttention<double>& m,
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   Setup s{};
   s.batch = 1 + in.u8() % 3;
@@ -330,3 +332,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   return 0;
 }
+
+}  // namespace kv_cache_fuzz

@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "targets.hpp"
 
+namespace mask_api_fuzz {
 namespace {
 
 using attn::Index;
@@ -309,7 +311,7 @@ void fuzz_sizes(Bytes& in) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   try {
     switch (in.u8() % 5) {
@@ -333,3 +335,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   return 0;
 }
+
+}  // namespace mask_api_fuzz

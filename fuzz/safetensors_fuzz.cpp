@@ -14,7 +14,9 @@
 #include "attn/detail/checked.hpp"
 #include "attn/io/io.hpp"
 #include "attn_run/run.hpp"
+#include "targets.hpp"
 
+namespace safetensors_fuzz {
 namespace {
 
 using attn::io::SafetensorsFile;
@@ -94,7 +96,7 @@ bool small_module(const attn::MultiHeadAttentionOptions& o) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   writer_sizes(data, size);
   try {
     const SafetensorsFile file = SafetensorsFile::from_bytes(data, size, "fuzz");
@@ -129,3 +131,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   return 0;
 }
+
+}  // namespace safetensors_fuzz

@@ -36,7 +36,9 @@
 #include <vector>
 
 #include "attn/attn.hpp"
+#include "targets.hpp"
 
+namespace training_fuzz {
 namespace {
 
 using attn::Index;
@@ -553,7 +555,7 @@ class Session {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   Bytes in(data, size);
   try {
     Session session(make_harness(in));
@@ -567,3 +569,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   return 0;
 }
+
+}  // namespace training_fuzz
