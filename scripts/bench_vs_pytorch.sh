@@ -345,9 +345,12 @@ select_ort_form() {
 
 IMPLS=(attn attn_native pytorch)
 [ -z "$ORT_NOTE" ] && IMPLS=(attn attn_native ort pytorch)
-BF16_IMPLS=(attn_bf16 pytorch_bf16)
 log "measuring ${#JOBS[@]} configurations x $ROUNDS round(s): ${IMPLS[*]}, alternating"
-[ "$BF16_ROUNDS" -gt 0 ] && log "and ${BF16_IMPLS[*]} in the first $BF16_ROUNDS round(s) at 1 thread"
+if [ "$BF16_ROUNDS" -gt 0 ]; then
+  torch_bf16_shapes="every shape"
+  [ "$TORCH_BF16_MAX_SCORES" -gt 0 ] && torch_bf16_shapes="shapes of at most $TORCH_BF16_MAX_SCORES scores"
+  log "and attn_bf16 (pytorch_bf16 on $torch_bf16_shapes) in the first $BF16_ROUNDS round(s) at 1 thread"
+fi
 start_all=$(date +%s)
 n=0
 for job in "${JOBS[@]}"; do

@@ -106,11 +106,7 @@ best="$("$ATTN_ROOT/build/release/tests/dispatch_test" --report | sed -n 's/.* b
 stage "release: tests ($best)" run_tests release
 # 1b. Every test (but packaging and compile-fail, which run no kernel) on each narrower kernel
 # set this CPU supports: the run above used the widest.
-for isa in avx2 sse2 scalar; do
-  case "$best:$isa" in
-    avx512:*|avx2:sse2|avx2:scalar|sse2:scalar) ;;
-    *) continue ;;
-  esac
+for isa in $(kernel_sets_below "$best"); do
   ATTN_ISA=$isa stage "release: tests ATTN_ISA=$isa" run_tests release -LE "packaging|compile_fail"
 done
 

@@ -39,13 +39,27 @@ choose_generator() {
 }
 choose_generator
 
+# The kernel sets, widest first (attn/kernels/dispatch.hpp's order).
+ATTN_KERNEL_SETS=(avx512 avx2 sse2 scalar)
+
 # kernel_sets_above <set>: the kernel sets wider than <set>, which a CPU whose best set is
 # <set> cannot run, as a CMake list (the value of ATTN_UNRUN_KERNEL_SETS).
 kernel_sets_above() {
-  case "$1" in
-    avx512) echo "" ;;
-    avx2) echo "avx512" ;;
-    sse2) echo "avx512;avx2" ;;
-    *) echo "avx512;avx2;sse2" ;;
-  esac
+  local set out=()
+  for set in "${ATTN_KERNEL_SETS[@]}"; do
+    [ "$set" = "$1" ] && break
+    out+=("$set")
+  done
+  (IFS=';'; echo "${out[*]}")
+}
+
+# kernel_sets_below <set>: the kernel sets narrower than <set>, one per line (a CPU whose
+# best set is <set> runs each of them too).
+kernel_sets_below() {
+  local set seen=0
+  for set in "${ATTN_KERNEL_SETS[@]}"; do
+    [ "$seen" = 1 ] && echo "$set"
+    [ "$set" = "$1" ] && seen=1
+  done
+  return 0
 }
