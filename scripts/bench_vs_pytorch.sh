@@ -231,11 +231,12 @@ PEAK_ARGS=(--threads "$THREADS")
 # so its T8192 rows alone would run for hours: there it is timed on shapes of at most
 # 2048 x 2048 scores, and its column is n/a on the others.
 TORCH_BF16_MAX_SCORES=0  # 0: every shape
+TORCH_BF16_SHAPES="every shape"
 if ! grep -qE '^(avx512bf16|amx_bf16)_supported=1' "$PEAK_FILE"; then
   TORCH_BF16_MAX_SCORES=$((2048 * 2048))
+  TORCH_BF16_SHAPES="shapes of at most 2048 x 2048 scores"
   MACHINE="$MACHINE
-note: no bfloat16 units on this CPU: PyTorch's bfloat16 module is timed only on shapes of at most 2048 x 2048 scores"
-  if [ "$BF16_ROUNDS" -gt 0 ]; then echo "${MACHINE##*$'\n'}"; fi
+note: no bfloat16 units on this CPU: PyTorch's bfloat16 module is timed only on $TORCH_BF16_SHAPES"
 fi
 
 # Work list: "kind threads shape".
@@ -346,11 +347,8 @@ select_ort_form() {
 IMPLS=(attn attn_native pytorch)
 [ -z "$ORT_NOTE" ] && IMPLS=(attn attn_native ort pytorch)
 log "measuring ${#JOBS[@]} configurations x $ROUNDS round(s): ${IMPLS[*]}, alternating"
-if [ "$BF16_ROUNDS" -gt 0 ]; then
-  torch_bf16_shapes="every shape"
-  [ "$TORCH_BF16_MAX_SCORES" -gt 0 ] && torch_bf16_shapes="shapes of at most $TORCH_BF16_MAX_SCORES scores"
-  log "and attn_bf16 (pytorch_bf16 on $torch_bf16_shapes) in the first $BF16_ROUNDS round(s) at 1 thread"
-fi
+[ "$BF16_ROUNDS" -gt 0 ] &&
+  log "and attn_bf16 (pytorch_bf16 on $TORCH_BF16_SHAPES) in the first $BF16_ROUNDS round(s) at 1 thread"
 start_all=$(date +%s)
 n=0
 for job in "${JOBS[@]}"; do
