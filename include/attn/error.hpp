@@ -58,15 +58,20 @@ class IndexError : public Error, public std::out_of_range {
 
 namespace detail {
 
+/// "(2, 6, 4)" for `rank` extents (or strides); "()" for rank 0.
+inline std::string to_string(const Index* extents, std::size_t rank) {
+  std::string text = "(";
+  for (std::size_t r = 0; r < rank; ++r) {
+    if (r != 0) text += ", ";
+    text += std::to_string(extents[r]);
+  }
+  return text + ")";
+}
+
 /// "(2, 6, 4)" for a shape; "()" for rank 0.
 template <std::size_t Rank>
 std::string to_string(const std::array<Index, Rank>& shape) {
-  std::string text = "(";
-  for (std::size_t r = 0; r < Rank; ++r) {
-    if (r != 0) text += ", ";
-    text += std::to_string(shape[r]);
-  }
-  return text + ")";
+  return to_string(shape.data(), Rank);
 }
 
 /// Throws Kind("attn::<where>: <message>"). One out-of-line copy per kind: the checks below

@@ -22,12 +22,19 @@
 ATTN_NAMESPACE_BEGIN
 namespace detail {
 
+/// The read-only view of `v` (one driver instantiation for a mutable and a const source).
+template <class Scalar, std::size_t Rank>
+TensorView<const std::remove_const_t<Scalar>, Rank> read_only(TensorView<Scalar, Rank> v) noexcept {
+  return v;
+}
+
 /// Checks, then converts src into dst: one contiguous row when both views are contiguous, rows
 /// along the last axis when its stride is 1 in both, element by element otherwise. Every path
-/// gives the same bits (the kernel sets' rows equal the scalar conversion).
-template <bool Saturate, class Source, class To, std::size_t Rank>
-void convert_views(const char* where, TensorView<Source, Rank> src, TensorView<To, Rank> dst) {
-  using From = std::remove_const_t<Source>;
+/// gives the same bits (the kernel sets' rows equal the scalar conversion). The active set
+/// supplies only the row function: the loops around it are compiled once per type pair and
+/// rank, not once per kernel set.
+template <bool Saturate, class From, class To, std::size_t Rank>
+void convert_views(const char* where, TensorView<const From, Rank> src, TensorView<To, Rank> dst) {
   static_assert(is_element_type_v<From> && is_element_type_v<To>,
                 "attn::convert: element types are float, double, bfloat16, float16, float8_e4m3 "
                 "and float8_e5m2");
@@ -42,35 +49,35 @@ void convert_views(const char* where, TensorView<Source, Rank> src, TensorView<T
 
   const From* in = src.data();
   To* out = dst.data();
+  void (*row)(const From*, To*, Index) noexcept = nullptr;
   with_kernels(kernel_isa(), [&](auto set) {
-    const auto row = [&](const From* s, To* d, Index n) {
-      if constexpr (Saturate) {
-        set.convert_row_saturate(s, d, n);
-      } else {
-        set.convert_row(s, d, n);
-      }
-    };
-    if (src.is_contiguous() && dst.is_contiguous()) {
-      row(in, out, src.size());
-      return;
+    using Set = decltype(set);
+    if constexpr (Saturate) {
+      row = &Set::template convert_row_saturate<From, To>;
+    } else {
+      row = &Set::template convert_row<From, To>;
     }
-    const Index inner = src.extent(Rank - 1);
-    const Index in_step = src.stride(Rank - 1), out_step = dst.stride(Rank - 1);
-    Shape<Rank> outer = src.shape();
-    outer[Rank - 1] = 1;
-    for_each_offset(outer, src.strides(), dst.strides(), [&](Index i, Index o) {
-      if (in_step == 1 && out_step == 1) {
-        row(in + i, out + o, inner);
-      } else {
-        for (Index j = 0; j < inner; ++j) {
-          if constexpr (Saturate) {
-            out[o + j * out_step] = saturate_element<To>(in[i + j * in_step]);
-          } else {
-            out[o + j * out_step] = convert_element<To>(in[i + j * in_step]);
-          }
+  });
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    row(in, out, src.size());
+    return;
+  }
+  const Index inner = src.extent(Rank - 1);
+  const Index in_step = src.stride(Rank - 1), out_step = dst.stride(Rank - 1);
+  Shape<Rank> outer = src.shape();
+  outer[Rank - 1] = 1;
+  for_each_offset(outer, src.strides(), dst.strides(), [&](Index i, Index o) {
+    if (in_step == 1 && out_step == 1) {
+      row(in + i, out + o, inner);
+    } else {
+      for (Index j = 0; j < inner; ++j) {
+        if constexpr (Saturate) {
+          out[o + j * out_step] = saturate_element<To>(in[i + j * in_step]);
+        } else {
+          out[o + j * out_step] = convert_element<To>(in[i + j * in_step]);
         }
       }
-    });
+    }
   });
 }
 
@@ -90,7 +97,7 @@ void convert_views(const char* where, TensorView<Source, Rank> src, TensorView<T
 ///         has elements that share memory, or if dst overlaps src.
 template <class Source, class To, std::size_t Rank>
 void convert(TensorView<Source, Rank> src, TensorView<To, Rank> dst) {
-  detail::convert_views<false>("convert", src, dst);
+  detail::convert_views<false>("convert", detail::read_only(src), dst);
 }
 
 /// A new tensor holding src's elements converted to To (PyTorch's `src.to(dtype)`; see
@@ -114,7 +121,7 @@ Tensor<To, Rank> convert(const Tensor<From, Rank>& src) {
 /// @throws ShapeError as convert(src, dst).
 template <class Source, class To, std::size_t Rank>
 void convert_saturate(TensorView<Source, Rank> src, TensorView<To, Rank> dst) {
-  detail::convert_views<true>("convert_saturate", src, dst);
+  detail::convert_views<true>("convert_saturate", detail::read_only(src), dst);
 }
 
 ATTN_NAMESPACE_END

@@ -37,14 +37,25 @@ namespace detail {
 
 /// shape_size() for `where`: throws ShapeError("attn::<where>: shape (...) has more elements
 /// than an index can count") when the product of the non-zero extents does not fit Index.
-template <std::size_t Rank>
-Index checked_shape_size(const Shape<Rank>& shape, const char* where) {
+/// (Written once for every rank: the checks of views and tensors of every element type and
+/// rank call it.)
+inline Index checked_shape_size(const Index* extents, std::size_t rank, const char* where) {
+  struct Extents {
+    const Index *first, *last;
+    const Index* begin() const noexcept { return first; }
+    const Index* end() const noexcept { return last; }
+  };
   Index count = 0;
-  require(checked_extent_product(shape, count), where, [&] {
-    return "shape " + to_string(shape) + " has more elements than an index can count (" +
+  require(checked_extent_product(Extents{extents, extents + rank}, count), where, [&] {
+    return "shape " + to_string(extents, rank) + " has more elements than an index can count (" +
            std::to_string(std::numeric_limits<Index>::max()) + ")";
   });
   return count;
+}
+
+template <std::size_t Rank>
+Index checked_shape_size(const Shape<Rank>& shape, const char* where) {
+  return checked_shape_size(shape.data(), Rank, where);
 }
 
 }  // namespace detail

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <memory>
 #include <new>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -21,6 +22,28 @@
 #include "attn/types/element.hpp"
 
 ATTN_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// Tensor::resize's checks, written once for every element type and rank: the element count
+/// of a shape whose extents are all non-negative and whose bytes fit one allocation.
+/// @throws ShapeError naming the shape otherwise.
+inline std::size_t checked_tensor_count(const Index* shape, std::size_t rank,
+                                        std::size_t element_size) {
+  for (std::size_t r = 0; r < rank; ++r) {
+    require(shape[r] >= 0, "Tensor::resize",
+            [&] { return "shape " + to_string(shape, rank) + " has a negative extent"; });
+  }
+  const auto count = static_cast<std::size_t>(checked_shape_size(shape, rank, "Tensor"));
+  std::size_t bytes = 0;
+  require(checked_bytes(count, element_size, bytes), "Tensor", [&] {
+    return "shape " + to_string(shape, rank) + " needs " + std::to_string(count) + " x " +
+           std::to_string(element_size) + " bytes, more than one allocation can hold";
+  });
+  return count;
+}
+
+}  // namespace detail
 
 /// An owning tensor: contiguous row-major storage, 64-byte aligned, deep-copied on copy.
 /// Arithmetic goes through views and Eigen maps (attn/tensor/eigen.hpp); there are no
@@ -114,18 +137,7 @@ class Tensor {
   /// a resize that changes the size (call fill() if needed).
   /// @throws ShapeError if an extent is negative, or the element or byte count overflows.
   void resize(const Shape<Rank>& shape) {
-    for (const Index extent : shape) {
-      detail::require(extent >= 0, "Tensor::resize", [&] {
-        return "shape " + detail::to_string(shape) + " has a negative extent";
-      });
-    }
-    const auto count = static_cast<std::size_t>(detail::checked_shape_size(shape, "Tensor"));
-    std::size_t bytes = 0;
-    detail::require(detail::checked_bytes(count, sizeof(Scalar), bytes), "Tensor", [&] {
-      return "shape " + detail::to_string(shape) + " needs " + std::to_string(count) + " x " +
-             std::to_string(sizeof(Scalar)) + " bytes, more than one allocation can hold";
-    });
-    storage_.reserve(count);
+    storage_.reserve(detail::checked_tensor_count(shape.data(), Rank, sizeof(Scalar)));
     shape_ = shape;
   }
 

@@ -15,6 +15,29 @@
 
 ATTN_NAMESPACE_BEGIN
 
+namespace detail {
+
+/// TensorView's constructor checks, written once for every element type and rank (the view
+/// types of a program are many: a unit of the test suite had 162 constructor instantiations).
+/// @throws ShapeError if an extent or a stride is negative, the element count overflows, or
+///         the data is null while the shape holds elements.
+inline void check_view_layout(const Index* shape, const Index* strides, std::size_t rank,
+                              bool null_data) {
+  for (std::size_t r = 0; r < rank; ++r) {
+    require(shape[r] >= 0 && strides[r] >= 0, "TensorView", [&] {
+      return "shape " + to_string(shape, rank) + " with strides " + to_string(strides, rank) +
+             " has a negative extent or stride";
+    });
+  }
+  const Index count = checked_shape_size(shape, rank, "TensorView");  // size() never overflows
+  require(!null_data || count == 0, "TensorView", [&] {
+    return "null data with shape " + to_string(shape, rank) + " (" + std::to_string(count) +
+           " elements); only an empty view may have null data";
+  });
+}
+
+}  // namespace detail
+
 /// A non-owning view of `Rank`-dimensional data with run-time extents and strides
 /// (in elements). Like std::span and mdspan it is shallow-const: a `const TensorView<float,
 /// 3>` still writes elements; `TensorView<const float, 3>` is the read-only view. Pass it by
@@ -53,17 +76,7 @@ class TensorView {
   ///         receive has null data unless it is empty).
   TensorView(Scalar* data, const Shape<Rank>& shape, const Shape<Rank>& strides)
       : data_(data), shape_(shape), strides_(strides) {
-    for (std::size_t r = 0; r < Rank; ++r) {
-      detail::require(shape[r] >= 0 && strides[r] >= 0, "TensorView", [&] {
-        return "shape " + detail::to_string(shape) + " with strides " + detail::to_string(strides) +
-               " has a negative extent or stride";
-      });
-    }
-    const Index count = detail::checked_shape_size(shape, "TensorView");  // size() never overflows
-    detail::require(data != nullptr || count == 0, "TensorView", [&] {
-      return "null data with shape " + detail::to_string(shape) + " (" + std::to_string(count) +
-             " elements); only an empty view may have null data";
-    });
+    detail::check_view_layout(shape.data(), strides.data(), Rank, data == nullptr);
   }
 
   /// Mutable -> read-only is implicit; the reverse does not compile.
