@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <memory>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -34,27 +33,35 @@ class AlignedBuffer {
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
   AlignedBuffer(AlignedBuffer&& other) noexcept
-      : ptr_(std::move(other.ptr_)), capacity_(std::exchange(other.capacity_, 0)) {}
+      : ptr_(std::exchange(other.ptr_, nullptr)), capacity_(std::exchange(other.capacity_, 0)) {}
   AlignedBuffer& operator=(AlignedBuffer&& other) noexcept {
-    ptr_ = std::move(other.ptr_);
-    capacity_ = std::exchange(other.capacity_, 0);
+    if (this != &other) {
+      AlignedDelete{}(ptr_);
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      capacity_ = std::exchange(other.capacity_, 0);
+    }
     return *this;
   }
-  ~AlignedBuffer() = default;
+  ~AlignedBuffer() { AlignedDelete{}(ptr_); }
 
   /// Ensures room for `count` elements. Grows geometrically; the old contents are
   /// not kept (callers use it as scratch or fill it right after).
   void reserve(std::size_t count) {
     if (count <= capacity_) return;
     const std::size_t grown = std::max(count, capacity_ + capacity_ / 2);
-    ptr_.reset(static_cast<T*>(::operator new[](grown * sizeof(T), std::align_val_t{kAlignment})));
+    T* grown_ptr =
+        static_cast<T*>(::operator new[](grown * sizeof(T), std::align_val_t{kAlignment}));
+    AlignedDelete{}(ptr_);
+    ptr_ = grown_ptr;
     capacity_ = grown;
   }
-  T* data() const noexcept { return ptr_.get(); }
+  T* data() const noexcept { return ptr_; }
   std::size_t capacity() const noexcept { return capacity_; }
 
  private:
-  std::unique_ptr<T, AlignedDelete> ptr_;
+  // A plain owning pointer rather than a std::unique_ptr: data() is on every element access of
+  // a Tensor, and at -O0 unique_ptr::get() is five nested calls.
+  T* ptr_ = nullptr;
   std::size_t capacity_ = 0;
 };
 

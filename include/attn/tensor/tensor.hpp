@@ -165,11 +165,11 @@ class Tensor {
   /// building a view per element made element-wise loops several times slower at -O0.
   template <class... Indices>
   Scalar& operator()(Indices... idx) noexcept {
-    return data()[offset_of(idx...)];
+    return storage_.data()[offset_of(idx...)];
   }
   template <class... Indices>
   const Scalar& operator()(Indices... idx) const noexcept {
-    return data()[offset_of(idx...)];
+    return storage_.data()[offset_of(idx...)];
   }
   /// @throws IndexError (a std::out_of_range) naming the axis and its extent.
   template <class... Indices>
@@ -185,15 +185,18 @@ class Tensor {
   std::vector<Scalar> to_vector() const { return std::vector<Scalar>(data(), data() + size()); }
 
  private:
-  /// The row-major offset of an index (Horner's scheme over the extents).
+  /// The row-major offset of an index (Horner's scheme over the extents). Plain arrays and
+  /// pointers, no std::array operator[]: element loops at -O0 (debug and sanitizer builds)
+  /// spent most of their time in those calls.
   template <class... Indices>
   Index offset_of(Indices... idx) const noexcept {
     static_assert(sizeof...(Indices) == Rank, "attn::Tensor: number of indices must equal Rank");
-    const std::array<Index, Rank> index{static_cast<Index>(idx)...};
+    const Index index[] = {static_cast<Index>(idx)...};
+    const Index* extent = shape_.data();
     Index offset = 0;
     for (std::size_t r = 0; r < Rank; ++r) {
-      ATTN_ASSERT(index[r] >= 0 && index[r] < shape_[r]);
-      offset = offset * shape_[r] + index[r];
+      ATTN_ASSERT(index[r] >= 0 && index[r] < extent[r]);
+      offset = offset * extent[r] + index[r];
     }
     return offset;
   }
