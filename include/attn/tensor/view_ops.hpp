@@ -18,17 +18,66 @@
 
 ATTN_NAMESPACE_BEGIN
 
+namespace detail {
+
+// The checks of the view ops below, written once for every element type (and rank, where
+// they take the extents as a pointer): a program holds views of many element types.
+
+inline void check_slice(const Index* shape, std::size_t rank, std::size_t axis, Index begin,
+                        Index end) {
+  require(axis < rank && 0 <= begin && begin <= end && end <= shape[axis], "slice", [&] {
+    return "range [" + std::to_string(begin) + ", " + std::to_string(end) + ") on axis " +
+           std::to_string(axis) + " of a view of shape " + to_string(shape, rank) +
+           " is out of bounds";
+  });
+}
+
+inline void check_select(const Index* shape, std::size_t rank, std::size_t axis, Index index) {
+  require(axis < rank && 0 <= index && index < shape[axis], "select", [&] {
+    return "index " + std::to_string(index) + " on axis " + std::to_string(axis) +
+           " of a view of shape " + to_string(shape, rank) + " is out of bounds";
+  });
+}
+
+inline void check_permutation(const Index* shape, std::size_t rank, const std::size_t* axes) {
+  bool ok = true;
+  for (std::size_t r = 0; r < rank; ++r) {
+    if (axes[r] >= rank) ok = false;
+    for (std::size_t s = 0; s < r; ++s) {
+      if (axes[s] == axes[r]) ok = false;
+    }
+  }
+  require(ok, "permute", [&] {
+    std::string text = "axes (";
+    for (std::size_t r = 0; r < rank; ++r) text += (r ? ", " : "") + std::to_string(axes[r]);
+    return text + ") are not a permutation of the " + std::to_string(rank) +
+           " axes of a view of shape " + to_string(shape, rank);
+  });
+}
+
+inline void check_transpose(const Index* shape, std::size_t rank, std::size_t a, std::size_t b) {
+  require(a < rank && b < rank, "transpose", [&] {
+    return "axes " + std::to_string(a) + " and " + std::to_string(b) +
+           " do not exist in a view of shape " + to_string(shape, rank);
+  });
+}
+
+inline void check_unsqueeze(const Index* shape, std::size_t rank, std::size_t axis) {
+  require(axis <= rank, "unsqueeze", [&] {
+    return "axis " + std::to_string(axis) + " is out of range for a view of shape " +
+           to_string(shape, rank);
+  });
+}
+
+}  // namespace detail
+
 /// Elements [begin, end) along `axis`; same rank. Like PyTorch's `x.narrow(axis, begin,
 /// end - begin)` or `x[..., begin:end, ...]`.
 /// @throws ShapeError if axis >= Rank or the range is outside [0, extent].
 template <class Scalar, std::size_t Rank>
 TensorView<Scalar, Rank> slice(TensorView<Scalar, Rank> v, std::size_t axis, Index begin,
                                Index end) {
-  detail::require(axis < Rank && 0 <= begin && begin <= end && end <= v.extent(axis), "slice", [&] {
-    return "range [" + std::to_string(begin) + ", " + std::to_string(end) + ") on axis " +
-           std::to_string(axis) + " of a view of shape " + detail::to_string(v.shape()) +
-           " is out of bounds";
-  });
+  detail::check_slice(v.shape().data(), Rank, axis, begin, end);
   Shape<Rank> shape = v.shape();
   shape[axis] = end - begin;
   return {v.data() + begin * v.stride(axis), shape, v.strides()};
@@ -39,10 +88,7 @@ TensorView<Scalar, Rank> slice(TensorView<Scalar, Rank> v, std::size_t axis, Ind
 template <class Scalar, std::size_t Rank>
 TensorView<Scalar, Rank - 1> select(TensorView<Scalar, Rank> v, std::size_t axis, Index index) {
   static_assert(Rank >= 2, "attn::select: the view must have rank 2 or more");
-  detail::require(axis < Rank && 0 <= index && index < v.extent(axis), "select", [&] {
-    return "index " + std::to_string(index) + " on axis " + std::to_string(axis) +
-           " of a view of shape " + detail::to_string(v.shape()) + " is out of bounds";
-  });
+  detail::check_select(v.shape().data(), Rank, axis, index);
   Shape<Rank - 1> shape{}, strides{};
   for (std::size_t r = 0, o = 0; r < Rank; ++r) {
     if (r == axis) continue;
@@ -57,18 +103,7 @@ TensorView<Scalar, Rank - 1> select(TensorView<Scalar, Rank> v, std::size_t axis
 template <class Scalar, std::size_t Rank>
 TensorView<Scalar, Rank> permute(TensorView<Scalar, Rank> v,
                                  const std::array<std::size_t, Rank>& axes) {
-  std::array<bool, Rank> seen{};
-  bool ok = true;
-  for (const std::size_t a : axes) {
-    if (a >= Rank || seen[a]) ok = false;
-    if (a < Rank) seen[a] = true;
-  }
-  detail::require(ok, "permute", [&] {
-    std::string text = "axes (";
-    for (std::size_t r = 0; r < Rank; ++r) text += (r ? ", " : "") + std::to_string(axes[r]);
-    return text + ") are not a permutation of the " + std::to_string(Rank) +
-           " axes of a view of shape " + detail::to_string(v.shape());
-  });
+  detail::check_permutation(v.shape().data(), Rank, axes.data());
   Shape<Rank> shape{}, strides{};
   for (std::size_t r = 0; r < Rank; ++r) {
     shape[r] = v.extent(axes[r]);
@@ -81,10 +116,7 @@ TensorView<Scalar, Rank> permute(TensorView<Scalar, Rank> v,
 /// @throws ShapeError if an axis is out of range.
 template <class Scalar, std::size_t Rank>
 TensorView<Scalar, Rank> transpose(TensorView<Scalar, Rank> v, std::size_t a, std::size_t b) {
-  detail::require(a < Rank && b < Rank, "transpose", [&] {
-    return "axes " + std::to_string(a) + " and " + std::to_string(b) +
-           " do not exist in a view of shape " + detail::to_string(v.shape());
-  });
+  detail::check_transpose(v.shape().data(), Rank, a, b);
   std::array<std::size_t, Rank> axes{};
   for (std::size_t r = 0; r < Rank; ++r) axes[r] = r;
   std::swap(axes[a], axes[b]);
@@ -101,10 +133,7 @@ TensorView<Scalar, 2> transpose(TensorView<Scalar, 2> v) {
 /// @throws ShapeError if axis > Rank.
 template <class Scalar, std::size_t Rank>
 TensorView<Scalar, Rank + 1> unsqueeze(TensorView<Scalar, Rank> v, std::size_t axis) {
-  detail::require(axis <= Rank, "unsqueeze", [&] {
-    return "axis " + std::to_string(axis) + " is out of range for a view of shape " +
-           detail::to_string(v.shape());
-  });
+  detail::check_unsqueeze(v.shape().data(), Rank, axis);
   Shape<Rank + 1> shape{}, strides{};
   for (std::size_t r = 0, i = 0; r <= Rank; ++r) {
     if (r == axis) {
@@ -154,6 +183,45 @@ bool compute_view_strides(const Shape<Rank>& shape, const Shape<Rank>& strides,
   return view_d == -1;
 }
 
+/// reshape()'s checks and new strides, for every element type: resolves a -1 extent of
+/// `new_shape` and sets `new_strides`.
+/// @throws ShapeError as reshape().
+template <std::size_t Rank, std::size_t NewRank>
+void reshape_layout(const Shape<Rank>& shape, const Shape<Rank>& strides, Shape<NewRank>& new_shape,
+                    Shape<NewRank>& new_strides) {
+  const Index size = shape_size(shape);
+  const auto describe = [&] {
+    return "cannot view shape " + to_string(shape) + " as " + to_string(new_shape);
+  };
+  Index known = 1;
+  std::size_t inferred = NewRank;
+  for (std::size_t r = 0; r < NewRank; ++r) {
+    if (new_shape[r] == -1) {
+      require(inferred == NewRank, "reshape",
+              [&] { return describe() + ": only one extent may be -1"; });
+      inferred = r;
+    } else {
+      require(new_shape[r] >= 0, "reshape",
+              [&] { return describe() + ": extents must be non-negative"; });
+      require(checked_mul(known, new_shape[r], known), "reshape",
+              [&] { return describe() + ": the element count overflows"; });
+    }
+  }
+  if (inferred != NewRank) {
+    require(known != 0 && size % known == 0, "reshape",
+            [&] { return describe() + ": the -1 extent cannot be inferred"; });
+    new_shape[inferred] = size / known;
+  }
+  require(shape_size(new_shape) == size, "reshape", [&] {
+    return describe() + ": " + std::to_string(size) + " elements vs " +
+           std::to_string(shape_size(new_shape));
+  });
+  require(compute_view_strides(shape, strides, new_shape, new_strides), "reshape", [&] {
+    return describe() + " with strides " + to_string(strides) +
+           " without a copy; call attn::contiguous() first";
+  });
+}
+
 }  // namespace detail
 
 /// The same elements with a new shape, as a view (PyTorch's `view`): works whenever the
@@ -163,39 +231,8 @@ bool compute_view_strides(const Shape<Rank>& shape, const Shape<Rank>& strides,
 ///         necessary (call contiguous() first).
 template <class Scalar, std::size_t Rank, std::size_t NewRank>
 TensorView<Scalar, NewRank> reshape(TensorView<Scalar, Rank> v, Shape<NewRank> new_shape) {
-  const auto describe = [&] {
-    return "cannot view shape " + detail::to_string(v.shape()) + " as " +
-           detail::to_string(new_shape);
-  };
-  Index known = 1;
-  std::size_t inferred = NewRank;
-  for (std::size_t r = 0; r < NewRank; ++r) {
-    if (new_shape[r] == -1) {
-      detail::require(inferred == NewRank, "reshape",
-                      [&] { return describe() + ": only one extent may be -1"; });
-      inferred = r;
-    } else {
-      detail::require(new_shape[r] >= 0, "reshape",
-                      [&] { return describe() + ": extents must be non-negative"; });
-      detail::require(detail::checked_mul(known, new_shape[r], known), "reshape",
-                      [&] { return describe() + ": the element count overflows"; });
-    }
-  }
-  if (inferred != NewRank) {
-    detail::require(known != 0 && v.size() % known == 0, "reshape",
-                    [&] { return describe() + ": the -1 extent cannot be inferred"; });
-    new_shape[inferred] = v.size() / known;
-  }
-  detail::require(shape_size(new_shape) == v.size(), "reshape", [&] {
-    return describe() + ": " + std::to_string(v.size()) + " elements vs " +
-           std::to_string(shape_size(new_shape));
-  });
   Shape<NewRank> new_strides{};
-  detail::require(detail::compute_view_strides(v.shape(), v.strides(), new_shape, new_strides),
-                  "reshape", [&] {
-                    return describe() + " with strides " + detail::to_string(v.strides()) +
-                           " without a copy; call attn::contiguous() first";
-                  });
+  detail::reshape_layout(v.shape(), v.strides(), new_shape, new_strides);
   return {v.data(), new_shape, new_strides};
 }
 

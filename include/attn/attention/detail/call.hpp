@@ -136,49 +136,68 @@ void check_variants(const char* where, const AttentionOptions& options, Index he
   per_head(options.alibi_slopes, "alibi_slopes");
 }
 
+/// The shapes and strides of an attention call's views (check_sdpa()), written once for every
+/// element type: q (B, H, T_q, d), k (B, H_kv, T_k, d), v (B, H_kv, T_k, d_v), out
+/// (B, H, T_q, d_v), weights (B, H, T_q, T_k) or empty, every last axis of stride 1.
+inline void check_sdpa_layout(const char* where, const ViewSpan& q, const ViewSpan& k,
+                              const ViewSpan& v, const ViewSpan& out, const ViewSpan& weights) {
+  const Index b = q.shape[0], h = q.shape[1], tq = q.shape[2], d = q.shape[3];
+  const Index tk = k.shape[2], dv = v.shape[3];
+  const auto shapes = [&] {
+    return "q " + to_string(q.shape, 4) + ", k " + to_string(k.shape, 4) + ", v " +
+           to_string(v.shape, 4);
+  };
+  require(!span_empty(q) && !span_empty(k) && !span_empty(v), where,
+          [&] { return "empty input: " + shapes() + " (every extent must be positive)"; });
+  require(k.shape[0] == b && v.shape[0] == b, where,
+          [&] { return "batch sizes differ: " + shapes(); });
+  require(k.shape[1] == v.shape[1], where,
+          [&] { return "key and value must have the same number of heads: " + shapes(); });
+  require(h % k.shape[1] == 0, where, [&] {
+    return "number of heads in key and value must divide the number of heads in query "
+           "(grouped-query attention: query head h reads key/value head h / (H / H_kv)): " +
+           shapes();
+  });
+  require(k.shape[3] == d, where, [&] { return "q and k head dimensions differ: " + shapes(); });
+  require(v.shape[2] == tk, where, [&] { return "k and v sequence lengths differ: " + shapes(); });
+  const auto has_shape = [](const ViewSpan& view, const Shape<4>& shape) {
+    return view.shape[0] == shape[0] && view.shape[1] == shape[1] && view.shape[2] == shape[2] &&
+           view.shape[3] == shape[3];
+  };
+  const Shape<4> out_shape{b, h, tq, dv};
+  require(has_shape(out, out_shape), where, [&] {
+    return "out has shape " + to_string(out.shape, 4) + ", expected " + to_string(out_shape) +
+           " for " + shapes();
+  });
+  const Shape<4> weights_shape{b, h, tq, tk};
+  require(weights.data == nullptr || has_shape(weights, weights_shape), where, [&] {
+    return "weights has shape " + to_string(weights.shape, 4) + ", expected " +
+           to_string(weights_shape);
+  });
+  const auto unit = [](const ViewSpan& view) { return view.strides[3] == 1 || view.shape[3] == 1; };
+  require(unit(q) && unit(k) && unit(v) && unit(out) && (weights.data == nullptr || unit(weights)),
+          where, [&] {
+            return "the last axis of q, k, v, out and weights must have stride 1 (got q " +
+                   to_string(q.strides, 4) + ", k " + to_string(k.strides, 4) + ", v " +
+                   to_string(v.strides, 4) + ", out " + to_string(out.strides, 4) +
+                   "); pass contiguous() copies";
+          });
+}
+
 template <class Scalar, class Operand = Scalar>
 void check_sdpa(const char* where, TensorView<const identity_t<Operand>, 4> q,
                 TensorView<const identity_t<Operand>, 4> k,
                 TensorView<const identity_t<Operand>, 4> v, TensorView<identity_t<Operand>, 4> out,
                 TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask,
                 const AttentionOptions& options) {
+  check_sdpa_layout(where, view_span(q), view_span(k), view_span(v), view_span(out),
+                    view_span(weights));
   const Index b = q.extent(0), h = q.extent(1), tq = q.extent(2), d = q.extent(3);
   const Index tk = k.extent(2), dv = v.extent(3);
   const auto shapes = [&] {
     return "q " + to_string(q.shape()) + ", k " + to_string(k.shape()) + ", v " +
            to_string(v.shape());
   };
-  require(!q.empty() && !k.empty() && !v.empty(), where,
-          [&] { return "empty input: " + shapes() + " (every extent must be positive)"; });
-  require(k.extent(0) == b && v.extent(0) == b, where,
-          [&] { return "batch sizes differ: " + shapes(); });
-  require(k.extent(1) == v.extent(1), where,
-          [&] { return "key and value must have the same number of heads: " + shapes(); });
-  require(h % k.extent(1) == 0, where, [&] {
-    return "number of heads in key and value must divide the number of heads in query "
-           "(grouped-query attention: query head h reads key/value head h / (H / H_kv)): " +
-           shapes();
-  });
-  require(k.extent(3) == d, where, [&] { return "q and k head dimensions differ: " + shapes(); });
-  require(v.extent(2) == tk, where, [&] { return "k and v sequence lengths differ: " + shapes(); });
-  const Shape<4> out_shape{b, h, tq, dv};
-  require(out.shape() == out_shape, where, [&] {
-    return "out has shape " + to_string(out.shape()) + ", expected " + to_string(out_shape) +
-           " for " + shapes();
-  });
-  require(weights.data() == nullptr || weights.shape() == Shape<4>{b, h, tq, tk}, where, [&] {
-    return "weights has shape " + to_string(weights.shape()) + ", expected " +
-           to_string(Shape<4>{b, h, tq, tk});
-  });
-  const auto unit = [](const auto& view) { return view.stride(3) == 1 || view.extent(3) == 1; };
-  require(
-      unit(q) && unit(k) && unit(v) && unit(out) && (weights.data() == nullptr || unit(weights)),
-      where, [&] {
-        return "the last axis of q, k, v, out and weights must have stride 1 (got q " +
-               to_string(q.strides()) + ", k " + to_string(k.strides()) + ", v " +
-               to_string(v.strides()) + ", out " + to_string(out.strides()) +
-               "); pass contiguous() copies";
-      });
   require_config(options.dropout >= 0.0 && options.dropout < 1.0, where,
                  [&] { return "dropout=" + number(options.dropout) + " must be in [0, 1)"; });
   require_config(!options.scale || std::isfinite(*options.scale), where,
