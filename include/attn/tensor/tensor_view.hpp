@@ -114,7 +114,7 @@ class TensorView {
     static_assert(sizeof...(Indices) == Rank,
                   "attn::TensorView: number of indices must equal Rank");
     const Index index[] = {static_cast<Index>(idx)...};
-    const Index* extent = shape_.data();
+    [[maybe_unused]] const Index* extent = shape_.data();  // (read by the assertion only)
     const Index* stride = strides_.data();
     Index offset = 0;
     for (std::size_t r = 0; r < Rank; ++r) {
