@@ -19,6 +19,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace argument_contract_test {
 
 namespace {
@@ -126,3 +128,5 @@ TEST(ArgumentContract, ATrainingForwardThatThrowsLeavesTheRecordEmpty) {
 }  // namespace
 
 }  // namespace argument_contract_test
+
+#include "support/bodies_end.hpp"

@@ -28,6 +28,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace bf16_attention_test {
 
 namespace {
@@ -1092,3 +1094,5 @@ TEST_F(StorageAttention, Bf16BackwardHiddenNonFiniteKeysAndValues) {
 }  // namespace
 
 }  // namespace bf16_attention_test
+
+#include "support/bodies_end.hpp"

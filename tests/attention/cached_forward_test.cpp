@@ -30,6 +30,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace cached_forward_test {
 
 namespace {
@@ -532,3 +534,5 @@ TEST(CachedForwardSinks, ErrorsNameTheValues) {
 }  // namespace
 
 }  // namespace cached_forward_test
+
+#include "support/bodies_end.hpp"

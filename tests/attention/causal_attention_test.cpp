@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace causal_attention_test {
 
 namespace {
@@ -67,3 +69,5 @@ TYPED_TEST(CausalAttentionModule, CausalAttentionCombinesAUserMask) {
 }  // namespace
 
 }  // namespace causal_attention_test
+
+#include "support/bodies_end.hpp"

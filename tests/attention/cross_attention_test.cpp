@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace cross_attention_test {
 
 namespace {
@@ -51,3 +53,5 @@ TYPED_TEST(CrossAttentionModule, CrossAttentionMatchesReference) {
 }  // namespace
 
 }  // namespace cross_attention_test
+
+#include "support/bodies_end.hpp"

@@ -23,6 +23,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace dropout_threads_test {
 
 namespace {
@@ -457,3 +459,5 @@ TYPED_TEST(DropoutAndThreads, MultiHeadStreamingAndWeightsPathsDropTheSame) {
 }  // namespace
 
 }  // namespace dropout_threads_test
+
+#include "support/bodies_end.hpp"

@@ -19,6 +19,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace errors_test {
 
 namespace {
@@ -579,3 +581,5 @@ TEST(ErrorTypes, EveryKindIsCaughtAsAttnError) {
 }  // namespace
 
 }  // namespace errors_test
+
+#include "support/bodies_end.hpp"

@@ -24,6 +24,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace kernel_generation_test {
 
 namespace {
@@ -255,3 +257,5 @@ TYPED_TEST(KernelGeneration, HeadCountsThatDoNotGroupAreShapeErrors) {
 }  // namespace
 
 }  // namespace kernel_generation_test
+
+#include "support/bodies_end.hpp"

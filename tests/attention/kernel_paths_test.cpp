@@ -23,6 +23,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace kernel_paths_test {
 namespace {
 
@@ -548,3 +550,5 @@ TYPED_TEST(KernelPaths, AllocatingRank2And3FormsMatchReference) {
 
 }  // namespace
 }  // namespace kernel_paths_test
+
+#include "support/bodies_end.hpp"

@@ -22,6 +22,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace kv_cache_contract_test {
 
 namespace {
@@ -170,3 +172,5 @@ TEST(KVCacheContract, ACacheHoldsOneModulesKeysUntilReset) {
 }  // namespace
 
 }  // namespace kv_cache_contract_test
+
+#include "support/bodies_end.hpp"

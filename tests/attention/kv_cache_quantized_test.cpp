@@ -26,6 +26,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace kv_cache_quantized_test {
 
 namespace {
@@ -382,3 +384,5 @@ TEST(KVCacheQuantized, TheIncrementalForwardQuantisesRotatedKeys) {
 
 }  // namespace
 }  // namespace kv_cache_quantized_test
+
+#include "support/bodies_end.hpp"

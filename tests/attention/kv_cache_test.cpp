@@ -20,6 +20,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace kv_cache_test {
 
 namespace {
@@ -526,3 +528,5 @@ TEST(KVCache16Bit, Float16RowsAreTheModulesOwn) { check_sixteen_bit_rows<attn::f
 }  // namespace
 
 }  // namespace kv_cache_test
+
+#include "support/bodies_end.hpp"

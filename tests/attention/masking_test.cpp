@@ -22,6 +22,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace masking_test {
 namespace {
 
@@ -434,3 +436,5 @@ TYPED_TEST(Masking, ModuleWithFullyPaddedBatchItemGivesOutputBiasNotNaN) {
 
 }  // namespace
 }  // namespace masking_test
+
+#include "support/bodies_end.hpp"

@@ -20,6 +20,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace module_backward_test {
 
 namespace {
@@ -338,3 +340,5 @@ TEST(ModuleBackward, RejectsMismatchedArgumentsNamingThem) {
 }  // namespace
 
 }  // namespace module_backward_test
+
+#include "support/bodies_end.hpp"

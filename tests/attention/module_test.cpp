@@ -19,6 +19,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace module_test {
 
 namespace {
@@ -474,3 +476,5 @@ TEST(ModuleSpecifics, WrapperMaskPerHeadReachesEachHead) {
 }  // namespace
 
 }  // namespace module_test
+
+#include "support/bodies_end.hpp"

@@ -34,6 +34,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace module_variants_test {
 namespace {
 
@@ -1057,3 +1059,5 @@ TEST(OtherModuleVariantsOptions, BadVariantsThrowNamingTheModule) {
 
 }  // namespace
 }  // namespace module_variants_test
+
+#include "support/bodies_end.hpp"

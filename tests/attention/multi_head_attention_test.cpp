@@ -21,6 +21,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace multi_head_attention_test {
 
 namespace {
@@ -501,3 +503,5 @@ TEST(MultiHeadAttentionConfig, GroupedQueryAndHeadDimErrorsNameTheValues) {
 }  // namespace
 
 }  // namespace multi_head_attention_test
+
+#include "support/bodies_end.hpp"

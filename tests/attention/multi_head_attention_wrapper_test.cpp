@@ -11,6 +11,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace multi_head_attention_wrapper_test {
 
 namespace {
@@ -70,3 +72,5 @@ TYPED_TEST(MultiHeadAttentionWrapperModule, ForwardInPlaceEqualsOutOfPlace) {
 }  // namespace
 
 }  // namespace multi_head_attention_wrapper_test
+
+#include "support/bodies_end.hpp"

@@ -22,6 +22,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace nonfinite_test {
 namespace {
 
@@ -244,3 +246,5 @@ TYPED_TEST(NonFiniteTest, WeightsOfHiddenNaNKeysAreZero) {
 
 }  // namespace
 }  // namespace nonfinite_test
+
+#include "support/bodies_end.hpp"

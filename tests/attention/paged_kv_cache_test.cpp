@@ -26,6 +26,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace paged_kv_cache_test {
 
 namespace {
@@ -713,3 +715,5 @@ TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {
 
 }  // namespace
 }  // namespace paged_kv_cache_test
+
+#include "support/bodies_end.hpp"

@@ -15,6 +15,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace qkv_projection_test {
 namespace {
 
@@ -174,3 +176,5 @@ TYPED_TEST(QkvProjectionTest, FusedWeightExistsOnlyWhenTheDimsAgree) {
 
 }  // namespace
 }  // namespace qkv_projection_test
+
+#include "support/bodies_end.hpp"

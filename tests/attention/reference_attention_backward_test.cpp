@@ -20,6 +20,8 @@
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace reference_attention_backward_test {
 
 namespace {
@@ -174,3 +176,5 @@ TEST(ReferenceAttentionBackward, DropoutWithGivenKeepDecisionsAndCustomScale) {
 }  // namespace
 
 }  // namespace reference_attention_backward_test
+
+#include "support/bodies_end.hpp"

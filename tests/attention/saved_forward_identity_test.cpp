@@ -16,6 +16,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace saved_forward_identity_test {
 
 namespace {
@@ -184,3 +186,5 @@ TEST(SavedForwardIdentity, ACopyIsAnotherModule) {
 }  // namespace
 
 }  // namespace saved_forward_identity_test
+
+#include "support/bodies_end.hpp"

@@ -15,6 +15,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace saved_forward_test {
 
 namespace {
@@ -198,3 +200,5 @@ TYPED_TEST(SavedForwardTest, WrapperRecordsEveryHeadAndSimpleAttentionItsInput) 
 }  // namespace
 
 }  // namespace saved_forward_test
+
+#include "support/bodies_end.hpp"

@@ -24,6 +24,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace scaled_dot_product_backward_test {
 namespace {
 
@@ -639,3 +641,5 @@ TEST_F(SdpaBackward, RejectsBadArgumentsNamingThem) {
 
 }  // namespace
 }  // namespace scaled_dot_product_backward_test
+
+#include "support/bodies_end.hpp"

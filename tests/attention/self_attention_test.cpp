@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace self_attention_test {
 
 namespace {
@@ -128,3 +130,5 @@ TYPED_TEST(SelfAttentionModule, SelfAttentionUnbatchedEqualsBatchOfOne) {
 }  // namespace
 
 }  // namespace self_attention_test
+
+#include "support/bodies_end.hpp"

@@ -9,6 +9,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace simple_self_attention_test {
 
 namespace {
@@ -73,3 +75,5 @@ TYPED_TEST(SimpleSelfAttentionModule, ForwardInPlaceEqualsOutOfPlace) {
 }  // namespace
 
 }  // namespace simple_self_attention_test
+
+#include "support/bodies_end.hpp"

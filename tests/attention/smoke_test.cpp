@@ -6,6 +6,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace smoke_test {
 
 namespace {
@@ -30,3 +32,5 @@ TEST(Smoke, CausalAttentionFromSeed123MatchesNotebook) {
 }  // namespace
 
 }  // namespace smoke_test
+
+#include "support/bodies_end.hpp"

@@ -26,6 +26,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace training_aliasing_test {
 
 namespace {
@@ -339,3 +341,5 @@ TEST(TrainingAliasing, ModulesWithoutACausalCoreRefuseTheIncrementalForward) {
 }  // namespace
 
 }  // namespace training_aliasing_test
+
+#include "support/bodies_end.hpp"

@@ -18,6 +18,8 @@
 #include "support/finite_difference.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace variants_test {
 namespace {
 
@@ -366,3 +368,5 @@ TEST_F(AttentionVariants, FloatBackwardMatchesTheDoubleOneOnEveryPathAndSet) {
 
 }  // namespace
 }  // namespace variants_test
+
+#include "support/bodies_end.hpp"

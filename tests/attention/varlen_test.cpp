@@ -27,6 +27,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace varlen_test {
 
 namespace {
@@ -765,3 +767,5 @@ TEST(VarlenModule, Errors) {
 }  // namespace
 
 }  // namespace varlen_test
+
+#include "support/bodies_end.hpp"

@@ -23,6 +23,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace notebook000_001_002_test {
 
 namespace {
@@ -343,3 +345,5 @@ TYPED_TEST(Notebook001And002, Notebook002In36MultiHeadAttentionShapeWithoutBatch
 }  // namespace
 
 }  // namespace notebook000_001_002_test
+
+#include "support/bodies_end.hpp"

@@ -27,6 +27,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace notebook003_causal_multihead_test {
 
 namespace {
@@ -310,3 +312,5 @@ TEST(Notebook003CausalSeeded, In220ValuesMultiHeadAttentionFromSeed123MatchesDer
 }  // namespace
 
 }  // namespace notebook003_causal_multihead_test
+
+#include "support/bodies_end.hpp"

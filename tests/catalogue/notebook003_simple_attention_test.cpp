@@ -18,6 +18,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace notebook003_simple_attention_test {
 
 namespace {
@@ -298,3 +300,5 @@ TYPED_TEST(Notebook003Simple, In217TransposeAndBatchedProductShapes) {
 }  // namespace
 
 }  // namespace notebook003_simple_attention_test
+
+#include "support/bodies_end.hpp"

@@ -25,6 +25,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace notebook003_trainable_weights_test {
 
 namespace {
@@ -460,3 +462,5 @@ TYPED_TEST(Notebook003Weights, In209CorrectedCausalWeightsMatchDerivedCase) {
 }  // namespace
 
 }  // namespace notebook003_trainable_weights_test
+
+#include "support/bodies_end.hpp"

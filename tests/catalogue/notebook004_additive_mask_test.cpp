@@ -24,6 +24,8 @@
 #include "catalogue/catalogue_support.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace notebook004_additive_mask_test {
 namespace {
 
@@ -273,3 +275,5 @@ TYPED_TEST(Notebook004, In86OutputLinearShapeAndFusedModuleAgree) {
 
 }  // namespace
 }  // namespace notebook004_additive_mask_test
+
+#include "support/bodies_end.hpp"

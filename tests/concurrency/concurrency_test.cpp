@@ -15,6 +15,8 @@
 #include "attn/attn.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace {
 
 constexpr int kThreads = 4;
@@ -137,3 +139,5 @@ TEST(Concurrency, TrainingModeCallsFromThreadsDrawDistinctDropoutCalls) {
 }
 
 }  // namespace
+
+#include "support/bodies_end.hpp"

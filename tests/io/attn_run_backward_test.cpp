@@ -17,6 +17,8 @@
 #include "attn_run/run.hpp"
 #include "io/fixture_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace attn_run_backward_test {
 
 namespace {
@@ -110,3 +112,5 @@ TEST(AttnRunBackwardFixtures, Bf16GradientsMatchPyTorchsBf16Module) {
 }  // namespace
 
 }  // namespace attn_run_backward_test
+
+#include "support/bodies_end.hpp"

@@ -24,6 +24,8 @@
 #include "io/fixture_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace attn_run_llama_test {
 namespace {
 
@@ -539,3 +541,5 @@ TEST(AttnRunLlama, ParsesItsFlagsAndRefusesTheOtherFormats) {
 
 }  // namespace
 }  // namespace attn_run_llama_test
+
+#include "support/bodies_end.hpp"

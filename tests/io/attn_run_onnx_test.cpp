@@ -26,6 +26,8 @@
 #include "io/file_test_support.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace attn_run_onnx_test {
 
 namespace {
@@ -379,3 +381,5 @@ TEST(AttnRunOnnx, ParsesTheOperatorsAttributesAndRefusesMisplacedFlags) {
 }  // namespace
 
 }  // namespace attn_run_onnx_test
+
+#include "support/bodies_end.hpp"

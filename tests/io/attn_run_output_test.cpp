@@ -30,6 +30,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace attn_run_output_test {
 
 namespace {
@@ -182,3 +184,5 @@ TEST(AttnRunOutput, TheWriterRefusesSpecialFilesToo) {
 }  // namespace
 
 }  // namespace attn_run_output_test
+
+#include "support/bodies_end.hpp"

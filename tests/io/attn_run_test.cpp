@@ -24,6 +24,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace attn_run_test {
 
 namespace {
@@ -546,3 +548,5 @@ TEST(AttnRunFiles, OutputOverInputSucceedingReplacesIt) {
 }  // namespace
 
 }  // namespace attn_run_test
+
+#include "support/bodies_end.hpp"

@@ -28,6 +28,8 @@
 #include "io/file_test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace attn_run_validation_test {
 
 namespace {
@@ -212,3 +214,5 @@ TEST(AttnRunValidation, MhaInputsAreCheckedBeforeTheMasksAreBuilt) {
 }  // namespace
 
 }  // namespace attn_run_validation_test
+
+#include "support/bodies_end.hpp"

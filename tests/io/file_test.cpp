@@ -23,6 +23,8 @@
 #include "io/file_test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace file_test {
 
 #ifndef ATTN_FILE_TEST
@@ -220,3 +222,5 @@ TEST(ATTN_FILE_TEST, FromStreamReadsEverything) {
 }  // namespace file_test
 
 #undef ATTN_FILE_TEST
+
+#include "support/bodies_end.hpp"

@@ -10,6 +10,8 @@
 #include "attn/attn.hpp"
 #include "attn/io/io.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace io_error_test {
 
 namespace {
@@ -53,3 +55,5 @@ TEST(IoErrorTypes, EveryKindIsCaughtAsAttnError) {
 }  // namespace
 
 }  // namespace io_error_test
+
+#include "support/bodies_end.hpp"

@@ -15,6 +15,8 @@
 #include "attn/attn.hpp"
 #include "attn/io/io.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace mixed_precision_test {
 
 namespace {
@@ -135,3 +137,5 @@ TEST(MixedPrecision, ChecksAndReload) {
 }  // namespace
 
 }  // namespace mixed_precision_test
+
+#include "support/bodies_end.hpp"

@@ -18,6 +18,8 @@
 #include "io/fixture_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace pytorch_fixtures_test {
 namespace {
 
@@ -236,3 +238,5 @@ TEST(Runner, WrongEmbeddingSizeIsAShapeError) {
 
 }  // namespace
 }  // namespace pytorch_fixtures_test
+
+#include "support/bodies_end.hpp"

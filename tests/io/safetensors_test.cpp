@@ -18,6 +18,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace safetensors_test {
 
 namespace {
@@ -427,3 +429,5 @@ TEST(SafetensorsWriter, RejectsDuplicateReservedAndMissizedTensors) {
 }  // namespace
 
 }  // namespace safetensors_test
+
+#include "support/bodies_end.hpp"

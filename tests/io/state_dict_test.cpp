@@ -17,6 +17,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace state_dict_test {
 
 namespace {
@@ -923,3 +925,5 @@ TEST(StateDict, SavesAndLoadsWholeFiles) {
 }  // namespace
 
 }  // namespace state_dict_test
+
+#include "support/bodies_end.hpp"

@@ -23,6 +23,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace variants_fixtures_test {
 namespace {
 
@@ -322,3 +324,5 @@ TEST(VariantsFixtures, SinksRoundTripThroughAStateDict) {
 
 }  // namespace
 }  // namespace variants_fixtures_test
+
+#include "support/bodies_end.hpp"

@@ -17,6 +17,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace dropout_test {
 
 namespace {
@@ -303,3 +305,5 @@ TEST(DropoutInPlace, ViewsWhoseElementsShareMemoryAreShapeErrors) {
 }
 
 }  // namespace dropout_test
+
+#include "support/bodies_end.hpp"

@@ -18,6 +18,8 @@
 #include "support/scalar_types.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace exp_subnormal_test {
 
 namespace {
@@ -88,3 +90,5 @@ TYPED_TEST(ExpSubnormal, BelowHalfTheSmallestSubnormalTheResultIsZero) {
 }  // namespace
 
 }  // namespace exp_subnormal_test
+
+#include "support/bodies_end.hpp"

@@ -13,6 +13,8 @@
 #include "support/scalar_types.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace gradients_test {
 
 namespace {
@@ -182,3 +184,5 @@ TEST(Gradients, ErrorsNameTheParameters) {
 }  // namespace
 
 }  // namespace gradients_test
+
+#include "support/bodies_end.hpp"

@@ -17,6 +17,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace linear_test {
 
 namespace {
@@ -509,3 +511,5 @@ TEST(LinearBackward, AddsIntoTheGradientsAndSkipsAnEmptyInputGradient) {
 }  // namespace
 
 }  // namespace linear_test
+
+#include "support/bodies_end.hpp"

@@ -14,6 +14,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace mask_test {
 
 namespace {
@@ -293,3 +295,5 @@ TYPED_TEST(MaskHelpersTest, NotebookCausalWeightsFromMaskedFillAndSoftmax) {
 }  // namespace
 
 }  // namespace mask_test
+
+#include "support/bodies_end.hpp"

@@ -9,6 +9,8 @@
 #include "attn/attn.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace parameter_test {
 
 namespace {
@@ -68,3 +70,5 @@ TEST(ParameterList, KeepsOrderPrefixesSubmodulesAndRecordsAbsentNames) {
 }  // namespace
 
 }  // namespace parameter_test
+
+#include "support/bodies_end.hpp"

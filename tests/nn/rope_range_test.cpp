@@ -16,6 +16,8 @@
 #include "attn/attn.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace rope_range_test {
 
 namespace {
@@ -79,3 +81,5 @@ TEST(RopeRange, AModuleWithSuchARopeIsRefusedWhenBuilt) {
 }  // namespace
 
 }  // namespace rope_range_test
+
+#include "support/bodies_end.hpp"

@@ -19,6 +19,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace rope_test {
 
 namespace {
@@ -321,3 +323,5 @@ TEST(Rope, WrongShapesAreShapeErrors) {
 }  // namespace
 
 }  // namespace rope_test
+
+#include "support/bodies_end.hpp"

@@ -17,6 +17,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace softmax_backward_test {
 
 namespace {
@@ -124,3 +126,5 @@ TEST(SoftmaxBackward, WrongShapesThrowNamingThem) {
 }  // namespace
 
 }  // namespace softmax_backward_test
+
+#include "support/bodies_end.hpp"

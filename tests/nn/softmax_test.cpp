@@ -13,6 +13,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace softmax_test {
 
 namespace {
@@ -196,3 +198,5 @@ TEST(SoftmaxInPlace, ViewsWhoseElementsShareMemoryAreShapeErrors) {
 }
 
 }  // namespace softmax_test
+
+#include "support/bodies_end.hpp"

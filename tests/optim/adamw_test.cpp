@@ -16,6 +16,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace adamw_test {
 
 namespace {
@@ -149,3 +151,5 @@ TEST(AdamW, RejectsWhatPyTorchRejects) {
 }  // namespace
 
 }  // namespace adamw_test
+
+#include "support/bodies_end.hpp"

@@ -16,6 +16,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace optimizer_lifetime_test {
 
 namespace {
@@ -116,3 +118,5 @@ TEST(OptimizerLifetime, GradientsOfParametersThatNoLongerExistAreRefused) {
 }  // namespace
 
 }  // namespace optimizer_lifetime_test
+
+#include "support/bodies_end.hpp"

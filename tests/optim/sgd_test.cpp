@@ -16,6 +16,8 @@
 #include "support/scalar_types.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace sgd_test {
 namespace {
 
@@ -111,3 +113,5 @@ TEST(SGD, OneStepIsGradientDescent) {
 
 }  // namespace
 }  // namespace sgd_test
+
+#include "support/bodies_end.hpp"

@@ -19,6 +19,8 @@
 #include "parity/parity_support.hpp"
 #include "support/scalar_types.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace grad_fixtures_test {
 
 namespace {
@@ -295,3 +297,5 @@ TYPED_TEST(GradFixtures, EveryModuleBackwardGivesPyTorchsGradients) {
 }  // namespace
 
 }  // namespace grad_fixtures_test
+
+#include "support/bodies_end.hpp"

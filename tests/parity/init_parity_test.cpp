@@ -7,6 +7,8 @@
 #include "fixtures/pytorch/init_cases.hpp"
 #include "parity/parity_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace init_parity_test {
 
 // Known failures (library issues, reported; not worked around here):
@@ -107,3 +109,5 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, LinearInitDouble,
 }  // namespace
 
 }  // namespace init_parity_test
+
+#include "support/bodies_end.hpp"

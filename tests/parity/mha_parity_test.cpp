@@ -11,6 +11,8 @@
 #include "fixtures/pytorch/mha_cases.hpp"
 #include "parity/parity_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace mha_parity_test {
 
 namespace {
@@ -275,3 +277,5 @@ TEST(CrossAttentionParity, DoubleMatchesMultiheadAttentionWithKdim) {
 }  // namespace
 
 }  // namespace mha_parity_test
+
+#include "support/bodies_end.hpp"

@@ -10,6 +10,8 @@
 #include "fixtures/pytorch/notebook_cases.hpp"
 #include "parity/parity_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace notebook_parity_test {
 
 namespace {
@@ -177,3 +179,5 @@ INSTANTIATE_TEST_SUITE_P(PyTorch, NotebookParityDouble,
 }  // namespace
 
 }  // namespace notebook_parity_test
+
+#include "support/bodies_end.hpp"

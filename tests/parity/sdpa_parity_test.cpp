@@ -11,6 +11,8 @@
 #include "fixtures/pytorch/sdpa_cases.hpp"
 #include "parity/parity_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace sdpa_parity_test {
 namespace {
 
@@ -162,3 +164,5 @@ TEST(SdpaParityFixtures, FullyMaskedCasesHaveNanRowsInReference) {
 
 }  // namespace
 }  // namespace sdpa_parity_test
+
+#include "support/bodies_end.hpp"

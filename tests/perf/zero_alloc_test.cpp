@@ -42,6 +42,8 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
+
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
 #if defined(KMP_VERSION_MAJOR)
 #define ATTN_TEST_OPENMP_MALLOCS 1
 #else
@@ -665,3 +667,5 @@ TEST(ZeroAllocation, PackedTrainingStep) {
 }
 
 }  // namespace
+
+#include "support/bodies_end.hpp"

@@ -16,6 +16,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace eigen_test {
 
 namespace {
@@ -291,3 +293,5 @@ TYPED_TEST(EigenBridgeTest, ModulesTakeEigenViewsDirectly) {
 }  // namespace
 
 }  // namespace eigen_test
+
+#include "support/bodies_end.hpp"

@@ -12,6 +12,8 @@
 #include "attn/attn.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace overlap_test {
 
 namespace {
@@ -106,3 +108,5 @@ TEST(Overlap, RequireDisjointNamesBothViews) {
 }  // namespace
 
 }  // namespace overlap_test
+
+#include "support/bodies_end.hpp"

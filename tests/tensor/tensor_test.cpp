@@ -16,6 +16,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace tensor_test {
 
 namespace {
@@ -489,3 +491,5 @@ TEST(TensorBool, HoldsMasks) {
 }  // namespace
 
 }  // namespace tensor_test
+
+#include "support/bodies_end.hpp"

@@ -24,6 +24,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace types_convert_test {
 
 namespace {
@@ -487,3 +489,5 @@ TEST(TypesEigen, FloatMatricesConvertThroughAsView) {
 }  // namespace
 
 }  // namespace types_convert_test
+
+#include "support/bodies_end.hpp"

@@ -14,6 +14,8 @@
 #include "fixtures/pytorch/types_reference.hpp"
 #include "support/test_support.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace types_pytorch_test {
 
 namespace {
@@ -135,3 +137,5 @@ TEST(TypesPyTorch, BFloat16AndFloat16ToFloatMatchPyTorchBitForBit) {
 }  // namespace
 
 }  // namespace types_pytorch_test
+
+#include "support/bodies_end.hpp"

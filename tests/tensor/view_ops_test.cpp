@@ -13,6 +13,8 @@
 #include "support/test_support.hpp"
 #include "support/thrown.hpp"
 
+#include "support/bodies_begin.hpp"  // test bodies unoptimised under GCC
+
 namespace view_ops_test {
 namespace {
 
@@ -395,3 +397,5 @@ TYPED_TEST(ViewOpsTest, ContiguousAlwaysCopies) {
 
 }  // namespace
 }  // namespace view_ops_test
+
+#include "support/bodies_end.hpp"
