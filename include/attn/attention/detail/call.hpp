@@ -136,6 +136,12 @@ void check_variants(const char* where, const AttentionOptions& options, Index he
   per_head(options.alibi_slopes, "alibi_slopes");
 }
 
+/// "q (..), k (..), v (..)", how the call's messages name its inputs.
+inline std::string sdpa_shapes(const ViewSpan& q, const ViewSpan& k, const ViewSpan& v) {
+  return "q " + to_string(q.shape, 4) + ", k " + to_string(k.shape, 4) + ", v " +
+         to_string(v.shape, 4);
+}
+
 /// The shapes and strides of an attention call's views (check_sdpa()), written once for every
 /// element type: q (B, H, T_q, d), k (B, H_kv, T_k, d), v (B, H_kv, T_k, d_v), out
 /// (B, H, T_q, d_v), weights (B, H, T_q, T_k) or empty, every last axis of stride 1.
@@ -143,10 +149,7 @@ inline void check_sdpa_layout(const char* where, const ViewSpan& q, const ViewSp
                               const ViewSpan& v, const ViewSpan& out, const ViewSpan& weights) {
   const Index b = q.shape[0], h = q.shape[1], tq = q.shape[2], d = q.shape[3];
   const Index tk = k.shape[2], dv = v.shape[3];
-  const auto shapes = [&] {
-    return "q " + to_string(q.shape, 4) + ", k " + to_string(k.shape, 4) + ", v " +
-           to_string(v.shape, 4);
-  };
+  const auto shapes = [&] { return sdpa_shapes(q, k, v); };
   require(!span_empty(q) && !span_empty(k) && !span_empty(v), where,
           [&] { return "empty input: " + shapes() + " (every extent must be positive)"; });
   require(k.shape[0] == b && v.shape[0] == b, where,
@@ -161,8 +164,7 @@ inline void check_sdpa_layout(const char* where, const ViewSpan& q, const ViewSp
   require(k.shape[3] == d, where, [&] { return "q and k head dimensions differ: " + shapes(); });
   require(v.shape[2] == tk, where, [&] { return "k and v sequence lengths differ: " + shapes(); });
   const auto has_shape = [](const ViewSpan& view, const Shape<4>& shape) {
-    return view.shape[0] == shape[0] && view.shape[1] == shape[1] && view.shape[2] == shape[2] &&
-           view.shape[3] == shape[3];
+    return std::equal(shape.begin(), shape.end(), view.shape);
   };
   const Shape<4> out_shape{b, h, tq, dv};
   require(has_shape(out, out_shape), where, [&] {
@@ -190,14 +192,11 @@ void check_sdpa(const char* where, TensorView<const identity_t<Operand>, 4> q,
                 TensorView<const identity_t<Operand>, 4> v, TensorView<identity_t<Operand>, 4> out,
                 TensorView<Scalar, 4> weights, const AttentionMask<Scalar>& mask,
                 const AttentionOptions& options) {
-  check_sdpa_layout(where, view_span(q), view_span(k), view_span(v), view_span(out),
-                    view_span(weights));
+  const ViewSpan qs = view_span(q), ks = view_span(k), vs = view_span(v);
+  check_sdpa_layout(where, qs, ks, vs, view_span(out), view_span(weights));
   const Index b = q.extent(0), h = q.extent(1), tq = q.extent(2), d = q.extent(3);
   const Index tk = k.extent(2), dv = v.extent(3);
-  const auto shapes = [&] {
-    return "q " + to_string(q.shape()) + ", k " + to_string(k.shape()) + ", v " +
-           to_string(v.shape());
-  };
+  const auto shapes = [&] { return sdpa_shapes(qs, ks, vs); };
   require_config(options.dropout >= 0.0 && options.dropout < 1.0, where,
                  [&] { return "dropout=" + number(options.dropout) + " must be in [0, 1)"; });
   require_config(!options.scale || std::isfinite(*options.scale), where,
