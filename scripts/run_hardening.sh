@@ -86,11 +86,11 @@ run_tsan() {
   cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
     -DATTN_OPENMP=OFF -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON -DATTN_BUILD_IO=OFF \
-    -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF \
+    -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_TEST_SELECT="concurrency/*" \
     -DATTN_UNRUN_KERNEL_SETS="${ATTN_UNRUN_KERNEL_SETS:-}" >/dev/null
-  cmake --build "$build" -j "$ATTN_JOBS" --target concurrency_test
-  log "[tsan] concurrency_test"
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$build/tests/concurrency_test"
+  cmake --build "$build" -j "$ATTN_JOBS" --target attn_tests  # the concurrency tests alone
+  log "[tsan] tests/concurrency"
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$build/tests/attn_tests"
 }
 
 run_valgrind() {
@@ -99,14 +99,14 @@ run_valgrind() {
   # run on one OpenMP thread: libgomp's thread stacks would read as "possibly lost"); else a
   # tree of its own, without OpenMP.
   local build="$ATTN_ROOT/build/release"
-  if [ ! -x "$build/tools/attn_run" ] || [ ! -x "$build/tests/catalogue_tests" ]; then
+  if [ ! -x "$build/tools/attn_run" ] || [ ! -f "$build/tests/attn_tests.catalogue.gtest_filter" ]; then
     build="$ATTN_ROOT/build/valgrind"
-    log "[valgrind] building attn_run and catalogue_tests (no -march=native, no OpenMP)"
+    log "[valgrind] building attn_run and tests/catalogue (no -march=native, no OpenMP)"
     cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_NATIVE=OFF \
       -DATTN_OPENMP=OFF -DATTN_BUILD_TOOLS=ON -DATTN_BUILD_IO=ON -DATTN_WERROR=ON \
       -DATTN_BUILD_TESTS=ON -DATTN_SHARE_KERNELS=ON -DATTN_BUILD_EXAMPLES=OFF \
-      -DATTN_BUILD_BENCHMARKS=OFF >/dev/null
-    cmake --build "$build" -j "$ATTN_JOBS" --target attn_run catalogue_tests
+      -DATTN_BUILD_BENCHMARKS=OFF -DATTN_TEST_SELECT="catalogue/*" >/dev/null
+    cmake --build "$build" -j "$ATTN_JOBS" --target attn_run attn_tests
   fi
   export ATTN_ISA=avx2  # clamped to the CPU; valgrind cannot run AVX-512 instructions
   export OMP_NUM_THREADS=1
@@ -114,9 +114,11 @@ run_valgrind() {
                   --errors-for-leak-kinds=definite -q)
   local fixtures="$ATTN_ROOT/tests/fixtures/io" out="$ATTN_ROOT/build/valgrind-out"
   mkdir -p "$out"
-  # attn_run and ATTN_JOBS shards of catalogue_tests, side by side (each is one thread).
+  # attn_run and ATTN_JOBS shards of the catalogue tests, side by side (each is one thread).
+  local catalogue
+  catalogue="$(cat "$build/tests/attn_tests.catalogue.gtest_filter")"
   log "[valgrind] attn_run on tests/fixtures/io/case045 (cross, bool mask, weights) and" \
-    "tests/catalogue_tests (every notebook class, $ATTN_JOBS shards), $build"
+    "tests/catalogue (every notebook class, $ATTN_JOBS shards), $build"
   local pids=() failed=0 shard
   "${memcheck[@]}" "$build/tools/attn_run" --weights "$fixtures/case045.weights.safetensors" \
     --input "$fixtures/case045.input.safetensors" --output "$out/case045.output.safetensors" \
@@ -124,7 +126,7 @@ run_valgrind() {
   pids+=($!)
   for ((shard = 0; shard < ATTN_JOBS; ++shard)); do
     GTEST_TOTAL_SHARDS="$ATTN_JOBS" GTEST_SHARD_INDEX="$shard" \
-      "${memcheck[@]}" "$build/tests/catalogue_tests" --gtest_brief=1 &
+      "${memcheck[@]}" "$build/tests/attn_tests" --gtest_filter="$catalogue" --gtest_brief=1 &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
