@@ -78,19 +78,28 @@ fuzz_one() {
 }
 
 # ThreadSanitizer on the concurrency tests (one const module, several std::threads). Without
-# OpenMP: libgomp is not instrumented, so TSan would report its internals.
+# OpenMP: libgomp is not instrumented, so TSan would report its internals. They run on one
+# kernel set: ATTN_TSAN_KERNEL_SET (scripts/run_tests.sh passes the CPU's best), the others
+# then compiled at -O0 without TSan (ATTN_UNRUN_KERNEL_SETS), since nothing runs them there
+# (with TSan at -O2 the SSE2 and scalar units took 47 and 20 s beside the fuzzers on a Zen 3,
+# the AVX-512 unit 7 s at -O0). Unset: every set the CPU has built with TSan, its best run.
 run_tsan() {
   ensure_packages "${ATTN_BASE_PACKAGES[@]}" clang libclang-rt-14-dev
-  local build="$ATTN_ROOT/build/tsan"
-  log "[tsan] building tests/concurrency (clang, -fsanitize=thread, no OpenMP)"
+  local build="$ATTN_ROOT/build/tsan" isa="${ATTN_TSAN_KERNEL_SET:-}"
+  local unrun="${ATTN_UNRUN_KERNEL_SETS:-}"
+  [ -n "$isa" ] && unrun="$(kernel_sets_except "$isa")"
+  log "[tsan] building tests/concurrency (clang, -fsanitize=thread, no OpenMP${isa:+, kernel set $isa})"
   cmake -S "$ATTN_ROOT" -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
     -DATTN_OPENMP=OFF -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON -DATTN_BUILD_IO=OFF \
     -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_TEST_SELECT="concurrency/*" \
-    -DATTN_UNRUN_KERNEL_SETS="${ATTN_UNRUN_KERNEL_SETS:-}" >/dev/null
+    -DATTN_UNRUN_KERNEL_SETS="$unrun" >/dev/null
   cmake --build "$build" -j "$ATTN_JOBS" --target attn_tests  # the concurrency tests alone
-  log "[tsan] tests/concurrency"
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$build/tests/attn_tests"
+  log "[tsan] tests/concurrency${isa:+ (ATTN_ISA=$isa)}"
+  (
+    if [ -n "$isa" ]; then export ATTN_ISA="$isa"; fi
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$build/tests/attn_tests"
+  )
 }
 
 run_valgrind() {

@@ -139,7 +139,7 @@ stage "sanitize (clang): tests" run_tests sanitize
 # almost nothing from the fuzzers, which run for a fixed time. Its row counts its CPU time
 # and the wall time left after valgrind.
 log "[tsan] building and running beside the fuzzers and valgrind (log: build/tsan.log)"
-nice -n 19 "$ATTN_ROOT/scripts/run_hardening.sh" tsan >"$ATTN_ROOT/build/tsan.log" 2>&1 &
+ATTN_TSAN_KERNEL_SET="$best" nice -n 19 "$ATTN_ROOT/scripts/run_hardening.sh" tsan >"$ATTN_ROOT/build/tsan.log" 2>&1 &
 tsan_pid=$!
 tsan_wait() {
   if ! wait "$tsan_pid"; then

@@ -53,6 +53,15 @@ kernel_sets_above() {
   (IFS=';'; echo "${out[*]}")
 }
 
+# kernel_sets_except <set>: every kernel set but <set>, as a CMake list.
+kernel_sets_except() {
+  local set out=()
+  for set in "${ATTN_KERNEL_SETS[@]}"; do
+    [ "$set" != "$1" ] && out+=("$set")
+  done
+  (IFS=';'; echo "${out[*]}")
+}
+
 # kernel_sets_below <set>: the kernel sets narrower than <set>, one per line (a CPU whose
 # best set is <set> runs each of them too).
 kernel_sets_below() {
