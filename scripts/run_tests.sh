@@ -4,9 +4,9 @@
 #   1. release build (-O2, OpenMP, -Werror; no -march flag, as users build; Ninja where
 #      installed): every test, the packaging tests and attn_run; then the tests again once
 #      per narrower kernel set this CPU has (ATTN_ISA);
-#   2. ASan + UBSan build with clang (-O0, no debug info, -Werror; the kernels at -O2): every
-#      test again, through the other compiler, the examples (run as tests), the benchmarks
-#      (compiled, not run) and the libFuzzer targets;
+#   2. ASan + UBSan build with clang (-O0, no debug info, -Werror; the kernels at -O2), built
+#      beside stage 1 at nice 19: every test again, through the other compiler, the examples
+#      (run as tests), the benchmarks (compiled, not run) and the libFuzzer targets;
 #   3. the libFuzzer targets for ATTN_FUZZ_SECONDS (25) each; valgrind memcheck; TSan.
 # At the end it prints each stage's wall and CPU time and the tests it ran.
 set -euo pipefail
@@ -88,6 +88,14 @@ stage "format check" "$ATTN_ROOT/scripts/check_format.sh"
 # Layering: no #include in include/attn/ climbs a layer.
 stage "layer check" "$ATTN_ROOT/scripts/check_layers.sh"
 
+# The widest kernel set this CPU runs (scripts/lib/best_isa.cpp, one header, a second to
+# compile): both trees are configured from it before either is built.
+ensure_packages clang libfuzzer-14-dev libclang-rt-14-dev
+mkdir -p "$ATTN_ROOT/build"
+"${CXX:-c++}" -std=c++17 -I"$ATTN_ROOT/include" "$ATTN_ROOT/scripts/lib/best_isa.cpp" \
+  -o "$ATTN_ROOT/build/best_isa"
+best="$("$ATTN_ROOT/build/best_isa")"
+
 # 1. Release: every test on the widest kernel set, and attn_run (its tests and valgrind's run).
 # The programs link the tests' compiled kernel units (ATTN_SHARE_KERNELS): a quarter of their
 # compile time; tests/cmake builds header-only programs, and tests/dispatch one unit of its
@@ -101,14 +109,6 @@ stage "layer check" "$ATTN_ROOT/scripts/check_layers.sh"
 configure release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_BUILD_TOOLS=ON \
   -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0
-stage "release: build" build release
-best="$("$ATTN_ROOT/build/release/tests/dispatch_test" --report | sed -n 's/.* best=\([a-z0-9]*\).*/\1/p')"
-stage "release: tests ($best)" run_tests release
-# 1b. Every test (but packaging and compile-fail, which run no kernel) on each narrower kernel
-# set this CPU supports: the run above used the widest.
-for isa in $(kernel_sets_below "$best"); do
-  ATTN_ISA=$isa stage "release: tests ATTN_ISA=$isa" run_tests release -LE "packaging|compile_fail"
-done
 
 # 2. ASan + UBSan, compiled by clang: every test, the examples, the benchmarks and the fuzz
 # targets through the second compiler and the sanitizers in one tree, sharing one set of
@@ -121,7 +121,6 @@ done
 # as calls (-mllvm -asan-instrumentation-with-call-threshold=0) built this tree in 701 CPU s
 # instead of 783 (the AVX-512 kernel unit 43 s instead of 77), but the kernel-heavy tests then
 # ran 3-6x slower (kernels.GemmTest/double 4.6 -> 29.8 s): a loss overall.
-ensure_packages clang libfuzzer-14-dev libclang-rt-14-dev
 # Kernel sets this CPU lacks are compiled there, and in the ThreadSanitizer tree, at -O0
 # without sanitizers (ATTN_UNRUN_KERNEL_SETS): nothing runs them.
 export ATTN_UNRUN_KERNEL_SETS="$(kernel_sets_above "$best")"
@@ -129,8 +128,43 @@ configure sanitize -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O0" -DATTN_SANITIZE=ON -DATTN_BUILD_EXAMPLES=ON \
   -DATTN_BUILD_BENCHMARKS=ON -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_FUZZERS=ON \
   -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0 -DATTN_UNRUN_KERNEL_SETS="$ATTN_UNRUN_KERNEL_SETS"
-stage "sanitize (clang): build" build sanitize
-stage "sanitize (clang): tests" run_tests sanitize
+# It builds beside the release stages at nice 19, on the core they leave idle: the release
+# build's last 100 s or so are its largest unit alone (one core idle), and without this the
+# whole command left 70 s of a core's time idle. Its row counts its CPU time and the wall
+# time left after the release stages.
+log "[sanitize] building beside the release stages at nice 19 (log: build/sanitize-build.log)"
+nice -n 19 cmake --build "$ATTN_ROOT/build/sanitize" -j "$ATTN_JOBS" \
+  >"$ATTN_ROOT/build/sanitize-build.log" 2>&1 &
+sanitize_pid=$!
+trap 'kill "$sanitize_pid" 2>/dev/null || true' EXIT
+sanitize_wait() {
+  local rc=0
+  wait "$sanitize_pid" || rc=$?
+  trap - EXIT
+  if [ "$rc" -ne 0 ]; then
+    tail -n 60 "$ATTN_ROOT/build/sanitize-build.log"
+    echo "the sanitizer tree's build failed; its log is build/sanitize-build.log" >&2
+    return 1
+  fi
+  tail -n 1 "$ATTN_ROOT/build/sanitize-build.log"
+}
+
+stage "release: build" build release
+dispatch_best="$("$ATTN_ROOT/build/release/tests/dispatch_test" --report |
+  sed -n 's/.* best=\([a-z0-9]*\).*/\1/p')"
+if [ "$dispatch_best" != "$best" ]; then
+  echo "scripts/lib/best_isa.cpp says $best, dispatch_test --report says $dispatch_best" >&2
+  exit 1
+fi
+stage "release: tests ($best)" run_tests release
+# 1b. Every test (but packaging and compile-fail, which run no kernel) on each narrower kernel
+# set this CPU supports: the run above used the widest.
+for isa in $(kernel_sets_below "$best"); do
+  ATTN_ISA=$isa stage "release: tests ATTN_ISA=$isa" run_tests release -LE "packaging|compile_fail"
+done
+
+stage "sanitize: build (beside release)" sanitize_wait
+stage "sanitize: tests" run_tests sanitize
 
 # 3. hardening: the libFuzzer targets of the sanitizer tree (25 s each), a valgrind memcheck
 # run and ThreadSanitizer on tests/concurrency (scripts/run_hardening.sh). ThreadSanitizer's
