@@ -8,7 +8,9 @@
 #      beside stage 1 at nice 19: every test again, through the other compiler, the examples
 #      (run as tests), the benchmarks (compiled, not run) and the libFuzzer targets;
 #   3. the libFuzzer targets for ATTN_FUZZ_SECONDS (25) each; valgrind memcheck; TSan.
-# At the end it prints each stage's wall and CPU time and the tests it ran.
+# At the end it prints each stage's wall and CPU time and the tests it ran; with
+# ATTN_COMPILE_CPU=1, also the CPU time of each tree's costliest compiles
+# (scripts/lib/compile_cpu.sh writes every compile's to build/<tree>/compile-cpu.txt).
 set -euo pipefail
 source "$(dirname "$0")/lib/common.sh"
 
@@ -59,7 +61,13 @@ ctest_run() {
 configure() {  # configure <tree> <cmake args...>
   local build="$ATTN_ROOT/build/$1"; shift
   log "[$(basename "$build")] configuring"
-  cmake -S "$ATTN_ROOT" -B "$build" -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON "$@" >/dev/null
+  local launcher=()
+  if [ "${ATTN_COMPILE_CPU:-0}" = 1 ]; then
+    rm -f "$build/compile-cpu.txt"
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$ATTN_ROOT/scripts/lib/compile_cpu.sh")
+  fi
+  cmake -S "$ATTN_ROOT" -B "$build" -DATTN_WERROR=ON -DATTN_BUILD_TESTS=ON "${launcher[@]}" "$@" \
+    >/dev/null
 }
 build() {  # build <tree> [targets...]
   local build="$ATTN_ROOT/build/$1"; shift
@@ -191,4 +199,11 @@ printf '\n%-34s %6s %6s   %s\n' "stage" "wall s" "cpu s" "tests"
 printf '%s\n' "${stage_rows[@]}"
 children_cpu
 printf '%-34s %6d %6d\n' "total" $((SECONDS - start)) "$cpu_now"
+if [ "${ATTN_COMPILE_CPU:-0}" = 1 ]; then
+  for tree in release sanitize; do
+    printf '\n%s: compile CPU s, the costliest units (all: build/%s/compile-cpu.txt)\n' "$tree" "$tree"
+    awk '{ s += $1 } END { printf "%8.1f  (every compile)\n", s }' "$ATTN_ROOT/build/$tree/compile-cpu.txt"
+    sort -rn "$ATTN_ROOT/build/$tree/compile-cpu.txt" | head -n 15 | awk '{ printf "%8.1f  %s\n", $1, $2 }'
+  done
+fi
 log "all test suites passed in $((SECONDS - start)) s"

@@ -3,7 +3,7 @@
 # MultiHeadAttention, a decode step and a prefill chunk through a KV cache, a training step)
 # timed at two commits in one run, to show that a change costs no speed.
 #
-#   scripts/bench/ab.sh BASE [HEAD] [--rounds N] [--threads T] [--quick]
+#   scripts/bench/ab.sh BASE [HEAD] [--rounds N] [--threads T] [--quick] [--rows REGEX]
 #
 # BASE and HEAD are commits (HEAD: the working tree's HEAD). Each is checked out into
 # build/ab/<commit> (a detached git worktree) and built there with the default flags (Release
@@ -14,23 +14,26 @@
 #   ab: rows=N ratio_max=X.XX ratio_median=X.XX
 # Settings as the side-by-side benchmark's: OMP_NUM_THREADS = threads, OMP_PROC_BIND=close,
 # OMP_WAIT_POLICY=PASSIVE. On a shared machine, run it when nothing else builds: the
-# alternation cancels slow drifts, not another process on the same core.
+# alternation cancels slow drifts, not another process on the same core. --rows keeps the rows
+# whose command matches an extended regular expression (for example --rows 'train_timer 8|8 128
+# 512'), to time a few rows at many commits.
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
 
-base="" head="" rounds=5 threads=1 quick=0
+base="" head="" rounds=5 threads=1 quick=0 row_filter=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --rows) row_filter="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) if [ -z "$base" ]; then base="$1"; elif [ -z "$head" ]; then head="$1"; else
          echo "too many commits" >&2; exit 2; fi; shift ;;
   esac
 done
-[ -n "$base" ] || { sed -n '2,18p' "$0"; exit 2; }
+[ -n "$base" ] || { sed -n '2,19p' "$0"; exit 2; }
 head="${head:-HEAD}"
 ensure_packages "${ATTN_BASE_PACKAGES[@]}"
 
@@ -69,6 +72,14 @@ if [ "$quick" = 1 ]; then
   rows=("mha_timer 1 128 128 512 8 0 0 $threads 20" "decode_timer decode 1 1024 $threads 20"
         "train_timer 2 128 256 4 1 $threads 5")
   rounds=1
+fi
+if [ -n "$row_filter" ]; then
+  kept=()
+  for row in "${rows[@]}"; do
+    if [[ "$row" =~ $row_filter ]]; then kept+=("$row"); fi
+  done
+  [ "${#kept[@]}" -gt 0 ] || { echo "no row matches --rows '$row_filter'" >&2; exit 2; }
+  rows=("${kept[@]}")
 fi
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
