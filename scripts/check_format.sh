@@ -19,9 +19,22 @@ if [ "${1:-}" = "--fix" ]; then
   clang-format -i --style=file "${files[@]}"
   exit 0
 fi
-# One clang-format per file, ATTN_JOBS at a time; each prints its file's name if it differs.
-mapfile -t bad < <(printf '%s\0' "${files[@]}" | xargs -0 -n 8 -P "$ATTN_JOBS" sh -c '
-  for f; do clang-format --style=file "$f" | cmp -s - "$f" || printf "%s\n" "$f"; done' sh | sort)
+# clang-format --dry-run --Werror over batches of files, ATTN_JOBS at a time: it reports each
+# difference as "<file>:<line>:<col>: error: code should be clang-formatted". (One process
+# per file, its output compared with cmp, took 24 CPU s for the tree's 288 files; this 8.)
+report="$(mktemp)"
+trap 'rm -f "$report"' EXIT
+rc=0
+printf '%s\0' "${files[@]}" |
+  xargs -0 -n 48 -P "$ATTN_JOBS" clang-format --style=file --dry-run --Werror 2>"$report" >/dev/null ||
+  rc=$?
+mapfile -t bad < <({ grep -o '^[^:]*:[0-9]*:[0-9]*: error: code should be clang-formatted' "$report" ||
+                     true; } | cut -d: -f1 | sort -u)
+if [ "$rc" -ne 0 ] && [ "${#bad[@]}" -eq 0 ]; then  # failed for another reason
+  cat "$report" >&2
+  echo "[format] clang-format failed" >&2
+  exit 1
+fi
 if [ "${#bad[@]}" -gt 0 ]; then
   printf '%s\n' "${bad[@]}" >&2
   echo "[format] ${#bad[@]} file(s) differ from clang-format $(clang-format --version | sed 's/.*version //') under .clang-format; run scripts/check_format.sh --fix" >&2

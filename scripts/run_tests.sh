@@ -5,8 +5,8 @@
 #      installed): every test, the packaging tests and attn_run; then the tests again once
 #      per narrower kernel set this CPU has (ATTN_ISA);
 #   2. ASan + UBSan build with clang (-O0, no debug info, -Werror; the kernels at -O2), built
-#      beside stage 1 at nice 19: every test again, through the other compiler, the examples
-#      (run as tests), the benchmarks (compiled, not run) and the libFuzzer targets;
+#      beside stage 1 at nice 19: every test again (but packaging), through the other compiler,
+#      the examples (run as tests), the benchmarks (compiled, not run) and the libFuzzer targets;
 #   3. the libFuzzer targets for ATTN_FUZZ_SECONDS (25) each; valgrind memcheck; TSan.
 # At the end it prints each stage's wall and CPU time and the tests it ran; with
 # ATTN_COMPILE_CPU=1, also the CPU time of each tree's costliest compiles
@@ -104,7 +104,8 @@ mkdir -p "$ATTN_ROOT/build"
   -o "$ATTN_ROOT/build/best_isa"
 best="$("$ATTN_ROOT/build/best_isa")"
 
-# 1. Release: every test on the widest kernel set, and attn_run (its tests and valgrind's run).
+# 1. Release: every test on the widest kernel set, and attn_run (its tests and valgrind's run;
+# at -O0, see tools/CMakeLists.txt: its logic is compiled at -O2 by the io tests).
 # The programs link the tests' compiled kernel units (ATTN_SHARE_KERNELS): a quarter of their
 # compile time; tests/cmake builds header-only programs, and tests/dispatch one unit of its
 # program header-only with -march=native (the other links the kernel units). Each test executable
@@ -116,11 +117,11 @@ best="$("$ATTN_ROOT/build/best_isa")"
 # 93 % of it code generation for the volume of code (-ftime-report), not optimisation.
 configure release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
   -DATTN_BUILD_EXAMPLES=OFF -DATTN_BUILD_BENCHMARKS=OFF -DATTN_BUILD_TOOLS=ON \
-  -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0
+  -DATTN_TOOLS_OPTIMIZE=OFF -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0
 
 # 2. ASan + UBSan, compiled by clang: every test, the examples, the benchmarks and the fuzz
 # targets through the second compiler and the sanitizers in one tree, sharing one set of
-# kernel units. -O0 (the kernel units and the kernel tests at -O2, the fuzz targets at -O1):
+# kernel units. -O0 (the kernel units at -O2, the kernel tests and the fuzz targets at -O1):
 # the sanitizers find the same bugs, and clang compiled the tests in 440 CPU s where GCC took
 # 852 s (GCC's -O0 front end spends 3x clang's on the same test units). No debug info: line
 # tables (-g1) cost 18 % of a test unit's compile time at -O0 and 25 % of the AVX-512 kernel
@@ -172,7 +173,10 @@ for isa in $(kernel_sets_below "$best"); do
 done
 
 stage "sanitize: build (beside release)" sanitize_wait
-stage "sanitize: tests" run_tests sanitize
+# Every test again, but packaging: its consumer programs are built without the tree's
+# sanitizers (they test the CMake package, which is the same for both compilers), and the
+# release stage ran them (about 20 CPU s here).
+stage "sanitize: tests" run_tests sanitize -LE packaging
 
 # 3. hardening: the libFuzzer targets of the sanitizer tree (25 s each), a valgrind memcheck
 # run and ThreadSanitizer on tests/concurrency (scripts/run_hardening.sh). ThreadSanitizer's
