@@ -26,10 +26,10 @@ report="$(mktemp)"
 trap 'rm -f "$report"' EXIT
 rc=0
 printf '%s\0' "${files[@]}" |
-  xargs -0 -n 48 -P "$ATTN_JOBS" clang-format --style=file --dry-run --Werror 2>"$report" >/dev/null ||
-  rc=$?
-mapfile -t bad < <({ grep -o '^[^:]*:[0-9]*:[0-9]*: error: code should be clang-formatted' "$report" ||
-                     true; } | cut -d: -f1 | sort -u)
+  xargs -0 -n 48 -P "$ATTN_JOBS" clang-format --style=file --dry-run --Werror \
+    2>"$report" >/dev/null || rc=$?
+difference='^[^:]*:[0-9]*:[0-9]*: error: code should be clang-formatted'
+mapfile -t bad < <({ grep -o "$difference" "$report" || true; } | cut -d: -f1 | sort -u)
 if [ "$rc" -ne 0 ] && [ "${#bad[@]}" -eq 0 ]; then  # failed for another reason
   cat "$report" >&2
   echo "[format] clang-format failed" >&2

@@ -205,9 +205,11 @@ children_cpu
 printf '%-34s %6d %6d\n' "total" $((SECONDS - start)) "$cpu_now"
 if [ "${ATTN_COMPILE_CPU:-0}" = 1 ]; then
   for tree in release sanitize; do
-    printf '\n%s: compile CPU s, the costliest units (all: build/%s/compile-cpu.txt)\n' "$tree" "$tree"
-    awk '{ s += $1 } END { printf "%8.1f  (every compile)\n", s }' "$ATTN_ROOT/build/$tree/compile-cpu.txt"
-    sort -rn "$ATTN_ROOT/build/$tree/compile-cpu.txt" | head -n 15 | awk '{ printf "%8.1f  %s\n", $1, $2 }'
+    times_file="$ATTN_ROOT/build/$tree/compile-cpu.txt"
+    printf '\n%s: compile CPU s, the costliest units (all: build/%s/compile-cpu.txt)\n' \
+      "$tree" "$tree"
+    awk '{ s += $1 } END { printf "%8.1f  (every compile)\n", s }' "$times_file"
+    sort -rn "$times_file" | head -n 15 | awk '{ printf "%8.1f  %s\n", $1, $2 }'
   done
 fi
 log "all test suites passed in $((SECONDS - start)) s"

@@ -15,8 +15,9 @@
 # Settings as the side-by-side benchmark's: OMP_NUM_THREADS = threads, OMP_PROC_BIND=close,
 # OMP_WAIT_POLICY=PASSIVE. On a shared machine, run it when nothing else builds: the
 # alternation cancels slow drifts, not another process on the same core. --rows keeps the rows
-# whose command matches an extended regular expression (for example --rows 'train_timer 8|8 128
-# 512'), to time a few rows at many commits.
+# whose command matches an extended regular expression (for example --rows 'train_timer 8 |8
+# 128 512 512': the B8 training step and the cross-attention row), to time a few rows at many
+# commits.
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
 
@@ -27,13 +28,13 @@ while [ $# -gt 0 ]; do
     --threads) threads="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
     --rows) row_filter="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) if [ -z "$base" ]; then base="$1"; elif [ -z "$head" ]; then head="$1"; else
          echo "too many commits" >&2; exit 2; fi; shift ;;
   esac
 done
-[ -n "$base" ] || { sed -n '2,19p' "$0"; exit 2; }
+[ -n "$base" ] || { sed -n '2,20p' "$0"; exit 2; }
 head="${head:-HEAD}"
 ensure_packages "${ATTN_BASE_PACKAGES[@]}"
 

@@ -1,6 +1,7 @@
 # Run with cmake -P after a test executable is linked (see tests/CMakeLists.txt): lists its
-# GoogleTest suites (one JSON listing) and writes one ctest entry per suite, named <PREFIX>.<suite>, that runs
-# `<EXE> --gtest_filter=<suite>.*` and writes its results to <RESULTS_DIR>/<entry>.xml.
+# GoogleTest suites (one JSON listing) and writes one ctest entry per suite, named
+# <PREFIX>.<suite>, that runs `<EXE> --gtest_filter=<suite>.*` and writes its results to
+# <RESULTS_DIR>/<entry>.xml.
 # Inputs (-D): EXE, PREFIX, OUTPUT (the ctest file to write), RESULTS_DIR, WORKING_DIRECTORY.
 # With SOURCE_ROOT (tests/) and no PREFIX, as for an executable built from several folders,
 # each suite's prefix is the folder under SOURCE_ROOT of the file that defines its tests, and
