@@ -142,7 +142,10 @@ void probabilities(const DenseMask& mask, Index b, Index h, Index i, const QE* q
                    Index d, Real scale, std::vector<Real>& p) {
   const Index tk = mask.tk;
   p.resize(static_cast<std::size_t>(tk));
-  std::vector<char> vis(static_cast<std::size_t>(tk));
+  std::vector<char> vis_store(static_cast<std::size_t>(tk));
+  // Raw pointers in the loops: a vector's operator[] is a call in -O0 and sanitizer builds.
+  Real* const pj = p.data();
+  char* const vis = vis_store.data();
   Real row_max = -std::numeric_limits<Real>::infinity();
   for (Index j = 0; j < tk; ++j) {
     const std::size_t at = mask.at(b, h, i, j);
@@ -152,15 +155,15 @@ void probabilities(const DenseMask& mask, Index b, Index h, Index i, const QE* q
     const KE* kj = keys + j * d;
     Real dot = 0;
     for (Index e = 0; e < d; ++e) dot += static_cast<Real>(qi[e]) * static_cast<Real>(kj[e]);
-    p[j] = dot * scale + bias;
-    if (p[j] > row_max) row_max = p[j];
+    pj[j] = dot * scale + bias;
+    if (pj[j] > row_max) row_max = pj[j];
   }
   Real sum = 0;
   for (Index j = 0; j < tk; ++j) {
-    p[j] = vis[j] ? std::exp(p[j] - row_max) : 0;
-    sum += p[j];
+    pj[j] = vis[j] ? std::exp(pj[j] - row_max) : 0;
+    sum += pj[j];
   }
-  for (Index j = 0; j < tk; ++j) p[j] = sum > 0 ? p[j] / sum : 0;
+  for (Index j = 0; j < tk; ++j) pj[j] = sum > 0 ? pj[j] / sum : 0;
 }
 
 /// softmax(q k^T * scale + bias over visible keys) v, per (b, h), in long double.
@@ -176,14 +179,16 @@ Result attention(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v, con
   const auto qs = to_vector(q);
   const auto ks = to_vector(k);
   const auto vs = to_vector(v);
-  std::vector<Real> s(static_cast<std::size_t>(tk));
-  std::vector<Real> acc(static_cast<std::size_t>(dv));
+  std::vector<Real> s_store(static_cast<std::size_t>(tk));
+  std::vector<Real> acc_store(static_cast<std::size_t>(dv));
+  Real* const s = s_store.data();
+  Real* const acc = acc_store.data();
   for (Index b = 0; b < batch; ++b) {
     for (Index h = 0; h < heads; ++h) {
       const Index bh = b * heads + h;
       for (Index i = 0; i < tq; ++i) {
         probabilities(mask, b, h, i, qs.data() + (bh * tq + i) * d, ks.data() + bh * tk * d, d,
-                      scale, s);
+                      scale, s_store);
         double* wrow = r.weights.data() + (bh * tq + i) * tk;
         for (Index j = 0; j < tk; ++j) {
           Real w = s[j];
@@ -191,7 +196,7 @@ Result attention(TensorView<Q, 4> q, TensorView<K, 4> k, TensorView<V, 4> v, con
           s[j] = w;
           wrow[j] = static_cast<double>(w);
         }
-        std::fill(acc.begin(), acc.end(), Real(0));
+        std::fill(acc, acc + dv, Real(0));
         for (Index j = 0; j < tk; ++j) {
           if (s[j] == 0) continue;
           const auto* vj = vs.data() + (bh * tk + j) * dv;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -18,11 +19,23 @@ namespace attn::test {
 /// The elements of any view in row-major index order.
 template <class Scalar, std::size_t Rank>
 std::vector<std::remove_const_t<Scalar>> to_vector(TensorView<Scalar, Rank> v) {
-  std::vector<std::remove_const_t<Scalar>> out;
-  out.reserve(static_cast<std::size_t>(v.size()));
-  detail::for_each_offset(v.shape(), v.strides(), v.strides(),
-                          [&](Index o, Index) { out.push_back(v.data()[o]); });
-  return out;
+  using Value = std::remove_const_t<Scalar>;
+  if constexpr (std::is_same_v<Value, bool>) {  // std::vector<bool> has no data()
+    std::vector<bool> out;
+    out.reserve(static_cast<std::size_t>(v.size()));
+    detail::for_each_offset(v.shape(), v.strides(), v.strides(),
+                            [&](Index o, Index) { out.push_back(v.data()[o]); });
+    return out;
+  } else {
+    // Through raw pointers: push_back and data() are calls in -O0 and sanitizer builds, where
+    // this copy took about a tenth of the generation tests' time.
+    std::vector<Value> out(static_cast<std::size_t>(v.size()));
+    Value* dst = out.data();
+    const Scalar* const src = v.data();
+    detail::for_each_offset(v.shape(), v.strides(), v.strides(),
+                            [&](Index o, Index) { *dst++ = src[o]; });
+    return out;
+  }
 }
 template <class Scalar, std::size_t Rank>
 std::vector<Scalar> to_vector(const Tensor<Scalar, Rank>& t) {
@@ -39,6 +52,16 @@ std::vector<Scalar> row(const Tensor<Scalar, 3>& t, Index b, Index i) {
   return to_vector(select(select(t.view(), 0, b), 0, i));
 }
 
+/// The value std::uniform_real_distribution<double>(lo, hi)(gen) gives under libstdc++, bit
+/// for bit, without its cost: its std::generate_canonical takes two long-double logarithms
+/// per call, which unoptimised and sanitizer builds do not fold (12 % of the sanitizer build's
+/// GEMM tests went to logl).
+inline double uniform_double(std::mt19937_64& gen, double lo, double hi) {
+  double u = static_cast<double>(gen()) * 0x1p-64;  // exact: a power of two
+  if (u >= 1.0) u = std::nextafter(1.0, 0.0);
+  return u * (hi - lo) + lo;
+}
+
 /// A tensor of uniform values in [lo, hi) from a seeded std::mt19937_64 (independent of
 /// attn's own generators, so tests do not test the generator with itself).
 template <class Scalar, std::size_t Rank>
@@ -46,8 +69,8 @@ Tensor<Scalar, Rank> random_tensor(const Shape<Rank>& shape, std::uint64_t seed,
                                    double hi = 1.0) {
   Tensor<Scalar, Rank> t(shape);
   std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  for (Index i = 0; i < t.size(); ++i) t.data()[i] = static_cast<Scalar>(dist(gen));
+  for (Index i = 0; i < t.size(); ++i)
+    t.data()[i] = static_cast<Scalar>(uniform_double(gen, lo, hi));
   return t;
 }
 

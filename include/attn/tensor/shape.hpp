@@ -58,6 +58,16 @@ Index checked_shape_size(const Shape<Rank>& shape, const char* where) {
   return checked_shape_size(shape.data(), Rank, where);
 }
 
+/// The product of the extents, unchecked: the size() of a view or tensor, whose constructor
+/// checked that the product fits Index (so no partial product overflows either). size() sits
+/// in loop conditions, where the checked product was a measurable cost of unoptimised builds.
+template <std::size_t Rank>
+constexpr Index extent_product(const Shape<Rank>& shape) noexcept {
+  Index count = 1;
+  for (const Index e : shape) count *= e;
+  return count;
+}
+
 }  // namespace detail
 
 /// Number of elements of `shape` (1 for rank 0, 0 if any extent is 0).

@@ -156,7 +156,7 @@ class Tensor {
   Index extent(std::size_t r) const noexcept { return shape_[r]; }
   const Shape<Rank>& shape() const noexcept { return shape_; }
   Shape<Rank> strides() const noexcept { return row_major_strides(shape_); }
-  Index size() const noexcept { return shape_size(shape_); }
+  Index size() const noexcept { return detail::extent_product(shape_); }
   bool empty() const noexcept { return size() == 0; }
   Scalar* data() noexcept { return storage_.data(); }
   const Scalar* data() const noexcept { return storage_.data(); }

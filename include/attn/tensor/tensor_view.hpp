@@ -94,7 +94,7 @@ class TensorView {
   Scalar* data() const noexcept { return data_; }
 
   /// Number of elements (product of the extents).
-  Index size() const noexcept { return shape_size(shape_); }
+  Index size() const noexcept { return detail::extent_product(shape_); }
   bool empty() const noexcept { return size() == 0; }
 
   /// True when the strides are exactly row-major for the shape (extent-1 axes ignored).
