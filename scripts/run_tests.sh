@@ -141,15 +141,34 @@ configure sanitize -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
 # build's last 100 s or so are its largest unit alone (one core idle), and without this the
 # whole command left 70 s of a core's time idle. Its row counts its CPU time and the wall
 # time left after the release stages.
+# Jobs beside the stages (this build, ThreadSanitizer) run in process groups of their own
+# (setsid), so that when a stage fails the exit stops them with every compiler and test they
+# started, not only their first process.
+background_pids=()
+background() {  # background <log> <command...>: starts it, appends its pid to background_pids
+  local out="$1"; shift
+  setsid "$@" >"$out" 2>&1 &
+  background_pids+=("$!")
+}
+background_wait() {  # background_wait <pid>: its exit status, once it has ended
+  local pid="$1" rc=0 kept=() p
+  wait "$pid" || rc=$?
+  for p in "${background_pids[@]}"; do [ "$p" = "$pid" ] || kept+=("$p"); done
+  background_pids=("${kept[@]}")
+  return "$rc"
+}
+stop_background() {
+  local pid
+  for pid in "${background_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+}
+trap stop_background EXIT
 log "[sanitize] building beside the release stages at nice 19 (log: build/sanitize-build.log)"
-nice -n 19 cmake --build "$ATTN_ROOT/build/sanitize" -j "$ATTN_JOBS" \
-  >"$ATTN_ROOT/build/sanitize-build.log" 2>&1 &
-sanitize_pid=$!
-trap 'kill "$sanitize_pid" 2>/dev/null || true' EXIT
+background "$ATTN_ROOT/build/sanitize-build.log" \
+  nice -n 19 cmake --build "$ATTN_ROOT/build/sanitize" -j "$ATTN_JOBS"
+sanitize_pid=${background_pids[-1]}
 sanitize_wait() {
   local rc=0
-  wait "$sanitize_pid" || rc=$?
-  trap - EXIT
+  background_wait "$sanitize_pid" || rc=$?
   if [ "$rc" -ne 0 ]; then
     tail -n 60 "$ATTN_ROOT/build/sanitize-build.log"
     echo "the sanitizer tree's build failed; its log is build/sanitize-build.log" >&2
@@ -185,10 +204,11 @@ stage "sanitize: tests" run_tests sanitize -LE packaging
 # almost nothing from the fuzzers, which run for a fixed time. Its row counts its CPU time
 # and the wall time left after valgrind.
 log "[tsan] building and running beside the fuzzers and valgrind (log: build/tsan.log)"
-ATTN_TSAN_KERNEL_SET="$best" nice -n 19 "$ATTN_ROOT/scripts/run_hardening.sh" tsan >"$ATTN_ROOT/build/tsan.log" 2>&1 &
-tsan_pid=$!
+ATTN_TSAN_KERNEL_SET="$best" background "$ATTN_ROOT/build/tsan.log" \
+  nice -n 19 "$ATTN_ROOT/scripts/run_hardening.sh" tsan
+tsan_pid=${background_pids[-1]}
 tsan_wait() {
-  if ! wait "$tsan_pid"; then
+  if ! background_wait "$tsan_pid"; then
     tail -n 60 "$ATTN_ROOT/build/tsan.log"
     echo "ThreadSanitizer failed; its log is build/tsan.log" >&2
     return 1
