@@ -137,16 +137,12 @@ configure sanitize -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O0" -DATTN_SANITIZE=ON -DATTN_BUILD_EXAMPLES=ON \
   -DATTN_BUILD_BENCHMARKS=ON -DATTN_BUILD_TOOLS=OFF -DATTN_BUILD_FUZZERS=ON \
   -DATTN_SHARE_KERNELS=ON -DATTN_TEST_UNITY_BATCH=0 -DATTN_UNRUN_KERNEL_SETS="$ATTN_UNRUN_KERNEL_SETS"
-# It builds beside the release stages at nice 19, on the core they leave idle: the release
-# build's last 100 s or so are its largest unit alone (one core idle), and without this the
-# whole command left 70 s of a core's time idle. Its row counts its CPU time and the wall
-# time left after the release stages.
-# Jobs beside the stages (this build, ThreadSanitizer) run in process groups of their own
-# (job control on while they start), so that when a stage fails the exit stops them with
-# every compiler and test they started, not only their first process. Not in a session of
-# their own (setsid): Linux then schedules the session as its own group, against which the
-# stages' session gets only an equal share whatever the nice value, and the release build
-# took 788 s instead of 458.
+# Jobs beside the stages (the sanitizer build, ThreadSanitizer) run in process groups of
+# their own (job control on while they start), so that when a stage fails the exit stops
+# them with every compiler and test they started, not only their first process. Not in a
+# session of their own (setsid): Linux then schedules the session as its own group, against
+# which the stages' session gets only an equal share whatever the nice value, and the
+# release build took 788 s instead of 458.
 background_pids=()
 background() {  # background <log> <command...>: starts it, appends its pid to background_pids
   local out="$1"; shift
@@ -167,6 +163,10 @@ stop_background() {
   for pid in "${background_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
 }
 trap stop_background EXIT
+# The sanitizer tree builds beside the release stages at nice 19, on the core they leave
+# idle: the release build's last 100 s or so are its largest unit alone (one core idle), and
+# without this the whole command left 70 s of a core's time idle. Its row counts its CPU
+# time and the wall time left after the release stages.
 log "[sanitize] building beside the release stages at nice 19 (log: build/sanitize-build.log)"
 background "$ATTN_ROOT/build/sanitize-build.log" \
   nice -n 19 cmake --build "$ATTN_ROOT/build/sanitize" -j "$ATTN_JOBS"
