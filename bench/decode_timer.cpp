@@ -12,7 +12,7 @@
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
 //                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]
 //                     [--dtype f32|bf16] [--bf16-path widen|dot|amx]
-//                     [--paired] [--fill C]
+//                     [--paired] [--fill C] [--scatter]
 //   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
 //   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows; or attend: the
@@ -21,10 +21,12 @@
 //   --kv-dtype: what the cache stores (KVElement; int4 with one scale per 32 elements).
 //   --paged S: a PagedKVCache of blocks of S tokens instead of a KVCache (one sequence per
 //   item, a pool of just the blocks they take, filled item by item in chunks of --fill C
-//   tokens, 1024 by default, so the items' blocks interleave: C consecutive tokens of an item
-//   lie in consecutive blocks, and C = S puts every block of an item B blocks from its
-//   neighbours, as sequences decoded side by side take them); decode, prefill and attend
-//   read it through the block tables.
+//   tokens, 1024 by default, as sequences decoded side by side take them: the pool places each
+//   item's next block right after its last when that one is free, so an item's blocks still
+//   lie in runs); decode, prefill and attend read it through the block tables.
+//   --scatter (with --paged S): the pool twice as large, every other block held by a sequence
+//   of one block, so that no two blocks of an item are neighbours (a pool fragmented by other
+//   sequences): the worst layout for the rows' reads.
 //   --paired (with --paged S, op decode or attend): a KVCache and the PagedKVCache holding the
 //   same tokens in one process, timed alternately: each of `reps` rounds times one step of
 //   each back to back (their order swapped every other round), in CPU time, so that a swing
@@ -56,7 +58,8 @@
 // With --paired, instead:
 //   impl=attn op=attend B=1 L=4096 ... kv_dtype=int8 paged=16 rounds=31
 //   contiguous_cpu_ms=.. paged_cpu_ms=.. paged_speed=.. (median of contiguous / paged)
-//   paged_speed_q1=.. paged_speed_q3=.. (its quartiles) same_bits=1
+//   paged_speed_q1=.. paged_speed_q3=.. (its quartiles) same_bits=1 scatter=0|1
+//   mean_run=.. (blocks per run of neighbouring blocks in the items' tables)
 
 #include <time.h>
 
@@ -77,7 +80,7 @@ constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
     "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S] "
-    "[--dtype f32|bf16] [--bf16-path widen|dot|amx] [--paired] [--fill C]";
+    "[--dtype f32|bf16] [--bf16-path widen|dot|amx] [--paired] [--fill C] [--scatter]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -131,7 +134,7 @@ int main(int argc, char** argv) {
   long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128, paged = 0;
   long fill_chunk = 1024;
   std::string kv_dtype = "f32", dtype = "f32", bf16_path;
-  bool paired = false;
+  bool paired = false, scatter = false;
   for (int i = 1; i < argc; ++i) {
     const auto option = [&](const char* name, long& value) {
       if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
@@ -142,6 +145,8 @@ int main(int argc, char** argv) {
       max_seconds = std::atof(argv[++i]);
     } else if (std::strcmp(argv[i], "--paired") == 0) {
       paired = true;
+    } else if (std::strcmp(argv[i], "--scatter") == 0) {
+      scatter = true;
     } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
       kv_dtype = argv[++i];
     } else if (std::strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
@@ -274,9 +279,22 @@ int main(int argc, char** argv) {
     attn::PagedKVCacheOptions pool;
     pool.block_size = paged > 0 ? paged : 1;
     pool.num_blocks = b * ((length + t_new + pool.block_size - 1) / pool.block_size);
+    if (scatter) pool.num_blocks *= 2;
     pool.num_kv_heads = kv_heads, pool.head_dim = head_dim;
     pool.element = cache_options.element;
     attn::PagedKVCache<float> pages(paged > 0 ? pool : attn::PagedKVCacheOptions{1, 1, 1, 1});
+    if (scatter &&
+        paged > 0) {  // every block taken by a sequence of its own, then the even ones freed
+      attn::Tensor<float, 3> zeros({kv_heads, pool.block_size, head_dim});
+      std::vector<attn::Index> fillers;
+      for (attn::Index n = 0; n < pool.num_blocks; ++n) {
+        fillers.push_back(pages.add_sequence());
+        pages.append(fillers.back(), zeros.view(), zeros.view());
+      }
+      for (const attn::Index f : fillers) {
+        if (pages.block_table(f)[0] % 2 == 0) pages.free_sequence(f);
+      }
+    }
     std::vector<attn::Index> seqs;
     for (attn::Index i = 0; i < (paged > 0 ? b : 0); ++i) seqs.push_back(pages.add_sequence());
     // L random keys and values, appended (quantised) in chunks of up to C tokens (paged:
@@ -340,15 +358,24 @@ int main(int argc, char** argv) {
       const auto quartile = [&](std::size_t k) { return speed[(speed.size() - 1) * k / 4]; };
       const bool same =
           std::memcmp(outputs[0].data(), outputs[1].data(), size * sizeof(float)) == 0;
+      // Blocks per run of neighbouring blocks in the items' tables (1: every block alone).
+      double blocks = 0, runs = 0;
+      for (const attn::Index s : seqs) {
+        const std::vector<attn::Index>& table = pages.block_table(s);
+        for (std::size_t i = 0; i < table.size(); ++i) {
+          blocks += 1, runs += i == 0 || table[i] != table[i - 1] + 1 ? 1 : 0;
+        }
+      }
       std::printf(
           "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d "
           "isa=%s kv_dtype=%s paged=%ld rounds=%ld contiguous_cpu_ms=%.4f paged_cpu_ms=%.4f "
-          "paged_speed=%.4f paged_speed_q1=%.4f paged_speed_q3=%.4f same_bits=%d\n",
+          "paged_speed=%.4f paged_speed_q1=%.4f paged_speed_q3=%.4f same_bits=%d scatter=%d "
+          "mean_run=%.1f\n",
           op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new),
           dim, heads, kv_heads, head_dim, threads, attn::isa_name(attn::active_isa()),
           kv_dtype.c_str(), paged, reps, attn::bench::median(times[0]),
           attn::bench::median(times[1]), attn::bench::median(speed), quartile(1), quartile(3),
-          same ? 1 : 0);
+          same ? 1 : 0, scatter ? 1 : 0, blocks / runs);
       return 0;
     }
     ms = time_calls_cpu([&] { step(paged > 0); }, warmup, reps, max_seconds, cpu);

@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: MIT
 // tests/attention/paged_kv_cache_test.cpp: PagedKVCache: the block pool's bookkeeping
-// (tables, reference counts, copy on write, freeing and truncating), the strong guarantee
+// (tables, reference counts, copy on write, freeing and truncating; where blocks are placed:
+// each sequence's in runs, or scattered through a fragmented pool), the strong guarantee
 // when the pool is exhausted, and attention through the block tables against a contiguous
 // KVCache holding the same tokens: the same bits (every element kind, every kernel set, 1
-// and 2 threads, decode and prefill, windows, GQA, float and double); the modules'
-// incremental forward on a ragged batch of sequences against the same forward over a
-// KVCache; a windowed stream's blocks released behind the window (bounded, forks keeping
-// theirs); the packed prefill against prefilling each sequence alone. The same for the
-// caches of bfloat16 and float16 modules (PagedKVCache<bfloat16>, <float16>: rows of that
-// type, the same bits as a KVCache of that type, on every set and bfloat16 path).
+// and 2 threads, decode and prefill, windows, GQA, float and double; blocks in runs and
+// scattered); the modules' incremental forward on a ragged batch of sequences against the
+// same forward over a KVCache; a windowed stream's blocks released behind the window
+// (bounded, forks keeping theirs); the packed prefill against prefilling each sequence
+// alone. The same for the caches of bfloat16 and float16 modules (PagedKVCache<bfloat16>,
+// <float16>: rows of that type, the same bits as a KVCache of that type, on every set and
+// bfloat16 path).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -100,6 +102,84 @@ void append_to(PagedKVCache<E>& paged, const std::vector<Index>& seqs,
   }
 }
 
+// Fragments the pool of an empty cache: every block taken by a sequence of one block, then
+// the sequences on even blocks freed. Every free block then lies between held ones, so no
+// two blocks a sequence takes are neighbours (the tables of a pool fragmented by others).
+template <class E>
+void fragment(PagedKVCache<E>& paged) {
+  const Index hd = paged.head_dim(), hd_v = paged.value_head_dim();
+  const Tensor<E, 3> k({paged.num_kv_heads(), paged.block_size(), hd}),
+      v({paged.num_kv_heads(), paged.block_size(), hd_v});
+  std::vector<Index> fillers;
+  for (Index n = 0; n < paged.num_blocks(); ++n) {
+    fillers.push_back(paged.add_sequence());
+    paged.append(fillers.back(), k.view(), v.view());
+  }
+  for (const Index f : fillers) {
+    if (paged.block_table(f)[0] % 2 == 0) paged.free_sequence(f);
+  }
+}
+
+// Whether any two consecutive entries of the table are neighbouring blocks.
+bool has_neighbours(const std::vector<Index>& table) {
+  for (std::size_t i = 1; i < table.size(); ++i) {
+    if (table[i] == table[i - 1] + 1) return true;
+  }
+  return false;
+}
+
+TEST(PagedKVCache, SequencesGrowingSideBySideKeepTheirBlocksInRuns) {
+  // Four sequences of a pool of 64 blocks of 4 tokens take a block each in turn: each starts
+  // in the middle of the longest free run and grows into the blocks after its own, so each
+  // table is one run, also when the pool is full.
+  PagedKVCache<float> cache(paged_options(kKinds[0], 64, 4, 1, 8));
+  std::vector<Index> seqs;
+  for (int i = 0; i < 4; ++i) seqs.push_back(cache.add_sequence());
+  const auto run = [](Index first, Index n) {
+    std::vector<Index> out;
+    for (Index i = 0; i < n; ++i) out.push_back(first + i);
+    return out;
+  };
+  for (Index round = 1; round <= 16; ++round) {
+    for (const Index s : seqs) append_to(cache, {s}, nullptr, {}, 4, 1 + round);
+    if (round == 12) {  // (0, 32, 16, 48: the middles of the longest runs, in turn)
+      EXPECT_EQ(cache.block_table(seqs[0]), run(0, 12));
+      EXPECT_EQ(cache.block_table(seqs[1]), run(32, 12));
+      EXPECT_EQ(cache.block_table(seqs[2]), run(16, 12));
+      EXPECT_EQ(cache.block_table(seqs[3]), run(48, 12));
+    }
+  }
+  EXPECT_EQ(cache.free_blocks(), 0);
+  EXPECT_EQ(cache.block_table(seqs[0]), run(0, 16));
+  EXPECT_EQ(cache.block_table(seqs[1]), run(32, 16));
+  EXPECT_EQ(cache.block_table(seqs[2]), run(16, 16));
+  EXPECT_EQ(cache.block_table(seqs[3]), run(48, 16));
+  // Blocks given back are taken again: freed runs first whole, then one block at a time.
+  cache.free_sequence(seqs[2]);
+  cache.truncate(seqs[0], 40);  // blocks 10..15 back
+  EXPECT_EQ(cache.free_blocks(), 22);
+  const Index e = cache.add_sequence();
+  append_to(cache, {e}, nullptr, {}, 8, 5);  // in the middle of 10..31
+  EXPECT_EQ(cache.block_table(e), run(21, 2));
+  append_to(cache, {seqs[0]}, nullptr, {}, 8, 6);  // after its block 9
+  EXPECT_EQ(cache.block_table(seqs[0]), run(0, 12));
+
+  // A fragmented pool: no two free blocks are neighbours, so every block starts a run of its
+  // own; everything else (counts, exhaustion) as before.
+  PagedKVCache<float> worn(paged_options(kKinds[0], 16, 4, 1, 8));
+  fragment(worn);
+  EXPECT_EQ(worn.free_blocks(), 8);
+  const Index a = worn.add_sequence(), b = worn.add_sequence();
+  for (int round = 0; round < 4; ++round) {
+    append_to(worn, {a}, nullptr, {}, 4, 7);
+    append_to(worn, {b}, nullptr, {}, 4, 8);
+  }
+  EXPECT_EQ(worn.free_blocks(), 0);
+  EXPECT_FALSE(has_neighbours(worn.block_table(a)));
+  EXPECT_FALSE(has_neighbours(worn.block_table(b)));
+  EXPECT_THROW(append_to(worn, {a}, nullptr, {}, 1, 9), attn::ConfigError);
+}
+
 TEST(PagedKVCache, BlockTablesReferenceCountsAndCopyOnWrite) {
   PagedKVCache<float> cache(paged_options(kKinds[1], 8, 4, 2, 8));
   EXPECT_EQ(cache.free_blocks(), 8);
@@ -121,7 +201,9 @@ TEST(PagedKVCache, BlockTablesReferenceCountsAndCopyOnWrite) {
   append_to(cache, {b}, nullptr, {}, 1, 3);
   EXPECT_EQ(cache.free_blocks(), 5);
   EXPECT_EQ(cache.block_table(a), (std::vector<Index>{0, 1}));
-  EXPECT_EQ(cache.block_table(b), (std::vector<Index>{0, 2}));
+  // (The copy follows b's block 0 when it can; block 1 is a's, so it goes to the middle of
+  // the longest run of free blocks, 2..7.)
+  EXPECT_EQ(cache.block_table(b), (std::vector<Index>{0, 5}));
   EXPECT_EQ(cache.ref_count(0), 2);
   EXPECT_EQ(cache.ref_count(1), 1);
   EXPECT_EQ(rows_of(cache, a), a_rows);  // the parent's rows untouched
@@ -211,69 +293,75 @@ TEST(PagedKVCache, AttentionThroughTheBlockTablesIsBitIdenticalToTheContiguousCa
   // decode step), then one more token each; a KVCache holds the same tokens per item. A
   // decode step and a prefill-shaped call of 5 queries, with and without a window, GQA
   // (H 4, H_kv 2), hd 40 (a partial int4 block, a vector tail): the same bits for every
-  // element kind, for 1 and 2 threads, on every kernel set (float and int8 rows).
+  // element kind, for 1 and 2 threads, on every kernel set (float and int8 rows). Each
+  // sequence's blocks in runs (the pool's placement), and scattered through a fragmented pool.
   const int saved = attn::num_threads();
   for (const Kind& kind : kKinds) {
-    SCOPED_TRACE(kind.name);
-    PagedKVCache<float> paged(paged_options(kind, 64, 16, 2, 40));
-    KVCacheOptions fo{3, 2, 40, 700};
-    fo.element = kind.element, fo.int4_group = kind.int4_group;
-    KVCache<float> flat(fo);
-    const Index s0 = paged.add_sequence(), s2 = paged.add_sequence();
-    append_to(paged, {s0}, &flat, {0, 1}, 37, 1);
-    const Index s1 = paged.fork(s0);
-    append_to(paged, {s1}, &flat, {1}, 93, 3);
-    append_to(paged, {s2}, &flat, {2}, 500, 5);
-    append_to(paged, {s2}, &flat, {2}, 20, 7);
-    append_to(paged, {s0}, &flat, {0}, 1, 9);
-    append_to(paged, {s1}, &flat, {1}, 1, 11);
-    append_to(paged, {s2}, &flat, {2}, 1, 13);
-    ASSERT_EQ(paged.length(s1), 131);
-    ASSERT_NE(paged.block_table(s0)[2], paged.block_table(s1)[2]);  // copied on write
-    ASSERT_EQ(paged.block_table(s0)[1], paged.block_table(s1)[1]);  // shared
-    const std::vector<Index> seqs = {s0, s1, s2};
-    for (const auto& [t, window] : std::vector<std::pair<Index, Index>>{{1, 0}, {1, 50}, {5, 50}}) {
-      const auto q = attn::test::random_tensor<float, 4>({3, 4, t, 40}, 17 + t);
-      {
-        attn::Workspace ws;
-        // Every kernel set for float and int8 rows; the widest for the other kinds.
-        std::vector<attn::Isa> sets = attn::test::runnable_sets();
-        if (kind.element != KVElement::kScalar && kind.element != KVElement::kInt8) {
-          sets = {sets.back()};
-        }
-        for (const attn::Isa isa : sets) {
-          attn::set_isa(isa);
-          attn::set_num_threads(saved);
-          Tensor<float, 4> want({3, 4, t, 40});
-          attn::cached_attention(q.view(), flat, want.view(), ws, {}, window);
-          for (const int threads : {1, 2}) {
-            attn::set_num_threads(threads);
-            Tensor<float, 4> got({3, 4, t, 40});
-            attn::paged_attention(q.view(), paged, seqs, got.view(), ws, {}, window);
-            EXPECT_TRUE(ref::same_bits(got.view(), want.view()))
-                << "T=" << t << " window=" << window << " isa=" << static_cast<int>(isa)
-                << " threads=" << threads;
+    for (const bool scattered : {false, true}) {
+      SCOPED_TRACE(std::string(kind.name) + (scattered ? " scattered" : " in runs"));
+      PagedKVCache<float> paged(paged_options(kind, scattered ? 128 : 64, 16, 2, 40));
+      if (scattered) fragment(paged);
+      KVCacheOptions fo{3, 2, 40, 700};
+      fo.element = kind.element, fo.int4_group = kind.int4_group;
+      KVCache<float> flat(fo);
+      const Index s0 = paged.add_sequence(), s2 = paged.add_sequence();
+      append_to(paged, {s0}, &flat, {0, 1}, 37, 1);
+      const Index s1 = paged.fork(s0);
+      append_to(paged, {s1}, &flat, {1}, 93, 3);
+      append_to(paged, {s2}, &flat, {2}, 500, 5);
+      append_to(paged, {s2}, &flat, {2}, 20, 7);
+      append_to(paged, {s0}, &flat, {0}, 1, 9);
+      append_to(paged, {s1}, &flat, {1}, 1, 11);
+      append_to(paged, {s2}, &flat, {2}, 1, 13);
+      ASSERT_EQ(paged.length(s1), 131);
+      ASSERT_NE(paged.block_table(s0)[2], paged.block_table(s1)[2]);  // copied on write
+      ASSERT_EQ(paged.block_table(s0)[1], paged.block_table(s1)[1]);  // shared
+      ASSERT_EQ(has_neighbours(paged.block_table(s2)), !scattered);
+      const std::vector<Index> seqs = {s0, s1, s2};
+      for (const auto& [t, window] :
+           std::vector<std::pair<Index, Index>>{{1, 0}, {1, 50}, {5, 50}}) {
+        const auto q = attn::test::random_tensor<float, 4>({3, 4, t, 40}, 17 + t);
+        {
+          attn::Workspace ws;
+          // Every kernel set for float and int8 rows; the widest for the other kinds.
+          std::vector<attn::Isa> sets = attn::test::runnable_sets();
+          if (kind.element != KVElement::kScalar && kind.element != KVElement::kInt8) {
+            sets = {sets.back()};
           }
+          for (const attn::Isa isa : sets) {
+            attn::set_isa(isa);
+            attn::set_num_threads(saved);
+            Tensor<float, 4> want({3, 4, t, 40});
+            attn::cached_attention(q.view(), flat, want.view(), ws, {}, window);
+            for (const int threads : {1, 2}) {
+              attn::set_num_threads(threads);
+              Tensor<float, 4> got({3, 4, t, 40});
+              attn::paged_attention(q.view(), paged, seqs, got.view(), ws, {}, window);
+              EXPECT_TRUE(ref::same_bits(got.view(), want.view()))
+                  << "T=" << t << " window=" << window << " isa=" << static_cast<int>(isa)
+                  << " threads=" << threads;
+            }
+          }
+          attn::set_isa(attn::best_isa());
+          attn::set_num_threads(saved);
         }
-        attn::set_isa(attn::best_isa());
-        attn::set_num_threads(saved);
       }
-    }
-    // A batch of other sequences and in another order reads their own rows.
-    const auto q = attn::test::random_tensor<float, 4>({2, 4, 1, 40}, 31);
-    Tensor<float, 4> got({2, 4, 1, 40}), want({3, 4, 1, 40});
-    auto q3 = attn::test::random_tensor<float, 4>({3, 4, 1, 40}, 31);
-    attn::Workspace ws;
-    attn::paged_attention(q.view(), paged, {s2, s0}, got.view(), ws);
-    for (Index h = 0; h < 4; ++h) {  // q3's items 2 and 0 hold q's rows 0 and 1
-      for (Index e = 0; e < 40; ++e) {
-        q3.data()[(2 * 4 + h) * 40 + e] = q(0, h, 0, e);
-        q3.data()[(0 * 4 + h) * 40 + e] = q(1, h, 0, e);
+      // A batch of other sequences and in another order reads their own rows.
+      const auto q = attn::test::random_tensor<float, 4>({2, 4, 1, 40}, 31);
+      Tensor<float, 4> got({2, 4, 1, 40}), want({3, 4, 1, 40});
+      auto q3 = attn::test::random_tensor<float, 4>({3, 4, 1, 40}, 31);
+      attn::Workspace ws;
+      attn::paged_attention(q.view(), paged, {s2, s0}, got.view(), ws);
+      for (Index h = 0; h < 4; ++h) {  // q3's items 2 and 0 hold q's rows 0 and 1
+        for (Index e = 0; e < 40; ++e) {
+          q3.data()[(2 * 4 + h) * 40 + e] = q(0, h, 0, e);
+          q3.data()[(0 * 4 + h) * 40 + e] = q(1, h, 0, e);
+        }
       }
+      attn::cached_attention(q3.view(), flat, want.view(), ws);
+      EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 0), attn::select(want.view(), 0, 2)));
+      EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 1), attn::select(want.view(), 0, 0)));
     }
-    attn::cached_attention(q3.view(), flat, want.view(), ws);
-    EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 0), attn::select(want.view(), 0, 2)));
-    EXPECT_TRUE(ref::same_bits(attn::select(got.view(), 0, 1), attn::select(want.view(), 0, 0)));
   }
   {  // double rows: the same bits too (blocks of 8, 50 tokens, a decode step)
     PagedKVCacheOptions po = paged_options(kKinds[0], 8, 8, 1, 16);
