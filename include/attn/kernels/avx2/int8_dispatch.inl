@@ -4,7 +4,7 @@
 // no code reachable on a CPU without AVX-VNNI is compiled with it.
 
 /// int8_key_scores() with AVX-VNNI's vpdpbusd where the CPU has it (widths a multiple of 32,
-/// int8_key_scores_avx_vnni()), else with vpmaddwd (int8_key_scores_madd()): the same
+/// int8_key_scores_avx_vnni()), else with vpmaddubsw (int8_key_scores_madd()): the same
 /// integers, so the same bits.
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index n, float* st,

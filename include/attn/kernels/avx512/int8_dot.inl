@@ -94,7 +94,7 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 }
 
 /// int8_key_scores() on AVX512-VNNI (see the file comment); on a CPU without it, with
-/// vpmaddwd (int8_key_scores_madd(), the same bits).
+/// vpmaddubsw (int8_key_scores_madd(), the same bits).
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index n, float* st,
                                  Index ld) noexcept {
@@ -221,7 +221,7 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 
 /// The int4 scores on AVX512-VNNI (see above), for rows of up to 256 elements (2 chunks) whose
 /// blocks each lie under one scale (a group of whole blocks, or one scale per row); on a CPU
-/// without AVX512-VNNI or for longer rows, with vpmaddwd (int4_key_scores_madd(), the same
+/// without AVX512-VNNI or for longer rows, with vpmaddubsw (int4_key_scores_madd(), the same
 /// bits); otherwise false.
 inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index group, Index n, float* st,
