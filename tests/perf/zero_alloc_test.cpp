@@ -347,6 +347,55 @@ TYPED_TEST(ZeroAllocation, DecodeStepThroughAKeyValueCache) {
   }
 }
 
+// Decoding steps through caches of quantised rows (int8, int4: the query quantised and the
+// rows read in place) and through a paged cache (float and int4 rows, two sequences read
+// through their block tables), float: each step appends a token, then the cache is truncated
+// back, so that every call meets the same cache (a step that takes a new block may grow that
+// sequence's table).
+TEST(ZeroAllocation, DecodeStepsThroughQuantizedAndPagedCaches) {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = kDim;
+  o.num_heads = kHeads;
+  o.num_kv_heads = kHeads / 2;
+  o.causal = true;
+  o.rope = attn::RotaryOptions{kDim / kHeads, 0, 10000.0, attn::RopeStyle::kHalfSplit, 4096};
+  attn::manual_seed(1);
+  MultiHeadAttention<float> mha(o);
+  mha.eval();
+  mha.freeze();
+  const Index hd = kDim / kHeads, prompt = 1030;
+  const auto x = attn::test::random_tensor<float>(Shape<3>{kBatch, prompt, kDim}, 3);
+  const auto token = attn::test::random_tensor<float>(Shape<3>{kBatch, 1, kDim}, 4);
+  Tensor<float, 3> y({kBatch, prompt, kDim}), out({kBatch, 1, kDim});
+  attn::Workspace ws;
+  for (const attn::KVElement element : {attn::KVElement::kInt8, attn::KVElement::kInt4}) {
+    SCOPED_TRACE(std::string("contiguous ") + attn::kv_element_name(element));
+    attn::KVCacheOptions co;
+    co.batch = kBatch, co.num_kv_heads = kHeads / 2, co.head_dim = hd, co.capacity = 2048;
+    co.element = element;
+    attn::KVCache<float> cache(co);
+    mha.forward(x.view(), y.view(), ws, cache);
+    expect_steady_state_without_allocation([&] {
+      mha.forward(token.view(), out.view(), ws, cache);
+      for (Index b = 0; b < kBatch; ++b) cache.truncate(b, prompt);
+    });
+  }
+  for (const attn::KVElement element : {attn::KVElement::kScalar, attn::KVElement::kInt4}) {
+    SCOPED_TRACE(std::string("paged ") + attn::kv_element_name(element));
+    attn::PagedKVCacheOptions po;
+    po.num_blocks = 2 * kBatch * 2048 / 16, po.block_size = 16;
+    po.num_kv_heads = kHeads / 2, po.head_dim = hd, po.element = element;
+    attn::PagedKVCache<float> cache(po);
+    std::vector<Index> seqs;
+    for (Index b = 0; b < kBatch; ++b) seqs.push_back(cache.add_sequence());
+    mha.forward(x.view(), y.view(), ws, cache, seqs);
+    expect_steady_state_without_allocation([&] {
+      mha.forward(token.view(), out.view(), ws, cache, seqs);
+      for (const Index s : seqs) cache.truncate(s, prompt);
+    });
+  }
+}
+
 TYPED_TEST(ZeroAllocation, MultiHeadCrossAttentionForwardWithMask) {
   using Scalar = TypeParam;
   attn::TorchGenerator gen(3);

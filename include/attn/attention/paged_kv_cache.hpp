@@ -463,8 +463,11 @@ class PagedKVCache {
              " are free (free or preempt sequences, or build a larger pool)";
     });
     for (Index i = 0; i < count; ++i) {  // may throw std::bad_alloc: nothing changed yet
+      // (Tables grow geometrically: a sequence decoded token by token reallocates its table
+      // about log2(blocks) times, not once per block.)
       Sequence& x = seq(seqs[i]);
-      x.blocks.reserve(static_cast<std::size_t>(blocks_for(x.length + tokens[i * t_stride])));
+      const auto need = static_cast<std::size_t>(blocks_for(x.length + tokens[i * t_stride]));
+      if (x.blocks.capacity() < need) x.blocks.reserve(std::max(need, 2 * x.blocks.capacity()));
     }
     for (Index i = 0; i < count; ++i) {  // no throw from here
       Sequence& x = seq(seqs[i]);
