@@ -12,7 +12,7 @@
 //                     [--dim D] [--heads H] [--kv-heads H_kv] [--head-dim hd]
 //                     [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S]
 //                     [--dtype f32|bf16] [--bf16-path widen|dot|amx]
-//                     [--paired] [--fill C] [--scatter]
+//                     [--paired] [--fill C] [--scatter] [--compact]
 //   OP: decode (T_new = 1), prefill (T_new = --chunk, default 128), gemm: the Q/K/V
 //   projection alone (the frozen ((H + 2 H_kv) hd, D) weight) on B rows, to see whether the
 //   GEMM with a pre-packed weight reads it at memory speed for B = 1..8 rows; or attend: the
@@ -27,6 +27,8 @@
 //   --scatter (with --paged S): the pool twice as large, every other block held by a sequence
 //   of one block, so that no two blocks of an item are neighbours (a pool fragmented by other
 //   sequences): the worst layout for the rows' reads.
+//   --compact (with --paged S): PagedKVCache::compact() once the cache is filled (with
+//   --scatter: the fragmented pool's blocks moved back into one run per item).
 //   --paired (with --paged S, op decode or attend): a KVCache and the PagedKVCache holding the
 //   same tokens in one process, timed alternately: each of `reps` rounds times one step of
 //   each back to back (their order swapped every other round), in CPU time, so that a swing
@@ -59,11 +61,13 @@
 //   impl=attn op=attend B=1 L=4096 ... kv_dtype=int8 paged=16 rounds=31
 //   contiguous_cpu_ms=.. paged_cpu_ms=.. paged_speed=.. (median of contiguous / paged)
 //   paged_speed_q1=.. paged_speed_q3=.. (its quartiles) same_bits=1 scatter=0|1
-//   mean_run=.. (blocks per run of neighbouring blocks in the items' tables)
+//   mean_run=.. (blocks per run of neighbouring blocks in the items' tables) compact_ms=..
+//   (the wall time of compact(); 0 without --compact)
 
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -80,7 +84,8 @@ constexpr const char* kArguments =
     "decode|prefill|gemm B L threads reps [--max-seconds S] "
     "[--warmup N] [--chunk C] [--dim D] [--heads H] [--kv-heads H_kv] "
     "[--head-dim hd] [--kv-dtype f32|bf16|fp16|fp8e4m3|fp8e5m2|int8|int4] [--paged S] "
-    "[--dtype f32|bf16] [--bf16-path widen|dot|amx] [--paired] [--fill C] [--scatter]";
+    "[--dtype f32|bf16] [--bf16-path widen|dot|amx] [--paired] [--fill C] [--scatter] "
+    "[--compact]";
 
 [[noreturn]] void usage(const char* argv0, const std::string& why) {
   attn::bench::usage_error(argv0, why, kArguments);
@@ -134,7 +139,7 @@ int main(int argc, char** argv) {
   long warmup = 2, chunk = 128, dim = 4096, heads = 32, kv_heads = 8, head_dim = 128, paged = 0;
   long fill_chunk = 1024;
   std::string kv_dtype = "f32", dtype = "f32", bf16_path;
-  bool paired = false, scatter = false;
+  bool paired = false, scatter = false, compact = false;
   for (int i = 1; i < argc; ++i) {
     const auto option = [&](const char* name, long& value) {
       if (std::strcmp(argv[i], name) != 0 || i + 1 >= argc) return false;
@@ -147,6 +152,8 @@ int main(int argc, char** argv) {
       paired = true;
     } else if (std::strcmp(argv[i], "--scatter") == 0) {
       scatter = true;
+    } else if (std::strcmp(argv[i], "--compact") == 0) {
+      compact = true;
     } else if (std::strcmp(argv[i], "--kv-dtype") == 0 && i + 1 < argc) {
       kv_dtype = argv[++i];
     } else if (std::strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
@@ -311,6 +318,13 @@ int main(int argc, char** argv) {
                      attn::select(v.view(), 0, i));
       }
     }
+    double compact_ms = 0;  // the wall time of compact()
+    if (compact && paged > 0) {
+      const auto start = std::chrono::steady_clock::now();
+      pages.compact();
+      compact_ms =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() * 1e3;
+    }
     token_bytes =
         static_cast<std::int64_t>(paged > 0 ? pages.bytes_per_token() : cache.bytes_per_token());
     // One timed call: through the pages or the contiguous cache, into out (attend) or y.
@@ -370,12 +384,12 @@ int main(int argc, char** argv) {
           "impl=attn op=%s B=%ld L=%ld T_new=%ld D=%ld H=%ld H_kv=%ld hd=%ld threads=%d "
           "isa=%s kv_dtype=%s paged=%ld rounds=%ld contiguous_cpu_ms=%.4f paged_cpu_ms=%.4f "
           "paged_speed=%.4f paged_speed_q1=%.4f paged_speed_q3=%.4f same_bits=%d scatter=%d "
-          "mean_run=%.1f\n",
+          "mean_run=%.1f compact_ms=%.1f\n",
           op.c_str(), static_cast<long>(b), static_cast<long>(length), static_cast<long>(t_new),
           dim, heads, kv_heads, head_dim, threads, attn::isa_name(attn::active_isa()),
           kv_dtype.c_str(), paged, reps, attn::bench::median(times[0]),
           attn::bench::median(times[1]), attn::bench::median(speed), quartile(1), quartile(3),
-          same ? 1 : 0, scatter ? 1 : 0, blocks / runs);
+          same ? 1 : 0, scatter ? 1 : 0, blocks / runs, compact_ms);
       return 0;
     }
     ms = time_calls_cpu([&] { step(paged > 0); }, warmup, reps, max_seconds, cpu);

@@ -180,6 +180,82 @@ TEST(PagedKVCache, SequencesGrowingSideBySideKeepTheirBlocksInRuns) {
   EXPECT_THROW(append_to(worn, {a}, nullptr, {}, 1, 9), attn::ConfigError);
 }
 
+TEST(PagedKVCache, CompactingAFragmentedPoolPutsEachSequenceInOneRunAndChangesNoResult) {
+  // A fragmented pool (every other block held by a sequence of one block, half of those freed
+  // again), two sequences appended side by side, a fork sharing one of them with its last
+  // block copied on write: compact() leaves every unshared sequence one run (the shared
+  // blocks one run, each holder's own last block after it or elsewhere), the same rows,
+  // reference counts, free blocks and attention bits, and appends go on after it. Float and
+  // int4 rows (scales moved too).
+  for (const Kind& kind : {kKinds[0], kKinds[2]}) {
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> paged(paged_options(kind, 64, 4, 2, 40));
+    fragment(paged);
+    for (Index s = 0, k = 0; s < 64; ++s) {  // every other remaining filler freed
+      if (paged.contains(s) && k++ % 2 == 0) paged.free_sequence(s);
+    }
+    const Index a = paged.add_sequence(), b = paged.add_sequence();
+    for (int round = 0; round < 5; ++round) {
+      append_to(paged, {a}, nullptr, {}, 4, 11 + round);
+      append_to(paged, {b}, nullptr, {}, 3, 21 + round);
+    }
+    const Index f = paged.fork(a);
+    append_to(paged, {f}, nullptr, {}, 2, 31);
+    append_to(paged, {a}, nullptr, {}, 2, 33);  // (a's last block is a's own again: no copy)
+    const std::vector<Index> seqs = {a, b, f};
+    const Index runs = paged.runs(), free_before = paged.free_blocks();
+    std::vector<std::vector<float>> rows;
+    for (const Index s : seqs) rows.push_back(rows_of(paged, s));
+    const std::vector<Index> shared_refs = {paged.ref_count(paged.block_table(f)[0])};
+    const auto q = attn::test::random_tensor<float, 4>({3, 4, 1, 40}, 41);
+    Tensor<float, 4> before({3, 4, 1, 40}), after({3, 4, 1, 40});
+    attn::Workspace ws;
+    attn::paged_attention(q.view(), paged, seqs, before.view(), ws);
+
+    paged.compact();
+    EXPECT_EQ(paged.free_blocks(), free_before);
+    EXPECT_LT(paged.runs(), runs);
+    // b one run; a and its fork: the shared blocks one run, each one's own last block after
+    // it or elsewhere (whichever of the two comes first in id order keeps its blocks together).
+    const auto runs_of = [](const std::vector<Index>& t) {
+      Index count = 0;
+      for (std::size_t i = 0; i < t.size(); ++i) count += i == 0 || t[i] != t[i - 1] + 1 ? 1 : 0;
+      return count;
+    };
+    EXPECT_EQ(runs_of(paged.block_table(b)), 1);
+    EXPECT_LE(runs_of(paged.block_table(a)), 2);
+    EXPECT_LE(runs_of(paged.block_table(f)), 2);
+    EXPECT_EQ(runs_of(paged.block_table(a)) + runs_of(paged.block_table(f)), 3);
+    const std::vector<Index>& ft = paged.block_table(f);
+    for (std::size_t i = 0; i + 1 < ft.size(); ++i) EXPECT_EQ(ft[i], paged.block_table(a)[i]);
+    EXPECT_EQ(paged.ref_count(ft[0]), shared_refs[0]);
+    for (std::size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(rows_of(paged, seqs[i]), rows[i]);
+    attn::paged_attention(q.view(), paged, seqs, after.view(), ws);
+    EXPECT_TRUE(ref::same_bits(after.view(), before.view()));
+    // Every block is held or free exactly once (the blocks of all tables, and the free ones),
+    // after compacting and after appending into the compacted pool.
+    const auto check_holders = [&] {
+      std::vector<Index> holders(64, 0);
+      for (Index s = 0; s < 64; ++s) {
+        if (!paged.contains(s)) continue;
+        for (const Index n : paged.block_table(s)) ++holders[static_cast<std::size_t>(n)];
+      }
+      Index free = 0;
+      for (Index n = 0; n < 64; ++n) {
+        EXPECT_EQ(holders[static_cast<std::size_t>(n)], paged.ref_count(n)) << "block " << n;
+        free += paged.ref_count(n) == 0 ? 1 : 0;
+      }
+      EXPECT_EQ(free, paged.free_blocks());
+    };
+    check_holders();
+    append_to(paged, {a}, nullptr, {}, 8, 35);
+    append_to(paged, {b}, nullptr, {}, 8, 37);
+    EXPECT_EQ(paged.length(a), 30);
+    check_holders();
+    EXPECT_EQ(rows_of(paged, f), rows[2]);  // (the fork's rows untouched by the appends)
+  }
+}
+
 TEST(PagedKVCache, BlockTablesReferenceCountsAndCopyOnWrite) {
   PagedKVCache<float> cache(paged_options(kKinds[1], 8, 4, 2, 8));
   EXPECT_EQ(cache.free_blocks(), 8);

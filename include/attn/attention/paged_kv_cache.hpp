@@ -285,6 +285,79 @@ class PagedKVCache {
     }
   }
 
+  /// Runs of neighbouring blocks in the live sequences' tables (a run is a block whose
+  /// predecessor in its table is not the block before it in the pool): at least one per
+  /// sequence holding a block, each more a jump the attention's reads make. compact() brings
+  /// it down.
+  Index runs() const noexcept {
+    Index count = 0;
+    for (const Sequence& x : seqs_) {
+      for (std::size_t i = 0; x.live && i < x.blocks.size(); ++i) {
+        if (x.blocks[i] >= 0 && (i == 0 || x.blocks[i] != x.blocks[i - 1] + 1)) ++count;
+      }
+    }
+    return count;
+  }
+
+  /// Moves the held blocks so that each sequence's blocks lie one after another in table
+  /// order, the sequences in id order from block 0 (a block shared by several sequences where
+  /// its first holder puts it), and the free blocks after them: a pool fragmented by sequences
+  /// that came and went is read as runs again. Rows, scales, lengths, reference counts and
+  /// results are unchanged; block ids (block_table(), batch()) change. Moves each held block
+  /// at most once (about the pool's bytes), so call it between steps when runs() has grown
+  /// well past num_sequences().
+  /// @throws std::bad_alloc, the cache unchanged.
+  void compact() {
+    const Index n = o_.num_blocks;
+    std::vector<Index> source(static_cast<std::size_t>(n), -1);  // position <- old block
+    std::vector<Index> target(static_cast<std::size_t>(n), -1);  // old block -> position
+    std::vector<unsigned char> moved(static_cast<std::size_t>(n), 0);
+    std::vector<unsigned char> spare(static_cast<std::size_t>(block_bytes()));
+    std::vector<Index> refs(static_cast<std::size_t>(n), 0);
+    Index held = 0;  // no throw from here
+    for (const Sequence& x : seqs_) {
+      for (const Index b : x.blocks) {
+        if (x.live && b >= 0 && target[static_cast<std::size_t>(b)] < 0) {
+          target[static_cast<std::size_t>(b)] = held, source[static_cast<std::size_t>(held)] = b;
+          ++held;
+        }
+      }
+    }
+    for (Index b = 0, at = held; b < n; ++b) {  // the free blocks after, in their order
+      if (target[static_cast<std::size_t>(b)] < 0) {
+        target[static_cast<std::size_t>(b)] = at, source[static_cast<std::size_t>(at++)] = b;
+      }
+    }
+    // The permutation in place, cycle by cycle: position j takes old block source[j].
+    for (Index i = 0; i < n; ++i) {
+      if (moved[static_cast<std::size_t>(i)] != 0 || source[static_cast<std::size_t>(i)] == i) {
+        continue;
+      }
+      block_segments(i, spare.data(), false);
+      Index j = i;
+      for (; source[static_cast<std::size_t>(j)] != i; j = source[static_cast<std::size_t>(j)]) {
+        copy_block(source[static_cast<std::size_t>(j)], j);
+        moved[static_cast<std::size_t>(j)] = 1;
+      }
+      block_segments(j, spare.data(), true);
+      moved[static_cast<std::size_t>(j)] = 1;
+    }
+    for (Index b = 0; b < n; ++b) {
+      refs[static_cast<std::size_t>(target[static_cast<std::size_t>(b)])] =
+          refs_[static_cast<std::size_t>(b)];
+    }
+    refs_.swap(refs);
+    for (Sequence& x : seqs_) {
+      for (Index& b : x.blocks) {
+        if (x.live && b >= 0) b = target[static_cast<std::size_t>(b)];
+      }
+    }
+    std::fill(free_bits_.begin(), free_bits_.end(), std::uint64_t{0});
+    for (Index b = held; b < n; ++b) {
+      free_bits_[static_cast<std::size_t>(b / 64)] |= std::uint64_t{1} << b % 64;
+    }
+  }
+
   // ---- writing ----
 
   /// Appends k_new (H_kv, T, hd) and v_new (H_kv, T, hd_v) (any strides) to sequence s at
@@ -608,6 +681,32 @@ class PagedKVCache {
       }
     }
     blocks.resize(std::min(blocks.size(), static_cast<std::size_t>(keep)));
+  }
+  /// Bytes of one block over every head and part, scales included.
+  Index block_bytes() const noexcept {
+    return o_.num_kv_heads *
+           (k_run_ + v_run_ + (k_srun_ + v_srun_) * static_cast<Index>(sizeof(float)));
+  }
+  /// Copies block n's rows and scales (every head and part) into `bytes` (block_bytes()), or
+  /// back from them when `restore`.
+  void block_segments(Index n, unsigned char* bytes, bool restore) noexcept {
+    const auto move = [&](unsigned char* at, Index count) {
+      if (restore) {
+        std::copy_n(bytes, count, at);
+      } else {
+        std::copy_n(at, count, bytes);
+      }
+      bytes += count;
+    };
+    for (int part = 0; part < 2; ++part) {
+      for (Index h = 0; h < o_.num_kv_heads; ++h) {
+        move(row_at(n, part, h, 0), run(part));
+        if (scale_run(part) > 0) {
+          move(reinterpret_cast<unsigned char*>(scales_at(n, part, h, 0)),
+               scale_run(part) * static_cast<Index>(sizeof(float)));
+        }
+      }
+    }
   }
   void copy_block(Index from, Index to) noexcept {
     for (int part = 0; part < 2; ++part) {
