@@ -70,7 +70,8 @@ struct PagedBatch {
 /// in an empty pool). Sequences decoded side by side so keep their blocks in runs, read as
 /// one stream (a 16-token block of int4 rows is one kilobyte per head: scattered, such blocks
 /// took the int4 decode attention to 0.55-0.8x a contiguous cache's speed, in runs 1.0x).
-/// Deterministic: the same calls give the same tables.
+/// Deterministic: the same calls give the same tables. A pool fragmented by sequences that
+/// came and went is put back into runs by compact() (runs() counts them).
 ///
 /// Sequences. add_sequence() returns a new empty sequence's id (ids of freed sequences are
 /// reused). Sequence s holds length(s) tokens in block_table(s): position p is row p % S of
