@@ -22,7 +22,11 @@
 #      times: on a shared machine the wall time also counts waits for a core) (written to
 #      <out>/kv_cache.csv/.txt); with --paged-block S (default 16; 0: off) each of these runs
 #      again beside it through a PagedKVCache of blocks of S tokens (decode_timer --paged
-#      S), and the table adds its CPU time and contiguous / paged CPU time; the types of a
+#      S --fill S --paired: the items appended S tokens at a time, side by side, as sequences
+#      decoded together take their blocks; a contiguous and a paged cache holding the same
+#      tokens timed alternately in one process, so that the machine's noise hits both alike),
+#      and the table adds the paged CPU time and the median over rounds of contiguous / paged
+#      CPU time; the types of a
 #      configuration run adjacent, their order (and contiguous / paged) reversed every other
 #      round; each row is the round with the median CPU time; one round (--kv-rounds) by
 #      default: 36 processes of up to 4 s;
@@ -162,8 +166,13 @@ for ((r = 0; r < kv_rounds; ++r)); do
           | sed 's/^stream /stream_in_run /' | tee -a "$kv_raw"
         for dtype in "${order[@]}"; do
           for paged in "${pagings[@]}"; do
-            run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
-              --max-seconds "$max_seconds" --kv-dtype "$dtype" --paged "$paged" | tee -a "$kv_raw"
+            if [ "$paged" = 0 ]; then
+              run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
+                --max-seconds "$max_seconds" --kv-dtype "$dtype" | tee -a "$kv_raw"
+            else
+              run_env "$t" ACTIVE "$build/bench/decode_timer" attend "$b" "$l" "$t" "$reps" \
+                --kv-dtype "$dtype" --paged "$paged" --fill "$paged" --paired | tee -a "$kv_raw"
+            fi
           done
         done
       done
@@ -174,11 +183,14 @@ grep '^stream' "$raw" >>"$kv_raw"
 "$BENCH_PYTHON" - "$kv_raw" "$out" <<'PY' | tee "$out/kv_cache.txt"
 import csv, os, statistics, sys
 raw, out = sys.argv[1], sys.argv[2]
-in_run, runs = {}, {}
+in_run, runs, paired = {}, {}, {}
 for line in open(raw):
     f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
     if line.startswith("stream_in_run") and f.get("kernel") == "read":
         in_run.setdefault(int(f["threads"]), []).append(float(f["median_cpu_gbps"]))
+    elif line.startswith("impl=") and "paged_speed" in f:  # a paired contiguous / paged run
+        paired.setdefault((f["kv_dtype"], int(f["B"]), int(f["L"]), int(f["threads"])),
+                          []).append(f)
     elif line.startswith("impl="):
         f.setdefault("median_cpu_ms", f["median_ms"])
         key = (f["kv_dtype"], int(f["B"]), int(f["L"]), int(f["threads"]), int(f.get("paged", 0)))
@@ -186,6 +198,8 @@ for line in open(raw):
 # Each configuration: the round whose CPU time is the median (the lower one of an even count).
 rows = {k: sorted(v, key=lambda f: float(f["median_cpu_ms"]))[(len(v) - 1) // 2]
         for k, v in runs.items()}
+pages = {k: sorted(v, key=lambda f: float(f["paged_speed"]))[(len(v) - 1) // 2]
+         for k, v in paired.items()}
 # The bandwidth: the streaming read's bytes per CPU second, median over the run's measures.
 bw = {t: statistics.median(v) for t, v in in_run.items()}
 cpu = lambda f: float(f["median_cpu_ms"])
@@ -205,23 +219,20 @@ with open(os.path.join(out, "kv_cache.csv"), "w", newline="") as fcsv:
         f, f32 = rows[key], rows.get(("f32",) + key[1:4] + (0,))
         frac = cpu_gbps(f) / bw[key[3]] if key[3] in bw else float("nan")
         speed = cpu(f32) / cpu(f) if f32 else float("nan")
-        flat = rows.get(key[:4] + (0,))
-        ratio = cpu(flat) / cpu(f) if key[4] and flat else float("nan")
-        if key[4] and flat:
-            ratios.append(ratio)
         w.writerow([key[0], key[1], key[2], key[3], key[4], f["token_bytes"], f["median_ms"],
-                    f["min_ms"], f["median_cpu_ms"], f["gbps"], f"{frac:.3f}", f"{speed:.2f}",
-                    f"{ratio:.3f}" if key[4] else ""])
-        if key[4] == 0:
-            paged = [k for k in rows if k[:4] == key[:4] and k[4]]
-            p = rows[paged[0]] if paged else None
-            r = cpu(f) / cpu(p) if p else float("nan")
-            print(f"{key[0]:9s}{key[1]:3d}{key[2]:7d}{key[3]:4d}{int(f['token_bytes']):9d}"
-                  f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{cpu(f):9.2f}"
-                  f"{cpu_gbps(f):9.2f}{frac:7.2f}{speed:8.2f}"
-                  f"{cpu(p) if p else float('nan'):11.2f}{r:9.2f}")
+                    f["min_ms"], f["median_cpu_ms"], f["gbps"], f"{frac:.3f}", f"{speed:.2f}", ""])
+        p = pages.get(key[:4])
+        p_cpu = float(p["paged_cpu_ms"]) if p else float("nan")
+        r = float(p["paged_speed"]) if p else float("nan")
+        if p:
+            ratios.append(r)
+            w.writerow([key[0], key[1], key[2], key[3], p["paged"], f["token_bytes"], "", "",
+                        p["paged_cpu_ms"], "", "", "", p["paged_speed"]])
+        print(f"{key[0]:9s}{key[1]:3d}{key[2]:7d}{key[3]:4d}{int(f['token_bytes']):9d}"
+              f"{float(f['median_ms']):9.2f}{float(f['gbps']):8.2f}{cpu(f):9.2f}"
+              f"{cpu_gbps(f):9.2f}{frac:7.2f}{speed:8.2f}{p_cpu:11.2f}{r:9.2f}")
 print(f"paged: paged_vs_contiguous_min={min(ratios) if ratios else float('nan'):.2f} "
-      f"(contiguous / paged CPU time, the smallest over the rows)")
+      f"(contiguous / paged CPU time, paired in one process: the smallest over the rows)")
 # int8 and int4 against f32 at L >= 4096 (contiguous rows): speedup and bandwidth fraction.
 fmin = lambda v: min(v) if v else float("nan")
 for kind in ("int8", "int4"):
