@@ -118,6 +118,53 @@ TYPED_TEST(NonFiniteTest, CausalFutureKeysNeverReachEarlierQueries) {
   }
 }
 
+// The streaming path over whole key tiles of 128, several query tiles reading each: the
+// call marks once which V tiles hold a NaN or an infinity. T 300 (tiles [0, 128), [128, 256)
+// and a partial one), causal: a NaN or an infinity in V at key 5, 200 or 280 reaches exactly
+// the queries that see it; the others keep the clean inputs' bits.
+TYPED_TEST(NonFiniteTest, NonFiniteValuesInWholeKeyTilesReachOnlyTheQueriesThatSeeThem) {
+  using Scalar = TypeParam;
+  constexpr Index kLong = 300;
+  const Scalar nan = std::numeric_limits<Scalar>::quiet_NaN();
+  const Scalar inf = std::numeric_limits<Scalar>::infinity();
+  attn::AttentionMask<Scalar> causal;
+  causal.causal();
+  T4<Scalar> q({1, 1, kLong, kD}), k({1, 1, kLong, kD}), v({1, 1, kLong, kD});
+  attn::TorchGenerator gen(7);
+  gen.fill_uniform(q.view(), -1.0, 1.0);
+  gen.fill_uniform(k.view(), -1.0, 1.0);
+  gen.fill_uniform(v.view(), -1.0, 1.0);
+  attn::AttentionOptions options;
+  options.path = attn::AttentionPath::kStreaming;
+  const auto attend_long = [&](const T4<Scalar>& values) {
+    T4<Scalar> out({1, 1, kLong, kD});
+    attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), values.view(), out.view(),
+                                               causal, options);
+    return out;
+  };
+  for (const Isa isa : runnable_sets()) {
+    attn::set_isa(isa);
+    const T4<Scalar> expected = attend_long(v);
+    for (const Index bad : {Index(5), Index(200), Index(280)}) {
+      for (const Scalar x : {nan, inf}) {
+        T4<Scalar> dirty = v;
+        dirty(0, 0, bad, 3) = x;
+        const T4<Scalar> out = attend_long(dirty);
+        const std::string at = std::string(attn::isa_name(isa)) + " key " + std::to_string(bad) +
+                               (std::isnan(x) ? " NaN" : " inf");
+        for (Index i = 0; i < kLong; ++i) {
+          for (Index e = 0; e < kD && i < bad; ++e) {
+            ASSERT_EQ(out(0, 0, i, e), expected(0, 0, i, e)) << at << " query " << i;
+          }
+          if (i >= bad) {
+            EXPECT_FALSE(std::isfinite(out(0, 0, i, 3))) << at << " query " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The same for every element-wise mask kind and for key lengths: key 7 is hidden from every
 // query, and NaN in its key and value changes nothing.
 TYPED_TEST(NonFiniteTest, HiddenKeysNeverReachAnyQuery) {

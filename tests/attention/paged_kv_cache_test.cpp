@@ -150,6 +150,7 @@ TEST(PagedKVCache, SequencesGrowingSideBySideKeepTheirBlocksInRuns) {
     }
   }
   EXPECT_EQ(cache.free_blocks(), 0);
+  EXPECT_EQ(cache.runs(), 4);
   EXPECT_EQ(cache.block_table(seqs[0]), run(0, 16));
   EXPECT_EQ(cache.block_table(seqs[1]), run(32, 16));
   EXPECT_EQ(cache.block_table(seqs[2]), run(16, 16));
@@ -163,6 +164,9 @@ TEST(PagedKVCache, SequencesGrowingSideBySideKeepTheirBlocksInRuns) {
   EXPECT_EQ(cache.block_table(e), run(21, 2));
   append_to(cache, {seqs[0]}, nullptr, {}, 8, 6);  // after its block 9
   EXPECT_EQ(cache.block_table(seqs[0]), run(0, 12));
+  EXPECT_EQ(cache.runs(), 4);
+  cache.release_before(seqs[0], 8);  // blocks 0 and 1 back: its run now starts at block 2
+  EXPECT_EQ(cache.runs(), 4);
 
   // A fragmented pool: no two free blocks are neighbours, so every block starts a run of its
   // own; everything else (counts, exhaustion) as before.

@@ -294,7 +294,8 @@ class PagedKVCache {
     Index count = 0;
     for (const Sequence& x : seqs_) {
       for (std::size_t i = 0; x.live && i < x.blocks.size(); ++i) {
-        if (x.blocks[i] >= 0 && (i == 0 || x.blocks[i] != x.blocks[i - 1] + 1)) ++count;
+        const Index b = x.blocks[i];
+        if (b >= 0 && (i == 0 || x.blocks[i - 1] < 0 || b != x.blocks[i - 1] + 1)) ++count;
       }
     }
     return count;

@@ -152,6 +152,8 @@ struct AttentionArgs {
   /// (value_pairs_task()), or null (each task packs its V tiles). Tile t of item b, key/value
   /// head h: value_tiles_per_head * (b * H_kv + h) + t, at value_pairs + that * kKeyBlock / 2
   /// * d_v words; value_pairs_dirty[that] != 0 where the tile holds a NaN or an infinity.
+  /// Float and double operands: the flags alone (no words), set once per call the same way,
+  /// so that a task skips its scan of a whole tile that holds none (clean_values()).
   const float* value_pairs = nullptr;
   const unsigned char* value_pairs_dirty = nullptr;
   Index value_tiles_per_head = 0;

@@ -17,6 +17,27 @@
 // added for exactly the queries that see them (IEEE arithmetic: 0 * inf = NaN there, as in
 // PyTorch).
 
+/// Whether rows [0, n) of v (d_v wide, row stride v_rs) hold no NaN and no infinity: x * 0
+/// is 0 for finite x, NaN otherwise, summed over the rows, the lanes looked at once.
+template <class Scalar>
+bool rows_finite(const Scalar* v, Index v_rs, Index n, Index dv) noexcept {
+  using V = Vec<Scalar>;
+  constexpr Index W = V::kWidth;
+  auto t = V::zero();
+  for (Index j = 0; j < n; ++j) {
+    const Scalar* row = v + j * v_rs;
+    Index e = 0;
+    for (; e + W <= dv; e += W) t = V::add(t, V::mul(V::load(row + e), V::zero()));
+    if (e < dv) t = V::add(t, V::mul(V::load_partial(row + e, dv - e), V::zero()));
+  }
+  alignas(64) Scalar lanes[W];
+  V::store(lanes, t);
+  for (Index i = 0; i < W; ++i) {
+    if (lanes[i] != Scalar(0)) return false;
+  }
+  return true;
+}
+
 /// Whether v's rows [0, n) (d_v wide, row stride v_rs) hold a NaN or an infinity; if so,
 /// copies them to `clean` (n x d_v) with those rows zeroed.
 template <class Scalar>
@@ -214,11 +235,20 @@ inline Scalar dot(const Scalar* a, const Scalar* b, Index n) noexcept {
 /// infinity (pack_row_pairs()), for AttentionArgs::value_pairs: the k-pair paths' tasks of
 /// one (item, key/value head) all read the same V tiles, which each packed once per task
 /// (8 % of the AMX call at B 8, H 8, T 512, d 64: perf). The same words as streaming_tile()'s
-/// own packing of a whole tile, so the same bits. Other sets and operand types: nothing.
+/// own packing of a whole tile, so the same bits. Float and double operands: the flags alone
+/// (each task scanned each tile it read: the driver, attn/ops/attention.hpp, says what it
+/// cost). Other sets and operand types: nothing.
 template <class Scalar, class Operand>
 void pack_value_tiles(const AttentionArgs<Scalar, Operand>& p, Index b, Index h, float* pairs,
                       unsigned char* dirty) noexcept {
-  if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>) {
+  if constexpr (std::is_same_v<Operand, Scalar>) {
+    const Index dv = p.v.extent(3), tiles = p.v.extent(2) / kKeyBlock, v_rs = p.v.stride(2);
+    const Operand* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
+    for (Index t = 0; t < tiles; ++t) {
+      dirty[t] = rows_finite(v + t * kKeyBlock * v_rs, v_rs, kKeyBlock, dv) ? 0 : 1;
+    }
+    static_cast<void>(pairs);
+  } else if constexpr (kSetIsa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>) {
     const Index dv = p.v.extent(3), tiles = p.v.extent(2) / kKeyBlock, v_rs = p.v.stride(2);
     const Operand* v = p.v.data() + b * p.v.stride(0) + h * p.v.stride(1);
     for (Index t = 0; t < tiles; ++t) {
@@ -882,7 +912,18 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     }
     const Scalar* vc = vt;
     Index vc_rs = vt_rs;
-    const bool dirty = (!stored || stored_may_be_nonfinite(p.stored.v.element)) &&
+    // (A whole tile the call's flags say holds no NaN and no infinity is not scanned again.)
+    bool flagged_finite = false;
+    if constexpr (!kReduced) {
+      if (p.value_pairs_dirty != nullptr && !stored && p.ring == 0 && j0 % kKeyBlock == 0 &&
+          j0 + kKeyBlock <= p.v.extent(2)) {
+        const Index t =
+            p.value_tiles_per_head * (task.b * p.k.extent(1) + task.kv_head) + j0 / kKeyBlock;
+        flagged_finite = p.value_pairs_dirty[t] == 0;
+      }
+    }
+    const bool dirty = !flagged_finite &&
+                       (!stored || stored_may_be_nonfinite(p.stored.v.element)) &&
                        clean_values(vt, vt_rs, tile_need, dv, clean);
     if (dirty) vc = clean, vc_rs = dv;
     for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
