@@ -120,12 +120,18 @@ void fragment(PagedKVCache<E>& paged) {
   }
 }
 
+// Runs of neighbouring blocks in a table (one per entry that does not follow the one before).
+Index runs_of(const std::vector<Index>& table) {
+  Index count = 0;
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    count += i == 0 || table[i] != table[i - 1] + 1 ? 1 : 0;
+  }
+  return count;
+}
+
 // Whether any two consecutive entries of the table are neighbouring blocks.
 bool has_neighbours(const std::vector<Index>& table) {
-  for (std::size_t i = 1; i < table.size(); ++i) {
-    if (table[i] == table[i - 1] + 1) return true;
-  }
-  return false;
+  return runs_of(table) < static_cast<Index>(table.size());
 }
 
 TEST(PagedKVCache, SequencesGrowingSideBySideKeepTheirBlocksInRuns) {
@@ -210,7 +216,7 @@ TEST(PagedKVCache, CompactingAFragmentedPoolPutsEachSequenceInOneRunAndChangesNo
     const Index runs = paged.runs(), free_before = paged.free_blocks();
     std::vector<std::vector<float>> rows;
     for (const Index s : seqs) rows.push_back(rows_of(paged, s));
-    const std::vector<Index> shared_refs = {paged.ref_count(paged.block_table(f)[0])};
+    const Index shared_refs = paged.ref_count(paged.block_table(f)[0]);
     const auto q = attn::test::random_tensor<float, 4>({3, 4, 1, 40}, 41);
     Tensor<float, 4> before({3, 4, 1, 40}), after({3, 4, 1, 40});
     attn::Workspace ws;
@@ -221,18 +227,13 @@ TEST(PagedKVCache, CompactingAFragmentedPoolPutsEachSequenceInOneRunAndChangesNo
     EXPECT_LT(paged.runs(), runs);
     // b one run; a and its fork: the shared blocks one run, each one's own last block after
     // it or elsewhere (whichever of the two comes first in id order keeps its blocks together).
-    const auto runs_of = [](const std::vector<Index>& t) {
-      Index count = 0;
-      for (std::size_t i = 0; i < t.size(); ++i) count += i == 0 || t[i] != t[i - 1] + 1 ? 1 : 0;
-      return count;
-    };
     EXPECT_EQ(runs_of(paged.block_table(b)), 1);
     EXPECT_LE(runs_of(paged.block_table(a)), 2);
     EXPECT_LE(runs_of(paged.block_table(f)), 2);
     EXPECT_EQ(runs_of(paged.block_table(a)) + runs_of(paged.block_table(f)), 3);
     const std::vector<Index>& ft = paged.block_table(f);
     for (std::size_t i = 0; i + 1 < ft.size(); ++i) EXPECT_EQ(ft[i], paged.block_table(a)[i]);
-    EXPECT_EQ(paged.ref_count(ft[0]), shared_refs[0]);
+    EXPECT_EQ(paged.ref_count(ft[0]), shared_refs);
     for (std::size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(rows_of(paged, seqs[i]), rows[i]);
     attn::paged_attention(q.view(), paged, seqs, after.view(), ws);
     EXPECT_TRUE(ref::same_bits(after.view(), before.view()));

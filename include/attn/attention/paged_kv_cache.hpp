@@ -166,10 +166,8 @@ class PagedKVCache {
     storage_ = detail::AlignedBuffer<unsigned char>(static_cast<std::size_t>(total));
     std::fill_n(storage_.data(), total, static_cast<unsigned char>(0));
     refs_.assign(static_cast<std::size_t>(o_.num_blocks), 0);
-    // Every block free; the bits past N held, so that no free run reaches past the pool.
-    free_bits_.assign(static_cast<std::size_t>((o_.num_blocks + 63) / 64), ~std::uint64_t{0});
-    if (o_.num_blocks % 64 != 0) free_bits_.back() = (std::uint64_t{1} << o_.num_blocks % 64) - 1;
-    free_count_ = o_.num_blocks;
+    free_bits_.resize(static_cast<std::size_t>((o_.num_blocks + 63) / 64));
+    free_from(0);
   }
 
   // ---- sizes and state ----
@@ -354,10 +352,7 @@ class PagedKVCache {
         if (x.live && b >= 0) b = target[static_cast<std::size_t>(b)];
       }
     }
-    std::fill(free_bits_.begin(), free_bits_.end(), std::uint64_t{0});
-    for (Index b = held; b < n; ++b) {
-      free_bits_[static_cast<std::size_t>(b / 64)] |= std::uint64_t{1} << b % 64;
-    }
+    free_from(held);
   }
 
   // ---- writing ----
@@ -669,6 +664,15 @@ class PagedKVCache {
     --free_count_;
     refs_[static_cast<std::size_t>(n)] = 1;
     return n;
+  }
+  /// Blocks [first, N) free, the others held (the bits past N too, so that no free run
+  /// reaches past the pool).
+  void free_from(Index first) noexcept {
+    std::fill(free_bits_.begin(), free_bits_.end(), std::uint64_t{0});
+    for (Index b = first; b < o_.num_blocks; ++b) {
+      free_bits_[static_cast<std::size_t>(b / 64)] |= std::uint64_t{1} << b % 64;
+    }
+    free_count_ = o_.num_blocks - first;
   }
   void give_back(Index n) noexcept {
     free_bits_[static_cast<std::size_t>(n / 64)] |= std::uint64_t{1} << n % 64;

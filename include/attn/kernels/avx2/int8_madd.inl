@@ -13,6 +13,12 @@ inline __m256i int8_reduce_rows(__m256i a0, __m256i a1, __m256i a2, __m256i a3) 
   return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
 }
 
+/// 4 accumulators (8 lanes each) -> their 4 sums (int8_reduce_rows(), the two lanes added).
+inline __m128i int8_row_sums(const __m256i* a) noexcept {
+  const __m256i y = int8_reduce_rows(a[0], a[1], a[2], a[3]);
+  return _mm_add_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+}
+
 /// int8_key_scores() with AVX2's vpmaddubsw (no VNNI needed), exact, so the scalar loop's
 /// bits: 32 bytes at a time, |k| (unsigned) times q with k's sign (vpsignb), pairs summed
 /// into 16 bits (at most 2 * 128 * 127: the levels are within [-127, 127], a key byte of -128
@@ -107,9 +113,7 @@ inline bool int4_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.q + r * q.ld + b * kInt4Block));
         a[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x[i]), ones16);
       }
-      const __m256i sy = int8_reduce_rows(a[0], a[1], a[2], a[3]);
-      const __m128i eight_sums = _mm_slli_epi32(
-          _mm_add_epi32(_mm256_castsi256_si128(sy), _mm256_extracti128_si256(sy, 1)), 3);
+      const __m128i eight_sums = _mm_slli_epi32(int8_row_sums(a), 3);
       const Index scale_at = b * kInt4Block / group;
       const bool first = b == 0, last = b + 1 == blocks;
       for (Index j = 0; j < n; ++j) {
@@ -119,9 +123,7 @@ inline bool int4_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
             _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), low);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) a[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(v, x[i]), ones16);
-        const __m256i y = int8_reduce_rows(a[0], a[1], a[2], a[3]);
-        const __m128i dots = _mm_sub_epi32(
-            _mm_add_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1)), eight_sums);
+        const __m128i dots = _mm_sub_epi32(int8_row_sums(a), eight_sums);
         float* to = st + j * ld + r0;
         __m128 total = _mm_mul_ps(_mm_cvtepi32_ps(dots), _mm_set1_ps(ks[j * ks_rs + scale_at]));
         if (!first) total = _mm_add_ps(_mm_loadu_ps(to), total);

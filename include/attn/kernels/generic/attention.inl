@@ -42,22 +42,11 @@ bool rows_finite(const Scalar* v, Index v_rs, Index n, Index dv) noexcept {
 /// copies them to `clean` (n x d_v) with those rows zeroed.
 template <class Scalar>
 bool clean_values(const Scalar* v, Index v_rs, Index n, Index dv, Scalar* clean) noexcept {
-  using V = Vec<Scalar>;
-  constexpr Index W = V::kWidth;
-  const auto finite = [&](const Scalar* row) {  // x * 0 is 0 for finite x, NaN otherwise
-    auto t = V::zero();
-    Index e = 0;
-    for (; e + W <= dv; e += W) t = V::add(t, V::mul(V::load(row + e), V::zero()));
-    if (e < dv) t = V::add(t, V::mul(V::load_partial(row + e, dv - e), V::zero()));
-    return V::reduce_add(t) == Scalar(0);
-  };
-  Index first_bad = 0;
-  while (first_bad < n && finite(v + first_bad * v_rs)) ++first_bad;
-  if (first_bad == n) return false;
+  if (rows_finite(v, v_rs, n, dv)) return false;
   for (Index j = 0; j < n; ++j) {
     const Scalar* row = v + j * v_rs;
     Scalar* to = clean + j * dv;
-    if (j >= first_bad && !finite(row)) {
+    if (!rows_finite(row, v_rs, 1, dv)) {
       std::fill(to, to + dv, Scalar(0));
     } else {
       std::copy(row, row + dv, to);
@@ -698,12 +687,18 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // V's k-pairs for this tile (pass 5a): the call's (AttentionArgs::value_pairs) for a whole
     // tile every key of which some row needs, else packed here into vp; returns whether the
     // tile's first `need` rows hold a NaN or an infinity.
+    // This tile's index among those the call prepared (AttentionArgs::value_pairs_dirty: the
+    // driver prepares none for a ring's or stored rows), or -1: none, or not a whole tile.
+    const auto prepared_tile = [&]() -> Index {
+      if (p.value_pairs_dirty == nullptr || j0 % kKeyBlock != 0 || j0 + kKeyBlock > p.v.extent(2)) {
+        return -1;
+      }
+      return p.value_tiles_per_head * (task.b * p.k.extent(1) + task.kv_head) + j0 / kKeyBlock;
+    };
     const Scalar* vpairs = vp;
     const auto pack_values = [&](Index need) {
       if constexpr (kPairs) {
-        if (p.value_pairs != nullptr && j0 % kKeyBlock == 0 && need == kKeyBlock) {
-          const Index t =
-              p.value_tiles_per_head * (task.b * p.k.extent(1) + task.kv_head) + j0 / kKeyBlock;
+        if (const Index t = prepared_tile(); t >= 0 && need == kKeyBlock) {
           vpairs = p.value_pairs + t * (kKeyBlock / 2) * dv;
           return p.value_pairs_dirty[t] != 0;
         }
@@ -713,7 +708,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
         return false;
       }
     };
-    static_cast<void>(pack_values);
+    static_cast<void>(pack_values), static_cast<void>(prepared_tile);
     // pass 4: p^T = exp(s^T - shift), column sums into l (before dropout, which only
     // zeroes entries of the numerator), acc rows rescaled.
     // AMX and vdpbf16ps without dropout: the V tile packed first (pass 5a), and when it is
@@ -915,12 +910,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // (A whole tile the call's flags say holds no NaN and no infinity is not scanned again.)
     bool flagged_finite = false;
     if constexpr (!kReduced) {
-      if (p.value_pairs_dirty != nullptr && !stored && p.ring == 0 && j0 % kKeyBlock == 0 &&
-          j0 + kKeyBlock <= p.v.extent(2)) {
-        const Index t =
-            p.value_tiles_per_head * (task.b * p.k.extent(1) + task.kv_head) + j0 / kKeyBlock;
-        flagged_finite = p.value_pairs_dirty[t] == 0;
-      }
+      const Index t = prepared_tile();
+      flagged_finite = t >= 0 && p.value_pairs_dirty[t] == 0;
     }
     const bool dirty = !flagged_finite &&
                        (!stored || stored_may_be_nonfinite(p.stored.v.element)) &&
