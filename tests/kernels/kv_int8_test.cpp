@@ -180,16 +180,17 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
 }
 
 TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct) {
-  // Widths 40 (a partial block), 96, 128 (one 64-byte chunk) and 200 (two, the second
-  // partial); a scale per 32 elements, per 64, per 48 (blocks split between two scales: the
-  // scalar loop on every set) and per row; 5 query rows and 13 keys. Scores: each piece's
-  // exact integer dot product times its scale, added piece by piece in float, times the
-  // query's scale: that float computation's bits, on every set. Values: acc += P V over the int4
-  // rows against a double product to 1e-5 relative (float accumulation over 13 keys).
+  // Widths 40 (a partial block), 80 (two blocks and a half: the values' last 16 elements
+  // alone), 96, 128 (one 64-byte chunk) and 200 (two, the second partial); a scale per 32 elements,
+  // per 64, per 48 (blocks split between two scales: the scalar loop on every set) and per row; 5
+  // query rows and 13 keys. Scores: each piece's exact integer dot product times its scale, added
+  // piece by piece in float, times the query's scale: that float computation's bits, on every set.
+  // Values: acc += P V over the int4 rows against a double product to 1e-5 relative (float
+  // accumulation over 13 keys).
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const Index rows = 5, n = 13, ld = attn::detail::kQueryBlock, kBlock = attn::detail::kInt4Block;
-  for (const Index d : {Index(40), Index(96), Index(128), Index(200)}) {
+  for (const Index d : {Index(40), Index(80), Index(96), Index(128), Index(200)}) {
     for (const Index group : {Index(32), Index(64), Index(48), Index(0)}) {
       SCOPED_TRACE("d=" + std::to_string(d) + " group=" + std::to_string(group));
       const Index g = group > 0 ? group : d;

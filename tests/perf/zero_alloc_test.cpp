@@ -396,6 +396,52 @@ TEST(ZeroAllocation, DecodeStepsThroughQuantizedAndPagedCaches) {
   }
 }
 
+// A chunk of a chunked prefill (64 new tokens over a cache holding a prompt) through a float,
+// an int8 and a paged int4 cache: the same steady state as a decoding step.
+TEST(ZeroAllocation, PrefillChunksThroughCaches) {
+  attn::MultiHeadAttentionOptions o;
+  o.d_in = kDim;
+  o.num_heads = kHeads;
+  o.num_kv_heads = kHeads / 2;
+  o.causal = true;
+  o.rope = attn::RotaryOptions{kDim / kHeads, 0, 10000.0, attn::RopeStyle::kHalfSplit, 4096};
+  attn::manual_seed(1);
+  MultiHeadAttention<float> mha(o);
+  mha.eval();
+  mha.freeze();
+  const Index hd = kDim / kHeads, prompt = 700, chunk = 64;
+  const auto x = attn::test::random_tensor<float>(Shape<3>{kBatch, prompt, kDim}, 3);
+  const auto next = attn::test::random_tensor<float>(Shape<3>{kBatch, chunk, kDim}, 4);
+  Tensor<float, 3> y({kBatch, prompt, kDim}), out({kBatch, chunk, kDim});
+  attn::Workspace ws;
+  for (const attn::KVElement element : {attn::KVElement::kScalar, attn::KVElement::kInt8}) {
+    SCOPED_TRACE(std::string("contiguous ") + attn::kv_element_name(element));
+    attn::KVCacheOptions co;
+    co.batch = kBatch, co.num_kv_heads = kHeads / 2, co.head_dim = hd, co.capacity = 1024;
+    co.element = element;
+    attn::KVCache<float> cache(co);
+    mha.forward(x.view(), y.view(), ws, cache);
+    expect_steady_state_without_allocation([&] {
+      mha.forward(next.view(), out.view(), ws, cache);
+      for (Index b = 0; b < kBatch; ++b) cache.truncate(b, prompt);
+    });
+  }
+  {
+    SCOPED_TRACE("paged int4");
+    attn::PagedKVCacheOptions po;
+    po.num_blocks = 2 * kBatch * 1024 / 16, po.block_size = 16;
+    po.num_kv_heads = kHeads / 2, po.head_dim = hd, po.element = attn::KVElement::kInt4;
+    attn::PagedKVCache<float> cache(po);
+    std::vector<Index> seqs;
+    for (Index b = 0; b < kBatch; ++b) seqs.push_back(cache.add_sequence());
+    mha.forward(x.view(), y.view(), ws, cache, seqs);
+    expect_steady_state_without_allocation([&] {
+      mha.forward(next.view(), out.view(), ws, cache, seqs);
+      for (const Index s : seqs) cache.truncate(s, prompt);
+    });
+  }
+}
+
 TYPED_TEST(ZeroAllocation, MultiHeadCrossAttentionForwardWithMask) {
   using Scalar = TypeParam;
   attn::TorchGenerator gen(3);

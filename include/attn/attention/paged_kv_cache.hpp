@@ -621,7 +621,8 @@ class PagedKVCache {
   // ---- block placement (the class comment's "Placement") ----
   //
   // The free blocks are a bitmap. place() scans it only when the block after a sequence's
-  // last is held, O(N / 64 + the runs of free blocks): rarely, for sequences growing in runs.
+  // last is held, O(N / 64 + the runs of free blocks) at most, up to where no longer run can
+  // follow: rarely, for sequences growing in runs.
 
   bool is_free(Index n) const noexcept {
     return (free_bits_[static_cast<std::size_t>(n / 64)] >> (n % 64) & 1u) != 0;
@@ -650,7 +651,8 @@ class PagedKVCache {
   Index place(Index after) const noexcept {
     if (after >= 0 && after + 1 < o_.num_blocks && is_free(after + 1)) return after + 1;
     Index best = 0, longest = 0;
-    for (Index a = next_block(0, true); a < o_.num_blocks;) {
+    // (Stops once the blocks left to scan could not hold a longer run: the same choice.)
+    for (Index a = next_block(0, true); a < o_.num_blocks && o_.num_blocks - a > longest;) {
       const Index e = next_block(a, false);
       if (e - a > longest) best = a, longest = e - a;
       a = next_block(e, true);

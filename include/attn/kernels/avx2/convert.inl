@@ -222,11 +222,12 @@ inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k
 }
 
 /// The register block of the P V passes below: acc rows r0 .. r0 + 3 (row stride dv; rows past
-/// `rows` repeat the last, computed and not stored), elements e0 .. e0 + 15 += sum over keys
-/// j < n of weight(j, i) times key j's elements, which widen(j, x) puts in x[0..1] (8 each): 8
-/// accumulators in registers, each key's 4 weights broadcast, one pass over the keys.
+/// `rows` repeat the last, computed and not stored), elements e0 .. e0 + 7 and e1 .. e1 + 7 +=
+/// sum over keys j < n of weight(j, i) times key j's elements there, which widen(j, x) puts in
+/// x[0] and x[1]: 8 accumulators in registers, each key's 4 weights broadcast, one pass over
+/// the keys.
 template <class Weight, class Widen>
-inline void values_block(Index r0, Index rows, Index e0, Index n, Index dv, float* acc,
+inline void values_block(Index r0, Index rows, Index e0, Index e1, Index n, Index dv, float* acc,
                          Weight&& weight, Widen&& widen) noexcept {
   const Index nr = std::min<Index>(4, rows - r0);
   __m256 a[4][2];
@@ -234,7 +235,7 @@ inline void values_block(Index r0, Index rows, Index e0, Index n, Index dv, floa
   for (int i = 0; i < 4; ++i) {
     const Index r = std::min(r0 + i, rows - 1);  // a repeat past `rows`: not stored
     a[i][0] = _mm256_loadu_ps(acc + r * dv + e0);
-    a[i][1] = _mm256_loadu_ps(acc + r * dv + e0 + 8);
+    a[i][1] = _mm256_loadu_ps(acc + r * dv + e1);
   }
   for (Index j = 0; j < n; ++j) {
     __m256 x[2];
@@ -250,7 +251,7 @@ inline void values_block(Index r0, Index rows, Index e0, Index n, Index dv, floa
   for (int i = 0; i < 4; ++i) {  // (constant indices: a stays in registers)
     if (i < nr) {
       _mm256_storeu_ps(acc + (r0 + i) * dv + e0, a[i][0]);
-      _mm256_storeu_ps(acc + (r0 + i) * dv + e0 + 8, a[i][1]);
+      _mm256_storeu_ps(acc + (r0 + i) * dv + e1, a[i][1]);
     }
   }
 }
@@ -259,7 +260,13 @@ inline void values_block(Index r0, Index rows, Index e0, Index n, Index dv, floa
 /// vs[j][0]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
 /// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
 /// accumulated in float. 4 query rows x 16 elements per pass (values_block(); rows past `rows`
-/// weigh 0); value widths that are not a multiple of 16: false, nothing done.
+/// weigh 0): 8 from each half of the rows, so that the first pass over a tile's keys already
+/// asks for every cache line of their rows (at hd 128 a row is two lines; passes over one half
+/// at a time left the second lines' misses for the fifth pass, and the decode step read an
+/// int8 cache from memory at 0.85x the speed of the halves paired: B 1 L 16384 and B 8 L 4096,
+/// AVX2, Zen 3; software prefetches of the tile's rows did not recover it there). The same
+/// products in the same order per element: the same bits. Value widths that are not a
+/// multiple of 16: false, nothing done.
 inline bool int8_values_part(const unsigned char* const* v, const float* const* vs, Index n,
                              Index dv, const float* pt, Index ld, Index rows, float* acc) noexcept {
   if (dv % 16 != 0) return false;
@@ -270,15 +277,16 @@ inline bool int8_values_part(const unsigned char* const* v, const float* const* 
       const float scale = vs[j][0];
       for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
     }
-    for (Index e0 = 0; e0 < dv; e0 += 16) {
+    const Index half = dv / 2;
+    for (Index e0 = 0; e0 < half; e0 += 8) {
       values_block(
-          r0, rows, e0, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
+          r0, rows, e0, e0 + half, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
           [&](Index j, __m256* x) {
             const auto* row = v[j] + e0;
             x[0] = _mm256_cvtepi32_ps(
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row))));
-            x[1] = _mm256_cvtepi32_ps(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8))));
+            x[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + half))));
           });
     }
   }
@@ -288,12 +296,13 @@ inline bool int8_values_part(const unsigned char* const* v, const float* const* 
 /// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v[j], its scales,
 /// one per `group` elements, at vs[j]), P read transposed out of p^T (pt[j * ld + r]): each
 /// key's scale of a group folded into its weights (p * scale, one rounding, once per group),
-/// each 16 elements (a block's low or high nibbles) widened in registers to their exact levels
-/// q = nibble - 8, products accumulated in float (no float copy of the rows). 4 query rows x
-/// 16 elements per pass (values_block(); rows past `rows` weigh 0). Value widths that are not
-/// a multiple of 16, or blocks under two scales (group not a multiple of kInt4Block, smaller
-/// than the row): false, nothing done. (The scales folded into the weights, with no branch per
-/// row: 0.74x the instructions of scaling each level in registers, int4 decode P V at hd 128.)
+/// each 8 bytes' low and high nibbles (elements i and i + 16 of a block) widened in registers
+/// to their exact levels q = nibble - 8, products accumulated in float (no float copy of the
+/// rows). 4 query rows x 16 elements per pass (values_block(); rows past `rows` weigh 0). Value
+/// widths that are not a multiple of 16, or blocks under two scales (group not a multiple of
+/// kInt4Block, smaller than the row): false, nothing done. (The scales folded into the weights,
+/// with no branch per row: 0.74x the instructions of scaling each level in registers, int4 decode P
+/// V at hd 128.)
 inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
                              Index n, Index dv, const float* pt, Index ld, Index rows,
                              float* acc) noexcept {
@@ -303,7 +312,7 @@ inline bool int4_values_part(const unsigned char* const* v, const float* const* 
   alignas(32) float w[kKeyBlock * 4];
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const Index nr = std::min<Index>(4, rows - r0);
-    for (Index e0 = 0, s = -1; e0 < dv; e0 += 16) {
+    for (Index e0 = 0, s = -1; e0 < dv;) {
       if (e0 / group != s) {  // the weights of this group: p * its scale per key
         s = e0 / group;
         for (Index j = 0; j < n; ++j) {
@@ -311,20 +320,30 @@ inline bool int4_values_part(const unsigned char* const* v, const float* const* 
           for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
         }
       }
-      const int shift = e0 % kInt4Block == 0 ? 0 : 4;  // the block's low or high nibbles
       const Index offset = e0 / kInt4Block * kBlockBytes;
-      values_block(
-          r0, rows, e0, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
-          [&](Index j, __m256* x) {
-            const unsigned char* block = v[j] + offset;
+      const auto weight = [&](Index j, int i) { return w[j * 4 + i]; };
+      if (e0 + kInt4Block <= dv) {  // a whole block: each 8 bytes' low and high nibbles
+        for (Index c = 0; c < kBlockBytes; c += 8) {
+          values_block(
+              r0, rows, e0 + c, e0 + c + kBlockBytes, n, dv, acc, weight, [&](Index j, __m256* x) {
+                const __m256i b = _mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v[j] + offset + c)));
+                x[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, low), eight));
+                x[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
+              });
+        }
+        e0 += kInt4Block;
+      } else {  // the row's last 16 elements: the low nibbles of its last block's 16 bytes
+        values_block(r0, rows, e0, e0 + 8, n, dv, acc, weight, [&](Index j, __m256* x) {
 #pragma GCC unroll 2
-            for (int c = 0; c < 2; ++c) {
-              const __m256i b = _mm256_cvtepu8_epi32(
-                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8 * c)));
-              x[c] = _mm256_cvtepi32_ps(
-                  _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(b, shift), low), eight));
-            }
-          });
+          for (int c = 0; c < 2; ++c) {
+            const __m256i b = _mm256_cvtepu8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v[j] + offset + 8 * c)));
+            x[c] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, low), eight));
+          }
+        });
+        e0 += 16;
+      }
     }
   }
   return true;
