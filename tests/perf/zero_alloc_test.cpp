@@ -397,7 +397,8 @@ TEST(ZeroAllocation, DecodeStepsThroughQuantizedAndPagedCaches) {
 }
 
 // A chunk of a chunked prefill (64 new tokens over a cache holding a prompt) through a float,
-// an int8 and a paged int4 cache: the same steady state as a decoding step.
+// an int8 and a paged int4 cache, and a packed prefill of prompts of different lengths into a
+// float cache: the same steady state as a decoding step.
 TEST(ZeroAllocation, PrefillChunksThroughCaches) {
   attn::MultiHeadAttentionOptions o;
   o.d_in = kDim;
@@ -424,6 +425,17 @@ TEST(ZeroAllocation, PrefillChunksThroughCaches) {
     expect_steady_state_without_allocation([&] {
       mha.forward(next.view(), out.view(), ws, cache);
       for (Index b = 0; b < kBatch; ++b) cache.truncate(b, prompt);
+    });
+  }
+  {
+    SCOPED_TRACE("packed prompts of 40, 0 and 100 tokens into a float cache");
+    attn::KVCache<float> cache(3, kHeads / 2, hd, 1024);
+    const attn::PackedSequences packed(std::vector<Index>{0, 40, 40, 140});
+    const auto prompts = attn::test::random_tensor<float>(Shape<2>{140, kDim}, 5);
+    Tensor<float, 2> z({140, kDim});
+    expect_steady_state_without_allocation([&] {
+      mha.forward(prompts.view(), packed, z.view(), ws, cache);
+      for (Index b = 0; b < 3; ++b) cache.truncate(b, 0);
     });
   }
   {

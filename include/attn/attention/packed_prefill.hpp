@@ -9,7 +9,9 @@
 #pragma once
 
 #include <algorithm>
+#include <new>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attn/attention/cached_forward.hpp"
@@ -152,11 +154,12 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
   //    hd_v).
   const PackedPrefillRows<Scalar> rows = project_packed_prefill(core, x, out, ws);
   const AttentionOptions options = core.kernel_options({}, ws);  // one dropout call for the batch
-  // 3. Rounds of at most C tokens of each sequence.
-  std::vector<AttentionCall<compute_type_t<Scalar>, Scalar>> calls;
+  // 3. Rounds of at most C tokens of each sequence (their calls in the workspace's table).
+  using Call = AttentionCall<compute_type_t<Scalar>, Scalar>;
+  Call* const calls = std::get<0>(workspace_tables<Call>(ws, WorkspaceSlot::kCallTable, n));
   const Index chunk = cache.max_chunk(), longest = o.max_length();
   for (Index t0 = 0; t0 < longest; t0 += chunk) {
-    calls.clear();
+    Index count = 0;
     for (Index s = 0; s < n; ++s) {
       if (o.length(s) <= t0) continue;
       const Index t = std::min(chunk, o.length(s) - t0), r0 = o.begin(s) + t0;
@@ -167,11 +170,11 @@ void forward_packed_prefill(const AttentionCore<Scalar>& core, TensorView<const 
         KVCacheAccess::store_row(cache, row, s, part, h, first + i);
       });
       cache.advance(t, s, 1);
-      calls.push_back(cache_call<Scalar>(where, rows.query(r0, t), cache, rows.context(r0, t),
-                                         options, core.sliding_window(), s));
-      calls.back().dropout_item = s;
+      Call* const call = new (calls + count++) Call(cache_call<Scalar>(
+          where, rows.query(r0, t), cache, rows.context(r0, t), options, core.sliding_window(), s));
+      call->dropout_item = s;
     }
-    run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
+    run_attention(calls, count, ws);
   }
   // 4. The output projection.
   finish_step(core, rows.ctx, 1, total, out, ws);
