@@ -30,19 +30,20 @@ using attn::KVElement;
 struct Int8Kernels {
   Isa isa;
   void (*scores)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
-                 Index, Index, float*, Index);
+                 Index, Index, float*, Index, const attn::detail::KeyPrefetch&);
   bool (*quantize)(const float* const*, Index, Index, float, std::int8_t*, std::int32_t*, float*,
                    attn::detail::QuantizedQuery&);
   bool (*values)(const attn::detail::StoredRows&, Index, Index, Index, Index, Index, const float*,
                  Index, Index, float*);
   void (*int4_scores)(const attn::detail::StoredRows&, Index, Index, Index, Index,
-                      const attn::detail::QuantizedQuery&, float*, Index);
+                      const attn::detail::QuantizedQuery&, float*, Index,
+                      const attn::detail::StoredRows*, Index);
   bool (*int4_values)(const attn::detail::StoredRows&, Index, Index, Index, Index, Index,
                       const float*, Index, Index, float*);
   // The avx512 and avx2 sets' form on a CPU without AVX512-VNNI or AVX-VNNI (vpmaddwd),
   // tested on any CPU with AVX-512 or AVX2; null elsewhere.
   bool (*madd)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
-               Index, Index, float*, Index) = nullptr;
+               Index, Index, float*, Index, const attn::detail::KeyPrefetch&) = nullptr;
 };
 
 std::vector<Int8Kernels> int8_kernels() {
@@ -126,7 +127,10 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
       ASSERT_TRUE(quantized.by(set, q_rows, rows));
       const attn::detail::QuantizedQuery& qq = quantized.qq;
       std::vector<float> st(static_cast<std::size_t>(n * ld), -1.0f);
-      set.scores(qq, k.data(), d, ks.data(), 1, n, st.data(), ld);
+      // (Asking for rows ahead, here the keys' own, changes no bit.)
+      attn::detail::KeyPrefetch ahead;
+      ahead.k_bytes = d, ahead.v = k.data(), ahead.v_rs = d, ahead.v_bytes = d;
+      set.scores(qq, k.data(), d, ks.data(), 1, n, st.data(), ld, ahead);
       for (Index j = 0; j < n; ++j) {
         for (Index r = 0; r < rows; ++r) {
           double dot = 0;
@@ -146,7 +150,7 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
       EXPECT_EQ(got, first) << "scores differ from the first set's";
       if (set.madd != nullptr) {
         std::vector<float> madd(st.size(), -1.0f);
-        if (set.madd(qq, k.data(), d, ks.data(), 1, n, madd.data(), ld)) {
+        if (set.madd(qq, k.data(), d, ks.data(), 1, n, madd.data(), ld, ahead)) {
           for (Index j = 0; j < n; ++j) {
             for (Index r = 0; r < rows; ++r) {
               const auto at = static_cast<std::size_t>(j * ld + r);
@@ -217,7 +221,7 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
         ASSERT_TRUE(quantized.by(set, q_rows, rows));
         const attn::detail::QuantizedQuery& qq = quantized.qq;
         std::vector<float> st(static_cast<std::size_t>(n * ld), -1.0f);
-        set.int4_scores(stored, 0, 0, 0, n, qq, st.data(), ld);
+        set.int4_scores(stored, 0, 0, 0, n, qq, st.data(), ld, &stored, d);
         {
           for (Index j = 0; j < n; ++j) {
             const float one = 1.0f;

@@ -217,8 +217,8 @@ inline bool widen_int4_block(const unsigned char* src, float* dst, float scale) 
 /// int4_key_scores() with vpmaddubsw (int4_key_scores_madd()).
 inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index group, Index n, float* st,
-                                 Index ld) noexcept {
-  return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld);
+                                 Index ld, const KeyPrefetch& ahead) noexcept {
+  return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld, ahead);
 }
 
 /// The register block of the P V passes below: acc rows r0 .. r0 + 3 (row stride dv; rows past

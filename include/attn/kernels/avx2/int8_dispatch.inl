@@ -7,10 +7,10 @@
 /// int8_key_scores_avx_vnni()), else with vpmaddubsw (int8_key_scores_madd()): the same
 /// integers, so the same bits.
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
-                                 const float* ks, Index ks_rs, Index n, float* st,
-                                 Index ld) noexcept {
+                                 const float* ks, Index ks_rs, Index n, float* st, Index ld,
+                                 const KeyPrefetch& ahead) noexcept {
   if (q.width % 32 == 0 && detail::cpu_has_avx_vnni()) {
-    return int8_key_scores_avx_vnni(q, k, k_rs, ks, ks_rs, n, st, ld);
+    return int8_key_scores_avx_vnni(q, k, k_rs, ks, ks_rs, n, st, ld, ahead);
   }
-  return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
+  return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld, ahead);
 }

@@ -11,8 +11,8 @@
 /// q.rows repeat the last: stored in s^T's spare columns, never read), the products and
 /// roundings of int8_key_scores_madd().
 inline bool int8_key_scores_avx_vnni(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
-                                     const float* ks, Index ks_rs, Index n, float* st,
-                                     Index ld) noexcept {
+                                     const float* ks, Index ks_rs, Index n, float* st, Index ld,
+                                     const KeyPrefetch& ahead = KeyPrefetch()) noexcept {
   const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
@@ -21,6 +21,10 @@ inline bool int8_key_scores_avx_vnni(const QuantizedQuery& q, const unsigned cha
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(q.sums + r0)), 7);
     const __m256i bias = _mm256_set_m128i(sums, sums);
     for (Index j0 = 0; j0 < n; j0 += 2) {
+      if (r0 == 0) {  // the rows of `ahead`, as int8_key_scores_madd()
+        prefetch_for_key(ahead, k, k_rs, j0);
+        if (j0 + 1 < n) prefetch_for_key(ahead, k, k_rs, j0 + 1);
+      }
       __m256i y[2];
       float scale[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma GCC unroll 2

@@ -94,10 +94,11 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 }
 
 /// int8_key_scores() on AVX512-VNNI (see the file comment); on a CPU without it, with
-/// vpmaddubsw (int8_key_scores_madd(), the same bits).
+/// vpmaddubsw (int8_key_scores_madd(), the same bits). This set asks for no rows ahead (the
+/// KeyPrefetch plan is the AVX2 set's, measured there; this set's tile prefetches stay).
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
-                                 const float* ks, Index ks_rs, Index n, float* st,
-                                 Index ld) noexcept {
+                                 const float* ks, Index ks_rs, Index n, float* st, Index ld,
+                                 const KeyPrefetch&) noexcept {
   if (!detail::cpu_has_avx512_vnni()) return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
     switch (q.ld / 64) {
@@ -222,10 +223,10 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 /// The int4 scores on AVX512-VNNI (see above), for rows of up to 256 elements (2 chunks) whose
 /// blocks each lie under one scale (a group of whole blocks, or one scale per row); on a CPU
 /// without AVX512-VNNI or for longer rows, with vpmaddubsw (int4_key_scores_madd(), the same
-/// bits); otherwise false.
+/// bits); otherwise false. No rows asked for ahead (as int8_key_scores_part()).
 inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index group, Index n, float* st,
-                                 Index ld) noexcept {
+                                 Index ld, const KeyPrefetch&) noexcept {
   const Index chunks = (stored_row_bytes(KVElement::kInt4, q.width) + 63) / 64;
   if (group % kInt4Block != 0 && group < q.width) return false;
   if (!detail::cpu_has_avx512_vnni() || chunks > 2) {

@@ -501,10 +501,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
     const bool keys_in_place = stored && dot_rows && p.stored.k.element == KVElement::kScalar;
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
-      if (int4_keys) {
+      if (int4_keys) {  // (the value rows asked for as for int8 keys, below)
         prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
                              stored_row_bytes(p.stored.v.element, dv));
-        stored_int4_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
+        stored_int4_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld, &p.stored.v,
+                           dv);
       }
     }
     const bool scored = int8_keys || int4_keys;  // s^T already holds the tile's scores
@@ -530,10 +531,13 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // be mostly idle lanes.
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
       if (int8_keys) {
-        // The tile's value rows start arriving while its scores are computed.
+        // The tile's value rows start arriving while its scores are computed: asked for all
+        // at once here, and again key by key with the keys ahead inside the score pass
+        // (key_prefetch(): where the first requests are dropped, the second arrive).
         prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
                              stored_row_bytes(p.stored.v.element, dv));
-        stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld);
+        stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld, &p.stored.v,
+                           dv);
       }
     }
     if (keys_in_place) {

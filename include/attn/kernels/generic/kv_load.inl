@@ -159,15 +159,17 @@ inline void prefetch_paged_rows(const StoredRows& s, Index b, Index h, Index slo
 /// No vector form in this set (or not on this CPU): false.
 template <class Query>
 inline bool int8_key_scores_part(const Query&, const unsigned char*, Index, const float*, Index,
-                                 Index, float*, Index) noexcept {
+                                 Index, float*, Index, const KeyPrefetch&) noexcept {
   return false;
 }
 
 /// s^T rows of n int8 keys (key j at k + j * k_rs, its scale at ks[j * ks_rs]) against the
-/// query rows of q: st[j * ld + r] = float(q_r . k_j) * ks_j * q.scales[r], r < q.rows.
+/// query rows of q: st[j * ld + r] = float(q_r . k_j) * ks_j * q.scales[r], r < q.rows. The
+/// set's vector form asks for the rows of `ahead` as it goes.
 inline void int8_key_scores(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
-                            const float* ks, Index ks_rs, Index n, float* st, Index ld) noexcept {
-  if (int8_key_scores_part(q, k, k_rs, ks, ks_rs, n, st, ld)) return;
+                            const float* ks, Index ks_rs, Index n, float* st, Index ld,
+                            const KeyPrefetch& ahead = KeyPrefetch()) noexcept {
+  if (int8_key_scores_part(q, k, k_rs, ks, ks_rs, n, st, ld, ahead)) return;
   for (Index j = 0; j < n; ++j) {
     const auto* key = reinterpret_cast<const std::int8_t*>(k + j * k_rs);
     for (Index r = 0; r < q.rows; ++r) {
@@ -240,13 +242,16 @@ inline bool quantize_query(const float* const* rows_of, Index rows, Index d, flo
 }
 
 /// int8_key_scores() over the stored int8 keys slot .. slot + n - 1 of item b, head h, into
-/// st (row stride ld).
+/// st (row stride ld), asking for the keys ahead and for the same keys' rows of `values` (width
+/// dv; null: none) as it goes (key_prefetch()).
 inline void stored_int8_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
-                               const QuantizedQuery& q, float* st, Index ld) noexcept {
-  stored_runs(
-      s, b, h, slot, n, [&](const unsigned char* row, const float* scales, Index j0, Index run) {
-        int8_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, run, st + j0 * ld, ld);
-      });
+                               const QuantizedQuery& q, float* st, Index ld,
+                               const StoredRows* values = nullptr, Index dv = 0) noexcept {
+  stored_runs(s, b, h, slot, n,
+              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                int8_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, run, st + j0 * ld,
+                                ld, key_prefetch(s, values, b, h, slot + j0, q.width, dv));
+              });
 }
 
 // ---- int4 keys against the quantised query ----
@@ -262,16 +267,17 @@ inline void stored_int8_scores(const StoredRows& s, Index b, Index h, Index slot
 /// No vector form in this set (or not on this CPU, or for this width and group): false.
 template <class Query>
 inline bool int4_key_scores_part(const Query&, const unsigned char*, Index, const float*, Index,
-                                 Index, Index, float*, Index) noexcept {
+                                 Index, Index, float*, Index, const KeyPrefetch&) noexcept {
   return false;
 }
 
 /// s^T rows of n int4 keys (key j at k + j * k_rs, its scales, one per `group` elements, at
-/// ks + j * ks_rs) against the query rows of q (see above), st[j * ld + r], r < q.rows.
+/// ks + j * ks_rs) against the query rows of q (see above), st[j * ld + r], r < q.rows. The
+/// set's vector form asks for the rows of `ahead` as it goes.
 inline void int4_key_scores(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
-                            const float* ks, Index ks_rs, Index group, Index n, float* st,
-                            Index ld) noexcept {
-  if (int4_key_scores_part(q, k, k_rs, ks, ks_rs, group, n, st, ld)) return;
+                            const float* ks, Index ks_rs, Index group, Index n, float* st, Index ld,
+                            const KeyPrefetch& ahead = KeyPrefetch()) noexcept {
+  if (int4_key_scores_part(q, k, k_rs, ks, ks_rs, group, n, st, ld, ahead)) return;
   constexpr Index half = kInt4Block / 2;
   for (Index j = 0; j < n; ++j) {
     const unsigned char* key = k + j * k_rs;
@@ -297,14 +303,16 @@ inline void int4_key_scores(const QuantizedQuery& q, const unsigned char* k, Ind
 }
 
 /// int4_key_scores() over the stored int4 keys slot .. slot + n - 1 of item b, head h, into
-/// st (row stride ld).
+/// st (row stride ld), asking for the keys ahead and for the same keys' rows of `values` (width
+/// dv; null: none) as it goes (key_prefetch()).
 inline void stored_int4_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
-                               const QuantizedQuery& q, float* st, Index ld) noexcept {
-  stored_runs(s, b, h, slot, n,
-              [&](const unsigned char* row, const float* scales, Index j0, Index run) {
-                int4_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, s.group, run,
-                                st + j0 * ld, ld);
-              });
+                               const QuantizedQuery& q, float* st, Index ld,
+                               const StoredRows* values = nullptr, Index dv = 0) noexcept {
+  stored_runs(
+      s, b, h, slot, n, [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+        int4_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, s.group, run,
+                        st + j0 * ld, ld, key_prefetch(s, values, b, h, slot + j0, q.width, dv));
+      });
 }
 
 /// Whether stored rows of this kind may hold a NaN or an infinity (the float formats may;
