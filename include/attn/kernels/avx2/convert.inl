@@ -301,8 +301,8 @@ inline bool int8_values_part(const unsigned char* const* v, const float* const* 
 /// rows). 4 query rows x 16 elements per pass (values_block(); rows past `rows` weigh 0). Value
 /// widths that are not a multiple of 16, or blocks under two scales (group not a multiple of
 /// kInt4Block, smaller than the row): false, nothing done. (The scales folded into the weights,
-/// with no branch per row: 0.74x the instructions of scaling each level in registers, int4 decode P
-/// V at hd 128.)
+/// with no branch per row: 0.74x the instructions of scaling each level in registers, the int4
+/// decode's P V at hd 128.)
 inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
                              Index n, Index dv, const float* pt, Index ld, Index rows,
                              float* acc) noexcept {

@@ -533,7 +533,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (int8_keys) {
         // The tile's value rows start arriving while its scores are computed: asked for all
         // at once here, and again key by key with the keys ahead inside the score pass
-        // (key_prefetch(): where the first requests are dropped, the second arrive).
+        // (key_prefetch(); on Zen 3 only the requests spread key by key brought them in time).
         prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
                              stored_row_bytes(p.stored.v.element, dv));
         stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld, &p.stored.v,
