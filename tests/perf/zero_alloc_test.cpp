@@ -347,12 +347,8 @@ TYPED_TEST(ZeroAllocation, DecodeStepThroughAKeyValueCache) {
   }
 }
 
-// Decoding steps through caches of quantised rows (int8, int4: the query quantised and the
-// rows read in place) and through a paged cache (float and int4 rows, two sequences read
-// through their block tables), float: each step appends a token, then the cache is truncated
-// back, so that every call meets the same cache (a step that takes a new block may grow that
-// sequence's table).
-TEST(ZeroAllocation, DecodeStepsThroughQuantizedAndPagedCaches) {
+/// The float module of the cache tests below: GQA (H_kv = H / 2), causal, RoPE, frozen.
+MultiHeadAttention<float> frozen_gqa_module() {
   attn::MultiHeadAttentionOptions o;
   o.d_in = kDim;
   o.num_heads = kHeads;
@@ -363,95 +359,81 @@ TEST(ZeroAllocation, DecodeStepsThroughQuantizedAndPagedCaches) {
   MultiHeadAttention<float> mha(o);
   mha.eval();
   mha.freeze();
-  const Index hd = kDim / kHeads, prompt = 1030;
-  const auto x = attn::test::random_tensor<float>(Shape<3>{kBatch, prompt, kDim}, 3);
-  const auto token = attn::test::random_tensor<float>(Shape<3>{kBatch, 1, kDim}, 4);
-  Tensor<float, 3> y({kBatch, prompt, kDim}), out({kBatch, 1, kDim});
+  return mha;
+}
+
+/// Steps of `step` (B, T, D) through caches holding the prompt x (B, L, D), each cache of room
+/// `capacity`: a KVCache of each element type in `contiguous`, a PagedKVCache (16-token blocks,
+/// B sequences read through their block tables) of each in `paged`. Each step appends T tokens,
+/// then the cache is truncated back, so that every call meets the same cache (a step that
+/// takes a new block may grow that sequence's table).
+void expect_cache_steps_without_allocation(const MultiHeadAttention<float>& mha,
+                                           const Tensor<float, 3>& x, const Tensor<float, 3>& step,
+                                           Index capacity,
+                                           std::initializer_list<attn::KVElement> contiguous,
+                                           std::initializer_list<attn::KVElement> paged) {
+  const Index hd = kDim / kHeads, prompt = x.extent(1);
+  Tensor<float, 3> y({kBatch, prompt, kDim}), out({kBatch, step.extent(1), kDim});
   attn::Workspace ws;
-  for (const attn::KVElement element : {attn::KVElement::kInt8, attn::KVElement::kInt4}) {
+  for (const attn::KVElement element : contiguous) {
     SCOPED_TRACE(std::string("contiguous ") + attn::kv_element_name(element));
     attn::KVCacheOptions co;
-    co.batch = kBatch, co.num_kv_heads = kHeads / 2, co.head_dim = hd, co.capacity = 2048;
+    co.batch = kBatch, co.num_kv_heads = kHeads / 2, co.head_dim = hd, co.capacity = capacity;
     co.element = element;
     attn::KVCache<float> cache(co);
     mha.forward(x.view(), y.view(), ws, cache);
     expect_steady_state_without_allocation([&] {
-      mha.forward(token.view(), out.view(), ws, cache);
+      mha.forward(step.view(), out.view(), ws, cache);
       for (Index b = 0; b < kBatch; ++b) cache.truncate(b, prompt);
     });
   }
-  for (const attn::KVElement element : {attn::KVElement::kScalar, attn::KVElement::kInt4}) {
+  for (const attn::KVElement element : paged) {
     SCOPED_TRACE(std::string("paged ") + attn::kv_element_name(element));
     attn::PagedKVCacheOptions po;
-    po.num_blocks = 2 * kBatch * 2048 / 16, po.block_size = 16;
+    po.num_blocks = 2 * kBatch * capacity / 16, po.block_size = 16;
     po.num_kv_heads = kHeads / 2, po.head_dim = hd, po.element = element;
     attn::PagedKVCache<float> cache(po);
     std::vector<Index> seqs;
     for (Index b = 0; b < kBatch; ++b) seqs.push_back(cache.add_sequence());
     mha.forward(x.view(), y.view(), ws, cache, seqs);
     expect_steady_state_without_allocation([&] {
-      mha.forward(token.view(), out.view(), ws, cache, seqs);
+      mha.forward(step.view(), out.view(), ws, cache, seqs);
       for (const Index s : seqs) cache.truncate(s, prompt);
     });
   }
 }
 
-// A chunk of a chunked prefill (64 new tokens over a cache holding a prompt) through a float,
-// an int8 and a paged int4 cache, and a packed prefill of prompts of different lengths into a
-// float cache: the same steady state as a decoding step.
+// Decoding steps through caches of quantised rows (int8, int4: the query quantised and the
+// rows read in place) and through paged caches (float and int4 rows).
+TEST(ZeroAllocation, DecodeStepsThroughQuantizedAndPagedCaches) {
+  const MultiHeadAttention<float> mha = frozen_gqa_module();
+  const auto x = attn::test::random_tensor<float>(Shape<3>{kBatch, 1030, kDim}, 3);
+  const auto token = attn::test::random_tensor<float>(Shape<3>{kBatch, 1, kDim}, 4);
+  expect_cache_steps_without_allocation(mha, x, token, 2048,
+                                        {attn::KVElement::kInt8, attn::KVElement::kInt4},
+                                        {attn::KVElement::kScalar, attn::KVElement::kInt4});
+}
+
+// Chunks of a chunked prefill (64 new tokens over a prompt) through a float, an int8 and a
+// paged int4 cache, and a packed prefill of prompts of different lengths into a float cache:
+// the same steady state as a decoding step.
 TEST(ZeroAllocation, PrefillChunksThroughCaches) {
-  attn::MultiHeadAttentionOptions o;
-  o.d_in = kDim;
-  o.num_heads = kHeads;
-  o.num_kv_heads = kHeads / 2;
-  o.causal = true;
-  o.rope = attn::RotaryOptions{kDim / kHeads, 0, 10000.0, attn::RopeStyle::kHalfSplit, 4096};
-  attn::manual_seed(1);
-  MultiHeadAttention<float> mha(o);
-  mha.eval();
-  mha.freeze();
-  const Index hd = kDim / kHeads, prompt = 700, chunk = 64;
-  const auto x = attn::test::random_tensor<float>(Shape<3>{kBatch, prompt, kDim}, 3);
-  const auto next = attn::test::random_tensor<float>(Shape<3>{kBatch, chunk, kDim}, 4);
-  Tensor<float, 3> y({kBatch, prompt, kDim}), out({kBatch, chunk, kDim});
+  const MultiHeadAttention<float> mha = frozen_gqa_module();
+  const auto x = attn::test::random_tensor<float>(Shape<3>{kBatch, 700, kDim}, 3);
+  const auto chunk = attn::test::random_tensor<float>(Shape<3>{kBatch, 64, kDim}, 4);
+  expect_cache_steps_without_allocation(mha, x, chunk, 1024,
+                                        {attn::KVElement::kScalar, attn::KVElement::kInt8},
+                                        {attn::KVElement::kInt4});
+  SCOPED_TRACE("packed prompts of 40, 0 and 100 tokens into a float cache");
+  attn::KVCache<float> cache(3, kHeads / 2, kDim / kHeads, 1024);
+  const attn::PackedSequences packed(std::vector<Index>{0, 40, 40, 140});
+  const auto prompts = attn::test::random_tensor<float>(Shape<2>{140, kDim}, 5);
+  Tensor<float, 2> out({140, kDim});
   attn::Workspace ws;
-  for (const attn::KVElement element : {attn::KVElement::kScalar, attn::KVElement::kInt8}) {
-    SCOPED_TRACE(std::string("contiguous ") + attn::kv_element_name(element));
-    attn::KVCacheOptions co;
-    co.batch = kBatch, co.num_kv_heads = kHeads / 2, co.head_dim = hd, co.capacity = 1024;
-    co.element = element;
-    attn::KVCache<float> cache(co);
-    mha.forward(x.view(), y.view(), ws, cache);
-    expect_steady_state_without_allocation([&] {
-      mha.forward(next.view(), out.view(), ws, cache);
-      for (Index b = 0; b < kBatch; ++b) cache.truncate(b, prompt);
-    });
-  }
-  {
-    SCOPED_TRACE("packed prompts of 40, 0 and 100 tokens into a float cache");
-    attn::KVCache<float> cache(3, kHeads / 2, hd, 1024);
-    const attn::PackedSequences packed(std::vector<Index>{0, 40, 40, 140});
-    const auto prompts = attn::test::random_tensor<float>(Shape<2>{140, kDim}, 5);
-    Tensor<float, 2> z({140, kDim});
-    expect_steady_state_without_allocation([&] {
-      mha.forward(prompts.view(), packed, z.view(), ws, cache);
-      for (Index b = 0; b < 3; ++b) cache.truncate(b, 0);
-    });
-  }
-  {
-    SCOPED_TRACE("paged int4");
-    attn::PagedKVCacheOptions po;
-    po.num_blocks = 2 * kBatch * 1024 / 16, po.block_size = 16;
-    po.num_kv_heads = kHeads / 2, po.head_dim = hd, po.element = attn::KVElement::kInt4;
-    attn::PagedKVCache<float> cache(po);
-    std::vector<Index> seqs;
-    for (Index b = 0; b < kBatch; ++b) seqs.push_back(cache.add_sequence());
-    mha.forward(x.view(), y.view(), ws, cache, seqs);
-    expect_steady_state_without_allocation([&] {
-      mha.forward(next.view(), out.view(), ws, cache, seqs);
-      for (const Index s : seqs) cache.truncate(s, prompt);
-    });
-  }
+  expect_steady_state_without_allocation([&] {
+    mha.forward(prompts.view(), packed, out.view(), ws, cache);
+    for (Index b = 0; b < 3; ++b) cache.truncate(b, 0);
+  });
 }
 
 TYPED_TEST(ZeroAllocation, MultiHeadCrossAttentionForwardWithMask) {
