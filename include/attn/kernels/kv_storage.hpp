@@ -153,25 +153,31 @@ struct KeyPrefetch {
 /// B 1 L 16384 on Zen 3); 8, 16 and 32 keys measured alike, within that machine's noise.
 inline constexpr Index kKeysAhead = 16;
 
-/// The requests of `ahead` for key j of a pass over the key rows at k (row stride k_rs), a few
-/// lines per key: a whole tile's value rows asked for at once were measured no faster than none
-/// on Zen 3 (presumably dropped once the core's misses in flight fill its buffers).
-inline void prefetch_for_key(const KeyPrefetch& ahead, const unsigned char* k, Index k_rs,
-                             Index j) noexcept {
+/// Asks for the 64-byte lines of `bytes` bytes from `address` (an integer address: it may lie
+/// in memory the caller does not read; a prefetch never faults) to be brought into the cache.
+inline void prefetch_lines(std::uintptr_t address, Index bytes) noexcept {
 #if defined(__GNUC__)
-  // (The row ahead as an integer address: it may lie past the run, in memory this pass does not
-  // read; a prefetch never faults.)
-  const std::uintptr_t key =
-      reinterpret_cast<std::uintptr_t>(k) + static_cast<std::uintptr_t>((j + kKeysAhead) * k_rs);
-  for (Index o = 0; o < ahead.k_bytes; o += 64) {
-    __builtin_prefetch(reinterpret_cast<const void*>(key + static_cast<std::uintptr_t>(o)), 0, 3);
-  }
-  for (Index o = 0; ahead.v != nullptr && o < ahead.v_bytes; o += 64) {
-    __builtin_prefetch(ahead.v + j * ahead.v_rs + o, 0, 3);
+  for (Index o = 0; o < bytes; o += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(address + static_cast<std::uintptr_t>(o)), 0,
+                       3);
   }
 #else
-  static_cast<void>(ahead), static_cast<void>(k), static_cast<void>(k_rs), static_cast<void>(j);
+  static_cast<void>(address), static_cast<void>(bytes);
 #endif
+}
+
+/// The requests of `ahead` for key j of a pass over the key rows at k (row stride k_rs), a few
+/// lines per key: a whole tile's value rows asked for at once were measured no faster than none
+/// on Zen 3 (presumably dropped once the core's misses in flight fill its buffers). The row
+/// ahead may lie past the run.
+inline void prefetch_for_key(const KeyPrefetch& ahead, const unsigned char* k, Index k_rs,
+                             Index j) noexcept {
+  prefetch_lines(
+      reinterpret_cast<std::uintptr_t>(k) + static_cast<std::uintptr_t>((j + kKeysAhead) * k_rs),
+      ahead.k_bytes);
+  if (ahead.v != nullptr) {
+    prefetch_lines(reinterpret_cast<std::uintptr_t>(ahead.v + j * ahead.v_rs), ahead.v_bytes);
+  }
 }
 
 /// The plan for a score pass over a run of stored keys from slot `slot` of item b, head h of

@@ -114,23 +114,16 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
 /// reads each stored row once, and the next tile's rows arrive while this tile computes.
 inline void prefetch_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
                                  Index bytes) noexcept {
-#if defined(__GNUC__)
   stored_runs(s, b, h, slot, n,
               [&](const unsigned char* row, const float* scales, Index, Index run) {
                 for (Index r = 0; r < run; ++r) {
-                  for (Index o = 0; o < bytes; o += 64)
-                    __builtin_prefetch(row + r * s.row_stride + o, 0, 3);
+                  prefetch_lines(reinterpret_cast<std::uintptr_t>(row + r * s.row_stride), bytes);
                 }
-                const auto* first = reinterpret_cast<const unsigned char*>(scales);
-                const Index scale_bytes = run * s.scale_row_stride * Index(sizeof(float));
-                for (Index o = 0; scales != nullptr && o < scale_bytes; o += 64) {
-                  __builtin_prefetch(first + o, 0, 3);
+                if (scales != nullptr) {
+                  prefetch_lines(reinterpret_cast<std::uintptr_t>(scales),
+                                 run * s.scale_row_stride * Index(sizeof(float)));
                 }
               });
-#else
-  static_cast<void>(s), static_cast<void>(b), static_cast<void>(h), static_cast<void>(slot);
-  static_cast<void>(n), static_cast<void>(bytes);
-#endif
 }
 
 /// prefetch_stored_rows() for paged rows (of `width` elements) only: a sequence's blocks
