@@ -298,8 +298,8 @@ struct GemmPlan {
   const Scalar* bias = nullptr;
   const PackedGemmB<Operand>* pre = nullptr;  // B packed for this kernel set, or null
   // gemm_nt_rounded()'s C, an Operand twin of out's memory (the same offsets from its start):
-  // the AMX path rounds its final sums into it instead of writing them to out (the other
-  // paths ignore it; gemm_nt_rounded() then rounds out).
+  // every path rounds the final sums into it as it makes them (gemm_task()); out then holds
+  // no final sums, only earlier depth blocks' partial ones.
   Operand* rounded = nullptr;
   bool stream = false;  // AMX: C written with non-temporal stores (run_gemm() says when)
   Index pre_offset = 0;

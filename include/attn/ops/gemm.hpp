@@ -94,8 +94,6 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
   constexpr bool kWiden = !std::is_same_v<Operand, Scalar>;
   g.path = gemm_path<Operand>();
   const bool amx = g.path == Bf16Path::kAmx;
-  // Only the avx512 set's AMX path rounds into g.rounded itself (see GemmPlan).
-  if (!(amx && isa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>)) g.rounded = nullptr;
   // An AMX product's C of 8 MiB or more (twice the L2 of both cores of this Emerald Rapids
   // VM together, so no core keeps it for the next product) goes to memory with non-temporal
   // stores, which skip reading each line first. Measured (one thread, W packed, C float,
@@ -204,12 +202,12 @@ void gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Opera
 /// float16 module's projections): the bias (n) widened to float, the products and sums in
 /// float as gemm_nt() computes them, each result rounded once, to nearest even, into C. The
 /// float results go through `layout(float*)`, a GemmOutput over m n contiguous floats
-/// (row-major with ldc n, or head-major), into the workspace's kWideOutput slot; C is that
-/// block's Operand twin, rounded in order on the active kernel set (the same bits on every
-/// set). The AMX path rounds each result into C as it stores it (the same bits), so C's
-/// floats are neither written nor read back: for B 8, T 512, E 512's Q/K/V projection that
-/// saves 25 MB of stores and their reading. C must not overlap A, B or the bias (it may be
-/// written while they are read).
+/// (row-major with ldc n, or head-major), into the workspace's kWideOutput slot, of which C
+/// is the Operand twin. Every path rounds each result into C as it makes it (the same bits on
+/// every set and path), so the floats of a product of one depth block are neither written nor
+/// read back (for B 8, T 512, E 512's Q/K/V projection: 25 MB of stores and their reading);
+/// deeper products keep their partial sums there. C must not overlap A, B or the bias (it may
+/// be written while they are read).
 template <class Operand, class Layout>
 void gemm_nt_rounded(Index m, Index n, Index k, const Operand* a, Index lda, const Operand* b,
                      Index ldb, Operand* c, Layout layout, const Operand* bias,
