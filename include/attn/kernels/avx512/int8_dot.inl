@@ -40,7 +40,7 @@ inline __m512i int8_reduce_keys(__m512i y0, __m512i y1, __m512i y2, __m512i y3) 
 template <int Chunks>
 inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsigned char* k,
                                   Index k_rs, const float* ks, Index ks_rs, Index n, float* st,
-                                  Index ld) noexcept {
+                                  Index ld, const KeyPrefetch& ahead) noexcept {
   const Index chunks = Chunks > 0 ? Chunks : q.ld / 64;
   const Index tail = q.width - (chunks - 1) * 64;  // bytes of the last chunk
   const __mmask64 last = tail >= 64 ? ~__mmask64(0) : (__mmask64(1) << tail) - 1;
@@ -61,6 +61,7 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
+      if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, k, k_rs, j);
       const unsigned char* key = k + j * k_rs;
       scale[t] = ks[j * ks_rs];
       __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
@@ -94,22 +95,24 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 }
 
 /// int8_key_scores() on AVX512-VNNI (see the file comment); on a CPU without it, with
-/// vpmaddubsw (int8_key_scores_madd(), the same bits). This set asks for no rows ahead (the
-/// KeyPrefetch plan is the AVX2 set's, measured there; this set's tile prefetches stay).
+/// vpmaddubsw (int8_key_scores_madd(), the same bits). Both ask for the rows of `ahead` key by
+/// key (prefetch_for_key()) in their first 4 query rows' pass.
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index n, float* st, Index ld,
-                                 const KeyPrefetch&) noexcept {
-  if (!detail::cpu_has_avx512_vnni()) return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld);
+                                 const KeyPrefetch& ahead) noexcept {
+  if (!detail::cpu_has_avx512_vnni()) {
+    return int8_key_scores_madd(q, k, k_rs, ks, ks_rs, n, st, ld, ahead);
+  }
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
     switch (q.ld / 64) {
       case 1:
-        int8_scores_vnni_rows<1>(q, r0, k, k_rs, ks, ks_rs, n, st, ld);
+        int8_scores_vnni_rows<1>(q, r0, k, k_rs, ks, ks_rs, n, st, ld, ahead);
         break;
       case 2:
-        int8_scores_vnni_rows<2>(q, r0, k, k_rs, ks, ks_rs, n, st, ld);
+        int8_scores_vnni_rows<2>(q, r0, k, k_rs, ks, ks_rs, n, st, ld, ahead);
         break;
       default:
-        int8_scores_vnni_rows<0>(q, r0, k, k_rs, ks, ks_rs, n, st, ld);
+        int8_scores_vnni_rows<0>(q, r0, k, k_rs, ks, ks_rs, n, st, ld, ahead);
         break;
     }
   }
@@ -132,7 +135,7 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
 template <int Chunks>
 inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsigned char* k,
                                   Index k_rs, const float* ks, Index ks_rs, Index group, Index n,
-                                  float* st, Index ld) noexcept {
+                                  float* st, Index ld, const KeyPrefetch& ahead) noexcept {
   const Index row_bytes = stored_row_bytes(KVElement::kInt4, q.width);
   const Index blocks = row_bytes / (kInt4Block / 2);
   const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
@@ -172,6 +175,7 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
+      if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, k, k_rs, j);
       const unsigned char* key = k + j * k_rs;
       const float* scales = ks + j * ks_rs;
 #pragma GCC unroll 2
@@ -223,20 +227,20 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 /// The int4 scores on AVX512-VNNI (see above), for rows of up to 256 elements (2 chunks) whose
 /// blocks each lie under one scale (a group of whole blocks, or one scale per row); on a CPU
 /// without AVX512-VNNI or for longer rows, with vpmaddubsw (int4_key_scores_madd(), the same
-/// bits); otherwise false. No rows asked for ahead (as int8_key_scores_part()).
+/// bits); otherwise false. Rows asked for ahead as int8_key_scores_part() asks.
 inline bool int4_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index group, Index n, float* st,
-                                 Index ld, const KeyPrefetch&) noexcept {
+                                 Index ld, const KeyPrefetch& ahead) noexcept {
   const Index chunks = (stored_row_bytes(KVElement::kInt4, q.width) + 63) / 64;
   if (group % kInt4Block != 0 && group < q.width) return false;
   if (!detail::cpu_has_avx512_vnni() || chunks > 2) {
-    return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld);
+    return int4_key_scores_madd(q, k, k_rs, ks, ks_rs, group, n, st, ld, ahead);
   }
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
     if (chunks == 1) {
-      int4_scores_vnni_rows<1>(q, r0, k, k_rs, ks, ks_rs, group, n, st, ld);
+      int4_scores_vnni_rows<1>(q, r0, k, k_rs, ks, ks_rs, group, n, st, ld, ahead);
     } else {
-      int4_scores_vnni_rows<2>(q, r0, k, k_rs, ks, ks_rs, group, n, st, ld);
+      int4_scores_vnni_rows<2>(q, r0, k, k_rs, ks, ks_rs, group, n, st, ld, ahead);
     }
   }
   return true;

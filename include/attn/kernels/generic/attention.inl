@@ -510,13 +510,24 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     }
     const bool scored = int8_keys || int4_keys;  // s^T already holds the tile's scores
     if (stored && !scored && !keys_in_place) {
-      load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load);
+      load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load, &p.stored.v, dv);
     }
-    // pass 0 (storage types, widening): the K tile (width, d) widened into kw.
+    // pass 0 (storage types, widening): the K tile (width, d) widened into kw, asking for the
+    // keys kKeysAhead ahead and the same keys' value rows as it goes (prefetch_for_key(); a
+    // bfloat16 module's decode step took 1.07x the time without at B 1 L 8192 on Zen 5).
     const Scalar* kt = nullptr;
     Index kt_rs = k_rs;
     if constexpr (kReduced) {
+      KeyPrefetch ahead;
+      if (!gathered) {
+        constexpr Index kBytes = Index(sizeof(Operand));
+        ahead.k_bytes = d * kBytes;
+        ahead.v = reinterpret_cast<const unsigned char*>(v_tile);
+        ahead.v_rs = v_rs * kBytes, ahead.v_bytes = dv * kBytes;
+      }
       for (Index j = 0; j < (pairs ? 0 : width); ++j) {
+        prefetch_for_key(ahead, reinterpret_cast<const unsigned char*>(k_tile),
+                         k_rs * Index(sizeof(Operand)), j);
         convert_row(k_tile + j * k_rs, kw + j * d, d);
       }
       kt = kw, kt_rs = d;

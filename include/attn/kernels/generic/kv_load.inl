@@ -47,10 +47,13 @@ void stored_runs(const StoredRows& s, Index b, Index h, Index slot, Index n, Fn&
 /// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside; paged
 /// rows may cross blocks), each `width` elements, dequantised into out (n, width) (row
 /// stride width): q times its scale, one rounding (the int8 and int4 levels are exact in
-/// Scalar); Scalar rows copied.
+/// Scalar); Scalar rows copied. Asks for the rows kKeysAhead ahead and for the same rows of
+/// `values` (width dv; null: none) as it goes (key_prefetch(), as the int8 score passes ask:
+/// without, a decode step's attention over a bfloat16 cache waited on these loads, 1.3x the
+/// time at B 1 L 8192 on Zen 5).
 template <class Scalar>
 void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n, Index width,
-                      Scalar* out) noexcept {
+                      Scalar* out, const StoredRows* values = nullptr, Index dv = 0) noexcept {
   constexpr Index half = kInt4Block / 2;
   const auto load = [&](const unsigned char* row, const float* scales, Scalar* o) {
     switch (s.element) {
@@ -101,7 +104,15 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
   };
   stored_runs(s, b, h, slot, n,
               [&](const unsigned char* row, const float* scales, Index j0, Index run) {
+                KeyPrefetch ahead = key_prefetch(s, values, b, h, slot + j0, width, dv);
+                // (paged Scalar rows: their whole rows)
+                const Index scalar = Index(sizeof(Scalar));
+                if (s.element == KVElement::kScalar) ahead.k_bytes = width * scalar;
+                if (values != nullptr && values->element == KVElement::kScalar) {
+                  ahead.v_bytes = dv * scalar;
+                }
                 for (Index r = 0; r < run; ++r) {
+                  prefetch_for_key(ahead, row, s.row_stride, r);
                   load(row + r * s.row_stride,
                        scales != nullptr ? scales + r * s.scale_row_stride : nullptr,
                        out + (j0 + r) * width);
