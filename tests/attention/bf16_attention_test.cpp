@@ -143,6 +143,9 @@ const Case kCases[] = {
     {1, 1, 1, 150, 150, 64, 64, MaskKind::kWindow},       // causal sliding window
     {1, 2, 2, 9, 31, 7, 5, MaskKind::kCausal},            // d, d_v odd and under a tile
     {2, 4, 2, 130, 260, 64, 64, MaskKind::kNone},         // V's whole tiles packed per call
+    {2, 8, 2, 1, 300, 24, 20, MaskKind::kPadding},        // a decode step: 4 grouped heads, 3
+                                                          // tiles, d, d_v not multiples of 16
+    {1, 2, 1, 2, 140, 136, 72, MaskKind::kBottomRight},   // 2 heads x 2 rows, d % 16 = 8
 };
 
 struct Inputs {
@@ -330,6 +333,31 @@ TEST_F(StorageAttention, NonFiniteValuesOnlyWhereSeen) {
     attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), out.view(), mask);
     EXPECT_TRUE(near<bfloat16>(out.view(), expected.output.view(), 100));
     EXPECT_FALSE(std::isfinite(static_cast<float>(out(0, 0, 100, 7))));
+  });
+}
+
+// The same in a decode step (4 grouped heads, one query each, whose K and V rows are widened
+// in registers where the set can): a value row holding an infinity that the mask hides leaves
+// the outputs as the reference's; seen, it makes its element of every output non-finite.
+TEST_F(StorageAttention, NonFiniteValuesOnlyWhereSeenInADecodeStep) {
+  const auto q = random_rounded<bfloat16>({1, 4, 1, 64}, 4);
+  const auto k = random_rounded<bfloat16>({1, 1, 130, 64}, 5);
+  auto v = random_rounded<bfloat16>({1, 1, 130, 64}, 6);
+  Tensor<bool, 2> padding({1, 130}, false);
+  padding(0, 100) = true;
+  ref::DenseMask dense(1, 4, 1, 130);
+  dense.key_padding(padding.view());
+  const auto expected = ref::attention(q.view(), ref::repeat_kv(k.view(), 4).view(),
+                                       ref::repeat_kv(v.view(), 4).view(), dense, 0.125L);
+  v(0, 0, 100, 7) = bfloat16(std::numeric_limits<float>::infinity());
+  AttentionMask<float> hidden;
+  hidden.key_padding(padding);
+  for_each_path<bfloat16>([&] {
+    Tensor<bfloat16, 4> out({1, 4, 1, 64});
+    attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), out.view(), hidden);
+    EXPECT_TRUE(near<bfloat16>(out.view(), expected.output.view()));
+    attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), out.view());
+    for (Index h = 0; h < 4; ++h) EXPECT_FALSE(std::isfinite(static_cast<float>(out(0, h, 0, 7))));
   });
 }
 

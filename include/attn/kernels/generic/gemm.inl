@@ -253,7 +253,7 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
   // 0.35 with C float, against 0.33 and 0.26-0.34 with a block as wide as the column tile.
   Scalar* c_buffer = amx ? a_buffer + g.block_rows * g.depth_block : nullptr;
   const Index c_ld = group_cols + 16, c_slot = g.block_rows * c_ld;
-  Index slot = 0;  // the slot the next group's tiles fill
+  Index slot = 0;            // the slot the next group's tiles fill
   Scalar* crow[kMicroRows];  // the micro-tile's rows, as its kernel writes them
   Scalar* c_at[kMicroRows];  // the same rows in C
   alignas(64) Scalar stage[kMicroRows * micro_cols<Scalar>()];  // a micro-tile before rounding
@@ -425,8 +425,8 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
                                           panel_ld, crow, width, !first || g.accumulate, bias_j);
               }
             }
-            micro_tile_rows(group, depth, a_block + i * ars, ars, acs, panel, panel_ld, crow,
-                            width, Scalar(1), !first || g.accumulate, bias_j);
+            micro_tile_rows(group, depth, a_block + i * ars, ars, acs, panel, panel_ld, crow, width,
+                            Scalar(1), !first || g.accumulate, bias_j);
           };
           kernel();
           if constexpr (kWiden) {

@@ -388,3 +388,60 @@ inline bool stored_int8_values(const StoredRows& s, Index b, Index h, Index slot
         return int8_values_part(v, vs, count, dv, pt + j0 * ld, ld, rows, acc);
       });
 }
+
+// ---- bfloat16 and float16 rows in a decode step ----
+//
+// A decode step's few query rows (at most 4) over keys and values stored as bfloat16 or
+// float16 (a float module's cache of those rows, or a storage-type module's own K and V):
+// where the set has a vector form, the rows are widened in registers and multiplied in float,
+// 4 keys at a time for the scores (one sum per key and row, in the set's fixed order), with no
+// float copy of a tile; elsewhere the tile is widened and takes the float path.
+
+/// No vector form in this set: false, nothing done.
+template <class Half>
+inline bool half_key_scores_part(const float* const*, Index, const Half*, Index, Index, Index,
+                                 float, float*, const KeyPrefetch&) noexcept {
+  return false;
+}
+
+/// No vector form in this set: false, nothing done.
+template <class Half>
+inline bool half_values_part(const Half* const*, Index, Index, const float*, Index, Index, bool,
+                             float*) noexcept {
+  return false;
+}
+
+/// Packed s^T (st[j * 4 + r]) of the stored 16-bit keys slot .. slot + n - 1 of item b, head h
+/// (unscaled rows of d elements) against `rows` (1..4) float query rows q[r], times `scale`,
+/// asking for the keys ahead and for the same keys' rows of `values` (width dv; null: none)
+/// as it goes. False, nothing done, where the set has no vector form.
+template <class Half>
+bool stored_half_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
+                        const float* const* q, Index rows, Index d, float scale, float* st,
+                        const StoredRows* values, Index dv) noexcept {
+  bool done = true;
+  stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float*, Index j0, Index run) {
+    done =
+        done && half_key_scores_part(q, rows, reinterpret_cast<const Half*>(row),
+                                     s.row_stride / Index(sizeof(Half)), d, run, scale, st + j0 * 4,
+                                     key_prefetch(s, values, b, h, slot + j0, d, dv));
+  });
+  return done;
+}
+
+/// acc (rows, dv) += P V over the stored 16-bit values slot .. slot + n - 1 of item b, head h
+/// (n <= kKeyBlock: one tile), P read transposed out of p^T (row stride ld), widened in
+/// registers, where the set has a vector form and the rows are finite; false, nothing done,
+/// otherwise.
+template <class Half>
+bool stored_half_values(const StoredRows& s, Index b, Index h, Index slot, Index n, Index dv,
+                        const float* pt, Index ld, Index rows, float* acc) noexcept {
+  const Half* rows_of[kKeyBlock];
+  stored_runs(s, b, h, slot, std::min(n, kKeyBlock),
+              [&](const unsigned char* row, const float*, Index r0, Index run) {
+                for (Index r = 0; r < run; ++r) {
+                  rows_of[r0 + r] = reinterpret_cast<const Half*>(row + r * s.row_stride);
+                }
+              });
+  return half_values_part(rows_of, std::min(n, kKeyBlock), dv, pt, ld, rows, false, acc);
+}
