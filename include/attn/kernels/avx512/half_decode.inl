@@ -40,16 +40,16 @@ inline __m512 sum_4x4(const __m512 (&a)[4][4]) noexcept {
   __m512 w[4];  // w[t]: per 128-bit lane, the 4 rows' partial sums over its 4 elements
 #pragma GCC unroll 4
   for (int t = 0; t < 4; ++t) {
-    const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(a[t][0], a[t][1]),
-                                     _mm512_unpackhi_ps(a[t][0], a[t][1]));
-    const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(a[t][2], a[t][3]),
-                                     _mm512_unpackhi_ps(a[t][2], a[t][3]));
+    const __m512 t01 =
+        _mm512_add_ps(_mm512_unpacklo_ps(a[t][0], a[t][1]), _mm512_unpackhi_ps(a[t][0], a[t][1]));
+    const __m512 t23 =
+        _mm512_add_ps(_mm512_unpacklo_ps(a[t][2], a[t][3]), _mm512_unpackhi_ps(a[t][2], a[t][3]));
     w[t] = _mm512_add_ps(_mm512_shuffle_ps(t01, t23, 0x44), _mm512_shuffle_ps(t01, t23, 0xEE));
   }
-  const __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                                  _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
-  const __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88),
-                                  _mm512_shuffle_f32x4(w[2], w[3], 0xDD));
+  const __m512 u0 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+  const __m512 u1 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xDD));
   return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD));
 }
 

@@ -418,17 +418,18 @@ void gemm_task(const GemmPlan<Scalar, Operand>& g, Index task, Scalar* packed) n
             c_at[r] = g.out.row(i0 + i + r) + offset;
             crow[r] = staged ? stage + r * group_cols : c_at[r];
           }
-          const auto kernel = [&] {
-            if constexpr (kPairs) {
-              if (dot) {
-                return bf16_dot_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, panel,
-                                          panel_ld, crow, width, !first || g.accumulate, bias_j);
-              }
+          bool made = false;
+          if constexpr (kPairs) {
+            if (dot) {
+              bf16_dot_tile_rows(group, depth, g.a + (i0 + i) * g.lda + p0, g.lda, panel, panel_ld,
+                                 crow, width, !first || g.accumulate, bias_j);
+              made = true;
             }
+          }
+          if (!made) {
             micro_tile_rows(group, depth, a_block + i * ars, ars, acs, panel, panel_ld, crow, width,
                             Scalar(1), !first || g.accumulate, bias_j);
-          };
-          kernel();
+          }
           if constexpr (kWiden) {
             if (round_now) {
               for (Index r = 0; r < group; ++r) {
