@@ -40,6 +40,7 @@ enum class WorkspaceSlot : std::size_t {
   kNarrowBackward,  // a bfloat16 backward's bfloat16 GEMM operands (rounded or transposed)
   kWideSinks,       // a bfloat16 (float16) module's learned sinks widened to float for a call
   kCallTable,       // a packed batch's kernel calls, one per sequence (and their gradients)
+  kBlockTables,     // a paged packed prefill's block tables, gathered per sequence
   kRunTable,        // a driver's per-call plans when it runs several calls in one region
   kCount            // number of slots (not a slot)
 };

@@ -415,8 +415,8 @@ TEST(ZeroAllocation, DecodeStepsThroughQuantizedAndPagedCaches) {
 }
 
 // Chunks of a chunked prefill (64 new tokens over a prompt) through a float, an int8 and a
-// paged int4 cache, and a packed prefill of prompts of different lengths into a float cache:
-// the same steady state as a decoding step.
+// paged int4 cache, and a packed prefill of prompts of different lengths into a float cache
+// and into a paged int4 one: the same steady state as a decoding step.
 TEST(ZeroAllocation, PrefillChunksThroughCaches) {
   const MultiHeadAttention<float> mha = frozen_gqa_module();
   const auto x = attn::test::random_tensor<float>(Shape<3>{kBatch, 700, kDim}, 3);
@@ -433,6 +433,17 @@ TEST(ZeroAllocation, PrefillChunksThroughCaches) {
   expect_steady_state_without_allocation([&] {
     mha.forward(prompts.view(), packed, out.view(), ws, cache);
     for (Index b = 0; b < 3; ++b) cache.truncate(b, 0);
+  });
+  SCOPED_TRACE("the same prompts into a paged int4 cache");
+  attn::PagedKVCacheOptions po;
+  po.num_blocks = 64, po.block_size = 16, po.num_kv_heads = kHeads / 2;
+  po.head_dim = kDim / kHeads, po.element = attn::KVElement::kInt4;
+  attn::PagedKVCache<float> paged(po);
+  std::vector<Index> ids;
+  for (Index b = 0; b < 3; ++b) ids.push_back(paged.add_sequence());
+  expect_steady_state_without_allocation([&] {
+    mha.forward(prompts.view(), packed, out.view(), ws, paged, ids);
+    for (const Index s : ids) paged.truncate(s, 0);
   });
 }
 

@@ -37,17 +37,17 @@ namespace detail {
 /// tokens appended): query i of item b at position L_b - T + i (per-item bottom-right causal
 /// bound, the window), the rows read through the block tables. As cache_call() for a
 /// KVCache: the same tiles over the same positions, so the same bits for the same rows.
-/// With `tables` (a table and the lengths), the batch is gathered there instead of into the
-/// cache: several calls over one cache in one parallel region. A 16-bit storage type's cache
-/// (rows of that type) gives a call on those operands, computed in float, as cache_call().
+/// With `table` and `lengths` (PagedKVCache::batch_into()'s memory), the batch is gathered
+/// there instead of into the cache: several calls over one cache in one parallel region. A
+/// 16-bit storage type's cache (rows of that type) gives a call on those operands, computed
+/// in float, as cache_call().
 template <class Scalar>
 AttentionCall<compute_type_t<Scalar>, Scalar> paged_call(
     const char* where, TensorView<const Scalar, 4> q, const PagedKVCache<Scalar>& cache,
     const Index* seqs, TensorView<Scalar, 4> out, const AttentionOptions& options, Index window,
-    std::vector<Index>* tables = nullptr) {
-  const PagedBatch batch = tables != nullptr
-                               ? cache.batch_into(seqs, q.extent(0), tables[0], tables[1])
-                               : cache.batch(seqs, q.extent(0));
+    Index* table = nullptr, Index* lengths = nullptr) {
+  const PagedBatch batch = table != nullptr ? cache.batch_into(seqs, q.extent(0), table, lengths)
+                                            : cache.batch(seqs, q.extent(0));
   CacheKeys keys;
   keys.lengths = TensorView<const Index, 1>(batch.lengths, {batch.batch});
   // k and v give the shapes only (the kernel reads call.args.stored), as broadcasts of q's
@@ -245,23 +245,26 @@ void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const S
                            const PackedSequences& packed, TensorView<Scalar, 3> out, Workspace& ws,
                            PagedKVCache<Scalar>& cache, const std::vector<Index>& ids) {
   const char* where = core.config().forward_name;
-  // 1. Checks.
+  // 1. Checks. Per sequence, in the workspace (kCallTable): its call, its new tokens and the
+  //    length its call reads.
   const SequenceOffsets& o = packed_prefill_offsets(core, x, packed);
   const Index total = x.extent(1), n = o.sequences();
-  std::vector<Index> lengths(static_cast<std::size_t>(n));
-  for (Index s = 0; s < n; ++s) lengths[static_cast<std::size_t>(s)] = o.length(s);
-  check_paged_sequences(core, cache, ids, n, lengths.data(), 1);
+  using Call = AttentionCall<compute_type_t<Scalar>, Scalar>;
+  const auto [calls, lengths, read] =
+      workspace_tables<Call, Index, Index>(ws, WorkspaceSlot::kCallTable, n);
+  for (Index s = 0; s < n; ++s) lengths[s] = o.length(s);
+  check_paged_sequences(core, cache, ids, n, lengths, 1);
   check_output(where, out, {1, total, core.d_out()});
   check_output_memory(where, out, {}, AttentionMask<compute_type_t<Scalar>>());
   require_disjoint(where, "out", out, "the cache's keys and values", cache.memory());
-  cache.prepare(where, ids.data(), n, lengths.data(), 1);  // strong guarantee
+  cache.prepare(where, ids.data(), n, lengths, 1);  // strong guarantee
   // 2. Projections: Q (1, H, total, hd), then K (1, H_kv, total, hd) and V (1, H_kv, total,
   //    hd_v).
   const PackedPrefillRows<Scalar> rows = project_packed_prefill(core, x, out, ws);
   const AttentionOptions options = core.kernel_options({}, ws);
-  // 3. Each sequence's rows into its blocks, then the attention of all of them.
-  std::vector<std::vector<Index>> tables(static_cast<std::size_t>(2 * n));
-  std::vector<AttentionCall<compute_type_t<Scalar>, Scalar>> calls;
+  // 3. Each sequence's rows into its blocks; then the attention of all of them, each call
+  //    reading its own block table gathered into the workspace (kBlockTables).
+  Index entries = 0;
   for (Index s = 0; s < n; ++s) {
     const Index id = ids[static_cast<std::size_t>(s)], t = o.length(s), r0 = o.begin(s);
     const Index first = cache.length(id);
@@ -269,12 +272,21 @@ void forward_paged_prefill(const AttentionCore<Scalar>& core, TensorView<const S
       cache.store_row(row, 1, id, part, h, first + i);
     });
     cache.advance(id, t);
-    if (t == 0) continue;
-    calls.push_back(paged_call<Scalar>(
-        where, rows.query(r0, t), cache, &ids[static_cast<std::size_t>(s)], rows.context(r0, t),
-        options, core.sliding_window(), &tables[static_cast<std::size_t>(2 * s)]));
+    entries += cache.batch_table_size(&id, 1);
   }
-  run_attention(calls.data(), static_cast<Index>(calls.size()), ws);
+  Index* table = workspace_get<Index>(ws, WorkspaceSlot::kBlockTables, entries);
+  Index count = 0;
+  for (Index s = 0; s < n; ++s) {
+    const Index* id = &ids[static_cast<std::size_t>(s)];
+    const Index t = o.length(s), r0 = o.begin(s);
+    if (t == 0) continue;
+    new (calls + count)
+        Call(paged_call<Scalar>(where, rows.query(r0, t), cache, id, rows.context(r0, t), options,
+                                core.sliding_window(), table, read + count));
+    table += cache.batch_table_size(id, 1);
+    ++count;
+  }
+  run_attention(calls, count, ws);
   // 4. The output projection; the blocks behind the window back to the pool.
   finish_step(core, rows.ctx, 1, total, out, ws);
   if (core.sliding_window() > 0) {

@@ -413,25 +413,37 @@ class PagedKVCache {
   /// outlive the call's use of the result): several calls over one cache at once.
   PagedBatch batch_into(const Index* seqs, Index count, std::vector<Index>& table,
                         std::vector<Index>& lengths) const {
-    const char* where = "PagedKVCache::batch";
-    Index widest = 0;
+    table.resize(static_cast<std::size_t>(batch_table_size(seqs, count)));
+    lengths.resize(static_cast<std::size_t>(count));
+    return batch_into(seqs, count, table.data(), lengths.data());
+  }
+  /// The entries of the table batch() gathers for seqs[0 .. count - 1]: count times the most
+  /// blocks one of them holds (at least 1).
+  /// @throws IndexError if an entry is not a sequence.
+  Index batch_table_size(const Index* seqs, Index count) const {
+    Index widest = 1;
     for (Index b = 0; b < count; ++b) {
-      widest = std::max(widest, static_cast<Index>(seq(checked(where, seqs[b])).blocks.size()));
+      widest = std::max(
+          widest, static_cast<Index>(seq(checked("PagedKVCache::batch", seqs[b])).blocks.size()));
     }
-    widest = std::max<Index>(widest, 1);
-    table.assign(static_cast<std::size_t>(count * widest), 0);
-    lengths.assign(static_cast<std::size_t>(count), 0);
+    return count * widest;
+  }
+  /// As batch(), into caller memory: `table` of batch_table_size() entries and `lengths` of
+  /// `count` (allocates nothing).
+  PagedBatch batch_into(const Index* seqs, Index count, Index* table, Index* lengths) const {
+    const Index widest = count > 0 ? batch_table_size(seqs, count) / count : 1;
+    std::fill(table, table + count * widest, Index(0));
     for (Index b = 0; b < count; ++b) {
       const Sequence& x = seq(seqs[b]);
       // (Released blocks as block 0: the kernel never reads a key behind the window.)
-      std::transform(x.blocks.begin(), x.blocks.end(), table.begin() + b * widest,
+      std::transform(x.blocks.begin(), x.blocks.end(), table + b * widest,
                      [](Index n) { return std::max<Index>(n, 0); });
-      lengths[static_cast<std::size_t>(b)] = x.length;
+      lengths[b] = x.length;
     }
     PagedBatch out;
     out.batch = count;
     out.slots = widest * o_.block_size;
-    out.lengths = lengths.data();
+    out.lengths = lengths;
     const auto rows = [&](int part, Index width, Index scales) {
       detail::StoredRows r;
       r.element = o_.element;
@@ -445,7 +457,7 @@ class PagedKVCache {
         r.scale_row_stride = scales;
         r.group = group(width);
       }
-      r.table = table.data(), r.table_stride = widest, r.block_rows = o_.block_size;
+      r.table = table, r.table_stride = widest, r.block_rows = o_.block_size;
       return r;
     };
     out.stored.k = rows(0, o_.head_dim, k_scales_);
