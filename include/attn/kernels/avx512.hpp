@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx512.hpp: the avx512 kernel set, attn::kernels::avx512: the set's primitives
-// (avx512/vec.inl, avx512/convert.inl, avx512/backward_pairs.inl), a decode step's kernels over
-// bfloat16 and float16 rows (avx512/half_decode.inl), its bfloat16 dot-product
+// (avx512/vec.inl, avx512/convert.inl, avx512/backward_pairs.inl), the scores of few query rows
+// and a decode step's 16-bit values (avx512/decode_rows.inl), its bfloat16 dot-product
 // kernel and the streaming attention's passes on its scores (avx512/attention_pairs.inl,
 // avx512/bf16_dot.inl), int8 dot-product and AMX kernels (avx512/int8_dot.inl,
 // avx512/amx_bf16.inl) and the generic kernels (generic/*.inl), in that order, each compiled
@@ -22,7 +22,7 @@ inline constexpr Isa kSetIsa = Isa::kAvx512;
 #include "attn/kernels/avx512/vec.inl"
 #include "attn/kernels/avx512/convert.inl"
 #include "attn/kernels/avx512/backward_pairs.inl"
-#include "attn/kernels/avx512/half_decode.inl"
+#include "attn/kernels/avx512/decode_rows.inl"
 // clang-format on
 }  // namespace avx512
 }  // namespace kernels

@@ -17,8 +17,9 @@
 //    conversions the set vectorises (see generic/convert.inl), and widen_int8_part() /
 //    widen_int4_block() for a quantised KVCache's rows, int8_key_scores_part(),
 //    int8_values_part(), int4_key_scores_part() and int4_values_part() for a decode step
-//    over int8 and int4 rows, and half_key_scores_part() and half_values_part() for one over
-//    bfloat16 and float16 rows (see generic/kv_load.inl);
+//    over int8 and int4 rows, decode_key_scores_part() for the scores of few query rows over
+//    float, bfloat16 and float16 keys and half_values_part() for a decode step's 16-bit values
+//    (see generic/kv_load.inl);
 //  - the avx512 set only (avx512/bf16_dot.inl, avx512/attention_pairs.inl,
 //    avx512/amx_bf16.inl): the bfloat16 dot-product kernel bf16_dot_tile_rows(), its packing
 //    pack_pairs(), the streaming attention's softmax passes on k-pair scores

@@ -274,9 +274,9 @@ void pack_value_tiles(const AttentionArgs<Scalar, Operand>& p, Index b, Index h,
 /// read from the call's, p.value_pairs, when the driver packed them), K read in place
 /// (copied into whole tiles for AMX), the softmax passes between the products in
 /// avx512/attention_pairs.inl; otherwise Q and each K and V tile widened to float for
-/// the float path's products; a decode step's few rows (at most 4) without the k-pair
-/// paths: the products on K and V rows widened in registers where the set can
-/// (half_key_scores_part(), half_values_part(): no float copy of a tile). A V tile holding a
+/// the float path's products; few rows without the k-pair paths: the scores on K rows
+/// widened in registers where the set can (decode_key_scores_part(): no float copy of a
+/// tile), and for at most 4 rows P V too (half_values_part()). A V tile holding a
 /// NaN or an infinity takes the widened product (see "values that are NaN or infinite"
 /// above). Writes out in Operand, one rounding of the float result.
 /// Stored keys and values (a quantised or a paged cache, p.stored; float operands only,
@@ -285,9 +285,10 @@ void pack_value_tiles(const AttentionArgs<Scalar, Operand>& p, Index b, Index h,
 /// in place; except int8 and int4 keys of a float call, scored on integer dot products
 /// against the query quantised once per task (stored_int8_scores(), stored_int4_scores()),
 /// int8 and int4 values, widened in registers where the set can (stored_int8_values(),
-/// stored_int4_values()), unscaled bfloat16 and float16 keys and values of a decode step's few
-/// rows, widened in registers where the set can (stored_half_scores(), stored_half_values()),
-/// paged Scalar keys under one dot product per (key, row) and paged
+/// stored_int4_values()), unscaled float, bfloat16 and float16 keys of few rows scored in
+/// place, widened in registers where the set can (stored_decode_scores()), 16-bit values of at
+/// most 4 rows likewise (stored_half_values()), paged Scalar keys elsewhere under one dot
+/// product per (key, row) and paged
 /// Scalar values (micro_gemm_gathered()), read in their blocks.
 /// Paged rows of a storage type (a PagedKVCache<bfloat16> or <float16>: p.stored over rows of
 /// Operand; scratch also stored_tile_scratch_size()) are copied tile by tile out of their
@@ -418,36 +419,44 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       int4_keys = quantized && ke == KVElement::kInt4;
     }
   }
-  // bfloat16 and float16 keys (unscaled stored rows of a float call, or a storage type's own
-  // K tiles when widening) of a decode step's few rows (at most 4): scored with the keys
-  // widened in registers, 4 keys at a time (stored_half_scores(), half_key_scores_part()),
-  // where the set has that form (asked with a call over no keys); their values likewise
-  // (half_rows: stored_half_values(), half_values_part()).
-  bool half_keys = false, half_rows = false;
+  // The dot-product rows' keys (float, bfloat16 or float16: in place, a storage type's own, or
+  // unscaled stored rows of a float call): scored 4 keys x 4 rows at a time with each key
+  // widened in registers (decode_key_scores_part(), stored_decode_scores()), where the set has
+  // that form (asked with a call over no keys); 16-bit values of at most 4 rows likewise
+  // (half_rows: half_values_part(), stored_half_values()).
+  bool row_keys = false, half_rows = false;
   if constexpr (std::is_same_v<Scalar, float>) {
-    if (rows <= 4 && !pairs) {
-      const auto has_form = [&](const auto* type) {
-        return half_key_scores_part(qrow, rows, type, 0, d, 0, p.scale, st, KeyPrefetch());
+    const auto has_form = [&](const auto* type) {
+      return decode_key_scores_part(qrow, rows, type, 0, d, 0, p.scale, st, ld, KeyPrefetch());
+    };
+    if constexpr (kReduced) {
+      const bool form = has_form(static_cast<const Operand*>(nullptr));
+      row_keys = dot_rows && form;
+      half_rows = rows <= 4 && !pairs && form;
+    } else if (!stored) {
+      row_keys = dot_rows && has_form(static_cast<const float*>(nullptr));
+    } else {
+      const auto form_of = [&](const StoredRows& s) {
+        if (s.scales != nullptr) return false;
+        switch (s.element) {
+          case KVElement::kScalar:
+            return has_form(static_cast<const float*>(nullptr));
+          case KVElement::kBFloat16:
+            return has_form(static_cast<const bfloat16*>(nullptr));
+          case KVElement::kFloat16:
+            return has_form(static_cast<const float16*>(nullptr));
+          default:
+            return false;
+        }
       };
-      if constexpr (kReduced) {
-        half_rows = has_form(static_cast<const Operand*>(nullptr));
-        half_keys = half_rows;
-      } else if (stored) {
-        const auto is_half = [&](const StoredRows& s) {
-          const bool bf16 = s.element == KVElement::kBFloat16;
-          return s.scales == nullptr && (bf16 || s.element == KVElement::kFloat16) &&
-                 (bf16 ? has_form(static_cast<const bfloat16*>(nullptr))
-                       : has_form(static_cast<const float16*>(nullptr)));
-        };
-        half_keys = !int8_keys && !int4_keys && is_half(p.stored.k);
-        half_rows = is_half(p.stored.v);
-      }
+      row_keys = dot_rows && !int8_keys && !int4_keys && form_of(p.stored.k);
+      half_rows = rows <= 4 && p.stored.v.element != KVElement::kScalar && form_of(p.stored.v);
     }
   }
-  // A decode step's few rows (at most 4) over int8, int4 or 16-bit keys keep s^T packed, 4
-  // floats per key (ld 4, the score kernels' 4-row groups): the max and exp passes then take
-  // W / 4 keys per vector instead of one key in a vector of W lanes.
-  const bool packed = W % 4 == 0 && (int8_keys || int4_keys || half_keys) && rows <= 4;
+  // A decode step's few rows (at most 4) over int8 or int4 keys, or keys scored 4 x 4, keep
+  // s^T packed, 4 floats per key (ld 4, the score kernels' 4-row groups): the max and exp
+  // passes then take W / 4 keys per vector instead of one key in a vector of W lanes.
+  const bool packed = W % 4 == 0 && (int8_keys || int4_keys || row_keys) && rows <= 4;
   if (packed) ld = 4;
   // ALiBi: each row's key position and its head's slope.
   const bool alibi = p.has_alibi();
@@ -510,13 +519,13 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     const Index slot = p.ring > 0 ? j0 % p.ring : j0;
     const Operand* k_tile = stored || gathered ? k : k + slot * k_rs;
     const Operand* v_tile = stored || gathered ? v : v + slot * v_rs;
-    // Storage types' own K and V rows in place: what a pass over the tile's keys asks for.
-    KeyPrefetch reduced_ahead;
-    if (kReduced && !gathered) {
+    // K and V rows in place: what a pass over the tile's keys asks for.
+    KeyPrefetch inplace_ahead;
+    if (!stored && !gathered) {
       constexpr Index kBytes = Index(sizeof(Operand));
-      reduced_ahead.k_bytes = d * kBytes;
-      reduced_ahead.v = reinterpret_cast<const unsigned char*>(v_tile);
-      reduced_ahead.v_rs = v_rs * kBytes, reduced_ahead.v_bytes = dv * kBytes;
+      inplace_ahead.k_bytes = d * kBytes;
+      inplace_ahead.v = reinterpret_cast<const unsigned char*>(v_tile);
+      inplace_ahead.v_rs = v_rs * kBytes, inplace_ahead.v_bytes = dv * kBytes;
     }
     if constexpr (kReduced) {
       const auto gather = [&](const StoredRows& s, Index n, Operand* to) {
@@ -537,7 +546,8 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
                           std::min(kKeyBlock, hi - j0 - width), d, Index(sizeof(Scalar)));
     }
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
-    const bool keys_in_place = stored && dot_rows && p.stored.k.element == KVElement::kScalar;
+    const bool keys_in_place =
+        stored && dot_rows && !row_keys && p.stored.k.element == KVElement::kScalar;
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
       if (int4_keys) {  // (the value rows asked for as for int8 keys, below)
         prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
@@ -546,34 +556,42 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
                            dv);
       }
     }
-    // 16-bit keys (the value rows asked for with them, as for int8 keys).
+    // Keys scored 4 x 4 (the value rows asked for with them, as for int8 keys).
     if constexpr (std::is_same_v<Scalar, float>) {
-      if (half_keys) {
-        if constexpr (kReduced) {
-          half_key_scores_part(qrow, rows, k_tile, k_rs, d, width, p.scale, st, reduced_ahead);
-        } else if (p.stored.k.element == KVElement::kBFloat16) {
-          stored_half_scores<bfloat16>(p.stored.k, task.b, task.kv_head, slot, width, qrow, rows, d,
-                                       p.scale, st, &p.stored.v, dv);
-        } else {
-          stored_half_scores<float16>(p.stored.k, task.b, task.kv_head, slot, width, qrow, rows, d,
-                                      p.scale, st, &p.stored.v, dv);
+      if (row_keys) {
+        if (!stored) {
+          decode_key_scores_part(qrow, rows, k_tile, k_rs, d, width, p.scale, st, ld,
+                                 inplace_ahead);
+        } else if constexpr (!kReduced) {
+          const auto score = [&](const auto* type) {
+            using Key = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
+            stored_decode_scores<Key>(p.stored.k, task.b, task.kv_head, slot, width, qrow, rows, d,
+                                      p.scale, st, ld, &p.stored.v, dv);
+          };
+          if (p.stored.k.element == KVElement::kBFloat16) {
+            score(static_cast<const bfloat16*>(nullptr));
+          } else if (p.stored.k.element == KVElement::kFloat16) {
+            score(static_cast<const float16*>(nullptr));
+          } else {
+            score(static_cast<const float*>(nullptr));
+          }
         }
       }
     }
     // s^T already holds the tile's scores
-    const bool scored = int8_keys || int4_keys || half_keys;
+    const bool scored = int8_keys || int4_keys || row_keys;
     if (stored && !scored && !keys_in_place) {
       load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load, &p.stored.v, dv);
     }
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw, asking for the
     // keys kKeysAhead ahead and the same keys' value rows as it goes (prefetch_for_key(); a
     // bfloat16 module's decode step took 1.07x the time without at B 1 L 8192 on Zen 5).
-    // 16-bit keys scored in registers: nothing to widen.
+    // Keys scored 4 x 4 in registers: nothing to widen.
     const Scalar* kt = nullptr;
     Index kt_rs = k_rs;
     if constexpr (kReduced) {
-      for (Index j = 0; j < (pairs || half_keys ? 0 : width); ++j) {
-        prefetch_for_key(reduced_ahead, reinterpret_cast<const unsigned char*>(k_tile),
+      for (Index j = 0; j < (pairs || row_keys ? 0 : width); ++j) {
+        prefetch_for_key(inplace_ahead, reinterpret_cast<const unsigned char*>(k_tile),
                          k_rs * Index(sizeof(Operand)), j);
         convert_row(k_tile + j * k_rs, kw + j * d, d);
       }

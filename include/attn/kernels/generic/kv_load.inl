@@ -389,18 +389,20 @@ inline bool stored_int8_values(const StoredRows& s, Index b, Index h, Index slot
       });
 }
 
-// ---- bfloat16 and float16 rows in a decode step ----
+// ---- the scores of a decode step's tasks, and its 16-bit values ----
 //
-// A decode step's few query rows (at most 4) over keys and values stored as bfloat16 or
-// float16 (a float module's cache of those rows, or a storage-type module's own K and V):
-// where the set has a vector form, the rows are widened in registers and multiplied in float,
-// 4 keys at a time for the scores (one sum per key and row, in the set's fixed order), with no
-// float copy of a tile; elsewhere the tile is widened and takes the float path.
+// A task of few query rows (a decode step's grouped heads, a short chunk: the dot-product rows
+// of generic/attention.inl) over float, bfloat16 or float16 keys, in place or stored (a cache's
+// rows, paged or not): where the set has a vector form, each key's elements are widened in
+// registers (exactly) and multiplied in float, 4 keys x 4 rows per step, one sum per key and
+// row in the set's fixed order whatever the rows and keys beside it, with no float copy of a
+// tile. 16-bit values of at most 4 rows likewise. Elsewhere the float path (a widened tile,
+// one dot product per key and row).
 
 /// No vector form in this set: false, nothing done.
-template <class Half>
-inline bool half_key_scores_part(const float* const*, Index, const Half*, Index, Index, Index,
-                                 float, float*, const KeyPrefetch&) noexcept {
+template <class Key>
+inline bool decode_key_scores_part(const float* const*, Index, const Key*, Index, Index, Index,
+                                   float, float*, Index, const KeyPrefetch&) noexcept {
   return false;
 }
 
@@ -411,20 +413,25 @@ inline bool half_values_part(const Half* const*, Index, Index, const float*, Ind
   return false;
 }
 
-/// Packed s^T (st[j * 4 + r]) of the stored 16-bit keys slot .. slot + n - 1 of item b, head h
-/// (unscaled rows of d elements) against `rows` (1..4) float query rows q[r], times `scale`,
-/// asking for the keys ahead and for the same keys' rows of `values` (width dv; null: none)
-/// as it goes. False, nothing done, where the set has no vector form.
-template <class Half>
-bool stored_half_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
-                        const float* const* q, Index rows, Index d, float scale, float* st,
-                        const StoredRows* values, Index dv) noexcept {
+/// s^T (st[j * ld + r]) of the stored keys slot .. slot + n - 1 of item b, head h (unscaled
+/// rows of d elements of Key: float rows of a paged cache, or 16-bit ones) against `rows`
+/// float query rows q[r], times `scale` (decode_key_scores_part()), asking for the keys ahead
+/// and for the same keys' rows of `values` (width dv; null: none) as it goes. False, nothing
+/// done, where the set has no vector form.
+template <class Key>
+bool stored_decode_scores(const StoredRows& s, Index b, Index h, Index slot, Index n,
+                          const float* const* q, Index rows, Index d, float scale, float* st,
+                          Index ld, const StoredRows* values, Index dv) noexcept {
   bool done = true;
   stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float*, Index j0, Index run) {
-    done =
-        done && half_key_scores_part(q, rows, reinterpret_cast<const Half*>(row),
-                                     s.row_stride / Index(sizeof(Half)), d, run, scale, st + j0 * 4,
-                                     key_prefetch(s, values, b, h, slot + j0, d, dv));
+    KeyPrefetch ahead = key_prefetch(s, values, b, h, slot + j0, d, dv);
+    if (s.element == KVElement::kScalar) ahead.k_bytes = d * Index(sizeof(Key));
+    if (values != nullptr && values->element == KVElement::kScalar) {
+      ahead.v_bytes = dv * Index(sizeof(Key));
+    }
+    done = done && decode_key_scores_part(q, rows, reinterpret_cast<const Key*>(row),
+                                          s.row_stride / Index(sizeof(Key)), d, run, scale,
+                                          st + j0 * ld, ld, ahead);
   });
   return done;
 }
