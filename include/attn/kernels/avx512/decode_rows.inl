@@ -125,8 +125,9 @@ inline bool decode_scores_avx512(const float* const* q, Index rows, const Key* k
       }
       alignas(64) float lanes[16];
       _mm512_store_ps(lanes, s);
-      for (Index t = 0; t < keys; ++t) {
-        _mm512_mask_storeu_ps(st + (j0 + t) * ld + r0, row_lanes, _mm512_loadu_ps(lanes + 4 * t));
+      for (Index t = 0; t < keys; ++t) {  // key t's 4 rows: a 128-bit lane
+        _mm_mask_storeu_ps(st + (j0 + t) * ld + r0, static_cast<__mmask8>(row_lanes),
+                           _mm_load_ps(lanes + 4 * t));
       }
     }
   }
