@@ -181,17 +181,21 @@ inline void prefetch_for_key(const KeyPrefetch& ahead, const unsigned char* k, I
 }
 
 /// The plan for a score pass over a run of stored keys from slot `slot` of item b, head h of
-/// `keys` (width d), with `values` (width dv; null: no value rows asked for). A paged run's
-/// rows ahead past its end lie in the pool's next block: the sequence's own when its blocks
-/// lie in runs (the pool's placement), another's otherwise (a request for nothing useful).
+/// `keys` (width d), with `values` (width dv; null: no value rows asked for); rows of the
+/// Scalar kind are `scalar` bytes an element (a paged float cache's: 4). A paged run's rows
+/// ahead past its end lie in the pool's next block: the sequence's own when its blocks lie in
+/// runs (the pool's placement), another's otherwise (a request for nothing useful).
 inline KeyPrefetch key_prefetch(const StoredRows& keys, const StoredRows* values, Index b, Index h,
-                                Index slot, Index d, Index dv) noexcept {
+                                Index slot, Index d, Index dv, Index scalar = 1) noexcept {
+  const auto bytes = [scalar](KVElement e, Index width) {
+    return e == KVElement::kScalar ? width * scalar : stored_row_bytes(e, width);
+  };
   KeyPrefetch ahead;
-  ahead.k_bytes = stored_row_bytes(keys.element, d);
+  ahead.k_bytes = bytes(keys.element, d);
   if (values != nullptr) {
     ahead.v = values->row(b, h, slot);
     ahead.v_rs = values->row_stride;
-    ahead.v_bytes = stored_row_bytes(values->element, dv);
+    ahead.v_bytes = bytes(values->element, dv);
   }
   return ahead;
 }

@@ -104,13 +104,8 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
   };
   stored_runs(s, b, h, slot, n,
               [&](const unsigned char* row, const float* scales, Index j0, Index run) {
-                KeyPrefetch ahead = key_prefetch(s, values, b, h, slot + j0, width, dv);
-                // (paged Scalar rows: their whole rows)
-                const Index scalar = Index(sizeof(Scalar));
-                if (s.element == KVElement::kScalar) ahead.k_bytes = width * scalar;
-                if (values != nullptr && values->element == KVElement::kScalar) {
-                  ahead.v_bytes = dv * scalar;
-                }
+                const KeyPrefetch ahead =
+                    key_prefetch(s, values, b, h, slot + j0, width, dv, Index(sizeof(Scalar)));
                 for (Index r = 0; r < run; ++r) {
                   prefetch_for_key(ahead, row, s.row_stride, r);
                   load(row + r * s.row_stride,
@@ -424,14 +419,10 @@ bool stored_decode_scores(const StoredRows& s, Index b, Index h, Index slot, Ind
                           Index ld, const StoredRows* values, Index dv) noexcept {
   bool done = true;
   stored_runs(s, b, h, slot, n, [&](const unsigned char* row, const float*, Index j0, Index run) {
-    KeyPrefetch ahead = key_prefetch(s, values, b, h, slot + j0, d, dv);
-    if (s.element == KVElement::kScalar) ahead.k_bytes = d * Index(sizeof(Key));
-    if (values != nullptr && values->element == KVElement::kScalar) {
-      ahead.v_bytes = dv * Index(sizeof(Key));
-    }
-    done = done && decode_key_scores_part(q, rows, reinterpret_cast<const Key*>(row),
-                                          s.row_stride / Index(sizeof(Key)), d, run, scale,
-                                          st + j0 * ld, ld, ahead);
+    done = done && decode_key_scores_part(
+                       q, rows, reinterpret_cast<const Key*>(row),
+                       s.row_stride / Index(sizeof(Key)), d, run, scale, st + j0 * ld, ld,
+                       key_prefetch(s, values, b, h, slot + j0, d, dv, Index(sizeof(Key))));
   });
   return done;
 }
