@@ -162,8 +162,8 @@ void run_gemm(GemmPlan<Scalar, Operand>& g, PackedB<Operand> prepacked, Workspac
 /// (see run_gemm()). Does not allocate once `ws` has served a product as large.
 /// Operand is Scalar, or bfloat16 or float16 for float C and bias: then the products and sums
 /// are float, for bfloat16 on the path bf16_path() names (see docs/precision.md).
-/// `rounded` (bfloat16 operands; see gemm_nt_rounded()): an Operand twin of out's memory
-/// that the AMX path rounds C into instead of writing `out`; returns whether it did.
+/// `rounded` (bfloat16 or float16 operands; see gemm_nt_rounded()): an Operand twin of out's
+/// memory that every path rounds C into; returns whether it did (not for k <= 0).
 template <class Scalar, class Operand>
 bool gemm_nt(Index m, Index n, Index k, const Operand* a, Index lda, const Operand* b, Index ldb,
              const GemmOutput<Scalar>& out, const Scalar* bias, PackedB<Operand> prepacked = {},

@@ -143,16 +143,29 @@ inline Index convert_vector_part(const float* src, bfloat16* dst, Index n) noexc
   return n;
 }
 
+/// 16 elements of a 16-bit row as floats (bfloat16: the high halves of float lanes; float16:
+/// vcvtph2ps), exact; the lanes off `mask` read nothing and are +0.
+inline __m512 widen16(const bfloat16* at) noexcept {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))), 16));
+}
+inline __m512 widen16(const bfloat16* at, __mmask16 mask) noexcept {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, at)), 16));
+}
+inline __m512 widen16(const float16* at) noexcept {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+}
+inline __m512 widen16(const float16* at, __mmask16 mask) noexcept {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, at));
+}
+
 inline Index convert_vector_part(const bfloat16* src, float* dst, Index n) noexcept {
   Index i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, widen16(src + i));
   if (i < n) {
     const __mmask16 m = convert_ops::first_lanes(n - i);
-    const __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
-    _mm512_mask_storeu_epi32(dst + i, m, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    _mm512_mask_storeu_ps(dst + i, m, widen16(src + i, m));
   }
   return n;
 }
@@ -174,13 +187,10 @@ inline Index convert_vector_part(const float* src, float16* dst, Index n) noexce
 
 inline Index convert_vector_part(const float16* src, float* dst, Index n) noexcept {
   Index i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
-  }
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, widen16(src + i));
   if (i < n) {
     const __mmask16 m = convert_ops::first_lanes(n - i);
-    _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)));
+    _mm512_mask_storeu_ps(dst + i, m, widen16(src + i, m));
   }
   return n;
 }

@@ -14,23 +14,7 @@
 // way, against the 17 ns the rows' bytes take from memory
 // (bench/results/2026-12-01-half-decode.txt).
 
-/// 16 elements of a row (bfloat16: the high halves of float lanes; float16: vcvtph2ps; float:
-/// loaded), exact; the lanes off `mask` read nothing and are +0.
-inline __m512 widen16(const bfloat16* at) noexcept {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))), 16));
-}
-inline __m512 widen16(const bfloat16* at, __mmask16 mask) noexcept {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, at)), 16));
-}
-inline __m512 widen16(const float16* at) noexcept {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
-}
-inline __m512 widen16(const float16* at, __mmask16 mask) noexcept {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, at));
-}
-
+/// widen16() (avx512/convert.inl) for float rows: 16 elements loaded.
 inline __m512 widen16(const float* at) noexcept { return _mm512_loadu_ps(at); }
 inline __m512 widen16(const float* at, __mmask16 mask) noexcept {
   return _mm512_maskz_loadu_ps(mask, at);

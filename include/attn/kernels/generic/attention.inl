@@ -437,17 +437,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       row_keys = dot_rows && has_form(static_cast<const float*>(nullptr));
     } else {
       const auto form_of = [&](const StoredRows& s) {
-        if (s.scales != nullptr) return false;
-        switch (s.element) {
-          case KVElement::kScalar:
-            return has_form(static_cast<const float*>(nullptr));
-          case KVElement::kBFloat16:
-            return has_form(static_cast<const bfloat16*>(nullptr));
-          case KVElement::kFloat16:
-            return has_form(static_cast<const float16*>(nullptr));
-          default:
-            return false;
-        }
+        return s.scales == nullptr && with_decode_key_type(s.element, has_form);
       };
       row_keys = dot_rows && !int8_keys && !int4_keys && form_of(p.stored.k);
       half_rows = rows <= 4 && p.stored.v.element != KVElement::kScalar && form_of(p.stored.v);
@@ -563,18 +553,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
           decode_key_scores_part(qrow, rows, k_tile, k_rs, d, width, p.scale, st, ld,
                                  inplace_ahead);
         } else if constexpr (!kReduced) {
-          const auto score = [&](const auto* type) {
+          with_decode_key_type(p.stored.k.element, [&](const auto* type) {
             using Key = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
-            stored_decode_scores<Key>(p.stored.k, task.b, task.kv_head, slot, width, qrow, rows, d,
-                                      p.scale, st, ld, &p.stored.v, dv);
-          };
-          if (p.stored.k.element == KVElement::kBFloat16) {
-            score(static_cast<const bfloat16*>(nullptr));
-          } else if (p.stored.k.element == KVElement::kFloat16) {
-            score(static_cast<const float16*>(nullptr));
-          } else {
-            score(static_cast<const float*>(nullptr));
-          }
+            return stored_decode_scores<Key>(p.stored.k, task.b, task.kv_head, slot, width, qrow,
+                                             rows, d, p.scale, st, ld, &p.stored.v, dv);
+          });
         }
       }
     }

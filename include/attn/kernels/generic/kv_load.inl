@@ -408,6 +408,23 @@ inline bool half_values_part(const Half* const*, Index, Index, const float*, Ind
   return false;
 }
 
+/// fn(type) with `type` a null pointer to the element of stored rows of kind `e` that the
+/// few-row scores read in place (float rows of a paged cache, bfloat16, float16); false for
+/// the other kinds.
+template <class Fn>
+bool with_decode_key_type(KVElement e, Fn&& fn) {
+  switch (e) {
+    case KVElement::kScalar:
+      return fn(static_cast<const float*>(nullptr));
+    case KVElement::kBFloat16:
+      return fn(static_cast<const bfloat16*>(nullptr));
+    case KVElement::kFloat16:
+      return fn(static_cast<const float16*>(nullptr));
+    default:
+      return false;
+  }
+}
+
 /// s^T (st[j * ld + r]) of the stored keys slot .. slot + n - 1 of item b, head h (unscaled
 /// rows of d elements of Key: float rows of a paged cache, or 16-bit ones) against `rows`
 /// float query rows q[r], times `scale` (decode_key_scores_part()), asking for the keys ahead
