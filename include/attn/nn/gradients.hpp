@@ -19,6 +19,7 @@
 #include "attn/tensor/tensor.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/types/bfloat16.hpp"
+#include "attn/types/float16.hpp"
 
 ATTN_NAMESPACE_BEGIN
 namespace detail {
@@ -62,12 +63,14 @@ void for_each_parameter_offset(const TensorView<Scalar, 2>& m, Fn&& fn) {
 /// gradients refer to the parameters' addresses: a Gradients made for one module does not
 /// fit a copy of it (of() throws), while moving the module keeps its weights in place.
 ///
-/// @tparam Scalar float or double; or bfloat16, the gradients of a bfloat16 module (as PyTorch
-///         keeps a bfloat16 parameter's .grad in bfloat16; see optim::MixedPrecision).
+/// @tparam Scalar float or double; or bfloat16 or float16, the gradients of a module of that
+///         type (as PyTorch keeps a 16-bit parameter's .grad in its type; see
+///         optim::MixedPrecision).
 template <class Scalar>
 class Gradients {
-  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16>,
-                "attn::Gradients: Scalar must be float, double or bfloat16");
+  static_assert(std::is_floating_point_v<Scalar> || std::is_same_v<Scalar, bfloat16> ||
+                    std::is_same_v<Scalar, float16>,
+                "attn::Gradients: Scalar must be float, double, bfloat16 or float16");
 
  public:
   Gradients() = default;
