@@ -109,6 +109,71 @@ TEST(AttnRunBackwardFixtures, Bf16GradientsMatchPyTorchsBf16Module) {
             << worst_reference << " (relative to max |reference| per tensor)\n";
 }
 
+// The same fixtures' tensors with every floating one but the masks rounded to F16:
+// `attn_run --dtype fp16 --backward` (its gradients written as F16) against attn_run in double
+// on the same F16 values, whose backward matches PyTorch autograd to 1e-10 above. PyTorch 1.13
+// has no float16 matmul on the CPU to compare with. float16 (u = 2^-11) rounds what bfloat16
+// rounds but keeps the attention's P and dS in float; the module tests measure it within 2.6 u'
+// (u' = 2^-12, tests/attention/bf16_attention_test.cpp). Measured here: at most 7.8e-4; the bound,
+// 2e-3, is the module tests' 8u'. A lost bias gradient is off by the whole tensor (1).
+TEST(AttnRunBackwardFixtures, Fp16GradientsMatchTheDoubleRun) {
+  const std::string dir = std::string(ATTN_IO_FIXTURES_DIR) + "/bf16_backward";
+  const std::vector<std::string> cases = attn::test::fixture_cases(dir);
+  ASSERT_EQ(cases.size(), 4u) << "fixtures missing in " << dir;
+  // A copy of `file` with its floating tensors but masks rounded to F16 (to nearest even, once).
+  const auto to_f16 = [](const SafetensorsFile& file) {
+    attn::io::SafetensorsWriter w;
+    for (const std::string& name : file.names()) {
+      const attn::io::DType dtype = file.dtype(name);
+      std::vector<unsigned char> bytes;
+      if (dtype == attn::io::DType::kBool || name.find("mask") != std::string::npos) {
+        const attn::io::TensorInfo& info = file.info(name);
+        bytes.assign(file.raw_data(name), file.raw_data(name) + (info.end - info.begin));
+        w.add_raw(name, dtype, file.shape(name), bytes);
+        continue;
+      }
+      const std::vector<attn::float16> v = file.values<attn::float16>(name);
+      bytes.resize(v.size() * 2);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        bytes[2 * i] = static_cast<unsigned char>(v[i].bits() & 0xFF);
+        bytes[2 * i + 1] = static_cast<unsigned char>(v[i].bits() >> 8);
+      }
+      w.add_raw(name, attn::io::DType::kF16, file.shape(name), bytes);
+    }
+    return SafetensorsFile::from_bytes(w.to_bytes(), "f16 copy");
+  };
+  double worst = 0;
+  for (const std::string& name : cases) {
+    const auto [bf16_weights, bf16_input, expected] = attn::test::Fixture(dir, name);
+    SCOPED_TRACE(name + ": " + expected.metadata().at("case"));
+    const SafetensorsFile weights = to_f16(bf16_weights), input = to_f16(bf16_input);
+    const auto [options, use_double] = attn::test::fixture_run(expected.metadata());
+    ASSERT_TRUE(options.backward);
+    const auto got = SafetensorsFile::from_bytes(
+        attn_run::run_multi_head_attention<attn::float16>(weights, input, options).to_bytes(),
+        "attn_run fp16");
+    const auto want = SafetensorsFile::from_bytes(
+        attn_run::run_multi_head_attention<double>(weights, input, options).to_bytes(),
+        "attn_run f64");
+    ASSERT_EQ(got.names(), want.names());
+    for (const std::string& tensor : want.names()) {
+      SCOPED_TRACE(tensor);
+      ASSERT_EQ(got.dtype(tensor), attn::io::DType::kF16);
+      const auto a = got.values<double>(tensor), x = want.values<double>(tensor);
+      ASSERT_EQ(a.size(), x.size());
+      double scale = 0, err = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        scale = std::max(scale, std::abs(x[i]));
+        err = std::max(err, std::abs(a[i] - x[i]));
+      }
+      EXPECT_LE(err / scale, 2e-3);
+      worst = std::max(worst, err / scale);
+    }
+  }
+  std::cout << "[ fp16 backward ] attn fp16 - attn f64 " << worst
+            << " (relative to max |f64| per tensor)\n";
+}
+
 }  // namespace
 
 }  // namespace attn_run_backward_test

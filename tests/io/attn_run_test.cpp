@@ -451,7 +451,7 @@ TEST(AttnRunBf16, RunsTheBf16ModuleAndRefusesWhatItLacks) {
 // --dtype fp16: as --dtype bf16, with MultiHeadAttention<float16> and F16 tensors: an F16
 // state_dict and F32 inputs (rounded to nearest even as they load) give the module's bits on
 // the rounded query, written as F16 (or widened to F32); an --output-dtype of the other
-// 16-bit type and the modes the module lacks are usage errors naming fp16.
+// 16-bit type and attention weights are usage errors naming fp16; --backward runs.
 TEST(AttnRunBf16, RunsTheFp16ModuleAsTheBf16One) {
   using attn::float16;
   attn::TorchGenerator gen(3);
@@ -496,12 +496,14 @@ TEST(AttnRunBf16, RunsTheFp16ModuleAsTheBf16One) {
 
   const std::vector<std::string> run_args = {"--weights",   "w", "--input", "x",   "--output", "y",
                                              "--num-heads", "2", "--dtype", "fp16"};
-  for (const std::string flag : {"--backward", "--need-weights"}) {
-    std::vector<std::string> argv = run_args;
-    argv.push_back(flag);
-    EXPECT_THAT(parse(argv).error,
-                HasSubstr(flag + " is not supported with --dtype fp16 (--dtype fp16 runs"));
-  }
+  std::vector<std::string> need_weights = run_args;
+  need_weights.push_back("--need-weights");
+  EXPECT_THAT(parse(need_weights).error,
+              HasSubstr("--need-weights is not supported with --dtype fp16 (--dtype fp16 runs "
+                        "the mha format's forward and --backward"));
+  std::vector<std::string> backward = run_args;  // (its gradients: attn_run_backward_test.cpp)
+  backward.push_back("--backward");
+  EXPECT_EQ(parse(backward).action, ParsedArguments::Action::kRun) << parse(backward).error;
   std::vector<std::string> other = run_args;
   other.insert(other.end(), {"--output-dtype", "bf16"});
   EXPECT_THAT(parse(other).error, HasSubstr("--output-dtype bf16 needs --dtype bf16"));

@@ -93,7 +93,7 @@ options:
                         or bf16 only; --paged too), the error against the float run printed.
                         --format onnx (bf16): the operator's type (see below). fp16 runs
                         MultiHeadAttention<float16> the same way with F16 (a float16 KV cache,
-                        --kv-dtype f32 or fp16), except --backward
+                        --kv-dtype f32 or fp16)
   --output-dtype bf16|fp16|f32  with --dtype bf16 (fp16): write the output as BF16 (F16,
                         the default) or widened exactly to F32
   --backward            also write grad_query (with key and value: grad_key, grad_value)
@@ -383,11 +383,10 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
   }
   if (narrow) {
     // What a bfloat16 or float16 module does not do yet: attention weights, a KV cache of
-    // rows other than its own type; a float16 one has no backward.
+    // rows other than its own type.
     const std::string unsupported =
-        " (--dtype " + dtype + " runs the mha format's forward" +
-        (args.use_bf16 ? " and --backward" : "") + ", and --format llama and onnx: " +
-        (args.use_fp16 ? "--backward needs --dtype f32, f64 or bf16; " : "") +
+        " (--dtype " + dtype +
+        " runs the mha format's forward and --backward, and --format llama and onnx: "
         "--need-weights, --per-head-weights, and with --format llama --kv-dtype "
         "other than f32 or " +
         dtype + ", need --dtype f32 or f64)";
@@ -402,7 +401,7 @@ inline ParsedArguments parse_arguments(const std::vector<std::string>& argv) {
       }
     }
     for (const std::string& flag : mha_flags) {
-      if (flag != "--causal" && !(args.use_bf16 && flag == "--backward")) {
+      if (flag != "--causal" && flag != "--backward") {
         return error(flag + " is not supported with --dtype " + dtype + unsupported);
       }
     }

@@ -120,7 +120,8 @@ inline void check_input_shape(const attn::io::SafetensorsFile& file, const std::
 /// masks stay float (the module's Compute type), and `output` is written as BF16 (F32,
 /// widened exactly, with widen_output); the gradients as BF16 (as PyTorch's .grad of a
 /// bfloat16 module). It has no attention weights. Scalar float16 runs MultiHeadAttention<float16>
-/// the same way, F16 in place of BF16, inference only (no backward).
+/// the same way, F16 in place of BF16 (its gradients as F16, unscaled: a float16 training loop
+/// scales its loss, optim::MixedPrecision).
 ///
 /// Every input is checked against the weights (its rank, its features, no empty axis, a
 /// floating dtype) from the file's header before anything is read or sized from it.
@@ -145,11 +146,6 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
   io_require<std::invalid_argument>(!kStorage || !options.need_weights, where, [&] {
     return std::string("a ") + attn::element_name<Scalar>() +
            " run has no attention weights yet; run it in float or double";
-  });
-  constexpr bool kTrainable = !std::is_same_v<Scalar, attn::float16>;
-  io_require<std::invalid_argument>(kTrainable || !options.backward, where, [&] {
-    return std::string("a ") + attn::element_name<Scalar>() +
-           " run has no backward yet; run it in float, double or bfloat16";
   });
   attn::MultiHeadAttentionOptions known;
   known.num_heads = options.num_heads;
@@ -255,37 +251,35 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
     }
     add("output", y);
   };
-  if constexpr (kTrainable) {
-    if (options.backward) {
-      // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
-      // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
-      // grad_query is the whole gradient of the one input.
-      attn::Workspace ws;
-      attn::SavedForward<Scalar> saved;
-      attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
-      attn::Gradients<Scalar> grads(
-          mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
-      attn::Tensor<Scalar, 3> grad_query(query.shape());
-      if (has_key) {
-        attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
-        mha.forward(q, k, v, output.view(), saved, ws, mask);
-        mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(),
-                     grad_value.view(), grads, ws);
-        add("grad_key", grad_key);
-        add("grad_value", grad_value);
+  if (options.backward) {
+    // The training forward (eval mode: no dropout) and the backward, into zeroed gradients
+    // named as nn.MultiheadAttention names its parameters. Self-attention runs as m(x, x, x):
+    // grad_query is the whole gradient of the one input.
+    attn::Workspace ws;
+    attn::SavedForward<Scalar> saved;
+    attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
+    attn::Gradients<Scalar> grads(
+        mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
+    attn::Tensor<Scalar, 3> grad_query(query.shape());
+    if (has_key) {
+      attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
+      mha.forward(q, k, v, output.view(), saved, ws, mask);
+      mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(),
+                   grad_value.view(), grads, ws);
+      add("grad_key", grad_key);
+      add("grad_value", grad_value);
+    } else {
+      mha.forward(q, output.view(), saved, ws, mask);
+      mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
+    }
+    add_output(output);
+    add("grad_query", grad_query);
+    for (const auto& g : grads) {
+      const std::string name = "grad." + g.name();
+      if (g.rank() == 1) {
+        out.add(name, attn::Tensor<Scalar, 1>(g.vector()));
       } else {
-        mha.forward(q, output.view(), saved, ws, mask);
-        mha.backward(grad_output.view(), saved, grad_query.view(), grads, ws);
-      }
-      add_output(output);
-      add("grad_query", grad_query);
-      for (const auto& g : grads) {
-        const std::string name = "grad." + g.name();
-        if (g.rank() == 1) {
-          out.add(name, attn::Tensor<Scalar, 1>(g.vector()));
-        } else {
-          out.add(name, attn::Tensor<Scalar, 2>(g.matrix()));
-        }
+        out.add(name, attn::Tensor<Scalar, 2>(g.matrix()));
       }
     }
   }

@@ -22,8 +22,7 @@ ATTN_NAMESPACE_BEGIN
 ///
 /// Shapes: x (B, T, d_in) -> (B, T, d_out) with T <= context_length; unbatched (T, d_in)
 /// -> (T, d_out).
-/// @tparam Scalar float, double, bfloat16 (as SelfAttention<bfloat16>) or float16 (inference:
-///         the dropout of a training forward needs float, double or bfloat16).
+/// @tparam Scalar float, double, bfloat16 or float16 (as SelfAttention<bfloat16>, <float16>).
 /// @throws ConfigError from the constructor on non-positive sizes or dropout outside
 ///         [0, 1); from forward() when T > context_length. ShapeError from forward() on
 ///         wrong shapes.

@@ -20,8 +20,8 @@ ATTN_NAMESPACE_BEGIN
 ///
 /// Shapes: x_q (B, T_q, d_q), x_kv (B, T_kv, d_kv) -> (B, T_q, d_out), weights
 /// (B, H, T_q, T_kv); unbatched (T_q, d_q), (T_kv, d_kv) -> (T_q, d_out).
-/// @tparam Scalar float, double, bfloat16 or float16 (inference), as
-///         MultiHeadAttention<bfloat16> and <float16>.
+/// @tparam Scalar float, double, bfloat16 or float16, as MultiHeadAttention<bfloat16> and
+///         <float16>.
 /// @throws as MultiHeadAttention.
 template <class Scalar = float>
 class CrossAttention : private MultiHeadAttention<Scalar>,

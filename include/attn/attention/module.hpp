@@ -224,12 +224,12 @@ class ModuleForwards {
   using Grad = typename InputView<Tag, TensorView<Scalar, Rank>>::type;
   // Masks are in the compute type: float for a bfloat16 or float16 module.
   using Mask = AttentionMask<compute_type_t<Scalar>>;
-  // A bfloat16 module runs whole-sequence and packed forwards, inference and training (with
-  // backward), a float16 module inference forwards (packed ones too); both the incremental
-  // forward through a KVCache or a PagedKVCache of their type, and the packed prefills;
-  // attention weights need float or double.
+  // A bfloat16 or float16 module runs whole-sequence and packed forwards, inference and
+  // training (with backward), the incremental forward through a KVCache or a PagedKVCache of
+  // its type, and the packed prefills; attention weights need float or double.
   static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
-  static constexpr bool kWholeTraining = kTraining || std::is_same_v<Scalar, bfloat16>;
+  static constexpr bool kWholeTraining =
+      kTraining || std::is_same_v<Scalar, bfloat16> || std::is_same_v<Scalar, float16>;
 
  public:
   Tensor<Scalar, 3> forward(In<Inputs, 3>... in, const Mask& mask = {}) const {
@@ -268,8 +268,8 @@ class ModuleForwards {
     static_assert(Rank == 2 || Rank == 3,
                   "attn: a module's inputs are (B, T, features) or unbatched (T, features)");
     static_assert(kWholeTraining,
-                  "attn: a training forward (SavedForward) needs a float, double or bfloat16 "
-                  "module (a float16 module runs inference forwards only)");
+                  "attn: a training forward (SavedForward) needs a float, double, bfloat16 or "
+                  "float16 module");
     if constexpr (Rank == 3) {
       train_forward(gather_inputs<Scalar>(in...), out, saved, ws, mask, nullptr);
     } else {
@@ -339,8 +339,8 @@ class ModuleForwards {
   void forward(In<Inputs, 2>... in, const PackedSequences& seqs, TensorView<Scalar, 2> out,
                SavedForward<Scalar>& saved, Workspace& ws, const Mask& mask = {}) const {
     static_assert(kWholeTraining,
-                  "attn: a packed training forward (SavedForward) needs a float, double or "
-                  "bfloat16 module (a float16 module runs inference forwards only)");
+                  "attn: a packed training forward (SavedForward) needs a float, double, "
+                  "bfloat16 or float16 module");
     train_forward(gather_inputs<Scalar>(unsqueeze(in, 0)...), unsqueeze(out, 0), saved, ws, mask,
                   &seqs);
   }
@@ -378,8 +378,7 @@ class ModuleForwards {
   void backward(In<InputX, 3> grad_out, const SavedForward<Scalar>& saved,
                 Grad<Inputs, 3>... grad_in, Gradients<Scalar>& grads, Workspace& ws) const {
     static_assert(kWholeTraining,
-                  "attn: backward needs a float, double or bfloat16 module (a float16 module runs "
-                  "inference forwards only)");
+                  "attn: backward needs a float, double, bfloat16 or float16 module");
     derived().run_backward(grad_out, saved, gather_grads<Scalar>(grad_in...).views, grads, ws);
   }
   void backward(In<InputX, 2> grad_out, const SavedForward<Scalar>& saved,
@@ -613,8 +612,8 @@ class CoreModule {
   void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,
                     const TensorView<Scalar, 3> (&grad_in)[3], Gradients<Scalar>& grads,
                     Workspace& ws) const {
-    if constexpr (std::is_same_v<Scalar, bfloat16>) {
-      core_backward_bf16(core_, grad_out, saved, grad_in, grads, ws);
+    if constexpr (std::is_same_v<Scalar, bfloat16> || std::is_same_v<Scalar, float16>) {
+      core_backward_narrow(core_, grad_out, saved, grad_in, grads, ws);
     } else {
       core_backward(core_, grad_out, saved, grad_in, grads, ws);
     }

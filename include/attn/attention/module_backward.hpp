@@ -28,6 +28,7 @@
 #include "attn/tensor/overlap.hpp"
 #include "attn/tensor/tensor_view.hpp"
 #include "attn/types/bfloat16.hpp"
+#include "attn/types/float16.hpp"
 #include "attn/workspace.hpp"
 
 ATTN_NAMESPACE_BEGIN
@@ -335,9 +336,12 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
   }
 }
 
-/// core_backward() of a bfloat16 core: the same three steps, with bfloat16 products and float
-/// sums, each gradient rounded once where it is stored (docs/precision.md, "Training on
-/// bfloat16"):
+/// core_backward() of a bfloat16 or float16 core (Narrow): the same three steps, with products
+/// on Narrow operands and float sums, each gradient rounded once where it is stored
+/// (docs/precision.md, "Training on bfloat16 and float16"). Below for bfloat16; a float16 core
+/// differs in two places: its GEMMs widen (exact products, float sums), and its kernel reads
+/// Q, K, V and the context widened exactly and takes the float products (P and dS stay float):
+/// these CPUs have no float16 dot product to round them for.
 ///   1. out_proj: dC = dY W_o, dW_o += dY^T C (bfloat16 GEMMs), db_o += column sums of dY in
 ///      float; dC stays float (without out_proj: dY widened);
 ///   2. kernel: dC rounded once to bfloat16 (the attention's gradient input, as bfloat16
@@ -354,16 +358,18 @@ void core_backward(const AttentionCore<Scalar>& core, TensorView<const Scalar, 3
 ///      dX += dQKV W (bfloat16 GEMMs), db += column sums of the float dQKV.
 /// After a packed training forward, step 2 runs each sequence's own kernel calls (the split of
 /// core_backward()), and the rotation is per sequence.
-/// Every addition into a bfloat16 gradient (grads, grad_in) widens it, adds the float result
+/// Every addition into a Narrow gradient (grads, grad_in) widens it, adds the float result
 /// and rounds once.
-inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
-                               TensorView<const bfloat16, 3> grad_out,
-                               const SavedForward<bfloat16>& saved,
-                               const TensorView<bfloat16, 3> (&grad_in)[3],
-                               Gradients<bfloat16>& grads, Workspace& ws) {
+template <class Narrow>
+void core_backward_narrow(const AttentionCore<Narrow>& core, TensorView<const Narrow, 3> grad_out,
+                          const SavedForward<Narrow>& saved,
+                          const TensorView<Narrow, 3> (&grad_in)[3], Gradients<Narrow>& grads,
+                          Workspace& ws) {
+  static_assert(std::is_same_v<Narrow, bfloat16> || std::is_same_v<Narrow, float16>,
+                "a bfloat16 or float16 core");
   const CoreConfig& c = core.config();
   const char* where = c.name;
-  const QkvProjection<bfloat16>& proj = core.projection();
+  const QkvProjection<Narrow>& proj = core.projection();
   check_core_backward(core, grad_out, saved, grad_in);
   const Index batch = saved.batch, tq = saved.query_tokens, tk = saved.key_tokens;
   const Index heads = core.num_heads(), hd_v = core.value_head_dim(),
@@ -372,28 +378,27 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
 
   // 1. dC (B, T_q, A) in float: through out_proj, or dY widened.
   float* dc = workspace_get<float>(ws, WorkspaceSlot::kGradContext, q_rows * width);
-  const GemmOutput<const bfloat16> dy_rows =
-      gradient_rows<const bfloat16>(where, "grad_out", grad_out);
+  const GemmOutput<const Narrow> dy_rows = gradient_rows<const Narrow>(where, "grad_out", grad_out);
   if (c.out_proj) {
-    const Linear<bfloat16>& o = core.out_proj();
-    linear_backward_bf16(q_rows, o.weight(), saved.context.data(), width, dy_rows, dc,
-                         GemmOutput<bfloat16>(), grads.of(o.weight()).data(),
-                         o.has_bias() ? grads.of(o.bias()).data() : nullptr, ws);
+    const Linear<Narrow>& o = core.out_proj();
+    linear_backward_narrow(q_rows, o.weight(), saved.context.data(), width, dy_rows, dc,
+                           GemmOutput<Narrow>(), grads.of(o.weight()).data(),
+                           o.has_bias() ? grads.of(o.bias()).data() : nullptr, ws);
   } else {
     convert(grad_out, TensorView<float, 3>(dc, {batch, tq, width}));
   }
 
   // 2. The kernel. Scratch (kWideBackward): room for Q, K, V and the context widened,
   //    contiguous, written only when the kernel reads them (bfloat16 products not taken:
-  //    backward_reads_narrow()); with sinks, dL/dsink_h (H). The forward's options hold its
-  //    sinks widened (into the record's storage). dC rounded in place through a bfloat16 copy
-  //    (kNarrowBackward, free until step 3).
+  //    backward_reads_narrow(); float16: always); with sinks, dL/dsink_h (H). The forward's
+  //    options hold its sinks widened (into the record's storage). dC rounded in place through
+  //    a Narrow copy (kNarrowBackward, free until step 3).
   {
-    bfloat16* narrow = workspace_get<bfloat16>(ws, WorkspaceSlot::kNarrowBackward, q_rows * width);
+    Narrow* narrow = workspace_get<Narrow>(ws, WorkspaceSlot::kNarrowBackward, q_rows * width);
     const TensorView<float, 2> wide_dc(dc, {q_rows, width});
-    const TensorView<bfloat16, 2> narrow_dc(narrow, {q_rows, width});
+    const TensorView<Narrow, 2> narrow_dc(narrow, {q_rows, width});
     convert(TensorView<const float, 2>(wide_dc), narrow_dc);
-    convert(TensorView<const bfloat16, 2>(narrow_dc), wide_dc);
+    convert(TensorView<const Narrow, 2>(narrow_dc), wide_dc);
   }
   const auto padded = [](Index n) { return (n + 15) / 16 * 16; };  // whole 64-byte lines
   const Index nq = padded(saved.query.size()), nk = padded(saved.key.size()),
@@ -431,37 +436,39 @@ inline void core_backward_bf16(const AttentionCore<bfloat16>& core,
   // score pass over its plan's stacked heads (AttentionPlan), which the backward's key and
   // query tiles do not share; and a widened call keeps P and dS in float where vdpbf16ps
   // rounds them, so the gradients of few-row calls would change bits.
-  call.args.path = bf16_path();
-  const BackwardNarrow narrow{saved.query, saved.key, saved.value,
-                              TensorView<const bfloat16, 4>(
-                                  saved.context.data(), {batch, heads, tq, hd_v}, context_strides)};
-  if (!backward_reads_narrow(call, narrow)) {  // the float products read them widened
+  // float16: widened (kWiden), so that no path rounds P and dS to bfloat16.
+  call.args.path = std::is_same_v<Narrow, bfloat16> ? bf16_path() : Bf16Path::kWiden;
+  BackwardNarrow narrow;  // bfloat16 operands for the bfloat16 products; float16: none
+  if constexpr (std::is_same_v<Narrow, bfloat16>) {
+    narrow = BackwardNarrow{saved.query, saved.key, saved.value,
+                            TensorView<const bfloat16, 4>(saved.context.data(),
+                                                          {batch, heads, tq, hd_v}, context_strides)};
+  }
+  const BackwardNarrow* reads = std::is_same_v<Narrow, bfloat16> ? &narrow : nullptr;
+  if (reads == nullptr || !backward_reads_narrow(call, narrow)) {  // float products: widened
     convert(saved.query, q);
     convert(saved.key, k);
     convert(saved.value, v);
     convert(saved.context, TensorView<float, 3>(o, {batch, tq, width}));
   }
   if (packed) {
-    run_packed_backward(where, call, kernel_grads, seqs, saved.mask, c.causal_bound(), ws, &narrow);
+    run_packed_backward(where, call, kernel_grads, seqs, saved.mask, c.causal_bound(), ws, reads);
   } else {
-    run_attention_backward(call, kernel_grads, ws, &narrow);
+    run_attention_backward(call, kernel_grads, ws, reads);
   }
   rotate_back(core, part_grad, packed ? &seqs : nullptr);  // in float, before dQ and dK round
   if (c.sinks) {                                           // widened, added, rounded once
-    const TensorView<bfloat16, 1> into = grads.of(core.sinks());
-    for (Index h = 0; h < heads; ++h) {
-      into(h) = bfloat16(static_cast<float>(into(h)) + grad_sinks(h));
-    }
+    const TensorView<Narrow, 1> into = grads.of(core.sinks());
+    for (Index h = 0; h < heads; ++h) into(h) = Narrow(static_cast<float>(into(h)) + grad_sinks(h));
   }
 
-  // 3. The projections' backward, bfloat16 GEMMs per group.
+  // 3. The projections' backward, Narrow GEMMs per group.
   for (int g = 0; g < groups.count; ++g) {
-    const ProjectionBlock<bfloat16> b =
-        projection_block(proj, grads, groups.start[g], groups.end[g]);
-    const RowsRef<const bfloat16>& x = saved.inputs[groups.start[g]];
-    linear_backward_bf16(
+    const ProjectionBlock<Narrow> b = projection_block(proj, grads, groups.start[g], groups.end[g]);
+    const RowsRef<const Narrow>& x = saved.inputs[groups.start[g]];
+    linear_backward_narrow(
         x.rows, b.weight, x.data, x.ld, group_rows[g], nullptr,
-        gradient_rows<bfloat16>(where, kGradInputNames[groups.start[g]], grad_in[groups.start[g]]),
+        gradient_rows<Narrow>(where, kGradInputNames[groups.start[g]], grad_in[groups.start[g]]),
         b.grad_weight, b.grad_bias, ws);
   }
 }

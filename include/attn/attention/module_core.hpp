@@ -57,7 +57,7 @@ namespace detail {
 /// Every notebook class is a thin header over one core (or, for the wrapper, several); a
 /// feature added here reaches every module.
 ///
-/// A bfloat16 (or float16: everything below with float16 in its place) core (inference) keeps
+/// A bfloat16 (or float16: everything below with float16 in its place) core keeps
 /// its weights and biases in bfloat16, as a PyTorch module
 /// after .to(torch.bfloat16) does: the projections are GEMMs on bfloat16 operands with float
 /// sums, each result rounded once to bfloat16 (Q, K, V, the output), and the kernel is the
@@ -68,9 +68,9 @@ namespace detail {
 /// prefills) runs each sequence through the same bfloat16 kernel, the same bits as the
 /// sequence alone. Learned sinks are a bfloat16 parameter too (as .to(torch.bfloat16) makes
 /// them), widened exactly to float for the kernel on every call. Its training forward (packed
-/// too) records the bfloat16 heads and context, and its backward is core_backward_bf16()
-/// (module_backward.hpp). Attention weights need a float or double core; a float16 core runs
-/// inference forwards only (packed ones too). Built from a configuration, it takes a float core's
+/// too) records the bfloat16 heads and context, and its backward is core_backward_narrow()
+/// (module_backward.hpp). Attention weights need a float or double core. Built from a
+/// configuration, it takes a float core's
 /// draws rounded; the converting constructor rounds (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
@@ -156,7 +156,6 @@ class AttentionCore {
                const PackedSequences* packed = nullptr) const {
     if constexpr (kStorage) {  // the module front ends refuse these at compile time
       ATTN_ASSERT(weights.data() == nullptr);
-      ATTN_ASSERT((saved == nullptr || std::is_same_v<Scalar, bfloat16>));  // float16: no backward
     }
     check(query, key, value, out, weights, mask, packed);
     Workspace& keep = saved != nullptr ? saved->storage : ws;

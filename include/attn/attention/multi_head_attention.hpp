@@ -91,7 +91,8 @@ Tensor<std::remove_const_t<Scalar>, 3> average_heads(TensorView<Scalar, 4> weigh
 /// packed batches (inference, training and the packed prefills). forward_with_weights does
 /// not compile for it. Load float weights and convert<bfloat16>(module).
 /// MultiHeadAttention<float16> is the same with float16 (IEEE binary16) weights, biases and
-/// tensors, inference forwards only: its products are widened to float on every kernel set.
+/// tensors, training included (Gradients<float16>; scale the loss, optim::MixedPrecision's
+/// loss scaling): its products are widened to float on every kernel set.
 ///
 /// @tparam Scalar float, double, bfloat16 or float16.
 /// @throws ConfigError from the constructors if d_out % num_heads != 0, a size is not

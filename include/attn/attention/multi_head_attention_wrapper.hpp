@@ -47,9 +47,9 @@ ATTN_NAMESPACE_BEGIN
 ///
 /// bfloat16 and float16: every head is a CausalAttention<bfloat16> (<float16>), so the
 /// wrapper has its limits: masks in float, no attention weights (forward_with_weights does
-/// not compile); a bfloat16 wrapper trains (backward into Gradients<bfloat16>), a float16 one
-/// runs inference forwards only. convert<bfloat16>(wrapper) rounds each head's weights once.
-/// @tparam Scalar float, double, bfloat16 or float16 (inference).
+/// not compile); it trains (backward into Gradients<bfloat16> or <float16>).
+/// convert<bfloat16>(wrapper) rounds each head's weights once.
+/// @tparam Scalar float, double, bfloat16 or float16.
 /// @throws ConfigError from the constructor if a size is not positive (and as
 ///         CausalAttention does); ShapeError / ConfigError from forward() as
 ///         CausalAttention::forward.
@@ -242,11 +242,8 @@ class MultiHeadAttentionWrapper
       const Index hi = static_cast<Index>(h);
       const Mask own = per_head ? mask.select_head(hi) : Mask();
       const auto out_h = slice(out, 2, hi * width, (hi + 1) * width);
-      // (A storage type's wrapper has no weights, and a float16 one no training forward:
-      // the front ends refuse them at compile time.)
-      if constexpr (std::is_same_v<Scalar, float16>) {
-        ATTN_ASSERT(saved == nullptr);
-      } else if (saved != nullptr) {
+      // (A storage type's wrapper has no weights: the front ends refuse them at compile time.)
+      if (saved != nullptr) {
         heads_[h].forward(x.query, out_h, saved->parts[h], ws, per_head ? own : mask);
         continue;
       }

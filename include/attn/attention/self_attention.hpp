@@ -45,9 +45,8 @@ inline constexpr RandInit kRandInit{};
 /// bfloat16 and float16: SelfAttention<bfloat16> runs MultiHeadAttention<bfloat16>'s core
 /// (bfloat16 weights and biases, float sums and softmax, docs/precision.md) with the same
 /// limits: whole-sequence forwards (inference and training) and backward, masks in float;
-/// convert<bfloat16>(module) rounds a float module's weights once. float16 the same, inference
-/// only.
-/// @tparam Scalar float, double, bfloat16 or float16 (inference).
+/// convert<bfloat16>(module) rounds a float module's weights once. float16 the same.
+/// @tparam Scalar float, double, bfloat16 or float16.
 /// @throws ConfigError from the constructors on non-positive sizes.
 template <class Scalar = float>
 class SelfAttention

@@ -137,7 +137,7 @@ inline void pack_rows(const Scalar* b, Index ldb, Index j0, Index cols, Index p0
 }
 
 /// dst (cols, rows), leading dimension ldd, = the transpose of src (rows, cols), leading
-/// dimension lds, for 16-bit elements (the bfloat16 backward's GEMM operands, which the
+/// dimension lds, for 16-bit elements (the bfloat16 and float16 backward's GEMM operands, which the
 /// GEMM reads as row-major A and B^T only): in 32 x 32 tiles, so each tile's 32 source rows
 /// and 32 destination rows (64 bytes each, one line) stay in L1 while it is copied. The
 /// avx512 set transposes whole tiles in registers (transpose_block_16bit()); ragged edges,

@@ -146,9 +146,11 @@ ATTN_KERNELS_INSTANCES_(double)
 ATTN_KERNELS_STORAGE_GEMM_(bfloat16)
 ATTN_KERNELS_STORAGE_GEMM_(float16)
 #undef ATTN_KERNELS_STORAGE_GEMM_
-// The bfloat16 backward's staging transposes.
+// The bfloat16 and float16 backward's staging transposes.
 ATTN_KERNELS_EXPLICIT_ template void transpose_16bit<bfloat16>(Index, Index, const bfloat16*, Index,
                                                                bfloat16*, Index) noexcept;
+ATTN_KERNELS_EXPLICIT_ template void transpose_16bit<float16>(Index, Index, const float16*, Index,
+                                                              float16*, Index) noexcept;
 // The streaming attention on bfloat16 and float16 operands (float accumulation).
 #define ATTN_KERNELS_STORAGE_ATTENTION_(O)                                          \
   ATTN_KERNELS_EXPLICIT_ template void streaming_tile<float, O>(                    \
