@@ -30,7 +30,7 @@ namespace optim {
 /// (MixedPrecision::set_loss_scaling). The loss, and so every gradient, is multiplied by a
 /// scale that starts at init_scale; a step whose unscaled gradients hold an Inf or a NaN is
 /// skipped and multiplies the scale by backoff_factor; growth_interval steps in a row without
-/// one multiply it by growth_factor.
+/// one multiply it by growth_factor. A MixedPrecision scales nothing until it is given one.
 struct LossScaling {
   float init_scale = 65536.0f;  ///< 2^16; positive and finite
   float growth_factor = 2.0f;   ///< > 1 (and finite)
