@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <string>
 #include <vector>
@@ -726,6 +727,28 @@ TEST(ZeroAllocation, BFloat16TrainingStepWithMasterWeights) {
     });
   }
   attn::set_bf16_path(std::nullopt);
+}
+
+// A float16 module's MixedPrecision step with dynamic loss scaling allocates nothing, whether
+// it steps (the scale growing every second step) or skips one for an Inf in a gradient.
+TEST(ZeroAllocation, Float16MixedPrecisionStepWithLossScaling) {
+  attn::manual_seed(26);
+  auto mha = attn::convert<attn::float16>(
+      MultiHeadAttention<float>(kDim, kDim, kTokens, /*dropout=*/0.0, kHeads, true));
+  attn::Gradients<attn::float16> grads(mha.named_parameters());
+  attn::optim::MixedPrecision<attn::optim::AdamW<float>, attn::float16> adamw(
+      mha.named_parameters());
+  attn::optim::LossScaling scaling;
+  scaling.growth_interval = 2;
+  adamw.set_loss_scaling(scaling);
+  const auto g = grads[0].matrix();
+  int calls = 0;
+  expect_steady_state_without_allocation([&] {
+    g(0, 0) = attn::float16(++calls % 3 == 0 ? std::numeric_limits<float>::infinity() : 0.5f);
+    adamw.step(grads);
+  });
+  EXPECT_EQ(adamw.skipped_steps(), 2);
+  EXPECT_EQ(adamw.optimizer().steps(), 4);
 }
 
 // A packed training step (the packed training forward and its backward: one kernel call per

@@ -15,6 +15,10 @@
 #if ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
 #include "attn/attention/multi_head_attention.hpp"
 #endif
+#if ATTN_MISUSE_CASE == 11
+#include "attn/optim/mixed_precision.hpp"
+#include "attn/optim/sgd.hpp"
+#endif
 
 namespace {
 
@@ -68,6 +72,10 @@ namespace {
 #else
   (void)m.forward_with_weights(x.view());  // the streaming kernel returns no weights
 #endif
+#elif ATTN_MISUSE_CASE == 11
+  (void)const_view;
+  // MixedPrecision keeps float masters of a 16-bit module, not of a float one.
+  (void)sizeof(attn::optim::MixedPrecision<attn::optim::SGD<float>, float>);
 #endif
 }
 
