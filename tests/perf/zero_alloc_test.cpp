@@ -729,6 +729,47 @@ TEST(ZeroAllocation, BFloat16TrainingStepWithMasterWeights) {
   attn::set_bf16_path(std::nullopt);
 }
 
+// A float16 training step with a loss scale (training forward, backward of the scaled dL/dy
+// into float16 gradients, AdamW over float masters) allocates nothing once warm, on every
+// bfloat16 path this CPU has (a float16 module ignores it: widened products on every path).
+TEST(ZeroAllocation, Float16TrainingStepWithLossScaling) {
+  attn::manual_seed(28);
+  const Index batch = 2, tokens = 64, dim = 64;
+  auto mha = attn::convert<attn::float16>(
+      MultiHeadAttention<float>(dim, dim, tokens, /*dropout=*/0.1, kHeads, true));
+  const auto x = attn::convert<attn::float16>(
+      attn::test::random_tensor<float>(Shape<3>{batch, tokens, dim}, 29));
+  const auto grad_out = attn::test::random_tensor<float>(Shape<3>{batch, tokens, dim}, 30);
+  AttentionMask<float> mask;
+  mask.key_lengths({tokens, tokens - 3});
+  Tensor<attn::float16, 3> out({batch, tokens, dim}), gx({batch, tokens, dim}),
+      scaled({batch, tokens, dim});
+  attn::SavedForward<attn::float16> saved;
+  attn::Gradients<attn::float16> grads(mha.named_parameters());
+  attn::optim::MixedPrecision<attn::optim::AdamW<float>, attn::float16> adamw(
+      mha.named_parameters());
+  attn::optim::LossScaling scaling;
+  scaling.init_scale = 1024.0f;  // dL/dy of O(1) scaled stays finite in float16
+  adamw.set_loss_scaling(scaling);
+  for (const attn::Bf16Path path : {attn::Bf16Path::kDot, attn::Bf16Path::kWiden}) {
+    if (attn::set_bf16_path(path) != path) continue;  // not on this CPU and set
+    SCOPED_TRACE(attn::bf16_path_name(path));
+    attn::Workspace ws;
+    expect_steady_state_without_allocation([&] {
+      mha.forward(x.view(), out.view(), saved, ws, mask);
+      const float s = adamw.loss_scale();
+      for (Index i = 0; i < scaled.size(); ++i) {
+        scaled.data()[i] = attn::float16(grad_out.data()[i] * s);
+      }
+      grads.zero();
+      gx.fill(attn::float16(0.0f));
+      mha.backward(scaled.view(), saved, gx.view(), grads, ws);
+      EXPECT_TRUE(adamw.step(grads));
+    });
+  }
+  attn::set_bf16_path(std::nullopt);
+}
+
 // A float16 module's MixedPrecision step with dynamic loss scaling allocates nothing, whether
 // it steps (the scale growing every second step) or skips one for an Inf in a gradient.
 TEST(ZeroAllocation, Float16MixedPrecisionStepWithLossScaling) {

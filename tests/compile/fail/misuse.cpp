@@ -12,7 +12,11 @@
 #if ATTN_MISUSE_CASE == 8
 #include "attn/tensor/eigen.hpp"
 #endif
-#if ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
+#if ATTN_MISUSE_CASE == 9
+#include "attn/nn/gradients.hpp"
+#include "attn/types/float8.hpp"
+#endif
+#if ATTN_MISUSE_CASE == 10
 #include "attn/attention/multi_head_attention.hpp"
 #endif
 #if ATTN_MISUSE_CASE == 11
@@ -52,26 +56,16 @@ namespace {
   const Eigen::MatrixXf matrix = Eigen::MatrixXf::Zero(2, 2);
   attn::TensorView<float, 2> writable = attn::as_view(matrix);  // a const object is read-only
   writable(0, 0) = 1.0f;
-#elif ATTN_MISUSE_CASE == 9 || ATTN_MISUSE_CASE == 10
-  // A float16 module does not train (packed batches included); a bfloat16 module returns no
-  // attention weights.
+#elif ATTN_MISUSE_CASE == 9
+  // float8 is a storage type for KV caches and conversions: no module of it trains.
   (void)const_view;
-#if ATTN_MISUSE_CASE == 9
-  using E = attn::float16;
-#else
-  using E = attn::bfloat16;
-#endif
-  const attn::MultiHeadAttention<E> m(attn::MultiHeadAttentionOptions::pytorch(8, 2));
-  attn::Tensor<E, 3> x({1, 2, 8}), y({1, 2, 8});
-  attn::Workspace ws;
-#if ATTN_MISUSE_CASE == 9
-  attn::SavedForward<E> saved;
-  const attn::PackedSequences seqs(std::vector<attn::Index>{0, 2});
-  const attn::TensorView<const E, 2> rows = attn::select(x.view(), 0, 0);
-  m.forward(rows, rows, rows, seqs, attn::select(y.view(), 0, 0), saved, ws);  // packed training
-#else
+  (void)sizeof(attn::Gradients<attn::float8_e4m3>);
+#elif ATTN_MISUSE_CASE == 10
+  // A bfloat16 module returns no attention weights.
+  (void)const_view;
+  const attn::MultiHeadAttention<attn::bfloat16> m(attn::MultiHeadAttentionOptions::pytorch(8, 2));
+  const attn::Tensor<attn::bfloat16, 3> x({1, 2, 8});
   (void)m.forward_with_weights(x.view());  // the streaming kernel returns no weights
-#endif
 #elif ATTN_MISUSE_CASE == 11
   (void)const_view;
   // MixedPrecision keeps float masters of a 16-bit module, not of a float one.
