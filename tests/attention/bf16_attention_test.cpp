@@ -959,8 +959,8 @@ void check_module_backward(double bound) {
         EXPECT_LE(e, bound) << "gradient " << t;
         worst = std::max(worst, e);
       }
-      std::cout << "[ " << typeid(Element).name() << " backward ] worst normalised error "
-                << worst << "\n";
+      std::cout << "[ " << typeid(Element).name() << " backward ] worst normalised error " << worst
+                << "\n";
       if (attn::active_isa() != attn::test::runnable_sets().back()) return;  // threads: last set
       attn::set_num_threads(2);
       narrow.seed(3);

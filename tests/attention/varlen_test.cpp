@@ -570,8 +570,9 @@ TEST(VarlenModule, Fp16ForwardEqualsEachSequenceAlone) { check_module_forward<fl
 // packed entry and of each sequence's entry (float16: 2^-11).
 template <class E>
 void check_module_backward() {
-  constexpr double kRound =
-      std::is_same_v<E, float> ? 0.0 : std::is_same_v<E, bfloat16> ? 1.0 / 256 : 1.0 / 2048;
+  constexpr double kRound = std::is_same_v<E, float>      ? 0.0
+                            : std::is_same_v<E, bfloat16> ? 1.0 / 256
+                                                          : 1.0 / 2048;
   const int threads = attn::num_threads();
   struct BackwardCase {
     Index kv_heads;

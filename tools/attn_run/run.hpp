@@ -258,14 +258,13 @@ attn::io::SafetensorsWriter run_multi_head_attention(const attn::io::Safetensors
     attn::Workspace ws;
     attn::SavedForward<Scalar> saved;
     attn::Tensor<Scalar, 3> output({batch, tq, mha.embed_dim()});
-    attn::Gradients<Scalar> grads(
-        mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
+    attn::Gradients<Scalar> grads(mha.named_parameters(attn::ParameterNames::kMultiheadAttention));
     attn::Tensor<Scalar, 3> grad_query(query.shape());
     if (has_key) {
       attn::Tensor<Scalar, 3> grad_key(key.shape()), grad_value(value.shape());
       mha.forward(q, k, v, output.view(), saved, ws, mask);
-      mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(),
-                   grad_value.view(), grads, ws);
+      mha.backward(grad_output.view(), saved, grad_query.view(), grad_key.view(), grad_value.view(),
+                   grads, ws);
       add("grad_key", grad_key);
       add("grad_value", grad_value);
     } else {

@@ -441,8 +441,8 @@ void core_backward_narrow(const AttentionCore<Narrow>& core, TensorView<const Na
   BackwardNarrow narrow;  // bfloat16 operands for the bfloat16 products; float16: none
   if constexpr (std::is_same_v<Narrow, bfloat16>) {
     narrow = BackwardNarrow{saved.query, saved.key, saved.value,
-                            TensorView<const bfloat16, 4>(saved.context.data(),
-                                                          {batch, heads, tq, hd_v}, context_strides)};
+                            TensorView<const bfloat16, 4>(
+                                saved.context.data(), {batch, heads, tq, hd_v}, context_strides)};
   }
   const BackwardNarrow* reads = std::is_same_v<Narrow, bfloat16> ? &narrow : nullptr;
   if (reads == nullptr || !backward_reads_narrow(call, narrow)) {  // float products: widened
