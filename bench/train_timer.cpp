@@ -6,13 +6,15 @@
 // measurement in a fresh process so RSS is per shape.
 // Glossary: B = batch, T = tokens, D = embedding width, H = heads.
 //
-// Usage: train_timer B T D H causal threads reps [--bf16] [--max-seconds S] [--warmup N]
+// Usage: train_timer B T D H causal threads reps [--bf16|--fp16] [--max-seconds S] [--warmup N]
 //   causal: 0 or 1 (query i sees keys j <= i). reps: timed steps (at most); stops early once
 //   --max-seconds (default 10) of timed steps have run and at least 3 were timed. --warmup
 //   (default 1) untimed steps first, so the Workspace, the SavedForward and the Gradients
 //   are warm and no timed step allocates. --bf16: the module, its input, grad_out and
 //   gradients in bfloat16 (MultiHeadAttention<bfloat16>: the float module's weights rounded;
-//   its backward runs bfloat16 GEMMs with float sums), impl=attn_bf16.
+//   its backward runs bfloat16 GEMMs with float sums), impl=attn_bf16. --fp16: the same in
+//   float16 (its products widened to float), impl=attn_fp16; grad_out as given (a training
+//   loop would scale it: the same work).
 // One step: the training forward (forward(x, out, saved, ws, mask)), zeroing the gradients,
 // the backward (backward(grad_out, saved, grad_x, grads, ws)), as a training loop runs it
 // (the optimizer's step is not timed; PyTorch's side times the same).
@@ -49,7 +51,7 @@ struct StepTimes {
   double checksum = 0;                  // keeps the results observable
 };
 
-/// Times the training step of `mha` (float or bfloat16) on x and grad_out of that type.
+/// Times the training step of `mha` (float, bfloat16 or float16) on x and grad_out of that type.
 template <class Scalar>
 StepTimes time_steps(const attn::MultiHeadAttention<Scalar>& mha, const attn::Tensor<Scalar, 3>& x,
                      const attn::Tensor<Scalar, 3>& grad_out, bool causal,
@@ -82,11 +84,12 @@ StepTimes time_steps(const attn::MultiHeadAttention<Scalar>& mha, const attn::Te
 int main(int argc, char** argv) {
   using attn::bench::max_rss_mib;
   const attn::bench::TimerArgs args(
-      argc, argv, 7, "B T D H causal threads reps [--bf16] [--max-seconds S] [--warmup N]");
-  bool bf16 = false;
+      argc, argv, 7, "B T D H causal threads reps [--bf16|--fp16] [--max-seconds S] [--warmup N]");
+  std::string impl = "attn";
   for (const std::string& flag : args.flags) {
-    if (flag != "--bf16") args.fail("unknown option " + flag);
-    bf16 = true;
+    if (flag != "--bf16" && flag != "--fp16") args.fail("unknown option " + flag);
+    if (impl != "attn") args.fail("--bf16 and --fp16 exclude each other");
+    impl = flag == "--bf16" ? "attn_bf16" : "attn_fp16";
   }
   const auto& v = args.positional;
   const attn::Index b = v[0], t = v[1], d = v[2], h = v[3];
@@ -101,10 +104,15 @@ int main(int argc, char** argv) {
   auto mha = attn::bench::make_mha<float>(d, h, /*seed=*/1234, /*frozen=*/false);
   const auto x = attn::bench::random_tensor<float, 3>({b, t, d}, /*seed=*/42);
   const auto grad_out = attn::bench::random_tensor<float, 3>({b, t, d}, /*seed=*/43);
-  const StepTimes times =
-      bf16 ? time_steps(attn::convert<attn::bfloat16>(mha), attn::convert<attn::bfloat16>(x.view()),
-                        attn::convert<attn::bfloat16>(grad_out.view()), causal, args)
-           : time_steps(mha, x, grad_out, causal, args);
+  // The float module's weights, input and grad_out rounded to the 16-bit type.
+  const auto narrow = [&](auto type) {
+    using T = decltype(type);
+    return time_steps(attn::convert<T>(mha), attn::convert<T>(x.view()),
+                      attn::convert<T>(grad_out.view()), causal, args);
+  };
+  const StepTimes times = impl == "attn_bf16"   ? narrow(attn::bfloat16())
+                          : impl == "attn_fp16" ? narrow(attn::float16())
+                                                : time_steps(mha, x, grad_out, causal, args);
 
   const std::vector<double>& sorted = times.wall_ms;
   const double median = attn::bench::median(sorted);
@@ -115,7 +123,7 @@ int main(int argc, char** argv) {
       "impl=%s B=%ld T=%ld D=%ld H=%ld causal=%d threads=%d reps=%zu median_ms=%.4f "
       "min_ms=%.4f cpu_ms=%.4f gflops=%.2f max_rss_mib=%.1f base_rss_mib=%.1f checksum=%.6g "
       "isa=%s\n",
-      bf16 ? "attn_bf16" : "attn", static_cast<long>(b), static_cast<long>(t), static_cast<long>(d),
+      impl.c_str(), static_cast<long>(b), static_cast<long>(t), static_cast<long>(d),
       static_cast<long>(h), causal ? 1 : 0, threads, sorted.size(), median, sorted.front(),
       attn::bench::median(times.cpu_ms), flops / (median * 1e-3) * 1e-9, max_rss_mib(), base_rss,
       times.checksum, attn::isa_name(attn::active_isa()));
