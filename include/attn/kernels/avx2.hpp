@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx2.hpp: the avx2 kernel set, attn::kernels::avx2: the set's primitives
-// (avx2/vec.inl, avx2/convert.inl), its AVX-VNNI int8 dot products (avx2/int8_vnni.inl) and
+// (avx2/vec.inl, avx2/convert.inl), its few-row decode scores and 16-bit values
+// (avx2/decode_rows.inl), its AVX-VNNI int8 dot products (avx2/int8_vnni.inl) and
 // the generic kernels (generic/*.inl), each compiled in its target region.
 #pragma once
 
@@ -17,6 +18,7 @@ inline constexpr Isa kSetIsa = Isa::kAvx2;
 // clang-format off
 #include "attn/kernels/avx2/vec.inl"
 #include "attn/kernels/avx2/convert.inl"
+#include "attn/kernels/avx2/decode_rows.inl"
 // clang-format on
 }  // namespace avx2
 }  // namespace kernels
