@@ -58,8 +58,8 @@ inline __m256 sum_2x4(const __m256 (&a)[2][4]) noexcept {
 /// and row alone, not on the rows or keys beside them. The first group asks for the rows of
 /// `ahead` key by key.
 template <class Key>
-inline bool decode_scores_avx2(const float* const* q, Index rows, const Key* k, Index k_rs,
-                               Index d, Index n, float scale, float* st, Index ld,
+inline bool decode_scores_avx2(const float* const* q, Index rows, const Key* k, Index k_rs, Index d,
+                               Index n, float scale, float* st, Index ld,
                                const KeyPrefetch& ahead) noexcept {
   const Index full = d / 8, tail = d - full * 8;
   const __m256 vscale = _mm256_set1_ps(scale);
@@ -73,8 +73,8 @@ inline bool decode_scores_avx2(const float* const* q, Index rows, const Key* k, 
     const float* qr[4];
     for (Index i = 0; i < 4; ++i) qr[i] = q[std::min<Index>(r0 + i, rows - 1)];
     const Index group = std::min<Index>(4, rows - r0);
-    const __m128i row_lanes = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(group)),
-                                              _mm_setr_epi32(0, 1, 2, 3));
+    const __m128i row_lanes =
+        _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(group)), _mm_setr_epi32(0, 1, 2, 3));
     for (Index j0 = 0; j0 < n; j0 += 2) {
       const Key* key[2];
 #pragma GCC unroll 2
@@ -118,7 +118,8 @@ inline bool decode_scores_avx2(const float* const* q, Index rows, const Key* k, 
         continue;
       }
       _mm_maskstore_ps(st + j0 * ld + r0, row_lanes, _mm256_castps256_ps128(s));
-      if (keys == 2) _mm_maskstore_ps(st + (j0 + 1) * ld + r0, row_lanes, _mm256_extractf128_ps(s, 1));
+      if (keys == 2)
+        _mm_maskstore_ps(st + (j0 + 1) * ld + r0, row_lanes, _mm256_extractf128_ps(s, 1));
     }
   }
   return true;
