@@ -140,16 +140,11 @@ struct QuantizedQuery {
 /// spread a few lines per key: prefetch_for_key(), below): the first k_bytes of the key row
 /// kKeysAhead keys ahead of the key it scores, and the first v_bytes of the value row of each
 /// key it scores (row j at v + j * v_rs; v null: none), which the value pass reads next.
-/// A run of paged rows followed by another in the same pass (k_next not null): the keys
-/// ahead past the run's k_run rows are that run's (k_next, at the same row stride), not the
-/// rows after the run's end in the pool, which belong to another sequence where blocks
-/// interleave. Empty: nothing asked for (a set without these requests ignores the plan).
+/// Empty: nothing asked for (a set without these requests ignores the plan).
 struct KeyPrefetch {
   Index k_bytes = 0;
   const unsigned char* v = nullptr;
   Index v_rs = 0, v_bytes = 0;
-  const unsigned char* k_next = nullptr;
-  Index k_run = 0;
 };
 
 /// How far ahead of the key it scores a pass asks for a key row (KeyPrefetch::k_bytes): about
@@ -177,35 +172,26 @@ inline void prefetch_lines(std::uintptr_t address, Index bytes) noexcept {
 /// ahead may lie past the run.
 inline void prefetch_for_key(const KeyPrefetch& ahead, const unsigned char* k, Index k_rs,
                              Index j) noexcept {
-  const Index target = j + kKeysAhead;
-  const bool next = ahead.k_next != nullptr && target >= ahead.k_run;
-  prefetch_lines(reinterpret_cast<std::uintptr_t>(next ? ahead.k_next : k) +
-                     static_cast<std::uintptr_t>((next ? target - ahead.k_run : target) * k_rs),
-                 ahead.k_bytes);
+  prefetch_lines(
+      reinterpret_cast<std::uintptr_t>(k) + static_cast<std::uintptr_t>((j + kKeysAhead) * k_rs),
+      ahead.k_bytes);
   if (ahead.v != nullptr) {
     prefetch_lines(reinterpret_cast<std::uintptr_t>(ahead.v + j * ahead.v_rs), ahead.v_bytes);
   }
 }
 
-/// The plan for a score pass over a run of `run` stored keys from slot `slot` of item b, head h
-/// of `keys` (width d), of a pass over `rest` rows from there, with `values` (width dv; null: no
-/// value rows asked for); rows of the Scalar kind are `scalar` bytes an element (a paged float
-/// cache's: 4). The keys ahead past a paged run's end are the next run's when the pass goes on
-/// (KeyPrefetch::k_next); past the pass's last run, the rows after it in the pool: the
-/// sequence's own when its blocks lie in runs (the pool's placement), another's otherwise (a
-/// request for nothing useful).
+/// The plan for a score pass over a run of stored keys from slot `slot` of item b, head h of
+/// `keys` (width d), with `values` (width dv; null: no value rows asked for); rows of the
+/// Scalar kind are `scalar` bytes an element (a paged float cache's: 4). A paged run's rows
+/// ahead past its end lie in the pool's next block: the sequence's own when its blocks lie in
+/// runs (the pool's placement), another's otherwise (a request for nothing useful).
 inline KeyPrefetch key_prefetch(const StoredRows& keys, const StoredRows* values, Index b, Index h,
-                                Index slot, Index run, Index rest, Index d, Index dv,
-                                Index scalar = 1) noexcept {
+                                Index slot, Index d, Index dv, Index scalar = 1) noexcept {
   const auto bytes = [scalar](KVElement e, Index width) {
     return e == KVElement::kScalar ? width * scalar : stored_row_bytes(e, width);
   };
   KeyPrefetch ahead;
   ahead.k_bytes = bytes(keys.element, d);
-  if (keys.table != nullptr && run < rest) {
-    ahead.k_next = keys.row(b, h, slot + run);
-    ahead.k_run = run;
-  }
   if (values != nullptr) {
     ahead.v = values->row(b, h, slot);
     ahead.v_rs = values->row_stride;

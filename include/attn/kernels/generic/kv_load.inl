@@ -105,8 +105,7 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
   stored_runs(s, b, h, slot, n,
               [&](const unsigned char* row, const float* scales, Index j0, Index run) {
                 const KeyPrefetch ahead =
-                    key_prefetch(s, values, b, h, slot + j0, run, n - j0, width, dv,
-                                 Index(sizeof(Scalar)));
+                    key_prefetch(s, values, b, h, slot + j0, width, dv, Index(sizeof(Scalar)));
                 for (Index r = 0; r < run; ++r) {
                   prefetch_for_key(ahead, row, s.row_stride, r);
                   load(row + r * s.row_stride,
@@ -250,7 +249,7 @@ inline void stored_int8_scores(const StoredRows& s, Index b, Index h, Index slot
   stored_runs(s, b, h, slot, n,
               [&](const unsigned char* row, const float* scales, Index j0, Index run) {
                 int8_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, run, st + j0 * ld,
-                                ld, key_prefetch(s, values, b, h, slot + j0, run, n - j0, q.width, dv));
+                                ld, key_prefetch(s, values, b, h, slot + j0, q.width, dv));
               });
 }
 
@@ -311,8 +310,7 @@ inline void stored_int4_scores(const StoredRows& s, Index b, Index h, Index slot
   stored_runs(
       s, b, h, slot, n, [&](const unsigned char* row, const float* scales, Index j0, Index run) {
         int4_key_scores(q, row, s.row_stride, scales, s.scale_row_stride, s.group, run,
-                        st + j0 * ld, ld,
-                        key_prefetch(s, values, b, h, slot + j0, run, n - j0, q.width, dv));
+                        st + j0 * ld, ld, key_prefetch(s, values, b, h, slot + j0, q.width, dv));
       });
 }
 
@@ -441,8 +439,7 @@ bool stored_decode_scores(const StoredRows& s, Index b, Index h, Index slot, Ind
     done = done && decode_key_scores_part(
                        q, rows, reinterpret_cast<const Key*>(row),
                        s.row_stride / Index(sizeof(Key)), d, run, scale, st + j0 * ld, ld,
-                       key_prefetch(s, values, b, h, slot + j0, run, n - j0, d, dv,
-                                    Index(sizeof(Key))));
+                       key_prefetch(s, values, b, h, slot + j0, d, dv, Index(sizeof(Key))));
   });
   return done;
 }
