@@ -508,6 +508,66 @@ TEST(LinearBackward, AddsIntoTheGradientsAndSkipsAnEmptyInputGradient) {
               ::testing::HasSubstr("Gradients::of"));
 }
 
+// bfloat16 and float16 layers: the backward against a double layer holding the same rounded
+// weights and bias, on the same rounded x (strided: the contiguous-copy path) and grad_y. Each
+// gradient is a sum of exact products (16-bit operands) in float, rounded once into the 16-bit
+// gradient: off by at most half its ulp, 2^-8 (bfloat16) or 2^-11 (float16) of its magnitude,
+// plus the float sums' error (37 or 18 terms of O(1): under 1e-5 of the largest). Normalised
+// to each tensor's largest element, the bound is that half ulp plus 1e-5; a dropped or
+// transposed term is off by 10 % or more. grad_x starts at zero, so it is also one rounding.
+template <class Narrow>
+void check_narrow_backward(double half_ulp) {
+  attn::manual_seed(6);
+  for (const bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    const Linear<Narrow> layer(37, 21, bias);
+    Linear<double> wide(37, 21, bias);
+    wide.set_weight(attn::convert<double>(layer.weight()));
+    if (bias) wide.set_bias(attn::convert<double>(layer.bias()));
+    const auto big =
+        attn::convert<Narrow>(attn::test::random_tensor<float>(Shape<3>{2, 18, 37}, 7));
+    const TensorView<const Narrow, 3> x(big.data(), {2, 9, 37}, {18 * 37, 2 * 37, 1});  // strided
+    const auto gy = attn::convert<Narrow>(attn::test::random_tensor<float>(Shape<3>{2, 9, 21}, 8));
+    attn::Gradients<Narrow> grads(layer.named_parameters());
+    Tensor<Narrow, 3> gx({2, 9, 37});
+    gx.fill(Narrow(0.0f));
+    attn::Workspace ws;
+    layer.backward(x, gy.view(), gx.view(), grads, ws);
+    attn::Gradients<double> wide_grads(wide.named_parameters());
+    Tensor<double, 3> wide_gx({2, 9, 37});
+    wide_gx.fill(0.0);
+    wide.backward(attn::convert<double>(x).view(), attn::convert<double>(gy.view()).view(),
+                  wide_gx.view(), wide_grads);
+    const auto error = [](const auto& got, const auto& want) {
+      double scale = 0, err = 0;
+      for (Index i = 0; i < want.size(); ++i) {
+        const double w = want.data()[i], g = static_cast<double>(got.data()[i]);
+        scale = std::max(scale, std::abs(w));
+        err = std::max(err, std::abs(g - w));
+      }
+      return err / scale;
+    };
+    EXPECT_LE(error(gx, wide_gx), half_ulp + 1e-5) << "grad_x";
+    EXPECT_LE(error(attn::Tensor<Narrow, 2>(grads.at("weight").matrix()),
+                    attn::Tensor<double, 2>(wide_grads.at("weight").matrix())),
+              half_ulp + 1e-5)
+        << "grad_weight";
+    if (bias) {
+      EXPECT_LE(error(attn::Tensor<Narrow, 1>(grads.at("bias").vector()),
+                      attn::Tensor<double, 1>(wide_grads.at("bias").vector())),
+                half_ulp + 1e-5)
+          << "grad_bias";
+    }
+  }
+}
+
+TEST(LinearBackward, Bfloat16MatchesTheDoubleLayer) {
+  check_narrow_backward<attn::bfloat16>(1.0 / 256);
+}
+TEST(LinearBackward, Float16MatchesTheDoubleLayer) {
+  check_narrow_backward<attn::float16>(1.0 / 2048);
+}
+
 }  // namespace
 
 }  // namespace linear_test

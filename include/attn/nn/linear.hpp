@@ -110,15 +110,14 @@ void linear_forward(const char* where, TensorView<const Scalar, 2> weight, const
 /// weight accessor unfreezes it, so a weight edited through the layer is always used.
 ///
 /// Shapes: x (..., in_features) -> (..., out_features).
-/// @tparam Scalar float or double; or bfloat16 or float16 for inference (forward only):
-///         weight, bias, x and y of that type, products and sums in float (the GEMM on
-///         16-bit operands), y rounded once; its constructors draw a float layer's weights
-///         and round them.
+/// @tparam Scalar float or double; or bfloat16 or float16: weight, bias, x and y of that type,
+///         products and sums in float (the GEMM on 16-bit operands), y rounded once; its
+///         constructors draw a float layer's weights and round them; its backward takes
+///         16-bit products with float sums too, each gradient rounded once where it is added.
 template <class Scalar = float>
 class Linear {
   static_assert(std::is_floating_point_v<Scalar> || detail::is_gemm_storage_v<Scalar>,
-                "attn::Linear: Scalar must be float, double, bfloat16 or float16 (inference "
-                "only)");
+                "attn::Linear: Scalar must be float, double, bfloat16 or float16");
 
  public:
   /// An empty 0 x 0 layer (assign a real one before use).
@@ -213,6 +212,9 @@ class Linear {
   /// x (..., in), grad_y and grad_x with x's leading shape; `grads` made from this layer's
   /// (or its module's) named_parameters(). Deterministic (the GEMMs' fixed order) and, with
   /// a warm `ws` and contiguous views, allocation-free; other views are copied first.
+  /// bfloat16 and float16: the products on the 16-bit operands with float sums (the GEMM of
+  /// the forward), each gradient widened, the float result added and rounded once; the bias
+  /// gradient from float column sums (the modules' backward does the same, docs/precision.md).
   /// @throws ShapeError on mismatched shapes; ConfigError when `grads` does not hold this
   ///         layer's parameters.
   template <class XScalar, class GScalar, std::size_t Rank>
@@ -221,9 +223,6 @@ class Linear {
     static_assert(std::is_same_v<std::remove_const_t<XScalar>, Scalar> &&
                       std::is_same_v<std::remove_const_t<GScalar>, Scalar>,
                   "attn::Linear::backward: x and grad_y must hold the layer's Scalar");
-    static_assert(std::is_floating_point_v<Scalar>,
-                  "attn::Linear::backward: a bfloat16 or float16 layer runs forward only; train "
-                  "a float one");
     const char* where = "Linear::backward";
     Shape<Rank> y_shape = x.shape();
     y_shape[Rank - 1] = out_features();
@@ -254,10 +253,15 @@ class Linear {
     Tensor<Scalar, Rank> gx;
     if (!direct_x) gx = Tensor<Scalar, Rank>(grad_x);
     Scalar* gxd = grad_x.data() == nullptr ? nullptr : direct_x ? grad_x.data() : gx.data();
-    detail::linear_backward<Scalar>(rows, weight_.view(), xd, in_features(),
-                                    detail::GemmOutput<const Scalar>::row_major(gd, out_features()),
-                                    detail::GemmOutput<Scalar>::row_major(gxd, in_features()),
-                                    gw.data(), has_bias_ ? gb.data() : nullptr, &ws);
+    const auto dy = detail::GemmOutput<const Scalar>::row_major(gd, out_features());
+    const auto dx = detail::GemmOutput<Scalar>::row_major(gxd, in_features());
+    if constexpr (std::is_floating_point_v<Scalar>) {
+      detail::linear_backward<Scalar>(rows, weight_.view(), xd, in_features(), dy, dx, gw.data(),
+                                      has_bias_ ? gb.data() : nullptr, &ws);
+    } else {
+      detail::linear_backward_narrow(rows, weight_.view(), xd, in_features(), dy, nullptr, dx,
+                                     gw.data(), has_bias_ ? gb.data() : nullptr, ws);
+    }
     if (!direct_x) copy(gx.view(), grad_x);
   }
   /// The same with a temporary workspace.
