@@ -70,8 +70,8 @@ namespace detail {
 /// them), widened exactly to float for the kernel on every call. Its training forward (packed
 /// too) records the bfloat16 heads and context, and its backward is core_backward_narrow()
 /// (module_backward.hpp). Attention weights need a float or double core. Built from a
-/// configuration, it takes a float core's
-/// draws rounded; the converting constructor rounds (or widens) any core.
+/// configuration, it takes a float core's draws rounded; the converting constructor rounds
+/// (or widens) any core.
 ///
 /// forward() is const and safe to call from several threads at once, each with its own
 /// Workspace (dropout's call counter is atomic). Non-const members (modes, seed, freeze,
