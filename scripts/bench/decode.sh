@@ -51,8 +51,9 @@
 #      in-run bandwidth (at the row's thread count) those int8 rows read their cache bytes at
 #      (per CPU second); kv_int4_*: the same for int4. --kv-only prints these too, on
 #      kv_cache.txt's last lines. bf16_decode_vs_fp32_min: the smallest float / bfloat16 CPU
-#      time ratio of a decode step over the bfloat16 rows (above 1: the bfloat16 module is
-#      faster; nan without them).
+#      time ratio of a decode step over the bfloat16 rows at L >= 2048 (above 1: the bfloat16
+#      module is faster; nan without them; the shorter rows are printed, not counted: there
+#      the step is mostly the projections).
 # Writes <out>/decode.csv (one row per configuration and implementation), <out>/decode.txt
 # (what was printed) and <out>/decode_step_vs_length.png (gnuplot, when installed).
 # Usage: scripts/bench/decode.sh [--quick] [--rounds N] [--reps N] [--threads 1,2]
@@ -348,7 +349,7 @@ for c in bf16_configs:
     a16 = rows[c + ("attn_bf16",)]
     f32_cpu = statistics.median(cpu_runs[c + ("attn",)]) if c + ("attn",) in cpu_runs else float("nan")
     b16_cpu = statistics.median(cpu_runs[c + ("attn_bf16",)])
-    if f32_cpu == f32_cpu:
+    if f32_cpu == f32_cpu and c[2] >= 2048:  # the field covers L >= 2048 (long contexts)
         bf16_ratios.append(f32_cpu / b16_cpu)
     print(f"{c[0]:8s}{c[1]:3d}{c[2]:6d}{c[3]:4d}{f32_cpu:10.2f}{b16_cpu:10.2f}"
           f"{f32_cpu / b16_cpu:10.2f}{float(a16['median_ms']):9.2f}{float(a16['gbps']):10.2f}")
