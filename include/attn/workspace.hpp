@@ -37,7 +37,7 @@ enum class WorkspaceSlot : std::size_t {
   kWideOutput,      // float results (and bias) of a GEMM on bfloat16 operands, before rounding
   kCacheRows,       // a step's keys and values read from a KV cache with sinks, rotated
   kWideBackward,    // a bfloat16 backward's float copies of Q, K, V and the context
-  kNarrowBackward,  // a bfloat16 backward's bfloat16 GEMM operands (rounded or transposed)
+  kNarrowBackward,  // a bfloat16 (float16) backward's 16-bit GEMM operands (rounded, transposed)
   kWideSinks,       // a bfloat16 (float16) module's learned sinks widened to float for a call
   kCallTable,       // a packed batch's kernel calls, one per sequence (and their gradients)
   kBlockTables,     // a paged packed prefill's block tables, gathered per sequence

@@ -27,6 +27,16 @@ using attn::io::SafetensorsFile;
 
 const std::string kDir = std::string(ATTN_IO_FIXTURES_DIR) + "/backward";
 
+// max |a - x| over max |x| (x the reference; at least 1e-30 below).
+double largest_relative_error(const std::vector<double>& a, const std::vector<double>& x) {
+  double scale = 0, err = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    scale = std::max(scale, std::abs(x[i]));
+    err = std::max(err, std::abs(a[i] - x[i]));
+  }
+  return err / std::max(scale, 1e-30);
+}
+
 TEST(AttnRunBackwardFixtures, EveryGradientMatchesPyTorchAutograd) {
   const std::vector<std::string> cases = attn::test::fixture_cases(kDir);
   ASSERT_GE(cases.size(), 8u) << "fixtures missing in " << kDir;
@@ -45,13 +55,8 @@ TEST(AttnRunBackwardFixtures, EveryGradientMatchesPyTorchAutograd) {
       ASSERT_TRUE(got.contains(tensor));
       const auto a = got.values<double>(tensor), e = expected.values<double>(tensor);
       ASSERT_EQ(a.size(), e.size());
-      double scale = 0, err = 0;
-      for (std::size_t i = 0; i < e.size(); ++i) {
-        scale = std::max(scale, std::abs(e[i]));
-        err = std::max(err, std::abs(a[i] - e[i]));
-        ASSERT_TRUE(std::isfinite(a[i]));
-      }
-      EXPECT_LE(err / std::max(scale, 1e-30), tol) << expected.metadata().at("case");
+      for (const double v : a) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_LE(largest_relative_error(a, e), tol) << expected.metadata().at("case");
     }
   }
 }
@@ -161,13 +166,9 @@ TEST(AttnRunBackwardFixtures, Fp16GradientsMatchTheDoubleRun) {
       ASSERT_EQ(got.dtype(tensor), attn::io::DType::kF16);
       const auto a = got.values<double>(tensor), x = want.values<double>(tensor);
       ASSERT_EQ(a.size(), x.size());
-      double scale = 0, err = 0;
-      for (std::size_t i = 0; i < a.size(); ++i) {
-        scale = std::max(scale, std::abs(x[i]));
-        err = std::max(err, std::abs(a[i] - x[i]));
-      }
-      EXPECT_LE(err / scale, 2e-3);
-      worst = std::max(worst, err / scale);
+      const double error = largest_relative_error(a, x);
+      EXPECT_LE(error, 2e-3);
+      worst = std::max(worst, error);
     }
   }
   std::cout << "[ fp16 backward ] attn fp16 - attn f64 " << worst

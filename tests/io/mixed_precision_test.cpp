@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attn/attn.hpp"
@@ -63,6 +64,24 @@ void expect_bits(const SafetensorsFile& file, const std::string& tensor,
   }
 }
 
+// How many of `mp`'s masters differ from the 16-bit weight rounded from them, of how many.
+template <class MixedPrecision>
+std::pair<Index, Index> masters_off_their_weights(const MixedPrecision& mp) {
+  Index differ = 0, total = 0;
+  const auto& params = mp.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto m = mp.master_parameters()[i].matrix();
+    const auto w = params[i].matrix();
+    for (Index r = 0; r < m.extent(0); ++r) {
+      for (Index c = 0; c < m.extent(1); ++c) {
+        differ += m(r, c) != static_cast<float>(w(r, c)) ? 1 : 0;
+        total += 1;
+      }
+    }
+  }
+  return {differ, total};
+}
+
 // Three steps from PyTorch's own bfloat16 gradients (so that each step starts from the same
 // weights in both): the float masters after each step equal torch.optim.AdamW's float32
 // masters bit for bit (AdamW<float> replays PyTorch's update, docs/training.md), and the
@@ -86,7 +105,6 @@ TEST(MixedPrecision, AdamWOverFloatMastersMatchesPyTorch) {
   options.weight_decay = std::stod(meta.at("weight_decay"));
   attn::optim::MixedPrecision<attn::optim::AdamW<float>> adamw(params, options);
   attn::Gradients<bfloat16> grads(params);
-  Index moved_master = 0, moved_weight = 0;
   for (int step = 0; step < steps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const std::string prefix = "step" + std::to_string(step) + ".";
@@ -99,16 +117,7 @@ TEST(MixedPrecision, AdamWOverFloatMastersMatchesPyTorch) {
     }
   }
   // The masters hold what the weights cannot: most differ from their rounded weight.
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto m = adamw.master_parameters()[i].matrix();
-    const auto w = params[i].matrix();
-    for (Index r = 0; r < m.extent(0); ++r) {
-      for (Index c = 0; c < m.extent(1); ++c) {
-        moved_master += m(r, c) != static_cast<float>(w(r, c)) ? 1 : 0;
-        moved_weight += 1;
-      }
-    }
-  }
+  const auto [moved_master, moved_weight] = masters_off_their_weights(adamw);
   EXPECT_GT(moved_master, moved_weight / 2);
   EXPECT_EQ(adamw.optimizer().steps(), steps);
 }
@@ -277,17 +286,7 @@ TEST(MixedPrecision, Float16StepIsAdamWOnTheWidenedGradients) {
   EXPECT_EQ(mp.optimizer().steps(), 3);
   EXPECT_NE(weight_bits(params), initial);
   // The masters hold what float16 cannot: most differ from their rounded weight.
-  Index differ = 0, total = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto m = mp.master_parameters()[i].matrix();
-    const auto w = params[i].matrix();
-    for (Index r = 0; r < m.extent(0); ++r) {
-      for (Index c = 0; c < m.extent(1); ++c) {
-        differ += m(r, c) != static_cast<float>(w(r, c)) ? 1 : 0;
-        total += 1;
-      }
-    }
-  }
+  const auto [differ, total] = masters_off_their_weights(mp);
   EXPECT_GT(differ, total / 2);
 }
 

@@ -228,8 +228,7 @@ class ModuleForwards {
   // training (with backward), the incremental forward through a KVCache or a PagedKVCache of
   // its type, and the packed prefills; attention weights need float or double.
   static constexpr bool kTraining = std::is_floating_point_v<Scalar>;
-  static constexpr bool kWholeTraining =
-      kTraining || std::is_same_v<Scalar, bfloat16> || std::is_same_v<Scalar, float16>;
+  static constexpr bool kWholeTraining = kTraining || detail::is_gemm_storage_v<Scalar>;
 
  public:
   Tensor<Scalar, 3> forward(In<Inputs, 3>... in, const Mask& mask = {}) const {
@@ -612,7 +611,7 @@ class CoreModule {
   void run_backward(TensorView<const Scalar, 3> grad_out, const SavedForward<Scalar>& saved,
                     const TensorView<Scalar, 3> (&grad_in)[3], Gradients<Scalar>& grads,
                     Workspace& ws) const {
-    if constexpr (std::is_same_v<Scalar, bfloat16> || std::is_same_v<Scalar, float16>) {
+    if constexpr (detail::is_gemm_storage_v<Scalar>) {
       core_backward_narrow(core_, grad_out, saved, grad_in, grads, ws);
     } else {
       core_backward(core_, grad_out, saved, grad_in, grads, ws);

@@ -365,8 +365,7 @@ void core_backward_narrow(const AttentionCore<Narrow>& core, TensorView<const Na
                           const SavedForward<Narrow>& saved,
                           const TensorView<Narrow, 3> (&grad_in)[3], Gradients<Narrow>& grads,
                           Workspace& ws) {
-  static_assert(std::is_same_v<Narrow, bfloat16> || std::is_same_v<Narrow, float16>,
-                "a bfloat16 or float16 core");
+  static_assert(is_gemm_storage_v<Narrow>, "a bfloat16 or float16 core");
   const CoreConfig& c = core.config();
   const char* where = c.name;
   const QkvProjection<Narrow>& proj = core.projection();

@@ -92,8 +92,7 @@ void linear_backward_narrow(Index m, TensorView<const Narrow, 2> weight, const N
                             const GemmOutput<const DyElement>& grad_y, float* grad_x_wide,
                             const GemmOutput<Narrow>& grad_x, Narrow* grad_w, Narrow* grad_b,
                             Workspace& ws) {
-  static_assert(std::is_same_v<Narrow, bfloat16> || std::is_same_v<Narrow, float16>,
-                "a bfloat16 or float16 layer");
+  static_assert(is_gemm_storage_v<Narrow>, "a bfloat16 or float16 layer");
   const Index n = weight.extent(0), in = weight.extent(1);
   ATTN_ASSERT(weight.is_contiguous());
   if (m <= 0 || n <= 0) return;

@@ -7,23 +7,17 @@
 // registers), P V through values_block() (avx2/convert.inl). The AVX-512 form
 // (avx512/decode_rows.inl) takes 4 keys per step in its 32 registers; the two sets' scores
 // differ in their sums' order, each set's bits fixed. Included by attn/kernels/avx2.hpp after
-// avx2/convert.inl; generic/attention.inl calls them for K and V in place, and through
-// generic/kv_load.inl's stored_decode_scores() and stored_half_values() for a cache's rows.
+// avx2/convert.inl (widen8(), values_block()); generic/attention.inl calls them for K and V
+// in place, and through generic/kv_load.inl's stored_decode_scores() and stored_half_values()
+// for a cache's rows.
 //
 // Before, this set widened each tile into float rows and took one dot product per key and row
 // (each key loaded once per row, each sum reduced across its lanes): a decode step's attention
 // over a bfloat16 cache at B 1, L 8192 (Llama-3-8B-shaped, hd 128) took longer than over a
 // float cache (bench/results/2026-12-01-avx2-decode-rows.txt).
 
-/// 8 elements at `at` as floats, exactly (F16C's vcvtph2ps for float16).
+/// widen8() (avx2/convert.inl) for float rows: 8 elements loaded.
 inline __m256 widen8(const float* at) noexcept { return _mm256_loadu_ps(at); }
-inline __m256 widen8(const bfloat16* at) noexcept {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline __m256 widen8(const float16* at) noexcept {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-}
 /// The first `count` (< 8) elements at `at` as floats, the lanes past them +0.
 template <class Element>
 inline __m256 widen8_tail(const Element* at, Index count) noexcept {
@@ -31,10 +25,6 @@ inline __m256 widen8_tail(const Element* at, Index count) noexcept {
   for (Index i = 0; i < count; ++i) lanes[i] = static_cast<float>(at[i]);
   return _mm256_load_ps(lanes);
 }
-
-/// The 16-bit pattern of an all-ones exponent (NaN or infinity).
-inline constexpr std::uint16_t half_exponent(const bfloat16*) noexcept { return 0x7F80; }
-inline constexpr std::uint16_t half_exponent(const float16*) noexcept { return 0x7C00; }
 
 /// Lanes 4 t + r: the sum of the 8 lanes of a[t][r] (t < 2, r < 4). Each 128-bit half's 4
 /// elements first (pairs 0 + 1 and 2 + 3, then their sum: two hadds), then the halves' sums:
@@ -153,7 +143,7 @@ inline bool half_values_avx2(const Half* const* v, Index n, Index dv, const floa
                              Index rows, bool round_weights, float* acc) noexcept {
   if (dv % 16 != 0) return false;
   const __m256i exponent =
-      _mm256_set1_epi16(static_cast<short>(half_exponent(static_cast<const Half*>(nullptr))));
+      _mm256_set1_epi16(static_cast<short>(std::numeric_limits<Half>::infinity().bits()));
   for (Index j = 0; j < n; ++j) {
     __m256i seen = _mm256_setzero_si256();
     for (Index e = 0; e < dv; e += 16) {

@@ -20,10 +20,6 @@ inline __m512 widen16(const float* at, __mmask16 mask) noexcept {
   return _mm512_maskz_loadu_ps(mask, at);
 }
 
-/// The 16-bit pattern of an all-ones exponent (NaN or infinity).
-inline constexpr std::uint16_t half_exponent(const bfloat16*) noexcept { return 0x7F80; }
-inline constexpr std::uint16_t half_exponent(const float16*) noexcept { return 0x7C00; }
-
 /// Lane 4 t + r: the sum of the 16 lanes of a[t][r] (t, r < 4). Each 128-bit lane's 4 elements
 /// first (pairs 0 + 2 and 1 + 3, then their sum), then the 4 lanes' sums (0 + 1, 2 + 3, then
 /// theirs): a fixed tree, so the same bits for the same inputs.
@@ -144,7 +140,7 @@ template <class Half>
 inline bool half_values_avx512(const Half* const* v, Index n, Index dv, const float* pt, Index ld,
                                Index rows, bool round_weights, float* acc) noexcept {
   const __m512i exponent =
-      _mm512_set1_epi16(static_cast<short>(half_exponent(static_cast<const Half*>(nullptr))));
+      _mm512_set1_epi16(static_cast<short>(std::numeric_limits<Half>::infinity().bits()));
   for (Index j = 0; j < n; ++j) {
     for (Index e = 0; e < dv; e += 32) {
       const __mmask32 m = dv - e >= 32 ? ~__mmask32(0) : (__mmask32(1) << (dv - e)) - 1;

@@ -13,8 +13,9 @@
 //    (to nearest even), ldexp (p * 2^n, n integral, exact), less / greater (ordered) and
 //    select (mask ? a : b);
 //  - transpose_block / transpose_block_wide and their widths, for packing;
-//  - optionally (<set>/convert.inl), convert_vector_part() overloads for the element-type
-//    conversions the set vectorises (see generic/convert.inl), and widen_int8_part() /
+//  - optionally (<set>/convert.inl; <set>/decode_rows.inl on avx512 and avx2),
+//    convert_vector_part() overloads for the element-type conversions the set vectorises
+//    (see generic/convert.inl), and widen_int8_part() /
 //    widen_int4_block() for a quantised KVCache's rows, int8_key_scores_part(),
 //    int8_values_part(), int4_key_scores_part() and int4_values_part() for a decode step
 //    over int8 and int4 rows, decode_key_scores_part() for the scores of few query rows over
