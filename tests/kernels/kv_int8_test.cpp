@@ -2,11 +2,13 @@
 // tests/kernels/kv_int8_test.cpp: the int8 kernels of a decode step over an int8 KVCache, per
 // kernel set: the scores of int8 keys against a quantised query (exact integer dot products,
 // AVX512-VNNI and AVX-VNNI where the CPU has them) have the same bits on every set, and the P V
-// product over int8 value rows (widened in registers) matches a double product. The attention
+// product over int8 value rows (widened in registers, or on 16-bit weight levels with
+// AVX512-VNNI) matches a double product within the bound of its form. The attention
 // through them is tested in tests/attention/kv_cache_quantized_test.cpp. The int4 forms (where a
 // set has them) against the order their scores are defined in and a double product.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -100,13 +102,51 @@ struct QuantizedRows {
   }
 };
 
+// acc (rows, d, started at 0.25) after acc += P V over n int8 rows k (scales ks), P read out
+// of pt (pt[j * ld + r]), against a double product. The float forms: 1e-5 relative over the
+// whole output (float accumulation of a few keys). The avx512 set's vpdpwssd form, where the CPU
+// has AVX512-VNNI, rounds each weight w = p * scale to a 16-bit level of its row's largest
+// |w| (top): each element within top / 65534 * sum_j |level_j| of the double product, plus
+// float rounding (1e-6 of the sum of the terms' magnitudes).
+void expect_int8_values(Isa isa, const std::vector<float>& pt, Index ld, Index rows, Index n,
+                        const std::vector<unsigned char>& k, const std::vector<float>& ks, Index d,
+                        const std::vector<float>& acc) {
+  const bool levels = isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_vnni();
+  double num = 0, den = 0;
+  for (Index r = 0; r < rows; ++r) {
+    double top = 0;
+    for (Index j = 0; j < n; ++j) {
+      const float w = pt[static_cast<std::size_t>(j * ld + r)] * ks[static_cast<std::size_t>(j)];
+      top = std::max(top, static_cast<double>(std::fabs(w)));
+    }
+    for (Index e = 0; e < d; ++e) {
+      double want = 0.25, magnitude = 0.25, level_sum = 0;
+      for (Index j = 0; j < n; ++j) {
+        const double w = static_cast<double>(pt[static_cast<std::size_t>(j * ld + r)]) *
+                         ks[static_cast<std::size_t>(j)];
+        const double x = static_cast<std::int8_t>(k[static_cast<std::size_t>(j * d + e)]);
+        want += w * x, magnitude += std::fabs(w * x), level_sum += std::fabs(x);
+      }
+      const double got = acc[static_cast<std::size_t>(r * d + e)];
+      if (levels) {
+        EXPECT_LE(std::fabs(got - want), top / 65534 * level_sum + 1e-6 * magnitude)
+            << "row " << r << ", element " << e;
+      }
+      num += (got - want) * (got - want), den += want * want;
+    }
+  }
+  if (!levels) {
+    EXPECT_LT(std::sqrt(num / den), 1e-5);
+  }
+}
+
 TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct) {
   // Widths 40 (a partial 64-byte chunk), 64 and 128 (query chunks in registers) and 200 (any
   // width); 5 query rows (a group of 4 and a padded one) and 13 keys (a partial group of 4).
   // Scores: exact integer dot products and the same two roundings on every set, so the bits
   // of the scalar loop, checked against a double product of the levels (an integer below
   // 2^24: exact) times the two scales to 1e-6. Values: acc += P V over int8 rows against a
-  // double product to 1e-5 relative (float accumulation over 13 keys).
+  // double product (expect_int8_values()).
   std::mt19937 gen(7);
   std::uniform_int_distribution<int> level(-127, 127);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f), positive(0.01f, 0.02f);
@@ -165,20 +205,43 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
       v.scales = ks.data(), v.scale_row_stride = 1;
       std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
       if (!set.values(v, 0, 0, 0, n, d, st.data(), ld, rows, acc.data())) continue;
-      double num = 0, den = 0;
+      expect_int8_values(set.isa, st, ld, rows, n, k, ks, d, acc);
+    }
+  }
+}
+
+TEST(KVInt8Kernels, ValuesOfAFullTileOfExtremeLevels) {
+  // A whole tile (kKeyBlock keys) of the levels +-127 under weights of one sign and of both:
+  // the largest integer sums the vpdpwssd form makes (128 x 32767 x 127 per lane, under 2^31),
+  // and its pairs of keys over every element.
+  const Index rows = 4, n = attn::detail::kKeyBlock, ld = attn::detail::kQueryBlock, d = 128;
+  std::mt19937 gen(17);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f), positive(0.5f, 1.0f);
+  std::vector<unsigned char> k(static_cast<std::size_t>(n * d));
+  for (Index j = 0; j < n; ++j) {
+    for (Index e = 0; e < d; ++e) {
+      k[static_cast<std::size_t>(j * d + e)] = static_cast<unsigned char>(
+          static_cast<std::int8_t>((e % 3 == 0 || (j + e) % 5 == 0) ? -127 : 127));
+    }
+  }
+  std::vector<float> ks(static_cast<std::size_t>(n), 0.75f);
+  attn::detail::StoredRows v;
+  v.element = KVElement::kInt8, v.data = k.data(), v.row_stride = d;
+  v.scales = ks.data(), v.scale_row_stride = 1;
+  for (const bool signed_weights : {false, true}) {
+    SCOPED_TRACE(signed_weights ? "weights of both signs" : "positive weights");
+    std::vector<float> pt(static_cast<std::size_t>(n * ld), 0.0f);
+    for (Index j = 0; j < n; ++j) {
       for (Index r = 0; r < rows; ++r) {
-        for (Index e = 0; e < d; ++e) {
-          double want = 0.25;
-          for (Index j = 0; j < n; ++j) {
-            want += static_cast<double>(st[static_cast<std::size_t>(j * ld + r)]) *
-                    ks[static_cast<std::size_t>(j)] *
-                    static_cast<std::int8_t>(k[static_cast<std::size_t>(j * d + e)]);
-          }
-          const double diff = acc[static_cast<std::size_t>(r * d + e)] - want;
-          num += diff * diff, den += want * want;
-        }
+        pt[static_cast<std::size_t>(j * ld + r)] =
+            r == 0 ? 1.0f : (signed_weights ? uniform(gen) : positive(gen));
       }
-      EXPECT_LT(std::sqrt(num / den), 1e-5);
+    }
+    for (const Int8Kernels& set : int8_kernels()) {
+      SCOPED_TRACE(attn::isa_name(set.isa));
+      std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
+      if (!set.values(v, 0, 0, 0, n, d, pt.data(), ld, rows, acc.data())) continue;
+      expect_int8_values(set.isa, pt, ld, rows, n, k, ks, d, acc);
     }
   }
 }

@@ -21,6 +21,11 @@ inline __mmask16 first_lanes(Index n) noexcept {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
 }
 
+/// Byte mask of the first n bytes of 32 (none for n <= 0).
+inline __mmask32 first_bytes32(Index n) noexcept {
+  return n >= 32 ? ~__mmask32(0) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
+}
+
 /// 16 floats (as integer lanes) -> 16 bfloat16 in the low halves of 32-bit lanes.
 inline __m512i bfloat16_lanes(__m512i u) noexcept {
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -288,38 +293,37 @@ inline void values_block(Index r0, Index rows, Index e0, Index cols, Index n, In
   }
 }
 
-/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v[j], its scale at
-/// vs[j][0]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
-/// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
-/// accumulated in float (no float copy of the rows). 4 query rows x 64 elements per pass
-/// (values_block(); rows past `rows` weigh 0).
-inline bool int8_values_part(const unsigned char* const* v, const float* const* vs, Index n,
-                             Index dv, const float* pt, Index ld, Index rows, float* acc) noexcept {
+/// acc rows r0 .. r0 + 3 (of `rows`; row stride dv) += P V over n int8 value rows (row j at
+/// v[j], its scale at vs[j][0]), P read transposed out of p^T (pt[j * ld + r]): each row's
+/// scale folded into its weights (p * scale, one rounding), the bytes widened in registers,
+/// products accumulated in float (no float copy of the rows). 64 elements per pass
+/// (values_block(); rows past `rows` weigh 0). The float form of int8_values_part()
+/// (avx512/int8_dot.inl), and its form for weights that are not finite.
+inline void int8_values_fma(const unsigned char* const* v, const float* const* vs, Index n,
+                            Index dv, const float* pt, Index ld, Index rows, Index r0,
+                            float* acc) noexcept {
   alignas(64) float w[kKeyBlock * 4];
-  for (Index r0 = 0; r0 < rows; r0 += 4) {
-    const Index nr = std::min<Index>(4, rows - r0);
-    for (Index j = 0; j < n; ++j) {
-      const float scale = vs[j][0];
-      for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
-    }
-    for (Index e0 = 0; e0 < dv; e0 += 64) {
-      values_block(
-          r0, rows, e0, std::min<Index>(64, dv - e0), n, dv, acc,
-          [&](Index j, int i) { return w[j * 4 + i]; },
-          [&](Index j, const __mmask16* mask, __m512* x) {
-            const auto* row = reinterpret_cast<const std::int8_t*>(v[j]) + e0;
-            if (j + 16 < n) {
-              _mm_prefetch(reinterpret_cast<const char*>(v[j + 16] + e0), _MM_HINT_T0);
-            }
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; ++c) {
-              x[c] = _mm512_cvtepi32_ps(
-                  _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask[c], row + 16 * c)));
-            }
-          });
-    }
+  const Index nr = std::min<Index>(4, rows - r0);
+  for (Index j = 0; j < n; ++j) {
+    const float scale = vs[j][0];
+    for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
   }
-  return true;
+  for (Index e0 = 0; e0 < dv; e0 += 64) {
+    values_block(
+        r0, rows, e0, std::min<Index>(64, dv - e0), n, dv, acc,
+        [&](Index j, int i) { return w[j * 4 + i]; },
+        [&](Index j, const __mmask16* mask, __m512* x) {
+          const auto* row = reinterpret_cast<const std::int8_t*>(v[j]) + e0;
+          if (j + 16 < n) {
+            _mm_prefetch(reinterpret_cast<const char*>(v[j + 16] + e0), _MM_HINT_T0);
+          }
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            x[c] = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask[c], row + 16 * c)));
+          }
+        });
+  }
 }
 
 /// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v[j], its scales,

@@ -57,13 +57,11 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   for (Index j0 = 0; j0 < n; j0 += 4) {
     __m512i y[4];
-    float scale[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
       if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, k, k_rs, j);
       const unsigned char* key = k + j * k_rs;
-      scale[t] = ks[j * ks_rs];
       __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                       _mm512_setzero_si512()};
 #pragma GCC unroll 4
@@ -82,8 +80,12 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
       y[t] = int8_reduce_rows(a[0], a[1], a[2], a[3]);
     }
     const __m512i dots = _mm512_sub_epi32(int8_reduce_keys(y[0], y[1], y[2], y[3]), bias);
-    const __m512 kscale =
-        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(scale)));
+    // The 4 keys' scales loaded one by one into the vector (gathered through a float[4] on the
+    // stack, the vector load waited on 4 scalar stores it could not take its bytes from).
+    const auto key_scale = [&](Index t) { return ks[std::min<Index>(j0 + t, n - 1) * ks_rs]; };
+    const __m512 kscale = _mm512_permutexvar_ps(
+        spread, _mm512_castps128_ps512(
+                    _mm_setr_ps(key_scale(0), key_scale(1), key_scale(2), key_scale(3))));
     const __m512 s = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale), qs);
     const Index keys = std::min<Index>(4, n - j0);
     float* to = st + j0 * ld + r0;
@@ -114,6 +116,154 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
       default:
         int8_scores_vnni_rows<0>(q, r0, k, k_rs, ks, ks_rs, n, st, ld, ahead);
         break;
+    }
+  }
+  return true;
+}
+
+// ---- P V over int8 values (generic/kv_load.inl's stored_int8_values()) ----
+//
+// The float form (avx512/convert.inl's int8_values_fma()) spends 32 FMAs on each value row
+// for 4 query rows at hd 128, and 16 more instructions to widen its bytes: it bounded a decode
+// step over an int8 cache (the value pass took about 22 cycles per key and KV head on Zen 5,
+// in cache, the scores 21). vpdpwssd multiplies 32 pairs of signed 16-bit integers and adds
+// each pair's products to a 32-bit lane: two keys' elements side by side in a lane, against
+// the two keys' weights as 16-bit integers, do the work of 2 FMAs per lane.
+//
+// Weights: per query row and tile, w = p * scale (the float form's product, one rounding),
+// then wq = round(w * 32767 / top) with top the row's largest |w| in the tile, |wq| <= 32767.
+// Each weight is off by at most top / 65534 (2^-16 of the tile's largest, where the float form
+// is off by 2^-24 of itself): about 1e-5 of the output on random data, far under the int8
+// levels' own error (docs/kv_cache.md). The integer sums are exact (|sum| <= 128 keys x
+// 32767 x 128 < 2^31), so their order does not matter; each row's tile then adds
+// float(sum) * top / 32767 to its float accumulator, once per element.
+//
+// Layout: a pair of keys' 64 elements (bytes widened to 16 bits, the two rows' words
+// interleaved, vpunpck[lh]wd) make 4 vectors of 16 lanes, elements 8 L + 0..3 (lo) and
+// 8 L + 4..7 (hi) of each 128-bit lane L; the accumulators' lanes are put back in order
+// (vpermt2d) when the tile is done.
+
+/// a += the pairs of b times the pairs of w (vpdpwssd). GCC 12 kept each accumulator of the
+/// intrinsic's loop in a register of its own and copied all 16 back every step (16 moves and 2
+/// spills per pair of keys); the instruction written out keeps them in place.
+inline __m512i dpwssd(__m512i a, __m512i b, __m512i w) noexcept {
+#if defined(__GNUC__)
+  __asm__("vpdpwssd %2, %1, %0" : "+v"(a) : "v"(b), "v"(w));
+  return a;
+#else
+  return _mm512_dpwssd_epi32(a, b, w);
+#endif
+}
+
+/// acc rows r0 .. r0 + 3 (of `rows`; rows past it weigh 0) += P V over n <= kKeyBlock int8
+/// value rows on vpdpwssd (see above). False, nothing done, when a weight is not finite (P of
+/// a NaN score: the caller takes the float form, which propagates it).
+inline bool int8_values_vnni(const unsigned char* const* v, const float* const* vs, Index n,
+                             Index dv, const float* pt, Index ld, Index rows, Index r0,
+                             float* acc) noexcept {
+  static_assert(kKeyBlock <= 256, "the tile's integer sums must stay under 2^31");
+  // 1. Weights (n, 4 rows) and each row's largest; the weights past n are 0 (an odd tile's
+  //    last pair).
+  const Index nr = std::min<Index>(4, rows - r0);
+  const __mmask8 live = static_cast<__mmask8>((1u << nr) - 1);
+  alignas(64) float w[(kKeyBlock + 1) * 4];
+  const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+  __m128 top = _mm_setzero_ps(), nan = _mm_setzero_ps();  // nan: x - x, NaN for NaN and Inf
+  for (Index j = 0; j < n; ++j) {
+    const __m128 x = _mm_mul_ps(_mm_maskz_loadu_ps(live, pt + j * ld + r0), _mm_set1_ps(vs[j][0]));
+    nan = _mm_or_ps(nan, _mm_sub_ps(x, x));
+    top = _mm_max_ps(top, _mm_and_ps(x, magnitude));
+    _mm_store_ps(w + 4 * j, x);
+  }
+  if (_mm_movemask_ps(_mm_cmpunord_ps(nan, nan)) != 0) return false;
+  _mm_store_ps(w + 4 * n, _mm_setzero_ps());
+  // 2. The 16-bit weights, a pair of keys per 32-bit word: wp[t * 4 + i] = row i's weights of
+  //    keys 2 t (low half) and 2 t + 1 (high half), each within [-32767, 32767].
+  const __mmask8 some = _mm_cmp_ps_mask(top, _mm_setzero_ps(), _CMP_GT_OQ);
+  const __m128 to_int = _mm_maskz_div_ps(some, _mm_set1_ps(32767.0f), top);
+  const __m128 back = _mm_mul_ps(top, _mm_set1_ps(1.0f / 32767.0f));
+  const Index pairs = (n + 1) / 2;
+  alignas(64) std::int32_t wp[(kKeyBlock + 1) / 2 * 4];
+  const __m128i most = _mm_set1_epi32(32767), least = _mm_set1_epi32(-32767);
+  const auto level = [&](const float* x) {  // (x * 32767 / top can round past 32767)
+    return _mm_max_epi32(_mm_min_epi32(_mm_cvtps_epi32(_mm_mul_ps(_mm_load_ps(x), to_int)), most),
+                         least);
+  };
+  for (Index t = 0; t < pairs; ++t) {
+    const __m128i lo = _mm_and_si128(level(w + 8 * t), _mm_set1_epi32(0xFFFF));
+    _mm_store_si128(reinterpret_cast<__m128i*>(wp + 4 * t),
+                    _mm_or_si128(lo, _mm_slli_epi32(level(w + 8 * t + 4), 16)));
+  }
+  alignas(16) float unit[4];  // each row's float per integer step: top / 32767
+  _mm_store_ps(unit, back);
+  // 3. 64 elements per pass: 4 rows x 4 vectors of 32-bit sums in registers.
+  const __m512i in_order_lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i in_order_hi =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (Index e0 = 0; e0 < dv; e0 += 64) {
+    const Index cols = std::min<Index>(64, dv - e0);
+    const __mmask32 half0 = convert_ops::first_bytes32(cols), half1 = convert_ops::first_bytes32(cols - 32);
+    __m512i a[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) a[i][c] = _mm512_setzero_si512();
+    }
+    for (Index t = 0; t < pairs; ++t) {
+      const auto* x = reinterpret_cast<const std::int8_t*>(v[2 * t]) + e0;
+      const auto* y = reinterpret_cast<const std::int8_t*>(v[std::min(2 * t + 1, n - 1)]) + e0;
+      if (2 * t + 16 < n) {
+        _mm_prefetch(reinterpret_cast<const char*>(v[2 * t + 16] + e0), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(v[2 * t + 17 < n ? 2 * t + 17 : 2 * t + 16] + e0),
+                     _MM_HINT_T0);
+      }
+      const __m512i x0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(half0, x));
+      const __m512i x1 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(half1, x + 32));
+      const __m512i y0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(half0, y));
+      const __m512i y1 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(half1, y + 32));
+      const __m512i b[4] = {_mm512_unpacklo_epi16(x0, y0), _mm512_unpackhi_epi16(x0, y0),
+                            _mm512_unpacklo_epi16(x1, y1), _mm512_unpackhi_epi16(x1, y1)};
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512i wi = _mm512_set1_epi32(wp[4 * t + i]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) a[i][c] = dpwssd(a[i][c], b[c], wi);
+      }
+    }
+    // 4. Elements back in order, acc += float(sum) * unit, under lane masks past cols.
+    __mmask16 mask[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) mask[c] = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      if (i >= nr) break;
+      const __m512 u = _mm512_set1_ps(unit[i]);
+      float* out = acc + (r0 + i) * dv + e0;
+      const __m512i sums[4] = {_mm512_permutex2var_epi32(a[i][0], in_order_lo, a[i][1]),
+                               _mm512_permutex2var_epi32(a[i][0], in_order_hi, a[i][1]),
+                               _mm512_permutex2var_epi32(a[i][2], in_order_lo, a[i][3]),
+                               _mm512_permutex2var_epi32(a[i][2], in_order_hi, a[i][3])};
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512 o = _mm512_maskz_loadu_ps(mask[c], out + 16 * c);
+        _mm512_mask_storeu_ps(out + 16 * c, mask[c],
+                              _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[c]), u, o));
+      }
+    }
+  }
+  return true;
+}
+
+/// acc (rows, dv, row stride dv) += P V over n <= kKeyBlock int8 value rows (row j at v[j],
+/// its scale at vs[j][0]), P read transposed out of p^T (pt[j * ld + r]), 4 query rows at a
+/// time: on vpdpwssd where the CPU has AVX512-VNNI and the weights are finite
+/// (int8_values_vnni()), in float otherwise (int8_values_fma()).
+inline bool int8_values_part(const unsigned char* const* v, const float* const* vs, Index n,
+                             Index dv, const float* pt, Index ld, Index rows, float* acc) noexcept {
+  const bool vnni = detail::cpu_has_avx512_vnni();
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    if (!vnni || !int8_values_vnni(v, vs, n, dv, pt, ld, rows, r0, acc)) {
+      int8_values_fma(v, vs, n, dv, pt, ld, rows, r0, acc);
     }
   }
   return true;
