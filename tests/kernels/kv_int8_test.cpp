@@ -252,8 +252,8 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
   // per 64, per 48 (blocks split between two scales: the scalar loop on every set) and per row; 5
   // query rows and 13 keys. Scores: each piece's exact integer dot product times its scale, added
   // piece by piece in float, times the query's scale: that float computation's bits, on every set.
-  // Values: acc += P V over the int4 rows against a double product to 1e-5 relative (float
-  // accumulation over 13 keys).
+  // Values: acc += P V over the int4 rows against a double product, to 1e-5 relative (float
+  // accumulation over 13 keys) or, on 16-bit weight levels, within their bound per element.
   std::mt19937 gen(11);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const Index rows = 5, n = 13, ld = attn::detail::kQueryBlock, kBlock = attn::detail::kInt4Block;
@@ -313,22 +313,51 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
         }
         std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
         if (!set.int4_values(stored, 0, 0, 0, n, d, st.data(), ld, rows, acc.data())) continue;
+        // The vpdpwssd form (avx512 with AVX512-VNNI; blocks under one scale): each weight
+        // p * scale as a 16-bit level of the largest |p * scale| of its row and scale, so each
+        // element within top / 65534 * sum_j |q_j| of the double product, plus float rounding.
+        const bool levels = set.isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_vnni() &&
+                            (g % kBlock == 0 || g >= d);
         double num = 0, den = 0;
-        std::vector<double> want(static_cast<std::size_t>(rows * d), 0.25);
+        const auto at = [](Index i) { return static_cast<std::size_t>(i); };
+        std::vector<double> want(at(rows * d), 0.25), magnitude(at(rows * d), 0.25);
+        std::vector<double> level_sum(at(d), 0.0), top(at(rows * scales_per_row), 0.0);
+        std::vector<float> q_level(at(d));
         for (Index j = 0; j < n; ++j) {
           attn::detail::dequantize_row(KVElement::kInt4, k.data() + j * row_bytes,
                                        ks.data() + j * scales_per_row, g, d, level.data());
+          const float one = 1.0f;
+          attn::detail::dequantize_row(KVElement::kInt4, k.data() + j * row_bytes, &one, d + 1, d,
+                                       q_level.data());
+          for (Index e = 0; e < d; ++e) level_sum[at(e)] += std::fabs(q_level[at(e)]);
           for (Index r = 0; r < rows; ++r) {
+            const float p = st[at(j * ld + r)];
+            for (Index sc = 0; sc < scales_per_row; ++sc) {
+              top[at(r * scales_per_row + sc)] =
+                  std::max(top[at(r * scales_per_row + sc)],
+                           static_cast<double>(std::fabs(p * ks[at(j * scales_per_row + sc)])));
+            }
             for (Index e = 0; e < d; ++e) {
-              want[static_cast<std::size_t>(r * d + e)] +=
-                  static_cast<double>(st[static_cast<std::size_t>(j * ld + r)]) * level[e];
+              want[at(r * d + e)] += static_cast<double>(p) * level[at(e)];
+              magnitude[at(r * d + e)] += std::fabs(static_cast<double>(p) * level[at(e)]);
             }
           }
         }
-        for (std::size_t i = 0; i < want.size(); ++i) {
-          num += (acc[i] - want[i]) * (acc[i] - want[i]), den += want[i] * want[i];
+        for (Index r = 0; r < rows; ++r) {
+          for (Index e = 0; e < d; ++e) {
+            const double diff = acc[at(r * d + e)] - want[at(r * d + e)];
+            if (levels) {
+              EXPECT_LE(std::fabs(diff),
+                        top[at(r * scales_per_row + e / g)] / 65534 * level_sum[at(e)] +
+                            1e-6 * magnitude[at(r * d + e)])
+                  << "row " << r << ", element " << e;
+            }
+            num += diff * diff, den += want[at(r * d + e)] * want[at(r * d + e)];
+          }
         }
-        EXPECT_LT(std::sqrt(num / den), 1e-5);
+        if (!levels) {
+          EXPECT_LT(std::sqrt(num / den), 1e-5);
+        }
       }
     }
   }

@@ -326,53 +326,50 @@ inline void int8_values_fma(const unsigned char* const* v, const float* const* v
   }
 }
 
-/// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v[j], its scales,
-/// one per `group` elements, at vs[j]), P read transposed out of p^T
-/// (pt[j * ld + r]): each block widened in registers to the elements q times its scale (one
-/// rounding, as the dequantising loader gives them), products accumulated in float (no float
-/// copy of the rows). A nibble picks its element out of a table of the 16 levels times the
-/// block's scale (vpermps reads an index's low 4 bits, so the bytes need no masking): one
-/// instruction per 16 elements for the widening, subtraction and scaling. 4 query rows x 64
-/// elements (2 blocks) per pass (values_block()). Blocks under two scales (group not a
-/// multiple of kInt4Block, smaller than the row): false, nothing done.
-inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
-                             Index n, Index dv, const float* pt, Index ld, Index rows,
-                             float* acc) noexcept {
-  if (group % kInt4Block != 0 && group < dv) return false;
+/// acc rows r0 .. r0 + 3 (of `rows`; row stride dv) += P V over n int4 value rows (row j at
+/// v[j], its scales, one per `group` elements, at vs[j]; every 32-element block under one
+/// scale), P read transposed out of p^T (pt[j * ld + r]): each block widened in registers to
+/// the elements q times its scale (one rounding, as the dequantising loader gives them),
+/// products accumulated in float (no float copy of the rows). A nibble picks its element out
+/// of a table of the 16 levels times the block's scale (vpermps reads an index's low 4 bits,
+/// so the bytes need no masking): one instruction per 16 elements for the widening,
+/// subtraction and scaling. 64 elements (2 blocks) per pass (values_block(); rows past `rows`
+/// weigh 0). The float form of int4_values_part() (avx512/int8_dot.inl), and its form for
+/// weights that are not finite.
+inline void int4_values_fma(const unsigned char* const* v, const float* const* vs, Index group,
+                            Index n, Index dv, const float* pt, Index ld, Index rows, Index r0,
+                            float* acc) noexcept {
   constexpr Index kBlockBytes = kInt4Block / 2;
   const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   alignas(64) float w[kKeyBlock * 4];  // the weights, 4 per key (rows past `rows`: 0)
-  for (Index r0 = 0; r0 < rows; r0 += 4) {
-    const Index nr = std::min<Index>(4, rows - r0);
-    for (Index j = 0; j < n; ++j) {
-      for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] : 0.0f;
-    }
-    for (Index e0 = 0; e0 < dv; e0 += 2 * kInt4Block) {
-      const Index cols = std::min<Index>(2 * kInt4Block, dv - e0);
-      const bool second = cols > kInt4Block;  // the pass's second block exists
-      const Index s0 = e0 / group, s1 = std::min(e0 + kInt4Block, dv - 1) / group;
-      values_block(
-          r0, rows, e0, cols, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
-          [&](Index j, const __mmask16*, __m512* x) {
-            const unsigned char* block = v[j] + e0 / kInt4Block * kBlockBytes;
-            if (j + 16 < n) {
-              _mm_prefetch(reinterpret_cast<const char*>(v[j + 16] + e0 / kInt4Block * kBlockBytes),
-                           _MM_HINT_T0);
-            }
-            const float* scale = vs[j];
-            const __m512 ta = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s0]));
-            const __m512 tb = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s1]));
-            const __m512i wa =
-                _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-            const __m512i wb = second ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                            reinterpret_cast<const __m128i*>(block + kBlockBytes)))
-                                      : _mm512_set1_epi32(8);  // level 0
-            x[0] = _mm512_permutexvar_ps(wa, ta);
-            x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(wa, 4), ta);
-            x[2] = _mm512_permutexvar_ps(wb, tb);
-            x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(wb, 4), tb);
-          });
-    }
+  const Index nr = std::min<Index>(4, rows - r0);
+  for (Index j = 0; j < n; ++j) {
+    for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] : 0.0f;
   }
-  return true;
+  for (Index e0 = 0; e0 < dv; e0 += 2 * kInt4Block) {
+    const Index cols = std::min<Index>(2 * kInt4Block, dv - e0);
+    const bool second = cols > kInt4Block;  // the pass's second block exists
+    const Index s0 = e0 / group, s1 = std::min(e0 + kInt4Block, dv - 1) / group;
+    values_block(
+        r0, rows, e0, cols, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
+        [&](Index j, const __mmask16*, __m512* x) {
+          const unsigned char* block = v[j] + e0 / kInt4Block * kBlockBytes;
+          if (j + 16 < n) {
+            _mm_prefetch(reinterpret_cast<const char*>(v[j + 16] + e0 / kInt4Block * kBlockBytes),
+                         _MM_HINT_T0);
+          }
+          const float* scale = vs[j];
+          const __m512 ta = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s0]));
+          const __m512 tb = _mm512_mul_ps(levels, _mm512_set1_ps(scale[s1]));
+          const __m512i wa =
+              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+          const __m512i wb = second ? _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                          reinterpret_cast<const __m128i*>(block + kBlockBytes)))
+                                    : _mm512_set1_epi32(8);  // level 0
+          x[0] = _mm512_permutexvar_ps(wa, ta);
+          x[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(wa, 4), ta);
+          x[2] = _mm512_permutexvar_ps(wb, tb);
+          x[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(wb, 4), tb);
+        });
+  }
 }

@@ -83,9 +83,9 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
     // The 4 keys' scales loaded one by one into the vector (gathered through a float[4] on the
     // stack, the vector load waited on 4 scalar stores it could not take its bytes from).
     const auto key_scale = [&](Index t) { return ks[std::min<Index>(j0 + t, n - 1) * ks_rs]; };
-    const __m512 kscale = _mm512_permutexvar_ps(
-        spread, _mm512_castps128_ps512(
-                    _mm_setr_ps(key_scale(0), key_scale(1), key_scale(2), key_scale(3))));
+    const __m512 kscale =
+        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_setr_ps(
+                                          key_scale(0), key_scale(1), key_scale(2), key_scale(3))));
     const __m512 s = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale), qs);
     const Index keys = std::min<Index>(4, n - j0);
     float* to = st + j0 * ld + r0;
@@ -121,31 +121,29 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
   return true;
 }
 
-// ---- P V over int8 values (generic/kv_load.inl's stored_int8_values()) ----
+// ---- P V over int8 and int4 values (generic/kv_load.inl's stored_int8_values() and
+// stored_int4_values()) ----
 //
-// The float form (avx512/convert.inl's int8_values_fma()) spends 32 FMAs on each value row
-// for 4 query rows at hd 128, and 16 more instructions to widen its bytes: it bounded a decode
-// step over an int8 cache (the value pass took about 22 cycles per key and KV head on Zen 5,
-// in cache, the scores 21). vpdpwssd multiplies 32 pairs of signed 16-bit integers and adds
-// each pair's products to a 32-bit lane: two keys' elements side by side in a lane, against
-// the two keys' weights as 16-bit integers, do the work of 2 FMAs per lane.
+// The float forms (avx512/convert.inl's int8_values_fma(), int4_values_part()) spend 32 FMAs
+// on each value row for 4 query rows at hd 128, and 16 more instructions to widen its bytes:
+// they bounded a decode step over an int8 cache (the value pass took about 22 cycles per key
+// and KV head on Zen 5, in cache, the scores 21). vpdpwssd multiplies 32 pairs of signed
+// 16-bit integers and adds each pair's products to a 32-bit lane: two keys' elements side by
+// side in a lane, against the two keys' weights as 16-bit integers, do the work of 2 FMAs per
+// lane.
 //
-// Weights: per query row and tile, w = p * scale (the float form's product, one rounding),
-// then wq = round(w * 32767 / top) with top the row's largest |w| in the tile, |wq| <= 32767.
-// Each weight is off by at most top / 65534 (2^-16 of the tile's largest, where the float form
-// is off by 2^-24 of itself): about 1e-5 of the output on random data, far under the int8
-// levels' own error (docs/kv_cache.md). The integer sums are exact (|sum| <= 128 keys x
-// 32767 x 128 < 2^31), so their order does not matter; each row's tile then adds
-// float(sum) * top / 32767 to its float accumulator, once per element.
-//
-// Layout: a pair of keys' 64 elements (bytes widened to 16 bits, the two rows' words
-// interleaved, vpunpck[lh]wd) make 4 vectors of 16 lanes, elements 8 L + 0..3 (lo) and
-// 8 L + 4..7 (hi) of each 128-bit lane L; the accumulators' lanes are put back in order
-// (vpermt2d) when the tile is done.
+// Weights (weight_levels()): per query row, tile and scale of a row (int8: one; int4: one per
+// group), w = p * scale (the float forms' product, one rounding), then the level
+// round(w * 32767 / top), top the largest |w| of the row and scale over the tile. Each weight
+// is off by at most top / 65534 (2^-16 of the tile's largest, where the float form is off by
+// 2^-24 of itself): 3e-5 to 7e-5 of P V on random data, under 2 % of the int8 levels' own error
+// (docs/kv_cache.md). The integer sums are exact (|sum| <= 128 keys x 32767 x 128 < 2^31), so
+// their order does not matter; each tile then adds float(sum) * top / 32767 to the float
+// accumulator, once per element.
 
-/// a += the pairs of b times the pairs of w (vpdpwssd). GCC 12 kept each accumulator of the
-/// intrinsic's loop in a register of its own and copied all 16 back every step (16 moves and 2
-/// spills per pair of keys); the instruction written out keeps them in place.
+/// a + the pairs of b times the pairs of w (vpdpwssd). With the intrinsic, GCC 12 kept each of
+/// a loop's 16 accumulators in a register of its own and copied all 16 back every step (16
+/// moves and 2 spills per pair of keys); the instruction written out keeps them in place.
 inline __m512i dpwssd(__m512i a, __m512i b, __m512i w) noexcept {
 #if defined(__GNUC__)
   __asm__("vpdpwssd %2, %1, %0" : "+v"(a) : "v"(b), "v"(w));
@@ -155,66 +153,102 @@ inline __m512i dpwssd(__m512i a, __m512i b, __m512i w) noexcept {
 #endif
 }
 
+/// The weights of query rows r0 .. r0 + nr - 1 (nr <= 4; the rest weigh 0) on n <= kKeyBlock
+/// keys, p (pt[j * ld + r]) times each key's scales vs[j][s0 + c], c < ns <= 4, as 16-bit
+/// levels (see above), each row and scale in a lane c * 4 + i of one vector, a pair of keys per
+/// 32-bit word: wp[t * 16 + c * 4 + i] = row i's levels under scale c of keys 2 t (low half)
+/// and 2 t + 1 (high half; 0 past n). unit[c * 4 + i]: the weight per level (top / 32767);
+/// sums[c * 4 + i]: the sum of the levels. False, nothing usable, when a weight is not finite
+/// (P of a NaN score: the caller takes the float form, which propagates it).
+inline bool weight_levels(const float* const* vs, Index s0, Index ns, Index n, const float* pt,
+                          Index ld, Index r0, Index nr, std::int32_t* wp, float* unit,
+                          std::int32_t* sums) noexcept {
+  static_assert(kKeyBlock <= 256, "a tile's integer sums must stay under 2^31");
+  const __mmask8 rows_live = static_cast<__mmask8>((1u << nr) - 1);
+  const __mmask8 scales_live = static_cast<__mmask8>((1u << ns) - 1);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  alignas(64) float w[(kKeyBlock + 1) * 16];
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512 top = _mm512_setzero_ps(), nan = _mm512_setzero_ps();  // nan: x - x, NaN for NaN, Inf
+  for (Index j = 0; j < n; ++j) {
+    const __m512 p = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(rows_live, pt + j * ld + r0));
+    const __m512 scale = _mm512_permutexvar_ps(
+        spread, _mm512_castps128_ps512(_mm_maskz_loadu_ps(scales_live, vs[j] + s0)));
+    const __m512 x = _mm512_mul_ps(p, scale);
+    nan = _mm512_or_ps(nan, _mm512_sub_ps(x, x));
+    top = _mm512_max_ps(top,
+                        _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), magnitude)));
+    _mm512_store_ps(w + 16 * j, x);
+  }
+  if (_mm512_cmp_ps_mask(nan, nan, _CMP_UNORD_Q) != 0) return false;
+  _mm512_store_ps(w + 16 * n, _mm512_setzero_ps());
+  const __mmask16 some = _mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_GT_OQ);
+  const __m512 to_level = _mm512_maskz_div_ps(some, _mm512_set1_ps(32767.0f), top);
+  _mm512_storeu_ps(unit, _mm512_mul_ps(top, _mm512_set1_ps(1.0f / 32767.0f)));
+  // |x| <= top, so x * to_level rounds to at most 32767.01: converted, at most 32767.
+  __m512i total = _mm512_setzero_si512();
+  for (Index t = 0; t < (n + 1) / 2; ++t) {
+    const __m512i lo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + 32 * t), to_level));
+    const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(w + 32 * t + 16), to_level));
+    total = _mm512_add_epi32(total, _mm512_add_epi32(lo, hi));
+    // (lo & 0xFFFF) | (hi << 16): vpternlogd's a ? b : c (0xCA) on the mask a = 0xFFFF0000.
+    _mm512_storeu_si512(wp + 16 * t,
+                        _mm512_ternarylogic_epi32(_mm512_set1_epi32(static_cast<int>(0xFFFF0000u)),
+                                                  _mm512_slli_epi32(hi, 16), lo, 0xCA));
+  }
+  _mm512_storeu_si512(sums, total);
+  return true;
+}
+
+/// out[0 .. cols) (cols <= 64, of query row r0 + i) += (float(a[c] - bias[c]) * unit[c]) for
+/// the 4 vectors a[c] of 16 elements each, under lane masks past cols.
+inline void add_level_sums(float* out, Index cols, const __m512i* a, const __m512i* bias,
+                           const __m512* unit) noexcept {
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __mmask16 m = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
+    const __m512 o = _mm512_maskz_loadu_ps(m, out + 16 * c);
+    _mm512_mask_storeu_ps(
+        out + 16 * c, m,
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a[c], bias[c])), unit[c], o));
+  }
+}
+
 /// acc rows r0 .. r0 + 3 (of `rows`; rows past it weigh 0) += P V over n <= kKeyBlock int8
-/// value rows on vpdpwssd (see above). False, nothing done, when a weight is not finite (P of
-/// a NaN score: the caller takes the float form, which propagates it).
+/// value rows on vpdpwssd (see above). A pair of keys' 64 elements (bytes widened to 16 bits,
+/// the two rows' words interleaved, vpunpck[lh]wd) make 4 vectors of 16 lanes, elements
+/// 8 L + 0..3 (lo) and 8 L + 4..7 (hi) of each 128-bit lane L; the sums' lanes are put back
+/// in order (vpermt2d) when the tile is done. False, nothing done, where weight_levels() is.
 inline bool int8_values_vnni(const unsigned char* const* v, const float* const* vs, Index n,
                              Index dv, const float* pt, Index ld, Index rows, Index r0,
                              float* acc) noexcept {
-  static_assert(kKeyBlock <= 256, "the tile's integer sums must stay under 2^31");
-  // 1. Weights (n, 4 rows) and each row's largest; the weights past n are 0 (an odd tile's
-  //    last pair).
   const Index nr = std::min<Index>(4, rows - r0);
-  const __mmask8 live = static_cast<__mmask8>((1u << nr) - 1);
-  alignas(64) float w[(kKeyBlock + 1) * 4];
-  const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
-  __m128 top = _mm_setzero_ps(), nan = _mm_setzero_ps();  // nan: x - x, NaN for NaN and Inf
-  for (Index j = 0; j < n; ++j) {
-    const __m128 x = _mm_mul_ps(_mm_maskz_loadu_ps(live, pt + j * ld + r0), _mm_set1_ps(vs[j][0]));
-    nan = _mm_or_ps(nan, _mm_sub_ps(x, x));
-    top = _mm_max_ps(top, _mm_and_ps(x, magnitude));
-    _mm_store_ps(w + 4 * j, x);
-  }
-  if (_mm_movemask_ps(_mm_cmpunord_ps(nan, nan)) != 0) return false;
-  _mm_store_ps(w + 4 * n, _mm_setzero_ps());
-  // 2. The 16-bit weights, a pair of keys per 32-bit word: wp[t * 4 + i] = row i's weights of
-  //    keys 2 t (low half) and 2 t + 1 (high half), each within [-32767, 32767].
-  const __mmask8 some = _mm_cmp_ps_mask(top, _mm_setzero_ps(), _CMP_GT_OQ);
-  const __m128 to_int = _mm_maskz_div_ps(some, _mm_set1_ps(32767.0f), top);
-  const __m128 back = _mm_mul_ps(top, _mm_set1_ps(1.0f / 32767.0f));
-  const Index pairs = (n + 1) / 2;
-  alignas(64) std::int32_t wp[(kKeyBlock + 1) / 2 * 4];
-  const __m128i most = _mm_set1_epi32(32767), least = _mm_set1_epi32(-32767);
-  const auto level = [&](const float* x) {  // (x * 32767 / top can round past 32767)
-    return _mm_max_epi32(_mm_min_epi32(_mm_cvtps_epi32(_mm_mul_ps(_mm_load_ps(x), to_int)), most),
-                         least);
-  };
-  for (Index t = 0; t < pairs; ++t) {
-    const __m128i lo = _mm_and_si128(level(w + 8 * t), _mm_set1_epi32(0xFFFF));
-    _mm_store_si128(reinterpret_cast<__m128i*>(wp + 4 * t),
-                    _mm_or_si128(lo, _mm_slli_epi32(level(w + 8 * t + 4), 16)));
-  }
-  alignas(16) float unit[4];  // each row's float per integer step: top / 32767
-  _mm_store_ps(unit, back);
-  // 3. 64 elements per pass: 4 rows x 4 vectors of 32-bit sums in registers.
-  const __m512i in_order_lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  alignas(64) std::int32_t wp[(kKeyBlock + 1) / 2 * 16];
+  alignas(64) float unit[16];
+  alignas(64) std::int32_t sums[16];
+  if (!weight_levels(vs, 0, 1, n, pt, ld, r0, nr, wp, unit, sums)) return false;
+  const __m512i in_order_lo =
+      _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i in_order_hi =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512i no_bias[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+                              _mm512_setzero_si512(), _mm512_setzero_si512()};
   for (Index e0 = 0; e0 < dv; e0 += 64) {
     const Index cols = std::min<Index>(64, dv - e0);
-    const __mmask32 half0 = convert_ops::first_bytes32(cols), half1 = convert_ops::first_bytes32(cols - 32);
+    const __mmask32 half0 = convert_ops::first_bytes32(cols);
+    const __mmask32 half1 = convert_ops::first_bytes32(cols - 32);
     __m512i a[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) a[i][c] = _mm512_setzero_si512();
     }
-    for (Index t = 0; t < pairs; ++t) {
+    for (Index t = 0; t < (n + 1) / 2; ++t) {
       const auto* x = reinterpret_cast<const std::int8_t*>(v[2 * t]) + e0;
       const auto* y = reinterpret_cast<const std::int8_t*>(v[std::min(2 * t + 1, n - 1)]) + e0;
       if (2 * t + 16 < n) {
         _mm_prefetch(reinterpret_cast<const char*>(v[2 * t + 16] + e0), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(v[2 * t + 17 < n ? 2 * t + 17 : 2 * t + 16] + e0),
+        _mm_prefetch(reinterpret_cast<const char*>(v[std::min(2 * t + 17, n - 1)] + e0),
                      _MM_HINT_T0);
       }
       const __m512i x0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(half0, x));
@@ -225,30 +259,21 @@ inline bool int8_values_vnni(const unsigned char* const* v, const float* const* 
                             _mm512_unpacklo_epi16(x1, y1), _mm512_unpackhi_epi16(x1, y1)};
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
-        const __m512i wi = _mm512_set1_epi32(wp[4 * t + i]);
+        const __m512i wi = _mm512_set1_epi32(wp[16 * t + i]);
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) a[i][c] = dpwssd(a[i][c], b[c], wi);
       }
     }
-    // 4. Elements back in order, acc += float(sum) * unit, under lane masks past cols.
-    __mmask16 mask[4];
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) mask[c] = convert_ops::first_lanes(std::max<Index>(0, cols - 16 * c));
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       if (i >= nr) break;
+      const __m512i in_order[4] = {_mm512_permutex2var_epi32(a[i][0], in_order_lo, a[i][1]),
+                                   _mm512_permutex2var_epi32(a[i][0], in_order_hi, a[i][1]),
+                                   _mm512_permutex2var_epi32(a[i][2], in_order_lo, a[i][3]),
+                                   _mm512_permutex2var_epi32(a[i][2], in_order_hi, a[i][3])};
       const __m512 u = _mm512_set1_ps(unit[i]);
-      float* out = acc + (r0 + i) * dv + e0;
-      const __m512i sums[4] = {_mm512_permutex2var_epi32(a[i][0], in_order_lo, a[i][1]),
-                               _mm512_permutex2var_epi32(a[i][0], in_order_hi, a[i][1]),
-                               _mm512_permutex2var_epi32(a[i][2], in_order_lo, a[i][3]),
-                               _mm512_permutex2var_epi32(a[i][2], in_order_hi, a[i][3])};
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const __m512 o = _mm512_maskz_loadu_ps(mask[c], out + 16 * c);
-        _mm512_mask_storeu_ps(out + 16 * c, mask[c],
-                              _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[c]), u, o));
-      }
+      const __m512 units[4] = {u, u, u, u};
+      add_level_sums(acc + (r0 + i) * dv + e0, cols, in_order, no_bias, units);
     }
   }
   return true;
@@ -264,6 +289,119 @@ inline bool int8_values_part(const unsigned char* const* v, const float* const* 
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     if (!vnni || !int8_values_vnni(v, vs, n, dv, pt, ld, rows, r0, acc)) {
       int8_values_fma(v, vs, n, dv, pt, ld, rows, r0, acc);
+    }
+  }
+  return true;
+}
+
+/// The most scales of an int4 value row int4_values_vnni() takes (its weights' levels on the
+/// stack, 4 scales per vector: 16 KB at 8).
+inline constexpr Index kInt4LevelScales = 8;
+
+/// acc rows r0 .. r0 + 3 (of `rows`; rows past it weigh 0) += P V over n <= kKeyBlock int4
+/// value rows (row j at v[j], its scales, one per `group` elements, at vs[j]; every 32-element
+/// block under one scale) on vpdpwssd (see above), with the levels of each scale's weights.
+/// A block's 16 bytes of two keys interleaved (vpunpck[lh]bw) hold both keys' nibbles side by
+/// side: masked, the low ones are elements 0..15 and the high ones 16..31, in order, widened
+/// to 16 bits; they are the unsigned q + 8, so each sum less 8 times the sum of its levels is
+/// the sum over q. False, nothing done, where weight_levels() is or the row has more than
+/// kInt4LevelScales scales.
+inline bool int4_values_vnni(const unsigned char* const* v, const float* const* vs, Index group,
+                             Index n, Index dv, const float* pt, Index ld, Index rows, Index r0,
+                             float* acc) noexcept {
+  constexpr Index kBlockBytes = kInt4Block / 2;
+  constexpr Index kPairs = (kKeyBlock + 1) / 2;
+  const Index scales = (dv + group - 1) / group;
+  if (scales > kInt4LevelScales) return false;
+  const Index nr = std::min<Index>(4, rows - r0);
+  // Scales 4 g + c in wp[g], lane c * 4 + i.
+  alignas(64) std::int32_t wp[kInt4LevelScales / 4][kPairs * 16];
+  alignas(64) float unit[kInt4LevelScales / 4][16];
+  alignas(64) std::int32_t sums[kInt4LevelScales / 4][16];
+  for (Index g = 0; g * 4 < scales; ++g) {
+    if (!weight_levels(vs, 4 * g, std::min<Index>(4, scales - 4 * g), n, pt, ld, r0, nr, wp[g],
+                       unit[g], sums[g])) {
+      return false;
+    }
+  }
+  // Row i's level of scale s, pair t: wp[s / 4][t * 16 + s % 4 * 4 + i].
+  const auto lane = [](Index s, int i) { return s % 4 * 4 + i; };
+  for (Index e0 = 0; e0 < dv; e0 += 2 * kInt4Block) {
+    const Index cols = std::min<Index>(2 * kInt4Block, dv - e0);
+    const bool second = cols > kInt4Block;  // the pass's second block exists
+    const Index b0 = e0 / kInt4Block;
+    const Index s0 = e0 / group, s1 = std::min(e0 + kInt4Block, dv - 1) / group;
+    __m512i a[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) a[i][c] = _mm512_setzero_si512();
+    }
+    // Both keys' nibbles of a block: elements 0..15 and 16..31, each lane a pair (x, y).
+    const auto widen_block = [&](const unsigned char* x, const unsigned char* y, __m512i* out) {
+      const __m128i bx = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+      const __m128i by = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y));
+      const __m256i xy = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(bx, by)),
+                                                 _mm_unpackhi_epi8(bx, by), 1);
+      const __m256i lows = _mm256_set1_epi8(0x0F);
+      out[0] = _mm512_cvtepu8_epi16(_mm256_and_si256(xy, lows));
+      out[1] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(xy, 4), lows));
+    };
+    for (Index t = 0; t < (n + 1) / 2; ++t) {
+      const unsigned char* x = v[2 * t] + b0 * kBlockBytes;
+      const unsigned char* y = v[std::min(2 * t + 1, n - 1)] + b0 * kBlockBytes;
+      if (2 * t + 16 < n) {
+        _mm_prefetch(reinterpret_cast<const char*>(v[2 * t + 16] + b0 * kBlockBytes), _MM_HINT_T0);
+        _mm_prefetch(
+            reinterpret_cast<const char*>(v[std::min(2 * t + 17, n - 1)] + b0 * kBlockBytes),
+            _MM_HINT_T0);
+      }
+      __m512i b[4];
+      widen_block(x, y, b);
+      if (second) {
+        widen_block(x + kBlockBytes, y + kBlockBytes, b + 2);
+      } else {
+        b[2] = b[3] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512i w0 = _mm512_set1_epi32(wp[s0 / 4][16 * t + lane(s0, i)]);
+        const __m512i w1 = _mm512_set1_epi32(wp[s1 / 4][16 * t + lane(s1, i)]);
+        a[i][0] = dpwssd(a[i][0], b[0], w0);
+        a[i][1] = dpwssd(a[i][1], b[1], w0);
+        a[i][2] = dpwssd(a[i][2], b[2], w1);
+        a[i][3] = dpwssd(a[i][3], b[3], w1);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      if (i >= nr) break;
+      const __m512i bias0 = _mm512_set1_epi32(8 * sums[s0 / 4][lane(s0, i)]);
+      const __m512i bias1 = _mm512_set1_epi32(8 * sums[s1 / 4][lane(s1, i)]);
+      const __m512i bias[4] = {bias0, bias0, bias1, bias1};
+      const __m512 u0 = _mm512_set1_ps(unit[s0 / 4][lane(s0, i)]);
+      const __m512 u1 = _mm512_set1_ps(unit[s1 / 4][lane(s1, i)]);
+      const __m512 units[4] = {u0, u0, u1, u1};
+      add_level_sums(acc + (r0 + i) * dv + e0, cols, a[i], bias, units);
+    }
+  }
+  return true;
+}
+
+/// acc (rows, dv, row stride dv) += P V over n <= kKeyBlock int4 value rows (row j at v[j],
+/// its scales, one per `group` elements, at vs[j]), P read transposed out of p^T
+/// (pt[j * ld + r]), 4 query rows at a time: on vpdpwssd where the CPU has AVX512-VNNI, the
+/// weights are finite and the row has at most kInt4LevelScales scales (int4_values_vnni()), in
+/// float otherwise (int4_values_fma()). Blocks under two scales (group not a multiple of
+/// kInt4Block, smaller than the row): false, nothing done.
+inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
+                             Index n, Index dv, const float* pt, Index ld, Index rows,
+                             float* acc) noexcept {
+  if (group % kInt4Block != 0 && group < dv) return false;
+  const bool vnni = detail::cpu_has_avx512_vnni();
+  for (Index r0 = 0; r0 < rows; r0 += 4) {
+    if (!vnni || !int4_values_vnni(v, vs, group, n, dv, pt, ld, rows, r0, acc)) {
+      int4_values_fma(v, vs, group, n, dv, pt, ld, rows, r0, acc);
     }
   }
   return true;
