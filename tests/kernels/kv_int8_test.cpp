@@ -47,7 +47,43 @@ struct Int8Kernels {
   // tested on any CPU with AVX-512 or AVX2; null elsewhere.
   bool (*madd)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
                Index, Index, float*, Index, const attn::detail::KeyPrefetch&) = nullptr;
+  // The values' float form where the set's own is on 16-bit weight levels (the avx512 set's on a
+  // CPU without AVX512-VNNI, and for weights that are not finite), tested on any CPU with it.
+  bool float_form = false;
+  // Whether this entry's values are on 16-bit weight levels (the avx512 set with AVX512-VNNI).
+  bool levels() const {
+    return isa == Isa::kAvx512 && !float_form && attn::detail::cpu_has_avx512_vnni();
+  }
 };
+
+#if ATTN_KERNELS_X86
+// The avx512 set's float forms of the int8 and int4 values, as stored_int8_values() and
+// stored_int4_values() call the set's forms, 4 query rows at a time.
+bool avx512_int8_values_fma(const attn::detail::StoredRows& s, Index b, Index h, Index slot,
+                            Index n, Index dv, const float* pt, Index ld, Index rows, float* acc) {
+  return attn::kernels::avx512::stored_row_addresses(
+      s, b, h, slot, n,
+      [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {
+        for (Index r0 = 0; r0 < rows; r0 += 4) {
+          attn::kernels::avx512::int8_values_fma(v, vs, count, dv, pt + j0 * ld, ld, rows, r0, acc);
+        }
+        return true;
+      });
+}
+bool avx512_int4_values_fma(const attn::detail::StoredRows& s, Index b, Index h, Index slot,
+                            Index n, Index dv, const float* pt, Index ld, Index rows, float* acc) {
+  if (s.group % attn::detail::kInt4Block != 0 && s.group < dv) return false;
+  return attn::kernels::avx512::stored_row_addresses(
+      s, b, h, slot, n,
+      [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {
+        for (Index r0 = 0; r0 < rows; r0 += 4) {
+          attn::kernels::avx512::int4_values_fma(v, vs, s.group, count, dv, pt + j0 * ld, ld, rows,
+                                                 r0, acc);
+        }
+        return true;
+      });
+}
+#endif
 
 std::vector<Int8Kernels> int8_kernels() {
   std::vector<Int8Kernels> all;
@@ -75,6 +111,10 @@ std::vector<Int8Kernels> int8_kernels() {
              &attn::kernels::avx512::stored_int8_values, &attn::kernels::avx512::stored_int4_scores,
              &attn::kernels::avx512::stored_int4_values,
              &attn::kernels::avx512::int8_key_scores_madd});
+        all.push_back({isa, &attn::kernels::avx512::int8_key_scores,
+                       &attn::kernels::avx512::quantize_query, &avx512_int8_values_fma,
+                       &attn::kernels::avx512::stored_int4_scores, &avx512_int4_values_fma, nullptr,
+                       true});
         break;
 #endif
 #undef ATTN_INT8_KERNELS_
@@ -109,10 +149,10 @@ struct QuantizedRows {
 // has AVX512-VNNI, rounds each weight w = p * scale to a 16-bit level of its row's largest
 // |w| (top): each element within top / 65534 * sum_j |level_j| of the double product, plus
 // float rounding (1e-6 of the sum of the terms' magnitudes).
-void expect_int8_values(Isa isa, const std::vector<float>& pt, Index ld, Index rows, Index n,
-                        const std::vector<unsigned char>& k, const std::vector<float>& ks, Index d,
-                        const std::vector<float>& acc) {
-  const bool levels = isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_vnni();
+void expect_int8_values(const Int8Kernels& set, const std::vector<float>& pt, Index ld, Index rows,
+                        Index n, const std::vector<unsigned char>& k, const std::vector<float>& ks,
+                        Index d, const std::vector<float>& acc) {
+  const bool levels = set.levels();
   double num = 0, den = 0;
   for (Index r = 0; r < rows; ++r) {
     double top = 0;
@@ -206,7 +246,7 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
       v.scales = ks.data(), v.scale_row_stride = 1;
       std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
       if (!set.values(v, 0, 0, 0, n, d, st.data(), ld, rows, acc.data())) continue;
-      expect_int8_values(set.isa, st, ld, rows, n, k, ks, d, acc);
+      expect_int8_values(set, st, ld, rows, n, k, ks, d, acc);
     }
   }
 }
@@ -242,7 +282,7 @@ TEST(KVInt8Kernels, ValuesOfAFullTileOfExtremeLevels) {
       SCOPED_TRACE(attn::isa_name(set.isa));
       std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
       if (!set.values(v, 0, 0, 0, n, d, pt.data(), ld, rows, acc.data())) continue;
-      expect_int8_values(set.isa, pt, ld, rows, n, k, ks, d, acc);
+      expect_int8_values(set, pt, ld, rows, n, k, ks, d, acc);
     }
   }
 }
@@ -268,12 +308,14 @@ TEST(KVInt8Kernels, ValuesOnSoftmaxWeightsWithinTheirRelativeError) {
         for (auto& x : k) x = static_cast<unsigned char>(static_cast<std::int8_t>(level(gen)));
         std::vector<float> ks(static_cast<std::size_t>(n));
         for (auto& x : ks) x = 0.01f * (1.0f + 0.3f * std::fabs(normal(gen)));
-        std::vector<float> pt(static_cast<std::size_t>(n * ld), 0.0f), s(static_cast<std::size_t>(n));
+        std::vector<float> pt(static_cast<std::size_t>(n * ld), 0.0f),
+            s(static_cast<std::size_t>(n));
         for (Index r = 0; r < rows; ++r) {
           for (auto& x : s) x = spread * normal(gen);
           const float top = *std::max_element(s.begin(), s.end());
           for (Index j = 0; j < n; ++j) {
-            pt[static_cast<std::size_t>(j * ld + r)] = std::exp(s[static_cast<std::size_t>(j)] - top);
+            pt[static_cast<std::size_t>(j * ld + r)] =
+                std::exp(s[static_cast<std::size_t>(j)] - top);
           }
         }
         attn::detail::StoredRows v;
@@ -296,8 +338,8 @@ TEST(KVInt8Kernels, ValuesOnSoftmaxWeightsWithinTheirRelativeError) {
       }
       if (!ran) continue;
       const double error = std::sqrt(num / den);
-      std::printf("[ accuracy ] int8 P V, %-6s score sd %.1f: %.2e\n", attn::isa_name(set.isa),
-                  static_cast<double>(spread), error);
+      std::printf("[ accuracy ] int8 P V, %-6s%s score sd %.1f: %.2e\n", attn::isa_name(set.isa),
+                  set.float_form ? " (float form)" : "", static_cast<double>(spread), error);
       EXPECT_LT(error, 1e-4);
     }
   }
@@ -373,8 +415,7 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
         // The vpdpwssd form (avx512 with AVX512-VNNI; blocks under one scale): each weight
         // p * scale as a 16-bit level of the largest |p * scale| of its row and scale, so each
         // element within top / 65534 * sum_j |q_j| of the double product, plus float rounding.
-        const bool levels = set.isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_vnni() &&
-                            (g % kBlock == 0 || g >= d);
+        const bool levels = set.levels() && (g % kBlock == 0 || g >= d);
         double num = 0, den = 0;
         const auto at = [](Index i) { return static_cast<std::size_t>(i); };
         std::vector<double> want(at(rows * d), 0.25), magnitude(at(rows * d), 0.25);
