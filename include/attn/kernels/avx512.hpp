@@ -42,8 +42,8 @@ namespace avx512 {
 ATTN_NAMESPACE_END
 ATTN_TARGET_END
 
-// The int8 dot products of a decode step over int8 keys, in a region that adds AVX512-VNNI:
-// called only on CPUs that have it.
+// The integer kernels of a decode step over int8 and int4 keys and values, in a region that
+// adds AVX512-VNNI: their VNNI forms called only on CPUs that have it.
 ATTN_TARGET_AVX512VNNI_BEGIN
 ATTN_NAMESPACE_BEGIN
 namespace kernels {

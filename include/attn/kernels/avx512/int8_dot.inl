@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: MIT
-// attn/kernels/avx512/int8_dot.inl: the avx512 set's scores of int8 keys against a quantised
-// query (generic/kv_load.inl's int8_key_scores()) on AVX512-VNNI: vpdpbusd multiplies 64
+// attn/kernels/avx512/int8_dot.inl: the avx512 set's integer kernels of a decode step over
+// int8 and int4 rows on AVX512-VNNI: the scores of int8 keys against a quantised query
+// (generic/kv_load.inl's int8_key_scores()), P V over int8 and int4 values on vpdpwssd
+// (below) and the scores of int4 keys. For the scores, vpdpbusd multiplies 64
 // unsigned bytes by 64 signed bytes and adds each four products to a 32-bit lane, so one
 // instruction does 64 multiply-adds of a key row. Included by attn/kernels/avx512.hpp inside
-// namespace attn::kernels::avx512, in a target region that adds AVX512-VNNI; called only where
-// the CPU has it (detail::cpu_has_avx512_vnni()).
+// namespace attn::kernels::avx512, in a target region that adds AVX512-VNNI: the VNNI forms run
+// only where the CPU has it (detail::cpu_has_avx512_vnni()); elsewhere int8_key_scores_part(),
+// int8_values_part() and int4_values_part() take the forms without it
+// (int8_key_scores_madd(), int8_values_fma(), int4_values_fma()).
 //
 // Signs: vpdpbusd takes one unsigned operand. The key bytes are flipped to k + 128 (one xor per
 // 64 bytes, shared by every query row) and the query stays signed, so each lane sums
@@ -124,7 +128,7 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
 // ---- P V over int8 and int4 values (generic/kv_load.inl's stored_int8_values() and
 // stored_int4_values()) ----
 //
-// The float forms (avx512/convert.inl's int8_values_fma(), int4_values_part()) spend 32 FMAs
+// The float forms (avx512/convert.inl's int8_values_fma(), int4_values_fma()) spend 32 FMAs
 // on each value row for 4 query rows at hd 128, and 16 more instructions to widen its bytes:
 // they bounded a decode step over an int8 cache (the value pass took about 22 cycles per key
 // and KV head on Zen 5, in cache, the scores 21). vpdpwssd multiplies 32 pairs of signed
@@ -136,9 +140,9 @@ inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k
 // group), w = p * scale (the float forms' product, one rounding), then the level
 // round(w * 32767 / top), top the largest |w| of the row and scale over the tile. Each weight
 // is off by at most top / 65534 (2^-16 of the tile's largest, where the float form is off by
-// 2^-24 of itself): 3e-5 to 7e-5 of P V on random data, under 2 % of the int8 levels' own error
-// (docs/kv_cache.md). The integer sums are exact (|sum| <= 128 keys x 32767 x 128 < 2^31), so
-// their order does not matter; each tile then adds float(sum) * top / 32767 to the float
+// 2^-24 of itself): 3e-5 to 7e-5 of P V on softmax-shaped weights, under 2 % of the int8 levels'
+// own error (docs/kv_cache.md). The integer sums are exact (|sum| <= 128 keys x 32767 x 128 <
+// 2^31), so their order does not matter; each tile then adds float(sum) * top / 32767 to the float
 // accumulator, once per element.
 
 /// a + the pairs of b times the pairs of w (vpdpwssd). With the intrinsic, GCC 12 kept each of
@@ -159,7 +163,8 @@ inline __m512i dpwssd(__m512i a, __m512i b, __m512i w) noexcept {
 /// 32-bit word: wp[t * 16 + c * 4 + i] = row i's levels under scale c of keys 2 t (low half)
 /// and 2 t + 1 (high half; 0 past n). unit[c * 4 + i]: the weight per level (top / 32767);
 /// sums[c * 4 + i]: the sum of the levels. False, nothing usable, when a weight is not finite
-/// (P of a NaN score: the caller takes the float form, which propagates it).
+/// (P of a NaN score: the caller takes the float form, which propagates it) or a row's largest
+/// is tiny (below).
 inline bool weight_levels(const float* const* vs, Index s0, Index ns, Index n, const float* pt,
                           Index ld, Index r0, Index nr, std::int32_t* wp, float* unit,
                           std::int32_t* sums) noexcept {
@@ -181,8 +186,11 @@ inline bool weight_levels(const float* const* vs, Index s0, Index ns, Index n, c
     _mm512_store_ps(w + 16 * j, x);
   }
   if (_mm512_cmp_ps_mask(nan, nan, _CMP_UNORD_Q) != 0) return false;
-  _mm512_store_ps(w + 16 * n, _mm512_setzero_ps());
+  // A row whose largest weight is under 1e-30 (p ~ e^-60 and below; 32767 / top overflows
+  // under 1e-34): the float form too, which keeps such weights as they are.
   const __mmask16 some = _mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_GT_OQ);
+  if (_mm512_mask_cmp_ps_mask(some, top, _mm512_set1_ps(1e-30f), _CMP_LT_OQ) != 0) return false;
+  _mm512_store_ps(w + 16 * n, _mm512_setzero_ps());
   const __m512 to_level = _mm512_maskz_div_ps(some, _mm512_set1_ps(32767.0f), top);
   _mm512_storeu_ps(unit, _mm512_mul_ps(top, _mm512_set1_ps(1.0f / 32767.0f)));
   // |x| <= top, so x * to_level rounds to at most 32767.01: converted, at most 32767.

@@ -30,9 +30,9 @@
 //    issued a block at a time) for the attention's products (the backward's too, with
 //    bf16_dot_tile_rows(), pack_pairs(), pack_row_pairs() and pack_probabilities(); and
 //    avx512/backward_pairs.inl's store_rounded()); and
-//    (avx512/int8_dot.inl) the AVX512-VNNI int8_key_scores_part() and
-//    int4_key_scores_part(); the avx2 set's AVX-VNNI form (avx2/int8_vnni.inl) and its
-//    choice (avx2/int8_dispatch.inl).
+//    (avx512/int8_dot.inl) the AVX512-VNNI int8_key_scores_part(),
+//    int4_key_scores_part(), int8_values_part() and int4_values_part(); the avx2 set's AVX-VNNI
+//    form (avx2/int8_vnni.inl) and its choice (avx2/int8_dispatch.inl).
 // The order matters: each part uses the ones before it.
 // clang-format off
 #include "attn/kernels/generic/convert.inl"
