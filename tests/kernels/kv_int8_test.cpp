@@ -151,7 +151,7 @@ struct QuantizedRows {
 // float rounding (1e-6 of the sum of the terms' magnitudes).
 void expect_int8_values(const Int8Kernels& set, const std::vector<float>& pt, Index ld, Index rows,
                         Index n, const std::vector<unsigned char>& k, const std::vector<float>& ks,
-                        Index d, const std::vector<float>& acc) {
+                        Index d, const std::vector<float>& acc, double start = 0.25) {
   const bool levels = set.levels();
   double num = 0, den = 0;
   for (Index r = 0; r < rows; ++r) {
@@ -161,7 +161,7 @@ void expect_int8_values(const Int8Kernels& set, const std::vector<float>& pt, In
       top = std::max(top, static_cast<double>(std::fabs(w)));
     }
     for (Index e = 0; e < d; ++e) {
-      double want = 0.25, magnitude = 0.25, level_sum = 0;
+      double want = start, magnitude = start, level_sum = 0;
       for (Index j = 0; j < n; ++j) {
         const double w = static_cast<double>(pt[static_cast<std::size_t>(j * ld + r)]) *
                          ks[static_cast<std::size_t>(j)];
@@ -269,20 +269,24 @@ TEST(KVInt8Kernels, ValuesOfAFullTileOfExtremeLevels) {
   attn::detail::StoredRows v;
   v.element = KVElement::kInt8, v.data = k.data(), v.row_stride = d;
   v.scales = ks.data(), v.scale_row_stride = 1;
-  for (const bool signed_weights : {false, true}) {
-    SCOPED_TRACE(signed_weights ? "weights of both signs" : "positive weights");
+  // Then weights near 1e-36 in rows 1 and 3 (p ~ e^-80), into accumulators at 0: the levels'
+  // scale 32767 / top would overflow, and such rows take the float form.
+  for (const int kind : {0, 1, 2}) {
+    SCOPED_TRACE(kind == 0 ? "positive weights" : kind == 1 ? "weights of both signs" : "tiny");
     std::vector<float> pt(static_cast<std::size_t>(n * ld), 0.0f);
     for (Index j = 0; j < n; ++j) {
       for (Index r = 0; r < rows; ++r) {
+        const float tiny = r % 2 == 1 ? 1e-36f : 1.0f;
         pt[static_cast<std::size_t>(j * ld + r)] =
-            r == 0 ? 1.0f : (signed_weights ? uniform(gen) : positive(gen));
+            r == 0 ? 1.0f : (kind == 1 ? uniform(gen) : positive(gen) * (kind == 2 ? tiny : 1.0f));
       }
     }
+    const float start = kind == 2 ? 0.0f : 0.25f;
     for (const Int8Kernels& set : int8_kernels()) {
       SCOPED_TRACE(attn::isa_name(set.isa));
-      std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
+      std::vector<float> acc(static_cast<std::size_t>(rows * d), start);
       if (!set.values(v, 0, 0, 0, n, d, pt.data(), ld, rows, acc.data())) continue;
-      expect_int8_values(set, pt, ld, rows, n, k, ks, d, acc);
+      expect_int8_values(set, pt, ld, rows, n, k, ks, d, acc, start);
     }
   }
 }
