@@ -21,8 +21,8 @@ inline __mmask16 first_lanes(Index n) noexcept {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
 }
 
-/// Byte mask of the first n bytes of 32 (none for n <= 0).
-inline __mmask32 first_bytes32(Index n) noexcept {
+/// Mask of the first n of 32 lanes (bytes or 16-bit words; none for n <= 0).
+inline __mmask32 first_lanes32(Index n) noexcept {
   return n >= 32 ? ~__mmask32(0) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
 }
 

@@ -143,7 +143,7 @@ inline bool half_values_avx512(const Half* const* v, Index n, Index dv, const fl
       _mm512_set1_epi16(static_cast<short>(std::numeric_limits<Half>::infinity().bits()));
   for (Index j = 0; j < n; ++j) {
     for (Index e = 0; e < dv; e += 32) {
-      const __mmask32 m = dv - e >= 32 ? ~__mmask32(0) : (__mmask32(1) << (dv - e)) - 1;
+      const __mmask32 m = convert_ops::first_lanes32(dv - e);
       const __m512i x = _mm512_maskz_loadu_epi16(m, v[j] + e);
       if (_mm512_cmpeq_epi16_mask(_mm512_and_si512(x, exponent), exponent) != 0) return false;
     }

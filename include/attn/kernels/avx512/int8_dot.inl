@@ -243,8 +243,8 @@ inline bool int8_values_vnni(const unsigned char* const* v, const float* const* 
                               _mm512_setzero_si512(), _mm512_setzero_si512()};
   for (Index e0 = 0; e0 < dv; e0 += 64) {
     const Index cols = std::min<Index>(64, dv - e0);
-    const __mmask32 half0 = convert_ops::first_bytes32(cols);
-    const __mmask32 half1 = convert_ops::first_bytes32(cols - 32);
+    const __mmask32 half0 = convert_ops::first_lanes32(cols);
+    const __mmask32 half1 = convert_ops::first_lanes32(cols - 32);
     __m512i a[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
