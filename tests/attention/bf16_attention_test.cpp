@@ -283,13 +283,13 @@ TEST_F(StorageAttention, BitIdenticalForOneAndTwoThreads) {
   });
 }
 
-// vdpbf16ps gives way to widening for tasks of few query rows (ops/attention.hpp's
-// attention_bf16_path(): below 16 at d 128), so a decode step under Bf16Path::kDot has the
-// widening path's bits. The query is subnormal (2^-127, which vdpbf16ps reads as zero and
-// widening reads exactly) against keys near 2^126: the scores are products of order 1 on the
-// widening path and 0 on the dot product's, so the outputs of the two paths differ by far more
-// than bfloat16's rounding, as the 64-row call shows.
-TEST_F(StorageAttention, DotPathWidensForFewQueryRows) {
+// vdpbf16ps gives way to widening for tasks of 5 to few query rows (ops/attention.hpp's
+// attention_bf16_path(): below 16 at d 128), and runs 4 keys x 4 rows at a time for tasks of
+// at most 4 (a decode step's grouped heads). The query is subnormal (2^-127, which vdpbf16ps
+// reads as zero and widening reads exactly) against keys near 2^126: the scores are products
+// of order 1 on the widening path and 0 on the dot product's, so the outputs of the two paths
+// differ by far more than bfloat16's rounding.
+TEST_F(StorageAttention, DotPathWidensForFewQueryRowsAndDotsADecodeStep) {
   const std::vector<Isa> sets = attn::test::runnable_sets();
   if (std::find(sets.begin(), sets.end(), Isa::kAvx512) == sets.end()) {
     GTEST_SKIP() << "the avx512 set does not run here";
@@ -307,8 +307,21 @@ TEST_F(StorageAttention, DotPathWidensForFewQueryRows) {
     attn::scaled_dot_product_attention<bfloat16>(q.view(), k.view(), v.view(), out.view());
     return out;
   };
-  // A decode step: 1 query of 8 heads over 2 key/value heads, 4 rows per task.
-  EXPECT_TRUE(ref::same_bits(run(8, 1, Bf16Path::kDot).view(), run(8, 1, Bf16Path::kWiden).view()));
+  // A decode step: 1 query of 8 heads over 2 key/value heads, 4 rows per task: the dot
+  // product's bits (scores of 0: each output the mean of the value rows, to bfloat16's
+  // rounding of the output).
+  const Tensor<bfloat16, 4> step = run(8, 1, Bf16Path::kDot);
+  EXPECT_FALSE(ref::same_bits(step.view(), run(8, 1, Bf16Path::kWiden).view()));
+  for (Index h = 0; h < 8; ++h) {
+    for (Index e = 0; e < d; ++e) {
+      double sum = 0;
+      for (Index j = 0; j < tk; ++j) sum += static_cast<double>(static_cast<float>(v(0, h / 4, j, e)));
+      const double got = static_cast<double>(static_cast<float>(step(0, h, 0, e)));
+      EXPECT_NEAR(sum / tk, got, 0x1p-8 * std::abs(sum / tk) + 1e-6) << h << " " << e;
+    }
+  }
+  // 8 rows per task (2 queries of 4 heads): widened.
+  EXPECT_TRUE(ref::same_bits(run(8, 2, Bf16Path::kDot).view(), run(8, 2, Bf16Path::kWiden).view()));
   // 64 rows per task: the dot product's bits.
   EXPECT_FALSE(
       ref::same_bits(run(2, 64, Bf16Path::kDot).view(), run(2, 64, Bf16Path::kWiden).view()));

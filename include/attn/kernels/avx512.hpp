@@ -37,6 +37,7 @@ namespace kernels {
 namespace avx512 {
 #include "attn/kernels/avx512/attention_pairs.inl"
 #include "attn/kernels/avx512/bf16_dot.inl"
+#include "attn/kernels/avx512/bf16_rows.inl"
 }  // namespace avx512
 }  // namespace kernels
 ATTN_NAMESPACE_END

@@ -119,21 +119,23 @@ AttentionPlan plan_attention(const AttentionCall<Scalar, Operand>& call) {
 }
 
 /// The path of a bfloat16 call's products: bf16_path(), except that vdpbf16ps (kDot) gives way
-/// to widening when a task has few query rows (group_heads * rows_per_head, the same for every
-/// task of the call: so the choice, and the bits, do not depend on the thread count), when
-/// rows (d + 128) < 32 d: below 16 rows at d 128, 11 at d 64. The dot path's score pass runs
-/// micro-tiles of kMicroRows keys by 64 query rows whatever the task's rows, so a decode step's
-/// 4 rows leave 15 of its 16 vdpbf16ps idle, while widening then takes one dot product per
-/// (key, row), about rows (d / 16 + 8) instructions per key against the dot path's d * 2 (perf,
+/// to widening when a task has from 5 to few query rows (group_heads * rows_per_head, the same
+/// for every task of the call: so the choice, and the bits, do not depend on the thread
+/// count), when rows (d + 128) < 32 d: below 16 rows at d 128, 11 at d 64. The dot path's score
+/// pass runs micro-tiles of kMicroRows keys by 64 query rows whatever the task's rows, so such
+/// rows leave most of its vdpbf16ps idle, while widening then takes one dot product per (key,
+/// row), about rows (d / 16 + 8) instructions per key against the dot path's d * 2 (perf,
 /// bench/decode_timer decode 4 4096 1 --dtype bf16 --bf16-path dot: B 4, H 32, H_kv 8, d 128,
 /// L 4096, one thread: that pass 38 % of the samples; the step 47 ms, 27 ms widened, against
-/// 34 ms with the projections widened too: docs/benchmarks.md).
+/// 34 ms with the projections widened too: docs/benchmarks.md). Tasks of at most 4 rows (a
+/// decode step's grouped heads) keep kDot: the kernel then runs vdpbf16ps 4 keys x 4 rows at a
+/// time (dot_rows_bf16 in streaming_tile()).
 template <class Scalar, class Operand>
 Bf16Path attention_bf16_path(const AttentionCall<Scalar, Operand>& call,
                              const AttentionPlan& plan) {
   const Bf16Path path = bf16_path();
   const Index rows = plan.group_heads * plan.rows_per_head, d = call.head_dim();
-  if (path == Bf16Path::kDot && rows * (d + 128) < 32 * d) return Bf16Path::kWiden;
+  if (path == Bf16Path::kDot && rows > 4 && rows * (d + 128) < 32 * d) return Bf16Path::kWiden;
   return path;
 }
 
@@ -307,7 +309,9 @@ void run_attention(const AttentionCall<Scalar, Operand>* calls, Index count, Wor
     r.first_pair_job = pair_jobs;
     bool prepared = std::is_same_v<Operand, Scalar> && r.plan.route == AttentionRoute::kStreaming;
     if constexpr (std::is_same_v<Operand, bfloat16>) {
-      prepared = r.args.path != Bf16Path::kWiden && kernel_isa() == Isa::kAvx512;
+      // (kDot with at most 4 rows reads V's rows as they are: dot_rows_bf16.)
+      prepared = r.args.path != Bf16Path::kWiden && kernel_isa() == Isa::kAvx512 &&
+                 !(r.args.path == Bf16Path::kDot && r.plan.group_heads * r.plan.rows_per_head <= 4);
     }
     if (!prepared || r.args.ring != 0 || r.args.stored.active() ||
         r.plan.tiles * r.plan.head_chunks < 2 || v.extent(2) < kKeyBlock) {

@@ -315,7 +315,10 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
   // Storage-type operands (reduced_stream_scratch_size()):
   constexpr bool kReduced = !std::is_same_v<Operand, Scalar>;
   constexpr bool kPairs = kSetIsa == Isa::kAvx512 && std::is_same_v<Operand, bfloat16>;
-  const bool pairs = kPairs && p.path != Bf16Path::kWiden;  // AMX or vdpbf16ps
+  // vdpbf16ps with at most 4 rows (a decode step's grouped heads): 4 keys x 4 rows per step
+  // and P V on pairs of keys (avx512/bf16_rows.inl), not the k-pair micro-tiles.
+  const bool dot_rows_bf16 = kPairs && p.path == Bf16Path::kDot && rows <= 4;
+  const bool pairs = kPairs && p.path != Bf16Path::kWiden && !dot_rows_bf16;  // AMX, vdpbf16ps
   const bool amx = kPairs && p.path == Bf16Path::kAmx;
   Scalar* qw = clean + kKeyBlock * dv;                 // Q widened (rows, d)
   Scalar* kw = qw + kQueryBlock * d;                   // a K tile widened, or in AMX tiles
@@ -550,8 +553,17 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     if constexpr (std::is_same_v<Scalar, float>) {
       if (row_keys) {
         if (!stored) {
-          decode_key_scores_part(qrow, rows, k_tile, k_rs, d, width, p.scale, st, ld,
-                                 inplace_ahead);
+          bool dotted = false;
+          if constexpr (kPairs) {
+            if (dot_rows_bf16) {
+              dot_rows_scores(qsrc, rows, k_tile, k_rs, d, width, p.scale, st, ld, inplace_ahead);
+              dotted = true;
+            }
+          }
+          if (!dotted) {
+            decode_key_scores_part(qrow, rows, k_tile, k_rs, d, width, p.scale, st, ld,
+                                   inplace_ahead);
+          }
         } else if constexpr (!kReduced) {
           with_decode_key_type(p.stored.k.element, [&](const auto* type) {
             using Key = std::remove_cv_t<std::remove_pointer_t<decltype(type)>>;
@@ -923,9 +935,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       if (half_rows) {
         const Operand* vrow[kKeyBlock];
         for (Index j = 0; j < tile_need; ++j) vrow[j] = v_tile + j * v_rs;
-        if (tile_need == 0 || half_values_part(vrow, tile_need, dv, st, ld, rows, true, acc)) {
-          continue;
+        if (tile_need == 0) continue;
+        if constexpr (kPairs) {
+          if (dot_rows_bf16 && dot_rows_values(vrow, tile_need, dv, st, ld, rows, acc)) continue;
         }
+        if (half_values_part(vrow, tile_need, dv, st, ld, rows, true, acc)) continue;
       }
       // pass 5a (storage types): P rounded to Operand (in place, as floats, when widening).
       // AMX and vdpbf16ps: P (rows, need) transposed out of p^T and rounded into pb, rows
