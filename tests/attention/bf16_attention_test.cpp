@@ -315,7 +315,8 @@ TEST_F(StorageAttention, DotPathWidensForFewQueryRowsAndDotsADecodeStep) {
   for (Index h = 0; h < 8; ++h) {
     for (Index e = 0; e < d; ++e) {
       double sum = 0;
-      for (Index j = 0; j < tk; ++j) sum += static_cast<double>(static_cast<float>(v(0, h / 4, j, e)));
+      for (Index j = 0; j < tk; ++j)
+        sum += static_cast<double>(static_cast<float>(v(0, h / 4, j, e)));
       const double got = static_cast<double>(static_cast<float>(step(0, h, 0, e)));
       EXPECT_NEAR(sum / tk, got, 0x1p-8 * std::abs(sum / tk) + 1e-6) << h << " " << e;
     }

@@ -99,7 +99,8 @@ TEST(Bf16RowsKernels, ScoresHaveTheInstructionsBits) {
           for (Index j = 0; j < n; ++j) {
             for (Index r = 0; r < rows; ++r) {
               const float want = expected_score(q.data() + r * d, k.data() + j * k_rs, d, scale);
-              ASSERT_EQ(want, st[static_cast<std::size_t>(j * ld + r)]) << "key " << j << " row " << r;
+              ASSERT_EQ(want, st[static_cast<std::size_t>(j * ld + r)])
+                  << "key " << j << " row " << r;
             }
             // Columns past `rows`: untouched (ld 16) or the repeated row (packed).
             for (Index r = rows; r < (packed ? 0 : ld); ++r) {
@@ -107,7 +108,8 @@ TEST(Bf16RowsKernels, ScoresHaveTheInstructionsBits) {
             }
           }
           for (Index j = n; j < n + 3; ++j) {  // past n: not stored
-            for (Index r = 0; r < ld; ++r) ASSERT_EQ(sentinel, st[static_cast<std::size_t>(j * ld + r)]);
+            for (Index r = 0; r < ld; ++r)
+              ASSERT_EQ(sentinel, st[static_cast<std::size_t>(j * ld + r)]);
           }
         }
       }
@@ -125,7 +127,8 @@ void expected_values(const std::vector<const bfloat16*>& v, Index n, Index dv, c
         const float w0 = round_weight(pt[2 * t * ld + i]);
         const float w1 = 2 * t + 1 < n ? round_weight(pt[(2 * t + 1) * ld + i]) : 0.0f;
         const float v0 = static_cast<float>(v[static_cast<std::size_t>(2 * t)][e]);
-        const float v1 = 2 * t + 1 < n ? static_cast<float>(v[static_cast<std::size_t>(2 * t + 1)][e]) : 0.0f;
+        const float v1 =
+            2 * t + 1 < n ? static_cast<float>(v[static_cast<std::size_t>(2 * t + 1)][e]) : 0.0f;
         sum = pair_step(sum, v0, w0, v1, w1);
       }
       acc[static_cast<std::size_t>(i * dv + e)] += sum;
@@ -162,8 +165,8 @@ TEST(Bf16RowsKernels, ValuesHaveTheInstructionsBits) {
     for (const Index rows : {Index(1), Index(2), Index(4)}) {
       for (const Index n : {Index(1), Index(2), Index(7), Index(128)}) {
         for (const Index ld : {Index(4), Index(16)}) {
-          SCOPED_TRACE(testing::Message() << "dv " << dv << " rows " << rows << " n " << n
-                                          << " ld " << ld);
+          SCOPED_TRACE(testing::Message()
+                       << "dv " << dv << " rows " << rows << " n " << n << " ld " << ld);
           // The columns of p^T past `rows` are NaN: read, they would spoil the sums.
           ValueCase c = value_case(n, dv, ld, rows, static_cast<std::uint32_t>(dv + n));
           std::vector<float> want = c.acc;
@@ -184,7 +187,8 @@ TEST(Bf16RowsKernels, ValuesFlushSubnormalWeights) {
   const Index n = 9, dv = 64, ld = 4, rows = 4;
   ValueCase c = value_case(n, dv, ld, rows, 77);
   for (Index j = 0; j < n; ++j) {
-    for (Index r = 0; r < rows; ++r) c.pt[static_cast<std::size_t>(j * ld + r)] *= 0x1p-120f * float(j % 3 == 0 ? 1e-5 : 1);
+    for (Index r = 0; r < rows; ++r)
+      c.pt[static_cast<std::size_t>(j * ld + r)] *= 0x1p-120f * float(j % 3 == 0 ? 1e-5 : 1);
   }
   std::vector<float> want = c.acc;
   expected_values(c.v, n, dv, c.pt.data(), ld, rows, want);

@@ -108,8 +108,8 @@ inline constexpr Index kDotRowsMaxValueDim = 256;
 /// when a sum is not finite (a value row holding a NaN or an infinity, or a weight that is
 /// not finite: the caller's widened form then adds such a row only for the query rows that see
 /// its key).
-inline bool dot_rows_values(const bfloat16* const* v, Index n, Index dv, const float* pt,
-                            Index ld, Index rows, float* acc) noexcept {
+inline bool dot_rows_values(const bfloat16* const* v, Index n, Index dv, const float* pt, Index ld,
+                            Index rows, float* acc) noexcept {
   if (rows > 4 || dv > kDotRowsMaxValueDim) return false;
   if (n <= 0) return true;
   const Index pairs = (n + 1) / 2;
@@ -149,7 +149,8 @@ inline bool dot_rows_values(const bfloat16* const* v, Index n, Index dv, const f
       const bfloat16* y = 2 * t + 1 < n ? v[2 * t + 1] : nullptr;
       const __m512i x0 = _mm512_maskz_loadu_epi16(m0, x + e0);
       const __m512i x1 = _mm512_maskz_loadu_epi16(m1, x + e0 + 32);
-      const __m512i y0 = y != nullptr ? _mm512_maskz_loadu_epi16(m0, y + e0) : _mm512_setzero_si512();
+      const __m512i y0 =
+          y != nullptr ? _mm512_maskz_loadu_epi16(m0, y + e0) : _mm512_setzero_si512();
       const __m512i y1 =
           y != nullptr ? _mm512_maskz_loadu_epi16(m1, y + e0 + 32) : _mm512_setzero_si512();
       const __m512bh u[2][2] = {
