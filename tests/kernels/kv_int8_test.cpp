@@ -3,7 +3,7 @@
 // kernel set: the scores of int8 keys against a quantised query (exact integer dot products,
 // AVX512-VNNI and AVX-VNNI where the CPU has them) have the same bits on every set, and the P V
 // product over int8 value rows (widened in registers, or on 16-bit weight levels with
-// AVX512-VNNI) matches a double product within the bound of its form. The attention
+// AVX512-VNNI or AVX-VNNI) matches a double product within the bound of its form. The attention
 // through them is tested in tests/attention/kv_cache_quantized_test.cpp. The int4 forms (where a
 // set has them) against the order their scores are defined in and a double product.
 #include <gtest/gtest.h>
@@ -47,42 +47,56 @@ struct Int8Kernels {
   // tested on any CPU with AVX-512 or AVX2; null elsewhere.
   bool (*madd)(const attn::detail::QuantizedQuery&, const unsigned char*, Index, const float*,
                Index, Index, float*, Index, const attn::detail::KeyPrefetch&) = nullptr;
-  // The values' float form where the set's own is on 16-bit weight levels (the avx512 set's on a
-  // CPU without AVX512-VNNI, and for weights that are not finite), tested on any CPU with it.
+  // The values' float form where the set's own is on 16-bit weight levels (the avx512 and avx2
+  // sets' on a CPU without AVX512-VNNI or AVX-VNNI, and for weights that are not finite),
+  // tested on any CPU with the set.
   bool float_form = false;
-  // Whether this entry's values are on 16-bit weight levels (the avx512 set with AVX512-VNNI).
+  // Whether this entry's values are on 16-bit weight levels (the avx512 set with AVX512-VNNI,
+  // the avx2 set with AVX-VNNI).
   bool levels() const {
-    return isa == Isa::kAvx512 && !float_form && attn::detail::cpu_has_avx512_vnni();
+    return !float_form && ((isa == Isa::kAvx512 && attn::detail::cpu_has_avx512_vnni()) ||
+                           (isa == Isa::kAvx2 && attn::detail::cpu_has_avx_vnni()));
   }
 };
 
 #if ATTN_KERNELS_X86
-// The avx512 set's float forms of the int8 and int4 values, as stored_int8_values() and
-// stored_int4_values() call the set's forms, 4 query rows at a time.
-bool avx512_int8_values_fma(const attn::detail::StoredRows& s, Index b, Index h, Index slot,
-                            Index n, Index dv, const float* pt, Index ld, Index rows, float* acc) {
-  return attn::kernels::avx512::stored_row_addresses(
-      s, b, h, slot, n,
-      [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {
-        for (Index r0 = 0; r0 < rows; r0 += 4) {
-          attn::kernels::avx512::int8_values_fma(v, vs, count, dv, pt + j0 * ld, ld, rows, r0, acc);
-        }
-        return true;
-      });
-}
-bool avx512_int4_values_fma(const attn::detail::StoredRows& s, Index b, Index h, Index slot,
-                            Index n, Index dv, const float* pt, Index ld, Index rows, float* acc) {
-  if (s.group % attn::detail::kInt4Block != 0 && s.group < dv) return false;
-  return attn::kernels::avx512::stored_row_addresses(
-      s, b, h, slot, n,
-      [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {
-        for (Index r0 = 0; r0 < rows; r0 += 4) {
-          attn::kernels::avx512::int4_values_fma(v, vs, s.group, count, dv, pt + j0 * ld, ld, rows,
-                                                 r0, acc);
-        }
-        return true;
-      });
-}
+// A set's float forms of the int8 and int4 values (the avx512 and avx2 sets', whose own forms
+// are on 16-bit weight levels where the CPU has VNNI), as stored_int8_values() and
+// stored_int4_values() call them, 4 query rows at a time. The avx2 set's take value widths that
+// are multiples of 16 only, as its int8_values_part() and int4_values_part() do.
+#define ATTN_FLOAT_FORMS_(set, any_width)                                                          \
+  bool set##_int8_values_fma(const attn::detail::StoredRows& s, Index b, Index h, Index slot,      \
+                             Index n, Index dv, const float* pt, Index ld, Index rows,             \
+                             float* acc) {                                                         \
+    if (!(any_width) && dv % 16 != 0) return false;                                                \
+    return attn::kernels::set::stored_row_addresses(                                               \
+        s, b, h, slot, n,                                                                          \
+        [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {        \
+          for (Index r0 = 0; r0 < rows; r0 += 4) {                                                 \
+            attn::kernels::set::int8_values_fma(v, vs, count, dv, pt + j0 * ld, ld, rows, r0,      \
+                                                acc);                                              \
+          }                                                                                        \
+          return true;                                                                             \
+        });                                                                                        \
+  }                                                                                                \
+  bool set##_int4_values_fma(const attn::detail::StoredRows& s, Index b, Index h, Index slot,      \
+                             Index n, Index dv, const float* pt, Index ld, Index rows,             \
+                             float* acc) {                                                         \
+    if (s.group % attn::detail::kInt4Block != 0 && s.group < dv) return false;                     \
+    if (!(any_width) && dv % 16 != 0) return false;                                                \
+    return attn::kernels::set::stored_row_addresses(                                               \
+        s, b, h, slot, n,                                                                          \
+        [&](const unsigned char* const* v, const float* const* vs, Index j0, Index count) {        \
+          for (Index r0 = 0; r0 < rows; r0 += 4) {                                                 \
+            attn::kernels::set::int4_values_fma(v, vs, s.group, count, dv, pt + j0 * ld, ld, rows, \
+                                                r0, acc);                                          \
+          }                                                                                        \
+          return true;                                                                             \
+        });                                                                                        \
+  }
+ATTN_FLOAT_FORMS_(avx512, true)
+ATTN_FLOAT_FORMS_(avx2, false)
+#undef ATTN_FLOAT_FORMS_
 #endif
 
 std::vector<Int8Kernels> int8_kernels() {
@@ -104,6 +118,10 @@ std::vector<Int8Kernels> int8_kernels() {
             {isa, &attn::kernels::avx2::int8_key_scores, &attn::kernels::avx2::quantize_query,
              &attn::kernels::avx2::stored_int8_values, &attn::kernels::avx2::stored_int4_scores,
              &attn::kernels::avx2::stored_int4_values, &attn::kernels::avx2::int8_key_scores_madd});
+        all.push_back({isa, &attn::kernels::avx2::int8_key_scores,
+                       &attn::kernels::avx2::quantize_query, &avx2_int8_values_fma,
+                       &attn::kernels::avx2::stored_int4_scores, &avx2_int4_values_fma, nullptr,
+                       true});
         break;
       case Isa::kAvx512:
         all.push_back(
@@ -145,10 +163,10 @@ struct QuantizedRows {
 
 // acc (rows, d, started at 0.25) after acc += P V over n int8 rows k (scales ks), P read out
 // of pt (pt[j * ld + r]), against a double product. The float forms: 1e-5 relative over the
-// whole output (float accumulation of a few keys). The avx512 set's vpdpwssd form, where the CPU
-// has AVX512-VNNI, rounds each weight w = p * scale to a 16-bit level of its row's largest
-// |w| (top): each element within top / 65534 * sum_j |level_j| of the double product, plus
-// float rounding (1e-6 of the sum of the terms' magnitudes).
+// whole output (float accumulation of a few keys). The vpdpwssd forms (the avx512 set's where the
+// CPU has AVX512-VNNI, the avx2 set's where it has AVX-VNNI) round each weight w = p * scale to a
+// 16-bit level of its row's largest |w| (top): each element within top / 65534 * sum_j |level_j| of
+// the double product, plus float rounding (1e-6 of the sum of the terms' magnitudes).
 void expect_int8_values(const Int8Kernels& set, const std::vector<float>& pt, Index ld, Index rows,
                         Index n, const std::vector<unsigned char>& k, const std::vector<float>& ks,
                         Index d, const std::vector<float>& acc, double start = 0.25) {
@@ -201,7 +219,7 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
     for (auto& x : q) x = uniform(gen);
     const float* q_rows[rows];
     for (Index r = 0; r < rows; ++r) q_rows[r] = q.data() + r * d;
-    std::vector<float> first;
+    std::vector<float> first, first_levels;
     for (const Int8Kernels& set : int8_kernels()) {
       SCOPED_TRACE(attn::isa_name(set.isa));
       QuantizedRows quantized(ld, d);
@@ -247,6 +265,11 @@ TEST(KVInt8Kernels, ScoresHaveTheSameBitsOnEverySetAndValuesMatchADoubleProduct)
       std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
       if (!set.values(v, 0, 0, 0, n, d, st.data(), ld, rows, acc.data())) continue;
       expect_int8_values(set, st, ld, rows, n, k, ks, d, acc);
+      // The two sets' level forms: the same levels and exact integer sums, the same bits.
+      if (set.levels()) {
+        if (first_levels.empty()) first_levels = acc;
+        EXPECT_EQ(acc, first_levels) << "values differ from the first level form's";
+      }
     }
   }
 }
@@ -295,9 +318,9 @@ TEST(KVInt8Kernels, ValuesOnSoftmaxWeightsWithinTheirRelativeError) {
   // P as a decode step makes it (exp(s - max s) over a tile, scores of standard deviation 0.5,
   // 2 and 5), value rows of random levels and scales near 0.01, 4 query rows, a whole tile,
   // 50 tiles each: ||P V - double|| / ||double||, printed per set. The float forms round each
-  // product and sum (about 2e-7); the 16-bit weight levels of the avx512 set with AVX512-VNNI
-  // about 2^-16 of a tile's largest weight per weight (measured 3e-5 to 7e-5). Both within
-  // 1e-4, the figure docs/kv_cache.md states.
+  // product and sum (about 2e-7); the 16-bit weight levels (the avx512 set with AVX512-VNNI,
+  // the avx2 set with AVX-VNNI) about 2^-16 of a tile's largest weight per weight (measured 3e-5 to
+  // 7e-5). Both within 1e-4, the figure docs/kv_cache.md states.
   const Index n = attn::detail::kKeyBlock, d = 128, rows = 4, ld = attn::detail::kQueryBlock;
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> level(-127, 127);
@@ -381,6 +404,8 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
       stored.element = KVElement::kInt4, stored.data = k.data(), stored.row_stride = row_bytes;
       stored.scales = ks.data(), stored.scale_row_stride = scales_per_row, stored.group = g;
       std::vector<float> level(static_cast<std::size_t>(d));  // a row's levels (scale 1)
+      std::vector<float> first_levels, weights(static_cast<std::size_t>(n * rows));
+      for (auto& w : weights) w = uniform(gen);
       for (const Int8Kernels& set : int8_kernels()) {
         SCOPED_TRACE(attn::isa_name(set.isa));
         QuantizedRows quantized(ld, d);
@@ -410,13 +435,15 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
             }
           }
         }
-        // Values: P (the scores as weights, any finite numbers) times the keys' rows as values.
+        // Values: P (any finite numbers, the same for every set) times the keys' rows as values.
         for (Index j = 0; j < n; ++j) {
-          for (Index r = 0; r < rows; ++r) st[j * ld + r] = uniform(gen);
+          for (Index r = 0; r < rows; ++r)
+            st[j * ld + r] = weights[static_cast<std::size_t>(j * rows + r)];
         }
         std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.25f);
         if (!set.int4_values(stored, 0, 0, 0, n, d, st.data(), ld, rows, acc.data())) continue;
-        // The vpdpwssd form (avx512 with AVX512-VNNI; blocks under one scale): each weight
+        // The vpdpwssd forms (avx512 with AVX512-VNNI, avx2 with AVX-VNNI; blocks under one
+        // scale): each weight
         // p * scale as a 16-bit level of the largest |p * scale| of its row and scale, so each
         // element within top / 65534 * sum_j |q_j| of the double product, plus float rounding.
         const bool levels = set.levels() && (g % kBlock == 0 || g >= d);
@@ -459,6 +486,9 @@ TEST(KVInt8Kernels, Int4ScoresFollowTheirDefinitionAndValuesMatchADoubleProduct)
         }
         if (!levels) {
           EXPECT_LT(std::sqrt(num / den), 1e-5);
+        } else {  // the two sets' level forms: the same bits
+          if (first_levels.empty()) first_levels = acc;
+          EXPECT_EQ(acc, first_levels) << "values differ from the first level form's";
         }
       }
     }

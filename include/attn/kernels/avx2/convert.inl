@@ -259,95 +259,89 @@ inline void values_block(Index r0, Index rows, Index e0, Index e1, Index n, Inde
   }
 }
 
-/// acc (rows, dv, row stride dv) += P V over n int8 value rows (row j at v[j], its scale at
-/// vs[j][0]), P read transposed out of p^T (pt[j * ld + r]): each row's scale
-/// folded into its weights (p * scale, one rounding), the bytes widened in registers, products
-/// accumulated in float. 4 query rows x 16 elements per pass (values_block(); rows past `rows`
-/// weigh 0): 8 from each half of the rows, so that the first pass over a tile's keys already
-/// asks for every cache line of their rows (at hd 128 a row is two lines; passes over one half
-/// at a time left the second lines' misses for the fifth pass, and the decode step read an
-/// int8 cache from memory at 0.85x the speed of the halves paired: B 1 L 16384 and B 8 L 4096,
-/// AVX2, Zen 3; software prefetches of the tile's rows did not recover it there). The same
-/// products in the same order per element: the same bits. Value widths that are not a
-/// multiple of 16: false, nothing done.
-inline bool int8_values_part(const unsigned char* const* v, const float* const* vs, Index n,
-                             Index dv, const float* pt, Index ld, Index rows, float* acc) noexcept {
-  if (dv % 16 != 0) return false;
+/// acc rows r0 .. r0 + 3 (row stride dv; rows past `rows` weigh 0) += P V over n int8 value
+/// rows (row j at v[j], its scale at vs[j][0]), P read transposed out of p^T (pt[j * ld + r]):
+/// each row's scale folded into its weights (p * scale, one rounding), the bytes widened in
+/// registers, products accumulated in float. 16 elements per pass (values_block()): 8 from
+/// each half of the rows, so that the first pass over a tile's keys already asks for every
+/// cache line of their rows (at hd 128 a row is two lines; passes over one half at a time left
+/// the second lines' misses for the fifth pass, and the decode step read an int8 cache from
+/// memory at 0.85x the speed of the halves paired: B 1 L 16384 and B 8 L 4096, AVX2, Zen 3;
+/// software prefetches of the tile's rows did not recover it there). The same products in the
+/// same order per element: the same bits. dv a multiple of 16 (int8_values_part() checks).
+inline void int8_values_fma(const unsigned char* const* v, const float* const* vs, Index n,
+                            Index dv, const float* pt, Index ld, Index rows, Index r0,
+                            float* acc) noexcept {
   alignas(32) float w[kKeyBlock * 4];
-  for (Index r0 = 0; r0 < rows; r0 += 4) {
-    const Index nr = std::min<Index>(4, rows - r0);
-    for (Index j = 0; j < n; ++j) {
-      const float scale = vs[j][0];
-      for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
-    }
-    const Index half = dv / 2;
-    for (Index e0 = 0; e0 < half; e0 += 8) {
-      values_block(
-          r0, rows, e0, e0 + half, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
-          [&](Index j, __m256* x) {
-            const auto* row = v[j] + e0;
-            x[0] = _mm256_cvtepi32_ps(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row))));
-            x[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + half))));
-          });
-    }
+  const Index nr = std::min<Index>(4, rows - r0);
+  for (Index j = 0; j < n; ++j) {
+    const float scale = vs[j][0];
+    for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
   }
-  return true;
+  const Index half = dv / 2;
+  for (Index e0 = 0; e0 < half; e0 += 8) {
+    values_block(
+        r0, rows, e0, e0 + half, n, dv, acc, [&](Index j, int i) { return w[j * 4 + i]; },
+        [&](Index j, __m256* x) {
+          const auto* row = v[j] + e0;
+          x[0] = _mm256_cvtepi32_ps(
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row))));
+          x[1] = _mm256_cvtepi32_ps(
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + half))));
+        });
+  }
 }
 
-/// acc (rows, dv, row stride dv) += P V over n int4 value rows (row j at v[j], its scales,
-/// one per `group` elements, at vs[j]), P read transposed out of p^T (pt[j * ld + r]): each
-/// key's scale of a group folded into its weights (p * scale, one rounding, once per group),
-/// each 8 bytes' low and high nibbles (elements i and i + 16 of a block) widened in registers
-/// to their exact levels q = nibble - 8, products accumulated in float (no float copy of the
-/// rows). 4 query rows x 16 elements per pass (values_block(); rows past `rows` weigh 0). Value
-/// widths that are not a multiple of 16, or blocks under two scales (group not a multiple of
-/// kInt4Block, smaller than the row): false, nothing done. (The scales folded into the weights,
-/// with no branch per row: 0.74x the instructions of scaling each level in registers, the int4
-/// decode's P V at hd 128.)
-inline bool int4_values_part(const unsigned char* const* v, const float* const* vs, Index group,
-                             Index n, Index dv, const float* pt, Index ld, Index rows,
-                             float* acc) noexcept {
-  if (dv % 16 != 0 || (group % kInt4Block != 0 && group < dv)) return false;
+/// acc rows r0 .. r0 + 3 (row stride dv; rows past `rows` weigh 0) += P V over n int4 value
+/// rows (row j at v[j], its scales, one per `group` elements, at vs[j]), P read transposed out
+/// of p^T (pt[j * ld + r]): each key's scale of a group folded into its weights (p * scale, one
+/// rounding, once per group), each 8 bytes' low and high nibbles (elements i and i + 16 of a
+/// block) widened in registers to their exact levels q = nibble - 8, products accumulated in
+/// float (no float copy of the rows). 16 elements per pass (values_block()). dv a multiple of
+/// 16 and every block under one scale (int4_values_part() checks). (The scales folded into the
+/// weights, with no branch per row: 0.74x the instructions of scaling each level in registers,
+/// the int4 decode's P V at hd 128.)
+inline void int4_values_fma(const unsigned char* const* v, const float* const* vs, Index group,
+                            Index n, Index dv, const float* pt, Index ld, Index rows, Index r0,
+                            float* acc) noexcept {
   constexpr Index kBlockBytes = kInt4Block / 2;
   const __m256i low = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
   alignas(32) float w[kKeyBlock * 4];
-  for (Index r0 = 0; r0 < rows; r0 += 4) {
-    const Index nr = std::min<Index>(4, rows - r0);
-    for (Index e0 = 0, s = -1; e0 < dv;) {
-      if (e0 / group != s) {  // the weights of this group: p * its scale per key
-        s = e0 / group;
-        for (Index j = 0; j < n; ++j) {
-          const float scale = vs[j][s];
-          for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
-        }
-      }
-      const Index offset = e0 / kInt4Block * kBlockBytes;
-      const auto weight = [&](Index j, int i) { return w[j * 4 + i]; };
-      if (e0 + kInt4Block <= dv) {  // a whole block: each 8 bytes' low and high nibbles
-        for (Index c = 0; c < kBlockBytes; c += 8) {
-          values_block(
-              r0, rows, e0 + c, e0 + c + kBlockBytes, n, dv, acc, weight, [&](Index j, __m256* x) {
-                const __m256i b = _mm256_cvtepu8_epi32(
-                    _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v[j] + offset + c)));
-                x[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, low), eight));
-                x[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
-              });
-        }
-        e0 += kInt4Block;
-      } else {  // the row's last 16 elements: the low nibbles of its last block's 16 bytes
-        values_block(r0, rows, e0, e0 + 8, n, dv, acc, weight, [&](Index j, __m256* x) {
-#pragma GCC unroll 2
-          for (int c = 0; c < 2; ++c) {
-            const __m256i b = _mm256_cvtepu8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v[j] + offset + 8 * c)));
-            x[c] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, low), eight));
-          }
-        });
-        e0 += 16;
+  const Index nr = std::min<Index>(4, rows - r0);
+  for (Index e0 = 0, s = -1; e0 < dv;) {
+    if (e0 / group != s) {  // the weights of this group: p * its scale per key
+      s = e0 / group;
+      for (Index j = 0; j < n; ++j) {
+        const float scale = vs[j][s];
+        for (Index i = 0; i < 4; ++i) w[j * 4 + i] = i < nr ? pt[j * ld + r0 + i] * scale : 0.0f;
       }
     }
+    const Index offset = e0 / kInt4Block * kBlockBytes;
+    const auto weight = [&](Index j, int i) { return w[j * 4 + i]; };
+    if (e0 + kInt4Block <= dv) {  // a whole block: each 8 bytes' low and high nibbles
+      for (Index c = 0; c < kBlockBytes; c += 8) {
+        values_block(r0, rows, e0 + c, e0 + c + kBlockBytes, n, dv, acc, weight,
+                     [&](Index j, __m256* x) {
+                       const __m256i b = _mm256_cvtepu8_epi32(
+                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v[j] + offset + c)));
+                       x[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, low), eight));
+                       x[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
+                     });
+      }
+      e0 += kInt4Block;
+    } else {  // the row's last 16 elements: the low nibbles of its last block's 16 bytes
+      values_block(r0, rows, e0, e0 + 8, n, dv, acc, weight, [&](Index j, __m256* x) {
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; ++c) {
+          const __m256i b = _mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v[j] + offset + 8 * c)));
+          x[c] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, low), eight));
+        }
+      });
+      e0 += 16;
+    }
   }
-  return true;
 }
+
+// int8_values_part(), int4_values_part(): avx2/int8_dispatch.inl (after the AVX-VNNI forms
+// they may call).
