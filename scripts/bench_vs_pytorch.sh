@@ -28,9 +28,9 @@
 #   6. runs the decode section (scripts/bench/decode.sh: a Llama-3-8B-shaped layer's decode
 #      step and 128-token chunk through a KV cache vs PyTorch and the memory bandwidth, and the
 #      bfloat16 module's decode step against the float one's) and
-#      the training section (scripts/bench/train.sh: forward + backward vs PyTorch autograd)
-#      and the variants section (scripts/bench/variants.sh: softcap, sinks and ALiBi against
-#      the plain kernel);
+#      the training section (scripts/bench/train.sh: forward + backward vs PyTorch autograd),
+#      each in --section-rounds (2) rounds, and the variants section (scripts/bench/variants.sh:
+#      softcap, sinks and ALiBi against the plain kernel);
 #   7. prints, as the very last line,
 #        summary: speedup_min=X.XX speedup_median=X.XX peak_fraction_best=0.XX
 #                 ort_speedup_min=X.XX default_vs_native_min=X.XX
@@ -73,7 +73,7 @@ usage() {
   cat <<USAGE
 usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--threads 1,2]
           [--no-sweep] [--no-ort] [--no-decode] [--no-train] [--no-variants] [--no-bf16]
-          [--bf16-rounds N]
+          [--bf16-rounds N] [--section-rounds N]
           [--shape "B Tq Tk D H causal cross"]... [--out DIR]
   --quick        smoke test: 3 small shapes, T sweep 128..512, 1 round, 3 reps
   --rounds N     alternating process groups per shape and thread count (default 3)
@@ -89,6 +89,8 @@ usage: $0 [--quick] [--rounds N] [--reps N] [--max-seconds S] [--warmup N] [--th
   --no-bf16      no bfloat16 rows (forward, decode, training)
   --bf16-rounds N  rounds that also time the bfloat16 modules, 1 thread (default 2, --quick 1;
                  given, the decode section's too)
+  --section-rounds N  rounds of the decode and training sections (default 2; run alone, those
+                 sections take 3): with 3, the whole command took 71 minutes on a Zen 5
   --shape S      measure these shapes instead of the default six (repeatable; causal, cross: 0/1)
   --out DIR      results directory (default bench/results, --quick: bench/results/tmp)
 USAGE
@@ -96,7 +98,7 @@ USAGE
 }
 
 QUICK=0 ROUNDS="" REPS="" MAX_SECONDS="" WARMUP=2 THREADS="1,2" SWEEP=1 OUT_DIR="" WANT_ORT=1
-WANT_DECODE=1 WANT_TRAIN=1 WANT_VARIANTS=1 WANT_BF16=1 BF16_ROUNDS=""
+WANT_DECODE=1 WANT_TRAIN=1 WANT_VARIANTS=1 WANT_BF16=1 BF16_ROUNDS="" SECTION_ROUNDS=2
 USER_SHAPES=()
 COMMAND_LINE="scripts/bench_vs_pytorch.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
@@ -114,6 +116,7 @@ while [ $# -gt 0 ]; do
     --no-variants) WANT_VARIANTS=0 ;;
     --no-bf16) WANT_BF16=0 ;;
     --bf16-rounds) BF16_ROUNDS="$2"; shift ;;
+    --section-rounds) SECTION_ROUNDS="$2"; shift ;;
     --shape) USER_SHAPES+=("$2"); shift ;;
     --out) OUT_DIR="$2"; shift ;;
     -h|--help) usage ;;
@@ -435,17 +438,19 @@ run_section() {
 }
 QUICK_ARG=()
 [ "$QUICK" -eq 1 ] && QUICK_ARG=(--quick)
+SECTION_ARG=(--rounds "$SECTION_ROUNDS")  # the decode and training sections' (--quick: its own)
+[ "$QUICK" -eq 1 ] && SECTION_ARG=(--quick)
 BF16_ARG=()
 [ "$WANT_BF16" -eq 0 ] && BF16_ARG=(--no-bf16)
 DECODE_BF16_ARG=("${BF16_ARG[@]}")
 [ -n "$BF16_ROUNDS_GIVEN" ] && DECODE_BF16_ARG+=(--bf16-rounds "$BF16_ROUNDS_GIVEN")
 if [ "$WANT_DECODE" -eq 1 ]; then
   run_section decode decode.sh "$OUT_DIR/$DATE-decode.log" summary \
-    --out "$OUT_DIR" --threads "$THREADS" "${QUICK_ARG[@]}" "${DECODE_BF16_ARG[@]}"
+    --out "$OUT_DIR" --threads "$THREADS" "${SECTION_ARG[@]}" "${DECODE_BF16_ARG[@]}"
 fi
 if [ "$WANT_TRAIN" -eq 1 ]; then
   run_section train train.sh "$OUT_DIR/$DATE-train.txt" train_summary \
-    --threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt" "${QUICK_ARG[@]}" "${BF16_ARG[@]}"
+    --threads "$THREADS" --raw "$OUT_DIR/$DATE-train-raw.txt" "${SECTION_ARG[@]}" "${BF16_ARG[@]}"
 fi
 if [ "$WANT_VARIANTS" -eq 1 ]; then
   run_section variants variants.sh "$OUT_DIR/$DATE-variants.txt" variants_summary \
