@@ -74,6 +74,19 @@ inline bool int8_key_scores_avx_vnni(const QuantizedQuery& q, const unsigned cha
 // forms (avx2/convert.inl) take 64 FMAs and 32 conversions per value row for 4 query rows at
 // hd 128; this form 32 vpdpwssd and 16 widening shuffles.
 
+/// a + the pairs of b times the pairs of w (AVX-VNNI's vpdpwssd). With the intrinsic, GCC 12
+/// copied the int8 loop's 8 accumulators into other registers and spilled 2 of them every pair
+/// of keys (as on AVX-512, avx512/int8_dot.inl's dpwssd()); the instruction written out keeps
+/// them in place. "x": a register VEX can encode (ymm0-15).
+inline __m256i dpwssd_avx(__m256i a, __m256i b, __m256i w) noexcept {
+#if defined(__GNUC__)
+  __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(a) : "x"(b), "x"(w));
+  return a;
+#else
+  return _mm256_dpwssd_avx_epi32(a, b, w);
+#endif
+}
+
 /// The levels of the weights of query rows r0 .. r0 + nr - 1 (nr <= 4; the rest weigh 0) on
 /// n <= kKeyBlock keys under scale s of each key: p (pt[j * ld + r]) times vs[j][s], a pair of
 /// keys per 32-bit word: wp[t * 4 + i] = row i's levels of keys 2 t (low half) and 2 t + 1 (high
@@ -173,7 +186,7 @@ inline bool values_avx_vnni(const unsigned char* const* v, const float* const* v
       const __m128i by = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y));
       __m128i lo = _mm_unpacklo_epi8(bx, by), hi = _mm_unpackhi_epi8(bx, by);
       __m256i b[2];
-      if (Int4) {
+      if constexpr (Int4) {
         if (high) {
           lo = _mm_srli_epi16(lo, 4);
           hi = _mm_srli_epi16(hi, 4);
@@ -187,8 +200,8 @@ inline bool values_avx_vnni(const unsigned char* const* v, const float* const* v
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         const __m256i wi = _mm256_set1_epi32(wp[s][4 * t + i]);
-        a[i][0] = _mm256_dpwssd_avx_epi32(a[i][0], b[0], wi);
-        a[i][1] = _mm256_dpwssd_avx_epi32(a[i][1], b[1], wi);
+        a[i][0] = dpwssd_avx(a[i][0], b[0], wi);
+        a[i][1] = dpwssd_avx(a[i][1], b[1], wi);
       }
     }
 #pragma GCC unroll 4
