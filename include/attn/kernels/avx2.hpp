@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // attn/kernels/avx2.hpp: the avx2 kernel set, attn::kernels::avx2: the set's primitives
 // (avx2/vec.inl, avx2/convert.inl), its few-row decode scores and 16-bit values
-// (avx2/decode_rows.inl), its AVX-VNNI int8 dot products (avx2/int8_vnni.inl) and
+// (avx2/decode_rows.inl), its AVX-VNNI integer kernels (avx2/int8_vnni.inl) and
 // the generic kernels (generic/*.inl), each compiled in its target region.
 #pragma once
 
@@ -25,8 +25,8 @@ inline constexpr Isa kSetIsa = Isa::kAvx2;
 ATTN_NAMESPACE_END
 ATTN_TARGET_END
 
-// The int8 dot products of a decode step over int8 keys on AVX-VNNI, in a region that adds
-// it: called only on CPUs that have it.
+// The integer kernels of a decode step on AVX-VNNI (int8 key scores, P V over int8 and int4
+// values), in a region that adds it: called only on CPUs that have it.
 ATTN_TARGET_AVX2VNNI_BEGIN
 ATTN_NAMESPACE_BEGIN
 namespace kernels {

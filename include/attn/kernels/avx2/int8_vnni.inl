@@ -4,7 +4,8 @@
 // unsigned bytes times 32 signed bytes, each four products added to a 32-bit lane; and its
 // P V over int8 and int4 values on AVX-VNNI's vpdpwssd (below). Included by
 // attn/kernels/avx2.hpp inside namespace attn::kernels::avx2, in a target region that adds
-// AVX-VNNI; called only where the CPU has it (detail::cpu_has_avx_vnni(), see avx2/convert.inl).
+// AVX-VNNI; called only where the CPU has it (detail::cpu_has_avx_vnni(), see
+// avx2/int8_dispatch.inl).
 // As on AVX512-VNNI (avx512/int8_dot.inl): the key bytes flipped to k + 128, the query signed,
 // 128 sum(q) subtracted after; the integers are exact, so the scalar loop's bits.
 
