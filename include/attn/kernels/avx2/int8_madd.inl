@@ -24,7 +24,7 @@ inline __m128i int8_row_sums(const __m256i* a) noexcept {
 /// into 16 bits (at most 2 * 128 * 127: the levels are within [-127, 127], a key byte of -128
 /// would still fit), then into 32; a remaining 16 bytes widened to 16 bits for vpmaddwd.
 /// 2 keys x 4 query rows per step (rows past q.rows repeat the last: stored in s^T's spare
-/// columns, never read), asking for the rows of `ahead` key by key (prefetch_for_key()).
+/// columns, never read), asking for the rows of `ahead` key by key (KeyRequests).
 /// Widths that are not a multiple of 16: false. (0.76x the instructions of widening every 16
 /// bytes to 16 bits for vpmaddwd, int8 decode scores at hd 128, 4 rows.)
 inline bool int8_key_scores_madd(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
@@ -33,12 +33,14 @@ inline bool int8_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
   if (q.width % 16 != 0) return false;
   const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   const __m256i ones16 = _mm256_set1_epi16(1);
+  const KeyRequests requests(ahead, k, k_rs);
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
     const __m256 qs = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(q.scales + r0));
     for (Index j0 = 0; j0 < n; j0 += 2) {
       if (r0 == 0) {
-        prefetch_for_key(ahead, k, k_rs, j0);
-        if (j0 + 1 < n) prefetch_for_key(ahead, k, k_rs, j0 + 1);
+        requests(j0);
+        if (j0 + 1 < n) requests(j0 + 1);
+        if (j0 % 4 == 0) requests.scales(j0);
       }
       __m256i y[2];
       float scale[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -94,7 +96,7 @@ inline bool int8_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
 /// the signed query bytes, pairs summed into 16 bits (at most 2 * 15 * 127: no saturation),
 /// then into 32; less 8 times the block's query sum, the exact dot product of the levels.
 /// Rows past q.rows repeat the last (stored in s^T's spare columns, never read). The first
-/// block's pass asks for the rows of `ahead` key by key (prefetch_for_key()). Blocks under
+/// block's pass asks for the rows of `ahead` key by key (KeyRequests). Blocks under
 /// two scales (group not a multiple of kInt4Block, smaller than the row): false. (Block by
 /// block, with the query in registers: 0.64x the instructions of widening keys and query to
 /// 16 bits for vpmaddwd key by key, int4 decode scores at hd 128, 4 rows.)
@@ -106,6 +108,7 @@ inline bool int4_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
   const Index blocks = (q.width + kInt4Block - 1) / kInt4Block;
   const __m256i low = _mm256_set1_epi8(0x0F), ones8 = _mm256_set1_epi8(1);
   const __m256i ones16 = _mm256_set1_epi16(1);
+  const KeyRequests requests(ahead, k, k_rs);
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
     const __m128 qs = _mm_loadu_ps(q.scales + r0);
     for (Index b = 0; b < blocks; ++b) {
@@ -123,7 +126,10 @@ inline bool int4_key_scores_madd(const QuantizedQuery& q, const unsigned char* k
       const Index scale_at = b * kInt4Block / group;
       const bool first = b == 0, last = b + 1 == blocks;
       for (Index j = 0; j < n; ++j) {
-        if (first && r0 == 0) prefetch_for_key(ahead, k, k_rs, j);
+        if (first && r0 == 0) {
+          requests(j);
+          if (j % 4 == 0) requests.scales(j);
+        }
         const __m128i raw =
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(k + j * k_rs + b * half));
         const __m256i v = _mm256_and_si256(

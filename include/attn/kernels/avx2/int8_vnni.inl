@@ -17,6 +17,7 @@ inline bool int8_key_scores_avx_vnni(const QuantizedQuery& q, const unsigned cha
                                      const KeyPrefetch& ahead = KeyPrefetch()) noexcept {
   const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const KeyRequests requests(ahead, k, k_rs);
   for (Index r0 = 0; r0 < q.rows; r0 += 4) {
     const __m256 qs = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(q.scales + r0));
     const __m128i sums = _mm_slli_epi32(  // 128 sum(q) per row
@@ -24,8 +25,9 @@ inline bool int8_key_scores_avx_vnni(const QuantizedQuery& q, const unsigned cha
     const __m256i bias = _mm256_set_m128i(sums, sums);
     for (Index j0 = 0; j0 < n; j0 += 2) {
       if (r0 == 0) {  // the rows of `ahead`, as int8_key_scores_madd()
-        prefetch_for_key(ahead, k, k_rs, j0);
-        if (j0 + 1 < n) prefetch_for_key(ahead, k, k_rs, j0 + 1);
+        requests(j0);
+        if (j0 + 1 < n) requests(j0 + 1);
+        if (j0 % 4 == 0) requests.scales(j0);
       }
       __m256i y[2];
       float scale[4] = {0.0f, 0.0f, 0.0f, 0.0f};

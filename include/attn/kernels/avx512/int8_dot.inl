@@ -59,12 +59,14 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(q.sums + r0)), 7));  // 128 sum(q)
   const __m512 qs = _mm512_broadcast_f32x4(_mm_loadu_ps(q.scales + r0));
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const KeyRequests requests(ahead, k, k_rs);
   for (Index j0 = 0; j0 < n; j0 += 4) {
+    if (r0 == 0) requests.scales(j0);
     __m512i y[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
-      if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, k, k_rs, j);
+      if (r0 == 0 && j0 + t < n) requests(j);
       const unsigned char* key = k + j * k_rs;
       __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                       _mm512_setzero_si512()};
@@ -84,12 +86,14 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
       y[t] = int8_reduce_rows(a[0], a[1], a[2], a[3]);
     }
     const __m512i dots = _mm512_sub_epi32(int8_reduce_keys(y[0], y[1], y[2], y[3]), bias);
-    // The 4 keys' scales loaded one by one into the vector (gathered through a float[4] on the
-    // stack, the vector load waited on 4 scalar stores it could not take its bytes from).
+    // The 4 keys' scales: one vector load where they lie side by side (a contiguous cache),
+    // else loaded one by one into the vector (gathered through a float[4] on the stack, the
+    // vector load waited on 4 scalar stores it could not take its bytes from).
     const auto key_scale = [&](Index t) { return ks[std::min<Index>(j0 + t, n - 1) * ks_rs]; };
-    const __m512 kscale =
-        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_setr_ps(
-                                          key_scale(0), key_scale(1), key_scale(2), key_scale(3))));
+    const __m128 scales4 = ks_rs == 1 && j0 + 4 <= n
+                               ? _mm_loadu_ps(ks + j0)
+                               : _mm_setr_ps(key_scale(0), key_scale(1), key_scale(2), key_scale(3));
+    const __m512 kscale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4));
     const __m512 s = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale), qs);
     const Index keys = std::min<Index>(4, n - j0);
     float* to = st + j0 * ld + r0;
@@ -102,7 +106,7 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
 
 /// int8_key_scores() on AVX512-VNNI (see the file comment); on a CPU without it, with
 /// vpmaddubsw (int8_key_scores_madd(), the same bits). Both ask for the rows of `ahead` key by
-/// key (prefetch_for_key()) in their first 4 query rows' pass.
+/// key (KeyRequests) in their first 4 query rows' pass.
 inline bool int8_key_scores_part(const QuantizedQuery& q, const unsigned char* k, Index k_rs,
                                  const float* ks, Index ks_rs, Index n, float* st, Index ld,
                                  const KeyPrefetch& ahead) noexcept {
@@ -466,12 +470,14 @@ inline void int4_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
   }
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512 qs = _mm512_broadcast_f32x4(_mm_loadu_ps(q.scales + r0));
+  const KeyRequests requests(ahead, k, k_rs);
   for (Index j0 = 0; j0 < n; j0 += 4) {
+    if (r0 == 0) requests.scales(j0);
     __m512 f[Chunks][4];  // key t's blocks 4 c + L (lane L), scaled, its 4 rows in each lane
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const Index j = std::min<Index>(j0 + t, n - 1);  // past n: a repeat, not stored
-      if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, k, k_rs, j);
+      if (r0 == 0 && j0 + t < n) requests(j);
       const unsigned char* key = k + j * k_rs;
       const float* scales = ks + j * ks_rs;
 #pragma GCC unroll 2

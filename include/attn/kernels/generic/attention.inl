@@ -532,19 +532,11 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       };
       if (gathered) gather(p.stored.k, d, k_gather), gather(p.stored.v, dv, v_gather);
     }
-    // Paged quantised rows: the next tile's keys asked for now (prefetch_paged_rows(); float
-    // rows, whose blocks span whole pages, measured slower with it).
-    if (stored && p.ring == 0 && p.stored.k.element != KVElement::kScalar) {
-      prefetch_paged_rows(p.stored.k, task.b, task.kv_head, j0 + width,
-                          std::min(kKeyBlock, hi - j0 - width), d, Index(sizeof(Scalar)));
-    }
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
     const bool keys_in_place =
         stored && dot_rows && !row_keys && p.stored.k.element == KVElement::kScalar;
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
       if (int4_keys) {  // (the value rows asked for as for int8 keys, below)
-        prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
-                             stored_row_bytes(p.stored.v.element, dv));
         stored_int4_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld, &p.stored.v,
                            dv);
       }
@@ -579,15 +571,16 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load, &p.stored.v, dv);
     }
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw, asking for the
-    // keys kKeysAhead ahead and the same keys' value rows as it goes (prefetch_for_key(); a
+    // keys kKeysAhead ahead and the same keys' value rows as it goes (KeyRequests; a
     // bfloat16 module's decode step took 1.07x the time without at B 1 L 8192 on Zen 5).
     // Keys scored 4 x 4 in registers: nothing to widen.
     const Scalar* kt = nullptr;
     Index kt_rs = k_rs;
     if constexpr (kReduced) {
+      const KeyRequests requests(inplace_ahead, reinterpret_cast<const unsigned char*>(k_tile),
+                                 k_rs * Index(sizeof(Operand)));
       for (Index j = 0; j < (pairs || row_keys ? 0 : width); ++j) {
-        prefetch_for_key(inplace_ahead, reinterpret_cast<const unsigned char*>(k_tile),
-                         k_rs * Index(sizeof(Operand)), j);
+        requests(j);
         convert_row(k_tile + j * k_rs, kw + j * d, d);
       }
       kt = kw, kt_rs = d;
@@ -602,11 +595,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // be mostly idle lanes.
     if constexpr (std::is_same_v<Scalar, float> && !kReduced) {
       if (int8_keys) {
-        // The tile's value rows start arriving while its scores are computed: asked for all
-        // at once here, and again key by key with the keys ahead inside the score pass
-        // (key_prefetch(); on Zen 3 only the requests spread key by key brought them in time).
-        prefetch_stored_rows(p.stored.v, task.b, task.kv_head, slot, width,
-                             stored_row_bytes(p.stored.v.element, dv));
+        // The tile's value rows start arriving while its scores are computed: asked for key by
+        // key with the keys ahead inside the score pass, with the scales of both (key_prefetch(),
+        // KeyRequests, which says why not all at once).
         stored_int8_scores(p.stored.k, task.b, task.kv_head, slot, width, qq, st, ld, &p.stored.v,
                            dv);
       }

@@ -104,46 +104,16 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
   };
   stored_runs(s, b, h, slot, n,
               [&](const unsigned char* row, const float* scales, Index j0, Index run) {
-                const KeyPrefetch ahead =
-                    key_prefetch(s, values, b, h, slot + j0, width, dv, Index(sizeof(Scalar)));
+                const KeyRequests requests(
+                    key_prefetch(s, values, b, h, slot + j0, width, dv, Index(sizeof(Scalar))), row,
+                    s.row_stride);
                 for (Index r = 0; r < run; ++r) {
-                  prefetch_for_key(ahead, row, s.row_stride, r);
+                  requests(r);
                   load(row + r * s.row_stride,
                        scales != nullptr ? scales + r * s.scale_row_stride : nullptr,
                        out + (j0 + r) * width);
                 }
               });
-}
-
-/// Asks for rows slot .. slot + n - 1 of item b, key/value head h of `s` (their first `bytes`
-/// each, and their scales) to be brought into the cache ahead of their use: a decode step
-/// reads each stored row once, and the next tile's rows arrive while this tile computes.
-inline void prefetch_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
-                                 Index bytes) noexcept {
-  stored_runs(s, b, h, slot, n,
-              [&](const unsigned char* row, const float* scales, Index, Index run) {
-                for (Index r = 0; r < run; ++r) {
-                  prefetch_lines(reinterpret_cast<std::uintptr_t>(row + r * s.row_stride), bytes);
-                }
-                if (scales != nullptr) {
-                  prefetch_lines(reinterpret_cast<std::uintptr_t>(scales),
-                                 run * s.scale_row_stride * Index(sizeof(float)));
-                }
-              });
-}
-
-/// prefetch_stored_rows() for paged rows (of `width` elements) only: a sequence's blocks
-/// need not follow each other in the pool, and the hardware prefetcher's stream stops at each
-/// block's end, while a contiguous cache's rows are one stream it follows. (With the blocks
-/// of 8 sequences interleaved, the next tile's keys asked for ahead took the int4 decode
-/// attention from 0.42-0.57x a contiguous cache's speed to 0.46-0.62x, int8 from 0.59-0.68x
-/// to 0.62-0.74x, before the tasks ran item by item, attn/ops/attention.hpp.)
-inline void prefetch_paged_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
-                                Index width, Index scalar_bytes) noexcept {
-  if (s.table == nullptr || n <= 0) return;
-  const Index bytes =
-      s.element == KVElement::kScalar ? width * scalar_bytes : stored_row_bytes(s.element, width);
-  prefetch_stored_rows(s, b, h, slot, n, bytes);
 }
 
 // ---- int8 keys against a quantised query: Q K^T on integer dot products ----
