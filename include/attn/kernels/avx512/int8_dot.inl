@@ -90,9 +90,9 @@ inline void int8_scores_vnni_rows(const QuantizedQuery& q, Index r0, const unsig
     // else loaded one by one into the vector (gathered through a float[4] on the stack, the
     // vector load waited on 4 scalar stores it could not take its bytes from).
     const auto key_scale = [&](Index t) { return ks[std::min<Index>(j0 + t, n - 1) * ks_rs]; };
-    const __m128 scales4 = ks_rs == 1 && j0 + 4 <= n
-                               ? _mm_loadu_ps(ks + j0)
-                               : _mm_setr_ps(key_scale(0), key_scale(1), key_scale(2), key_scale(3));
+    const __m128 scales4 = ks_rs == 1 && j0 + 4 <= n ? _mm_loadu_ps(ks + j0)
+                                                     : _mm_setr_ps(key_scale(0), key_scale(1),
+                                                                   key_scale(2), key_scale(3));
     const __m512 kscale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4));
     const __m512 s = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dots), kscale), qs);
     const Index keys = std::min<Index>(4, n - j0);
