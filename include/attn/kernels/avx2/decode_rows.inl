@@ -55,7 +55,6 @@ inline bool decode_scores_avx2(const float* const* q, Index rows, const Key* k, 
   const __m256 vscale = _mm256_set1_ps(scale);
   const auto* bytes = reinterpret_cast<const unsigned char*>(k);
   const Index byte_rs = k_rs * Index(sizeof(Key));
-  const KeyRequests requests(ahead, bytes, byte_rs);
   const bool packed = ld == 4 && rows <= 4;
   alignas(32) std::int32_t tail_lanes[8] = {};
   for (Index i = 0; i < tail; ++i) tail_lanes[i] = -1;
@@ -71,7 +70,7 @@ inline bool decode_scores_avx2(const float* const* q, Index rows, const Key* k, 
 #pragma GCC unroll 2
       for (int t = 0; t < 2; ++t) {
         key[t] = k + std::min<Index>(j0 + t, n - 1) * k_rs;  // past n: a repeat, not stored
-        if (r0 == 0 && j0 + t < n) requests(j0 + t);
+        if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, bytes, byte_rs, j0 + t);
       }
       __m256 a[2][4];
 #pragma GCC unroll 2

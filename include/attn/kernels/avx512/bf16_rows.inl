@@ -42,7 +42,6 @@ inline void dot_rows_scores(const bfloat16* const* q, Index rows, const bfloat16
   const __m512 vscale = _mm512_set1_ps(scale);
   const auto* bytes = reinterpret_cast<const unsigned char*>(k);
   const Index byte_rs = k_rs * Index(sizeof(bfloat16));
-  const KeyRequests requests(ahead, bytes, byte_rs);
   const bool packed = ld == 4 && rows <= 4;
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const bfloat16* qr[4];
@@ -53,7 +52,7 @@ inline void dot_rows_scores(const bfloat16* const* q, Index rows, const bfloat16
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
         key[t] = k + std::min<Index>(j0 + t, n - 1) * k_rs;
-        if (r0 == 0 && j0 + t < n) requests(j0 + t);
+        if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, bytes, byte_rs, j0 + t);
       }
       __m512 a[4][4];
 #pragma GCC unroll 4

@@ -57,7 +57,6 @@ inline bool decode_scores_avx512(const float* const* q, Index rows, const Key* k
   const __m512 vscale = _mm512_set1_ps(scale);
   const auto* bytes = reinterpret_cast<const unsigned char*>(k);
   const Index byte_rs = k_rs * Index(sizeof(Key));
-  const KeyRequests requests(ahead, bytes, byte_rs);
   const bool packed = ld == 4 && rows <= 4;
   for (Index r0 = 0; r0 < rows; r0 += 4) {
     const float* qr[4];
@@ -68,7 +67,7 @@ inline bool decode_scores_avx512(const float* const* q, Index rows, const Key* k
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
         key[t] = k + std::min<Index>(j0 + t, n - 1) * k_rs;  // past n: a repeat, not stored
-        if (r0 == 0 && j0 + t < n) requests(j0 + t);
+        if (r0 == 0 && j0 + t < n) prefetch_for_key(ahead, bytes, byte_rs, j0 + t);
       }
       __m512 a[4][4];
 #pragma GCC unroll 4
