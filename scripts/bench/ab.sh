@@ -3,7 +3,7 @@
 # MultiHeadAttention, a decode step and a prefill chunk through a KV cache, a training step)
 # timed at two commits in one run, to show that a change costs no speed.
 #
-#   scripts/bench/ab.sh BASE [HEAD] [--rounds N] [--threads T] [--quick] [--rows REGEX]
+#   scripts/bench/ab.sh BASE [HEAD] [--rounds N] [--threads T] [--quick] [--kv] [--rows REGEX]
 #
 # BASE and HEAD are commits (HEAD: the working tree's HEAD). Each is checked out into
 # build/ab/<commit> (a detached git worktree) and built there with the default flags (Release
@@ -17,16 +17,21 @@
 # alternation cancels slow drifts, not another process on the same core. --rows keeps the rows
 # whose command matches an extended regular expression (for example --rows 'train_timer 8 |8
 # 128 512 512': the B8 training step and the cross-attention row), to time a few rows at many
-# commits.
+# commits. --kv times the attention of a decode step over each KV cache element type instead
+# (decode_timer attend: in cache at B 1 L 2048, from memory at B 8 L 8192, and over a paged
+# cache whose items took their blocks 16 tokens at a time, side by side), by CPU time: the
+# rows a change to the decode kernels must not slow. On a shared machine a row's processes
+# can land in two speed modes a third apart: take 8 rounds or more.
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
 
-base="" head="" rounds=5 threads=1 quick=0 row_filter=
+base="" head="" rounds=5 threads=1 quick=0 kv=0 row_filter=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
+    --kv) kv=1; shift ;;
     --rows) row_filter="$2"; shift 2 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
@@ -74,6 +79,14 @@ if [ "$quick" = 1 ]; then
         "train_timer 2 128 256 4 1 $threads 5")
   rounds=1
 fi
+if [ "$kv" = 1 ]; then
+  rows=()
+  for t in f32 int8 int4; do rows+=("decode_timer attend 1 2048 $threads 2000 --kv-dtype $t"); done
+  for t in f32 bf16 int8 int4; do rows+=("decode_timer attend 8 8192 $threads 30 --kv-dtype $t"); done
+  for t in int8 int4; do
+    rows+=("decode_timer attend 8 8192 $threads 30 --kv-dtype $t --paged 16 --fill 16")
+  done
+fi
 if [ -n "$row_filter" ]; then
   kept=()
   for row in "${rows[@]}"; do
@@ -84,9 +97,10 @@ if [ -n "$row_filter" ]; then
 fi
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
-run_one() {  # run_one BIN_DIR ROW: prints the process's median_ms
-  local row=($2)
-  "$1/${row[0]}" "${row[@]:1}" --max-seconds 3 | sed -n 's/.*median_ms=\([0-9.]*\).*/\1/p'
+run_one() {  # run_one BIN_DIR ROW: prints the process's median_ms (--kv: median_cpu_ms)
+  local row=($2) key=median_ms
+  [ "$kv" = 1 ] && key=median_cpu_ms
+  "$1/${row[0]}" "${row[@]:1}" --max-seconds 3 | sed -n "s/.*$key=\([0-9.]*\).*/\1/p"
 }
 
 log "$rounds rounds, $threads thread(s): $base (${base_bin#"$ATTN_ROOT"/}) against $head (${head_bin#"$ATTN_ROOT"/})"

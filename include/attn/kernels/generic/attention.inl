@@ -532,6 +532,13 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       };
       if (gathered) gather(p.stored.k, d, k_gather), gather(p.stored.v, dv, v_gather);
     }
+    // Paged quantised rows of a scattered pool: the next tile's keys asked for now through the
+    // block table (prefetch_scattered_rows(); float rows, whose blocks span whole pages,
+    // measured slower with it).
+    if (stored && p.ring == 0 && p.stored.k.element != KVElement::kScalar) {
+      prefetch_scattered_rows(p.stored.k, task.b, task.kv_head, j0 + width,
+                              std::min(kKeyBlock, hi - j0 - width), d, Index(sizeof(Scalar)));
+    }
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
     const bool keys_in_place =
         stored && dot_rows && !row_keys && p.stored.k.element == KVElement::kScalar;
