@@ -411,13 +411,3 @@ template <class Task>
 inline AmxTileQueue amx_tile_queue(const Task&) noexcept {
   return {};
 }
-
-/// Asks for rows [0, n) of a bfloat16 matrix (row stride ld elements, `cols` wide) to be
-/// brought into the caches: the next tile's keys and this tile's values while the scores are
-/// computed (tile loads wait for memory that was not prefetched).
-inline void amx_prefetch_rows(const bfloat16* x, Index ld, Index n, Index cols) noexcept {
-  for (Index r = 0; r < n; ++r) {
-    const char* row = reinterpret_cast<const char*>(x + r * ld);
-    for (Index b = 0; b < cols * 2; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-  }
-}

@@ -637,12 +637,9 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     if constexpr (kPairs) {
       const Index keys = tile_keys(j0, width);
       if (amx) {
-        // This tile's values and the next tile's keys start arriving during its products.
-        const Index next = j0 + width;
-        amx_prefetch_rows(v_tile, v_rs, keys, dv);
-        if (next < hi && p.ring == 0 && !gathered) {
-          amx_prefetch_rows(k + next * k_rs, k_rs, std::min(hi, next + kKeyBlock) - next, d);
-        }
+        // No software requests for this tile's values or the next tile's keys: the rows are
+        // left to the hardware prefetcher until such requests are measured on AMX hardware
+        // (a tile's rows asked for at once slowed the int8 decode step on Zen 5; KeyRequests).
         if (!scores_ready) {
           const bfloat16* ka = nullptr;
           Index ka_ld = 0;
