@@ -191,9 +191,9 @@ inline void prefetch_lines(std::uintptr_t address, Index bytes) noexcept {
 ///    scales of those keys kKeysAhead ahead and of those values. Without, the value pass over
 ///    an int4 cache from memory waited on its scales (a quarter of its time; the int4 step
 ///    took 0.84x the time with these requests, B 8 L 8192 on Zen 5).
-/// The rows ahead may lie past the run. The integer passes bind one KeyRequests before their
-/// loops (asked key by key from the plan, its fields were reloaded for each key); the float
-/// passes ask through prefetch_for_key() (below).
+/// The rows ahead may lie past the run. The integer score passes and the widening passes bind
+/// one KeyRequests before their loops (asked key by key from the plan, its fields were
+/// reloaded for each key); the float score passes ask through prefetch_for_key() (below).
 class KeyRequests {
  public:
   KeyRequests(const KeyPrefetch& ahead, const unsigned char* k, Index k_rs) noexcept

@@ -537,7 +537,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // measured slower with it).
     if (stored && p.ring == 0 && p.stored.k.element != KVElement::kScalar) {
       prefetch_scattered_rows(p.stored.k, task.b, task.kv_head, j0 + width,
-                              std::min(kKeyBlock, hi - j0 - width), d, Index(sizeof(Scalar)));
+                              std::min(kKeyBlock, hi - j0 - width), d);
     }
     // Paged Scalar keys with one dot product per (key, row): read in place from their blocks.
     const bool keys_in_place =

@@ -116,15 +116,16 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
               });
 }
 
-/// Asks for rows slot .. slot + n - 1 of item b, key/value head h of a paged `s` (rows of
-/// `width` elements: their bytes and their scales) through the block table, when those rows'
-/// blocks and the one before them are not one run of neighbouring blocks; otherwise nothing.
+/// Asks for rows slot .. slot + n - 1 of item b, key/value head h of a paged `s` (stored rows
+/// of `width` elements, not kScalar: their bytes and their scales) through the block table,
+/// when those rows' blocks and the one before them are not one run of neighbouring blocks;
+/// otherwise nothing.
 /// In a run, the score pass's requests a fixed distance ahead (KeyRequests) reach the rows
 /// already, and asking for a whole tile at once as well took 1.08x (int4) and 1.12x (int8) the
 /// time of the step over a paged cache at B 8 L 8192 on Zen 5. In a scattered pool those
 /// requests land in other sequences' blocks, and these are the ones that reach the rows.
 inline void prefetch_scattered_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
-                                    Index width, Index scalar_bytes) noexcept {
+                                    Index width) noexcept {
   if (s.table == nullptr || n <= 0) return;
   const Index* blocks = s.table + b * s.table_stride;
   const Index first = std::max<Index>(0, slot - 1) / s.block_rows;
@@ -132,8 +133,7 @@ inline void prefetch_scattered_rows(const StoredRows& s, Index b, Index h, Index
   bool run = true;
   for (Index i = first; i < last; ++i) run = run && blocks[i + 1] == blocks[i] + 1;
   if (run) return;
-  const Index bytes =
-      s.element == KVElement::kScalar ? width * scalar_bytes : stored_row_bytes(s.element, width);
+  const Index bytes = stored_row_bytes(s.element, width);
   stored_runs(s, b, h, slot, n,
               [&](const unsigned char* row, const float* scales, Index, Index count) {
                 for (Index r = 0; r < count; ++r) {
