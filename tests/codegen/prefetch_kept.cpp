@@ -5,7 +5,7 @@
 // deleted the calls of an inline function whose only effect is __builtin_prefetch once it knew
 // their bounds (probe 1 asked for nothing without the guard in detail::prefetch_line()), and
 // nothing else shows it: the results are the same, only slower.
-#include "attn/kernels/kv_storage.hpp"
+#include "attn/kernels/prefetch.hpp"
 
 using attn::Index;
 namespace detail = attn::detail;

@@ -19,6 +19,7 @@
 #include "attn/kernels/gemm_args.hpp"
 #include "attn/kernels/head_mask.hpp"
 #include "attn/kernels/kv_storage.hpp"
+#include "attn/kernels/prefetch.hpp"
 #include "attn/kernels/target.hpp"
 #include "attn/types/element.hpp"
 
