@@ -165,6 +165,62 @@ TYPED_TEST(NonFiniteTest, NonFiniteValuesInWholeKeyTilesReachOnlyTheQueriesThatS
   }
 }
 
+// A decode step's few query rows (2 queries, 300 keys, causal bottom-right: query 0 sees keys
+// 0..298, query 1 all; key 7 blocked for both): the streaming kernel takes each tile's product
+// over the value rows unscanned and checks the accumulators after it. A NaN or an infinity in
+// V at a key a query cannot see (7 for both, 299 for query 0: both inside a tile the two
+// queries multiply, their weight 0) changes none of its bits; at a key it sees (200, 299 for
+// query 1), its element is not finite.
+TYPED_TEST(NonFiniteTest, DecodeRowsCheckedAfterTheProductKeepTheScannedBits) {
+  using Scalar = TypeParam;
+  constexpr Index kRows = 2, kLong = 300;
+  attn::Tensor<bool, 2> blocked({kRows, kLong});
+  blocked.fill(false);
+  for (Index i = 0; i < kRows; ++i) blocked(i, 7) = true;
+  attn::AttentionMask<Scalar> mask;
+  mask.causal(attn::CausalAlignment::kBottomRight).blocked(blocked.view());
+  T4<Scalar> q({1, 1, kRows, kD}), k({1, 1, kLong, kD}), v({1, 1, kLong, kD});
+  attn::TorchGenerator gen(8);
+  gen.fill_uniform(q.view(), -1.0, 1.0);
+  gen.fill_uniform(k.view(), -1.0, 1.0);
+  gen.fill_uniform(v.view(), -1.0, 1.0);
+  attn::AttentionOptions options;
+  options.path = attn::AttentionPath::kStreaming;
+  const auto attend_rows = [&](const T4<Scalar>& values) {
+    T4<Scalar> out({1, 1, kRows, kD});
+    attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), values.view(), out.view(), mask,
+                                               options);
+    return out;
+  };
+  const Scalar nan = std::numeric_limits<Scalar>::quiet_NaN();
+  const Scalar inf = std::numeric_limits<Scalar>::infinity();
+  for (const Isa isa : runnable_sets()) {
+    attn::set_isa(isa);
+    const T4<Scalar> expected = attend_rows(v);
+    for (const Index bad : {Index(7), Index(200), Index(299)}) {
+      for (const Scalar x : {nan, inf, -inf}) {
+        T4<Scalar> dirty = v;
+        dirty(0, 0, bad, 3) = x;
+        const T4<Scalar> out = attend_rows(dirty);
+        for (Index i = 0; i < kRows; ++i) {
+          const bool sees = bad != 7 && (bad < 299 || i == 1);
+          const std::string at = std::string(attn::isa_name(isa)) + " key " + std::to_string(bad) +
+                                 " value " + std::to_string(x) + " query " + std::to_string(i);
+          for (Index e = 0; e < kD; ++e) {
+            if (sees && e == 3) {
+              EXPECT_FALSE(std::isfinite(out(0, 0, i, e))) << at;
+            } else if (!sees) {
+              EXPECT_EQ(out(0, 0, i, e), expected(0, 0, i, e)) << at << " element " << e;
+            } else {
+              EXPECT_TRUE(std::isfinite(out(0, 0, i, e))) << at << " element " << e;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The same for every element-wise mask kind and for key lengths: key 7 is hidden from every
 // query, and NaN in its key and value changes nothing.
 TYPED_TEST(NonFiniteTest, HiddenKeysNeverReachAnyQuery) {

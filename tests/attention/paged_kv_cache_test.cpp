@@ -15,8 +15,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -880,6 +882,58 @@ TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {
   EXPECT_THAT(
       attn::test::thrown<attn::ShapeError>([&] { m.forward(x.view(), y.view(), ws, wrong, {w}); }),
       AllOf(HasSubstr("value_head_dim=16"), HasSubstr("value_head_dim=8")));
+}
+
+TEST(PagedKVCache, NonFiniteValuesOutsideAQuerysWindowChangeNoBitOfIt) {
+  // A float pool's sequence of 200 tokens (blocks of 16), 2 new queries with a window of 50
+  // (H 4, H_kv 2: 4 rows per key/value head): query 0 (position 198) sees keys 149..198,
+  // query 1 keys 150..199. Each multiplies the other's extra key with weight 0 (the product
+  // runs over the rows' keys together, checked after on the accumulators, not scanned before).
+  // A NaN or an infinity in the value of key 149 (seen by query 0 only) or 199 (query 1 only)
+  // changes no bit of the other query's output, and makes the element it sits in not finite
+  // in the outputs of the query that sees it (heads 2 and 3: key/value head 1), every other
+  // element finite.
+  const Index heads = 4, kv_heads = 2, hd = 16, n = 200, window = 50;
+  const auto k = attn::test::random_tensor<float, 3>({kv_heads, n, hd}, 41);
+  const auto v = attn::test::random_tensor<float, 3>({kv_heads, n, hd}, 43);
+  const auto q = attn::test::random_tensor<float, 4>({1, heads, 2, hd}, 47);
+  attn::Workspace ws;
+  const auto step = [&](const Tensor<float, 3>& values) {
+    PagedKVCache<float> paged(paged_options(kKinds[0], 16, 16, kv_heads, hd));
+    const Index s = paged.add_sequence();
+    paged.append(s, k.view(), values.view());
+    Tensor<float, 4> out({1, heads, 2, hd});
+    attn::paged_attention(q.view(), paged, {s}, out.view(), ws, {}, window);
+    return out;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const attn::Isa isa : attn::test::runnable_sets()) {
+    attn::set_isa(isa);
+    const Tensor<float, 4> clean = step(v);
+    for (const auto& [key, query] : std::vector<std::pair<Index, Index>>{{149, 0}, {199, 1}}) {
+      for (const float x : {nan, inf}) {
+        SCOPED_TRACE(std::string(attn::isa_name(isa)) + " key " + std::to_string(key) +
+                     (std::isnan(x) ? " NaN" : " inf"));
+        Tensor<float, 3> dirty = v;
+        dirty(1, key, 5) = x;
+        const Tensor<float, 4> out = step(dirty);
+        for (Index h = 0; h < heads; ++h) {
+          for (Index i = 0; i < 2; ++i) {
+            for (Index e = 0; e < hd; ++e) {
+              if (i != query) {
+                EXPECT_EQ(out(0, h, i, e), clean(0, h, i, e)) << h << " " << i << " " << e;
+              } else {
+                EXPECT_EQ(std::isfinite(out(0, h, i, e)), h < 2 || e != 5)
+                    << h << " " << i << " " << e;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  attn::set_isa(attn::best_isa());
 }
 
 }  // namespace
