@@ -884,6 +884,49 @@ TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {
       AllOf(HasSubstr("value_head_dim=16"), HasSubstr("value_head_dim=8")));
 }
 
+TEST(PagedKVCache, RequestsAheadFollowTheBlockTable) {
+  // A decode pass asks for each key row (and its scales) kKeysAhead keys ahead. Over a run of
+  // a sequence's blocks that ends inside the pass, the rows ahead past the run's end are the
+  // next ones in the block table, not the pool's next block: in a fragmented pool (no two of
+  // the sequence's blocks neighbours), the plan of each run of a 128-key pass from slot 0
+  // addresses exactly the rows and scales that follow the run; with no table entry left past
+  // the last run, the plan keeps to the run.
+  for (const Kind& kind : {kKinds[0], kKinds[1]}) {  // float rows; int8 rows with scales
+    SCOPED_TRACE(kind.name);
+    PagedKVCache<float> paged(paged_options(kind, 64, 16, 2, 40));
+    fragment(paged);
+    const Index s = paged.add_sequence();
+    append_to(paged, {s}, nullptr, {}, 130, 3);
+    const attn::PagedBatch batch = paged.batch(&s, 1);
+    const attn::detail::StoredRows& keys = batch.stored.k;
+    const Index ahead = attn::detail::kKeysAhead, n = 128;
+    ASSERT_EQ(keys.table_stride, 9);  // 130 tokens: 9 blocks
+    for (Index h = 0; h < 2; ++h) {
+      for (Index slot = 0; slot < n; slot += 16) {  // each run: one block (scattered)
+        const Index run = 16, rest = n - slot;
+        const attn::detail::KeyPrefetch plan = attn::detail::key_prefetch(
+            keys, nullptr, 0, h, slot, run, rest, 40, 40, Index(sizeof(float)));
+        ASSERT_EQ(plan.split, run - ahead);
+        for (Index j = plan.split; j < run; ++j) {
+          const Index at = slot + j + ahead;  // < 144: inside the table's 9 blocks
+          EXPECT_EQ(plan.k_alt + static_cast<std::uintptr_t>(j * keys.row_stride),
+                    reinterpret_cast<std::uintptr_t>(keys.row(0, h, at)))
+              << "slot " << slot << " key " << j;
+          if (keys.scales != nullptr) {
+            EXPECT_EQ(plan.ks_alt + static_cast<std::uintptr_t>(j * plan.ks_rs),
+                      reinterpret_cast<std::uintptr_t>(keys.scales_of(0, h, at)))
+                << "slot " << slot << " key " << j;
+          }
+        }
+      }
+    }
+    // A run through the end of the table's last block (slots 128 .. 143): no entry after it.
+    const attn::detail::KeyPrefetch last =
+        attn::detail::key_prefetch(keys, nullptr, 0, 0, 128, 16, 16, 40, 40, Index(sizeof(float)));
+    EXPECT_EQ(last.split, std::numeric_limits<Index>::max());
+  }
+}
+
 TEST(PagedKVCache, NonFiniteValuesOutsideAQuerysWindowChangeNoBitOfIt) {
   // A float pool's sequence of 200 tokens (blocks of 16), 2 new queries with a window of 50
   // (H 4, H_kv 2: 4 rows per key/value head): query 0 (position 198) sees keys 149..198,

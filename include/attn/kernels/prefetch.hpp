@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "attn/config.hpp"
 #include "attn/kernels/kv_storage.hpp"
@@ -18,8 +19,10 @@ namespace detail {
 /// kKeysAhead keys ahead of the key it scores, and the first v_bytes of the value row of each
 /// key it scores (row j at v + j * v_rs; v null: none), which the value pass reads next; and
 /// the rows' scales, where they have them (key j's at ks + j * ks_rs, value j's at vs + j *
-/// vs_rs, strides in bytes; null: none). Empty: nothing asked for (a set without these
-/// requests ignores the plan).
+/// vs_rs, strides in bytes; null: none). A paged cache's run of rows ends inside a pass: keys
+/// j >= split ask for key j + kKeysAhead's row at k_alt + j * k_rs and its scales at ks_alt +
+/// j * ks_rs (the rows that follow the run in the block table; wrapping arithmetic). Empty:
+/// nothing asked for (a set without these requests ignores the plan).
 struct KeyPrefetch {
   Index k_bytes = 0;
   const unsigned char* v = nullptr;
@@ -27,6 +30,8 @@ struct KeyPrefetch {
   const unsigned char* ks = nullptr;
   const unsigned char* vs = nullptr;
   Index ks_rs = 0, vs_rs = 0;
+  Index split = std::numeric_limits<Index>::max();
+  std::uintptr_t k_alt = 0, ks_alt = 0;
 };
 
 /// How far ahead of the key it scores a pass asks for a key row (KeyPrefetch::k_bytes): about
@@ -68,9 +73,11 @@ inline void prefetch_lines(std::uintptr_t address, Index bytes) noexcept {
 ///    scales of those keys kKeysAhead ahead and of those values. Without, the value pass over
 ///    an int4 cache from memory waited on its scales (a quarter of its time; the int4 step
 ///    took 0.84x the time with these requests, B 8 L 8192 on Zen 5).
-/// The rows ahead may lie past the run. The integer score passes and the widening passes bind
-/// one KeyRequests before their loops (asked key by key from the plan, its fields were
-/// reloaded for each key); the float score passes ask through prefetch_for_key() (below).
+/// The rows ahead may lie past the pass; a paged run's rows ahead past its end are asked for
+/// where the block table puts them (KeyPrefetch::split, k_alt). The integer score passes and the
+/// widening passes bind one KeyRequests before their loops (asked key by key from the plan, its
+/// fields were reloaded for each key); the float score passes ask through prefetch_for_key()
+/// (below).
 class KeyRequests {
  public:
   KeyRequests(const KeyPrefetch& ahead, const unsigned char* k, Index k_rs) noexcept
@@ -83,17 +90,20 @@ class KeyRequests {
         ks_(address(ahead.ks, kKeysAhead * ahead.ks_rs)),
         ks_rs_(static_cast<std::uintptr_t>(ahead.ks_rs)),
         vs_(address(ahead.vs, 0)),
-        vs_rs_(static_cast<std::uintptr_t>(ahead.vs_rs)) {}
+        vs_rs_(static_cast<std::uintptr_t>(ahead.vs_rs)),
+        split_(ahead.split),
+        k_alt_(ahead.k_alt),
+        ks_alt_(ahead.ks_alt) {}
 
   void operator()(Index j) const noexcept {
     const auto at = static_cast<std::uintptr_t>(j);
-    prefetch_lines(k_ + at * k_rs_, k_bytes_);
+    prefetch_lines((j < split_ ? k_ : k_alt_) + at * k_rs_, k_bytes_);
     prefetch_lines(v_ + at * v_rs_, v_bytes_);
   }
 
   void scales(Index j) const noexcept {
     const auto at = static_cast<std::uintptr_t>(j);
-    if (ks_ != 0) prefetch_lines(ks_ + at * ks_rs_, Index(4 * ks_rs_));
+    if (ks_ != 0) prefetch_lines((j < split_ ? ks_ : ks_alt_) + at * ks_rs_, Index(4 * ks_rs_));
     if (vs_ != 0) prefetch_lines(vs_ + at * vs_rs_, Index(4 * vs_rs_));
   }
 
@@ -107,6 +117,8 @@ class KeyRequests {
   std::uintptr_t v_, v_rs_;
   Index v_bytes_;
   std::uintptr_t ks_, ks_rs_, vs_, vs_rs_;
+  Index split_;
+  std::uintptr_t k_alt_, ks_alt_;
 };
 
 /// KeyRequests's row requests for key j of a pass over the key rows at k (row stride k_rs),
@@ -116,21 +128,25 @@ class KeyRequests {
 /// L 8192 on Zen 5).
 inline void prefetch_for_key(const KeyPrefetch& ahead, const unsigned char* k, Index k_rs,
                              Index j) noexcept {
-  prefetch_lines(
-      reinterpret_cast<std::uintptr_t>(k) + static_cast<std::uintptr_t>((j + kKeysAhead) * k_rs),
-      ahead.k_bytes);
+  prefetch_lines((j < ahead.split ? reinterpret_cast<std::uintptr_t>(k) +
+                                        static_cast<std::uintptr_t>(kKeysAhead * k_rs)
+                                  : ahead.k_alt) +
+                     static_cast<std::uintptr_t>(j * k_rs),
+                 ahead.k_bytes);
   if (ahead.v != nullptr) {
     prefetch_lines(reinterpret_cast<std::uintptr_t>(ahead.v + j * ahead.v_rs), ahead.v_bytes);
   }
 }
 
-/// The plan for a score pass over a run of stored keys from slot `slot` of item b, head h of
-/// `keys` (width d), with `values` (width dv; null: no value rows asked for); rows of the
-/// Scalar kind are `scalar` bytes an element (a paged float cache's: 4). A paged run's rows
-/// ahead past its end lie in the pool's next block: the sequence's own when its blocks lie in
-/// runs (the pool's placement), another's otherwise (a request for nothing useful).
+/// The plan for a score pass over a run of `run` stored keys from slot `slot` of item b, head h
+/// of `keys` (width d), `rest` keys of the pass from that slot on (the run's and the runs after
+/// it), with `values` (width dv; null: no value rows asked for); rows of the Scalar kind are
+/// `scalar` bytes an element (a paged float cache's: 4). A paged run's rows ahead past its end
+/// are asked for in the rows that follow it in the block table (the pass's next run, or the
+/// next tile's first block).
 inline KeyPrefetch key_prefetch(const StoredRows& keys, const StoredRows* values, Index b, Index h,
-                                Index slot, Index d, Index dv, Index scalar = 1) noexcept {
+                                Index slot, Index run, Index rest, Index d, Index dv,
+                                Index scalar = 1) noexcept {
   const auto bytes = [scalar](KVElement e, Index width) {
     return e == KVElement::kScalar ? width * scalar : stored_row_bytes(e, width);
   };
@@ -139,6 +155,20 @@ inline KeyPrefetch key_prefetch(const StoredRows& keys, const StoredRows* values
   if (keys.scales != nullptr) {
     ahead.ks = reinterpret_cast<const unsigned char*>(keys.scales_of(b, h, slot));
     ahead.ks_rs = keys.scale_row_stride * Index(sizeof(float));
+  }
+  // Past the run's end: the rows that follow it in the block table, when the table has an
+  // entry for them (the pass's next run, the next tile's first block; past the sequence,
+  // block 0: a request for nothing useful).
+  if (keys.table != nullptr && (run < rest || (slot + run) / keys.block_rows < keys.table_stride)) {
+    // Key j + kKeysAhead >= run: row (or scales) j + kKeysAhead - run of the next rows.
+    const auto back = static_cast<std::uintptr_t>(kKeysAhead - run);
+    ahead.split = run - kKeysAhead;
+    ahead.k_alt = reinterpret_cast<std::uintptr_t>(keys.row(b, h, slot + run)) +
+                  back * static_cast<std::uintptr_t>(keys.row_stride);
+    if (keys.scales != nullptr) {
+      ahead.ks_alt = reinterpret_cast<std::uintptr_t>(keys.scales_of(b, h, slot + run)) +
+                     back * static_cast<std::uintptr_t>(ahead.ks_rs);
+    }
   }
   if (values != nullptr) {
     ahead.v = values->row(b, h, slot);
