@@ -18,8 +18,9 @@
 # whose command matches an extended regular expression (for example --rows 'train_timer 8 |8
 # 128 512 512': the B8 training step and the cross-attention row), to time a few rows at many
 # commits. --kv times the attention of a decode step over each KV cache element type instead
-# (decode_timer attend: in cache at B 1 L 2048, from memory at B 8 L 8192, and over a paged
-# cache whose items took their blocks 16 tokens at a time, side by side), by CPU time: the
+# (decode_timer attend: in cache at B 1 L 2048, from memory at B 8 L 8192, over a paged
+# cache whose items took their blocks 16 tokens at a time, side by side, and over a pool
+# fragmented so that no two of an item's blocks are neighbours), by CPU time: the
 # rows a change to the decode kernels must not slow. On a shared machine a row's processes
 # can land in two speed modes a third apart: take 8 rounds or more.
 set -euo pipefail
@@ -33,13 +34,13 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; shift ;;
     --kv) kv=1; shift ;;
     --rows) row_filter="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) if [ -z "$base" ]; then base="$1"; elif [ -z "$head" ]; then head="$1"; else
          echo "too many commits" >&2; exit 2; fi; shift ;;
   esac
 done
-[ -n "$base" ] || { sed -n '2,20p' "$0"; exit 2; }
+[ -n "$base" ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
 head="${head:-HEAD}"
 ensure_packages "${ATTN_BASE_PACKAGES[@]}"
 
@@ -83,8 +84,11 @@ if [ "$kv" = 1 ]; then
   rows=()
   for t in f32 int8 int4; do rows+=("decode_timer attend 1 2048 $threads 2000 --kv-dtype $t"); done
   for t in f32 bf16 int8 int4; do rows+=("decode_timer attend 8 8192 $threads 30 --kv-dtype $t"); done
-  for t in int8 int4; do
+  for t in f32 int8 int4; do
     rows+=("decode_timer attend 8 8192 $threads 30 --kv-dtype $t --paged 16 --fill 16")
+  done
+  for t in int8 int4; do
+    rows+=("decode_timer attend 8 4096 $threads 30 --kv-dtype $t --paged 16 --fill 16 --scatter")
   done
 fi
 if [ -n "$row_filter" ]; then
