@@ -900,9 +900,12 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     // A value that is not finite, times any weight, leaves its element of acc not finite, and
     // adding keeps it so: acc finite after the product means no row took a product with such
     // a value, and the product was the scanned path's, bit for bit. Otherwise acc is put back
-    // (from `clean`, which the scanned path overwrites only after) and the tile is scanned.
+    // (from `clean`, which the scanned path overwrites only after) and the tile is scanned;
+    // once per tile (a paged tile that failed it goes on to the copied rows unchecked).
+    bool tried_after = false;
     const auto checked_after = [&](bool may_be_dirty, auto&& product) {
-      if (!may_be_dirty || 4 * rows > tile_need) return false;
+      if (!may_be_dirty || tried_after || 4 * rows > tile_need) return false;
+      tried_after = true;
       std::copy(acc, acc + rows * dv, clean);
       product();
       if (rows_finite(acc, dv, rows, dv)) return true;
