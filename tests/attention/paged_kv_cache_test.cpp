@@ -885,12 +885,13 @@ TEST(PagedKVCache, AValueHeadSizeOfItsOwnMatchesTheContiguousCache) {
 }
 
 TEST(PagedKVCache, RequestsAheadFollowTheBlockTable) {
-  // A decode pass asks for each key row (and its scales) kKeysAhead keys ahead. Over a run of
-  // a sequence's blocks that ends inside the pass, the rows ahead past the run's end are the
+  // A decode pass asks for each key row (and its scales) some keys ahead. Over a run of a
+  // sequence's blocks that ends inside the pass, the rows ahead past the run's end are the
   // next ones in the block table, not the pool's next block: in a fragmented pool (no two of
-  // the sequence's blocks neighbours), the plan of each run of a 128-key pass from slot 0
-  // addresses exactly the rows and scales that follow the run; with no table entry left past
-  // the last run, the plan keeps to the run.
+  // the sequence's blocks neighbours), the plan of each run of a 128-key pass from slot 0 asks
+  // kKeysAhead keys ahead (the next block's rows) and addresses exactly the rows and scales
+  // that follow the run; with no table entry left past the last run, the plan keeps to the
+  // run.
   for (const Kind& kind : {kKinds[0], kKinds[1]}) {  // float rows; int8 rows with scales
     SCOPED_TRACE(kind.name);
     PagedKVCache<float> paged(paged_options(kind, 64, 16, 2, 40));
@@ -900,12 +901,14 @@ TEST(PagedKVCache, RequestsAheadFollowTheBlockTable) {
     const attn::PagedBatch batch = paged.batch(&s, 1);
     const attn::detail::StoredRows& keys = batch.stored.k;
     const Index ahead = attn::detail::kKeysAhead, n = 128;
+    static_assert(attn::detail::kKeysAhead == 16, "a run (one block) holds the rows ahead");
     ASSERT_EQ(keys.table_stride, 9);  // 130 tokens: 9 blocks
     for (Index h = 0; h < 2; ++h) {
       for (Index slot = 0; slot < n; slot += 16) {  // each run: one block (scattered)
         const Index run = 16, rest = n - slot;
         const attn::detail::KeyPrefetch plan = attn::detail::key_prefetch(
             keys, nullptr, 0, h, slot, run, rest, 40, 40, Index(sizeof(float)));
+        ASSERT_EQ(plan.keys, ahead);
         ASSERT_EQ(plan.split, run - ahead);
         for (Index j = plan.split; j < run; ++j) {
           const Index at = slot + j + ahead;  // < 144: inside the table's 9 blocks
@@ -925,6 +928,59 @@ TEST(PagedKVCache, RequestsAheadFollowTheBlockTable) {
         attn::detail::key_prefetch(keys, nullptr, 0, 0, 128, 16, 16, 40, 40, Index(sizeof(float)));
     EXPECT_EQ(last.split, std::numeric_limits<Index>::max());
   }
+}
+
+TEST(PagedKVCache, RequestsAheadReachAsFarAsTheNextRunOfBlocks) {
+  // Short rows are asked for kBytesAhead of rows ahead (keys_ahead(): 51 keys of 40-byte int8
+  // rows), past a run's end only as far as the next run of neighbouring blocks goes; shorter,
+  // kKeysAhead keys (the next block). A head-major pool of 16 blocks of 16 rows, 2 heads,
+  // addressed by hand: each request lands on the row the table puts there.
+  using attn::detail::keys_ahead;
+  using attn::detail::kKeysAhead;
+  static_assert(keys_ahead(40) == 51 && keys_ahead(64) == 32 && keys_ahead(128) == kKeysAhead);
+  const Index width = 40, block_rows = 16, blocks = 16;
+  std::vector<unsigned char> pool(static_cast<std::size_t>(2 * blocks * block_rows * width));
+  attn::detail::StoredRows keys;
+  keys.element = attn::KVElement::kInt8;
+  keys.data = pool.data();
+  keys.row_stride = width, keys.item_stride = block_rows * width;
+  keys.head_stride = blocks * keys.item_stride;
+  keys.block_rows = block_rows;
+  const auto plan_of = [&](const std::vector<Index>& table, Index h, Index run) {
+    keys.table = table.data(), keys.table_stride = Index(table.size());
+    return attn::detail::key_prefetch(keys, nullptr, 0, h, 0, run, 128, width, width);
+  };
+  const auto expect_rows_ahead = [&](const attn::detail::KeyPrefetch& plan, Index h, Index run) {
+    for (Index j = 0; j < run; ++j) {
+      const std::uintptr_t asked = j < plan.split
+                                       ? reinterpret_cast<std::uintptr_t>(keys.row(0, h, 0)) +
+                                             static_cast<std::uintptr_t>((j + plan.keys) * width)
+                                       : plan.k_alt + static_cast<std::uintptr_t>(j * width);
+      EXPECT_EQ(asked, reinterpret_cast<std::uintptr_t>(keys.row(0, h, j + plan.keys)))
+          << "key " << j;
+    }
+  };
+  for (Index h = 0; h < 2; ++h) {
+    // Blocks 0, 1, then a run of 8 neighbours from 5: the requests of the first run (32 keys)
+    // reach 51 keys ahead, into the second run.
+    const std::vector<Index> long_run = {0, 1, 5, 6, 7, 8, 9, 10, 11, 12};
+    const attn::detail::KeyPrefetch far = plan_of(long_run, h, 32);
+    EXPECT_EQ(far.keys, 51);
+    expect_rows_ahead(far, h, 32);
+    // Blocks 0, 1, then scattered: kKeysAhead keys ahead, the next block's rows.
+    const std::vector<Index> scattered = {0, 1, 5, 7, 9, 11, 13, 15, 3, 14};
+    const attn::detail::KeyPrefetch near = plan_of(scattered, h, 32);
+    EXPECT_EQ(near.keys, kKeysAhead);
+    expect_rows_ahead(near, h, 32);
+    // Two neighbours after the run (5, 6), then a jump: as far as they go (32 keys).
+    const std::vector<Index> two = {0, 1, 5, 6, 9, 11, 13, 15, 3, 14};
+    const attn::detail::KeyPrefetch mid = plan_of(two, h, 32);
+    EXPECT_EQ(mid.keys, 32);
+    expect_rows_ahead(mid, h, 32);
+  }
+  // A contiguous cache's rows: kBytesAhead of them ahead.
+  keys.table = nullptr;
+  EXPECT_EQ(attn::detail::key_prefetch(keys, nullptr, 0, 0, 0, 128, 128, width, width).keys, 51);
 }
 
 TEST(PagedKVCache, NonFiniteValuesOutsideAQuerysWindowChangeNoBitOfIt) {

@@ -517,6 +517,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
     if (!stored && !gathered) {
       constexpr Index kBytes = Index(sizeof(Operand));
       inplace_ahead.k_bytes = d * kBytes;
+      inplace_ahead.keys = keys_ahead(inplace_ahead.k_bytes);
       inplace_ahead.v = reinterpret_cast<const unsigned char*>(v_tile);
       inplace_ahead.v_rs = v_rs * kBytes, inplace_ahead.v_bytes = dv * kBytes;
     }
@@ -578,7 +579,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
       load_stored_rows(p.stored.k, task.b, task.kv_head, slot, width, d, k_load, &p.stored.v, dv);
     }
     // pass 0 (storage types, widening): the K tile (width, d) widened into kw, asking for the
-    // keys kKeysAhead ahead and the same keys' value rows as it goes (KeyRequests; a
+    // keys ahead (keys_ahead()) and the same keys' value rows as it goes (KeyRequests; a
     // bfloat16 module's decode step took 1.07x the time without at B 1 L 8192 on Zen 5).
     // Keys scored 4 x 4 in registers: nothing to widen.
     const Scalar* kt = nullptr;

@@ -47,7 +47,7 @@ void stored_runs(const StoredRows& s, Index b, Index h, Index slot, Index n, Fn&
 /// Rows slot .. slot + n - 1 of item b, key/value head h of `s` (no ring wrap inside; paged
 /// rows may cross blocks), each `width` elements, dequantised into out (n, width) (row
 /// stride width): q times its scale, one rounding (the int8 and int4 levels are exact in
-/// Scalar); Scalar rows copied. Asks for the rows kKeysAhead ahead and for the same rows of
+/// Scalar); Scalar rows copied. Asks for the rows ahead (keys_ahead()) and for the same rows of
 /// `values` (width dv; null: none) as it goes (key_prefetch(), as the int8 score passes ask:
 /// without, a decode step's attention over a bfloat16 cache waited on these loads, 1.3x the
 /// time at B 1 L 8192 on Zen 5).
@@ -124,8 +124,9 @@ void load_stored_rows(const StoredRows& s, Index b, Index h, Index slot, Index n
 /// already, and asking for a whole tile at once as well took 1.08x (int4) and 1.12x (int8) the
 /// time of the step over a paged cache at B 8 L 8192 on Zen 5. In a scattered pool the score
 /// pass's requests follow the block table too (key_prefetch()), but only kKeysAhead keys
-/// ahead; without this request of the next tile as well, the int4 step over a scattered pool
-/// took 1.08x the time and the int8 step 0.93x (B 8 L 4096, Zen 5): kept for both.
+/// ahead there (the next block's rows); without this request of the next tile as well, the int4
+/// step over a scattered pool took 1.08x the time and the int8 step 0.93x (B 8 L 4096, Zen 5): kept
+/// for both.
 inline void prefetch_scattered_rows(const StoredRows& s, Index b, Index h, Index slot, Index n,
                                     Index width) noexcept {
   if (s.table == nullptr || n <= 0) return;
