@@ -15,6 +15,13 @@
 ATTN_NAMESPACE_BEGIN
 namespace detail {
 
+/// How far ahead of the key it scores a pass asks for a key row, at least (KeyPrefetch::keys):
+/// about 300-600 ns of scoring ahead at hd 128. The hardware prefetcher alone left an int8
+/// decode step from memory waiting on its rows (the step 1.25-1.35x slower without these
+/// requests at B 1 L 16384 on Zen 3); 8, 16 and 32 keys measured alike, within that machine's
+/// noise.
+inline constexpr Index kKeysAhead = 16;
+
 /// What a score pass over stored keys asks the memory for while it runs (software prefetches,
 /// spread a few lines per key: KeyRequests, below): the first k_bytes of the key row `keys`
 /// keys ahead of the key it scores, and the first v_bytes of the value row of each key it
@@ -25,7 +32,7 @@ namespace detail {
 /// (the rows that follow the run in the block table; wrapping arithmetic). Empty: nothing
 /// asked for (a set without these requests ignores the plan).
 struct KeyPrefetch {
-  Index keys = 16;  // kKeysAhead; keys_ahead() for a plan of key_prefetch()
+  Index keys = kKeysAhead;  // keys_ahead() in a plan of key_prefetch()
   Index k_bytes = 0;
   const unsigned char* v = nullptr;
   Index v_rs = 0, v_bytes = 0;
@@ -35,13 +42,6 @@ struct KeyPrefetch {
   Index split = std::numeric_limits<Index>::max();
   std::uintptr_t k_alt = 0, ks_alt = 0;
 };
-
-/// How far ahead of the key it scores a pass asks for a key row, at least (KeyPrefetch::keys):
-/// about 300-600 ns of scoring ahead at hd 128. The hardware prefetcher alone left an int8
-/// decode step from memory waiting on its rows (the step 1.25-1.35x slower without these
-/// requests at B 1 L 16384 on Zen 3); 8, 16 and 32 keys measured alike, within that machine's
-/// noise.
-inline constexpr Index kKeysAhead = 16;
 
 /// The key bytes a pass asks for ahead of the key it scores, at least kKeysAhead rows
 /// (keys_ahead()): 32 keys of int4 rows at hd 128 (64 bytes), 16 of every longer row. Measured
@@ -179,7 +179,7 @@ inline KeyPrefetch key_prefetch(const StoredRows& keys, const StoredRows* values
   // entry for them (the pass's next run, the next tile's first block; past the sequence,
   // block 0: a request for nothing useful). Those rows are one run of neighbouring blocks
   // for as far as the requests reach only when the table says so: otherwise (a fragmented
-  // pool) the plan asks kKeysAhead keys ahead, which the next block holds.
+  // pool) the plan asks kKeysAhead keys ahead, the next block's rows (with blocks of 16).
   if (keys.table != nullptr && (run < rest || (slot + run) / keys.block_rows < keys.table_stride)) {
     const Index* table = keys.table + b * keys.table_stride;
     Index block = (slot + run) / keys.block_rows;
