@@ -45,24 +45,30 @@ constexpr Path kPaths[] = {{attn::AttentionPath::kStreaming, "streaming"},
 // One head, T_q = T_k = 70 (more than a 64-query tile), d = 8.
 constexpr Index kT = 70, kD = 8;
 
+// One head: `rows` queries against `keys` keys and values, uniform in [-1, 1) (q, k, v drawn
+// in that order from `seed`).
 template <class Scalar>
 struct Inputs {
-  T4<Scalar> q{{1, 1, kT, kD}}, k{{1, 1, kT, kD}}, v{{1, 1, kT, kD}};
-  Inputs() {
-    attn::TorchGenerator gen(99);
+  T4<Scalar> q, k, v;
+  explicit Inputs(Index rows = kT, Index keys = kT, std::uint64_t seed = 99)
+      : q({1, 1, rows, kD}), k({1, 1, keys, kD}), v({1, 1, keys, kD}) {
+    attn::TorchGenerator gen(seed);
     gen.fill_uniform(q.view(), -1.0, 1.0);
     gen.fill_uniform(k.view(), -1.0, 1.0);
     gen.fill_uniform(v.view(), -1.0, 1.0);
   }
 };
 
+// The attention of `in` under `mask` on `path`, with `values` in place of in.v (null: in.v).
 template <class Scalar>
-T4<Scalar> attend(const Inputs<Scalar>& in, const attn::AttentionMask<Scalar>& mask, Path path) {
-  T4<Scalar> out({1, 1, kT, kD});
+T4<Scalar> attend(const Inputs<Scalar>& in, const attn::AttentionMask<Scalar>& mask, Path path,
+                  const T4<Scalar>* values = nullptr) {
+  T4<Scalar> out({1, 1, in.q.extent(2), kD});
   attn::AttentionOptions options;
   options.path = path.path;
-  attn::scaled_dot_product_attention<Scalar>(in.q.view(), in.k.view(), in.v.view(), out.view(),
-                                             mask, options);
+  attn::scaled_dot_product_attention<Scalar>(in.q.view(), in.k.view(),
+                                             (values != nullptr ? *values : in.v).view(),
+                                             out.view(), mask, options);
   return out;
 }
 
@@ -129,25 +135,16 @@ TYPED_TEST(NonFiniteTest, NonFiniteValuesInWholeKeyTilesReachOnlyTheQueriesThatS
   const Scalar inf = std::numeric_limits<Scalar>::infinity();
   attn::AttentionMask<Scalar> causal;
   causal.causal();
-  T4<Scalar> q({1, 1, kLong, kD}), k({1, 1, kLong, kD}), v({1, 1, kLong, kD});
-  attn::TorchGenerator gen(7);
-  gen.fill_uniform(q.view(), -1.0, 1.0);
-  gen.fill_uniform(k.view(), -1.0, 1.0);
-  gen.fill_uniform(v.view(), -1.0, 1.0);
-  attn::AttentionOptions options;
-  options.path = attn::AttentionPath::kStreaming;
+  const Inputs<Scalar> in(kLong, kLong, 7);
   const auto attend_long = [&](const T4<Scalar>& values) {
-    T4<Scalar> out({1, 1, kLong, kD});
-    attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), values.view(), out.view(),
-                                               causal, options);
-    return out;
+    return attend(in, causal, kPaths[0], &values);
   };
   for (const Isa isa : runnable_sets()) {
     attn::set_isa(isa);
-    const T4<Scalar> expected = attend_long(v);
+    const T4<Scalar> expected = attend_long(in.v);
     for (const Index bad : {Index(5), Index(200), Index(280)}) {
       for (const Scalar x : {nan, inf}) {
-        T4<Scalar> dirty = v;
+        T4<Scalar> dirty = in.v;
         dirty(0, 0, bad, 3) = x;
         const T4<Scalar> out = attend_long(dirty);
         const std::string at = std::string(attn::isa_name(isa)) + " key " + std::to_string(bad) +
@@ -179,27 +176,18 @@ TYPED_TEST(NonFiniteTest, DecodeRowsCheckedAfterTheProductKeepTheScannedBits) {
   for (Index i = 0; i < kRows; ++i) blocked(i, 7) = true;
   attn::AttentionMask<Scalar> mask;
   mask.causal(attn::CausalAlignment::kBottomRight).blocked(blocked.view());
-  T4<Scalar> q({1, 1, kRows, kD}), k({1, 1, kLong, kD}), v({1, 1, kLong, kD});
-  attn::TorchGenerator gen(8);
-  gen.fill_uniform(q.view(), -1.0, 1.0);
-  gen.fill_uniform(k.view(), -1.0, 1.0);
-  gen.fill_uniform(v.view(), -1.0, 1.0);
-  attn::AttentionOptions options;
-  options.path = attn::AttentionPath::kStreaming;
+  const Inputs<Scalar> in(kRows, kLong, 8);
   const auto attend_rows = [&](const T4<Scalar>& values) {
-    T4<Scalar> out({1, 1, kRows, kD});
-    attn::scaled_dot_product_attention<Scalar>(q.view(), k.view(), values.view(), out.view(), mask,
-                                               options);
-    return out;
+    return attend(in, mask, kPaths[0], &values);
   };
   const Scalar nan = std::numeric_limits<Scalar>::quiet_NaN();
   const Scalar inf = std::numeric_limits<Scalar>::infinity();
   for (const Isa isa : runnable_sets()) {
     attn::set_isa(isa);
-    const T4<Scalar> expected = attend_rows(v);
+    const T4<Scalar> expected = attend_rows(in.v);
     for (const Index bad : {Index(7), Index(200), Index(299)}) {
       for (const Scalar x : {nan, inf, -inf}) {
-        T4<Scalar> dirty = v;
+        T4<Scalar> dirty = in.v;
         dirty(0, 0, bad, 3) = x;
         const T4<Scalar> out = attend_rows(dirty);
         for (Index i = 0; i < kRows; ++i) {

@@ -925,7 +925,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
                       const Index rs = p.stored.v.row_stride / Index(sizeof(Scalar));
                       for (Index j = 0; j < run; ++j) vrow[r0 + j] = first + j * rs;
                     });
-        const auto gathered = [&] {
+        const auto product_in_place = [&] {
           for (Index r0 = 0; r0 < rows; r0 += kMicroRows) {
             const Index group = std::min<Index>(kMicroRows, rows - r0);
             const Index need = need_of(r0, r0 + group);
@@ -935,7 +935,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
             }
           }
         };
-        if (checked_after(true, gathered)) continue;
+        if (checked_after(true, product_in_place)) continue;
         bool finite = true;
         stored_runs(p.stored.v, task.b, task.kv_head, slot, tile_need,
                     [&](const unsigned char* row, const float*, Index, Index run) {
@@ -944,7 +944,7 @@ void streaming_tile(const AttentionArgs<Scalar, Operand>& p, const HeadMask<Scal
                           finite && rows_finite(reinterpret_cast<const Scalar*>(row), rs, run, dv);
                     });
         if (finite) {
-          gathered();
+          product_in_place();
           continue;
         }
       }
